@@ -1,0 +1,89 @@
+//! The CNI error result (spec section 5, "Error") and the codes this plugin uses.
+//!
+//! Library modules define their own typed errors (thiserror) and say which code they map
+//! to; only this edge turns them into the JSON the runtime reads.
+
+use serde::Serialize;
+
+/// Codes 0-99 are the spec's; 100+ are ours (documented in README.md).
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENV: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE_FAILURE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    /// CNI 1.1 STATUS: the plugin cannot serve ADD.
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// CNI 1.1 STATUS: cannot serve ADD and existing pods may be affected.
+    pub const PLUGIN_NOT_AVAILABLE_LIMITED: u32 = 51;
+
+    /// A netlink request to the kernel failed (link, address, route, sysctl).
+    pub const KERNEL: u32 = 100;
+    /// Loading, attaching or pinning an eBPF program or map failed.
+    pub const BPF: u32 = 101;
+    /// The IPAM ranges have no free address left.
+    pub const IPAM_EXHAUSTED: u32 = 102;
+    /// A requested address is outside every range or already taken.
+    pub const IPAM_UNAVAILABLE: u32 = 103;
+    /// A delegated (IPAM) plugin failed or returned something we cannot use.
+    pub const DELEGATE: u32 = 104;
+    /// CHECK found the attachment missing or different from what ADD set up.
+    pub const CHECK_FAILED: u32 = 105;
+    /// The container network namespace could not be entered.
+    pub const NETNS: u32 = 106;
+    /// The interface name requested for the container already exists there.
+    pub const INTERFACE_EXISTS: u32 = 107;
+    /// Anything else (a bug, or a failure we did not classify).
+    pub const INTERNAL: u32 = 199;
+}
+
+/// The error result printed on stdout.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CniError {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    pub code: u32,
+    pub msg: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub details: String,
+}
+
+impl CniError {
+    pub fn new(code: u32, msg: impl Into<String>) -> Self {
+        Self { cni_version: String::new(), code, msg: msg.into(), details: String::new() }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+
+    /// Builds a CNI error from a typed error: `msg` is its top-level message, `details` the
+    /// chain of causes below it.
+    pub fn from_error(code: u32, err: &(dyn std::error::Error + 'static)) -> Self {
+        let mut details = Vec::new();
+        let mut source = err.source();
+        while let Some(s) = source {
+            details.push(s.to_string());
+            source = s.source();
+        }
+        Self::new(code, err.to_string()).with_details(details.join(": "))
+    }
+}
+
+impl std::fmt::Display for CniError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.details.is_empty() {
+            write!(f, "{} (code {})", self.msg, self.code)
+        } else {
+            write!(f, "{}: {} (code {})", self.msg, self.details, self.code)
+        }
+    }
+}
+
+impl std::error::Error for CniError {}
+
+pub type CniResult<T> = Result<T, CniError>;
