@@ -1,3 +1,9 @@
 //! The CNI protocol: environment, configuration, results, versions and errors.
+pub mod args;
+pub mod config;
+pub mod env;
 pub mod error;
+pub mod types;
+pub mod version;
+
 pub use error::{code, CniError, CniResult};

@@ -1,0 +1,303 @@
+//! The network configuration a runtime passes on stdin (spec sections 1 and 3), validated
+//! up front so a bad config changes nothing on the node.
+//!
+//! Keys under `runtimeConfig` and `args` are looked up without regard to case: containerd
+//! sends Go field names (`PortMappings`, `HostPort`), podman sends camelCase.
+
+use std::net::IpAddr;
+
+use serde_json::{Map, Value};
+
+use super::{code, env::is_valid_id, version::CniVersion, CniError};
+
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    /// The whole object as received: delegated plugins get it unchanged (spec section 4).
+    pub raw: Value,
+    pub cni_version: CniVersion,
+    pub name: String,
+    pub plugin_type: String,
+    pub mtu: Option<u32>,
+    pub ipam: Option<Value>,
+    pub ipam_type: Option<String>,
+    pub dns: Option<Value>,
+    pub runtime: RuntimeConfig,
+    /// `args.cni.ips` (CONVENTIONS.md).
+    pub args_ips: Vec<IpAddr>,
+    pub prev_result: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeConfig {
+    pub mac: Option<String>,
+    pub ips: Vec<IpAddr>,
+    pub ip_ranges: Option<Value>,
+    pub port_mappings: Option<Value>,
+    pub bandwidth: Option<Value>,
+}
+
+/// Case-insensitive key lookup, for the two spellings real runtimes send.
+pub fn get_ci<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).or_else(|| obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v))
+}
+
+fn invalid(msg: String) -> CniError {
+    CniError::new(code::INVALID_CONFIG, msg)
+}
+
+/// Decodes stdin. Malformed JSON is a decoding failure (code 6).
+pub fn decode(stdin: &[u8]) -> Result<Value, CniError> {
+    let v: Value = serde_json::from_slice(stdin).map_err(|e| {
+        CniError::new(code::DECODE_FAILURE, "failed to decode network configuration from stdin")
+            .with_details(e.to_string())
+    })?;
+    if !v.is_object() {
+        return Err(CniError::new(
+            code::DECODE_FAILURE,
+            "failed to decode network configuration from stdin: expected a JSON object",
+        ));
+    }
+    Ok(v)
+}
+
+/// The `cniVersion` of a decoded config, validated.
+pub fn version_of(raw: &Value) -> Result<CniVersion, CniError> {
+    match raw.get("cniVersion") {
+        Some(Value::String(v)) => CniVersion::parse(v),
+        None => Err(CniError::new(code::INCOMPATIBLE_VERSION, "cniVersion is missing from the network configuration")),
+        Some(other) => Err(invalid(format!("cniVersion {other} must be a string"))),
+    }
+}
+
+/// Validates a network name against the spec's pattern. The name also names IPAM
+/// directories and bpffs pins, so anything else (e.g. "../x") is refused.
+pub fn validate_network_name(name: &str) -> Result<(), CniError> {
+    if is_valid_id(name) && name.len() <= 200 {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "name {name:?} is invalid: a network name must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
+        )))
+    }
+}
+
+impl NetConf {
+    pub fn parse(raw: Value) -> Result<Self, CniError> {
+        let cni_version = version_of(&raw)?;
+        let obj = raw.as_object().expect("decode() only returns objects");
+
+        let name = match obj.get("name") {
+            Some(Value::String(s)) => s.clone(),
+            None => return Err(invalid("name is missing from the network configuration".into())),
+            Some(other) => return Err(invalid(format!("name {other} must be a string"))),
+        };
+        validate_network_name(&name)?;
+
+        let plugin_type = obj.get("type").and_then(Value::as_str).unwrap_or("ebpf-cni").to_owned();
+
+        let mtu = match obj.get("mtu") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(m) if (68..=65535).contains(&m) => Some(m as u32),
+                _ => return Err(invalid(format!("mtu {v} is invalid: expected an integer from 68 to 65535"))),
+            },
+        };
+
+        if let Some(v) = obj.get("ipMasq") {
+            if v.as_bool() == Some(true) {
+                return Err(CniError::new(
+                    code::UNSUPPORTED_FIELD,
+                    "unsupported field ipMasq=true: ebpf-cni does not masquerade pod traffic",
+                ));
+            }
+        }
+
+        let (ipam, ipam_type) = match obj.get("ipam") {
+            None | Some(Value::Null) => (None, None),
+            Some(Value::Object(m)) => {
+                let t = match m.get("type") {
+                    Some(Value::String(t)) if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => t.clone(),
+                    other => {
+                        return Err(invalid(format!(
+                            "ipam.type {} is invalid: expected the name of an IPAM plugin",
+                            other.map_or("(missing)".to_owned(), Value::to_string)
+                        )))
+                    }
+                };
+                (Some(Value::Object(m.clone())), Some(t))
+            }
+            Some(other) => return Err(invalid(format!("ipam {other} must be an object"))),
+        };
+
+        let dns = match obj.get("dns") {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(v.clone()),
+            Some(other) => return Err(invalid(format!("dns {other} must be an object"))),
+        };
+
+        let runtime = match obj.get("runtimeConfig") {
+            None | Some(Value::Null) => RuntimeConfig::default(),
+            Some(Value::Object(m)) => RuntimeConfig::parse(m)?,
+            Some(other) => return Err(invalid(format!("runtimeConfig {other} must be an object"))),
+        };
+
+        let args_ips = match obj.get("args").and_then(Value::as_object).and_then(|a| get_ci(a, "cni")) {
+            Some(Value::Object(cni)) => match get_ci(cni, "ips") {
+                Some(v) => parse_ip_list(v, "args.cni.ips")?,
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+
+        let prev_result = match obj.get("prevResult") {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(v.clone()),
+            Some(other) => return Err(invalid(format!("prevResult {other} must be an object"))),
+        };
+
+        Ok(NetConf {
+            cni_version,
+            name,
+            plugin_type,
+            mtu,
+            ipam,
+            ipam_type,
+            dns,
+            runtime,
+            args_ips,
+            prev_result,
+            raw,
+        })
+    }
+}
+
+impl RuntimeConfig {
+    fn parse(m: &Map<String, Value>) -> Result<Self, CniError> {
+        let mac = match get_ci(m, "mac") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => return Err(invalid(format!("runtimeConfig.mac {other} must be a string"))),
+        };
+        let ips = match get_ci(m, "ips") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => parse_ip_list(v, "runtimeConfig.ips")?,
+        };
+        let non_null = |k: &str| get_ci(m, k).filter(|v| !v.is_null()).cloned();
+        Ok(RuntimeConfig {
+            mac,
+            ips,
+            ip_ranges: non_null("ipRanges"),
+            port_mappings: non_null("portMappings"),
+            bandwidth: non_null("bandwidth"),
+        })
+    }
+}
+
+/// A list of addresses, each given plain ("10.0.0.5") or in CIDR form ("10.0.0.5/24").
+fn parse_ip_list(v: &Value, field: &str) -> Result<Vec<IpAddr>, CniError> {
+    let Value::Array(items) = v else {
+        return Err(invalid(format!("{field} {v} must be a list of IP addresses")));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let s = item.as_str().unwrap_or_default();
+            s.split('/')
+                .next()
+                .and_then(|a| a.parse::<IpAddr>().ok())
+                .ok_or_else(|| invalid(format!("{field}[{i}] {item} is not an IP address")))
+        })
+        .collect()
+}
+
+/// Parses a MAC address "aa:bb:cc:dd:ee:ff" (also '-' separated), refusing multicast ones.
+pub fn parse_mac(s: &str, field: &str) -> Result<[u8; 6], CniError> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    let bad = || invalid(format!("{field} {s:?} is not a valid unicast MAC address"));
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 == 1 || mac == [0; 6] {
+        return Err(bad());
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<NetConf, CniError> {
+        NetConf::parse(v)
+    }
+
+    #[test]
+    fn minimal_config() {
+        let c = parse(json!({"cniVersion":"1.0.0","name":"net1","type":"ebpf-cni","ipam":{"type":"host-local","subnet":"10.1.0.0/24"}})).unwrap();
+        assert_eq!(c.name, "net1");
+        assert_eq!(c.ipam_type.as_deref(), Some("host-local"));
+        assert!(c.mtu.is_none());
+    }
+
+    #[test]
+    fn runtime_config_both_spellings() {
+        let camel = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"portMappings":[{"hostPort":8080}],"mac":"02:00:00:00:00:05","ips":["10.1.0.9/24"]}})).unwrap();
+        let caps = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"PortMappings":[{"HostPort":8080}],"Mac":"02:00:00:00:00:05","IPs":["10.1.0.9"]}})).unwrap();
+        for c in [camel, caps] {
+            assert!(c.runtime.port_mappings.is_some());
+            assert_eq!(c.runtime.mac.as_deref(), Some("02:00:00:00:00:05"));
+            assert_eq!(c.runtime.ips, vec!["10.1.0.9".parse::<IpAddr>().unwrap()]);
+        }
+        let c = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"bandwidth":{"IngressRate":1000000,"IngressBurst":4294967295u64}}})).unwrap();
+        assert!(c.runtime.bandwidth.is_some());
+    }
+
+    #[test]
+    fn args_cni_ips() {
+        let c = parse(json!({"cniVersion":"0.4.0","name":"n","args":{"cni":{"ips":["10.1.0.7"]}}})).unwrap();
+        assert_eq!(c.args_ips, vec!["10.1.0.7".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases = [
+            (json!({"cniVersion":"9.9.9","name":"n"}), code::INCOMPATIBLE_VERSION, "9.9.9"),
+            (json!({"name":"n"}), code::INCOMPATIBLE_VERSION, "cniVersion"),
+            (json!({"cniVersion":"1.0.0","name":"../evil"}), code::INVALID_CONFIG, "../evil"),
+            (json!({"cniVersion":"1.0.0"}), code::INVALID_CONFIG, "name"),
+            (json!({"cniVersion":"1.0.0","name":"n","mtu":10}), code::INVALID_CONFIG, "mtu"),
+            (json!({"cniVersion":"1.0.0","name":"n","ipam":{"type":"../x"}}), code::INVALID_CONFIG, "ipam.type"),
+            (json!({"cniVersion":"1.0.0","name":"n","ipMasq":true}), code::UNSUPPORTED_FIELD, "ipMasq"),
+            (json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ips":["x"]}}), code::INVALID_CONFIG, "runtimeConfig.ips[0]"),
+        ];
+        for (v, c, needle) in cases {
+            let e = parse(v.clone()).unwrap_err();
+            assert_eq!(e.code, c, "{v}");
+            assert!(e.msg.contains(needle), "{v}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn decode_errors() {
+        assert_eq!(decode(b"{not json").unwrap_err().code, code::DECODE_FAILURE);
+        assert_eq!(decode(b"[1]").unwrap_err().code, code::DECODE_FAILURE);
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(parse_mac("02:00:00:aa:bb:cc", "mac").unwrap(), [2, 0, 0, 0xaa, 0xbb, 0xcc]);
+        for bad in ["01:00:00:00:00:00", "zz:00:00:00:00:00", "02:00:00", "00:00:00:00:00:00"] {
+            assert_eq!(parse_mac(bad, "mac").unwrap_err().code, code::INVALID_CONFIG);
+        }
+    }
+}

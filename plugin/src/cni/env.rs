@@ -1,0 +1,185 @@
+//! The `CNI_*` environment (spec section 2, "Parameters"), validated before anything runs.
+
+use std::path::PathBuf;
+
+use super::{args::CniArgs, code, CniError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Version,
+    Gc,
+    Status,
+}
+
+impl Command {
+    pub fn parse(s: &str) -> Result<Self, CniError> {
+        Ok(match s {
+            "ADD" => Self::Add,
+            "DEL" => Self::Del,
+            "CHECK" => Self::Check,
+            "VERSION" => Self::Version,
+            "GC" => Self::Gc,
+            "STATUS" => Self::Status,
+            other => {
+                return Err(CniError::new(
+                    code::INVALID_ENV,
+                    format!("CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"),
+                ))
+            }
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Version => "VERSION",
+            Self::Gc => "GC",
+            Self::Status => "STATUS",
+        }
+    }
+}
+
+/// The per-attachment parameters of ADD, DEL and CHECK.
+#[derive(Debug, Clone)]
+pub struct CniEnv {
+    pub command: Command,
+    pub container_id: String,
+    /// `None` when `CNI_NETNS` is empty or unset (allowed for DEL only).
+    pub netns: Option<PathBuf>,
+    pub ifname: String,
+    pub args: CniArgs,
+    pub path: Vec<PathBuf>,
+}
+
+/// Reads the environment through `get`, so tests need not touch the process environment.
+pub fn from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> Result<CniEnv, CniError> {
+    let missing = |var: &str| {
+        CniError::new(code::INVALID_ENV, format!("required environment variable {var} is missing or empty"))
+    };
+    let non_empty = |var: &str| get(var).filter(|v| !v.is_empty());
+
+    let container_id = non_empty("CNI_CONTAINERID").ok_or_else(|| missing("CNI_CONTAINERID"))?;
+    validate_container_id(&container_id)?;
+
+    let ifname = non_empty("CNI_IFNAME").ok_or_else(|| missing("CNI_IFNAME"))?;
+    validate_ifname(&ifname)?;
+
+    let netns = non_empty("CNI_NETNS").map(PathBuf::from);
+    if netns.is_none() && matches!(command, Command::Add | Command::Check) {
+        return Err(missing("CNI_NETNS"));
+    }
+    if let Some(ns) = &netns {
+        if !ns.is_absolute() {
+            return Err(CniError::new(
+                code::INVALID_ENV,
+                format!("CNI_NETNS {:?} must be an absolute path", ns.display().to_string()),
+            ));
+        }
+    }
+
+    let args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
+    let path = get("CNI_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    Ok(CniEnv { command, container_id, netns, ifname, args, path })
+}
+
+/// Spec: "Must start with an alphanumeric character, optionally followed by any combination
+/// of one or more alphanumeric characters, underscore, dot or hyphen."
+pub fn is_valid_id(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+pub fn validate_container_id(id: &str) -> Result<(), CniError> {
+    if is_valid_id(id) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            code::INVALID_ENV,
+            format!(
+                "CNI_CONTAINERID {id:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
+            ),
+        ))
+    }
+}
+
+/// Linux interface names: 1..=15 bytes, not "." or "..", no '/', ':' or whitespace.
+pub fn validate_ifname(name: &str) -> Result<(), CniError> {
+    let why = if name.len() > 15 {
+        Some("longer than 15 characters")
+    } else if name == "." || name == ".." {
+        Some("not a valid interface name")
+    } else if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control()) {
+        Some("contains '/', ':' or whitespace")
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(CniError::new(code::INVALID_ENV, format!("CNI_IFNAME {name:?} is invalid: {why}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)], cmd: Command) -> Result<CniEnv, CniError> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        from_lookup(cmd, |k| m.get(k).cloned())
+    }
+
+    const OK: &[(&str, &str)] =
+        &[("CNI_CONTAINERID", "abc123"), ("CNI_NETNS", "/run/netns/x"), ("CNI_IFNAME", "eth0"), ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni")];
+
+    #[test]
+    fn valid_env() {
+        let e = env(OK, Command::Add).unwrap();
+        assert_eq!(e.ifname, "eth0");
+        assert_eq!(e.path.len(), 2);
+    }
+
+    #[test]
+    fn missing_variables_are_named() {
+        for var in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_NETNS"] {
+            let pairs: Vec<_> = OK.iter().copied().filter(|(k, _)| *k != var).collect();
+            let e = env(&pairs, Command::Add).unwrap_err();
+            assert_eq!(e.code, code::INVALID_ENV);
+            assert!(e.msg.contains(var), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn del_allows_empty_netns() {
+        let pairs: Vec<_> = OK.iter().copied().map(|(k, v)| if k == "CNI_NETNS" { (k, "") } else { (k, v) }).collect();
+        assert!(env(&pairs, Command::Del).unwrap().netns.is_none());
+        assert!(env(&pairs, Command::Check).is_err());
+    }
+
+    #[test]
+    fn bad_ids_and_ifnames() {
+        for id in ["-abc", "a/b", "../x", "a b", "_x"] {
+            assert_eq!(validate_container_id(id).unwrap_err().code, code::INVALID_ENV, "{id}");
+        }
+        for id in ["a", "0ab_c.d-e", "f3e1b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f80"] {
+            validate_container_id(id).unwrap();
+        }
+        for name in ["0123456789abcdef", "a/b", ".", "..", "a b", "eth:0"] {
+            let e = validate_ifname(name).unwrap_err();
+            assert!(e.msg.contains("CNI_IFNAME"), "{}", e.msg);
+        }
+        validate_ifname("eth0").unwrap();
+        validate_ifname("0123456789abcde").unwrap();
+    }
+}

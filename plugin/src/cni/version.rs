@@ -1,0 +1,75 @@
+//! Spec versions this plugin speaks, and how each one shapes a result.
+
+use super::{code, CniError};
+
+/// Versions listed by VERSION. 1.1.0 joins once GC and STATUS are implemented.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+
+/// The result layout a version asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultFormat {
+    /// 0.3.0, 0.3.1, 0.4.0: `ips[].version` is present.
+    V03,
+    /// 1.0.0 and later: no `ips[].version`.
+    V1,
+}
+
+/// A validated cniVersion string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniVersion(String);
+
+impl CniVersion {
+    pub fn parse(v: &str) -> Result<Self, CniError> {
+        if SUPPORTED_VERSIONS.contains(&v) {
+            Ok(Self(v.to_owned()))
+        } else {
+            Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!("incompatible CNI version: cniVersion {v:?} is not supported"),
+            )
+            .with_details(format!("supported versions: {}", SUPPORTED_VERSIONS.join(", "))))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn format(&self) -> ResultFormat {
+        if self.0.starts_with("0.") {
+            ResultFormat::V03
+        } else {
+            ResultFormat::V1
+        }
+    }
+}
+
+impl Default for CniVersion {
+    fn default() -> Self {
+        Self("1.0.0".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_supported_and_rejects_others() {
+        for v in SUPPORTED_VERSIONS {
+            assert_eq!(CniVersion::parse(v).unwrap().as_str(), *v);
+        }
+        for v in ["0.1.0", "0.2.0", "9.9.9", "", "1.0"] {
+            let e = CniVersion::parse(v).unwrap_err();
+            assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
+            assert!(e.msg.contains(&format!("{v:?}")), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn result_format_by_version() {
+        assert_eq!(CniVersion::parse("0.3.0").unwrap().format(), ResultFormat::V03);
+        assert_eq!(CniVersion::parse("0.4.0").unwrap().format(), ResultFormat::V03);
+        assert_eq!(CniVersion::parse("1.0.0").unwrap().format(), ResultFormat::V1);
+    }
+}
