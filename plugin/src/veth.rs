@@ -1,0 +1,133 @@
+//! The pod's veth pair, set up the way the reference `ptp` plugin does it: the container
+//! side holds the pod's addresses and reaches its gateway on-link; the host side holds the
+//! gateway addresses as /32 (/128) and a host route to each pod address.
+
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+
+use crate::{
+    cni::types::Route,
+    netlink::{Link, Netlink, NetlinkError, RouteSpec},
+    netns::Netns,
+};
+
+/// The host-side name, derived from the attachment so DEL finds it without saved state:
+/// `ecni` + 11 hex digits of a 64-bit FNV-1a hash of (network, container id, ifname).
+pub fn host_veth_name(network: &str, container_id: &str, ifname: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in [network, container_id, ifname] {
+        for b in part.bytes().chain(std::iter::once(0)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("ecni{:011x}", h >> 20)
+}
+
+/// One address of the pod with the gateway it uses.
+#[derive(Debug, Clone)]
+pub struct PodAddress {
+    pub address: IpNetwork,
+    pub gateway: Option<IpAddr>,
+}
+
+pub struct VethPair {
+    pub host: Link,
+    pub container: Link,
+}
+
+fn host_prefix(ip: IpAddr) -> IpNetwork {
+    IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("full-length prefix is valid")
+}
+
+/// Creates the pair with the container side named `ifname` directly inside `pod_ns`.
+pub async fn create(
+    host_nl: &Netlink,
+    pod_nl: &Netlink,
+    pod_ns: &Netns,
+    host_name: &str,
+    ifname: &str,
+    mtu: Option<u32>,
+    mac: Option<[u8; 6]>,
+) -> Result<VethPair, NetlinkError> {
+    host_nl.create_veth(host_name, ifname, pod_ns, mtu, mac).await?;
+    let host = host_nl.link_by_name(host_name).await?.ok_or_else(|| missing(host_name))?;
+    let container = pod_nl.link_by_name(ifname).await?.ok_or_else(|| missing(ifname))?;
+    Ok(VethPair { host, container })
+}
+
+fn missing(name: &str) -> NetlinkError {
+    NetlinkError::Request {
+        op: format!("find link {name} right after creating it"),
+        source: rtnetlink::Error::RequestFailed,
+    }
+}
+
+/// Container side: addresses, link up, the gateway on-link, the subnet and `routes` via
+/// the gateway of the same family.
+pub async fn configure_container(
+    pod_nl: &Netlink,
+    index: u32,
+    addrs: &[PodAddress],
+    routes: &[Route],
+) -> Result<(), NetlinkError> {
+    for a in addrs {
+        pod_nl.add_address(index, a.address, false).await?;
+    }
+    pod_nl.set_up(index).await?;
+    for a in addrs {
+        let Some(gw) = a.gateway else { continue };
+        pod_nl
+            .add_route(&RouteSpec { dst: host_prefix(gw), gw: None, oif: index, scope_link: true, src: None })
+            .await?;
+        let subnet = IpNetwork::new(a.address.network(), a.address.prefix()).expect("prefix from a valid network");
+        pod_nl
+            .add_route(&RouteSpec { dst: subnet, gw: Some(gw), oif: index, scope_link: false, src: Some(a.address.ip()) })
+            .await?;
+    }
+    for r in routes {
+        let gw = r.gw.or_else(|| {
+            addrs.iter().find(|a| a.address.is_ipv4() == r.dst.is_ipv4()).and_then(|a| a.gateway)
+        });
+        pod_nl.add_route(&RouteSpec { dst: r.dst, gw, oif: index, scope_link: false, src: None }).await?;
+    }
+    Ok(())
+}
+
+/// Host side: link up, each gateway as a /32 (/128), a host route to each pod address.
+pub async fn configure_host(host_nl: &Netlink, index: u32, addrs: &[PodAddress]) -> Result<(), NetlinkError> {
+    host_nl.set_up(index).await?;
+    for a in addrs {
+        if let Some(gw) = a.gateway {
+            host_nl.add_address(index, host_prefix(gw), false).await?;
+        }
+        host_nl
+            .add_route(&RouteSpec {
+                dst: host_prefix(a.address.ip()),
+                gw: None,
+                oif: index,
+                scope_link: true,
+                src: a.gateway,
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_deterministic_and_distinct() {
+        let a = host_veth_name("net", "c1", "eth0");
+        assert_eq!(a, host_veth_name("net", "c1", "eth0"));
+        assert_eq!(a.len(), 15);
+        assert!(a.starts_with("ecni"));
+        assert_ne!(a, host_veth_name("net", "c1", "eth1"));
+        assert_ne!(a, host_veth_name("net2", "c1", "eth0"));
+        // The separator keeps ("ab","c") and ("a","bc") apart.
+        assert_ne!(host_veth_name("ab", "c", "e"), host_veth_name("a", "bc", "e"));
+    }
+}
