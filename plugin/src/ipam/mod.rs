@@ -1,0 +1,66 @@
+//! Built-in host-local IPAM: hands out addresses from configured ranges and records them
+//! in the reference host-local plugin's on-disk format.
+//!
+//! Our plugin and the reference `host-local` binary can allocate from one data directory
+//! at the same time: both take the same flock on `<dataDir>/<network>/lock`, write one
+//! file per address with the same bytes, and continue each other's round robin through
+//! `last_reserved_ip.<N>`. `config` parses and validates the `ipam` object, `range` walks
+//! the ranges, `store` owns the files, and `allocator` ties them into the operations the
+//! CNI commands call (ADD: [`allocate`], DEL: [`release`], CHECK: [`reserved`], GC: [`gc`]).
+
+mod allocator;
+pub mod backend;
+mod config;
+pub mod delegate;
+mod dns;
+mod error;
+mod range;
+mod store;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+
+pub use allocator::{allocate, gc, release, reserved};
+pub use config::{HostLocalConfig, DEFAULT_DATA_DIR, DEFAULT_LOCK_TIMEOUT};
+pub use dns::{parse_resolv_conf, IpamDns};
+pub use error::IpamError;
+pub use range::{Range, RangeSet};
+
+/// One attachment asking for addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct IpamRequest<'a> {
+    /// The network name; already validated against the spec's name pattern.
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// Specific addresses wanted (union of CNI_ARGS `IP=`, `args.cni.ips` and
+    /// runtimeConfig `ips`): at most one per range set; sets without one get the next free
+    /// address.
+    pub requested: &'a [IpAddr],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamIp {
+    /// The address with its subnet's prefix length.
+    pub address: IpNetwork,
+    pub gateway: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamRoute {
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamResult {
+    /// One per range set, in the config's range set order.
+    pub ips: Vec<IpamIp>,
+    pub routes: Vec<IpamRoute>,
+    /// Present when `resolvConf` is configured.
+    pub dns: Option<IpamDns>,
+}

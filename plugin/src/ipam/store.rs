@@ -1,0 +1,431 @@
+//! The on-disk lease store, byte-compatible with the reference host-local's.
+//!
+//! Layout of `<dataDir>/<network>/`, as the reference (v1.1.1 and later) writes it:
+//! - one file per reserved address, named by the address's text (`10.9.0.2`, `fd00:9::2`)
+//!   and holding `<containerID>\r\n<ifname>` with no trailing newline; files of older
+//!   versions hold just the container ID;
+//! - `last_reserved_ip.<N>`: the text of the last address reserved from range set `N`,
+//!   no trailing newline (the reference parses it without trimming);
+//! - `lock`: an empty file the reference `flock(LOCK_EX)`s around every transaction.
+//!
+//! A [`LockedStore`] only exists while that flock is held, so every read and write goes
+//! through it; an allocation or release holds it from first read to last write, which is
+//! what keeps two processes (ours or the reference's) from reserving one address twice.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+use super::error::IpamError;
+use super::range::canonical_ip;
+
+const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+const LOCK_FILE: &str = "lock";
+const LINE_BREAK: &str = "\r\n";
+/// The reference's modes; the lock file's is ours (the reference's 0750 has no meaning).
+const FILE_MODE: u32 = 0o644;
+const DIR_MODE: u32 = 0o755;
+
+/// `<data_dir>/<network>`, refusing names that would leave `data_dir` (the lead checks
+/// the spec's name pattern; this keeps the store safe on its own).
+pub fn network_dir(data_dir: &Path, network: &str) -> Result<PathBuf, IpamError> {
+    if network.is_empty() || network == "." || network == ".." || network.contains(['/', '\0']) {
+        return Err(IpamError::InvalidNetworkName {
+            name: network.into(),
+        });
+    }
+    Ok(data_dir.join(network))
+}
+
+pub fn create_dir(dir: &Path) -> Result<(), IpamError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+        .map_err(|source| IpamError::Io {
+            op: "create directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Who holds an address, as far as a lease file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub ip: IpAddr,
+    path: PathBuf,
+    /// The file's content with surrounding white space removed (as the reference compares).
+    content: String,
+}
+
+impl Lease {
+    /// Written by the current format for exactly this attachment.
+    fn is_for(&self, container_id: &str, ifname: &str) -> bool {
+        self.content == key(container_id, ifname)
+    }
+
+    /// Written by an old version (container ID only) for this container.
+    fn is_legacy_for(&self, container_id: &str) -> bool {
+        self.content == container_id.trim()
+    }
+
+    /// The container ID and, unless the file is in the old format, the interface name.
+    pub fn owner(&self) -> (&str, Option<&str>) {
+        match self.content.split_once(LINE_BREAK) {
+            Some((id, ifname)) => (id, Some(ifname)),
+            None => (&self.content, None),
+        }
+    }
+}
+
+fn key(container_id: &str, ifname: &str) -> String {
+    format!("{}{LINE_BREAK}{ifname}", container_id.trim())
+}
+
+pub struct LockedStore {
+    dir: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl LockedStore {
+    /// Takes the network's lock, polling for up to `timeout` while another process holds it.
+    /// `dir` must exist.
+    pub fn lock(dir: &Path, timeout: Duration) -> Result<Self, IpamError> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(&path)
+            .map_err(|source| IpamError::Io {
+                op: "open",
+                path: path.clone(),
+                source,
+            })?;
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(1);
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    return Ok(Self {
+                        dir: dir.to_path_buf(),
+                        _lock: lock,
+                    })
+                }
+                Err((f, Errno::EINTR)) => file = f,
+                Err((f, errno)) if errno == Errno::EWOULDBLOCK => {
+                    let waited = started.elapsed();
+                    if waited >= timeout {
+                        return Err(IpamError::LockTimeout { path, waited });
+                    }
+                    std::thread::sleep(delay.min(timeout.saturating_sub(waited)));
+                    delay = (delay * 2).min(Duration::from_millis(50));
+                    file = f;
+                }
+                Err((_, source)) => return Err(IpamError::Lock { path, source }),
+            }
+        }
+    }
+
+    /// Reserves `ip` for the attachment; `Ok(false)` when some attachment already holds it.
+    pub fn reserve(
+        &self,
+        ip: IpAddr,
+        container_id: &str,
+        ifname: &str,
+        set_index: usize,
+    ) -> Result<bool, IpamError> {
+        let path = self.dir.join(ip.to_string());
+        let mut file = match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+            Err(source) => {
+                return Err(IpamError::Io {
+                    op: "create",
+                    path,
+                    source,
+                })
+            }
+        };
+        if let Err(source) = file.write_all(key(container_id, ifname).as_bytes()) {
+            remove_quietly(&path);
+            return Err(IpamError::Io {
+                op: "write",
+                path,
+                source,
+            });
+        }
+        drop(file);
+        let last = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
+        if let Err(source) = write_file(&last, ip.to_string().as_bytes()) {
+            remove_quietly(&path);
+            return Err(IpamError::Io {
+                op: "write",
+                path: last,
+                source,
+            });
+        }
+        Ok(true)
+    }
+
+    /// The last address reserved from set `set_index`; `None` when unknown. A broken file
+    /// only costs the round robin one restart from the beginning, as in the reference.
+    pub fn last_reserved(&self, set_index: usize) -> Option<IpAddr> {
+        let path = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
+        match fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse().ok().map(canonical_ip),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => {
+                log::warn!("ignoring {}: {e}", path.display());
+                None
+            }
+        }
+    }
+
+    /// Every lease file. Unreadable files are skipped with a warning, as the reference does.
+    pub fn leases(&self) -> Result<Vec<Lease>, IpamError> {
+        let io = |source| IpamError::Io {
+            op: "read directory",
+            path: self.dir.clone(),
+            source,
+        };
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let Some(ip) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<IpAddr>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            match fs::read(&path) {
+                Ok(bytes) => out.push(Lease {
+                    ip: canonical_ip(ip),
+                    path,
+                    content: String::from_utf8_lossy(&bytes).trim().to_owned(),
+                }),
+                Err(e) => log::warn!("skipping lease {}: {e}", path.display()),
+            }
+        }
+        out.sort_by_key(|l| sort_key(l.ip));
+        Ok(out)
+    }
+
+    /// Addresses held by the attachment, in either file format (as the reference's
+    /// `GetByID`).
+    pub fn owned_by(&self, container_id: &str, ifname: &str) -> Result<Vec<IpAddr>, IpamError> {
+        Ok(self
+            .leases()?
+            .into_iter()
+            .filter(|l| l.is_for(container_id, ifname) || l.is_legacy_for(container_id))
+            .map(|l| l.ip)
+            .collect())
+    }
+
+    /// Removes the attachment's leases; old-format files of the container only when there
+    /// is no current-format one (as the reference's `ReleaseByID`). Tries every file and
+    /// reports the first failure.
+    pub fn release_owner(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Vec<IpAddr>, IpamError> {
+        let leases = self.leases()?;
+        let mut mine: Vec<&Lease> = leases
+            .iter()
+            .filter(|l| l.is_for(container_id, ifname))
+            .collect();
+        if mine.is_empty() {
+            mine = leases
+                .iter()
+                .filter(|l| l.is_legacy_for(container_id))
+                .collect();
+        }
+        self.remove_all(mine)
+    }
+
+    /// Removes the given leases, trying each and reporting the first failure.
+    pub fn remove_all<'a>(
+        &self,
+        leases: impl IntoIterator<Item = &'a Lease>,
+    ) -> Result<Vec<IpAddr>, IpamError> {
+        let mut removed = Vec::new();
+        let mut first_err = None;
+        for lease in leases {
+            match fs::remove_file(&lease.path) {
+                Ok(()) => removed.push(lease.ip),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    first_err.get_or_insert(IpamError::Io {
+                        op: "remove",
+                        path: lease.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        first_err.map_or(Ok(removed), Err)
+    }
+
+    /// Removes the lease of `ip` if any (undo of [`Self::reserve`]).
+    pub fn release_ip(&self, ip: IpAddr) -> Result<(), IpamError> {
+        let path = self.dir.join(ip.to_string());
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(IpamError::Io {
+                op: "remove",
+                path,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// IPv4 before IPv6, then numeric.
+pub fn sort_key(ip: IpAddr) -> (bool, u128) {
+    (ip.is_ipv6(), super::range::to_u128(ip))
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(path)?
+        .write_all(bytes)
+}
+
+fn remove_quietly(path: &Path) {
+    if let Err(e) = fs::remove_file(path) {
+        log::warn!(
+            "failed to remove {} after a failed reservation: {e}",
+            path.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn store(dir: &Path) -> LockedStore {
+        LockedStore::lock(dir, Duration::from_secs(5)).unwrap()
+    }
+
+    #[test]
+    fn file_bytes_match_the_reference() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        assert!(s.reserve(ip("10.9.0.2"), " ctr1\n", "eth0", 0).unwrap());
+        assert!(s.reserve(ip("fd00:9::2"), "ctr1", "eth0", 1).unwrap());
+        assert!(!s.reserve(ip("10.9.0.2"), "other", "eth0", 0).unwrap());
+        assert_eq!(
+            fs::read(tmp.path().join("10.9.0.2")).unwrap(),
+            b"ctr1\r\neth0"
+        );
+        assert_eq!(
+            fs::read(tmp.path().join("fd00:9::2")).unwrap(),
+            b"ctr1\r\neth0"
+        );
+        assert_eq!(
+            fs::read(tmp.path().join("last_reserved_ip.0")).unwrap(),
+            b"10.9.0.2"
+        );
+        assert_eq!(
+            fs::read(tmp.path().join("last_reserved_ip.1")).unwrap(),
+            b"fd00:9::2"
+        );
+        assert_eq!(fs::read(tmp.path().join("lock")).unwrap(), b"");
+        assert_eq!(s.last_reserved(0), Some(ip("10.9.0.2")));
+        assert_eq!(s.last_reserved(7), None);
+    }
+
+    #[test]
+    fn garbled_last_reserved_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("last_reserved_ip.0"), "10.9.0").unwrap();
+        fs::write(tmp.path().join("last_reserved_ip.1"), "10.9.0.7\n").unwrap();
+        let s = store(tmp.path());
+        assert_eq!(s.last_reserved(0), None);
+        assert_eq!(s.last_reserved(1), Some(ip("10.9.0.7")));
+    }
+
+    #[test]
+    fn leases_only_count_address_named_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        s.reserve(ip("10.9.0.3"), "a", "eth0", 0).unwrap();
+        fs::write(tmp.path().join("10.9.0.2"), "legacy\n").unwrap();
+        fs::write(tmp.path().join("notes"), "a\r\neth0").unwrap();
+        fs::create_dir(tmp.path().join("10.9.0.9")).unwrap();
+        let leases = s.leases().unwrap();
+        let ips: Vec<_> = leases.iter().map(|l| l.ip).collect();
+        assert_eq!(ips, [ip("10.9.0.2"), ip("10.9.0.3")]);
+        assert_eq!(leases[0].owner(), ("legacy", None));
+        assert_eq!(leases[1].owner(), ("a", Some("eth0")));
+    }
+
+    #[test]
+    fn release_prefers_current_format_then_legacy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        s.reserve(ip("10.9.0.3"), "a", "eth0", 0).unwrap();
+        s.reserve(ip("10.9.0.4"), "a", "eth1", 0).unwrap();
+        fs::write(tmp.path().join("10.9.0.2"), "a").unwrap();
+        assert_eq!(
+            s.owned_by("a", "eth0").unwrap(),
+            [ip("10.9.0.2"), ip("10.9.0.3")]
+        );
+        assert_eq!(s.release_owner("a", "eth0").unwrap(), [ip("10.9.0.3")]);
+        assert_eq!(s.release_owner("a", "eth0").unwrap(), [ip("10.9.0.2")]);
+        assert_eq!(s.release_owner("a", "eth0").unwrap(), Vec::<IpAddr>::new());
+        assert_eq!(s.owned_by("a", "eth1").unwrap(), [ip("10.9.0.4")]);
+    }
+
+    #[test]
+    fn lock_times_out_while_held() {
+        let tmp = tempfile::tempdir().unwrap();
+        let held = store(tmp.path());
+        let e = LockedStore::lock(tmp.path(), Duration::from_millis(30))
+            .err()
+            .expect("lock must be busy");
+        assert!(matches!(e, IpamError::LockTimeout { .. }), "{e}");
+        assert_eq!(e.cni_code(), crate::cni::error::code::TRY_AGAIN_LATER);
+        drop(held);
+        store(tmp.path());
+    }
+
+    #[test]
+    fn network_names_stay_inside_data_dir() {
+        for bad in ["", ".", "..", "a/b", "../x"] {
+            assert!(network_dir(Path::new("/d"), bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            network_dir(Path::new("/d"), "net-1.a_b").unwrap(),
+            PathBuf::from("/d/net-1.a_b")
+        );
+    }
+}
