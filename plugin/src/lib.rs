@@ -1,6 +1,92 @@
 //! ebpf-cni: a CNI interface plugin whose dataplane runs as TC/XDP eBPF programs.
+//!
+//! With `CNI_COMMAND` set the binary speaks the CNI protocol (stdin: config, stdout: result
+//! or error JSON); without it, it is an operator CLI.
+
+pub mod add;
+pub mod bpf;
+pub mod check;
+pub mod cli;
 pub mod cni;
+pub mod del;
+mod errors;
+pub mod ipam;
+pub mod logging;
+pub mod netlink;
+pub mod netns;
+pub mod version;
+pub mod veth;
+
+use std::io::{Read, Write};
+
+use cni::{code, config, env::Command, CniError};
+use serde_json::Value;
 
 pub fn run() -> i32 {
-    0
+    logging::init();
+    match std::env::var("CNI_COMMAND") {
+        Ok(cmd) if !cmd.is_empty() => cni_main(&cmd),
+        _ => cli::main(),
+    }
+}
+
+fn cni_main(command: &str) -> i32 {
+    let mut stdin = Vec::new();
+    let outcome = match std::io::stdin().read_to_end(&mut stdin) {
+        Ok(_) => execute(command, &stdin),
+        Err(e) => Err(CniError::new(code::IO_FAILURE, "failed to read the network configuration from stdin")
+            .with_details(e.to_string())),
+    };
+    match outcome {
+        Ok(Some(v)) => {
+            print_json(&v);
+            0
+        }
+        Ok(None) => 0,
+        Err(mut e) => {
+            // The error carries the version the runtime asked for, if it can be read.
+            e.cni_version = serde_json::from_slice::<Value>(&stdin)
+                .ok()
+                .and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_owned))
+                .filter(|v| cni::version::SUPPORTED_VERSIONS.contains(&v.as_str()))
+                .unwrap_or_else(|| "1.0.0".to_owned());
+            log::error!("{e}");
+            print_json(&serde_json::to_value(&e).expect("errors serialize"));
+            1
+        }
+    }
+}
+
+fn print_json(v: &Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, v);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
+    let command = cni::env::Command::parse(command)?;
+    if command == Command::Version {
+        return Ok(Some(version::version(stdin)));
+    }
+    if matches!(command, Command::Gc | Command::Status) {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            format!("CNI_COMMAND {} is not supported yet (needs cniVersion 1.1.0)", command.as_str()),
+        ));
+    }
+    let env = cni::env::from_lookup(command, |k| std::env::var(k).ok())?;
+    let conf = config::NetConf::parse(config::decode(stdin)?)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::new(code::INTERNAL, "failed to start the async runtime").with_details(e.to_string()))?;
+    rt.block_on(async {
+        match command {
+            Command::Add => add::add(&env, &conf, stdin).await.map(Some),
+            Command::Del => del::del(&env, &conf, stdin).await.map(|()| None),
+            Command::Check => check::check(&env, &conf, stdin).await.map(|()| None),
+            Command::Version | Command::Gc | Command::Status => unreachable!("handled above"),
+        }
+    })
 }

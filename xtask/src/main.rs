@@ -1,1 +1,48 @@
-fn main() {}
+//! `cargo xtask <task>`: see `cargo xtask --help`.
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use xtask::build::BuildOptions;
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "ebpf-cni developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what building and testing need (apt packages, rust-src, bpf-linker);
+    /// only what is missing.
+    Setup,
+    /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
+    Build(BuildArgs),
+    /// Build, then run the tests (not yet).
+    Test,
+    /// Build, then run the demo (not yet).
+    Demo,
+    /// Build, then run the benchmarks (not yet).
+    Bench,
+}
+
+#[derive(Debug, Args)]
+struct BuildArgs {
+    /// Build the plugin with the dev profile (the eBPF object is always release).
+    #[arg(long)]
+    debug_plugin: bool,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => xtask::setup::setup(),
+        Task::Build(args) => {
+            let plugin = xtask::build::build(&BuildOptions {
+                debug_plugin: args.debug_plugin,
+            })?;
+            println!("{}", plugin.display());
+            Ok(())
+        }
+        task @ (Task::Test | Task::Demo | Task::Bench) => bail!("{task:?}: not yet"),
+    }
+}

@@ -1,0 +1,163 @@
+//! ADD: IPAM, the veth pair, addresses and routes on both sides, forwarding, and the eBPF
+//! programs on the host veth. Every step that succeeds registers its undo; if a later step
+//! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
+
+use crate::{
+    bpf::{self, AttachmentKey, NodeId},
+    cni::{
+        code,
+        config::{parse_mac, NetConf},
+        env::CniEnv,
+        types::{Interface, SuccessResult},
+        CniError,
+    },
+    ipam::backend::Ipam,
+    netlink::{format_mac, write_sysctl, Netlink},
+    netns::Netns,
+    veth::{self, PodAddress},
+};
+
+/// Test hook: `EBPF_CNI_FAILPOINT=before-result` fails ADD after every step succeeded, so
+/// tests can prove the rollback undoes all of them.
+const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
+
+enum Undo {
+    Ipam,
+    HostLink { index: u32 },
+    Programs,
+}
+
+pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_json::Value, CniError> {
+    // Everything that can be validated is, before anything changes.
+    let ipam = Ipam::from_conf(conf)?.ok_or_else(|| {
+        CniError::new(code::INVALID_CONFIG, "ipam is missing: ebpf-cni needs an ipam section to address the pod")
+    })?;
+    ipam.validate(env)?;
+    let mac = match (&conf.runtime.mac, &env.args.mac) {
+        (Some(m), _) => Some(parse_mac(m, "runtimeConfig.mac")?),
+        (None, Some(m)) => Some(parse_mac(m, "CNI_ARGS MAC")?),
+        (None, None) => None,
+    };
+    let netns_path = env.netns.as_deref().expect("env validation requires CNI_NETNS for ADD");
+    let pod_ns = Netns::open(netns_path)?;
+    bpf::ensure_bpffs()?;
+    let node = NodeId::current()?;
+
+    let host_nl = Netlink::connect()?;
+    let pod_nl = Netlink::connect_in(&pod_ns)?;
+    if pod_nl.link_by_name(&env.ifname).await?.is_some() {
+        return Err(CniError::new(
+            code::INTERFACE_EXISTS,
+            format!("interface {:?} already exists in {}", env.ifname, netns_path.display()),
+        ));
+    }
+    let host_name = veth::host_veth_name(&conf.name, &env.container_id, &env.ifname);
+    if host_nl.link_by_name(&host_name).await?.is_some() {
+        return Err(CniError::new(
+            code::INTERFACE_EXISTS,
+            format!(
+                "host interface {host_name} for container {} ifname {} already exists: DEL the attachment first",
+                env.container_id, env.ifname
+            ),
+        ));
+    }
+
+    let mut undo = Vec::new();
+    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let res = setup(env, conf, stdin, &ipam, mac, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key, &mut undo).await;
+    match res {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            rollback(undo, env, conf, stdin, &ipam, &host_nl, &node, &key).await;
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn setup(
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+    ipam: &Ipam,
+    mac: Option<[u8; 6]>,
+    pod_ns: &Netns,
+    host_nl: &Netlink,
+    pod_nl: &Netlink,
+    host_name: &str,
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+    undo: &mut Vec<Undo>,
+) -> Result<serde_json::Value, CniError> {
+    let mut result: SuccessResult = ipam.add(conf, env, stdin)?;
+    undo.push(Undo::Ipam);
+    if result.ips.is_empty() {
+        return Err(CniError::new(code::INVALID_CONFIG, "IPAM returned no address for the pod"));
+    }
+    let addrs: Vec<PodAddress> =
+        result.ips.iter().map(|ip| PodAddress { address: ip.address, gateway: ip.gateway }).collect();
+
+    let pair = veth::create(host_nl, pod_nl, pod_ns, host_name, &env.ifname, conf.mtu, mac).await?;
+    undo.push(Undo::HostLink { index: pair.host.index });
+
+    veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;
+    veth::configure_host(host_nl, pair.host.index, &addrs).await?;
+    if addrs.iter().any(|a| a.address.is_ipv4()) {
+        write_sysctl("net.ipv4.ip_forward", "1")?;
+    }
+    if addrs.iter().any(|a| a.address.is_ipv6()) {
+        write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
+    }
+
+    bpf::attach_host_veth(node, key, host_name)?;
+    undo.push(Undo::Programs);
+
+    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
+        return Err(CniError::new(code::INTERNAL, format!("failpoint {FAILPOINT_ENV}=before-result")));
+    }
+
+    result.interfaces = vec![
+        Interface { name: pair.host.name.clone(), mac: pair.host.mac.map(|m| format_mac(&m)).unwrap_or_default(), sandbox: String::new() },
+        Interface {
+            name: env.ifname.clone(),
+            mac: pair.container.mac.map(|m| format_mac(&m)).unwrap_or_default(),
+            sandbox: pod_ns.path().display().to_string(),
+        },
+    ];
+    for ip in &mut result.ips {
+        ip.interface = Some(1);
+    }
+    if let Some(dns) = &conf.dns {
+        // The config's dns wins when it says anything, as in the reference ptp; otherwise
+        // what IPAM found (host-local's resolvConf) stays.
+        match serde_json::from_value::<crate::cni::types::Dns>(dns.clone()) {
+            Ok(d) if !d.is_empty() => result.dns = d,
+            Ok(_) => {}
+            Err(e) => return Err(CniError::new(code::INVALID_CONFIG, format!("dns {dns} is invalid: {e}"))),
+        }
+    }
+    Ok(result.to_json(conf.cni_version.as_str(), conf.cni_version.format()))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rollback(
+    undo: Vec<Undo>,
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+    ipam: &Ipam,
+    host_nl: &Netlink,
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+) {
+    for step in undo.into_iter().rev() {
+        let r: Result<(), CniError> = match step {
+            Undo::Programs => bpf::detach(node, key).map(|_| ()).map_err(Into::into),
+            Undo::HostLink { index } => host_nl.delete_link(index).await.map(|_| ()).map_err(Into::into),
+            Undo::Ipam => ipam.del(conf, env, stdin),
+        };
+        if let Err(e) = r {
+            log::error!("rollback of a failed ADD: {e}");
+        }
+    }
+}

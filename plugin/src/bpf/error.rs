@@ -1,0 +1,240 @@
+//! What can go wrong between the plugin and the kernel's BPF subsystem.
+
+use std::{fmt, io, path::PathBuf};
+
+use crate::cni::code;
+
+/// Errors of the `bpf` module. Messages say what failed and where; the cause is the
+/// `source`, never repeated in the message. aya's errors are boxed: they are large, and
+/// every `Result` here would carry their size.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("this binary was built without its eBPF programs; build with `cargo xtask build`")]
+    NotBuilt,
+
+    #[error("invalid attachment {field} {value:?}: must be non-empty, not `.` or `..`, without `/` or NUL")]
+    InvalidKey { field: &'static str, value: String },
+
+    #[error("failed to read the network namespace of the calling thread at {path}")]
+    NodeId {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to check whether {path} is a bpf filesystem")]
+    StatBpffs {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+
+    #[error("failed to lock {path} while mounting bpffs")]
+    LockBpffs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to mount a bpf filesystem at {path}")]
+    MountBpffs {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+
+    /// Only for a root chosen with `EBPF_CNI_BPFFS_ROOT`: we mount nothing there.
+    #[error("{path} is not a bpf filesystem")]
+    NotBpffs { path: PathBuf },
+
+    #[error("failed to create the pin directory {path}")]
+    CreatePinDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to load the embedded eBPF object")]
+    Load {
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
+
+    #[error("the embedded eBPF object has no program {name}")]
+    MissingProgram { name: &'static str },
+
+    #[error("the embedded eBPF object has no per-CPU array map {name}")]
+    MissingMap { name: &'static str },
+
+    #[error("failed to prepare program {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+
+    #[error("failed to attach program {name} to {ifname} ({direction})")]
+    Attach {
+        name: &'static str,
+        ifname: String,
+        direction: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+
+    #[error("failed to read the kernel's information on the link of program {name}")]
+    LinkInfo {
+        name: &'static str,
+        #[source]
+        source: Box<aya::programs::links::LinkError>,
+    },
+
+    #[error("failed to read the kernel's information on map {name}")]
+    MapInfo {
+        name: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+
+    #[error("failed to pin link at {path}")]
+    PinLink {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+
+    #[error("failed to pin map at {path}")]
+    PinMap {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+
+    /// Every failure is listed in the message (there is no single source).
+    #[error(
+        "failed to remove {} entries of the attachment at {dir}: {}",
+        failures.len(),
+        RemoveFailures(failures)
+    )]
+    Detach {
+        dir: PathBuf,
+        failures: Vec<RemoveFailure>,
+    },
+
+    // CHECK: the attachment is missing or differs from what ADD set up.
+    #[error("{what} pin missing at {path}")]
+    PinMissing { what: &'static str, path: PathBuf },
+
+    #[error("link {link} at {path} is not a TCX link (link type {link_type})")]
+    NotTcxLink {
+        link: &'static str,
+        path: PathBuf,
+        link_type: u32,
+    },
+
+    #[error("link {link} at {path} is no longer attached to any device")]
+    LinkDefunct { link: &'static str, path: PathBuf },
+
+    #[error("link {link} is attached to ifindex {actual}, expected {expected}")]
+    WrongIfindex {
+        link: &'static str,
+        actual: u32,
+        expected: u32,
+    },
+
+    #[error("link {link} has attach type {actual}, expected {expected}")]
+    WrongAttachType {
+        link: &'static str,
+        actual: u32,
+        expected: u32,
+    },
+
+    #[error("link {link} runs program {actual:?}, expected {expected:?}")]
+    WrongProgram {
+        link: &'static str,
+        actual: String,
+        expected: &'static str,
+    },
+
+    #[error("map pinned at {path} is {actual:?}, expected {expected:?}")]
+    WrongMap {
+        path: PathBuf,
+        actual: String,
+        expected: &'static str,
+    },
+
+    // Reading pins back.
+    #[error("failed to open the pinned object at {path}")]
+    OpenPin {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to read the kernel's information on the object pinned at {path}")]
+    PinInfo {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to open the map pinned at {path}")]
+    OpenMap {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+
+    #[error("failed to read entry {index} of the map pinned at {path}")]
+    ReadMap {
+        path: PathBuf,
+        index: u32,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+}
+
+impl BpfError {
+    /// The CNI error code this error is reported with.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::PinMissing { .. }
+            | Self::NotTcxLink { .. }
+            | Self::LinkDefunct { .. }
+            | Self::WrongIfindex { .. }
+            | Self::WrongAttachType { .. }
+            | Self::WrongProgram { .. }
+            | Self::WrongMap { .. } => code::CHECK_FAILED,
+            // The caller promised validated values: this is a bug, not a bad config.
+            Self::InvalidKey { .. } => code::INTERNAL,
+            _ => code::BPF,
+        }
+    }
+}
+
+/// One pin or directory that `detach` could not remove.
+#[derive(Debug)]
+pub struct RemoveFailure {
+    pub path: PathBuf,
+    pub source: io::Error,
+}
+
+impl fmt::Display for RemoveFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.source)
+    }
+}
+
+struct RemoveFailures<'a>(&'a [RemoveFailure]);
+
+impl fmt::Display for RemoveFailures<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}

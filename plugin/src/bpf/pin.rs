@@ -1,0 +1,285 @@
+//! Where the plugin pins its links and maps in bpffs, and making sure bpffs is mounted.
+//!
+//! A CNI plugin exits right after ADD, so everything that must outlive it is pinned, and DEL
+//! and CHECK find it again by recomputing the same path from the same arguments. The layout,
+//! every name taken from `ebpf_cni_maps::pin`:
+//!
+//! ```text
+//! <bpffs>/ebpf-cni/v1/netns-<inode>/attachments/<network>/<container id>/<ifname>/
+//!     link_from_pod  link_to_pod  counters
+//! ```
+//!
+//! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
+//! key `netns-<inode>` is the network namespace the plugin runs in: one fixed value on a
+//! real node, and disjoint trees for test "nodes" that are namespaces sharing one bpffs.
+
+use std::{
+    fmt, fs, io,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
+
+use ebpf_cni_maps::pin as names;
+use nix::{
+    mount::MsFlags,
+    sys::statfs::{statfs, BPF_FS_MAGIC},
+};
+
+use super::{AttachmentKey, BpfError, Direction};
+
+/// Where bpffs is mounted on a normal system.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
+/// Overrides [`DEFAULT_BPFFS`]; the directory must already be a bpf filesystem.
+pub const BPFFS_ROOT_ENV: &str = "EBPF_CNI_BPFFS_ROOT";
+
+/// The thread's own network namespace; `/proc/self` would name the main thread's.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// Identifies the node (network namespace) whose attachments a pin tree holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NodeId {
+    netns_inode: u64,
+}
+
+impl NodeId {
+    /// The node of the calling thread's network namespace.
+    pub fn current() -> Result<Self, BpfError> {
+        let meta = fs::metadata(THREAD_NETNS).map_err(|source| BpfError::NodeId {
+            path: THREAD_NETNS.into(),
+            source,
+        })?;
+        Ok(Self::from_netns_inode(meta.ino()))
+    }
+
+    pub const fn from_netns_inode(netns_inode: u64) -> Self {
+        Self { netns_inode }
+    }
+
+    pub const fn netns_inode(&self) -> u64 {
+        self.netns_inode
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", names::NODE_DIR_PREFIX, self.netns_inode)
+    }
+}
+
+/// The bpffs mount point every pin path starts from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinRoot {
+    bpffs: PathBuf,
+}
+
+impl PinRoot {
+    /// `$EBPF_CNI_BPFFS_ROOT` if set and non-empty, else `/sys/fs/bpf`.
+    pub fn from_env() -> Self {
+        match std::env::var_os(BPFFS_ROOT_ENV).filter(|v| !v.is_empty()) {
+            Some(root) => Self::new(root),
+            None => Self::new(DEFAULT_BPFFS),
+        }
+    }
+
+    pub fn new(bpffs: impl Into<PathBuf>) -> Self {
+        Self {
+            bpffs: bpffs.into(),
+        }
+    }
+
+    pub fn bpffs(&self) -> &Path {
+        &self.bpffs
+    }
+
+    fn is_default(&self) -> bool {
+        self.bpffs == Path::new(DEFAULT_BPFFS)
+    }
+
+    /// `<bpffs>/ebpf-cni/v1`
+    pub fn layout_dir(&self) -> PathBuf {
+        self.bpffs
+            .join(names::PROJECT_DIR)
+            .join(names::LAYOUT_VERSION_DIR)
+    }
+
+    /// `<bpffs>/ebpf-cni/v1/netns-<inode>`
+    pub fn node_dir(&self, node: &NodeId) -> PathBuf {
+        self.layout_dir().join(node.to_string())
+    }
+
+    /// `<bpffs>/ebpf-cni/v1/netns-<inode>/attachments`: pruning empty directories after a
+    /// detach stops here.
+    pub fn attachments_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::ATTACHMENTS_DIR)
+    }
+
+    /// The pins of one attachment. `key` must be valid (see [`AttachmentKey::validate`]).
+    pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
+        AttachmentPins {
+            dir: self
+                .attachments_dir(node)
+                .join(key.network)
+                .join(key.container_id)
+                .join(key.ifname),
+        }
+    }
+}
+
+/// The directory of one attachment and the pins in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachmentPins {
+    dir: PathBuf,
+}
+
+impl AttachmentPins {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The pinned TCX link of the program of `direction`.
+    pub fn link(&self, direction: Direction) -> PathBuf {
+        self.dir.join(direction.link_pin_name())
+    }
+
+    /// The pinned counters map.
+    pub fn counters(&self) -> PathBuf {
+        self.dir.join(names::COUNTERS)
+    }
+}
+
+fn is_bpffs(path: &Path) -> Result<bool, BpfError> {
+    match statfs(path) {
+        Ok(fs) => Ok(fs.filesystem_type() == BPF_FS_MAGIC),
+        // A missing override directory is simply not a bpffs.
+        Err(nix::Error::ENOENT) => Ok(false),
+        Err(source) => Err(BpfError::StatBpffs {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+/// Makes sure the pin root ([`PinRoot::from_env`]) is a bpf filesystem, mounting one at
+/// `/sys/fs/bpf` if it is not (the kernel does not mount it by itself, and runtimes do not
+/// always). A root overridden by `EBPF_CNI_BPFFS_ROOT` is never mounted, only checked.
+pub fn ensure_bpffs() -> Result<(), BpfError> {
+    ensure_bpffs_at(&PinRoot::from_env())
+}
+
+pub(crate) fn ensure_bpffs_at(root: &PinRoot) -> Result<(), BpfError> {
+    let path = root.bpffs();
+    if is_bpffs(path)? {
+        return Ok(());
+    }
+    if !root.is_default() {
+        return Err(BpfError::NotBpffs { path: path.into() });
+    }
+    // Two plugins starting at once on a fresh node would both see no bpffs and stack two
+    // mounts, hiding the first one's pins under the second. The lock is on the directory
+    // that is about to be covered (every racer opened it before the mount), and the check
+    // is repeated under it.
+    let lock_err = |source| BpfError::LockBpffs {
+        path: path.into(),
+        source,
+    };
+    let dir = fs::File::open(path).map_err(lock_err)?;
+    // SAFETY: plain syscall on an fd we own; the lock goes away when `dir` is closed.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(lock_err(io::Error::last_os_error()));
+    }
+    if is_bpffs(path)? {
+        return Ok(());
+    }
+    log::info!("mounting a bpf filesystem at {}", path.display());
+    nix::mount::mount(
+        Some("bpf"),
+        path,
+        Some("bpf"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0700"),
+    )
+    .map_err(|source| BpfError::MountBpffs {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Creates `dir` and its parents, retrying when a concurrent detach of a sibling attachment
+/// prunes a shared parent (`<network>/`) between our `mkdir`s.
+pub(crate) fn create_dir_all_racy(dir: &Path) -> Result<(), BpfError> {
+    let mut attempts = 0;
+    loop {
+        match fs::create_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            Err(source) => {
+                return Err(BpfError::CreatePinDir {
+                    path: dir.into(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: AttachmentKey<'static> = AttachmentKey {
+        network: "podnet",
+        container_id: "0123abcd",
+        ifname: "eth0",
+    };
+
+    #[test]
+    fn attachment_paths_follow_the_layout() {
+        let root = PinRoot::new("/sys/fs/bpf");
+        let node = NodeId::from_netns_inode(4026531840);
+        let pins = root.attachment(&node, &KEY);
+        let dir = "/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments/podnet/0123abcd/eth0";
+        assert_eq!(pins.dir(), Path::new(dir));
+        assert_eq!(
+            pins.link(Direction::FromPod),
+            Path::new(dir).join("link_from_pod")
+        );
+        assert_eq!(
+            pins.link(Direction::ToPod),
+            Path::new(dir).join("link_to_pod")
+        );
+        assert_eq!(pins.counters(), Path::new(dir).join("counters"));
+        assert_eq!(
+            root.attachments_dir(&node),
+            Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments")
+        );
+        assert!(pins.dir().starts_with(root.attachments_dir(&node)));
+    }
+
+    #[test]
+    fn nodes_get_disjoint_trees() {
+        let root = PinRoot::new("/b");
+        let a = root.attachment(&NodeId::from_netns_inode(1), &KEY);
+        let b = root.attachment(&NodeId::from_netns_inode(2), &KEY);
+        assert_ne!(a.dir(), b.dir());
+        assert!(!a
+            .dir()
+            .starts_with(root.node_dir(&NodeId::from_netns_inode(2))));
+    }
+
+    #[test]
+    fn root_override_moves_everything() {
+        let root = PinRoot::new("/tmp/bpffs-test");
+        let pins = root.attachment(&NodeId::from_netns_inode(7), &KEY);
+        assert!(pins
+            .counters()
+            .starts_with("/tmp/bpffs-test/ebpf-cni/v1/netns-7/"));
+    }
+
+    #[test]
+    fn current_node_is_this_threads_netns() {
+        let node = NodeId::current().expect("procfs is mounted");
+        let ino = fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+        assert_eq!(node.netns_inode(), ino);
+        assert_eq!(node.to_string(), format!("netns-{ino}"));
+    }
+}

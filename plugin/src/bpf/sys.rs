@@ -1,0 +1,178 @@
+//! The few bpf(2) calls CHECK needs that aya 0.14 does not offer: aya's `LinkInfo` has no
+//! TCX ifindex or attach type, and it cannot look a program up by id.
+//!
+//! Each attribute struct is the prefix of `union bpf_attr` for its command; the kernel treats
+//! bytes past the size we pass as zero, and the info structs are prefixes of the kernel's
+//! `bpf_link_info` / `bpf_prog_info` (it copies back only as much as we ask for).
+
+use std::{
+    ffi::CString,
+    io, mem,
+    os::{
+        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+};
+
+const BPF_OBJ_GET: libc::c_int = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_int = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
+
+/// `enum bpf_link_type`
+pub(crate) const BPF_LINK_TYPE_TCX: u32 = 11;
+/// `enum bpf_attach_type`
+pub(crate) const BPF_TCX_INGRESS: u32 = 46;
+pub(crate) const BPF_TCX_EGRESS: u32 = 47;
+
+/// # Safety
+/// `T` must be the `bpf_attr` prefix that `cmd` expects, with any pointers in it valid.
+unsafe fn sys_bpf<T>(cmd: libc::c_int, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: per the contract above.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Takes ownership of an fd a bpf command returned (such fds are always close-on-exec).
+fn owned_fd(ret: libc::c_long) -> OwnedFd {
+    // SAFETY: a non-negative return of an fd-returning bpf command is a new fd we own.
+    unsafe { OwnedFd::from_raw_fd(ret as libc::c_int) }
+}
+
+#[repr(C)]
+struct ObjGetAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// Opens the object pinned at `path` (`BPF_OBJ_GET`).
+pub(crate) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjGetAttr {
+        pathname: c_path.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: `attr` is the BPF_OBJ_GET prefix; `c_path` outlives the call.
+    unsafe { sys_bpf(BPF_OBJ_GET, &mut attr) }.map(owned_fd)
+}
+
+#[repr(C)]
+struct InfoByFdAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// # Safety
+/// `T` must be a prefix of the info struct of the object type behind `fd`.
+unsafe fn obj_info<T>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
+    let mut attr = InfoByFdAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: mem::size_of::<T>() as u32,
+        info: info as *mut T as u64,
+    };
+    // SAFETY: `attr` is the BPF_OBJ_GET_INFO_BY_FD prefix; `info` is writable for
+    // `info_len` bytes for the duration of the call.
+    unsafe { sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }.map(drop)
+}
+
+/// Prefix of `struct bpf_link_info` up to its `tcx` union member (the union is 8-aligned).
+#[repr(C)]
+#[derive(Default)]
+struct RawLinkInfo {
+    link_type: u32,
+    id: u32,
+    prog_id: u32,
+    _pad: u32,
+    tcx_ifindex: u32,
+    tcx_attach_type: u32,
+}
+
+/// What the kernel says about a link; `ifindex`/`attach_type` are meaningful for TCX links
+/// only, and `ifindex` is 0 once the device is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TcxLinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    pub ifindex: u32,
+    pub attach_type: u32,
+}
+
+pub(crate) fn link_info(fd: BorrowedFd<'_>) -> io::Result<TcxLinkInfo> {
+    let mut raw = RawLinkInfo::default();
+    // SAFETY: `RawLinkInfo` is a prefix of `bpf_link_info` and only integers, so whatever
+    // the kernel writes is a valid value (for a non-link fd, that object's own info, which
+    // the caller's link type check rejects).
+    unsafe { obj_info(fd, &mut raw) }?;
+    Ok(TcxLinkInfo {
+        link_type: raw.link_type,
+        id: raw.id,
+        prog_id: raw.prog_id,
+        ifindex: raw.tcx_ifindex,
+        attach_type: raw.tcx_attach_type,
+    })
+}
+
+#[repr(C)]
+struct GetFdByIdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+/// Prefix of `struct bpf_prog_info` up to `name`.
+#[repr(C)]
+#[derive(Default)]
+struct RawProgInfo {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+    name: [u8; 16],
+}
+
+const _: () = assert!(mem::size_of::<RawLinkInfo>() == 24);
+const _: () = assert!(mem::size_of::<RawProgInfo>() == 80);
+
+/// The kernel's (at most 15-byte) name of the program with id `prog_id`.
+pub(crate) fn prog_name(prog_id: u32) -> io::Result<String> {
+    let mut attr = GetFdByIdAttr {
+        id: prog_id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: `attr` is the BPF_PROG_GET_FD_BY_ID prefix.
+    let fd = unsafe { sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) }.map(owned_fd)?;
+    let mut raw = RawProgInfo::default();
+    // SAFETY: `fd` is a program fd and `RawProgInfo` a prefix of `bpf_prog_info`; its
+    // pointer fields are 0 with 0 lengths, so the kernel dumps nothing through them.
+    unsafe { obj_info(std::os::fd::AsFd::as_fd(&fd), &mut raw) }?;
+    let len = raw
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(raw.name.len());
+    Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
+}

@@ -1,0 +1,124 @@
+//! CHECK: proves, against `prevResult`, that the attachment ADD made is still there and
+//! right: both veth ends, the pod's addresses and routes, the host routes, the IPAM
+//! reservation and the eBPF attachment. The first discrepancy is reported by name.
+
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+
+use crate::{
+    bpf::{self, AttachmentKey, NodeId},
+    cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
+    ipam::backend::Ipam,
+    netlink::{format_mac, Netlink, RouteEntry},
+    netns::Netns,
+    veth,
+};
+
+fn failed(msg: String) -> CniError {
+    CniError::new(code::CHECK_FAILED, msg)
+}
+
+pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "prevResult is required for CHECK (spec: CHECK)"))?;
+    let prev = SuccessResult::from_json(prev, "prevResult")?;
+    let netns_path = env.netns.as_deref().expect("env validation requires CNI_NETNS for CHECK");
+    let sandbox = netns_path.display().to_string();
+
+    let cont_idx = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == env.ifname && i.sandbox == sandbox)
+        .ok_or_else(|| failed(format!("prevResult lists no interface {:?} in sandbox {sandbox}", env.ifname)))?;
+    let expected_cont = &prev.interfaces[cont_idx];
+
+    let host_nl = Netlink::connect()?;
+    let host_name = veth::host_veth_name(&conf.name, &env.container_id, &env.ifname);
+    let host = host_nl
+        .link_by_name(&host_name)
+        .await?
+        .ok_or_else(|| failed(format!("host veth {host_name} is missing")))?;
+    if !host.up {
+        return Err(failed(format!("host veth {host_name} is down")));
+    }
+
+    let pod_ns = Netns::open(netns_path)?;
+    let pod_nl = Netlink::connect_in(&pod_ns)?;
+    let cont = pod_nl
+        .link_by_name(&env.ifname)
+        .await?
+        .ok_or_else(|| failed(format!("interface {} is missing from {sandbox}", env.ifname)))?;
+    if let (Some(mac), false) = (cont.mac, expected_cont.mac.is_empty()) {
+        if !format_mac(&mac).eq_ignore_ascii_case(&expected_cont.mac) {
+            return Err(failed(format!(
+                "interface {} has MAC {}, prevResult says {}",
+                env.ifname,
+                format_mac(&mac),
+                expected_cont.mac
+            )));
+        }
+    }
+    if !cont.up {
+        return Err(failed(format!("interface {} in {sandbox} is down", env.ifname)));
+    }
+
+    let have = pod_nl.addresses(cont.index).await?;
+    let ips: Vec<_> = prev.ips.iter().filter(|ip| ip.interface.is_none_or(|i| i == cont_idx)).collect();
+    for ip in &ips {
+        if !have.iter().any(|a| a.ip() == ip.address.ip() && a.prefix() == ip.address.prefix()) {
+            return Err(failed(format!("address {} is missing from {} in {sandbox}", ip.address, env.ifname)));
+        }
+    }
+
+    let (pod_v4, pod_v6) = (pod_nl.routes(false).await?, pod_nl.routes(true).await?);
+    let pod_routes = |v4: bool| if v4 { &pod_v4 } else { &pod_v6 };
+    for ip in &ips {
+        if let Some(gw) = ip.gateway {
+            let on_link = host_route(gw);
+            if !pod_routes(gw.is_ipv4()).iter().any(|r| r.dst == on_link && r.oif == Some(cont.index)) {
+                return Err(failed(format!("route to gateway {gw} via {} is missing in {sandbox}", env.ifname)));
+            }
+        }
+    }
+    for r in &prev.routes {
+        let gw = r.gw.or_else(|| ips.iter().find(|i| i.address.is_ipv4() == r.dst.is_ipv4()).and_then(|i| i.gateway));
+        let found = pod_routes(r.dst.is_ipv4())
+            .iter()
+            .any(|e: &RouteEntry| same_net(e.dst, r.dst) && (gw.is_none() || e.gw == gw));
+        if !found {
+            let via = gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            return Err(failed(format!("route {}{via} is missing in {sandbox}", r.dst)));
+        }
+    }
+
+    let (node_v4, node_v6) = (host_nl.routes(false).await?, host_nl.routes(true).await?);
+    for ip in &ips {
+        let dst = host_route(ip.address.ip());
+        let table = if ip.address.is_ipv4() { &node_v4 } else { &node_v6 };
+        if !table.iter().any(|r| r.dst == dst && r.oif == Some(host.index)) {
+            return Err(failed(format!("host route {dst} dev {host_name} is missing in the node namespace")));
+        }
+    }
+
+    if let Some(ipam) = Ipam::from_conf(conf)? {
+        let addrs: Vec<IpAddr> = ips.iter().map(|i| i.address.ip()).collect();
+        ipam.check(conf, env, stdin, &addrs)?;
+    }
+
+    bpf::ensure_bpffs()?;
+    let node = NodeId::current()?;
+    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    bpf::check(&node, &key, host.index).map_err(|e| failed(format!("eBPF attachment: {e}")))?;
+    Ok(())
+}
+
+fn host_route(ip: IpAddr) -> IpNetwork {
+    IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("full-length prefix is valid")
+}
+
+fn same_net(a: IpNetwork, b: IpNetwork) -> bool {
+    a.prefix() == b.prefix() && a.network() == b.network()
+}

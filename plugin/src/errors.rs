@@ -1,0 +1,36 @@
+//! Where typed errors from the library modules become CNI errors (the edge).
+
+use crate::{
+    bpf::BpfError,
+    cni::{code, CniError},
+    netlink::NetlinkError,
+    netns::NetnsError,
+};
+
+impl From<NetlinkError> for CniError {
+    fn from(e: NetlinkError) -> Self {
+        let c = match &e {
+            NetlinkError::Netns(_) => code::NETNS,
+            _ => code::KERNEL,
+        };
+        CniError::from_error(c, &e)
+    }
+}
+
+impl From<NetnsError> for CniError {
+    fn from(e: NetnsError) -> Self {
+        CniError::from_error(code::NETNS, &e)
+    }
+}
+
+impl From<BpfError> for CniError {
+    fn from(e: BpfError) -> Self {
+        CniError::from_error(e.cni_code(), &e)
+    }
+}
+
+impl From<std::io::Error> for CniError {
+    fn from(e: std::io::Error) -> Self {
+        CniError::from_error(code::IO_FAILURE, &e)
+    }
+}

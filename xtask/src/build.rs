@@ -1,0 +1,121 @@
+//! `cargo xtask build`: the eBPF object (nightly, bpf-linker), then the plugin embedding it.
+//!
+//! The two builds share the workspace's target directory but never their flags: the eBPF
+//! build's RUSTFLAGS are set on its command only, so the host build keeps its fingerprints
+//! and does not rebuild everything.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::cmd;
+
+/// The kernel-side crate and its binary (the object file).
+const EBPF_PACKAGE: &str = "ebpf-cni-ebpf";
+const EBPF_BIN: &str = "ebpf-cni-programs";
+const BPF_TARGET: &str = "bpfel-unknown-none";
+/// BTF lets the kernel and bpftool show the programs' types and source lines.
+const BPF_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
+
+const PLUGIN_PACKAGE: &str = "ebpf-cni";
+const PLUGIN_BIN: &str = "ebpf-cni";
+/// Read by plugin/build.rs.
+const OBJ_ENV: &str = "EBPF_CNI_BPF_OBJ";
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildOptions {
+    /// Build the plugin with the dev profile instead of release (the eBPF object is always
+    /// built in release: debug BPF code does not pass the verifier).
+    pub debug_plugin: bool,
+}
+
+/// The workspace root (where the root Cargo.toml is).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// The workspace's target directory as cargo resolves it (honouring `CARGO_TARGET_DIR` and
+/// config), never a guessed `target/`.
+pub fn target_dir() -> Result<PathBuf> {
+    let json = cmd::output(cmd::cargo().current_dir(workspace_root()).args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+    ]))?;
+    let meta: serde_json::Value =
+        serde_json::from_str(&json).context("cannot parse `cargo metadata` output")?;
+    match meta.get("target_directory").and_then(|v| v.as_str()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => bail!("`cargo metadata` output has no target_directory"),
+    }
+}
+
+/// Builds the eBPF object and returns its absolute path.
+pub fn build_ebpf(target_dir: &Path) -> Result<PathBuf> {
+    let started = Instant::now();
+    let mut build = cmd::nightly("cargo");
+    build
+        .current_dir(workspace_root())
+        .args(["build", "--package", EBPF_PACKAGE, "--release"])
+        .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
+        .env("RUSTFLAGS", BPF_RUSTFLAGS)
+        // Either of these would override or add to RUSTFLAGS above.
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove(OBJ_ENV);
+    cmd::run(&mut build).context(
+        "building the eBPF programs failed; `cargo xtask setup` installs what this build needs",
+    )?;
+    let obj = target_dir.join(BPF_TARGET).join("release").join(EBPF_BIN);
+    let len = std::fs::metadata(&obj)
+        .with_context(|| format!("the eBPF build left no object at {}", obj.display()))?
+        .len();
+    if len == 0 {
+        bail!("the eBPF object {} is empty", obj.display());
+    }
+    eprintln!(
+        "eBPF object: {} ({len} bytes, {:.1}s)",
+        obj.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(obj)
+}
+
+/// Builds the eBPF object, then the plugin with the object embedded; returns the plugin
+/// binary's path.
+pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
+    let target_dir = target_dir()?;
+    let obj = build_ebpf(&target_dir)?;
+    let obj = obj
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", obj.display()))?;
+
+    let started = Instant::now();
+    let mut build = cmd::cargo();
+    build
+        .current_dir(workspace_root())
+        .args(["build", "--package", PLUGIN_PACKAGE, "--bin", PLUGIN_BIN])
+        .env(OBJ_ENV, &obj);
+    if !opts.debug_plugin {
+        build.arg("--release");
+    }
+    cmd::run(&mut build)?;
+    let profile_dir = if opts.debug_plugin {
+        "debug"
+    } else {
+        "release"
+    };
+    let plugin = target_dir.join(profile_dir).join(PLUGIN_BIN);
+    if !plugin.is_file() {
+        bail!("the plugin build left no binary at {}", plugin.display());
+    }
+    eprintln!("plugin built in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(plugin)
+}

@@ -1,0 +1,6 @@
+//! Developer tasks behind `cargo xtask`, as a library so tasks can call each other (`test`,
+//! `demo` and `bench` all start with [`build::build`]).
+
+pub mod build;
+pub mod cmd;
+pub mod setup;
