@@ -8,7 +8,7 @@ use ipnetwork::IpNetwork;
 
 use crate::{
     cni::types::Route,
-    netlink::{Link, Netlink, NetlinkError, RouteSpec},
+    netlink::{disable_dad, Link, Netlink, NetlinkError, RouteSpec},
     netns::Netns,
 };
 
@@ -52,6 +52,13 @@ pub async fn create(
     mac: Option<[u8; 6]>,
 ) -> Result<VethPair, NetlinkError> {
     host_nl.create_veth(host_name, ifname, pod_ns, mtu, mac).await?;
+    // Both ends are still down: no link-local address has been generated yet.
+    let dad = |e: std::io::Error| NetlinkError::Sysctl { what: format!("disable DAD on {ifname}/{host_name}"), source: e };
+    disable_dad(host_name).map_err(dad)?;
+    {
+        let _in_pod = pod_ns.enter()?;
+        disable_dad(ifname).map_err(dad)?;
+    }
     let host = host_nl.link_by_name(host_name).await?.ok_or_else(|| missing(host_name))?;
     let container = pod_nl.link_by_name(ifname).await?.ok_or_else(|| missing(ifname))?;
     Ok(VethPair { host, container })

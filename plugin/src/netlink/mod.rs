@@ -28,6 +28,8 @@ pub enum NetlinkError {
     Netns(#[from] NetnsError),
     #[error("netlink: failed to {op}")]
     Request { op: String, #[source] source: rtnetlink::Error },
+    #[error("failed to {what}")]
+    Sysctl { what: String, #[source] source: std::io::Error },
     #[error("invalid route {dst}: {reason}")]
     InvalidRoute { dst: IpNetwork, reason: String },
 }
@@ -292,6 +294,17 @@ impl Netlink {
 
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.map(|c| -c.get()) == Some(errno))
+}
+
+/// Makes a link's IPv6 addresses usable at once, link-local included: its addresses are
+/// allocated, not guessed, and a tentative link-local address stalls neighbour discovery
+/// for the first second of the pod's life. Runs in the calling thread's namespace; a
+/// kernel without IPv6 has nothing to do.
+pub fn disable_dad(ifname: &str) -> std::io::Result<()> {
+    match std::fs::write(format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad"), "0") {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
 }
 
 /// Writes a sysctl under /proc/sys (in the calling thread's network namespace, for net.*).
