@@ -4,3 +4,4 @@
 pub mod build;
 pub mod cmd;
 pub mod setup;
+pub mod test;

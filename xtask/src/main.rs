@@ -18,8 +18,12 @@ enum Task {
     Setup,
     /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
     Build(BuildArgs),
-    /// Build, then run the tests (not yet).
-    Test,
+    /// Install what is missing, build, then run every test (unit and real-kernel
+    /// integration tests; needs root). Arguments after `--` go to `cargo test`.
+    Test {
+        #[arg(last = true)]
+        cargo_test_args: Vec<String>,
+    },
     /// Build, then run the demo (not yet).
     Demo,
     /// Build, then run the benchmarks (not yet).
@@ -43,6 +47,7 @@ fn main() -> Result<()> {
             println!("{}", plugin.display());
             Ok(())
         }
-        task @ (Task::Test | Task::Demo | Task::Bench) => bail!("{task:?}: not yet"),
+        Task::Test { cargo_test_args } => xtask::test::test(&cargo_test_args),
+        task @ (Task::Demo | Task::Bench) => bail!("{task:?}: not yet"),
     }
 }
