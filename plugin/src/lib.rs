@@ -44,11 +44,12 @@ fn cni_main(command: &str) -> i32 {
         }
         Ok(None) => 0,
         Err(mut e) => {
-            // The error carries the version the runtime asked for, if it can be read.
+            // Spec section 5: the error carries the cniVersion the runtime sent, even one we
+            // do not support; 1.0.0 when there is none to read.
             e.cni_version = serde_json::from_slice::<Value>(&stdin)
                 .ok()
                 .and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_owned))
-                .filter(|v| cni::version::SUPPORTED_VERSIONS.contains(&v.as_str()))
+                .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "1.0.0".to_owned());
             log::error!("{e}");
             print_json(&serde_json::to_value(&e).expect("errors serialize"));

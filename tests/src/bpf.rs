@@ -1,0 +1,428 @@
+//! What eBPF is attached to a device and what is pinned, read from the kernel.
+//!
+//! TCX attachments are queried with `BPF_PROG_QUERY` from a thread inside the node
+//! namespace (Debian's bpftool 7.1 predates TCX and does not list them); classic netlink tc
+//! (`cls_bpf`) attachments come from `bpftool net show dev X -j`, run with only the network
+//! namespace switched so bpftool sees the real /proc and bpffs. Pinned objects are opened
+//! with `BPF_OBJ_GET` and described with `BPF_OBJ_GET_INFO_BY_FD`.
+//!
+//! [`fixture`] loads and attaches a trivial program, so the readers themselves can be
+//! tested without the plugin.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::netns::Netns;
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+pub const BPF_TCX_INGRESS: u32 = 46;
+pub const BPF_TCX_EGRESS: u32 = 47;
+pub const BPF_LINK_TYPE_TCX: u32 = 11;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Where on the device a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// How the program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mechanism {
+    /// A TCX link or TCX prog attachment (kernel 6.6+).
+    Tcx,
+    /// A netlink `cls_bpf` filter on a clsact qdisc.
+    NetlinkTc,
+}
+
+/// One program attached to a device.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AttachedProg {
+    pub mechanism: Mechanism,
+    pub direction: Direction,
+    pub prog_id: u32,
+    /// The TCX link holding it (none for netlink tc or a link-less TCX attach).
+    pub link_id: Option<u32>,
+    pub name: String,
+}
+
+/// 8-byte aligned scratch buffer for `union bpf_attr` and info structs.
+#[repr(C, align(8))]
+struct Buf([u8; 256]);
+
+impl Buf {
+    fn new() -> Self {
+        Self([0; 256])
+    }
+    fn put_u32(&mut self, off: usize, v: u32) {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn put_u64(&mut self, off: usize, v: u64) {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn u32_at(&self, off: usize) -> u32 {
+        u32::from_ne_bytes(self.0[off..off + 4].try_into().expect("4 bytes"))
+    }
+    fn cstr_at(&self, off: usize, len: usize) -> String {
+        let b = &self.0[off..off + len];
+        let end = b.iter().position(|&c| c == 0).unwrap_or(len);
+        String::from_utf8_lossy(&b[..end]).into_owned()
+    }
+}
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut Buf, size: usize) -> io::Result<libc::c_long> {
+    // SAFETY: attr points to `size` initialized bytes that outlive the call; pointers inside
+    // it (set by callers) point to live buffers of the sizes given to the kernel.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), size) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn fd_from(r: libc::c_long) -> OwnedFd {
+    // SAFETY: the bpf syscall returned a new file descriptor that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(r as i32) }
+}
+
+/// Is `path` a mounted bpffs?
+pub fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into a zeroed struct of the right type.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string and st a valid out-pointer.
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    r == 0 && st.f_type as i64 == BPF_FS_MAGIC
+}
+
+/// Mounts bpffs at /sys/fs/bpf when it is not mounted (what CNI plugins do on a fresh node).
+pub fn ensure_bpffs() -> Result<()> {
+    let p = Path::new("/sys/fs/bpf");
+    if is_bpffs(p) {
+        return Ok(());
+    }
+    let out = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+        .output()
+        .context("running mount")?;
+    // A concurrent test may have mounted it meanwhile.
+    if !out.status.success() && !is_bpffs(p) {
+        bail!("mounting bpffs: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// `if_nametoindex` in the calling thread's namespace.
+fn ifindex(dev: &str) -> Result<u32> {
+    let c = CString::new(dev)?;
+    // SAFETY: c is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        bail!("no device {dev}: {}", io::Error::last_os_error());
+    }
+    Ok(idx)
+}
+
+/// A program's name from its id.
+pub fn prog_name(prog_id: u32) -> io::Result<String> {
+    let mut attr = Buf::new();
+    attr.put_u32(0, prog_id);
+    let fd = fd_from(sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr, 16)?);
+    let info = obj_info(&fd)?;
+    Ok(info.cstr_at(64, 16))
+}
+
+fn obj_info(fd: &OwnedFd) -> io::Result<Buf> {
+    let mut info = Buf::new();
+    let mut attr = Buf::new();
+    attr.put_u32(0, fd.as_raw_fd() as u32);
+    attr.put_u32(4, info.0.len() as u32);
+    attr.put_u64(8, info.0.as_mut_ptr() as u64);
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr, 16)?;
+    Ok(info)
+}
+
+/// TCX query of one direction on `ifindex` (calling thread's namespace).
+fn tcx_query(ifindex: u32, direction: Direction) -> io::Result<Vec<(u32, Option<u32>)>> {
+    const CAP: usize = 64;
+    let mut prog_ids = [0u32; CAP];
+    let mut link_ids = [0u32; CAP];
+    let mut attr = Buf::new();
+    attr.put_u32(0, ifindex);
+    attr.put_u32(
+        4,
+        match direction {
+            Direction::Ingress => BPF_TCX_INGRESS,
+            Direction::Egress => BPF_TCX_EGRESS,
+        },
+    );
+    attr.put_u64(16, prog_ids.as_mut_ptr() as u64);
+    attr.put_u32(24, CAP as u32);
+    attr.put_u64(40, link_ids.as_mut_ptr() as u64);
+    sys_bpf(BPF_PROG_QUERY, &mut attr, 64)?;
+    let n = (attr.u32_at(24) as usize).min(CAP);
+    Ok((0..n)
+        .map(|i| (prog_ids[i], (link_ids[i] != 0).then_some(link_ids[i])))
+        .collect())
+}
+
+/// Programs attached to `dev` through TCX, both directions.
+pub fn tcx_programs(ns: &Netns, dev: &str) -> Result<Vec<AttachedProg>> {
+    ns.run_in(|| -> Result<Vec<AttachedProg>> {
+        let idx = ifindex(dev)?;
+        let mut out = Vec::new();
+        for direction in [Direction::Ingress, Direction::Egress] {
+            for (prog_id, link_id) in
+                tcx_query(idx, direction).with_context(|| format!("BPF_PROG_QUERY tcx on {dev}"))?
+            {
+                let name = prog_name(prog_id).unwrap_or_default();
+                out.push(AttachedProg {
+                    mechanism: Mechanism::Tcx,
+                    direction,
+                    prog_id,
+                    link_id,
+                    name,
+                });
+            }
+        }
+        Ok(out)
+    })?
+}
+
+/// `bpftool net show dev <dev> -j` in the namespace, as bpftool prints it.
+pub fn bpftool_net_show(ns: &Netns, dev: &str) -> Result<Value> {
+    let out = ns.nsenter(&["bpftool", "-j", "net", "show", "dev", dev])?;
+    if !out.status.success() {
+        bail!(
+            "bpftool net show dev {dev} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parsing bpftool JSON")
+}
+
+/// Programs attached as netlink tc filters, from bpftool's `tc` entries.
+pub fn netlink_tc_programs(ns: &Netns, dev: &str) -> Result<Vec<AttachedProg>> {
+    let v = bpftool_net_show(ns, dev)?;
+    let mut out = Vec::new();
+    for section in v.as_array().into_iter().flatten() {
+        for e in section
+            .get("tc")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let kind = e.get("kind").and_then(Value::as_str).unwrap_or_default();
+            let direction = if kind.ends_with("egress") {
+                Direction::Egress
+            } else {
+                Direction::Ingress
+            };
+            // Newer bpftool lists TCX here too ("tcx/ingress"); those come from tcx_programs.
+            let mechanism = if kind.starts_with("tcx") {
+                Mechanism::Tcx
+            } else {
+                Mechanism::NetlinkTc
+            };
+            let prog_id = e
+                .get("id")
+                .or_else(|| e.get("prog_id"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0) as u32;
+            let name = e
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            out.push(AttachedProg {
+                mechanism,
+                direction,
+                prog_id,
+                link_id: None,
+                name,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Every program on `dev`: TCX (queried) plus netlink tc (bpftool), without duplicates.
+pub fn attached_programs(ns: &Netns, dev: &str) -> Result<Vec<AttachedProg>> {
+    let mut all = tcx_programs(ns, dev)?;
+    for p in netlink_tc_programs(ns, dev)? {
+        if !all
+            .iter()
+            .any(|q| q.prog_id == p.prog_id && q.direction == p.direction)
+        {
+            all.push(p);
+        }
+    }
+    all.sort();
+    Ok(all)
+}
+
+/// A pinned object, described by the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinnedObject {
+    Link(LinkInfo),
+    Prog { id: u32, name: String },
+    Map { id: u32, name: String },
+    Other(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    /// For TCX links: (ifindex, attach type).
+    pub tcx: Option<(u32, u32)>,
+}
+
+impl LinkInfo {
+    pub fn tcx_direction(&self) -> Option<Direction> {
+        match self.tcx?.1 {
+            BPF_TCX_INGRESS => Some(Direction::Ingress),
+            BPF_TCX_EGRESS => Some(Direction::Egress),
+            _ => None,
+        }
+    }
+}
+
+/// Opens a pin and says what it is.
+pub fn pinned_object(path: &Path) -> Result<PinnedObject> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut attr = Buf::new();
+    attr.put_u64(0, c.as_ptr() as u64);
+    let fd = fd_from(
+        sys_bpf(BPF_OBJ_GET, &mut attr, 16)
+            .with_context(|| format!("BPF_OBJ_GET {}", path.display()))?,
+    );
+    let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .context("reading fdinfo")?;
+    let info = obj_info(&fd).with_context(|| format!("info of {}", path.display()))?;
+    Ok(if fdinfo.contains("link_type:") {
+        let link_type = info.u32_at(0);
+        PinnedObject::Link(LinkInfo {
+            link_type,
+            id: info.u32_at(4),
+            prog_id: info.u32_at(8),
+            tcx: (link_type == BPF_LINK_TYPE_TCX).then(|| (info.u32_at(16), info.u32_at(20))),
+        })
+    } else if fdinfo.contains("prog_type:") {
+        PinnedObject::Prog {
+            id: info.u32_at(4),
+            name: info.cstr_at(64, 16),
+        }
+    } else if fdinfo.contains("map_type:") {
+        PinnedObject::Map {
+            id: info.u32_at(4),
+            name: info.cstr_at(24, 16),
+        }
+    } else {
+        PinnedObject::Other(fdinfo)
+    })
+}
+
+/// The ifindex of `dev` in `ns`.
+pub fn ifindex_in(ns: &Netns, dev: &str) -> Result<u32> {
+    ns.run_in(|| ifindex(dev))?
+}
+
+/// A trivial TCX program for testing the readers (and the harness's pin cleanup).
+pub mod fixture {
+    use super::*;
+
+    /// Loads `r0 = TCX_NEXT; exit`, attaches it to `dev` in `ns` with a TCX link, pins the
+    /// link at `pin` (parent directories created) and returns the link's id. The attachment
+    /// lives as long as the pin.
+    pub fn attach_pinned_tcx(
+        ns: &Netns,
+        dev: &str,
+        direction: Direction,
+        pin: &Path,
+    ) -> Result<u32> {
+        ensure_bpffs()?;
+        if let Some(parent) = pin.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("mkdir {}", parent.display()))?;
+        }
+        ns.run_in(|| -> Result<u32> {
+            let idx = ifindex(dev)?;
+            let prog = load_tc_next()?;
+            let mut attr = Buf::new();
+            attr.put_u32(0, prog.as_raw_fd() as u32);
+            attr.put_u32(4, idx);
+            attr.put_u32(
+                8,
+                match direction {
+                    Direction::Ingress => BPF_TCX_INGRESS,
+                    Direction::Egress => BPF_TCX_EGRESS,
+                },
+            );
+            let link =
+                fd_from(sys_bpf(BPF_LINK_CREATE, &mut attr, 32).context("BPF_LINK_CREATE tcx")?);
+            let c = CString::new(pin.as_os_str().as_encoded_bytes())?;
+            let mut attr = Buf::new();
+            attr.put_u64(0, c.as_ptr() as u64);
+            attr.put_u32(8, link.as_raw_fd() as u32);
+            sys_bpf(BPF_OBJ_PIN, &mut attr, 16)
+                .with_context(|| format!("pinning {}", pin.display()))?;
+            let info = obj_info(&link)?;
+            Ok(info.u32_at(4))
+        })?
+    }
+
+    /// Loads the same program and pins the program itself at `pin` (for attaching it with
+    /// `tc filter ... bpf object-pinned`); returns its id.
+    pub fn pin_tc_prog(pin: &Path) -> Result<u32> {
+        ensure_bpffs()?;
+        if let Some(parent) = pin.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("mkdir {}", parent.display()))?;
+        }
+        let prog = load_tc_next()?;
+        let c = CString::new(pin.as_os_str().as_encoded_bytes())?;
+        let mut attr = Buf::new();
+        attr.put_u64(0, c.as_ptr() as u64);
+        attr.put_u32(8, prog.as_raw_fd() as u32);
+        sys_bpf(BPF_OBJ_PIN, &mut attr, 16)
+            .with_context(|| format!("pinning {}", pin.display()))?;
+        Ok(obj_info(&prog)?.u32_at(4))
+    }
+
+    fn load_tc_next() -> Result<OwnedFd> {
+        // r0 = -1 (TCX_NEXT); exit
+        let insns: [u64; 2] = [
+            u64::from_ne_bytes([0xb7, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff]),
+            u64::from_ne_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
+        ];
+        let license = c"GPL";
+        let mut attr = Buf::new();
+        attr.put_u32(0, BPF_PROG_TYPE_SCHED_CLS);
+        attr.put_u32(4, insns.len() as u32);
+        attr.put_u64(8, insns.as_ptr() as u64);
+        attr.put_u64(16, license.as_ptr() as u64);
+        attr.0[48..48 + 12].copy_from_slice(b"ecni_selftst");
+        Ok(fd_from(
+            sys_bpf(BPF_PROG_LOAD, &mut attr, 72).context("BPF_PROG_LOAD")?,
+        ))
+    }
+}

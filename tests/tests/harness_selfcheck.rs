@@ -1,0 +1,354 @@
+//! The harness checked against Debian's reference plugins (ptp + host-local, v1.1.1), which
+//! set up the same ptp-style attachment the ebpf-cni contract describes. These tests prove
+//! that the namespaces, runtime emulation, result and state checks, connectivity helpers
+//! and eBPF readers work (and can fail), independent of the plugin under test; they also
+//! validate the reference chain the benchmark compares against.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ebpf_cni_tests::bpf::{self, Direction, Mechanism, PinnedObject};
+use ebpf_cni_tests::config::{self, Stack, NETWORK};
+use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo};
+use ebpf_cni_tests::state::{assert_attachment, assert_gone};
+use ebpf_cni_tests::{
+    kernel, unique_container_id, Attachment, CniCommand, CniRuntime, ContainerEnv, ListError,
+    NetConfList, Netns, Node, ResultExpectation, REFERENCE_HOST_LOCAL,
+};
+use serde_json::json;
+
+/// ptp + tuning: the tuning plugin is chained to exercise `prevResult` passing and the
+/// `runtimeConfig` derivation (it applies the `mac` capability argument).
+fn reference_list(version: &str, node: &Node) -> NetConfList {
+    let ptp = config::standard(version, NETWORK, "ptp", node.data_dir(), Stack::Dual);
+    let tuning = json!({
+        "type": "tuning",
+        "capabilities": { "mac": true },
+        "sysctl": { "net.core.somaxconn": "512" }
+    });
+    NetConfList::chain(&ptp, vec![tuning])
+}
+
+/// Spec section 3 (ADD in order with prevResult, CHECK and DEL with the cached result, DEL
+/// in reverse) and section 5 (result format per version), plus pod↔pod and node→pod
+/// traffic, run against ptp + host-local + tuning.
+fn reference_chain_lifecycle(version: &str) {
+    ebpf_cni_tests::require_root();
+    let node = Node::new().expect("node");
+    let pod_a = node.new_pod().expect("pod a");
+    let pod_b = node.new_pod().expect("pod b");
+    let rt = CniRuntime::reference();
+    let list = reference_list(version, &node);
+    let mac = "0a:58:0a:0a:00:aa";
+
+    let cid_a = unique_container_id();
+    let cid_b = unique_container_id();
+    let att_a = Attachment::new(&cid_a, pod_a.path(), "eth0").with_capability("mac", json!(mac));
+    let att_b = Attachment::new(&cid_b, pod_b.path(), "eth0");
+
+    let res_a = rt
+        .add(&node, &list, &att_a)
+        .unwrap_or_else(|e| panic!("ADD a: {e}"));
+    let res_b = rt
+        .add(&node, &list, &att_b)
+        .unwrap_or_else(|e| panic!("ADD b: {e}"));
+
+    let sandbox_a = pod_a.path().to_string_lossy();
+    let sandbox_b = pod_b.path().to_string_lossy();
+    let a = ResultExpectation::standard(version, "eth0", &sandbox_a, Stack::Dual)
+        .with_container_mac(mac)
+        .assert_valid(&res_a);
+    let b =
+        ResultExpectation::standard(version, "eth0", &sandbox_b, Stack::Dual).assert_valid(&res_b);
+    assert!(
+        a.host_ifname.starts_with("veth"),
+        "ptp names host veths veth*: {}",
+        a.host_ifname
+    );
+    assert_ne!(a.ip4().unwrap().addr, b.ip4().unwrap().addr);
+    assert_ne!(a.ip6().unwrap().addr, b.ip6().unwrap().addr);
+
+    assert_attachment(&node, &pod_a, "eth0", &a, Some(config::MTU));
+    assert_attachment(&node, &pod_b, "eth0", &b, Some(config::MTU));
+    // The second plugin ran on the first one's interface.
+    assert_eq!(pod_a.sysctl("net.core.somaxconn").unwrap(), "512");
+    assert_eq!(
+        node.leases(NETWORK).len(),
+        4,
+        "one lease per IP: {:?}",
+        node.leases(NETWORK)
+    );
+    let lease = node
+        .leases(NETWORK)
+        .into_iter()
+        .find(|l| l.ip == a.ip4().unwrap().addr)
+        .unwrap();
+    assert_eq!(lease.container_id, cid_a);
+    assert_eq!(lease.ifname.as_deref(), Some("eth0"));
+
+    match rt.check(&node, &list, &att_a, &res_a) {
+        Ok(()) => assert!(version >= "0.4.0", "CHECK ran for {version}"),
+        Err(ListError::CheckUnsupported(_)) => assert!(version < "0.4.0"),
+        Err(e) => panic!("CHECK right after ADD: {e}"),
+    }
+
+    let (a4, a6) = (a.ip4().unwrap().addr, a.ip6().unwrap().addr);
+    let (b4, b6) = (b.ip4().unwrap().addr, b.ip6().unwrap().addr);
+    for (to, src) in [(b4, a4), (b6, a6)] {
+        let echo = tcp_echo(&pod_a, &pod_b, to, 0).expect("pod a -> pod b TCP");
+        assert_eq!(echo.client_addr.ip(), src, "pod traffic is not NATed");
+        udp_echo(&pod_a, &pod_b, to, 0).expect("pod a -> pod b UDP");
+    }
+    tcp_echo(node.netns(), &pod_a, a4, 0).expect("node -> pod a TCP v4");
+    tcp_echo(node.netns(), &pod_a, a6, 0).expect("node -> pod a TCP v6");
+
+    if version >= "0.4.0" {
+        // CHECK notices a missing address; the harness reads the error result.
+        pod_b
+            .ip_ok(&["addr", "del", &format!("{b4}/24"), "dev", "eth0"])
+            .unwrap();
+        let err = rt
+            .check(&node, &list, &att_b, &res_b)
+            .expect_err("CHECK after address removal");
+        let out = err.output().expect("a plugin failed");
+        assert!(
+            out.error().is_some(),
+            "error JSON parsed: {}",
+            out.describe()
+        );
+    }
+
+    rt.del(&node, &list, &att_a, Some(&res_a))
+        .unwrap_or_else(|e| panic!("DEL a: {e}"));
+    rt.del(&node, &list, &att_b, Some(&res_b))
+        .unwrap_or_else(|e| panic!("DEL b: {e}"));
+    assert_gone(
+        &node,
+        Some(&pod_a),
+        "eth0",
+        &a,
+        NETWORK,
+        &cid_a,
+        "after DEL a",
+    );
+    assert_gone(
+        &node,
+        Some(&pod_b),
+        "eth0",
+        &b,
+        NETWORK,
+        &cid_b,
+        "after DEL b",
+    );
+    rt.del(&node, &list, &att_a, Some(&res_a))
+        .unwrap_or_else(|e| panic!("second DEL a: {e}"));
+    assert!(node.leases(NETWORK).is_empty());
+}
+
+#[test]
+fn reference_chain_lifecycle_0_3_0() {
+    reference_chain_lifecycle("0.3.0");
+}
+
+#[test]
+fn reference_chain_lifecycle_0_3_1() {
+    reference_chain_lifecycle("0.3.1");
+}
+
+#[test]
+fn reference_chain_lifecycle_0_4_0() {
+    reference_chain_lifecycle("0.4.0");
+}
+
+#[test]
+fn reference_chain_lifecycle_1_0_0() {
+    reference_chain_lifecycle("1.0.0");
+}
+
+/// host-local run directly as an IPAM plugin (section 4: it gets the whole network
+/// configuration): the harness reads its leases and sees DEL release them.
+#[test]
+fn host_local_leases_are_read_back() {
+    ebpf_cni_tests::require_root();
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    let conf = config::standard("1.0.0", NETWORK, "ptp", node.data_dir(), Stack::Dual);
+    let cid = unique_container_id();
+    let env = ContainerEnv::new(&cid, pod.path(), "eth1").with_cni_path("/usr/lib/cni");
+    let hl = Path::new(REFERENCE_HOST_LOCAL);
+    let out = node
+        .run(hl, CniCommand::Add, &env, conf.to_string())
+        .unwrap();
+    let res = out.expect_success("host-local ADD");
+    let ips: Vec<IpAddr> = res["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            i["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let leases = node.leases(NETWORK);
+    assert_eq!(leases.iter().map(|l| l.ip).collect::<Vec<_>>(), ips);
+    assert!(leases
+        .iter()
+        .all(|l| l.container_id == cid && l.ifname.as_deref() == Some("eth1")));
+    assert!(node.data_dir_files().iter().any(|f| f.ends_with("lock")));
+    node.run(hl, CniCommand::Del, &env, conf.to_string())
+        .unwrap()
+        .expect_success("host-local DEL");
+    assert!(node.leases(NETWORK).is_empty());
+    // An error result is recognised as one (missing CNI_PATH is code 4 in the Go skel,
+    // which reports environment errors without cniVersion, so not via expect_error).
+    let bad = ContainerEnv::new(&cid, pod.path(), "eth1");
+    let out = node
+        .run(hl, CniCommand::Add, &bad, conf.to_string())
+        .unwrap();
+    assert!(!out.success());
+    let err = out
+        .error()
+        .unwrap_or_else(|| panic!("no error JSON\n{}", out.describe()));
+    assert_eq!(err.code, 4);
+    assert!(err.msg.contains("CNI_PATH"), "{}", err.msg);
+}
+
+/// The TCX reader sees a program attached by a TCX link, the pin reader identifies the
+/// pinned link, and dropping the node removes its pin directory (and so the attachment).
+#[test]
+fn tcx_readers_and_pin_cleanup() {
+    ebpf_cni_tests::require_root();
+    let node = Node::new().unwrap();
+    let ns = node.netns();
+    ns.ip_ok(&[
+        "link", "add", "selfa", "type", "veth", "peer", "name", "selfb",
+    ])
+    .unwrap();
+    ns.ip_ok(&["link", "set", "selfa", "up"]).unwrap();
+    assert!(bpf::attached_programs(ns, "selfa").unwrap().is_empty());
+
+    let pin = node
+        .attachment_pin_dir("selfcheck", "cid", "eth0")
+        .join("tcx_ingress");
+    let link_id = bpf::fixture::attach_pinned_tcx(ns, "selfa", Direction::Ingress, &pin).unwrap();
+    let progs = bpf::attached_programs(ns, "selfa").unwrap();
+    assert_eq!(progs.len(), 1, "{progs:?}");
+    assert_eq!(progs[0].mechanism, Mechanism::Tcx);
+    assert_eq!(progs[0].direction, Direction::Ingress);
+    assert_eq!(progs[0].link_id, Some(link_id));
+    assert_eq!(progs[0].name, "ecni_selftst");
+    assert!(bpf::tcx_programs(ns, "selfb").unwrap().is_empty());
+
+    match bpf::pinned_object(&pin).unwrap() {
+        PinnedObject::Link(info) => {
+            assert_eq!(info.id, link_id);
+            assert_eq!(info.prog_id, progs[0].prog_id);
+            assert_eq!(
+                info.tcx.map(|t| t.0),
+                Some(bpf::ifindex_in(ns, "selfa").unwrap())
+            );
+            assert_eq!(info.tcx_direction(), Some(Direction::Ingress));
+        }
+        other => panic!("expected a TCX link pin, got {other:?}"),
+    }
+    assert_eq!(
+        node.pinned_files(),
+        vec![Path::new("attachments/selfcheck/cid/eth0/tcx_ingress")]
+    );
+    // bpftool runs in the node namespace and its JSON parses. (Debian's bpftool 7.1 predates
+    // TCX and lists nothing for this device, which is why TCX is queried directly.)
+    let shown = bpf::bpftool_net_show(ns, "selfa").unwrap();
+    assert!(shown.as_array().is_some_and(|a| !a.is_empty()), "{shown}");
+
+    // A classic cls_bpf filter (what the plugin must not use, but must be seen if it did).
+    let prog_pin = node.pin_root().join("selfcheck-prog");
+    let prog_id = bpf::fixture::pin_tc_prog(&prog_pin).unwrap();
+    ns.ip_ok(&["link", "set", "selfb", "up"]).unwrap();
+    let tc = |args: &[&str]| {
+        // nsenter, not `ip netns exec`: tc must see the host bpffs to open the pin.
+        let out = ns.nsenter(&[&["tc"], args].concat()).unwrap();
+        assert!(
+            out.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    tc(&["qdisc", "add", "dev", "selfb", "clsact"]);
+    let pinned = prog_pin.to_string_lossy();
+    tc(&[
+        "filter",
+        "add",
+        "dev",
+        "selfb",
+        "egress",
+        "bpf",
+        "da",
+        "object-pinned",
+        &pinned,
+    ]);
+    let progs = bpf::attached_programs(ns, "selfb").unwrap();
+    assert_eq!(progs.len(), 1, "{progs:?}");
+    assert_eq!(progs[0].mechanism, Mechanism::NetlinkTc);
+    assert_eq!(progs[0].direction, Direction::Egress);
+    assert_eq!(progs[0].prog_id, prog_id);
+    assert!(
+        matches!(bpf::pinned_object(&prog_pin).unwrap(), PinnedObject::Prog { id, .. } if id == prog_id)
+    );
+
+    let root = node.pin_root().to_path_buf();
+    drop(node);
+    assert!(!root.exists(), "node drop left {}", root.display());
+}
+
+/// A panicking test still tears down its namespaces and directories.
+#[test]
+fn node_teardown_runs_on_panic() {
+    ebpf_cni_tests::require_root();
+    let mut seen = None;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let node = Node::new().unwrap();
+        let pod = node.new_pod().unwrap();
+        seen = Some((
+            node.netns().path().to_path_buf(),
+            pod.path().to_path_buf(),
+            node.scratch_dir().to_path_buf(),
+        ));
+        panic!("deliberate panic inside a test body");
+    }));
+    assert!(r.is_err());
+    let (node_ns, pod_ns, scratch) = seen.unwrap();
+    assert!(!node_ns.exists(), "{} left", node_ns.display());
+    assert!(!pod_ns.exists(), "{} left", pod_ns.display());
+    assert!(!scratch.exists(), "{} left", scratch.display());
+}
+
+/// The connectivity helpers fail (within their bound) when there is no path, and the
+/// kernel readers see an unconfigured namespace as empty.
+#[test]
+fn connectivity_checks_can_fail() {
+    ebpf_cni_tests::require_root();
+    let a = Netns::create("p").unwrap();
+    let b = Netns::create("p").unwrap();
+    a.ip_ok(&["addr", "add", "10.77.0.1/32", "dev", "lo"])
+        .unwrap();
+    b.ip_ok(&["addr", "add", "10.77.0.2/32", "dev", "lo"])
+        .unwrap();
+    let to: IpAddr = "10.77.0.2".parse().unwrap();
+    let err = tcp_echo_with(&a, &b, to, 0, Duration::from_secs(1)).unwrap_err();
+    assert!(err.to_string().contains("failed"), "{err:#}");
+    // Loopback inside one namespace works, so the helper itself is sound.
+    tcp_echo(&b, &b, to, 0).unwrap();
+    udp_echo(&b, &b, to, 0).unwrap();
+    assert!(kernel::routes(&a, kernel::Family::V6)
+        .unwrap()
+        .iter()
+        .all(|r| !r.is_default()));
+    assert_eq!(kernel::links(&a).unwrap().len(), 1, "only lo");
+}

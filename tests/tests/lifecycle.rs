@@ -1,0 +1,595 @@
+//! ebpf-cni's attachment lifecycle against the real kernel: ADD/CHECK/DEL per spec version
+//! as a runtime runs them (section 3), the ptp-style kernel state, dual-stack traffic, DEL
+//! idempotence and late DELs, CHECK noticing damage, rollback of failed ADDs, concurrent
+//! ADD/DEL, and sharing the IPAM store with the reference host-local.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+
+use ebpf_cni_tests::config::{self, Stack, NETWORK};
+use ebpf_cni_tests::net::{tcp_echo, udp_echo};
+use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
+use ebpf_cni_tests::{
+    kernel, require_root, unique_container_id, AddResult, Attachment, CniCommand, ListError,
+    NetConfList, Node, NodeSnapshot, PluginUnderTest, ResultExpectation, REFERENCE_HOST_LOCAL,
+};
+use serde_json::{json, Value};
+
+fn expectation(version: &str, pod: &Path, stack: Stack) -> ResultExpectation {
+    ResultExpectation::standard(version, "eth0", &pod.to_string_lossy(), stack)
+        .ebpf_cni_host_names()
+}
+
+/// A one-plugin list whose plugin accepts the `mac` capability (CONVENTIONS.md).
+fn list_with_mac_capability(p: &PluginUnderTest, version: &str, node: &Node) -> NetConfList {
+    let mut conf = p.conf(version, node, Stack::Dual);
+    conf["capabilities"] = json!({ "mac": true });
+    NetConfList::single(&conf)
+}
+
+/// Sections 3 and 5 for one version: ADD through the runtime (MAC from `runtimeConfig.mac`
+/// for one pod, from `CNI_ARGS MAC=` for the other), the versioned result format, the
+/// kernel state, CHECK with the cached result (0.4.0+; libcni refuses CHECK before), DEL
+/// with it, and a second DEL succeeding (section 2: "Plugins MUST accept multiple DEL
+/// calls").
+fn add_check_del(version: &str) {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let list = list_with_mac_capability(&p, version, &node);
+    let (mac_a, mac_b) = ("0a:58:0a:0a:00:aa", "0a:58:0a:0a:00:bb");
+    let (cid_a, cid_b) = (unique_container_id(), unique_container_id());
+    let att_a = Attachment::new(&cid_a, pod_a.path(), "eth0").with_capability("mac", json!(mac_a));
+    let att_b = Attachment::new(&cid_b, pod_b.path(), "eth0").with_args(&format!("MAC={mac_b}"));
+
+    let res_a = p
+        .runtime
+        .add(&node, &list, &att_a)
+        .unwrap_or_else(|e| panic!("ADD a: {e}"));
+    let res_b = p
+        .runtime
+        .add(&node, &list, &att_b)
+        .unwrap_or_else(|e| panic!("ADD b: {e}"));
+    let a = expectation(version, pod_a.path(), Stack::Dual)
+        .with_container_mac(mac_a)
+        .assert_valid(&res_a);
+    let b = expectation(version, pod_b.path(), Stack::Dual)
+        .with_container_mac(mac_b)
+        .assert_valid(&res_b);
+    assert_ne!(a.host_ifname, b.host_ifname);
+    assert_eq!(
+        a.ip4().unwrap().addr.to_string(),
+        "10.10.0.2",
+        "first free address after the gateway"
+    );
+    assert_attachment(&node, &pod_a, "eth0", &a, Some(config::MTU));
+    assert_attachment(&node, &pod_b, "eth0", &b, Some(config::MTU));
+
+    // One reservation per IP, recorded for the right container and interface.
+    let leases = node.leases(NETWORK);
+    assert_eq!(leases.len(), 4, "{leases:?}");
+    for (cid, r) in [(&cid_a, &a), (&cid_b, &b)] {
+        for ip in &r.ips {
+            let l = leases
+                .iter()
+                .find(|l| l.ip == ip.addr)
+                .unwrap_or_else(|| panic!("no lease for {}", ip.addr));
+            assert_eq!(&l.container_id, cid);
+            assert_eq!(l.ifname.as_deref(), Some("eth0"));
+        }
+    }
+
+    match p.runtime.check(&node, &list, &att_a, &res_a) {
+        Ok(()) => assert!(version >= "0.4.0"),
+        Err(ListError::CheckUnsupported(_)) => assert!(version < "0.4.0"),
+        Err(e) => panic!("CHECK right after ADD must succeed (section 2 CHECK): {e}"),
+    }
+
+    p.runtime
+        .del(&node, &list, &att_a, Some(&res_a))
+        .unwrap_or_else(|e| panic!("DEL a: {e}"));
+    assert_gone(&node, Some(&pod_a), "eth0", &a, NETWORK, &cid_a, "DEL a");
+    assert_attachment(&node, &pod_b, "eth0", &b, Some(config::MTU));
+    p.runtime
+        .del(&node, &list, &att_a, Some(&res_a))
+        .unwrap_or_else(|e| panic!("second DEL a: {e}"));
+    p.runtime
+        .del(&node, &list, &att_b, Some(&res_b))
+        .unwrap_or_else(|e| panic!("DEL b: {e}"));
+    assert_gone(&node, Some(&pod_b), "eth0", &b, NETWORK, &cid_b, "DEL b");
+    assert!(node.leases(NETWORK).is_empty());
+}
+
+#[test]
+fn add_check_del_0_3_0() {
+    add_check_del("0.3.0");
+}
+
+#[test]
+fn add_check_del_0_3_1() {
+    add_check_del("0.3.1");
+}
+
+#[test]
+fn add_check_del_0_4_0() {
+    add_check_del("0.4.0");
+}
+
+#[test]
+fn add_check_del_1_0_0() {
+    add_check_del("1.0.0");
+}
+
+/// ADD twice, returning the attachments and parsed results (1.0.0, dual stack).
+fn add_pods(
+    p: &PluginUnderTest,
+    node: &Node,
+    list: &NetConfList,
+    pods: &[&ebpf_cni_tests::Netns],
+) -> Vec<(Attachment, Value, AddResult)> {
+    pods.iter()
+        .map(|pod| {
+            let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+            let res = p
+                .runtime
+                .add(node, list, &att)
+                .unwrap_or_else(|e| panic!("ADD: {e}"));
+            let parsed = expectation(&list.cni_version, pod.path(), Stack::Dual).assert_valid(&res);
+            (att, res, parsed)
+        })
+        .collect()
+}
+
+/// Pod↔pod on one node and node→pod, TCP and UDP, IPv4 and IPv6, with the pod's source
+/// address preserved (no NAT between pods).
+#[test]
+fn dual_stack_connectivity() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+    let added = add_pods(&p, &node, &list, &[&pod_a, &pod_b]);
+    let (a, b) = (&added[0].2, &added[1].2);
+
+    let mut failures = Vec::new();
+    let pairs = [
+        (a.ip4().unwrap().addr, b.ip4().unwrap().addr),
+        (a.ip6().unwrap().addr, b.ip6().unwrap().addr),
+    ];
+    for (from_ip, to_ip) in pairs {
+        match tcp_echo(&pod_a, &pod_b, to_ip, 0) {
+            Ok(e) if e.client_addr.ip() == from_ip => {}
+            Ok(e) => failures.push(format!(
+                "pod a -> {to_ip}: source seen as {}, not {from_ip}",
+                e.client_addr
+            )),
+            Err(e) => failures.push(format!("TCP pod a -> pod b {to_ip}: {e:#}")),
+        }
+        if let Err(e) = tcp_echo(&pod_b, &pod_a, from_ip, 0) {
+            failures.push(format!("TCP pod b -> pod a {from_ip}: {e:#}"));
+        }
+        if let Err(e) = udp_echo(&pod_a, &pod_b, to_ip, 0) {
+            failures.push(format!("UDP pod a -> pod b {to_ip}: {e:#}"));
+        }
+        if let Err(e) = tcp_echo(node.netns(), &pod_a, from_ip, 0) {
+            failures.push(format!("TCP node -> pod a {from_ip}: {e:#}"));
+        }
+    }
+    for (att, res, _) in &added {
+        p.runtime
+            .del(&node, &list, att, Some(res))
+            .unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "connectivity failures:\n  - {}",
+        failures.join("\n  - ")
+    );
+}
+
+/// Section 2 DEL: succeeds and cleans up the same when `CNI_NETNS` is empty and there is
+/// no prevResult (what containerd sends on later DELs), when the pod netns is already
+/// gone, and for an attachment that never existed.
+#[test]
+fn del_without_netns_or_prev_result() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let (pod1, pod2) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    let stdin = conf.to_string();
+
+    // CNI_NETNS="" and no prevResult.
+    let cid1 = unique_container_id();
+    let env1 = p.env(&cid1, pod1.path(), "eth0");
+    let r1 = p
+        .run(&node, CniCommand::Add, &env1, &stdin)
+        .expect_success("ADD 1");
+    let a1 = expectation("1.0.0", pod1.path(), Stack::Dual).assert_valid(&r1);
+    let late = p.env(&cid1, "", "eth0");
+    p.run(&node, CniCommand::Del, &late, &stdin)
+        .expect_success("DEL with CNI_NETNS=\"\", no prevResult");
+    assert_gone(
+        &node,
+        Some(&pod1),
+        "eth0",
+        &a1,
+        NETWORK,
+        &cid1,
+        "DEL with empty CNI_NETNS",
+    );
+    p.run(&node, CniCommand::Del, &late, &stdin)
+        .expect_success("repeated late DEL");
+
+    // The runtime deleted the pod netns before DEL.
+    let cid2 = unique_container_id();
+    let env2 = p.env(&cid2, pod2.path(), "eth0");
+    let r2 = p
+        .run(&node, CniCommand::Add, &env2, &stdin)
+        .expect_success("ADD 2");
+    let a2 = expectation("1.0.0", pod2.path(), Stack::Dual).assert_valid(&r2);
+    pod2.delete().unwrap();
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = r2.clone();
+    p.run(&node, CniCommand::Del, &env2, with_prev.to_string())
+        .expect_success("DEL after the pod netns is gone");
+    assert_gone(
+        &node,
+        None,
+        "eth0",
+        &a2,
+        NETWORK,
+        &cid2,
+        "DEL after netns removal",
+    );
+
+    // Never added.
+    let env3 = p.env(&unique_container_id(), "", "eth0");
+    p.run(&node, CniCommand::Del, &env3, &stdin)
+        .expect_success("DEL of an unknown attachment");
+    assert!(node.leases(NETWORK).is_empty());
+}
+
+/// Section 2 CHECK: "should return an error if a resource ... is missing". Each attachment
+/// is damaged one way; CHECK fails with 105 and the message names what is wrong. DEL
+/// still cleans up each damaged attachment.
+#[test]
+fn check_detects_damage() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+
+    type Damage = fn(&Node, &ebpf_cni_tests::Netns, &AddResult);
+    let cases: [(&str, Damage, Vec<&str>); 5] = [
+        (
+            "container address deleted",
+            |_, pod, r| {
+                let ip = r.ip4().unwrap();
+                pod.ip_ok(&[
+                    "addr",
+                    "del",
+                    &format!("{}/{}", ip.addr, ip.prefix),
+                    "dev",
+                    "eth0",
+                ])
+                .unwrap();
+            },
+            vec!["address", "10.10.0."],
+        ),
+        (
+            "container default route deleted",
+            |_, pod, _| {
+                pod.ip_ok(&["-4", "route", "del", "default"]).unwrap();
+            },
+            vec!["route"],
+        ),
+        (
+            "host route to the pod deleted",
+            |node, _, r| {
+                let ip = r.ip4().unwrap().addr;
+                node.netns()
+                    .ip_ok(&["route", "del", &format!("{ip}/32"), "dev", &r.host_ifname])
+                    .unwrap();
+            },
+            vec!["route"],
+        ),
+        (
+            "host veth deleted",
+            |node, _, r| {
+                node.netns()
+                    .ip_ok(&["link", "del", &r.host_ifname])
+                    .unwrap();
+            },
+            vec!["veth", "interface", "link", "ecni"],
+        ),
+        (
+            "IPAM reservation file deleted",
+            |node, _, r| {
+                let f = node
+                    .data_dir()
+                    .join(NETWORK)
+                    .join(r.ip4().unwrap().addr.to_string());
+                std::fs::remove_file(&f)
+                    .unwrap_or_else(|e| panic!("removing {}: {e}", f.display()));
+            },
+            vec!["lease", "reserv", "ipam", "alloc", "10.10.0."],
+        ),
+    ];
+
+    let mut failures = Vec::new();
+    let mut pods = Vec::new();
+    for (what, damage, needles) in &cases {
+        let pod = node.new_pod().unwrap();
+        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+        let res = p
+            .runtime
+            .add(&node, &list, &att)
+            .unwrap_or_else(|e| panic!("ADD: {e}"));
+        let parsed = expectation("1.0.0", pod.path(), Stack::Dual).assert_valid(&res);
+        if let Err(e) = p.runtime.check(&node, &list, &att, &res) {
+            failures.push(format!("{what}: CHECK before damage failed: {e}"));
+        }
+        damage(&node, &pod, &parsed);
+        match p.runtime.check(&node, &list, &att, &res) {
+            Ok(()) => failures.push(format!("{what}: CHECK succeeded")),
+            Err(e) => match e.output().and_then(|o| o.error().map(|err| (o, err))) {
+                None => failures.push(format!("{what}: no error result: {e}")),
+                Some((o, err)) => {
+                    if err.code != 105 {
+                        failures.push(format!(
+                            "{what}: code {} (expected 105)\n{}",
+                            err.code,
+                            o.describe()
+                        ));
+                    }
+                    let text = err.text_lower();
+                    if !needles.iter().any(|n| text.contains(n)) {
+                        failures.push(format!(
+                            "{what}: message names none of {needles:?}: {:?}",
+                            err.msg
+                        ));
+                    }
+                }
+            },
+        }
+        pods.push((pod, att, res, parsed));
+    }
+    for (pod, att, res, parsed) in &pods {
+        if let Err(e) = p.runtime.del(&node, &list, att, Some(res)) {
+            failures.push(format!("DEL of a damaged attachment failed: {e}"));
+            continue;
+        }
+        let left = leftover_problems(&node, Some(pod), "eth0", parsed, NETWORK, &att.container_id);
+        if !left.is_empty() {
+            failures.push(format!("after DEL of a damaged attachment: {left:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "CHECK/DEL failures:\n  - {}",
+        failures.join("\n  - ")
+    );
+}
+
+fn without_lock(mut s: NodeSnapshot) -> NodeSnapshot {
+    s.data_dir_files
+        .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+    s
+}
+
+/// STYLE.md "ADD rolls back" and section 4 ("If, on ADD, a delegated plugin fails, the
+/// upper plugin should execute again with DEL"): a failure after everything was set up
+/// (failpoint before the result is printed) and a natural failure after the veth exists
+/// (a route whose gateway is unreachable) leave no link, route, lease or pin.
+#[test]
+fn failed_add_rolls_back_everything() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+
+    // Warm the node once, so node-wide state created by a first ADD (shared maps, the
+    // store directory) is part of the baseline and not mistaken for a leak.
+    let warm = node.new_pod().unwrap();
+    let env = p.env(&unique_container_id(), warm.path(), "eth0");
+    p.run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("warm-up ADD");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("warm-up DEL");
+
+    let pod = node.new_pod().unwrap();
+    let before = without_lock(node.snapshot(Some(&pod)));
+    let cid = unique_container_id();
+    let env = p
+        .env(&cid, pod.path(), "eth0")
+        .with_env("EBPF_CNI_FAILPOINT", "before-result");
+    let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
+    assert!(
+        !out.success() && out.error().is_some(),
+        "failpoint ADD must fail with an error result\n{}",
+        out.describe()
+    );
+    assert_eq!(
+        without_lock(node.snapshot(Some(&pod))),
+        before,
+        "failpoint before-result left state behind"
+    );
+    assert!(!node.attachment_pin_dir(NETWORK, &cid, "eth0").exists());
+
+    let mut bad_route = conf.clone();
+    bad_route["ipam"]["routes"] =
+        json!([{ "dst": "0.0.0.0/0" }, { "dst": "10.99.0.0/16", "gw": "192.0.2.1" }]);
+    let cid = unique_container_id();
+    let env = p.env(&cid, pod.path(), "eth0");
+    let out = p.run(&node, CniCommand::Add, &env, bad_route.to_string());
+    assert!(
+        !out.success() && out.error().is_some(),
+        "ADD with an unreachable route gateway must fail\n{}",
+        out.describe()
+    );
+    assert_eq!(
+        without_lock(node.snapshot(Some(&pod))),
+        before,
+        "failed route setup left state behind"
+    );
+    assert!(!node.attachment_pin_dir(NETWORK, &cid, "eth0").exists());
+}
+
+/// Section 3: "Plugins must handle being executed concurrently across different
+/// containers" — 32 parallel ADDs get 32 distinct addresses and leases, 32 parallel DELs
+/// release them all.
+#[test]
+fn concurrent_adds_and_dels() {
+    require_root();
+    const N: usize = 32;
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    let pods: Vec<_> = (0..N).map(|_| node.new_pod().unwrap()).collect();
+    let atts: Vec<Attachment> = pods
+        .iter()
+        .map(|pod| Attachment::new(&unique_container_id(), pod.path(), "eth0"))
+        .collect();
+
+    let results: Vec<Result<Value, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = atts
+            .iter()
+            .map(|att| s.spawn(|| p.runtime.add(&node, &list, att).map_err(|e| e.to_string())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("ADD thread"))
+            .collect()
+    });
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {N} concurrent ADDs failed; first: {}",
+        failed.len(),
+        failed[0]
+    );
+    let ips: BTreeSet<IpAddr> = results
+        .iter()
+        .map(|r| {
+            AddResult::parse(r.as_ref().unwrap())
+                .unwrap()
+                .ip4()
+                .unwrap()
+                .addr
+        })
+        .collect();
+    assert_eq!(ips.len(), N, "addresses are not distinct");
+    let leases = node.leases(NETWORK);
+    assert_eq!(leases.len(), N, "{leases:?}");
+    assert_eq!(leases.iter().map(|l| l.ip).collect::<BTreeSet<_>>(), ips);
+
+    let dels: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = atts
+            .iter()
+            .zip(&results)
+            .map(|(att, res)| {
+                let (list, node, p) = (&list, &node, &p);
+                s.spawn(move || {
+                    p.runtime
+                        .del(node, list, att, res.as_ref().ok())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("DEL thread"))
+            .collect()
+    });
+    let failed: Vec<&String> = dels.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {N} concurrent DELs failed; first: {}",
+        failed.len(),
+        failed[0]
+    );
+    assert!(
+        node.leases(NETWORK).is_empty(),
+        "leases left: {:?}",
+        node.leases(NETWORK)
+    );
+    let links: Vec<String> = kernel::links(node.netns())
+        .unwrap()
+        .into_iter()
+        .map(|l| l.ifname)
+        .collect();
+    assert_eq!(links, ["lo"], "host veths left");
+}
+
+/// The IPAM store is host-local's format (CLIENTS.md): allocating alternately through
+/// ebpf-cni and through the reference host-local (section 4: run as a delegated plugin
+/// with the whole configuration) never hands out an address twice, and DEL through each
+/// releases only its own reservations.
+#[test]
+fn shares_data_dir_with_reference_host_local() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::V4);
+    let host_local = Path::new(REFERENCE_HOST_LOCAL);
+    let pods: Vec<_> = (0..6).map(|_| node.new_pod().unwrap()).collect();
+
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    let mut ips = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let cid = unique_container_id();
+        let env = p.env(&cid, pod.path(), "eth0");
+        let res = if i % 2 == 0 {
+            let r = p
+                .run(&node, CniCommand::Add, &env, conf.to_string())
+                .expect_success("ebpf-cni ADD");
+            ours.push((cid.clone(), env));
+            r
+        } else {
+            let out = node
+                .run(host_local, CniCommand::Add, &env, conf.to_string())
+                .unwrap();
+            let r = out.expect_success("host-local ADD");
+            theirs.push((cid.clone(), env));
+            r
+        };
+        let ip = res["ips"][0]["address"]
+            .as_str()
+            .expect("an address")
+            .to_owned();
+        ips.push(ip);
+    }
+    let distinct: BTreeSet<&String> = ips.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        ips.len(),
+        "an address was handed out twice: {ips:?}"
+    );
+    assert_eq!(node.leases(NETWORK).len(), 6);
+
+    for (_, env) in &ours {
+        p.run(&node, CniCommand::Del, env, conf.to_string())
+            .expect_success("ebpf-cni DEL");
+    }
+    let left: BTreeSet<String> = node
+        .leases(NETWORK)
+        .into_iter()
+        .map(|l| l.container_id)
+        .collect();
+    let expected: BTreeSet<String> = theirs.iter().map(|(c, _)| c.clone()).collect();
+    assert_eq!(
+        left, expected,
+        "ebpf-cni DEL must release exactly its own reservations"
+    );
+    for (_, env) in &theirs {
+        node.run(host_local, CniCommand::Del, env, conf.to_string())
+            .unwrap()
+            .expect_success("host-local DEL");
+    }
+    assert!(node.leases(NETWORK).is_empty());
+}
