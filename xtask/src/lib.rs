@@ -1,7 +1,9 @@
 //! Developer tasks behind `cargo xtask`, as a library so tasks can call each other (`test`,
 //! `demo` and `bench` all start with [`build::build`]).
 
+pub mod bench;
 pub mod build;
 pub mod cmd;
+pub mod demo;
 pub mod setup;
 pub mod test;

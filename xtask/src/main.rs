@@ -1,6 +1,6 @@
 //! `cargo xtask <task>`: see `cargo xtask --help`.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use xtask::build::BuildOptions;
 
@@ -24,10 +24,11 @@ enum Task {
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
-    /// Build, then run the demo (not yet).
-    Demo,
-    /// Build, then run the benchmarks (not yet).
-    Bench,
+    /// Install what is missing, build, then run two pods in network namespaces and show
+    /// ADD, connectivity, CHECK and DEL working (needs root).
+    Demo(xtask::demo::DemoArgs),
+    /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root).
+    Bench(xtask::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -48,6 +49,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Test { cargo_test_args } => xtask::test::test(&cargo_test_args),
-        task @ (Task::Demo | Task::Bench) => bail!("{task:?}: not yet"),
+        Task::Demo(args) => xtask::demo::demo(&args),
+        Task::Bench(args) => xtask::bench::bench(&args),
     }
 }
