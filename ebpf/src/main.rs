@@ -1,69 +1,46 @@
-//! Kernel side of ebpf-cni: TC classifiers on the host end of each pod's veth pair.
+//! Kernel side of ebpf-cni: the TC programs of the pod dataplane.
 //!
-//! For now they only count packets and bytes per direction into a per-CPU array and always
-//! hand the packet on unchanged. They are attached through TCX, where -1 (`TCX_NEXT`, the
-//! same value as `TC_ACT_UNSPEC` for a classic clsact filter) means "no verdict: run the
-//! next program, then continue into the stack"; returning it explicitly keeps this program
-//! from ever deciding a packet's fate by accident.
+//! - `ecni_from_pod`, at each pod's host veth ingress, forwards what the pod sends: to
+//!   another local pod straight into its namespace with `bpf_redirect_peer`; elsewhere by a
+//!   FIB lookup and `bpf_redirect_neigh`; anything else goes to the stack unchanged.
+//! - `ecni_from_dev`, at the ingress of the node's external devices, delivers packets for
+//!   local pods with `bpf_redirect_peer`, and leaves the rest to the stack.
+//! - `ecni_to_pod`, at the host veth egress, counts what the stack sends into the pod.
+//!
+//! Entry points are thin: they return what the `try_*` function decided, and every path has
+//! a verdict chosen on purpose. Under TCX, -1 (`TCX_NEXT`) means "no verdict: continue to
+//! the next program, then the stack", so a packet we cannot handle is never lost.
 #![no_std]
 #![no_main]
 
-use aya_ebpf::{
-    bindings::tcx_action_base::TCX_NEXT,
-    macros::{classifier, map},
-    maps::PerCpuArray,
-    programs::TcContext,
-};
-use ebpf_cni_maps::{str_eq, TrafficCounters, DIR_COUNT, DIR_FROM_POD, DIR_TO_POD};
+mod forward;
+mod maps;
+mod packet;
 
-/// Counters per direction (index `DIR_*`); the map name is this identifier.
-#[map]
-static ECNI_COUNTERS: PerCpuArray<TrafficCounters> = PerCpuArray::with_max_entries(DIR_COUNT, 0);
+use aya_ebpf::{macros::classifier, programs::TcContext};
+use ebpf_cni_maps::str_eq;
 
-// The identifiers above and below become the object names user space looks up; keep them
-// equal to the shared constants.
-const _: () = assert!(str_eq(
-    ebpf_cni_maps::COUNTERS_MAP,
-    stringify!(ECNI_COUNTERS)
-));
-const _: () = assert!(str_eq(
-    ebpf_cni_maps::PROG_FROM_POD,
-    stringify!(ecni_from_pod)
-));
+// The entry points' identifiers become the program names user space pins and checks.
+const _: () = assert!(str_eq(ebpf_cni_maps::PROG_FROM_POD, stringify!(ecni_from_pod)));
 const _: () = assert!(str_eq(ebpf_cni_maps::PROG_TO_POD, stringify!(ecni_to_pod)));
+const _: () = assert!(str_eq(ebpf_cni_maps::PROG_FROM_DEV, stringify!(ecni_from_dev)));
 
-/// Counting is best effort: whatever happens, the packet goes on.
-const CONTINUE: i32 = TCX_NEXT;
-
-/// Host veth ingress: the packet was sent by the pod.
+/// Host veth ingress: the pod sent this packet.
 #[classifier]
 pub fn ecni_from_pod(ctx: TcContext) -> i32 {
-    match try_count(&ctx, DIR_FROM_POD) {
-        Ok(verdict) | Err(verdict) => verdict,
-    }
+    forward::from_pod(&ctx)
 }
 
-/// Host veth egress: the packet is about to enter the pod.
+/// Host veth egress: the node's stack sends this packet into the pod.
 #[classifier]
 pub fn ecni_to_pod(ctx: TcContext) -> i32 {
-    match try_count(&ctx, DIR_TO_POD) {
-        Ok(verdict) | Err(verdict) => verdict,
-    }
+    forward::to_pod(&ctx)
 }
 
-#[inline(always)]
-fn try_count(ctx: &TcContext, direction: u32) -> Result<i32, i32> {
-    // The kernel bounds-checks the index (NULL past `max_entries`); a miss must still let
-    // the packet through.
-    let counters = ECNI_COUNTERS.get_ptr_mut(direction).ok_or(CONTINUE)?;
-    // SAFETY: the pointer is the current CPU's slot, valid for the whole program run. TC
-    // programs run with bottom halves disabled, so no other run on this CPU interleaves with
-    // this read-modify-write. Wrapping adds: no overflow check may put a panic path here.
-    unsafe {
-        (*counters).packets = (*counters).packets.wrapping_add(1);
-        (*counters).bytes = (*counters).bytes.wrapping_add(u64::from(ctx.len()));
-    }
-    Ok(CONTINUE)
+/// Ingress of a node device: the packet may be for a local pod.
+#[classifier]
+pub fn ecni_from_dev(ctx: TcContext) -> i32 {
+    forward::from_dev(&ctx)
 }
 
 #[cfg(not(test))]
@@ -72,7 +49,7 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-/// GPL-compatible, so GPL-only helpers stay available to later programs.
+/// GPL-compatible: `bpf_fib_lookup` and the redirect helpers are GPL-only.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

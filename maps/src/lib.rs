@@ -8,20 +8,24 @@
 //! at 15 bytes, so they are checked for length too.
 #![no_std]
 
-/// Name of the per-CPU array of [`TrafficCounters`], indexed by `DIR_*`.
-pub const COUNTERS_MAP: &str = "ECNI_COUNTERS";
+/// Node-wide hash of every local pod address: [`EndpointKey`] → [`EndpointInfo`].
+pub const ENDPOINTS_MAP: &str = "ECNI_ENDPOINTS";
+/// Node-wide per-CPU hash of per-pod traffic counters: host veth ifindex (`u32`) →
+/// [`PodCounters`].
+pub const POD_COUNTERS_MAP: &str = "ECNI_POD_CNT";
+/// Capacity of [`ENDPOINTS_MAP`] (pod addresses per node) and [`POD_COUNTERS_MAP`].
+pub const MAX_ENDPOINTS: u32 = 65_536;
 
-/// TC classifier attached at the host veth's ingress: traffic leaving the pod.
+/// TC program at the host veth's ingress: traffic leaving the pod.
 pub const PROG_FROM_POD: &str = "ecni_from_pod";
-/// TC classifier attached at the host veth's egress: traffic going into the pod.
+/// TC program at the host veth's egress: traffic the node's stack sends into the pod.
 pub const PROG_TO_POD: &str = "ecni_to_pod";
+/// TC program at the ingress of the node's external devices: traffic arriving for pods.
+pub const PROG_FROM_DEV: &str = "ecni_from_dev";
 
-/// Index into [`COUNTERS_MAP`]: packets seen at host veth ingress (sent by the pod).
-pub const DIR_FROM_POD: u32 = 0;
-/// Index into [`COUNTERS_MAP`]: packets seen at host veth egress (sent to the pod).
-pub const DIR_TO_POD: u32 = 1;
-/// Number of entries of [`COUNTERS_MAP`].
-pub const DIR_COUNT: u32 = 2;
+/// [`EndpointInfo::flags`]: none defined yet; the field is there so a newer binary can add
+/// some without changing the pinned map's layout.
+pub const EP_FLAGS_NONE: u32 = 0;
 
 /// Names of the directories and files under the bpffs mount point. The plugin's `bpf::pin`
 /// module assembles them into paths; nothing else spells them out.
@@ -39,25 +43,94 @@ pub mod pin {
     pub const LINK_FROM_POD: &str = "link_from_pod";
     /// The pinned TCX link of [`PROG_TO_POD`](super::PROG_TO_POD).
     pub const LINK_TO_POD: &str = "link_to_pod";
-    /// The pinned [`COUNTERS_MAP`](super::COUNTERS_MAP) of the attachment.
-    pub const COUNTERS: &str = "counters";
+    /// The pinned TCX link of [`PROG_FROM_DEV`](super::PROG_FROM_DEV) on a node device.
+    pub const LINK_FROM_DEV: &str = "link_from_dev";
+    /// Directory of the node-wide maps, each pinned under its map name.
+    pub const MAPS_DIR: &str = "maps";
+    /// Directory of the loaded programs, one sub-directory per object revision (a hash of
+    /// the embedded object), each program pinned under its name.
+    pub const PROGRAMS_DIR: &str = "programs";
+    /// Directory with one sub-directory per node device carrying [`LINK_FROM_DEV`].
+    pub const DEVICES_DIR: &str = "devices";
 }
 
-/// Packet and byte counts of one direction on one CPU (value of [`COUNTERS_MAP`]).
-/// `bytes` counts `skb->len`, i.e. from the Ethernet header on.
+/// Key of [`ENDPOINTS_MAP`]: an IPv6 address, or an IPv4 address mapped into IPv6
+/// (`::ffff:a.b.c.d`), in network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    pub addr: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 16);
+
+impl EndpointKey {
+    pub const fn v4(octets: [u8; 4]) -> Self {
+        let [a, b, c, d] = octets;
+        Self { addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d] }
+    }
+
+    pub const fn v6(octets: [u8; 16]) -> Self {
+        Self { addr: octets }
+    }
+}
+
+/// Value of [`ENDPOINTS_MAP`]: where a local pod address lives.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TrafficCounters {
-    pub packets: u64,
-    pub bytes: u64,
+pub struct EndpointInfo {
+    /// Hash of (network, container id, ifname): lets DEL find the entries of an attachment
+    /// without knowing its addresses or its (maybe deleted) host veth.
+    pub attachment_id: u64,
+    /// The pod's host-side veth; `bpf_redirect_peer` to it lands in the pod.
+    pub host_ifindex: u32,
+    /// `EP_FLAGS_*`.
+    pub flags: u32,
+    /// Source MAC of frames delivered to the pod (its gateway, the host veth).
+    pub host_mac: [u8; 6],
+    /// Destination MAC of frames delivered to the pod.
+    pub pod_mac: [u8; 6],
+    pub _pad: [u8; 4],
 }
 
-const _: () = assert!(core::mem::size_of::<TrafficCounters>() == 16);
+const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 32);
 
-// SAFETY: `repr(C)`, only `u64` fields and no padding (asserted above), so every bit pattern
-// is a valid value.
+/// One direction's counts on one CPU. `bytes` counts `skb->len` (from the Ethernet header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirCounters {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets the dataplane dropped on purpose.
+    pub drops: u64,
+    /// Packets a helper failed on; they went to the stack unchanged.
+    pub errors: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<DirCounters>() == 32);
+
+/// Value of [`POD_COUNTERS_MAP`] on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounters {
+    /// Sent by the pod (seen at its host veth's ingress).
+    pub from_pod: DirCounters,
+    /// Delivered to the pod, by redirect or through the stack.
+    pub to_pod: DirCounters,
+}
+
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 64);
+
+// SAFETY: `repr(C)`, integer and byte-array fields only, no implicit padding (sizes asserted
+// above), so every bit pattern is a valid value.
 #[cfg(feature = "user")]
-unsafe impl aya::Pod for TrafficCounters {}
+unsafe impl aya::Pod for EndpointKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for EndpointInfo {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for DirCounters {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PodCounters {}
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
 /// longer name would show up cut in bpftool and in the program info that CHECK compares.
@@ -65,9 +138,11 @@ const fn fits_bpf_obj_name(name: &str) -> bool {
     name.len() <= 15
 }
 
-const _: () = assert!(fits_bpf_obj_name(COUNTERS_MAP));
+const _: () = assert!(fits_bpf_obj_name(ENDPOINTS_MAP));
+const _: () = assert!(fits_bpf_obj_name(POD_COUNTERS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
+const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
 
 /// `a == b` usable in constants, so the kernel-side crate can assert at compile time that the
 /// identifiers it declares (which become the object names) match the names above.

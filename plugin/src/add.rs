@@ -3,7 +3,7 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    bpf::{self, AttachmentKey, NodeId},
+    bpf::{self, AttachmentKey, Device, NodeId, PodEndpoint},
     cni::{
         code,
         config::{parse_mac, NetConf},
@@ -51,7 +51,8 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
             format!("interface {:?} already exists in {}", env.ifname, netns_path.display()),
         ));
     }
-    let host_name = veth::host_veth_name(&conf.name, &env.container_id, &env.ifname);
+    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let host_name = veth::host_veth_name(&key);
     if host_nl.link_by_name(&host_name).await?.is_some() {
         return Err(CniError::new(
             code::INTERFACE_EXISTS,
@@ -63,7 +64,6 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
     }
 
     let mut undo = Vec::new();
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
     let res = setup(env, conf, stdin, &ipam, mac, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key, &mut undo).await;
     match res {
         Ok(v) => Ok(v),
@@ -109,8 +109,17 @@ async fn setup(
         write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
 
-    bpf::attach_host_veth(node, key, host_name)?;
+    let (host_mac, pod_mac) = match (pair.host.mac, pair.container.mac) {
+        (Some(h), Some(p)) => (h, p),
+        _ => return Err(CniError::new(code::KERNEL, format!("veth pair {host_name} has no MAC address"))),
+    };
+    let endpoints: Vec<PodEndpoint> = addrs
+        .iter()
+        .map(|a| PodEndpoint { ip: a.address.ip(), host_ifindex: pair.host.index, host_mac, pod_mac })
+        .collect();
+    let devices = node_devices(host_nl, conf).await?;
     undo.push(Undo::Programs);
+    bpf::add_pod(node, key, host_name, &endpoints, &devices)?;
 
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
         return Err(CniError::new(code::INTERNAL, format!("failpoint {FAILPOINT_ENV}=before-result")));
@@ -152,7 +161,7 @@ async fn rollback(
 ) {
     for step in undo.into_iter().rev() {
         let r: Result<(), CniError> = match step {
-            Undo::Programs => bpf::detach(node, key).map(|_| ()).map_err(Into::into),
+            Undo::Programs => bpf::del_pod(node, key).map(|_| ()).map_err(Into::into),
             Undo::HostLink { index } => host_nl.delete_link(index).await.map(|_| ()).map_err(Into::into),
             Undo::Ipam => ipam.del(conf, env, stdin),
         };
@@ -160,4 +169,28 @@ async fn rollback(
             log::error!("rollback of a failed ADD: {e}");
         }
     }
+}
+
+/// The node devices that get the device program: the `devices` of the config, or else
+/// every device holding a global address that is not a pod's host veth (or loopback).
+/// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
+async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, CniError> {
+    let links = host_nl.links().await?;
+    if let Some(names) = &conf.devices {
+        let mut out = Vec::new();
+        for name in names {
+            match links.iter().find(|l| &l.name == name) {
+                Some(l) => out.push(Device { name: l.name.clone(), ifindex: l.index }),
+                None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
+            }
+        }
+        return Ok(out);
+    }
+    let global = host_nl.global_address_links().await?;
+    Ok(links
+        .into_iter()
+        .filter(|l| global.contains(&l.index))
+        .filter(|l| l.name != "lo" && !veth::is_host_veth(l))
+        .map(|l| Device { name: l.name, ifindex: l.index })
+        .collect())
 }

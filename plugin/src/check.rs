@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    bpf::{self, AttachmentKey, NodeId},
+    bpf::{self, AttachmentKey, NodeId, PodEndpoint},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
     netlink::{format_mac, Netlink, RouteEntry},
@@ -36,7 +36,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     let expected_cont = &prev.interfaces[cont_idx];
 
     let host_nl = Netlink::connect()?;
-    let host_name = veth::host_veth_name(&conf.name, &env.container_id, &env.ifname);
+    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let host_name = veth::host_veth_name(&key);
     let host = host_nl
         .link_by_name(&host_name)
         .await?
@@ -110,8 +111,14 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
 
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
-    bpf::check(&node, &key, host.index).map_err(|e| failed(format!("eBPF attachment: {e}")))?;
+    let (Some(host_mac), Some(pod_mac)) = (host.mac, cont.mac) else {
+        return Err(failed(format!("veth pair {host_name} has no MAC address")));
+    };
+    let endpoints: Vec<PodEndpoint> = ips
+        .iter()
+        .map(|i| PodEndpoint { ip: i.address.ip(), host_ifindex: host.index, host_mac, pod_mac })
+        .collect();
+    bpf::check_pod(&node, &key, host.index, &endpoints).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     Ok(())
 }
 

@@ -1,9 +1,20 @@
 //! The operator CLI, used when `CNI_COMMAND` is not set.
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 
+use crate::{
+    bpf::{self, NodeId},
+    netns::Netns,
+};
+
 #[derive(Parser)]
-#[command(name = "ebpf-cni", version, about = "CNI plugin with an eBPF dataplane. Run by a container runtime with CNI_COMMAND set; without it, these operator commands.")]
+#[command(
+    name = "ebpf-cni",
+    version,
+    about = "CNI plugin with an eBPF dataplane. Run by a container runtime with CNI_COMMAND set; without it, these operator commands."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -13,6 +24,16 @@ struct Cli {
 enum Cmd {
     /// Print the plugin version and the CNI spec versions it supports.
     Version,
+    /// List the node's eBPF state: device programs, and per attachment its addresses,
+    /// programs, links and traffic counters.
+    Inspect {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Inspect the node whose network namespace this is (default: the current one).
+        #[arg(long, value_name = "PATH")]
+        netns: Option<PathBuf>,
+    },
 }
 
 pub fn main() -> i32 {
@@ -20,11 +41,78 @@ pub fn main() -> i32 {
     match cli.command {
         Cmd::Version => {
             println!(
-                "ebpf-cni {}\nCNI spec versions: {}",
+                "ebpf-cni {}\nCNI spec versions: {}\neBPF programs: {}",
                 env!("CARGO_PKG_VERSION"),
-                crate::cni::version::SUPPORTED_VERSIONS.join(", ")
+                crate::cni::version::SUPPORTED_VERSIONS.join(", "),
+                if bpf::programs_embedded() { format!("embedded, revision {}", bpf::revision()) } else { "not embedded".into() }
             );
             0
         }
+        Cmd::Inspect { json, netns } => match inspect(json, netns) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("ebpf-cni inspect: {e}");
+                1
+            }
+        },
     }
+}
+
+fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let node = match netns {
+        Some(p) => NodeId::from_netns_inode(Netns::open(&p)?.inode()),
+        None => NodeId::current()?,
+    };
+    let r = bpf::inspect(&node)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("node {} ({})", r.node, r.pin_dir);
+    println!("program revisions: {}", if r.revisions.is_empty() { "none loaded".into() } else { r.revisions.join(", ") });
+    println!("endpoints: {}", r.endpoints);
+    println!("devices:");
+    if r.devices.is_empty() {
+        println!("  (none)");
+    }
+    for d in &r.devices {
+        match &d.link {
+            Some(l) => println!("  {:<16} ifindex {:<4} {} prog {} link {}", d.name, l.ifindex, l.program, l.program_id, l.link_id),
+            None => println!("  {:<16} link pin unreadable", d.name),
+        }
+    }
+    println!("attachments:");
+    if r.attachments.is_empty() {
+        println!("  (none)");
+    }
+    println!(
+        "  {:<12} {:<20} {:<6} {:>7} {:<28} {:>10} {:>12} {:>10} {:>12} {:>6} {:>6}",
+        "NETWORK", "CONTAINER", "IFNAME", "IFINDEX", "ADDRESSES", "FROM_PKTS", "FROM_BYTES", "TO_PKTS", "TO_BYTES", "DROPS", "ERRORS"
+    );
+    for a in &r.attachments {
+        let cid: String = a.container_id.chars().take(20).collect();
+        let addrs = a.addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        let (fp, fb, tp, tb, dr, er) = match (&a.from_pod, &a.to_pod) {
+            (Some(f), Some(t)) => (f.packets, f.bytes, t.packets, t.bytes, f.drops + t.drops, f.errors + t.errors),
+            _ => (0, 0, 0, 0, 0, 0),
+        };
+        println!(
+            "  {:<12} {:<20} {:<6} {:>7} {:<28} {:>10} {:>12} {:>10} {:>12} {:>6} {:>6}",
+            a.network,
+            cid,
+            a.ifname,
+            a.host_ifindex.map_or("-".into(), |i| i.to_string()),
+            addrs,
+            fp,
+            fb,
+            tp,
+            tb,
+            dr,
+            er
+        );
+        for l in &a.links {
+            println!("      {:<9} {} prog {} link {} on ifindex {}", l.hook, l.program, l.program_id, l.link_id, l.ifindex);
+        }
+    }
+    Ok(())
 }

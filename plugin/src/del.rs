@@ -17,7 +17,8 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
     let mut errors: Vec<CniError> = Vec::new();
 
     let host_nl = Netlink::connect()?;
-    let host_name = veth::host_veth_name(&conf.name, &env.container_id, &env.ifname);
+    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let host_name = veth::host_veth_name(&key);
     match host_nl.link_by_name(&host_name).await {
         Ok(Some(link)) => {
             if let Err(e) = host_nl.delete_link(link.index).await {
@@ -42,8 +43,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
         }
     }
 
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
-    if let Err(e) = bpf::ensure_bpffs().and_then(|()| NodeId::current()).and_then(|node| bpf::detach(&node, &key)) {
+    if let Err(e) = NodeId::current().and_then(|node| bpf::del_pod(&node, &key)) {
         errors.push(e.into());
     }
 

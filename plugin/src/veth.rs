@@ -7,22 +7,23 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
+    bpf::AttachmentKey,
     cni::types::Route,
     netlink::{disable_dad, Link, Netlink, NetlinkError, RouteSpec},
     netns::Netns,
 };
 
+const HOST_VETH_PREFIX: &str = "ecni";
+
 /// The host-side name, derived from the attachment so DEL finds it without saved state:
-/// `ecni` + 11 hex digits of a 64-bit FNV-1a hash of (network, container id, ifname).
-pub fn host_veth_name(network: &str, container_id: &str, ifname: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in [network, container_id, ifname] {
-        for b in part.bytes().chain(std::iter::once(0)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    format!("ecni{:011x}", h >> 20)
+/// `ecni` + the top 44 bits of the attachment id in hex (15 characters, the kernel's limit).
+pub fn host_veth_name(key: &AttachmentKey<'_>) -> String {
+    format!("{HOST_VETH_PREFIX}{:011x}", key.id() >> 20)
+}
+
+/// One of our pods' host ends (as opposed to a node device).
+pub fn is_host_veth(link: &Link) -> bool {
+    link.kind.as_deref() == Some("veth") && link.name.starts_with(HOST_VETH_PREFIX) && link.name.len() == 15
 }
 
 /// One address of the pod with the gateway it uses.
@@ -126,15 +127,19 @@ pub async fn configure_host(host_nl: &Netlink, index: u32, addrs: &[PodAddress])
 mod tests {
     use super::*;
 
+    fn name(network: &str, container_id: &str, ifname: &str) -> String {
+        host_veth_name(&AttachmentKey { network, container_id, ifname })
+    }
+
     #[test]
     fn host_names_are_deterministic_and_distinct() {
-        let a = host_veth_name("net", "c1", "eth0");
-        assert_eq!(a, host_veth_name("net", "c1", "eth0"));
+        let a = name("net", "c1", "eth0");
+        assert_eq!(a, name("net", "c1", "eth0"));
         assert_eq!(a.len(), 15);
         assert!(a.starts_with("ecni"));
-        assert_ne!(a, host_veth_name("net", "c1", "eth1"));
-        assert_ne!(a, host_veth_name("net2", "c1", "eth0"));
+        assert_ne!(a, name("net", "c1", "eth1"));
+        assert_ne!(a, name("net2", "c1", "eth0"));
         // The separator keeps ("ab","c") and ("a","bc") apart.
-        assert_ne!(host_veth_name("ab", "c", "e"), host_veth_name("a", "bc", "e"));
+        assert_ne!(name("ab", "c", "e"), name("a", "bc", "e"));
     }
 }

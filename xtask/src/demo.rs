@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use ebpf_cni_maps::{pin::ATTACHMENTS_DIR, DIR_FROM_POD, DIR_TO_POD};
+use ebpf_cni_maps::pin::ATTACHMENTS_DIR;
 use ebpf_cni_tests::{
     bpf::{self, Direction, PinnedObject},
     config::{self, Stack},
@@ -180,7 +180,7 @@ fn exercise(p: &PluginUnderTest, node: &Node, pods: &mut [Pod; 2]) -> Result<()>
 
     section("Traffic: TCP echo, pod <-> pod and node -> pod, IPv4 and IPv6");
     traffic(node, pods)?;
-    show_counters(node, pods);
+    show_counters(node, &p.bin);
 
     section("CHECK: the kernel still matches each cached result");
     for pod in pods.iter() {
@@ -374,73 +374,17 @@ fn traffic(node: &Node, pods: &[Pod; 2]) -> Result<()> {
     Ok(())
 }
 
-/// The per-attachment counters the TC programs keep. Informational: later dataplane work
-/// (e.g. redirecting straight into the pod) may legitimately bypass a direction.
-fn show_counters(node: &Node, pods: &[Pod]) {
-    say("packets counted by the TC programs (summed over CPUs):");
-    for pod in pods {
-        let dir = node.attachment_pin_dir(NETWORK, &pod.att.container_id, IFNAME);
-        match read_counters(&dir) {
-            Ok(c) => {
-                let get = |k: u32| c.get(&k).copied().unwrap_or_default();
-                let (fp, fb) = get(DIR_FROM_POD);
-                let (tp, tb) = get(DIR_TO_POD);
-                say(&format!(
-                    "    {}: from the pod {fp} packets / {fb} bytes, to the pod {tp} packets / {tb} bytes",
-                    pod.label
-                ));
-            }
-            Err(e) => say(&format!("    {}: counters not readable: {e:#}", pod.label)),
-        }
+/// The node's eBPF state as the operator sees it: `ebpf-cni inspect`, run in the node's
+/// network namespace (device programs, endpoints, per-pod links and counters).
+fn show_counters(node: &Node, plugin: &Path) {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net={}", node.netns().path().display())).arg(plugin).arg("inspect").env_remove("CNI_COMMAND");
+    match cmd::output(&mut c) {
+        Ok(out) => show(&format!("ebpf-cni inspect   (in {})", node.netns().name()), &out),
+        Err(e) => say(&format!("ebpf-cni inspect failed: {e:#}")),
     }
 }
 
-/// Finds the pinned map in an attachment's pin directory and sums its per-CPU
-/// `{packets, bytes}` values by key, from `bpftool map dump` (raw bytes, so no BTF needed).
-fn read_counters(dir: &Path) -> Result<BTreeMap<u32, (u64, u64)>> {
-    let mut map_pin = None;
-    for rel in fsutil::list_files(dir)? {
-        let path = dir.join(rel);
-        if matches!(bpf::pinned_object(&path)?, PinnedObject::Map { .. }) {
-            map_pin = Some(path);
-        }
-    }
-    let map_pin = map_pin.ok_or_else(|| anyhow!("no map pinned in {}", dir.display()))?;
-    let mut bpftool = Command::new("bpftool");
-    bpftool.args(["-j", "map", "dump", "pinned"]).arg(&map_pin);
-    let dump: Value = serde_json::from_str(&cmd::output(&mut bpftool)?)?;
-    let mut sums = BTreeMap::new();
-    for entry in dump.as_array().into_iter().flatten() {
-        let key = le_bytes(entry.get("key")).context("map key")?;
-        let key = u32::from_le_bytes(key.get(..4).context("short key")?.try_into()?);
-        let (mut packets, mut bytes) = (0u64, 0u64);
-        for cpu in entry
-            .get("values")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let v = le_bytes(cpu.get("value")).context("map value")?;
-            ensure!(v.len() >= 16, "counter value of {} bytes", v.len());
-            packets += u64::from_le_bytes(v[..8].try_into()?);
-            bytes += u64::from_le_bytes(v[8..16].try_into()?);
-        }
-        sums.insert(key, (packets, bytes));
-    }
-    Ok(sums)
-}
-
-/// bpftool's raw byte arrays: `["0x01", "0x00", …]`.
-fn le_bytes(v: Option<&Value>) -> Result<Vec<u8>> {
-    v.and_then(Value::as_array)
-        .ok_or_else(|| anyhow!("not a byte array"))?
-        .iter()
-        .map(|b| {
-            let s = b.as_str().unwrap_or_default();
-            u8::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| anyhow!("bad byte {b}"))
-        })
-        .collect()
-}
 
 fn nothing_left(node: &Node, pods: &[Pod]) -> Result<()> {
     let mut problems = Vec::new();

@@ -121,7 +121,59 @@ pub enum BpfError {
         failures: Vec<RemoveFailure>,
     },
 
+    #[error("failed to count the possible CPUs")]
+    Cpus {
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to lock {path}")]
+    NodeLock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to {what} in map {map}")]
+    MapUpdate {
+        map: &'static str,
+        what: String,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+
+    #[error("failed to pin program {name} at {path}")]
+    PinProgram {
+        path: PathBuf,
+        name: &'static str,
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+
+    #[error("failed to open the pinned program at {path}")]
+    OpenProgram {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+
+    #[error("failed to remove the node's eBPF state at {path}")]
+    NodeTeardown {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     // CHECK: the attachment is missing or differs from what ADD set up.
+    #[error("endpoint map has no entry for pod address {ip}")]
+    EndpointMissing { ip: std::net::IpAddr },
+    #[error("endpoint map entry for {ip} is stale: {field} is {actual}, expected {expected}")]
+    EndpointStale {
+        ip: std::net::IpAddr,
+        field: &'static str,
+        actual: String,
+        expected: String,
+    },
     #[error("{what} pin missing at {path}")]
     PinMissing { what: &'static str, path: PathBuf },
 
@@ -204,7 +256,9 @@ impl BpfError {
             | Self::WrongIfindex { .. }
             | Self::WrongAttachType { .. }
             | Self::WrongProgram { .. }
-            | Self::WrongMap { .. } => code::CHECK_FAILED,
+            | Self::WrongMap { .. }
+            | Self::EndpointMissing { .. }
+            | Self::EndpointStale { .. } => code::CHECK_FAILED,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
             _ => code::BPF,

@@ -1,25 +1,43 @@
-//! The eBPF dataplane from user space: load the programs embedded in this binary, attach them
-//! to a pod's host-side veth through TCX, and pin links and maps so they outlive the plugin
-//! process; find them again for CHECK, DEL and counter reads.
+//! The eBPF dataplane from user space.
 //!
-//! Each attachment loads its own copy of the programs and its own counters map, and owns one
-//! pin directory (see [`pin`]). Attaching either completes or leaves nothing pinned.
+//! Per node (network namespace) the programs are loaded and verified once, by the first ADD,
+//! and pinned with the node-wide maps (endpoints, per-pod counters); later ADDs open the
+//! pinned programs and only attach them, which costs a few milliseconds instead of a
+//! verification. Each attachment pins its TCX links under its own directory; the node's
+//! devices carry one shared link each. When the last attachment of a node is deleted, the
+//! node's device links, programs and maps go too, so a node without pods has no eBPF state.
+//! A process-wide lock (flock on the layout directory) serialises these steps between
+//! concurrent plugin runs; it is held for milliseconds.
 
-mod attach;
+mod dataplane;
 mod error;
+mod links;
 pub mod pin;
+mod pod;
 mod sys;
 
-pub use attach::{attach_host_veth, check, detach, read_counters, AttachInfo, AttachedLink};
 use aya::programs::TcAttachType;
-pub use ebpf_cni_maps::TrafficCounters;
+pub use dataplane::{Device, PodEndpoint};
+pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
+pub use pod::{add_pod, check_pod, del_pod, inspect, AttachmentReport, DeviceReport, NodeReport};
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
 /// `cargo xtask build`.
 static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
+
+/// Identifies the embedded object: programs pinned by a binary with other programs are
+/// never reused by this one (it loads and pins its own next to them).
+pub fn revision() -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in PROGRAMS {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
 
 /// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
 pub fn programs_embedded() -> bool {
@@ -37,6 +55,20 @@ pub struct AttachmentKey<'a> {
 }
 
 impl AttachmentKey<'_> {
+    /// A 64-bit FNV-1a hash of the three values (each followed by a NUL, so ("ab","c") and
+    /// ("a","bc") differ). It tags the attachment's endpoint-map entries and names its host
+    /// veth, so DEL finds both without saved state.
+    pub fn id(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in [self.network, self.container_id, self.ifname] {
+            for b in part.bytes().chain(std::iter::once(0)) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
+
     /// Each value becomes one path component: non-empty, not `.` or `..`, no `/` or NUL.
     pub fn validate(&self) -> Result<(), BpfError> {
         for (field, value) in [
@@ -56,37 +88,35 @@ impl AttachmentKey<'_> {
 }
 
 /// Which way traffic crosses the host veth, i.e. which program, hook and counter.
+/// Where a program runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// Host veth ingress: sent by the pod.
+pub enum Hook {
+    /// Host veth ingress: traffic leaving the pod.
     FromPod,
-    /// Host veth egress: sent to the pod.
+    /// Host veth egress: traffic the stack sends into the pod.
     ToPod,
+    /// Node device ingress: traffic arriving for pods.
+    FromDev,
 }
 
-impl Direction {
-    pub const ALL: [Direction; 2] = [Direction::FromPod, Direction::ToPod];
+impl Hook {
+    pub const ALL: [Hook; 3] = [Hook::FromPod, Hook::ToPod, Hook::FromDev];
+    /// The hooks of a pod's host veth.
+    pub const POD: [Hook; 2] = [Hook::FromPod, Hook::ToPod];
 
-    /// Index in the counters map and in [`read_counters`]'s result.
-    pub const fn index(self) -> usize {
-        match self {
-            Self::FromPod => ebpf_cni_maps::DIR_FROM_POD as usize,
-            Self::ToPod => ebpf_cni_maps::DIR_TO_POD as usize,
-        }
-    }
-
-    /// For messages: "link from_pod …".
     pub const fn label(self) -> &'static str {
         match self {
             Self::FromPod => "from_pod",
             Self::ToPod => "to_pod",
+            Self::FromDev => "from_dev",
         }
     }
 
-    const fn program(self) -> &'static str {
+    pub const fn program(self) -> &'static str {
         match self {
             Self::FromPod => ebpf_cni_maps::PROG_FROM_POD,
             Self::ToPod => ebpf_cni_maps::PROG_TO_POD,
+            Self::FromDev => ebpf_cni_maps::PROG_FROM_DEV,
         }
     }
 
@@ -94,20 +124,20 @@ impl Direction {
         match self {
             Self::FromPod => ebpf_cni_maps::pin::LINK_FROM_POD,
             Self::ToPod => ebpf_cni_maps::pin::LINK_TO_POD,
+            Self::FromDev => ebpf_cni_maps::pin::LINK_FROM_DEV,
         }
     }
 
     const fn tc_attach_type(self) -> TcAttachType {
         match self {
-            Self::FromPod => TcAttachType::Ingress,
+            Self::FromPod | Self::FromDev => TcAttachType::Ingress,
             Self::ToPod => TcAttachType::Egress,
         }
     }
 
-    /// The kernel's `bpf_attach_type` of the TCX link.
     const fn tcx_attach_type(self) -> u32 {
         match self {
-            Self::FromPod => sys::BPF_TCX_INGRESS,
+            Self::FromPod | Self::FromDev => sys::BPF_TCX_INGRESS,
             Self::ToPod => sys::BPF_TCX_EGRESS,
         }
     }
@@ -148,12 +178,18 @@ mod tests {
     }
 
     #[test]
-    fn directions_match_the_kernel_side() {
-        assert_eq!(Direction::FromPod.index(), 0);
-        assert_eq!(Direction::ToPod.index(), 1);
-        assert_eq!(Direction::ALL.len(), ebpf_cni_maps::DIR_COUNT as usize);
-        assert_eq!(Direction::FromPod.program(), "ecni_from_pod");
-        assert_eq!(Direction::ToPod.tc_attach_type(), TcAttachType::Egress);
+    fn hooks_match_the_kernel_side() {
+        assert_eq!(Hook::FromPod.program(), "ecni_from_pod");
+        assert_eq!(Hook::ToPod.tc_attach_type(), TcAttachType::Egress);
+        assert_eq!(Hook::FromDev.tc_attach_type(), TcAttachType::Ingress);
+    }
+
+    #[test]
+    fn attachment_ids_separate_their_parts() {
+        let a = AttachmentKey { network: "ab", container_id: "c", ifname: "e" };
+        let b = AttachmentKey { network: "a", container_id: "bc", ifname: "e" };
+        assert_ne!(a.id(), b.id());
+        assert_eq!(a.id(), AttachmentKey { ..a }.id());
     }
 
     #[test]
@@ -168,7 +204,7 @@ mod tests {
             ifname: "eth0",
         };
         let node = NodeId::from_netns_inode(1);
-        let err = attach_host_veth(&node, &key, "veth0").unwrap_err();
+        let err = add_pod(&node, &key, "veth0", &[], &[]).unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");
         assert!(err.to_string().contains("cargo xtask build"));
     }

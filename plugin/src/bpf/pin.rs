@@ -5,8 +5,13 @@
 //! every name taken from `ebpf_cni_maps::pin`:
 //!
 //! ```text
-//! <bpffs>/ebpf-cni/v1/netns-<inode>/attachments/<network>/<container id>/<ifname>/
-//!     link_from_pod  link_to_pod  counters
+//! <bpffs>/ebpf-cni/v1/                 the lock every ADD/DEL takes for its bpf part
+//!   netns-<inode>/
+//!     maps/ECNI_ENDPOINTS  maps/ECNI_POD_CNT           node-wide maps
+//!     programs/<revision>/ecni_from_pod|ecni_to_pod|ecni_from_dev
+//!     devices/<ifname>/link_from_dev                    one per node device
+//!     attachments/<network>/<container id>/<ifname>/
+//!         link_from_pod  link_to_pod
 //! ```
 //!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
@@ -25,7 +30,7 @@ use nix::{
     sys::statfs::{statfs, BPF_FS_MAGIC},
 };
 
-use super::{AttachmentKey, BpfError, Direction};
+use super::{AttachmentKey, BpfError, Hook};
 
 /// Where bpffs is mounted on a normal system.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
@@ -114,6 +119,29 @@ impl PinRoot {
     }
 
     /// The pins of one attachment. `key` must be valid (see [`AttachmentKey::validate`]).
+    /// The node-wide maps, each pinned under its map name.
+    pub fn map(&self, node: &NodeId, name: &str) -> PathBuf {
+        self.node_dir(node).join(names::MAPS_DIR).join(name)
+    }
+
+    pub fn programs_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::PROGRAMS_DIR)
+    }
+
+    /// A loaded program of one object revision.
+    pub fn program(&self, node: &NodeId, revision: &str, name: &str) -> PathBuf {
+        self.programs_dir(node).join(revision).join(name)
+    }
+
+    pub fn devices_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::DEVICES_DIR)
+    }
+
+    /// The link of the device program on node device `ifname`.
+    pub fn device_link(&self, node: &NodeId, ifname: &str) -> PathBuf {
+        self.devices_dir(node).join(ifname).join(names::LINK_FROM_DEV)
+    }
+
     pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
         AttachmentPins {
             dir: self
@@ -136,14 +164,9 @@ impl AttachmentPins {
         &self.dir
     }
 
-    /// The pinned TCX link of the program of `direction`.
-    pub fn link(&self, direction: Direction) -> PathBuf {
-        self.dir.join(direction.link_pin_name())
-    }
-
-    /// The pinned counters map.
-    pub fn counters(&self) -> PathBuf {
-        self.dir.join(names::COUNTERS)
+    /// The pinned TCX link of the program of `hook`.
+    pub fn link(&self, hook: Hook) -> PathBuf {
+        self.dir.join(hook.link_pin_name())
     }
 }
 
@@ -239,15 +262,20 @@ mod tests {
         let pins = root.attachment(&node, &KEY);
         let dir = "/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments/podnet/0123abcd/eth0";
         assert_eq!(pins.dir(), Path::new(dir));
+        assert_eq!(pins.link(Hook::FromPod), Path::new(dir).join("link_from_pod"));
+        assert_eq!(pins.link(Hook::ToPod), Path::new(dir).join("link_to_pod"));
         assert_eq!(
-            pins.link(Direction::FromPod),
-            Path::new(dir).join("link_from_pod")
+            root.map(&node, "ECNI_ENDPOINTS"),
+            Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/maps/ECNI_ENDPOINTS")
         );
         assert_eq!(
-            pins.link(Direction::ToPod),
-            Path::new(dir).join("link_to_pod")
+            root.program(&node, "r1", "ecni_from_pod"),
+            Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/programs/r1/ecni_from_pod")
         );
-        assert_eq!(pins.counters(), Path::new(dir).join("counters"));
+        assert_eq!(
+            root.device_link(&node, "eth0"),
+            Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/devices/eth0/link_from_dev")
+        );
         assert_eq!(
             root.attachments_dir(&node),
             Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments")
@@ -271,7 +299,7 @@ mod tests {
         let root = PinRoot::new("/tmp/bpffs-test");
         let pins = root.attachment(&NodeId::from_netns_inode(7), &KEY);
         assert!(pins
-            .counters()
+            .link(Hook::FromPod)
             .starts_with("/tmp/bpffs-test/ebpf-cni/v1/netns-7/"));
     }
 

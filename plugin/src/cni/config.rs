@@ -25,6 +25,9 @@ pub struct NetConf {
     /// `args.cni.ips` (CONVENTIONS.md).
     pub args_ips: Vec<IpAddr>,
     pub prev_result: Option<Value>,
+    /// `devices`: the node devices that get the device program (default: every device
+    /// with a global address that is not a pod veth).
+    pub devices: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -155,7 +158,23 @@ impl NetConf {
             Some(other) => return Err(invalid(format!("prevResult {other} must be an object"))),
         };
 
+        let devices = match obj.get("devices") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) => Some(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v.as_str() {
+                        Some(n) if super::env::validate_ifname(n).is_ok() => Ok(n.to_owned()),
+                        _ => Err(invalid(format!("devices[{i}] {v} is not a valid interface name"))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(other) => return Err(invalid(format!("devices {other} must be a list of interface names"))),
+        };
+
         Ok(NetConf {
+            devices,
             cni_version,
             name,
             plugin_type,

@@ -160,6 +160,28 @@ impl Netlink {
         }
     }
 
+    /// Every link of the namespace.
+    pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
+        let mut s = self.handle.link().get().execute();
+        let mut out = Vec::new();
+        while let Some(m) = s.try_next().await.map_err(req("list links"))? {
+            out.push(Link::from_msg(&m));
+        }
+        Ok(out)
+    }
+
+    /// Indexes of the links that hold at least one global-scope address.
+    pub async fn global_address_links(&self) -> Result<Vec<u32>, NetlinkError> {
+        let mut s = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(m) = s.try_next().await.map_err(req("list addresses"))? {
+            if m.header.scope == rtnetlink::packet_route::address::AddressScope::Universe && !out.contains(&m.header.index) {
+                out.push(m.header.index);
+            }
+        }
+        Ok(out)
+    }
+
     /// Creates a veth pair: `host` here, `peer` created straight inside `peer_ns`.
     pub async fn create_veth(
         &self,

@@ -1,0 +1,222 @@
+//! Forwarding decisions. A packet is either delivered into a local pod
+//! (`bpf_redirect_peer`), forwarded by the FIB's answer (`bpf_redirect_neigh`), or handed to
+//! the stack unchanged (`TCX_NEXT`), which is also what happens to anything malformed,
+//! unusual or out of reach of these programs.
+
+use aya_ebpf::{
+    bindings::{
+        bpf_fib_lookup, bpf_redir_neigh, tcx_action_base::TCX_NEXT, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS,
+    },
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
+    programs::TcContext,
+    EbpfContext,
+};
+use ebpf_cni_maps::{EndpointInfo, EndpointKey};
+
+use crate::{
+    maps::{count, endpoint, Dir, Event},
+    packet::{
+        ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr,
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6,
+    },
+};
+
+const PASS: i32 = TCX_NEXT;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+/// `TC_ACT_SHOT`: what the redirect helpers return when they refuse.
+const TC_ACT_SHOT: i64 = 2;
+
+#[inline(always)]
+fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: the context pointer is the program's `__sk_buff`, readable for the whole run.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Where the destination address leads.
+enum Dest {
+    /// A local pod, and how to reach it.
+    Pod(EndpointInfo),
+    /// Not a local pod: ask the FIB.
+    Other,
+    /// Leave it to the stack.
+    Stack,
+}
+
+/// Looks at the IP header: TTL handling, and which destination. Rewrites nothing.
+#[inline(always)]
+fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: `ptr_at` checked the whole header is inside the packet.
+    let proto = u16::from_be_bytes(unsafe { (*eth).proto });
+    match proto {
+        ETH_P_IP => {
+            let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            let ip = unsafe { &*ip };
+            if ip.ver_ihl >> 4 != 4 || ipv4_is_special(&ip.daddr) {
+                return Some((proto, Dest::Stack));
+            }
+            // The stack answers an expiring TTL with ICMP time exceeded.
+            if ip.ttl <= 1 {
+                return Some((proto, Dest::Stack));
+            }
+            Some((proto, endpoint(&EndpointKey::v4(ip.daddr)).map_or(Dest::Other, Dest::Pod)))
+        }
+        ETH_P_IPV6 => {
+            let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            let ip = unsafe { &*ip };
+            if ip.ver_tc_flow[0] >> 4 != 6 || ipv6_is_special(&ip.daddr) || ip.hop_limit <= 1 {
+                return Some((proto, Dest::Stack));
+            }
+            Some((proto, endpoint(&EndpointKey::v6(ip.daddr)).map_or(Dest::Other, Dest::Pod)))
+        }
+        _ => Some((proto, Dest::Stack)),
+    }
+}
+
+/// Decrements TTL / hop limit: we are routing the packet.
+#[inline(always)]
+fn hop(ctx: &TcContext, proto: u16) -> Option<()> {
+    if proto == ETH_P_IP {
+        let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN)?;
+        // SAFETY: bounds checked; TC programs may write packet data.
+        ipv4_decrement_ttl(unsafe { &mut *ip });
+    } else {
+        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN)?;
+        // SAFETY: bounds checked; TC programs may write packet data.
+        unsafe { (*ip).hop_limit -= 1 };
+    }
+    Some(())
+}
+
+#[inline(always)]
+fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds checked; TC programs may write packet data.
+    unsafe {
+        (*eth).src = *src;
+        (*eth).dst = *dst;
+    }
+    Some(())
+}
+
+/// Delivers into a local pod's namespace, as if its gateway had sent the frame.
+#[inline(always)]
+fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
+    let len = ctx.len();
+    // Re-derive packet pointers after the checks: a failed bounds check leaves it to the stack.
+    if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
+        return PASS;
+    }
+    // SAFETY: plain helper call; it only records the target for after the program returns.
+    let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };
+    if rc == TC_ACT_SHOT {
+        count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
+    } else {
+        count(ep.host_ifindex, Dir::ToPod, Event::Packet, len);
+    }
+    rc as i32
+}
+
+/// Host veth ingress.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext) -> i32 {
+    let me = ifindex(ctx);
+    count(me, Dir::FromPod, Event::Packet, ctx.len());
+    match classify(ctx) {
+        Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me => deliver(ctx, proto, &ep),
+        Some((proto, Dest::Other)) => route(ctx, proto, me),
+        _ => PASS,
+    }
+}
+
+/// Host veth egress: only counts; redirected packets never come this way.
+#[inline(always)]
+pub fn to_pod(ctx: &TcContext) -> i32 {
+    count(ifindex(ctx), Dir::ToPod, Event::Packet, ctx.len());
+    PASS
+}
+
+/// Node device ingress.
+#[inline(always)]
+pub fn from_dev(ctx: &TcContext) -> i32 {
+    match classify(ctx) {
+        Some((proto, Dest::Pod(ep))) => deliver(ctx, proto, &ep),
+        _ => PASS,
+    }
+}
+
+/// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter).
+/// Local destinations, unreachable ones, those needing fragmentation and everything the
+/// FIB does not resolve go to the stack, which knows how to answer them.
+#[inline(always)]
+fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
+    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    fib.ifindex = me;
+    if proto == ETH_P_IP {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else { return PASS };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        fib.family = AF_INET;
+        fib.l4_protocol = ip.protocol;
+        fib.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.tot_len);
+        fib.__bindgen_anon_2.tos = ip.tos;
+        fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
+        fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
+    } else {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else { return PASS };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        fib.family = AF_INET6;
+        fib.l4_protocol = ip.nexthdr;
+        fib.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.payload_len).wrapping_add(40);
+        fib.__bindgen_anon_2.flowinfo =
+            u32::from_ne_bytes(ip.ver_tc_flow) & u32::from_ne_bytes([0x0f, 0xff, 0xff, 0xff]);
+        // SAFETY: [u8; 16] and [u32; 4] have the same size; unaligned reads copy them.
+        unsafe {
+            fib.__bindgen_anon_3.ipv6_src = core::ptr::read_unaligned(ip.saddr.as_ptr().cast());
+            fib.__bindgen_anon_4.ipv6_dst = core::ptr::read_unaligned(ip.daddr.as_ptr().cast());
+        }
+    }
+    // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
+    let rc = unsafe {
+        fib_lookup(ctx.as_ptr(), &mut fib, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+    };
+    if rc < 0 {
+        count(me, Dir::FromPod, Event::Error, ctx.len());
+        return PASS;
+    }
+    let rc = rc as u32;
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || fib.ifindex == me {
+        return PASS;
+    }
+    if hop(ctx, proto).is_none() {
+        return PASS;
+    }
+    // SAFETY: an all-zero bpf_redir_neigh is valid; the fields are filled below.
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    // After the lookup, the FIB's `*_dst` holds the next hop (the gateway, or the
+    // destination itself when it is on-link).
+    // SAFETY: union fields of plain integers, written by the lookup for this family.
+    unsafe {
+        if proto == ETH_P_IP {
+            nh.nh_family = u32::from(AF_INET);
+            nh.__bindgen_anon_1.ipv4_nh = fib.__bindgen_anon_4.ipv4_dst;
+        } else {
+            nh.nh_family = u32::from(AF_INET6);
+            nh.__bindgen_anon_1.ipv6_nh = fib.__bindgen_anon_4.ipv6_dst;
+        }
+    }
+    // SAFETY: `nh` is valid for the size passed; the helper resolves the neighbour.
+    let rc = unsafe {
+        bpf_redirect_neigh(fib.ifindex, &mut nh, core::mem::size_of::<bpf_redir_neigh>() as i32, 0)
+    };
+    if rc == TC_ACT_SHOT {
+        count(me, Dir::FromPod, Event::Error, ctx.len());
+    }
+    rc as i32
+}

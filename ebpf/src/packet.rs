@@ -1,0 +1,76 @@
+//! Bounds-checked access to packet headers. Header structs hold byte arrays only, so they
+//! have alignment 1 and reading them through a pointer into the packet is always aligned.
+
+use aya_ebpf::programs::TcContext;
+
+pub const ETH_HLEN: usize = 14;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+
+#[repr(C)]
+pub struct EthHdr {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub proto: [u8; 2],
+}
+
+#[repr(C)]
+pub struct Ipv4Hdr {
+    pub ver_ihl: u8,
+    pub tos: u8,
+    pub tot_len: [u8; 2],
+    pub id: [u8; 2],
+    pub frag_off: [u8; 2],
+    pub ttl: u8,
+    pub protocol: u8,
+    pub check: [u8; 2],
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+}
+
+#[repr(C)]
+pub struct Ipv6Hdr {
+    pub ver_tc_flow: [u8; 4],
+    pub payload_len: [u8; 2],
+    pub nexthdr: u8,
+    pub hop_limit: u8,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_HLEN);
+const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == 20);
+const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == 40);
+
+/// A pointer to a `T` at `offset` in the linear packet data, if all of it is there.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+/// Decrements the IPv4 TTL and patches the header checksum incrementally (RFC 1624): the
+/// 16-bit word (ttl, protocol) drops by 0x0100, so the checksum rises by as much.
+#[inline(always)]
+pub fn ipv4_decrement_ttl(ip: &mut Ipv4Hdr) {
+    let mut sum = u32::from(u16::from_be_bytes(ip.check)) + 0x0100;
+    sum = (sum & 0xffff) + (sum >> 16);
+    ip.check = (sum as u16).to_be_bytes();
+    ip.ttl -= 1;
+}
+
+/// Addresses the stack must see: multicast, broadcast and link-local traffic (ARP's IPv6
+/// counterpart, neighbour discovery, lives here).
+#[inline(always)]
+pub fn ipv4_is_special(a: &[u8; 4]) -> bool {
+    a[0] >= 224 || a[0] == 0 || a[0] == 127 || (a[0] == 169 && a[1] == 254)
+}
+
+#[inline(always)]
+pub fn ipv6_is_special(a: &[u8; 16]) -> bool {
+    a[0] == 0xff || (a[0] == 0xfe && a[1] & 0xc0 == 0x80) || (a[..15] == [0; 15])
+}

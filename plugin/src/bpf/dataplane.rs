@@ -1,0 +1,287 @@
+//! The node-wide part of the dataplane: the lock, the programs (loaded once per node and
+//! revision, then reused from their pins), and the maps (endpoints, per-pod counters).
+
+use std::{
+    fs::{self, File},
+    io,
+    net::IpAddr,
+    os::fd::AsRawFd,
+};
+
+use aya::{
+    maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
+    programs::SchedClassifier,
+    EbpfLoader,
+};
+use ebpf_cni_maps::{
+    EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+};
+
+use super::{
+    pin::{create_dir_all_racy, NodeId, PinRoot},
+    revision, BpfError, Hook, PROGRAMS,
+};
+
+/// One address of a pod and where it lives, as the endpoint map records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEndpoint {
+    pub ip: IpAddr,
+    pub host_ifindex: u32,
+    pub host_mac: [u8; 6],
+    pub pod_mac: [u8; 6],
+}
+
+/// A node device that gets the device program (traffic arriving for pods).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub name: String,
+    pub ifindex: u32,
+}
+
+pub fn endpoint_key(ip: IpAddr) -> EndpointKey {
+    match ip {
+        IpAddr::V4(v4) => EndpointKey::v4(v4.octets()),
+        IpAddr::V6(v6) => EndpointKey::v6(v6.octets()),
+    }
+}
+
+pub fn key_ip(key: &EndpointKey) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(key.addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// Held while a plugin run changes the node's eBPF state (flock on the layout directory,
+/// which is never removed). Released on drop, or by the kernel if the process dies.
+pub struct NodeLock {
+    _file: File,
+}
+
+impl NodeLock {
+    pub fn take(root: &PinRoot) -> Result<Self, BpfError> {
+        let path = root.layout_dir();
+        create_dir_all_racy(&path)?;
+        let err = |source| BpfError::NodeLock { path: path.clone(), source };
+        let file = File::open(&path).map_err(err)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+/// The three programs of this binary's revision, opened from their pins.
+pub struct Programs {
+    progs: Vec<SchedClassifier>,
+}
+
+impl Programs {
+    pub fn get(&mut self, hook: Hook) -> &mut SchedClassifier {
+        let i = Hook::ALL.iter().position(|h| *h == hook).expect("every hook has a program");
+        &mut self.progs[i]
+    }
+
+    /// Opens this revision's pinned programs, loading (verifying) and pinning them first if
+    /// this node has none yet. Creates the node-wide maps, or reuses their pins.
+    pub fn open_or_load(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
+        let rev = revision();
+        if !Hook::ALL.iter().all(|h| root.program(node, &rev, h.program()).exists()) {
+            load_and_pin(root, node, &rev)?;
+        }
+        let progs = Hook::ALL
+            .iter()
+            .map(|h| {
+                let path = root.program(node, &rev, h.program());
+                SchedClassifier::from_pin(&path)
+                    .map_err(|source| BpfError::OpenProgram { path, source: Box::new(source) })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { progs })
+    }
+}
+
+fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError> {
+    if PROGRAMS.is_empty() {
+        return Err(BpfError::NotBuilt);
+    }
+    let maps_dir = root.map(node, ENDPOINTS_MAP).parent().expect("maps live in a directory").to_path_buf();
+    create_dir_all_racy(&maps_dir)?;
+    let (ep_path, cnt_path) = (root.map(node, ENDPOINTS_MAP), root.map(node, POD_COUNTERS_MAP));
+    // No target BTF: the programs use no CO-RE relocations, and parsing the kernel's BTF
+    // would cost the load about 25 ms for nothing.
+    let mut ebpf = EbpfLoader::new()
+        .btf(None)
+        .map_pin_path(ENDPOINTS_MAP, &ep_path)
+        .map_pin_path(POD_COUNTERS_MAP, &cnt_path)
+        .load(PROGRAMS)
+        .map_err(|source| BpfError::Load { source: Box::new(source) })?;
+    let dir = root.programs_dir(node).join(rev);
+    create_dir_all_racy(&dir)?;
+    for hook in Hook::ALL {
+        let name = hook.program();
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(BpfError::MissingProgram { name })?
+            .try_into()
+            .map_err(|source| BpfError::Program { name, source: Box::new(source) })?;
+        prog.load().map_err(|source| BpfError::Program { name, source: Box::new(source) })?;
+        let path = dir.join(name);
+        prog.pin(&path).map_err(|source| BpfError::PinProgram { path, name, source: Box::new(source) })?;
+    }
+    // Programs of other revisions stay alive as long as links use them; their pins only
+    // served new attachments, which from now on get this revision.
+    if let Ok(entries) = fs::read_dir(root.programs_dir(node)) {
+        for e in entries.flatten() {
+            if e.file_name() != rev {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    log::info!("loaded and pinned eBPF programs revision {rev} for {node}");
+    Ok(())
+}
+
+/// The node-wide maps, opened from their pins.
+pub struct Maps {
+    endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
+    counters: PerCpuHashMap<MapData, u32, PodCounters>,
+}
+
+fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Option<Map>, BpfError> {
+    let path = root.map(node, name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let err = |source| BpfError::OpenMap { path: path.clone(), source: Box::new(source) };
+    let data = MapData::from_pin(&path).map_err(err)?;
+    let actual = data.info().map_err(err)?.name_as_str().map(str::to_owned);
+    if actual.as_deref() != Some(name) {
+        return Err(BpfError::WrongMap { path, actual: actual.unwrap_or_default(), expected: name });
+    }
+    Map::from_map_data(data).map(Some).map_err(err)
+}
+
+impl Maps {
+    /// `None` when this node has no maps (nothing was ever added, or all was deleted).
+    pub fn open(root: &PinRoot, node: &NodeId) -> Result<Option<Self>, BpfError> {
+        let (Some(ep), Some(cnt)) =
+            (open_pinned(root, node, ENDPOINTS_MAP)?, open_pinned(root, node, POD_COUNTERS_MAP)?)
+        else {
+            return Ok(None);
+        };
+        let conv = |name: &'static str| {
+            let path = root.map(node, name);
+            move |source| BpfError::OpenMap { path, source: Box::new(source) }
+        };
+        Ok(Some(Self {
+            endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
+            counters: PerCpuHashMap::try_from(cnt).map_err(conv(POD_COUNTERS_MAP))?,
+        }))
+    }
+
+    pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
+        for ep in eps {
+            let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("one value per CPU");
+            self.counters.insert(ep.host_ifindex, zero, 0).map_err(|source| BpfError::MapUpdate {
+                map: POD_COUNTERS_MAP,
+                what: format!("reset counters of ifindex {}", ep.host_ifindex),
+                source: Box::new(source),
+            })?;
+            let info = EndpointInfo {
+                attachment_id,
+                host_ifindex: ep.host_ifindex,
+                flags: EP_FLAGS_NONE,
+                host_mac: ep.host_mac,
+                pod_mac: ep.pod_mac,
+                _pad: [0; 4],
+            };
+            self.endpoints.insert(endpoint_key(ep.ip), info, 0).map_err(|source| BpfError::MapUpdate {
+                map: ENDPOINTS_MAP,
+                what: format!("insert {}", ep.ip),
+                source: Box::new(source),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Entries of one attachment: (address, entry).
+    pub fn entries_of(&self, attachment_id: u64) -> Vec<(IpAddr, EndpointInfo)> {
+        self.endpoints
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.attachment_id == attachment_id)
+            .map(|(k, v)| (key_ip(&k), v))
+            .collect()
+    }
+
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoints.keys().filter_map(Result::ok).count()
+    }
+
+    /// Removes an attachment's entries and counters; returns how many entries went.
+    pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
+        let entries = self.entries_of(attachment_id);
+        for (ip, info) in &entries {
+            match self.endpoints.remove(&endpoint_key(*ip)) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => {
+                    return Err(BpfError::MapUpdate { map: ENDPOINTS_MAP, what: format!("remove {ip}"), source: Box::new(source) })
+                }
+            }
+            match self.counters.remove(&info.host_ifindex) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => {
+                    return Err(BpfError::MapUpdate {
+                        map: POD_COUNTERS_MAP,
+                        what: format!("remove counters of ifindex {}", info.host_ifindex),
+                        source: Box::new(source),
+                    })
+                }
+            }
+        }
+        Ok(entries.len())
+    }
+
+    /// CHECK: each address maps to this attachment's host veth and MACs.
+    pub fn check_pod(&self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
+        let mac = |m: [u8; 6]| crate::netlink::format_mac(&m);
+        for ep in eps {
+            let Ok(v) = self.endpoints.get(&endpoint_key(ep.ip), 0) else {
+                return Err(BpfError::EndpointMissing { ip: ep.ip });
+            };
+            let stale = |field, actual: String, expected: String| BpfError::EndpointStale { ip: ep.ip, field, actual, expected };
+            if v.attachment_id != attachment_id {
+                return Err(stale("attachment", format!("{:016x}", v.attachment_id), format!("{attachment_id:016x}")));
+            }
+            if v.host_ifindex != ep.host_ifindex {
+                return Err(stale("host ifindex", v.host_ifindex.to_string(), ep.host_ifindex.to_string()));
+            }
+            if v.host_mac != ep.host_mac {
+                return Err(stale("host MAC", mac(v.host_mac), mac(ep.host_mac)));
+            }
+            if v.pod_mac != ep.pod_mac {
+                return Err(stale("pod MAC", mac(v.pod_mac), mac(ep.pod_mac)));
+            }
+        }
+        Ok(())
+    }
+
+    /// A pod's counters summed over CPUs.
+    pub fn counters(&self, host_ifindex: u32) -> Option<PodCounters> {
+        let per_cpu = self.counters.get(&host_ifindex, 0).ok()?;
+        let mut t = PodCounters::default();
+        for c in per_cpu.iter() {
+            for (sum, d) in [(&mut t.from_pod, &c.from_pod), (&mut t.to_pod, &c.to_pod)] {
+                sum.packets = sum.packets.wrapping_add(d.packets);
+                sum.bytes = sum.bytes.wrapping_add(d.bytes);
+                sum.drops = sum.drops.wrapping_add(d.drops);
+                sum.errors = sum.errors.wrapping_add(d.errors);
+            }
+        }
+        Some(t)
+    }
+}

@@ -1,0 +1,148 @@
+//! TCX links: attaching a pinned program to a device, pinning the link, checking what a
+//! pinned link is attached to, and removing pins (which detaches).
+
+use std::{fs, io, os::fd::AsFd, path::Path};
+
+use aya::programs::{links::FdLink, tc::TcAttachOptions, LinkOrder, SchedClassifier};
+
+use super::{error::RemoveFailure, sys, BpfError, Hook};
+
+/// Kernel ids of one attached program and its link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttachedLink {
+    pub program_id: u32,
+    pub link_id: u32,
+}
+
+/// Attaches `prog` to `ifname` at `hook` through a TCX link (after programs already there)
+/// and pins the link at `path`, so it stays when this process exits.
+pub fn attach(prog: &mut SchedClassifier, hook: Hook, ifname: &str, path: &Path) -> Result<AttachedLink, BpfError> {
+    let name = hook.program();
+    let attach_err = |source| BpfError::Attach {
+        name,
+        ifname: ifname.to_owned(),
+        direction: hook.label(),
+        source: Box::new(source),
+    };
+    let link_id = prog
+        .attach_with_options(ifname, hook.tc_attach_type(), TcAttachOptions::TcxOrder(LinkOrder::default()))
+        .map_err(attach_err)?;
+    // Taken out of aya's bookkeeping, the link lives as long as this fd or its pin.
+    let link = prog.take_link(link_id).map_err(attach_err)?;
+    let link = FdLink::try_from(link).map_err(|source| BpfError::LinkInfo { name, source: Box::new(source) })?;
+    let info = link.info().map_err(|source| BpfError::LinkInfo { name, source: Box::new(source) })?;
+    link.pin(path).map_err(|source| BpfError::PinLink { path: path.to_path_buf(), source: Box::new(source) })?;
+    Ok(AttachedLink { program_id: info.program_id(), link_id: info.id() })
+}
+
+pub fn require_pin(what: &'static str, path: &Path) -> Result<(), BpfError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(BpfError::PinMissing { what, path: path.to_path_buf() })
+        }
+        Err(source) => Err(BpfError::OpenPin { path: path.to_path_buf(), source }),
+    }
+}
+
+/// What a pinned link is attached to, as the kernel says.
+pub fn describe(path: &Path) -> Result<sys::TcxLinkInfo, BpfError> {
+    let fd = sys::obj_get(path).map_err(|source| BpfError::OpenPin { path: path.to_path_buf(), source })?;
+    sys::link_info(fd.as_fd()).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })
+}
+
+/// Verifies the link pinned at `path` is a live TCX link of `hook`'s program on `ifindex`.
+pub fn check(hook: Hook, path: &Path, ifindex: u32) -> Result<(), BpfError> {
+    require_pin(hook.link_pin_name(), path)?;
+    let info = describe(path)?;
+    let link = hook.label();
+    if info.link_type != sys::BPF_LINK_TYPE_TCX {
+        return Err(BpfError::NotTcxLink { link, path: path.to_path_buf(), link_type: info.link_type });
+    }
+    if info.ifindex == 0 {
+        return Err(BpfError::LinkDefunct { link, path: path.to_path_buf() });
+    }
+    if info.ifindex != ifindex {
+        return Err(BpfError::WrongIfindex { link, actual: info.ifindex, expected: ifindex });
+    }
+    if info.attach_type != hook.tcx_attach_type() {
+        return Err(BpfError::WrongAttachType { link, actual: info.attach_type, expected: hook.tcx_attach_type() });
+    }
+    let program = sys::prog_name(info.prog_id).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })?;
+    if program != hook.program() {
+        return Err(BpfError::WrongProgram { link, actual: program, expected: hook.program() });
+    }
+    Ok(())
+}
+
+/// Removes every pin in `dir`, then `dir` and its parents while they are empty, stopping
+/// at `stop_at`. Keeps going past errors and returns them. `Ok(false)`: nothing was there.
+pub fn remove_dir_pins(stop_at: &Path, dir: &Path) -> Result<bool, Vec<RemoveFailure>> {
+    let mut failures = Vec::new();
+    let mut removed = false;
+    let mut fail = |path: &Path, source| failures.push(RemoveFailure { path: path.to_path_buf(), source });
+
+    // Everything in the directory is ours, including pins a newer or older binary may have
+    // added, so remove all of it rather than a list of known names.
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                match entry.map(|e| e.path()) {
+                    Ok(path) => match fs::remove_file(&path) {
+                        Ok(()) => removed = true,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => fail(&path, e),
+                    },
+                    Err(e) => fail(dir, e),
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => fail(dir, e),
+    }
+
+    let mut cur = dir;
+    while cur != stop_at && cur.starts_with(stop_at) {
+        match fs::remove_dir(cur) {
+            Ok(()) => removed |= cur == dir,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // Another attachment still lives below: leave it and everything above.
+            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => break,
+            Err(e) => {
+                fail(cur, e);
+                break;
+            }
+        }
+        let Some(parent) = cur.parent() else { break };
+        cur = parent;
+    }
+    if failures.is_empty() {
+        Ok(removed)
+    } else {
+        Err(failures)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_prunes_empty_parents_up_to_the_stop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stop = tmp.path().join("attachments");
+        let a = stop.join("net/a/eth0");
+        let b = stop.join("net/b/eth0");
+        for d in [&a, &b] {
+            fs::create_dir_all(d).unwrap();
+            fs::write(d.join("link_from_pod"), b"").unwrap();
+        }
+        fs::write(a.join("from_a_newer_binary"), b"").unwrap();
+        assert!(remove_dir_pins(&stop, &a).unwrap());
+        assert!(!a.exists() && !a.parent().unwrap().exists(), "dir and empty parent pruned");
+        assert!(b.join("link_from_pod").exists(), "the sibling is untouched");
+        assert!(remove_dir_pins(&stop, &b).unwrap());
+        assert!(!stop.join("net").exists() && stop.is_dir(), "pruned up to, not including, the stop");
+        assert!(!remove_dir_pins(&stop, &b).unwrap(), "second time: nothing there");
+    }
+}

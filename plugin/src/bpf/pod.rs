@@ -1,0 +1,285 @@
+//! What ADD, DEL, CHECK and `inspect` do with the dataplane: a pod's links and endpoint
+//! entries, the node's device links, and the node's teardown when its last pod goes.
+
+use std::{fs, net::IpAddr, path::Path};
+
+use serde::Serialize;
+
+use super::{
+    dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
+    links,
+    pin::{create_dir_all_racy, ensure_bpffs_at, NodeId, PinRoot},
+    AttachmentKey, BpfError, Hook, PROGRAMS,
+};
+
+/// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
+/// attachment's directory), the endpoint map learns its addresses, and the node's devices
+/// are brought in line with `devices`. On error nothing of the pod stays.
+pub fn add_pod(
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+    host_ifname: &str,
+    endpoints: &[PodEndpoint],
+    devices: &[Device],
+) -> Result<(), BpfError> {
+    key.validate()?;
+    if PROGRAMS.is_empty() {
+        return Err(BpfError::NotBuilt);
+    }
+    let root = PinRoot::from_env();
+    ensure_bpffs_at(&root)?;
+    let _lock = NodeLock::take(&root)?;
+    let mut progs = Programs::open_or_load(&root, node)?;
+    let mut maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
+        what: "endpoint map",
+        path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
+    })?;
+    if let Err(e) = sync_devices(&root, node, &mut progs, devices) {
+        // The pod works without them (traffic from devices then takes the stack).
+        log::warn!("node devices: {e}");
+    }
+
+    let pins = root.attachment(node, key);
+    let stop_at = root.attachments_dir(node);
+    if fs::symlink_metadata(pins.dir()).is_ok() {
+        log::warn!("replacing the stale attachment at {}", pins.dir().display());
+        links::remove_dir_pins(&stop_at, pins.dir()).map_err(|failures| BpfError::Detach { dir: pins.dir().into(), failures })?;
+    }
+    maps.remove_attachment(key.id())?;
+    let res = (|| {
+        create_dir_all_racy(pins.dir())?;
+        maps.insert_pod(key.id(), endpoints)?;
+        for hook in Hook::POD {
+            links::attach(progs.get(hook), hook, host_ifname, &pins.link(hook))?;
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = links::remove_dir_pins(&stop_at, pins.dir());
+        let _ = maps.remove_attachment(key.id());
+    }
+    res
+}
+
+/// Detaches a pod: its links (unpinning detaches them) and its endpoint entries and
+/// counters. Idempotent: `Ok(false)` when nothing was there. The last pod of a node takes
+/// the node's device links, programs and maps with it.
+pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError> {
+    key.validate()?;
+    let root = PinRoot::from_env();
+    ensure_bpffs_at(&root)?;
+    if !root.node_dir(node).exists() {
+        return Ok(false);
+    }
+    let _lock = NodeLock::take(&root)?;
+    let pins = root.attachment(node, key);
+    let mut errors = Vec::new();
+    let mut removed = match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
+        Ok(r) => r,
+        Err(failures) => {
+            errors.push(BpfError::Detach { dir: pins.dir().into(), failures });
+            false
+        }
+    };
+    match Maps::open(&root, node) {
+        Ok(Some(mut maps)) => match maps.remove_attachment(key.id()) {
+            Ok(n) => removed |= n > 0,
+            Err(e) => errors.push(e),
+        },
+        Ok(None) => {}
+        Err(e) => errors.push(e),
+    }
+    if errors.is_empty() && attachment_count(&root.attachments_dir(node)) == 0 {
+        teardown_node(&root, node)?;
+    }
+    match errors.into_iter().next() {
+        None => Ok(removed),
+        Some(e) => Err(e),
+    }
+}
+
+/// CHECK: both links live on `host_ifindex` with our programs, and the endpoint map holds
+/// each address with the right host veth and MACs.
+pub fn check_pod(node: &NodeId, key: &AttachmentKey<'_>, host_ifindex: u32, endpoints: &[PodEndpoint]) -> Result<(), BpfError> {
+    key.validate()?;
+    let root = PinRoot::from_env();
+    let pins = root.attachment(node, key);
+    for hook in Hook::POD {
+        links::check(hook, &pins.link(hook), host_ifindex)?;
+    }
+    let maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
+        what: "endpoint map",
+        path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
+    })?;
+    maps.check_pod(key.id(), endpoints)
+}
+
+/// Puts the device program on every device of `devices` that lacks a live link of it, and
+/// removes the links of devices no longer listed.
+fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[Device]) -> Result<(), BpfError> {
+    let dir = root.devices_dir(node);
+    for dev in devices {
+        let path = root.device_link(node, &dev.name);
+        match links::check(Hook::FromDev, &path, dev.ifindex) {
+            Ok(()) => continue,
+            Err(BpfError::PinMissing { .. }) => {}
+            Err(e) => {
+                log::info!("re-attaching the device program to {}: {e}", dev.name);
+                let _ = fs::remove_file(&path);
+            }
+        }
+        create_dir_all_racy(path.parent().expect("a device link lives in a directory"))?;
+        links::attach(progs.get(Hook::FromDev), Hook::FromDev, &dev.name, &path)?;
+    }
+    if let Ok(entries) = fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !devices.iter().any(|d| d.name == name) {
+                let _ = links::remove_dir_pins(&dir, &e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attachment directories (`<network>/<container>/<ifname>`) below `attachments/`.
+fn attachment_dirs(attachments: &Path) -> Vec<(String, String, String)> {
+    let names = |p: &Path| -> Vec<String> {
+        fs::read_dir(p)
+            .map(|es| es.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for net in names(attachments) {
+        for cid in names(&attachments.join(&net)) {
+            for ifname in names(&attachments.join(&net).join(&cid)) {
+                out.push((net.clone(), cid.clone(), ifname));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn attachment_count(attachments: &Path) -> usize {
+    attachment_dirs(attachments).len()
+}
+
+/// No pod left: the device links (unpinning detaches them), programs and maps go.
+fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+    let dir = root.node_dir(node);
+    log::info!("last pod of {node} deleted: removing {}", dir.display());
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(BpfError::NodeTeardown { path: dir, source }),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Counts {
+    pub packets: u64,
+    pub bytes: u64,
+    pub drops: u64,
+    pub errors: u64,
+}
+
+impl From<&ebpf_cni_maps::DirCounters> for Counts {
+    fn from(d: &ebpf_cni_maps::DirCounters) -> Self {
+        Self { packets: d.packets, bytes: d.bytes, drops: d.drops, errors: d.errors }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkReport {
+    pub hook: &'static str,
+    pub program: String,
+    pub program_id: u32,
+    pub link_id: u32,
+    pub ifindex: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttachmentReport {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub host_ifindex: Option<u32>,
+    pub addresses: Vec<IpAddr>,
+    pub links: Vec<LinkReport>,
+    pub from_pod: Option<Counts>,
+    pub to_pod: Option<Counts>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    pub name: String,
+    pub link: Option<LinkReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    pub node: String,
+    pub pin_dir: String,
+    pub revisions: Vec<String>,
+    pub endpoints: usize,
+    pub devices: Vec<DeviceReport>,
+    pub attachments: Vec<AttachmentReport>,
+}
+
+fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
+    let info = links::describe(path).ok()?;
+    Some(LinkReport {
+        hook: hook.label(),
+        program: super::sys::prog_name(info.prog_id).unwrap_or_default(),
+        program_id: info.prog_id,
+        link_id: info.id,
+        ifindex: info.ifindex,
+    })
+}
+
+/// Everything this node has pinned, with the kernel's view of each link and the counters.
+pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
+    let root = PinRoot::from_env();
+    let maps = Maps::open(&root, node)?;
+    let list = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> =
+            fs::read_dir(p).map(|es| es.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        v.sort();
+        v
+    };
+    let devices = list(&root.devices_dir(node))
+        .into_iter()
+        .map(|name| {
+            let link = link_report(Hook::FromDev, &root.device_link(node, &name));
+            DeviceReport { name, link }
+        })
+        .collect();
+    let mut attachments = Vec::new();
+    for (network, container_id, ifname) in attachment_dirs(&root.attachments_dir(node)) {
+        let key = AttachmentKey { network: &network, container_id: &container_id, ifname: &ifname };
+        let pins = root.attachment(node, &key);
+        let links: Vec<LinkReport> = Hook::POD.iter().filter_map(|h| link_report(*h, &pins.link(*h))).collect();
+        let entries = maps.as_ref().map(|m| m.entries_of(key.id())).unwrap_or_default();
+        let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex).or_else(|| links.first().map(|l| l.ifindex));
+        let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
+        attachments.push(AttachmentReport {
+            addresses: entries.iter().map(|(ip, _)| *ip).collect(),
+            host_ifindex,
+            links,
+            from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
+            to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
+            network,
+            container_id,
+            ifname,
+        });
+    }
+    Ok(NodeReport {
+        node: node.to_string(),
+        pin_dir: root.node_dir(node).display().to_string(),
+        revisions: list(&root.programs_dir(node)),
+        endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
+        devices,
+        attachments,
+    })
+}

@@ -1,0 +1,260 @@
+//! Bandwidth accuracy: a pod limited to R in each direction exchanges traffic with the
+//! external client (so the traffic crosses the node as a pod's real traffic would), TCP and
+//! UDP (UDP sent at twice the limit); the figure is the receiver's rate over the configured
+//! one. While TCP runs, ping measures the latency the limiter's queue adds.
+//!
+//! A subject that does not enforce limits is found by the first run (the lowest rate): when
+//! it lets through more than twice the limit, the rest is skipped and the report says so.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::bench::load::{self, Iperf3Server, Proto};
+use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
+use crate::bench::stats::median;
+use crate::bench::topo::{self, BenchNode, Binaries, Pod};
+use crate::bench::{progress, Params};
+
+const IPERF_PORT: u16 = 5301;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Dir {
+    /// Towards the pod (the external client sends).
+    Ingress,
+    /// From the pod.
+    Egress,
+}
+
+impl Dir {
+    fn label(self) -> &'static str {
+        match self {
+            Dir::Ingress => "ingress",
+            Dir::Egress => "egress",
+        }
+    }
+}
+
+pub struct Output {
+    pub table: Table,
+    /// Whether each CNI subject enforced limits, and what the probe measured.
+    pub enforced: BTreeMap<Subject, std::result::Result<(), String>>,
+}
+
+struct Setup {
+    _iperf: Iperf3Server,
+    pods: BTreeMap<u64, (Pod, Ipv4Addr)>,
+    node: BenchNode,
+}
+
+impl Setup {
+    fn new(subject: Subject, bins: &Binaries, rates: &[u64]) -> Result<Self> {
+        let node = BenchNode::new(subject, bins)?;
+        let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
+        let mut pods = BTreeMap::new();
+        for &rate in rates {
+            let (pod, _) = node.add_pod(
+                &format!("bw-{}m", rate / 1_000_000),
+                topo::caps(&[], Some(rate)),
+            )?;
+            let ip = pod.ip4()?;
+            pods.insert(rate, (pod, ip));
+        }
+        Ok(Self {
+            _iperf: iperf,
+            pods,
+            node,
+        })
+    }
+}
+
+fn mbit(bps: u64) -> String {
+    if bps >= 1_000_000_000 && bps % 1_000_000_000 == 0 {
+        format!("{} Gbit/s", bps / 1_000_000_000)
+    } else {
+        format!("{} Mbit/s", bps / 1_000_000)
+    }
+}
+
+/// The key of one configuration's rows.
+type Key = (u64, Dir, bool);
+
+pub fn run(p: &Params, bins: &Binaries) -> Output {
+    let mut setups: Vec<(Subject, Setup)> = Vec::new();
+    let mut accuracy: BTreeMap<Key, Repeats> = BTreeMap::new();
+    let mut ping_load: BTreeMap<(u64, Dir), Repeats> = BTreeMap::new();
+    let mut ping_idle = Repeats::default();
+    let mut enforced = BTreeMap::new();
+    let mut instead: BTreeMap<Subject, Cell> = BTreeMap::new();
+
+    for s in Subject::CNI {
+        match Setup::new(s, bins, &p.bw_rates) {
+            Ok(setup) => setups.push((s, setup)),
+            Err(e) => {
+                progress(&format!("bandwidth: setting up {} failed: {e:#}", s.label()));
+                instead.insert(s, Cell::failed(&e));
+            }
+        }
+    }
+
+    let secs = p.bw_secs;
+    let mut configs: Vec<Key> = Vec::new();
+    for &rate in &p.bw_rates {
+        for dir in [Dir::Ingress, Dir::Egress] {
+            for udp in [false, true] {
+                configs.push((rate, dir, udp));
+            }
+        }
+    }
+
+    for rep in 0..p.bw_repeats {
+        progress(&format!(
+            "bandwidth: repeat {}/{}: {} configurations × {} s",
+            rep + 1,
+            p.bw_repeats,
+            configs.len(),
+            secs + p.iperf_omit
+        ));
+        for (s, setup) in &setups {
+            if instead.contains_key(s) {
+                continue;
+            }
+            let (pod, _) = setup.pods.values().next().expect("at least one rate");
+            match load::ping(&pod.netns, topo::EXT_IP, 10, Duration::from_millis(50)) {
+                Ok(rtt) if !rtt.is_empty() => ping_idle.push(*s, median(&rtt)),
+                Ok(_) => ping_idle.set_instead(*s, Cell::failed("no ping reply")),
+                Err(e) => ping_idle.set_instead(*s, Cell::failed(&e)),
+            }
+        }
+        for &(rate, dir, udp) in &configs {
+            for (s, setup) in &setups {
+                if instead.contains_key(s) {
+                    continue;
+                }
+                let (pod, pod_ip) = &setup.pods[&rate];
+                let proto = if udp { Proto::Udp(2 * rate) } else { Proto::Tcp };
+                let target = SocketAddr::from((topo::EXT_IP, IPERF_PORT));
+                // Ping from the sending side, so the probes queue behind the data.
+                let (ping_ns, ping_to) = match dir {
+                    Dir::Ingress => (&setup.node.ext, *pod_ip),
+                    Dir::Egress => (&pod.netns, topo::EXT_IP),
+                };
+                let (res, rtt) = std::thread::scope(|sc| {
+                    let run = sc.spawn(|| {
+                        load::iperf3(
+                            &pod.netns,
+                            target,
+                            secs,
+                            p.iperf_omit,
+                            dir == Dir::Ingress,
+                            proto,
+                        )
+                    });
+                    let rtt = if udp {
+                        None
+                    } else {
+                        std::thread::sleep(Duration::from_millis(
+                            u64::from(p.iperf_omit) * 1000 + 500,
+                        ));
+                        let count = (secs.saturating_sub(1) * 10).max(5);
+                        Some(load::ping(ping_ns, ping_to, count, Duration::from_millis(100)))
+                    };
+                    (run.join().expect("iperf3 thread panicked"), rtt)
+                });
+                let key = (rate, dir, udp);
+                match res {
+                    Ok(r) => {
+                        let achieved = r.receiver_bps / rate as f64 * 100.0;
+                        let first = (rate, dir, udp) == configs[0];
+                        if first && achieved > 200.0 {
+                            let why = format!(
+                                "limit not enforced: {:.0} Mbit/s measured for {} configured \
+                                 (issue 5)",
+                                r.receiver_bps / 1e6,
+                                mbit(rate)
+                            );
+                            progress(&format!("bandwidth: {}: {why}", s.label()));
+                            enforced.insert(*s, Err(why.clone()));
+                            instead.insert(*s, Cell::not_implemented(&why));
+                            continue;
+                        }
+                        enforced.entry(*s).or_insert(Ok(()));
+                        accuracy.entry(key).or_default().push(*s, achieved);
+                    }
+                    Err(e) => accuracy
+                        .entry(key)
+                        .or_default()
+                        .set_instead(*s, Cell::failed(&e)),
+                }
+                match rtt {
+                    Some(Ok(v)) if !v.is_empty() => {
+                        ping_load.entry((rate, dir)).or_default().push(*s, median(&v))
+                    }
+                    Some(Ok(_)) => ping_load
+                        .entry((rate, dir))
+                        .or_default()
+                        .set_instead(*s, Cell::failed("every ping lost")),
+                    Some(Err(e)) => ping_load
+                        .entry((rate, dir))
+                        .or_default()
+                        .set_instead(*s, Cell::failed(&e)),
+                    None => {}
+                }
+            }
+        }
+    }
+    drop(setups);
+
+    let mut table = Table::new(
+        "Bandwidth limits: achieved / configured, and latency under load",
+        format!("median [min–max] over {} repeat(s)", p.bw_repeats),
+    );
+    for (s, c) in &instead {
+        ping_idle.set_instead(*s, c.clone());
+    }
+    table
+        .rows
+        .push(ping_idle.row("ping pod → external, idle", "ms", Better::Lower));
+    for &(rate, dir, udp) in &configs {
+        let r = accuracy.entry((rate, dir, udp)).or_default();
+        for (s, c) in &instead {
+            r.set_instead(*s, c.clone());
+        }
+        let what = if udp {
+            format!("UDP sent at {}", mbit(2 * rate))
+        } else {
+            "TCP".to_owned()
+        };
+        table.rows.push(r.row(
+            format!("{} {} limit, {what}", mbit(rate), dir.label()),
+            "% of limit",
+            Better::Neither,
+        ));
+        if !udp {
+            let r = ping_load.entry((rate, dir)).or_default();
+            for (s, c) in &instead {
+                r.set_instead(*s, c.clone());
+            }
+            table.rows.push(r.row(
+                format!("ping under that TCP load ({} {})", mbit(rate), dir.label()),
+                "ms",
+                Better::Lower,
+            ));
+        }
+    }
+    table.notes = vec![
+        format!(
+            "One pod per rate with runtimeConfig.bandwidth ingress = egress = rate and burst = \
+             max(rate × 20 ms, 128 kbit); iperf3 -t {secs} -O {} between the pod and the \
+             external client (ingress: the client sends, iperf3 -R; egress: the pod sends); \
+             the receiver's rate. UDP datagrams of 1400 bytes.",
+            p.iperf_omit
+        ),
+        "Ping: 0.1 s apart from the sending side to the receiver during the TCP run, after \
+         the omitted start; median RTT."
+            .into(),
+    ];
+    Output { table, enforced }
+}

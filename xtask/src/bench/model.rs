@@ -1,0 +1,229 @@
+//! The result model every section fills and the report, the charts and `results.json` read:
+//! the subjects, per-repeat summaries, and table rows holding one cell per subject. A cell
+//! is a measured value or says plainly why there is none (not implemented, not applicable,
+//! failed), so a missing figure can never pass for a measured one.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// What is measured. Declaration order is the report's column order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Subject {
+    /// Debian's ptp + host-local + portmap + bandwidth.
+    Reference,
+    EbpfCni,
+    /// Two namespaces joined by a plain veth pair with static addresses: the physical limit.
+    Veth,
+}
+
+impl Subject {
+    /// The two CNI subjects, in the order they alternate within a repeat.
+    pub const CNI: [Subject; 2] = [Subject::Reference, Subject::EbpfCni];
+    pub const ALL: [Subject; 3] = [Subject::Reference, Subject::EbpfCni, Subject::Veth];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Subject::Reference => "reference chain",
+            Subject::EbpfCni => "ebpf-cni",
+            Subject::Veth => "plain veth",
+        }
+    }
+
+    pub fn short(self) -> &'static str {
+        match self {
+            Subject::Reference => "reference",
+            Subject::EbpfCni => "ebpf-cni",
+            Subject::Veth => "veth",
+        }
+    }
+}
+
+/// Median and range of one figure over the repeats (or over samples, where the row says so).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Summary {
+    pub n: usize,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Cell {
+    Value(Summary),
+    /// The subject does not provide the feature (yet); `why` says which issue or probe.
+    NotImplemented {
+        why: String,
+    },
+    NotApplicable,
+    /// Measuring failed: the bench reports it and exits non-zero at the end.
+    Failed {
+        error: String,
+    },
+    /// The section was not selected (`--only`) or stopped before this figure.
+    NotRun {
+        why: String,
+    },
+}
+
+impl Cell {
+    pub fn value(&self) -> Option<&Summary> {
+        match self {
+            Cell::Value(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn not_run(why: &str) -> Self {
+        Cell::NotRun {
+            why: why.to_owned(),
+        }
+    }
+
+    pub fn not_implemented(why: &str) -> Self {
+        Cell::NotImplemented {
+            why: why.to_owned(),
+        }
+    }
+
+    pub fn failed(error: impl std::fmt::Display) -> Self {
+        Cell::Failed {
+            error: first_line(&format!("{error:#}")),
+        }
+    }
+}
+
+/// Which way is better for a figure (decides nothing but the wording of ratios).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Better {
+    Lower,
+    Higher,
+    Neither,
+}
+
+/// One line of a table: a figure and each subject's cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub metric: String,
+    pub unit: String,
+    pub better: Better,
+    pub cells: BTreeMap<Subject, Cell>,
+}
+
+impl Row {
+    pub fn new(metric: impl Into<String>, unit: &str, better: Better) -> Self {
+        Self {
+            metric: metric.into(),
+            unit: unit.to_owned(),
+            better,
+            cells: BTreeMap::new(),
+        }
+    }
+
+    pub fn with(mut self, subject: Subject, cell: Cell) -> Self {
+        self.cells.insert(subject, cell);
+        self
+    }
+
+    pub fn cell(&self, subject: Subject) -> Cell {
+        self.cells
+            .get(&subject)
+            .cloned()
+            .unwrap_or(Cell::NotApplicable)
+    }
+
+    /// ebpf-cni's median over the reference chain's, when both were measured.
+    pub fn ratio(&self) -> Option<f64> {
+        let e = self.cells.get(&Subject::EbpfCni)?.value()?;
+        let r = self.cells.get(&Subject::Reference)?.value()?;
+        (r.median != 0.0).then(|| e.median / r.median)
+    }
+}
+
+/// A titled table with notes that explain how its figures were taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct Table {
+    pub title: String,
+    /// What one cell is, e.g. "median [min–max] over 3 repeats".
+    pub cell_meaning: String,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    pub fn new(title: &str, cell_meaning: impl Into<String>) -> Self {
+        Self {
+            title: title.to_owned(),
+            cell_meaning: cell_meaning.into(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn row(&self, metric: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric == metric)
+    }
+}
+
+/// Per-subject values of one figure collected over the repeats, or why a subject has none.
+#[derive(Debug, Clone, Default)]
+pub struct Repeats {
+    values: BTreeMap<Subject, Vec<f64>>,
+    instead: BTreeMap<Subject, Cell>,
+}
+
+impl Repeats {
+    pub fn push(&mut self, subject: Subject, v: f64) {
+        if v.is_finite() {
+            self.values.entry(subject).or_default().push(v);
+        }
+    }
+
+    /// Records why `subject` has no value; the first reason given wins.
+    pub fn set_instead(&mut self, subject: Subject, cell: Cell) {
+        self.instead.entry(subject).or_insert(cell);
+    }
+
+    pub fn values(&self, subject: Subject) -> &[f64] {
+        self.values.get(&subject).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// A failure beats values (a figure from the repeats that worked would hide it); then
+    /// values; then the recorded reason; else "not applicable".
+    pub fn cell(&self, subject: Subject) -> Cell {
+        match self.instead.get(&subject) {
+            Some(c @ Cell::Failed { .. }) => c.clone(),
+            other => match crate::bench::stats::summarize(self.values(subject)) {
+                Some(s) => Cell::Value(s),
+                None => other.cloned().unwrap_or(Cell::NotApplicable),
+            },
+        }
+    }
+
+    pub fn row(&self, metric: impl Into<String>, unit: &str, better: Better) -> Row {
+        let mut row = Row::new(metric, unit, better);
+        for s in Subject::ALL {
+            if self.values.contains_key(&s) || self.instead.contains_key(&s) {
+                row.cells.insert(s, self.cell(s));
+            }
+        }
+        row
+    }
+}
+
+pub fn first_line(s: &str) -> String {
+    let line = s.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let mut line = line.trim().to_owned();
+    if line.len() > 160 {
+        let mut cut = 157;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}

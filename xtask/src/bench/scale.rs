@@ -1,0 +1,318 @@
+//! Port-map scale: K hostPort mappings installed on one node, spread over pods as a node
+//! has them (a few per pod), and what that does to a connection through one more hostPort,
+//! to one more ADD and DEL, and how long installing the K mappings took.
+//!
+//! Subjects advance together through the K steps (install up to K on the reference, then on
+//! ebpf-cni, measure both, next K). The reference's cost per ADD grows with every rule
+//! already installed, so its install time grows quadratically: before each step the section
+//! predicts the step's install time from the last ADD times and stops a subject whose
+//! prediction exceeds its time budget, saying so in the report.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+
+use crate::bench::load::{self, EchoServer};
+use crate::bench::model::{first_line, Better, Cell, Row, Subject, Summary, Table};
+use crate::bench::stats::{median, percentile, summarize};
+use crate::bench::topo::{self, BenchNode, Binaries, Pod};
+use crate::bench::{progress, Params};
+
+const TARGET_HOST_PORT: u16 = 40_000;
+const TARGET_PORT: u16 = 7000;
+const FIRST_BACKGROUND_HOST_PORT: u16 = 41_000;
+const FIRST_EXTRA_HOST_PORT: u16 = 39_000;
+
+/// One measured K.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Point {
+    pub k: usize,
+    pub pods: usize,
+    pub connect_us: Summary,
+    pub add_ms: Summary,
+    pub del_ms: Summary,
+    /// Sum of the ADD times of the background pods that hold the K mappings.
+    pub install_s: f64,
+}
+
+pub struct Output {
+    pub table: Table,
+    pub curves: BTreeMap<Subject, Vec<Point>>,
+}
+
+struct Run {
+    node: BenchNode,
+    _echo: EchoServer,
+    _target: Pod,
+    background: Vec<Pod>,
+    points: Vec<Point>,
+    install: Duration,
+    /// Mean time to create one pod namespace (outside the ADD, but part of the wait).
+    netns_cost: Duration,
+    stopped: Option<String>,
+}
+
+impl Run {
+    fn start(subject: Subject, bins: &Binaries) -> Result<Self> {
+        let node = BenchNode::new(subject, bins)?;
+        let (target, _) = node.add_pod(
+            "scale-target",
+            topo::caps(&[(TARGET_HOST_PORT, TARGET_PORT)], None),
+        )?;
+        let echo = EchoServer::start(&target.netns, TARGET_PORT)?;
+        load::probe_echo(
+            &node.ext,
+            SocketAddr::from((topo::NODE_UPLINK_IP, TARGET_HOST_PORT)),
+        )
+        .context("hostPort probe")?;
+        Ok(Self {
+            node,
+            _echo: echo,
+            _target: target,
+            background: Vec::new(),
+            points: Vec::new(),
+            install: Duration::ZERO,
+            netns_cost: Duration::from_millis(10),
+            stopped: None,
+        })
+    }
+
+    fn k(&self, per_pod: usize) -> usize {
+        self.background.len() * per_pod
+    }
+
+    /// Predicted seconds to add pods up to `k`, from the ADD times measured so far, assuming
+    /// the per-ADD time keeps growing as it did between the last two points.
+    fn predict_install(&self, k: usize, per_pod: usize) -> f64 {
+        let pods_needed = k.div_ceil(per_pod).saturating_sub(self.background.len()) as f64;
+        let Some(last) = self.points.last() else {
+            return 0.0;
+        };
+        let slope = match self.points.len() {
+            n if n >= 2 => {
+                let prev = &self.points[n - 2];
+                ((last.add_ms.median - prev.add_ms.median) / (last.k - prev.k).max(1) as f64)
+                    .max(0.0)
+            }
+            _ => 0.0,
+        };
+        let mid_add_ms = last.add_ms.median + slope * (k - last.k) as f64 / 2.0;
+        pods_needed * (mid_add_ms / 1e3 + self.netns_cost.as_secs_f64())
+    }
+
+    fn install_to(&mut self, k: usize, per_pod: usize) -> Result<()> {
+        let mut netns_time = Duration::ZERO;
+        let mut created = 0u32;
+        while self.k(per_pod) < k {
+            let j = self.background.len();
+            let first = FIRST_BACKGROUND_HOST_PORT as usize + j * per_pod;
+            let maps: Vec<(u16, u16)> = (0..per_pod)
+                .map(|m| ((first + m) as u16, 80 + m as u16))
+                .collect();
+            let t = Instant::now();
+            let mut pod = self.node.new_pod(&format!("bg-{j}"), topo::caps(&maps, None))?;
+            netns_time += t.elapsed();
+            created += 1;
+            let cost = self
+                .node
+                .add(&mut pod)
+                .with_context(|| format!("ADD of background pod {j}"))?;
+            self.install += cost.wall;
+            self.background.push(pod);
+        }
+        if created > 0 {
+            self.netns_cost = netns_time / created;
+        }
+        Ok(())
+    }
+
+    fn measure(&mut self, p: &Params) -> Result<Point> {
+        let target = SocketAddr::from((topo::NODE_UPLINK_IP, TARGET_HOST_PORT));
+        let crr = load::tcp_crr(
+            &self.node.ext,
+            target,
+            Duration::from_secs(10),
+            p.scale_connects,
+        )?;
+        let c = &crr.connect_us;
+        let connect_us = Summary {
+            n: c.len(),
+            median: median(c),
+            min: percentile(c, 10.0),
+            max: percentile(c, 90.0),
+        };
+        let mut adds = Vec::new();
+        let mut dels = Vec::new();
+        for e in 0..p.scale_extra_adds {
+            let first = FIRST_EXTRA_HOST_PORT as usize + e * p.scale_ports_per_pod;
+            let maps: Vec<(u16, u16)> = (0..p.scale_ports_per_pod)
+                .map(|m| ((first + m) as u16, 80 + m as u16))
+                .collect();
+            let mut pod = self
+                .node
+                .new_pod(&format!("extra-{e}"), topo::caps(&maps, None))?;
+            let add = self.node.add(&mut pod).context("one more ADD")?;
+            let del = self.node.del(&pod).context("its DEL")?;
+            adds.push(add.wall.as_secs_f64() * 1e3);
+            dels.push(del.wall.as_secs_f64() * 1e3);
+        }
+        Ok(Point {
+            k: self.k(p.scale_ports_per_pod),
+            pods: self.background.len(),
+            connect_us,
+            add_ms: summarize(&adds).expect("at least one extra ADD"),
+            del_ms: summarize(&dels).expect("at least one extra DEL"),
+            install_s: self.install.as_secs_f64(),
+        })
+    }
+}
+
+pub fn run(p: &Params, bins: &Binaries) -> Output {
+    let mut runs: BTreeMap<Subject, Run> = BTreeMap::new();
+    let mut instead: BTreeMap<Subject, Cell> = BTreeMap::new();
+    for s in Subject::CNI {
+        match Run::start(s, bins) {
+            Ok(r) => {
+                runs.insert(s, r);
+            }
+            Err(e) if format!("{e:#}").contains("hostPort probe") => {
+                instead.insert(
+                    s,
+                    Cell::not_implemented(&format!(
+                        "hostPort not provided (issue 4); probe: {}",
+                        first_line(&format!("{:#}", e.root_cause()))
+                    )),
+                );
+            }
+            Err(e) => {
+                progress(&format!("scale: setting up {} failed: {e:#}", s.label()));
+                instead.insert(s, Cell::failed(&e));
+            }
+        }
+    }
+
+    let budget = p.scale_budget.as_secs_f64();
+    for &k in &p.scale_ks {
+        for (s, run) in runs.iter_mut() {
+            if run.stopped.is_some() {
+                continue;
+            }
+            let predicted = run.predict_install(k, p.scale_ports_per_pod);
+            let spent = run.install.as_secs_f64();
+            if spent + predicted > budget {
+                run.stopped = Some(format!(
+                    "capped at K = {}: reaching K = {k} would take ≈ {:.0} s more of ADDs \
+                     (predicted from the measured ADD times), over the {:.0} s budget",
+                    run.k(p.scale_ports_per_pod),
+                    predicted,
+                    budget
+                ));
+                progress(&format!("scale: {}: {}", s.label(), run.stopped.as_ref().unwrap()));
+                continue;
+            }
+            progress(&format!(
+                "scale: {}: installing up to K = {k} ({} pods, ≈ {predicted:.0} s predicted)",
+                s.label(),
+                k.div_ceil(p.scale_ports_per_pod)
+            ));
+            let step = run.install_to(k, p.scale_ports_per_pod).and_then(|_| run.measure(p));
+            match step {
+                Ok(point) => {
+                    progress(&format!(
+                        "scale: {} K = {}: connect p50 {:.0} µs, one more ADD {:.1} ms, DEL \
+                         {:.1} ms, install so far {:.1} s",
+                        s.label(),
+                        point.k,
+                        point.connect_us.median,
+                        point.add_ms.median,
+                        point.del_ms.median,
+                        point.install_s
+                    ));
+                    run.points.push(point);
+                }
+                Err(e) => {
+                    progress(&format!("scale: {} failed at K = {k}: {e:#}", s.label()));
+                    run.stopped = Some(format!("failed at K = {k}: {}", first_line(&format!("{e:#}"))));
+                    instead.insert(*s, Cell::failed(&e));
+                }
+            }
+        }
+    }
+
+    let mut table = Table::new(
+        "Port-map scale",
+        format!(
+            "connect: median [p10–p90] of up to {} connections; one more ADD/DEL: median \
+             [min–max] of {} run(s); install: total ADD time of the background pods",
+            p.scale_connects, p.scale_extra_adds
+        ),
+    );
+    let mut curves = BTreeMap::new();
+    type Pick = fn(&Point) -> Summary;
+    let figures: [(&str, &str, Better, Pick); 4] = [
+        ("connect latency through a hostPort", "µs", Better::Lower, |pt| pt.connect_us),
+        ("one more ADD", "ms", Better::Lower, |pt| pt.add_ms),
+        ("one more DEL", "ms", Better::Lower, |pt| pt.del_ms),
+        ("install the K mappings (total)", "s", Better::Lower, |pt| {
+            let v = pt.install_s;
+            Summary { n: 1, median: v, min: v, max: v }
+        }),
+    ];
+    for (name, unit, better, pick) in figures {
+        for &k in &p.scale_ks {
+            let mut row = Row::new(format!("{name}, K = {}", thousands(k)), unit, better);
+            for s in Subject::CNI {
+                let cell = match runs.get(&s) {
+                    Some(run) => match run.points.iter().find(|pt| pt.k == k) {
+                        Some(pt) => Cell::Value(pick(pt)),
+                        None => match (&run.stopped, instead.get(&s)) {
+                            (_, Some(c)) => c.clone(),
+                            (Some(why), None) => Cell::not_run(why),
+                            (None, None) => Cell::not_run("not reached"),
+                        },
+                    },
+                    None => instead
+                        .get(&s)
+                        .cloned()
+                        .unwrap_or_else(|| Cell::not_run("not run")),
+                };
+                row.cells.insert(s, cell);
+            }
+            table.rows.push(row);
+        }
+    }
+    table.notes.push(format!(
+        "K background mappings on {} ports per pod (so K / {} pods), plus the measured \
+         hostPort {} on its own pod. Connections come from the external client through the \
+         node's uplink address. \"One more\" pod also has {} mappings; it is deleted again \
+         after each run.",
+        p.scale_ports_per_pod, p.scale_ports_per_pod, TARGET_HOST_PORT, p.scale_ports_per_pod
+    ));
+    table.notes.push(format!(
+        "Each subject may spend {:.0} s installing background pods; a step predicted to \
+         exceed that is not run.",
+        budget
+    ));
+    for (s, run) in &runs {
+        if let Some(why) = &run.stopped {
+            table.notes.push(format!("{}: {why}.", s.label()));
+        }
+        curves.insert(*s, run.points.clone());
+    }
+    Output { table, curves }
+}
+
+/// 10000 → "10,000".
+pub fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,229 @@
+//! The topologies every section builds: a node (a network namespace with an uplink to an
+//! "external" client namespace) running one CNI subject's conflist, pods added through it,
+//! and the plain veth pair. Everything is torn down by `Drop` (the harness deletes the
+//! namespaces, the node's pins and its IPAM directory), also when a section fails half-way.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use ebpf_cni_tests::{AddResult, Attachment, CniRuntime, NetConfList, Netns, Node};
+use serde_json::{json, Map, Value};
+
+use crate::bench::exec::{Chain, OpCost};
+use crate::bench::model::Subject;
+
+pub const NETWORK: &str = "benchnet";
+pub const CNI_VERSION: &str = "1.0.0";
+pub const IFNAME: &str = "eth0";
+pub const POD_SUBNET_V4: &str = "10.88.0.0/16";
+pub const POD_SUBNET_V6: &str = "fd00:88::/64";
+pub const MTU: u32 = 1500;
+
+/// The node's address on its uplink, and the external client's.
+pub const NODE_UPLINK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+pub const EXT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+const UPLINK_DEV: &str = "uplink0";
+
+/// The veth pair's addresses.
+pub const VETH_A_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const VETH_B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+
+/// The binaries under test.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub ebpf_cni: PathBuf,
+}
+
+/// The conflist of a CNI subject, as a node would configure it: same IPAM, MTU and routes
+/// for both; ipMasq off for the reference (ebpf-cni does not masquerade, and masquerading
+/// would add rules only one side pays for).
+pub fn conflist(subject: Subject, data_dir: &Path) -> NetConfList {
+    let ipam = json!({
+        "type": "host-local",
+        "ranges": [[{ "subnet": POD_SUBNET_V4 }], [{ "subnet": POD_SUBNET_V6 }]],
+        "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
+        "dataDir": data_dir.to_string_lossy(),
+    });
+    let plugins = match subject {
+        Subject::Reference => vec![
+            json!({ "type": "ptp", "mtu": MTU, "ipMasq": false, "ipam": ipam }),
+            json!({ "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }),
+            json!({ "type": "bandwidth", "capabilities": { "bandwidth": true } }),
+        ],
+        Subject::EbpfCni => vec![json!({
+            "type": "ebpf-cni",
+            "mtu": MTU,
+            "ipam": ipam,
+            "capabilities": { "portMappings": true, "bandwidth": true },
+        })],
+        Subject::Veth => unreachable!("the veth pair has no conflist"),
+    };
+    NetConfList {
+        cni_version: CNI_VERSION.to_owned(),
+        name: NETWORK.to_owned(),
+        disable_check: false,
+        plugins,
+    }
+}
+
+/// `runtimeConfig.portMappings` as containerd sends it (Capitalized keys, empty HostIP).
+pub fn port_mappings(pairs: &[(u16, u16)]) -> Value {
+    Value::Array(
+        pairs
+            .iter()
+            .map(|(host, container)| {
+                json!({ "HostPort": host, "ContainerPort": container, "Protocol": "tcp", "HostIP": "" })
+            })
+            .collect(),
+    )
+}
+
+/// `runtimeConfig.bandwidth` as containerd sends it: rates in bit/s, bursts in bits.
+pub fn bandwidth(rate_bps: u64, burst_bits: u64) -> Value {
+    json!({
+        "IngressRate": rate_bps, "IngressBurst": burst_bits,
+        "EgressRate": rate_bps, "EgressBurst": burst_bits,
+    })
+}
+
+/// The burst the bench configures with a rate: 20 ms worth of traffic, at least 128 kbit
+/// (tbf needs a burst of several MTUs to reach its rate).
+pub fn burst_for(rate_bps: u64) -> u64 {
+    (rate_bps / 50).max(131_072)
+}
+
+/// Capability arguments for one pod.
+pub fn caps(mappings: &[(u16, u16)], rate_bps: Option<u64>) -> Map<String, Value> {
+    let mut m = Map::new();
+    if !mappings.is_empty() {
+        m.insert("portMappings".into(), port_mappings(mappings));
+    }
+    if let Some(rate) = rate_bps {
+        m.insert("bandwidth".into(), bandwidth(rate, burst_for(rate)));
+    }
+    m
+}
+
+/// A node running one CNI subject, with an uplink veth to an external client namespace
+/// (present before any pod, as a node's NIC is).
+pub struct BenchNode {
+    pub subject: Subject,
+    pub chain: Chain,
+    /// The external client: 192.168.77.2, routes the pod subnet via the node.
+    pub ext: Netns,
+    pub node: Node,
+}
+
+impl BenchNode {
+    pub fn new(subject: Subject, bins: &Binaries) -> Result<Self> {
+        let node = Node::new().context("creating the node namespace")?;
+        let ext = Netns::create("p").context("creating the external client namespace")?;
+        let n = node.netns();
+        n.ip_ok(&[
+            "link", "add", UPLINK_DEV, "type", "veth", "peer", "name", "eth0", "netns",
+            ext.name(),
+        ])?;
+        n.ip_ok(&["addr", "add", &format!("{NODE_UPLINK_IP}/24"), "dev", UPLINK_DEV])?;
+        n.ip_ok(&["link", "set", UPLINK_DEV, "up"])?;
+        ext.ip_ok(&["addr", "add", &format!("{EXT_IP}/24"), "dev", "eth0"])?;
+        ext.ip_ok(&["link", "set", "eth0", "up"])?;
+        ext.ip_ok(&["route", "add", POD_SUBNET_V4, "via", &NODE_UPLINK_IP.to_string()])?;
+        let runtime = match subject {
+            Subject::Reference => CniRuntime::reference(),
+            Subject::EbpfCni => CniRuntime::with_plugin(&bins.ebpf_cni),
+            Subject::Veth => bail!("the veth pair is not a node"),
+        };
+        let chain = Chain::new(conflist(subject, node.data_dir()), runtime, n.path())?;
+        Ok(Self {
+            subject,
+            chain,
+            ext,
+            node,
+        })
+    }
+
+    /// A new pod namespace and the attachment a runtime would pass for it.
+    pub fn new_pod(&self, name: &str, caps: Map<String, Value>) -> Result<Pod> {
+        let netns = self.node.new_pod()?;
+        let container_id = ebpf_cni_tests::unique_container_id();
+        let mut att = Attachment::new(&container_id, netns.path(), IFNAME).with_args(&format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+        ));
+        att.capability_args = caps;
+        Ok(Pod {
+            netns,
+            att,
+            cached: None,
+        })
+    }
+
+    /// ADD `pod`; keeps the result in it (the runtime's cache).
+    pub fn add(&self, pod: &mut Pod) -> Result<OpCost> {
+        let (result, cost) = self.chain.add(&pod.att)?;
+        pod.cached = Some(result);
+        Ok(cost)
+    }
+
+    /// [`Self::new_pod`] then [`Self::add`].
+    pub fn add_pod(&self, name: &str, caps: Map<String, Value>) -> Result<(Pod, OpCost)> {
+        let mut pod = self.new_pod(name, caps)?;
+        let cost = self.add(&mut pod).with_context(|| format!("ADD {name}"))?;
+        Ok((pod, cost))
+    }
+
+    pub fn del(&self, pod: &Pod) -> Result<OpCost> {
+        self.chain.del(&pod.att, pod.cached.as_ref())
+    }
+
+    pub fn check(&self, pod: &Pod) -> Result<OpCost> {
+        let cached = pod
+            .cached
+            .as_ref()
+            .ok_or_else(|| anyhow!("CHECK of a pod that was never added"))?;
+        self.chain.check(&pod.att, cached)
+    }
+}
+
+/// A pod: its namespace, its attachment parameters and, after ADD, the cached result.
+pub struct Pod {
+    pub netns: Netns,
+    pub att: Attachment,
+    pub cached: Option<Value>,
+}
+
+impl Pod {
+    pub fn ip4(&self) -> Result<Ipv4Addr> {
+        let r = self
+            .cached
+            .as_ref()
+            .and_then(AddResult::parse)
+            .ok_or_else(|| anyhow!("pod has no parsable ADD result"))?;
+        match r.ip4().map(|i| i.addr) {
+            Some(IpAddr::V4(a)) => Ok(a),
+            _ => bail!("pod got no IPv4 address"),
+        }
+    }
+}
+
+/// Two namespaces joined by a veth pair with static addresses.
+pub struct VethPair {
+    pub a: Netns,
+    pub b: Netns,
+}
+
+impl VethPair {
+    pub fn new() -> Result<Self> {
+        let a = Netns::create("p")?;
+        let b = Netns::create("p")?;
+        a.ip_ok(&[
+            "link", "add", "eth0", "mtu", &MTU.to_string(), "type", "veth", "peer", "name",
+            "eth0", "netns", b.name(),
+        ])?;
+        for (ns, ip) in [(&a, VETH_A_IP), (&b, VETH_B_IP)] {
+            ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            ns.ip_ok(&["link", "set", "eth0", "up"])?;
+        }
+        Ok(Self { a, b })
+    }
+}
