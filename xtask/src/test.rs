@@ -42,6 +42,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let plugin = stage_plugin()?;
     println!("plugin under test: {}", plugin.display());
     let mut c = cmd::cargo();
-    c.arg("test").args(extra).env("EBPF_CNI_BIN", &plugin);
+    // Every test binary runs even when one fails, so one run shows all failures.
+    c.arg("test").arg("--no-fail-fast").args(extra).env("EBPF_CNI_BIN", &plugin);
     cmd::run(&mut c)
 }

@@ -144,6 +144,14 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     Ok(())
 }
 
+fn is_not_found(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
 /// The node-wide maps, opened from their pins.
 pub struct Maps {
     endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
@@ -223,24 +231,29 @@ impl Maps {
     }
 
     /// Removes an attachment's entries and counters; returns how many entries went.
+    /// Entries already gone are fine (a concurrent or repeated DEL).
     pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
         let entries = self.entries_of(attachment_id);
-        for (ip, info) in &entries {
+        let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();
+        ifindexes.dedup();
+        for (ip, _) in &entries {
             match self.endpoints.remove(&endpoint_key(*ip)) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(source) => {
-                    return Err(BpfError::MapUpdate { map: ENDPOINTS_MAP, what: format!("remove {ip}"), source: Box::new(source) })
+                Err(e) if !is_not_found(&e) => {
+                    return Err(BpfError::MapUpdate { map: ENDPOINTS_MAP, what: format!("remove {ip}"), source: Box::new(e) })
                 }
+                _ => {}
             }
-            match self.counters.remove(&info.host_ifindex) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(source) => {
+        }
+        for ifindex in ifindexes {
+            match self.counters.remove(&ifindex) {
+                Err(e) if !is_not_found(&e) => {
                     return Err(BpfError::MapUpdate {
                         map: POD_COUNTERS_MAP,
-                        what: format!("remove counters of ifindex {}", info.host_ifindex),
-                        source: Box::new(source),
+                        what: format!("remove counters of ifindex {ifindex}"),
+                        source: Box::new(e),
                     })
                 }
+                _ => {}
             }
         }
         Ok(entries.len())
