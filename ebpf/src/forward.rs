@@ -14,8 +14,10 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{EndpointInfo, EndpointKey};
 
+use aya_log_ebpf::debug;
+
 use crate::{
-    maps::{count, endpoint, Dir, Event},
+    maps::{count, endpoint, tracing, Dir, Event},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr,
         ETH_HLEN, ETH_P_IP, ETH_P_IPV6,
@@ -113,6 +115,9 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     }
     // SAFETY: plain helper call; it only records the target for after the program returns.
     let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };
+    if tracing() {
+        debug!(ctx, "if {}: redirect_peer to pod behind if {} (rc {})", ifindex(ctx), ep.host_ifindex, rc);
+    }
     if rc == TC_ACT_SHOT {
         count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
     } else {
@@ -129,7 +134,12 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     match classify(ctx) {
         Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me => deliver(ctx, proto, &ep),
         Some((proto, Dest::Other)) => route(ctx, proto, me),
-        _ => PASS,
+        _ => {
+            if tracing() {
+                debug!(ctx, "if {}: from pod, to the stack", me);
+            }
+            PASS
+        }
     }
 }
 
@@ -146,6 +156,13 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
     match classify(ctx) {
         Some((proto, Dest::Pod(ep))) => deliver(ctx, proto, &ep),
         _ => PASS,
+    }
+}
+
+#[inline(always)]
+fn trace_fib(ctx: &TcContext, me: u32, rc: i64, out: u32) {
+    if tracing() {
+        debug!(ctx, "if {}: fib lookup rc {} out if {}", me, rc, out);
     }
 }
 
@@ -186,6 +203,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
     let rc = unsafe {
         fib_lookup(ctx.as_ptr(), &mut fib, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
     };
+    trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());
         return PASS;

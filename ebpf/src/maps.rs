@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuHashMap},
 };
 use ebpf_cni_maps::{str_eq, DirCounters, EndpointInfo, EndpointKey, PodCounters, MAX_ENDPOINTS};
 
@@ -13,7 +13,17 @@ pub static ECNI_ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::with_ma
 #[map]
 pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> = PerCpuHashMap::with_max_entries(MAX_ENDPOINTS, 0);
 
+#[map]
+pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
+
 const _: () = assert!(str_eq(ebpf_cni_maps::ENDPOINTS_MAP, stringify!(ECNI_ENDPOINTS)));
+const _: () = assert!(str_eq(ebpf_cni_maps::TRACE_MAP, stringify!(ECNI_TRACE)));
+
+/// Whether `ebpf-cni trace` is listening: log lines are only produced then.
+#[inline(always)]
+pub fn tracing() -> bool {
+    ECNI_TRACE.get(0).is_some_and(|v| *v != 0)
+}
 const _: () = assert!(str_eq(ebpf_cni_maps::POD_COUNTERS_MAP, stringify!(ECNI_POD_CNT)));
 
 #[inline(always)]

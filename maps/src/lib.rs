@@ -13,6 +13,9 @@ pub const ENDPOINTS_MAP: &str = "ECNI_ENDPOINTS";
 /// Node-wide per-CPU hash of per-pod traffic counters: host veth ifindex (`u32`) →
 /// [`PodCounters`].
 pub const POD_COUNTERS_MAP: &str = "ECNI_POD_CNT";
+/// Node-wide array with one `u32`: non-zero while `ebpf-cni trace` runs. The programs log
+/// to aya-log's ring buffer only then, so tracing costs one array lookup when off.
+pub const TRACE_MAP: &str = "ECNI_TRACE";
 /// Capacity of [`ENDPOINTS_MAP`] (pod addresses per node) and [`POD_COUNTERS_MAP`].
 pub const MAX_ENDPOINTS: u32 = 65_536;
 
@@ -140,6 +143,7 @@ const fn fits_bpf_obj_name(name: &str) -> bool {
 
 const _: () = assert!(fits_bpf_obj_name(ENDPOINTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(POD_COUNTERS_MAP));
+const _: () = assert!(fits_bpf_obj_name(TRACE_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));

@@ -1,6 +1,10 @@
 //! The operator CLI, used when `CNI_COMMAND` is not set.
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +26,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Stream the eBPF programs' debug log lines (aya-log) until Ctrl-C or --seconds.
+    /// The programs only log while a trace runs.
+    Trace {
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Trace the node whose network namespace this is (default: the current one).
+        #[arg(long, value_name = "PATH")]
+        netns: Option<PathBuf>,
+    },
     /// Print the plugin version and the CNI spec versions it supports.
     Version,
     /// List the node's eBPF state: device programs, and per attachment its addresses,
@@ -48,6 +62,13 @@ pub fn main() -> i32 {
             );
             0
         }
+        Cmd::Trace { seconds, netns } => match trace(seconds, netns) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("ebpf-cni trace: {e}");
+                1
+            }
+        },
         Cmd::Inspect { json, netns } => match inspect(json, netns) {
             Ok(()) => 0,
             Err(e) => {
@@ -58,11 +79,33 @@ pub fn main() -> i32 {
     }
 }
 
-fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
-    let node = match netns {
+fn node_of(netns: Option<PathBuf>) -> Result<NodeId, Box<dyn std::error::Error>> {
+    Ok(match netns {
         Some(p) => NodeId::from_netns_inode(Netns::open(&p)?.inode()),
         None => NodeId::current()?,
-    };
+    })
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn trace(seconds: Option<u64>, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let node = node_of(netns)?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    eprintln!("tracing {node}; Ctrl-C to stop");
+    bpf::trace(&node, seconds.map(Duration::from_secs), &STOP)?;
+    Ok(())
+}
+
+fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let node = node_of(netns)?;
     let r = bpf::inspect(&node)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -15,6 +15,7 @@ use aya::{
 };
 use ebpf_cni_maps::{
     EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+    TRACE_MAP,
 };
 
 use super::{
@@ -116,6 +117,7 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .btf(None)
         .map_pin_path(ENDPOINTS_MAP, &ep_path)
         .map_pin_path(POD_COUNTERS_MAP, &cnt_path)
+        .map_pin_path(TRACE_MAP, root.map(node, TRACE_MAP))
         .load(PROGRAMS)
         .map_err(|source| BpfError::Load { source: Box::new(source) })?;
     let dir = root.programs_dir(node).join(rev);
