@@ -3,10 +3,10 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    bpf::{self, AttachmentKey, Device, NodeId, PodEndpoint},
+    bpf::{self, AttachMode, AttachmentKey, Device, NodeId, PodEndpoint},
     cni::{
         code,
-        config::{parse_mac, NetConf},
+        config::{parse_mac, NetConf, TcAttachMode},
         env::CniEnv,
         types::{Interface, SuccessResult},
         CniError,
@@ -119,7 +119,7 @@ async fn setup(
         .collect();
     let devices = node_devices(host_nl, conf).await?;
     undo.push(Undo::Programs);
-    bpf::add_pod(node, key, host_name, &endpoints, &devices)?;
+    bpf::add_pod(node, key, host_name, &endpoints, &devices, attach_mode(conf))?;
 
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
         return Err(CniError::new(code::INTERNAL, format!("failpoint {FAILPOINT_ENV}=before-result")));
@@ -193,4 +193,12 @@ async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, 
         .filter(|l| l.name != "lo" && !veth::is_host_veth(l))
         .map(|l| Device { name: l.name, ifindex: l.index })
         .collect())
+}
+
+pub fn attach_mode(conf: &NetConf) -> AttachMode {
+    match conf.tc_attach_mode {
+        TcAttachMode::Auto => AttachMode::auto(),
+        TcAttachMode::Tcx => AttachMode::Tcx,
+        TcAttachMode::Netlink => AttachMode::Netlink,
+    }
 }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    bpf::{self, AttachmentKey, NodeId, PodEndpoint},
+    bpf::{self, AttachMode, AttachmentKey, Hook, NodeId, PodEndpoint},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
     netlink::{format_mac, Netlink, RouteEntry},
@@ -118,7 +118,21 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         .iter()
         .map(|i| PodEndpoint { ip: i.address.ip(), host_ifindex: host.index, host_mac, pod_mac })
         .collect();
-    bpf::check_pod(&node, &key, host.index, &endpoints).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    let mode = crate::add::attach_mode(conf);
+    bpf::check_pod(&node, &key, host.index, &endpoints, mode).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    if mode == AttachMode::Netlink {
+        for hook in Hook::POD {
+            let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
+            let filters = host_nl.bpf_filters(host.index, ingress).await?;
+            if !filters.iter().any(|f| f == hook.program()) {
+                return Err(failed(format!(
+                    "eBPF dataplane: no {} filter of program {} on {host_name} (netlink mode)",
+                    if ingress { "ingress" } else { "egress" },
+                    hook.program()
+                )));
+            }
+        }
+    }
     Ok(())
 }
 

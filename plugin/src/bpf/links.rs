@@ -3,7 +3,11 @@
 
 use std::{fs, io, os::fd::AsFd, path::Path};
 
-use aya::programs::{links::FdLink, tc::TcAttachOptions, LinkOrder, SchedClassifier};
+use aya::programs::{
+    links::FdLink,
+    tc::{NlOptions, TcAttachOptions},
+    LinkOrder, SchedClassifier,
+};
 
 use super::{error::RemoveFailure, sys, BpfError, Hook};
 
@@ -33,6 +37,31 @@ pub fn attach(prog: &mut SchedClassifier, hook: Hook, ifname: &str, path: &Path)
     let info = link.info().map_err(|source| BpfError::LinkInfo { name, source: Box::new(source) })?;
     link.pin(path).map_err(|source| BpfError::PinLink { path: path.to_path_buf(), source: Box::new(source) })?;
     Ok(AttachedLink { program_id: info.program_id(), link_id: info.id() })
+}
+
+/// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` as a `bpf` filter
+/// (which the kernel keeps after this process exits) and pins the program at `record`, so
+/// DEL, CHECK and the node teardown know the filter is there.
+pub fn attach_netlink(prog: &mut SchedClassifier, hook: Hook, ifname: &str, record: &Path) -> Result<(), BpfError> {
+    let name = hook.program();
+    // EEXIST when a clsact is there already: fine. Any real problem fails the attach below.
+    let _ = aya::programs::tc::qdisc_add_clsact(ifname);
+    let attach_err = |source| BpfError::Attach { name, ifname: ifname.to_owned(), direction: hook.label(), source: Box::new(source) };
+    let link_id = prog
+        .attach_with_options(ifname, hook.tc_attach_type(), TcAttachOptions::Netlink(NlOptions::default()))
+        .map_err(attach_err)?;
+    let link = prog.take_link(link_id).map_err(attach_err)?;
+    // Dropping an aya netlink link detaches the filter; the filter must stay.
+    std::mem::forget(link);
+    prog.pin(record).map_err(|source| BpfError::PinProgram { path: record.to_path_buf(), name, source: Box::new(source) })
+}
+
+/// Netlink mode: removes `hook`'s filters (by program name) from `ifname`; a device that is
+/// gone has none left.
+pub fn detach_netlink(hook: Hook, ifname: &str) {
+    if let Err(e) = aya::programs::tc::qdisc_detach_program(ifname, hook.tc_attach_type(), hook.program()) {
+        log::debug!("detaching {} from {ifname}: {e}", hook.program());
+    }
 }
 
 pub fn require_pin(what: &'static str, path: &Path) -> Result<(), BpfError> {

@@ -90,6 +90,28 @@ impl AttachmentKey<'_> {
 }
 
 /// Which way traffic crosses the host veth, i.e. which program, hook and counter.
+/// How programs are attached to devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// TCX links (kernel 6.6+), pinned so they outlive the plugin.
+    Tcx,
+    /// Classic `clsact` qdisc + `bpf` filters over netlink, which the kernel keeps by
+    /// itself. The attachment directory then holds a pin of the program as a record.
+    Netlink,
+}
+
+impl AttachMode {
+    /// TCX where the kernel has it (6.6 and later), netlink filters elsewhere.
+    pub fn auto() -> Self {
+        let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+        let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+        match (parts.next(), parts.next()) {
+            (Some(major), Some(minor)) if (major, minor) >= (6, 6) => Self::Tcx,
+            _ => Self::Netlink,
+        }
+    }
+}
+
 /// Where a program runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Hook {
@@ -122,6 +144,15 @@ impl Hook {
         }
     }
 
+    /// Netlink mode: the name of the program pin recording that the filter was attached.
+    const fn netlink_record_name(self) -> &'static str {
+        match self {
+            Self::FromPod => "netlink_from_pod",
+            Self::ToPod => "netlink_to_pod",
+            Self::FromDev => "netlink_from_dev",
+        }
+    }
+
     const fn link_pin_name(self) -> &'static str {
         match self {
             Self::FromPod => ebpf_cni_maps::pin::LINK_FROM_POD,
@@ -130,7 +161,7 @@ impl Hook {
         }
     }
 
-    const fn tc_attach_type(self) -> TcAttachType {
+    pub const fn tc_attach_type(self) -> TcAttachType {
         match self {
             Self::FromPod | Self::FromDev => TcAttachType::Ingress,
             Self::ToPod => TcAttachType::Egress,
@@ -206,7 +237,7 @@ mod tests {
             ifname: "eth0",
         };
         let node = NodeId::from_netns_inode(1);
-        let err = add_pod(&node, &key, "veth0", &[], &[]).unwrap_err();
+        let err = add_pod(&node, &key, "veth0", &[], &[], AttachMode::Tcx).unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");
         assert!(err.to_string().contains("cargo xtask build"));
     }

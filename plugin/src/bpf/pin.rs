@@ -142,6 +142,11 @@ impl PinRoot {
         self.devices_dir(node).join(ifname).join(names::LINK_FROM_DEV)
     }
 
+    /// Netlink mode: the record that node device `ifname` has the device filter.
+    pub fn device_netlink_record(&self, node: &NodeId, ifname: &str) -> PathBuf {
+        self.devices_dir(node).join(ifname).join(Hook::FromDev.netlink_record_name())
+    }
+
     pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
         AttachmentPins {
             dir: self
@@ -167,6 +172,11 @@ impl AttachmentPins {
     /// The pinned TCX link of the program of `hook`.
     pub fn link(&self, hook: Hook) -> PathBuf {
         self.dir.join(hook.link_pin_name())
+    }
+
+    /// Netlink mode: the record that `hook`'s filter was attached.
+    pub fn netlink_record(&self, hook: Hook) -> PathBuf {
+        self.dir.join(hook.netlink_record_name())
     }
 }
 

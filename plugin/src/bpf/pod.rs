@@ -9,7 +9,7 @@ use super::{
     dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
     links,
     pin::{create_dir_all_racy, ensure_bpffs_at, NodeId, PinRoot},
-    AttachmentKey, BpfError, Hook, PROGRAMS,
+    AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
 
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
@@ -21,6 +21,7 @@ pub fn add_pod(
     host_ifname: &str,
     endpoints: &[PodEndpoint],
     devices: &[Device],
+    mode: AttachMode,
 ) -> Result<(), BpfError> {
     key.validate()?;
     if PROGRAMS.is_empty() {
@@ -34,7 +35,7 @@ pub fn add_pod(
         what: "endpoint map",
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
-    if let Err(e) = sync_devices(&root, node, &mut progs, devices) {
+    if let Err(e) = sync_devices(&root, node, &mut progs, devices, mode) {
         // The pod works without them (traffic from devices then takes the stack).
         log::warn!("node devices: {e}");
     }
@@ -50,11 +51,19 @@ pub fn add_pod(
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
         for hook in Hook::POD {
-            links::attach(progs.get(hook), hook, host_ifname, &pins.link(hook))?;
+            match mode {
+                AttachMode::Tcx => links::attach(progs.get(hook), hook, host_ifname, &pins.link(hook)).map(drop)?,
+                AttachMode::Netlink => links::attach_netlink(progs.get(hook), hook, host_ifname, &pins.netlink_record(hook))?,
+            }
         }
         Ok(())
     })();
     if res.is_err() {
+        if mode == AttachMode::Netlink {
+            for hook in Hook::POD {
+                links::detach_netlink(hook, host_ifname);
+            }
+        }
         let _ = links::remove_dir_pins(&stop_at, pins.dir());
         let _ = maps.remove_attachment(key.id());
     }
@@ -98,14 +107,24 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
 }
 
-/// CHECK: both links live on `host_ifindex` with our programs, and the endpoint map holds
-/// each address with the right host veth and MACs.
-pub fn check_pod(node: &NodeId, key: &AttachmentKey<'_>, host_ifindex: u32, endpoints: &[PodEndpoint]) -> Result<(), BpfError> {
+/// CHECK: both links live on `host_ifindex` with our programs (netlink mode: the records
+/// are there; the caller checks the filters themselves), and the endpoint map holds each
+/// address with the right host veth and MACs.
+pub fn check_pod(
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+    host_ifindex: u32,
+    endpoints: &[PodEndpoint],
+    mode: AttachMode,
+) -> Result<(), BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
     let pins = root.attachment(node, key);
     for hook in Hook::POD {
-        links::check(hook, &pins.link(hook), host_ifindex)?;
+        match mode {
+            AttachMode::Tcx => links::check(hook, &pins.link(hook), host_ifindex)?,
+            AttachMode::Netlink => links::require_pin(hook.netlink_record_name(), &pins.netlink_record(hook))?,
+        }
     }
     let maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
         what: "endpoint map",
@@ -116,9 +135,19 @@ pub fn check_pod(node: &NodeId, key: &AttachmentKey<'_>, host_ifindex: u32, endp
 
 /// Puts the device program on every device of `devices` that lacks a live link of it, and
 /// removes the links of devices no longer listed.
-fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[Device]) -> Result<(), BpfError> {
+fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[Device], mode: AttachMode) -> Result<(), BpfError> {
     let dir = root.devices_dir(node);
-    for dev in devices {
+    if mode == AttachMode::Netlink {
+        for dev in devices {
+            let record = root.device_netlink_record(node, &dev.name);
+            if record.exists() {
+                continue;
+            }
+            create_dir_all_racy(record.parent().expect("a record lives in a directory"))?;
+            links::attach_netlink(progs.get(Hook::FromDev), Hook::FromDev, &dev.name, &record)?;
+        }
+    }
+    for dev in devices.iter().filter(|_| mode == AttachMode::Tcx) {
         let path = root.device_link(node, &dev.name);
         match links::check(Hook::FromDev, &path, dev.ifindex) {
             Ok(()) => continue,
@@ -135,6 +164,9 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !devices.iter().any(|d| d.name == name) {
+                if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
+                    links::detach_netlink(Hook::FromDev, &name);
+                }
                 let _ = links::remove_dir_pins(&dir, &e.path());
             }
         }
@@ -165,9 +197,17 @@ fn attachment_count(attachments: &Path) -> usize {
     attachment_dirs(attachments).len()
 }
 
-/// No pod left: the device links (unpinning detaches them), programs and maps go.
+/// No pod left: the device links (unpinning detaches them; netlink filters are removed),
+/// programs and maps go.
 fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.node_dir(node);
+    if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
+        for e in entries.flatten() {
+            if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
+                links::detach_netlink(Hook::FromDev, &e.file_name().to_string_lossy());
+            }
+        }
+    }
     log::info!("last pod of {node} deleted: removing {}", dir.display());
     match fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),

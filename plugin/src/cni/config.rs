@@ -28,6 +28,16 @@ pub struct NetConf {
     /// `devices`: the node devices that get the device program (default: every device
     /// with a global address that is not a pod veth).
     pub devices: Option<Vec<String>>,
+    /// `tcAttachMode`: "tcx", "netlink", or "auto" (the default: TCX on kernels that have it).
+    pub tc_attach_mode: TcAttachMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TcAttachMode {
+    #[default]
+    Auto,
+    Tcx,
+    Netlink,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -173,7 +183,18 @@ impl NetConf {
             Some(other) => return Err(invalid(format!("devices {other} must be a list of interface names"))),
         };
 
+        let tc_attach_mode = match obj.get("tcAttachMode") {
+            None | Some(Value::Null) => TcAttachMode::Auto,
+            Some(Value::String(m)) if m == "auto" => TcAttachMode::Auto,
+            Some(Value::String(m)) if m == "tcx" => TcAttachMode::Tcx,
+            Some(Value::String(m)) if m == "netlink" => TcAttachMode::Netlink,
+            Some(other) => {
+                return Err(invalid(format!("tcAttachMode {other} is invalid: expected \"auto\", \"tcx\" or \"netlink\"")))
+            }
+        };
+
         Ok(NetConf {
+            tc_attach_mode,
             devices,
             cni_version,
             name,

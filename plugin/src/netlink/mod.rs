@@ -182,6 +182,29 @@ impl Netlink {
         Ok(out)
     }
 
+    /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
+    pub async fn bpf_filters(&self, index: u32, ingress: bool) -> Result<Vec<String>, NetlinkError> {
+        use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
+        let mut h = self.handle.traffic_filter(index as i32);
+        let r = h.get();
+        let r = if ingress { r.ingress() } else { r.egress() };
+        let mut s = r.execute();
+        let mut out = Vec::new();
+        while let Some(m) = s.try_next().await.map_err(req(format!("list tc filters of link {index}")))? {
+            for a in &m.attributes {
+                if let TcAttribute::Options(opts) = a {
+                    for o in opts {
+                        if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
+                            // The kernel reports "<prog name>" or "<prog name>:[…]" by loader.
+                            out.push(n.split(':').next().unwrap_or(n).to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Creates a veth pair: `host` here, `peer` created straight inside `peer_ns`.
     pub async fn create_veth(
         &self,
