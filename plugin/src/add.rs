@@ -89,7 +89,10 @@ async fn setup(
     key: &AttachmentKey<'_>,
     undo: &mut Vec<Undo>,
 ) -> Result<serde_json::Value, CniError> {
+    let t = std::time::Instant::now();
+    let step = |what: &str| log::debug!("ADD step {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let mut result: SuccessResult = ipam.add(conf, env, stdin)?;
+    step("ipam");
     undo.push(Undo::Ipam);
     if result.ips.is_empty() {
         return Err(CniError::new(code::INVALID_CONFIG, "IPAM returned no address for the pod"));
@@ -99,9 +102,12 @@ async fn setup(
 
     let pair = veth::create(host_nl, pod_nl, pod_ns, host_name, &env.ifname, conf.mtu, mac).await?;
     undo.push(Undo::HostLink { index: pair.host.index });
+    step("veth created");
 
     veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;
+    step("container side");
     veth::configure_host(host_nl, pair.host.index, &addrs).await?;
+    step("host side");
     if addrs.iter().any(|a| a.address.is_ipv4()) {
         write_sysctl("net.ipv4.ip_forward", "1")?;
     }
@@ -118,8 +124,10 @@ async fn setup(
         .map(|a| PodEndpoint { ip: a.address.ip(), host_ifindex: pair.host.index, host_mac, pod_mac })
         .collect();
     let devices = node_devices(host_nl, conf).await?;
+    step("devices listed");
     undo.push(Undo::Programs);
-    bpf::add_pod(node, key, host_name, &endpoints, &devices, attach_mode(conf))?;
+    bpf::add_pod(node, key, host_name, pair.host.index, &endpoints, &devices, attach_mode(conf))?;
+    step("eBPF attached");
 
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
         return Err(CniError::new(code::INTERNAL, format!("failpoint {FAILPOINT_ENV}=before-result")));

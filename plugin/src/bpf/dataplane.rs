@@ -5,7 +5,8 @@ use std::{
     fs::{self, File},
     io,
     net::IpAddr,
-    os::fd::AsRawFd,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
+    path::PathBuf,
 };
 
 use aya::{
@@ -74,33 +75,49 @@ impl NodeLock {
     }
 }
 
-/// The three programs of this binary's revision, opened from their pins.
+/// The three programs of this binary's revision, pinned on the node.
 pub struct Programs {
-    progs: Vec<SchedClassifier>,
+    paths: Vec<PathBuf>,
+    fds: Vec<Option<OwnedFd>>,
+    classifiers: Vec<Option<SchedClassifier>>,
 }
 
 impl Programs {
-    pub fn get(&mut self, hook: Hook) -> &mut SchedClassifier {
-        let i = Hook::ALL.iter().position(|h| *h == hook).expect("every hook has a program");
-        &mut self.progs[i]
+    fn index(hook: Hook) -> usize {
+        Hook::ALL.iter().position(|h| *h == hook).expect("every hook has a program")
     }
 
-    /// Opens this revision's pinned programs, loading (verifying) and pinning them first if
-    /// this node has none yet. Creates the node-wide maps, or reuses their pins.
+    /// The program's fd, opened from its pin with one syscall (TCX attach path).
+    pub fn fd(&mut self, hook: Hook) -> Result<BorrowedFd<'_>, BpfError> {
+        let i = Self::index(hook);
+        if self.fds[i].is_none() {
+            let path = &self.paths[i];
+            let fd = super::sys::obj_get(path).map_err(|source| BpfError::OpenPin { path: path.clone(), source })?;
+            self.fds[i] = Some(fd);
+        }
+        Ok(self.fds[i].as_ref().expect("opened above").as_fd())
+    }
+
+    /// The program as an aya classifier (netlink attach path; costs aya's feature probes).
+    pub fn classifier(&mut self, hook: Hook) -> Result<&mut SchedClassifier, BpfError> {
+        let i = Self::index(hook);
+        if self.classifiers[i].is_none() {
+            let path = self.paths[i].clone();
+            let prog = SchedClassifier::from_pin(&path).map_err(|source| BpfError::OpenProgram { path, source: Box::new(source) })?;
+            self.classifiers[i] = Some(prog);
+        }
+        Ok(self.classifiers[i].as_mut().expect("opened above"))
+    }
+
+    /// This revision's pinned programs, loaded (verified) and pinned first if this node has
+    /// none yet, which also creates the node-wide maps or reuses their pins.
     pub fn open_or_load(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
         let rev = revision();
-        if !Hook::ALL.iter().all(|h| root.program(node, &rev, h.program()).exists()) {
+        let paths: Vec<PathBuf> = Hook::ALL.iter().map(|h| root.program(node, &rev, h.program())).collect();
+        if !paths.iter().all(|p| p.exists()) {
             load_and_pin(root, node, &rev)?;
         }
-        let progs = Hook::ALL
-            .iter()
-            .map(|h| {
-                let path = root.program(node, &rev, h.program());
-                SchedClassifier::from_pin(&path)
-                    .map_err(|source| BpfError::OpenProgram { path, source: Box::new(source) })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { progs })
+        Ok(Self { fds: paths.iter().map(|_| None).collect(), classifiers: paths.iter().map(|_| None).collect(), paths })
     }
 }
 
@@ -167,9 +184,9 @@ fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Opti
     }
     let err = |source| BpfError::OpenMap { path: path.clone(), source: Box::new(source) };
     let data = MapData::from_pin(&path).map_err(err)?;
-    let actual = data.info().map_err(err)?.name_as_str().map(str::to_owned);
-    if actual.as_deref() != Some(name) {
-        return Err(BpfError::WrongMap { path, actual: actual.unwrap_or_default(), expected: name });
+    let actual = super::sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo { path: path.clone(), source })?;
+    if actual != name {
+        return Err(BpfError::WrongMap { path, actual, expected: name });
     }
     Map::from_map_data(data).map(Some).map_err(err)
 }

@@ -127,6 +127,22 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("failed to attach program {name} to {ifname} ({direction})")]
+    AttachTcx {
+        name: &'static str,
+        ifname: String,
+        direction: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to pin link at {path}")]
+    PinTcxLink {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("failed to lock {path}")]
     NodeLock {
         path: PathBuf,

@@ -1,12 +1,15 @@
 //! TCX links: attaching a pinned program to a device, pinning the link, checking what a
 //! pinned link is attached to, and removing pins (which detaches).
 
-use std::{fs, io, os::fd::AsFd, path::Path};
+use std::{
+    fs, io,
+    os::fd::{AsFd, BorrowedFd},
+    path::Path,
+};
 
 use aya::programs::{
-    links::FdLink,
     tc::{NlOptions, TcAttachOptions},
-    LinkOrder, SchedClassifier,
+    SchedClassifier,
 };
 
 use super::{error::RemoveFailure, sys, BpfError, Hook};
@@ -18,25 +21,19 @@ pub struct AttachedLink {
     pub link_id: u32,
 }
 
-/// Attaches `prog` to `ifname` at `hook` through a TCX link (after programs already there)
-/// and pins the link at `path`, so it stays when this process exits.
-pub fn attach(prog: &mut SchedClassifier, hook: Hook, ifname: &str, path: &Path) -> Result<AttachedLink, BpfError> {
-    let name = hook.program();
-    let attach_err = |source| BpfError::Attach {
-        name,
+/// Attaches the program `prog` (an fd of a pinned program) to device `ifindex` at `hook`
+/// through a TCX link after the programs already there, and pins the link at `path`, so it
+/// stays when this process exits.
+pub fn attach(prog: BorrowedFd<'_>, hook: Hook, ifname: &str, ifindex: u32, path: &Path) -> Result<AttachedLink, BpfError> {
+    let link = sys::link_create_tcx(prog, ifindex, hook.tcx_attach_type()).map_err(|source| BpfError::AttachTcx {
+        name: hook.program(),
         ifname: ifname.to_owned(),
         direction: hook.label(),
-        source: Box::new(source),
-    };
-    let link_id = prog
-        .attach_with_options(ifname, hook.tc_attach_type(), TcAttachOptions::TcxOrder(LinkOrder::default()))
-        .map_err(attach_err)?;
-    // Taken out of aya's bookkeeping, the link lives as long as this fd or its pin.
-    let link = prog.take_link(link_id).map_err(attach_err)?;
-    let link = FdLink::try_from(link).map_err(|source| BpfError::LinkInfo { name, source: Box::new(source) })?;
-    let info = link.info().map_err(|source| BpfError::LinkInfo { name, source: Box::new(source) })?;
-    link.pin(path).map_err(|source| BpfError::PinLink { path: path.to_path_buf(), source: Box::new(source) })?;
-    Ok(AttachedLink { program_id: info.program_id(), link_id: info.id() })
+        source,
+    })?;
+    sys::obj_pin(link.as_fd(), path).map_err(|source| BpfError::PinTcxLink { path: path.to_path_buf(), source })?;
+    let info = sys::link_info(link.as_fd()).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })?;
+    Ok(AttachedLink { program_id: info.prog_id, link_id: info.id })
 }
 
 /// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` as a `bpf` filter

@@ -237,7 +237,7 @@ mod tests {
             ifname: "eth0",
         };
         let node = NodeId::from_netns_inode(1);
-        let err = add_pod(&node, &key, "veth0", &[], &[], AttachMode::Tcx).unwrap_err();
+        let err = add_pod(&node, &key, "veth0", 1, &[], &[], AttachMode::Tcx).unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");
         assert!(err.to_string().contains("cargo xtask build"));
     }

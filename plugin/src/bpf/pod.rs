@@ -1,7 +1,7 @@
 //! What ADD, DEL, CHECK and `inspect` do with the dataplane: a pod's links and endpoint
 //! entries, the node's device links, and the node's teardown when its last pod goes.
 
-use std::{fs, net::IpAddr, path::Path};
+use std::{fs, net::IpAddr, os::fd::AsFd, path::Path};
 
 use serde::Serialize;
 
@@ -19,6 +19,7 @@ pub fn add_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
     host_ifname: &str,
+    host_ifindex: u32,
     endpoints: &[PodEndpoint],
     devices: &[Device],
     mode: AttachMode,
@@ -27,18 +28,24 @@ pub fn add_pod(
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
     }
+    let t = std::time::Instant::now();
+    let step = |what: &str| log::debug!("add_pod {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let root = PinRoot::from_env();
     ensure_bpffs_at(&root)?;
     let _lock = NodeLock::take(&root)?;
+    step("locked");
     let mut progs = Programs::open_or_load(&root, node)?;
+    step("programs");
     let mut maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
         what: "endpoint map",
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
+    step("maps");
     if let Err(e) = sync_devices(&root, node, &mut progs, devices, mode) {
         // The pod works without them (traffic from devices then takes the stack).
         log::warn!("node devices: {e}");
     }
+    step("devices");
 
     let pins = root.attachment(node, key);
     let stop_at = root.attachments_dir(node);
@@ -50,12 +57,32 @@ pub fn add_pod(
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
-        for hook in Hook::POD {
-            match mode {
-                AttachMode::Tcx => links::attach(progs.get(hook), hook, host_ifname, &pins.link(hook)).map(drop)?,
-                AttachMode::Netlink => links::attach_netlink(progs.get(hook), hook, host_ifname, &pins.netlink_record(hook))?,
+        step("endpoints");
+        match mode {
+            AttachMode::Tcx => {
+                // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here):
+                // the two hooks attach at once so their waits overlap.
+                let from_pod = progs.fd(Hook::FromPod)?.try_clone_to_owned().map_err(|source| BpfError::OpenPin {
+                    path: root.program(node, &super::revision(), Hook::FromPod.program()),
+                    source,
+                })?;
+                let to_pod = progs.fd(Hook::ToPod)?;
+                let (a, b) = std::thread::scope(|s| {
+                    let path = pins.link(Hook::FromPod);
+                    let t = s.spawn(move || links::attach(from_pod.as_fd(), Hook::FromPod, host_ifname, host_ifindex, &path));
+                    let b = links::attach(to_pod, Hook::ToPod, host_ifname, host_ifindex, &pins.link(Hook::ToPod));
+                    (t.join().expect("attach thread does not panic"), b)
+                });
+                a?;
+                b?;
+            }
+            AttachMode::Netlink => {
+                for hook in Hook::POD {
+                    links::attach_netlink(progs.classifier(hook)?, hook, host_ifname, &pins.netlink_record(hook))?;
+                }
             }
         }
+        step("attached");
         Ok(())
     })();
     if res.is_err() {
@@ -144,7 +171,7 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
                 continue;
             }
             create_dir_all_racy(record.parent().expect("a record lives in a directory"))?;
-            links::attach_netlink(progs.get(Hook::FromDev), Hook::FromDev, &dev.name, &record)?;
+            links::attach_netlink(progs.classifier(Hook::FromDev)?, Hook::FromDev, &dev.name, &record)?;
         }
     }
     for dev in devices.iter().filter(|_| mode == AttachMode::Tcx) {
@@ -158,7 +185,7 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
             }
         }
         create_dir_all_racy(path.parent().expect("a device link lives in a directory"))?;
-        links::attach(progs.get(Hook::FromDev), Hook::FromDev, &dev.name, &path)?;
+        links::attach(progs.fd(Hook::FromDev)?, Hook::FromDev, &dev.name, dev.ifindex, &path)?;
     }
     if let Ok(entries) = fs::read_dir(&dir) {
         for e in entries.flatten() {

@@ -1,5 +1,7 @@
-//! The few bpf(2) calls CHECK needs that aya 0.14 does not offer: aya's `LinkInfo` has no
-//! TCX ifindex or attach type, and it cannot look a program up by id.
+//! The few bpf(2) calls aya 0.14 does not offer, or offers at a cost: aya's `LinkInfo` has
+//! no TCX ifindex or attach type and it cannot look a program up by id; and opening a
+//! pinned program or naming a map through aya runs its feature detection first (loading
+//! probe programs, ~20 ms per process), which ADD's fast path cannot afford.
 //!
 //! Each attribute struct is the prefix of `union bpf_attr` for its command; the kernel treats
 //! bytes past the size we pass as zero, and the info structs are prefixes of the kernel's
@@ -15,7 +17,9 @@ use std::{
     path::Path,
 };
 
+const BPF_OBJ_PIN: libc::c_int = 6;
 const BPF_OBJ_GET: libc::c_int = 7;
+const BPF_LINK_CREATE: libc::c_int = 28;
 const BPF_PROG_GET_FD_BY_ID: libc::c_int = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
 
@@ -174,5 +178,74 @@ pub(crate) fn prog_name(prog_id: u32) -> io::Result<String> {
         .iter()
         .position(|&b| b == 0)
         .unwrap_or(raw.name.len());
+    Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
+}
+
+#[repr(C)]
+struct ObjPinAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// Pins `fd` at `path` (`BPF_OBJ_PIN`).
+pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjPinAttr { pathname: c_path.as_ptr() as u64, bpf_fd: fd.as_raw_fd() as u32, file_flags: 0 };
+    // SAFETY: `attr` is the BPF_OBJ_PIN prefix; `c_path` outlives the call.
+    unsafe { sys_bpf(BPF_OBJ_PIN, &mut attr) }.map(drop)
+}
+
+/// `bpf_attr.link_create` up to its `tcx` member (relative_fd/id, expected_revision).
+#[repr(C)]
+struct LinkCreateTcxAttr {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+    relative: u32,
+    _pad: u32,
+    expected_revision: u64,
+}
+
+/// Attaches `prog` to `ifindex` through a TCX link after the programs already there
+/// (`BPF_LINK_CREATE`); the link lives as long as the returned fd or a pin of it.
+pub(crate) fn link_create_tcx(prog: BorrowedFd<'_>, ifindex: u32, attach_type: u32) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateTcxAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_ifindex: ifindex,
+        attach_type,
+        flags: 0,
+        relative: 0,
+        _pad: 0,
+        expected_revision: 0,
+    };
+    // SAFETY: `attr` is the BPF_LINK_CREATE prefix for TCX; no pointers.
+    unsafe { sys_bpf(BPF_LINK_CREATE, &mut attr) }.map(owned_fd)
+}
+
+/// Prefix of `struct bpf_map_info` up to `name`.
+#[repr(C)]
+#[derive(Default)]
+struct RawMapInfo {
+    map_type: u32,
+    id: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    name: [u8; 16],
+}
+
+const _: () = assert!(mem::size_of::<LinkCreateTcxAttr>() == 32);
+const _: () = assert!(mem::size_of::<RawMapInfo>() == 40);
+
+/// The kernel's name of the map behind `fd`.
+pub(crate) fn map_name(fd: BorrowedFd<'_>) -> io::Result<String> {
+    let mut raw = RawMapInfo::default();
+    // SAFETY: `RawMapInfo` is a prefix of `bpf_map_info`, integers only.
+    unsafe { obj_info(fd, &mut raw) }?;
+    let len = raw.name.iter().position(|&b| b == 0).unwrap_or(raw.name.len());
     Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
 }
