@@ -23,9 +23,11 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 pub const BPF_TCX_INGRESS: u32 = 46;
@@ -147,6 +149,35 @@ pub fn prog_name(prog_id: u32) -> io::Result<String> {
     let fd = fd_from(sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr, 16)?);
     let info = obj_info(&fd)?;
     Ok(info.cstr_at(64, 16))
+}
+
+/// A kind of BPF object, for [`object_exists`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    Prog,
+    Map,
+    Link,
+}
+
+/// Whether the kernel still holds the program, map or link with this id (anywhere: ids are
+/// global). The kernel frees an object some time after its last reference goes (links and
+/// pins are released from deferred work), so callers poll.
+pub fn object_exists(kind: ObjectKind, id: u32) -> io::Result<bool> {
+    let cmd = match kind {
+        ObjectKind::Prog => BPF_PROG_GET_FD_BY_ID,
+        ObjectKind::Map => BPF_MAP_GET_FD_BY_ID,
+        ObjectKind::Link => BPF_LINK_GET_FD_BY_ID,
+    };
+    let mut attr = Buf::new();
+    attr.put_u32(0, id);
+    match sys_bpf(cmd, &mut attr, 16) {
+        Ok(fd) => {
+            drop(fd_from(fd));
+            Ok(true)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 fn obj_info(fd: &OwnedFd) -> io::Result<Buf> {

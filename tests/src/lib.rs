@@ -11,13 +11,21 @@
 //! [`Node::pinned_files`]); traffic is checked in-process between test-made namespaces only
 //! ([`net`]). Everything is torn down in `Drop`, also when a test panics.
 //!
+//! For the dataplane (issue 3): [`external`] wires hosts outside a node to it through node
+//! devices, [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads
+//! (and, for CHECK tests, damages) the node-wide pinned maps with bpftool and runs
+//! `ebpf-cni inspect`.
+//!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
 pub mod bpf;
 pub mod config;
+pub mod dataplane;
+pub mod external;
 pub mod fsutil;
 pub mod kernel;
 pub mod net;
+pub mod netfilter;
 pub mod netns;
 pub mod node;
 pub mod plugin;

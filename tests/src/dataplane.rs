@@ -1,0 +1,370 @@
+//! ebpf-cni's node-wide dataplane state (issue 3), read — and, for CHECK tests, damaged —
+//! without going through the plugin: the pinned maps through `bpftool`, the pin layout
+//! under the node's directory, and `ebpf-cni inspect --json` for comparison.
+//!
+//! The layouts decoded here are the contract of `maps/` (little-endian integers):
+//! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
+//! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], pad [4]`;
+//! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 64 bytes:
+//! `from_pod {packets, bytes, drops, errors}` then `to_pod {…}`, all u64.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+
+use crate::node::Node;
+
+pub const ENDPOINTS_MAP: &str = "ECNI_ENDPOINTS";
+pub const POD_COUNTERS_MAP: &str = "ECNI_POD_CNT";
+pub const PROG_FROM_POD: &str = "ecni_from_pod";
+pub const PROG_TO_POD: &str = "ecni_to_pod";
+pub const PROG_FROM_DEV: &str = "ecni_from_dev";
+pub const LINK_FROM_POD: &str = "link_from_pod";
+pub const LINK_TO_POD: &str = "link_to_pod";
+pub const LINK_FROM_DEV: &str = "link_from_dev";
+
+/// `<node pin root>/maps/<name>`.
+pub fn map_pin(node: &Node, name: &str) -> PathBuf {
+    node.pin_root().join("maps").join(name)
+}
+
+/// `<node pin root>/devices/<dev>/link_from_dev`.
+pub fn device_link_pin(node: &Node, dev: &str) -> PathBuf {
+    node.pin_root()
+        .join("devices")
+        .join(dev)
+        .join(LINK_FROM_DEV)
+}
+
+/// Every pinned program of the node: `programs/<revision>/<name>`.
+pub fn pinned_programs(node: &Node) -> Vec<PathBuf> {
+    crate::fsutil::list_files(&node.pin_root().join("programs"))
+        .expect("listing the node's programs")
+        .into_iter()
+        .map(|p| node.pin_root().join("programs").join(p))
+        .collect()
+}
+
+/// One value of the endpoint map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    pub attachment_id: u64,
+    pub host_ifindex: u32,
+    pub flags: u32,
+    pub host_mac: [u8; 6],
+    pub pod_mac: [u8; 6],
+    /// The value as stored, for writing it back.
+    pub raw: [u8; 32],
+}
+
+impl Endpoint {
+    pub fn decode(raw: [u8; 32]) -> Self {
+        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().expect("4 bytes"));
+        Self {
+            attachment_id: u64_at(0),
+            host_ifindex: u32_at(8),
+            flags: u32_at(12),
+            host_mac: raw[16..22].try_into().expect("6 bytes"),
+            pod_mac: raw[22..28].try_into().expect("6 bytes"),
+            raw,
+        }
+    }
+
+    /// `raw` with the given fields replaced (the rest as stored).
+    pub fn encode(&self) -> [u8; 32] {
+        let mut raw = self.raw;
+        raw[0..8].copy_from_slice(&self.attachment_id.to_le_bytes());
+        raw[8..12].copy_from_slice(&self.host_ifindex.to_le_bytes());
+        raw[12..16].copy_from_slice(&self.flags.to_le_bytes());
+        raw[16..22].copy_from_slice(&self.host_mac);
+        raw[22..28].copy_from_slice(&self.pod_mac);
+        raw
+    }
+}
+
+/// A MAC as `ip link` prints it.
+pub fn format_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The endpoint map's key for `ip`.
+pub fn endpoint_key(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn key_ip(key: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(key);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// One direction's counts, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DirCounts {
+    pub packets: u64,
+    pub bytes: u64,
+    pub drops: u64,
+    pub errors: u64,
+}
+
+impl DirCounts {
+    fn add_le(&mut self, b: &[u8]) {
+        let at = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        self.packets += at(0);
+        self.bytes += at(1);
+        self.drops += at(2);
+        self.errors += at(3);
+    }
+
+    /// From inspect's `{packets, bytes, drops, errors}`.
+    pub fn from_json(v: &Value) -> Option<Self> {
+        let f = |k: &str| v.get(k).and_then(Value::as_u64);
+        Some(Self {
+            packets: f("packets")?,
+            bytes: f("bytes")?,
+            drops: f("drops")?,
+            errors: f("errors")?,
+        })
+    }
+
+    /// Every field of `self` is at least `earlier`'s (counters never go back).
+    pub fn at_least(&self, earlier: &Self) -> bool {
+        self.packets >= earlier.packets
+            && self.bytes >= earlier.bytes
+            && self.drops >= earlier.drops
+            && self.errors >= earlier.errors
+    }
+}
+
+/// A pod's counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodCounts {
+    pub from_pod: DirCounts,
+    pub to_pod: DirCounts,
+}
+
+fn bpftool_json(args: &[&str]) -> Result<Value> {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running bpftool")?;
+    if !out.status.success() {
+        bail!(
+            "bpftool {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let text = if text.trim().is_empty() {
+        "[]"
+    } else {
+        text.trim()
+    };
+    serde_json::from_str(text).with_context(|| format!("parsing bpftool {}", args.join(" ")))
+}
+
+/// bpftool prints bytes as `["0x0a", …]`.
+fn hex_bytes(v: &Value) -> Result<Vec<u8>> {
+    v.as_array()
+        .context("expected an array of bytes")?
+        .iter()
+        .map(|b| {
+            let s = b.as_str().context("byte is not a string")?;
+            u8::from_str_radix(s.trim_start_matches("0x"), 16)
+                .with_context(|| format!("byte {s:?} is not hex"))
+        })
+        .collect()
+}
+
+fn hex_args(bytes: &[u8]) -> Vec<String> {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One entry of a map dump: the key and its value (one per CPU for per-CPU maps).
+struct RawEntry {
+    key: Vec<u8>,
+    values: Vec<Vec<u8>>,
+}
+
+/// `bpftool map dump pinned <path>`.
+fn dump(path: &Path) -> Result<Vec<RawEntry>> {
+    let path_s = path.to_string_lossy();
+    let v = bpftool_json(&["map", "dump", "pinned", &path_s])?;
+    let mut out = Vec::new();
+    for e in v.as_array().context("bpftool map dump is not a list")? {
+        let key = hex_bytes(e.get("key").context("entry without key")?)?;
+        let values = if let Some(per_cpu) = e.get("values").and_then(Value::as_array) {
+            per_cpu
+                .iter()
+                .map(|c| hex_bytes(c.get("value").unwrap_or(&Value::Null)))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            vec![hex_bytes(e.get("value").context("entry without value")?)?]
+        };
+        out.push(RawEntry { key, values });
+    }
+    Ok(out)
+}
+
+/// The endpoint map, decoded; read with bpftool from the pin.
+pub fn endpoints(node: &Node) -> Result<BTreeMap<IpAddr, Endpoint>> {
+    let mut out = BTreeMap::new();
+    for RawEntry { key, values } in dump(&map_pin(node, ENDPOINTS_MAP))? {
+        let key: [u8; 16] = key
+            .as_slice()
+            .try_into()
+            .with_context(|| format!("endpoint key of {} bytes", key.len()))?;
+        let raw: [u8; 32] = values[0]
+            .as_slice()
+            .try_into()
+            .with_context(|| format!("endpoint value of {} bytes", values[0].len()))?;
+        out.insert(key_ip(key), Endpoint::decode(raw));
+    }
+    Ok(out)
+}
+
+/// The per-pod counters by host veth ifindex, each summed over CPUs; read with bpftool.
+pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
+    let mut out = BTreeMap::new();
+    for RawEntry { key, values } in dump(&map_pin(node, POD_COUNTERS_MAP))? {
+        ensure!(key.len() == 4, "counters key of {} bytes", key.len());
+        let ifindex = u32::from_le_bytes(key[..4].try_into().expect("4 bytes"));
+        let mut c = PodCounts::default();
+        for v in &values {
+            ensure!(v.len() == 64, "counters value of {} bytes", v.len());
+            c.from_pod.add_le(&v[..32]);
+            c.to_pod.add_le(&v[32..]);
+        }
+        out.insert(ifindex, c);
+    }
+    Ok(out)
+}
+
+/// `bpftool map delete` of `ip`'s endpoint entry.
+pub fn delete_endpoint(node: &Node, ip: IpAddr) -> Result<()> {
+    let path = map_pin(node, ENDPOINTS_MAP);
+    let mut args = vec!["map".to_owned(), "delete".into(), "pinned".into()];
+    args.push(path.to_string_lossy().into_owned());
+    args.push("key".into());
+    args.push("hex".into());
+    args.extend(hex_args(&endpoint_key(ip)));
+    bpftool_ok(&args)
+}
+
+/// `bpftool map update` of `ip`'s endpoint entry with `value`.
+pub fn update_endpoint(node: &Node, ip: IpAddr, value: &[u8; 32]) -> Result<()> {
+    let path = map_pin(node, ENDPOINTS_MAP);
+    let mut args = vec!["map".to_owned(), "update".into(), "pinned".into()];
+    args.push(path.to_string_lossy().into_owned());
+    args.push("key".into());
+    args.push("hex".into());
+    args.extend(hex_args(&endpoint_key(ip)));
+    args.push("value".into());
+    args.push("hex".into());
+    args.extend(hex_args(value));
+    bpftool_ok(&args)
+}
+
+/// `bpftool link detach id <id>`: the link stays (and its pin), its program is detached.
+pub fn detach_link(link_id: u32) -> Result<()> {
+    bpftool_ok(&[
+        "link".to_owned(),
+        "detach".into(),
+        "id".into(),
+        link_id.to_string(),
+    ])
+}
+
+fn bpftool_ok(args: &[String]) -> Result<()> {
+    let out = Command::new("bpftool")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running bpftool")?;
+    if !out.status.success() {
+        bail!(
+            "bpftool {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `ebpf-cni inspect --json --netns <node>` (the operator CLI: no `CNI_COMMAND`), parsed.
+pub fn inspect(bin: &Path, node: &Node) -> Result<Value> {
+    let out = Command::new(bin)
+        .env_remove("CNI_COMMAND")
+        .args(["inspect", "--json", "--netns"])
+        .arg(node.netns().path())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} inspect", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} inspect --json failed ({:?}): {}",
+            bin.display(),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "inspect --json printed no JSON: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// inspect's attachment entry for `container_id`.
+pub fn inspect_attachment<'a>(report: &'a Value, container_id: &str) -> Option<&'a Value> {
+    report
+        .get("attachments")?
+        .as_array()?
+        .iter()
+        .find(|a| a.get("container_id").and_then(Value::as_str) == Some(container_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_layout_round_trips() {
+        let mut raw = [0u8; 32];
+        raw[0..8].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        raw[8..12].copy_from_slice(&7u32.to_le_bytes());
+        raw[16..22].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        raw[22..28].copy_from_slice(&[0xa, 0xb, 0xc, 0xd, 0xe, 0xf]);
+        let e = Endpoint::decode(raw);
+        assert_eq!(e.attachment_id, 0x0102_0304_0506_0708);
+        assert_eq!(e.host_ifindex, 7);
+        assert_eq!(format_mac(&e.pod_mac), "0a:0b:0c:0d:0e:0f");
+        assert_eq!(e.encode(), raw);
+        let ip: IpAddr = "10.10.0.2".parse().unwrap();
+        assert_eq!(
+            endpoint_key(ip),
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 10, 0, 2]
+        );
+        assert_eq!(key_ip(endpoint_key(ip)), ip);
+        let ip6: IpAddr = "fd00:10::2".parse().unwrap();
+        assert_eq!(key_ip(endpoint_key(ip6)), ip6);
+    }
+}
