@@ -99,6 +99,7 @@ async fn setup(
     }
     let addrs: Vec<PodAddress> =
         result.ips.iter().map(|ip| PodAddress { address: ip.address, gateway: ip.gateway }).collect();
+    bpf::ensure_addresses_free(node, key, &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>())?;
 
     let pair = veth::create(host_nl, pod_nl, pod_ns, host_name, &env.ifname, conf.mtu, mac).await?;
     undo.push(Undo::HostLink { index: pair.host.index });

@@ -21,8 +21,8 @@ use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::kernel::{self, Family};
 use ebpf_cni_tests::net::{self, tcp_echo, tcp_echo_with};
 use ebpf_cni_tests::{
-    fsutil, netfilter, require_root, unique_container_id, AddResult, Attachment, ListError,
-    NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
+    fsutil, netfilter, require_root, unique_container_id, AddResult, Attachment, CniCommand,
+    ListError, NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
 };
 use serde_json::Value;
 
@@ -1040,4 +1040,49 @@ fn ttl_is_decremented_once_and_expiry_left_to_the_stack() {
         assert_eq!(got, None, "pod -> pod ({fam:?}) with TTL 1 was delivered");
     }
     assert_eq!(forwarded(&node), (0, 0), "datagrams crossed FORWARD");
+}
+
+/// The endpoint map is keyed by address alone, so a second network whose subnet overlaps
+/// the first on one node would silently take over the first pod's address. ADD refuses it
+/// (code 7, naming the address) and rolls back completely; the first pod keeps working.
+#[test]
+fn overlapping_networks_on_one_node_are_refused() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let conf_a = p.conf("1.0.0", &node, Stack::V4);
+    let env_a = p.env(&unique_container_id(), pod_a.path(), "eth0");
+    p.run(&node, CniCommand::Add, &env_a, conf_a.to_string())
+        .expect_success("ADD on the first network");
+
+    // Same subnet, other network name, its own IPAM directory: host-local hands out the
+    // same first address again.
+    let mut conf_b = conf_a.clone();
+    conf_b["name"] = Value::from("othernet");
+    conf_b["ipam"]["dataDir"] = Value::from(node.scratch_dir().join("ipam-b").display().to_string());
+    let before = node.snapshot(Some(&pod_b));
+    let env_b = p.env(&unique_container_id(), pod_b.path(), "eth0");
+    let out = p.run(&node, CniCommand::Add, &env_b, conf_b.to_string());
+    let err = out.expect_error(7, "ADD on an overlapping network");
+    assert!(err.msg.contains("10.10.0.2") && err.msg.contains("already used"), "{err:?}");
+    let after = node.snapshot(Some(&pod_b));
+    assert_eq!(after.node_links, before.node_links, "no host veth left behind");
+    assert_eq!(after.pod_links, before.pod_links, "no pod interface left behind");
+    let leases_b: Vec<_> = fsutil::list_files(&node.scratch_dir().join("ipam-b"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("10.")))
+        .collect();
+    assert!(leases_b.is_empty(), "the refused ADD's lease was released: {leases_b:?}");
+
+    // The first pod still owns its address in the dataplane and answers from the node.
+    let a = dp::endpoints(&node).unwrap();
+    let ip: IpAddr = "10.10.0.2".parse().unwrap();
+    assert!(a.contains_key(&ip), "entry of the first pod kept: {a:?}");
+    tcp_echo(node.netns(), &pod_a, ip, 0).expect("node -> first pod still works");
+    p.run(&node, CniCommand::Del, &env_a, conf_a.to_string())
+        .expect_success("DEL on the first network");
+    p.run(&node, CniCommand::Del, &env_b, conf_b.to_string())
+        .expect_success("DEL of the refused attachment is a no-op");
 }

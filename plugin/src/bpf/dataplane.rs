@@ -209,6 +209,21 @@ impl Maps {
         }))
     }
 
+    /// Refuses an address another live attachment of this node already holds: the map is
+    /// keyed by address alone, so two networks with overlapping subnets on one node would
+    /// silently steal each other's pods. An entry whose host veth is gone is stale (its DEL
+    /// never came) and may be replaced.
+    pub fn ensure_free(&self, attachment_id: u64, ips: &[IpAddr]) -> Result<(), BpfError> {
+        for ip in ips {
+            if let Ok(v) = self.endpoints.get(&endpoint_key(*ip), 0) {
+                if v.attachment_id != attachment_id && nix::net::if_::if_indextoname(v.host_ifindex).is_ok() {
+                    return Err(BpfError::AddressInUse { ip: *ip, host_ifindex: v.host_ifindex });
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
         for ep in eps {

@@ -143,6 +143,9 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("address {ip} is already used on this node by another attachment (host veth ifindex {host_ifindex}): networks with overlapping subnets cannot share a node")]
+    AddressInUse { ip: std::net::IpAddr, host_ifindex: u32 },
+
     #[error("failed to lock {path}")]
     NodeLock {
         path: PathBuf,
@@ -275,6 +278,7 @@ impl BpfError {
             | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
             | Self::EndpointStale { .. } => code::CHECK_FAILED,
+            Self::AddressInUse { .. } => code::INVALID_CONFIG,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
             _ => code::BPF,

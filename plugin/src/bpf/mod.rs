@@ -23,7 +23,7 @@ pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use trace::trace;
-pub use pod::{add_pod, check_pod, del_pod, inspect, AttachmentReport, DeviceReport, NodeReport};
+pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, DeviceReport, NodeReport};
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
 /// `cargo xtask build`.

@@ -54,6 +54,7 @@ pub fn add_pod(
         links::remove_dir_pins(&stop_at, pins.dir()).map_err(|failures| BpfError::Detach { dir: pins.dir().into(), failures })?;
     }
     maps.remove_attachment(key.id())?;
+    maps.ensure_free(key.id(), &endpoints.iter().map(|e| e.ip).collect::<Vec<_>>())?;
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
@@ -95,6 +96,16 @@ pub fn add_pod(
         let _ = maps.remove_attachment(key.id());
     }
     res
+}
+
+/// Before ADD changes anything for these addresses: none may belong to another live
+/// attachment of this node (see [`Maps::ensure_free`]).
+pub fn ensure_addresses_free(node: &NodeId, key: &AttachmentKey<'_>, ips: &[IpAddr]) -> Result<(), BpfError> {
+    key.validate()?;
+    match Maps::open(&PinRoot::from_env(), node)? {
+        Some(maps) => maps.ensure_free(key.id(), ips),
+        None => Ok(()),
+    }
 }
 
 /// Detaches a pod: its links (unpinning detaches them) and its endpoint entries and
