@@ -33,12 +33,12 @@ static PROGRAMS: &[u8] =
 /// Identifies the embedded object: programs pinned by a binary with other programs are
 /// never reused by this one (it loads and pins its own next to them).
 pub fn revision() -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in PROGRAMS {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", fnv1a(PROGRAMS.iter().copied()))
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.
+fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
+    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
@@ -61,14 +61,7 @@ impl AttachmentKey<'_> {
     /// ("a","bc") differ). It tags the attachment's endpoint-map entries and names its host
     /// veth, so DEL finds both without saved state.
     pub fn id(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in [self.network, self.container_id, self.ifname] {
-            for b in part.bytes().chain(std::iter::once(0)) {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        h
+        fnv1a([self.network, self.container_id, self.ifname].into_iter().flat_map(|p| p.bytes().chain([0])))
     }
 
     /// Each value becomes one path component: non-empty, not `.` or `..`, no `/` or NUL.
