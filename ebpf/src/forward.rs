@@ -17,6 +17,7 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey};
 use aya_log_ebpf::debug;
 
 use crate::{
+    limit::{police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr,
@@ -105,10 +106,19 @@ fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
     Some(())
 }
 
-/// Delivers into a local pod's namespace, as if its gateway had sent the frame.
+/// Delivers into a local pod's namespace, as if its gateway had sent the frame, within the
+/// pod's ingress limit.
 #[inline(always)]
 fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     let len = ctx.len();
+    match police(ctx, ep.host_ifindex, Way::Ingress) {
+        Verdict::Drop => {
+            count(ep.host_ifindex, Dir::ToPod, Event::Drop, len);
+            return TC_ACT_SHOT as i32;
+        }
+        Verdict::Mark => count(ep.host_ifindex, Dir::ToPod, Event::Mark, len),
+        Verdict::Pass => {}
+    }
     // Re-derive packet pointers after the checks: a failed bounds check leaves it to the stack.
     if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
         return PASS;
@@ -130,7 +140,16 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
 #[inline(always)]
 pub fn from_pod(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
-    count(me, Dir::FromPod, Event::Packet, ctx.len());
+    let len = ctx.len();
+    match police(ctx, me, Way::Egress) {
+        Verdict::Drop => {
+            count(me, Dir::FromPod, Event::Drop, len);
+            return TC_ACT_SHOT as i32;
+        }
+        Verdict::Mark => count(me, Dir::FromPod, Event::Mark, len),
+        Verdict::Pass => {}
+    }
+    count(me, Dir::FromPod, Event::Packet, len);
     match classify(ctx) {
         Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me => deliver(ctx, proto, &ep),
         Some((proto, Dest::Other)) => route(ctx, proto, me),
@@ -143,10 +162,20 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     }
 }
 
-/// Host veth egress: only counts; redirected packets never come this way.
+/// Host veth egress: what the stack sends into the pod (redirected packets never come this
+/// way): counted, and held to the pod's ingress limit.
 #[inline(always)]
 pub fn to_pod(ctx: &TcContext) -> i32 {
-    count(ifindex(ctx), Dir::ToPod, Event::Packet, ctx.len());
+    let (me, len) = (ifindex(ctx), ctx.len());
+    match police(ctx, me, Way::Ingress) {
+        Verdict::Drop => {
+            count(me, Dir::ToPod, Event::Drop, len);
+            return TC_ACT_SHOT as i32;
+        }
+        Verdict::Mark => count(me, Dir::ToPod, Event::Mark, len),
+        Verdict::Pass => {}
+    }
+    count(me, Dir::ToPod, Event::Packet, len);
     PASS
 }
 

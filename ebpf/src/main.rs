@@ -14,6 +14,7 @@
 #![no_main]
 
 mod forward;
+mod limit;
 mod maps;
 mod packet;
 

@@ -5,7 +5,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuHashMap},
 };
-use ebpf_cni_maps::{str_eq, DirCounters, EndpointInfo, EndpointKey, PodCounters, MAX_ENDPOINTS};
+use ebpf_cni_maps::{
+    str_eq, DirCounters, EndpointInfo, EndpointKey, PodCounters, RateLimit, MAX_ENDPOINTS,
+};
 
 #[map]
 pub static ECNI_ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
@@ -15,6 +17,11 @@ pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> = PerCpuHashMap::with_m
 
 #[map]
 pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static ECNI_RATES: HashMap<u32, RateLimit> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+
+const _: () = assert!(str_eq(ebpf_cni_maps::RATE_LIMITS_MAP, stringify!(ECNI_RATES)));
 
 const _: () = assert!(str_eq(ebpf_cni_maps::ENDPOINTS_MAP, stringify!(ECNI_ENDPOINTS)));
 const _: () = assert!(str_eq(ebpf_cni_maps::TRACE_MAP, stringify!(ECNI_TRACE)));
@@ -44,6 +51,10 @@ pub enum Dir {
 pub enum Event {
     /// Forwarded or passed on: counts packets and bytes.
     Packet,
+    /// Dropped by the rate limiter.
+    Drop,
+    /// Marked ECN CE by the rate limiter.
+    Mark,
     /// A helper failed; the packet went to the stack.
     Error,
 }
@@ -67,5 +78,7 @@ pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
             d.bytes = d.bytes.wrapping_add(u64::from(len));
         }
         Event::Error => d.errors = d.errors.wrapping_add(1),
+        Event::Drop => d.drops = d.drops.wrapping_add(1),
+        Event::Mark => d.marks = d.marks.wrapping_add(1),
     }
 }

@@ -16,6 +16,9 @@ pub const POD_COUNTERS_MAP: &str = "ECNI_POD_CNT";
 /// Node-wide array with one `u32`: non-zero while `ebpf-cni trace` runs. The programs log
 /// to aya-log's ring buffer only then, so tracing costs one array lookup when off.
 pub const TRACE_MAP: &str = "ECNI_TRACE";
+/// Node-wide hash of per-pod rate limits: host veth ifindex (`u32`) → [`RateLimit`]. A pod
+/// without limits has no entry, and its packets skip the limiter after one failed lookup.
+pub const RATE_LIMITS_MAP: &str = "ECNI_RATES";
 /// Capacity of [`ENDPOINTS_MAP`] (pod addresses per node) and [`POD_COUNTERS_MAP`].
 pub const MAX_ENDPOINTS: u32 = 65_536;
 
@@ -104,13 +107,17 @@ const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 32);
 pub struct DirCounters {
     pub packets: u64,
     pub bytes: u64,
-    /// Packets the dataplane dropped on purpose.
+    /// Packets the dataplane dropped on purpose (the rate limiter).
     pub drops: u64,
     /// Packets a helper failed on; they went to the stack unchanged.
     pub errors: u64,
+    /// Packets the rate limiter marked ECN CE instead of dropping.
+    pub marks: u64,
+    /// Room for counters a newer binary adds without changing the pinned layout.
+    pub _spare: [u64; 3],
 }
 
-const _: () = assert!(core::mem::size_of::<DirCounters>() == 32);
+const _: () = assert!(core::mem::size_of::<DirCounters>() == 64);
 
 /// Value of [`POD_COUNTERS_MAP`] on one CPU.
 #[repr(C)]
@@ -122,7 +129,34 @@ pub struct PodCounters {
     pub to_pod: DirCounters,
 }
 
-const _: () = assert!(core::mem::size_of::<PodCounters>() == 64);
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 128);
+
+/// A token bucket. `rate_bytes` 0: no limit in this direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    /// Refill rate in bytes per second.
+    pub rate_bytes: u64,
+    /// Bucket size in bytes (the burst).
+    pub burst_bytes: u64,
+    /// Bytes that may pass now (updated by the programs).
+    pub tokens: u64,
+    /// `bpf_ktime_get_ns()` of the last refill (updated by the programs).
+    pub last_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Bucket>() == 32);
+
+/// Value of [`RATE_LIMITS_MAP`]: "ingress" is traffic towards the pod, "egress" from it (the
+/// CNI bandwidth convention).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateLimit {
+    pub ingress: Bucket,
+    pub egress: Bucket,
+}
+
+const _: () = assert!(core::mem::size_of::<RateLimit>() == 64);
 
 // SAFETY: `repr(C)`, integer and byte-array fields only, no implicit padding (sizes asserted
 // above), so every bit pattern is a valid value.
@@ -134,6 +168,8 @@ unsafe impl aya::Pod for EndpointInfo {}
 unsafe impl aya::Pod for DirCounters {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PodCounters {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RateLimit {}
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
 /// longer name would show up cut in bpftool and in the program info that CHECK compares.
@@ -144,6 +180,7 @@ const fn fits_bpf_obj_name(name: &str) -> bool {
 const _: () = assert!(fits_bpf_obj_name(ENDPOINTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(POD_COUNTERS_MAP));
 const _: () = assert!(fits_bpf_obj_name(TRACE_MAP));
+const _: () = assert!(fits_bpf_obj_name(RATE_LIMITS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));

@@ -3,7 +3,7 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    bpf::{self, AttachMode, AttachmentKey, Device, NodeId, PodEndpoint},
+    bpf::{self, AttachMode, AttachmentKey, Device, NodeId, PodEndpoint, PodSpec},
     cni::{
         code,
         config::{parse_mac, NetConf, TcAttachMode},
@@ -33,6 +33,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
         CniError::new(code::INVALID_CONFIG, "ipam is missing: ebpf-cni needs an ipam section to address the pod")
     })?;
     ipam.validate(env)?;
+    let limits = crate::bandwidth::limits(conf)?;
     let mac = match (&conf.runtime.mac, &env.args.mac) {
         (Some(m), _) => Some(parse_mac(m, "runtimeConfig.mac")?),
         (None, Some(m)) => Some(parse_mac(m, "CNI_ARGS MAC")?),
@@ -64,7 +65,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
     }
 
     let mut undo = Vec::new();
-    let res = setup(env, conf, stdin, &ipam, mac, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key, &mut undo).await;
+    let res = setup(env, conf, stdin, &ipam, mac, &limits, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key, &mut undo).await;
     match res {
         Ok(v) => Ok(v),
         Err(e) => {
@@ -81,6 +82,7 @@ async fn setup(
     stdin: &[u8],
     ipam: &Ipam,
     mac: Option<[u8; 6]>,
+    limits: &crate::bandwidth::Limits,
     pod_ns: &Netns,
     host_nl: &Netlink,
     pod_nl: &Netlink,
@@ -127,7 +129,8 @@ async fn setup(
     let devices = node_devices(host_nl, conf).await?;
     step("devices listed");
     undo.push(Undo::Programs);
-    bpf::add_pod(node, key, host_name, pair.host.index, &endpoints, &devices, attach_mode(conf))?;
+    let spec = PodSpec { host_ifname: host_name, host_ifindex: pair.host.index, endpoints: &endpoints, limits: limits.to_map_value() };
+    bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
     step("eBPF attached");
 
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {

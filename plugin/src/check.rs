@@ -119,7 +119,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         .map(|i| PodEndpoint { ip: i.address.ip(), host_ifindex: host.index, host_mac, pod_mac })
         .collect();
     let mode = crate::add::attach_mode(conf);
-    bpf::check_pod(&node, &key, host.index, &endpoints, mode).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    let limits = crate::bandwidth::limits(conf)?.to_map_value();
+    bpf::check_pod(&node, &key, host.index, &endpoints, limits, mode).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {
         for hook in Hook::POD {
             let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;

@@ -156,6 +156,19 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         for l in &a.links {
             println!("      {:<9} {} prog {} link {} on ifindex {}", l.hook, l.program, l.program_id, l.link_id, l.ifindex);
         }
+        let limit = |l: &Option<bpf::LimitReport>| {
+            l.as_ref().map_or("unlimited".to_owned(), |l| format!("{} bit/s, burst {} B", l.rate_bytes * 8, l.burst_bytes))
+        };
+        if a.ingress_limit.is_some() || a.egress_limit.is_some() {
+            let marks = |c: &Option<bpf::Counts>| c.as_ref().map_or(0, |c| c.marks);
+            println!(
+                "      limits    to pod {} ({} ECN-marked), from pod {} ({} ECN-marked)",
+                limit(&a.ingress_limit),
+                marks(&a.to_pod),
+                limit(&a.egress_limit),
+                marks(&a.from_pod)
+            );
+        }
     }
     Ok(())
 }

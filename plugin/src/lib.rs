@@ -4,6 +4,7 @@
 //! or error JSON); without it, it is an operator CLI.
 
 pub mod add;
+pub mod bandwidth;
 pub mod bpf;
 pub mod check;
 pub mod cli;

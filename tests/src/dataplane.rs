@@ -5,8 +5,8 @@
 //! The layouts decoded here are the contract of `maps/` (little-endian integers):
 //! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
 //! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], pad [4]`;
-//! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 64 bytes:
-//! `from_pod {packets, bytes, drops, errors}` then `to_pod {…}`, all u64.
+//! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 128 bytes:
+//! `from_pod {packets, bytes, drops, errors, marks, spare[3]}` then `to_pod {…}`, all u64.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -118,6 +118,7 @@ pub struct DirCounts {
     pub bytes: u64,
     pub drops: u64,
     pub errors: u64,
+    pub marks: u64,
 }
 
 impl DirCounts {
@@ -127,9 +128,10 @@ impl DirCounts {
         self.bytes += at(1);
         self.drops += at(2);
         self.errors += at(3);
+        self.marks += at(4);
     }
 
-    /// From inspect's `{packets, bytes, drops, errors}`.
+    /// From inspect's `{packets, bytes, drops, errors, marks}`.
     pub fn from_json(v: &Value) -> Option<Self> {
         let f = |k: &str| v.get(k).and_then(Value::as_u64);
         Some(Self {
@@ -137,6 +139,7 @@ impl DirCounts {
             bytes: f("bytes")?,
             drops: f("drops")?,
             errors: f("errors")?,
+            marks: f("marks")?,
         })
     }
 
@@ -146,6 +149,7 @@ impl DirCounts {
             && self.bytes >= earlier.bytes
             && self.drops >= earlier.drops
             && self.errors >= earlier.errors
+            && self.marks >= earlier.marks
     }
 }
 
@@ -247,9 +251,9 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
         let ifindex = u32::from_le_bytes(key[..4].try_into().expect("4 bytes"));
         let mut c = PodCounts::default();
         for v in &values {
-            ensure!(v.len() == 64, "counters value of {} bytes", v.len());
-            c.from_pod.add_le(&v[..32]);
-            c.to_pod.add_le(&v[32..]);
+            ensure!(v.len() == 128, "counters value of {} bytes", v.len());
+            c.from_pod.add_le(&v[..64]);
+            c.to_pod.add_le(&v[64..]);
         }
         out.insert(ifindex, c);
     }

@@ -16,7 +16,7 @@ use aya::{
 };
 use ebpf_cni_maps::{
     EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
-    TRACE_MAP,
+    RateLimit, RATE_LIMITS_MAP, TRACE_MAP,
 };
 
 use super::{
@@ -135,6 +135,7 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .map_pin_path(ENDPOINTS_MAP, &ep_path)
         .map_pin_path(POD_COUNTERS_MAP, &cnt_path)
         .map_pin_path(TRACE_MAP, root.map(node, TRACE_MAP))
+        .map_pin_path(RATE_LIMITS_MAP, root.map(node, RATE_LIMITS_MAP))
         .load(PROGRAMS)
         .map_err(|source| BpfError::Load { source: Box::new(source) })?;
     let dir = root.programs_dir(node).join(rev);
@@ -175,6 +176,7 @@ fn is_not_found(e: &aya::maps::MapError) -> bool {
 pub struct Maps {
     endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
     counters: PerCpuHashMap<MapData, u32, PodCounters>,
+    rates: HashMap<MapData, u32, RateLimit>,
 }
 
 fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Option<Map>, BpfError> {
@@ -194,9 +196,11 @@ fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Opti
 impl Maps {
     /// `None` when this node has no maps (nothing was ever added, or all was deleted).
     pub fn open(root: &PinRoot, node: &NodeId) -> Result<Option<Self>, BpfError> {
-        let (Some(ep), Some(cnt)) =
-            (open_pinned(root, node, ENDPOINTS_MAP)?, open_pinned(root, node, POD_COUNTERS_MAP)?)
-        else {
+        let (Some(ep), Some(cnt), Some(rates)) = (
+            open_pinned(root, node, ENDPOINTS_MAP)?,
+            open_pinned(root, node, POD_COUNTERS_MAP)?,
+            open_pinned(root, node, RATE_LIMITS_MAP)?,
+        ) else {
             return Ok(None);
         };
         let conv = |name: &'static str| {
@@ -206,6 +210,7 @@ impl Maps {
         Ok(Some(Self {
             endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
             counters: PerCpuHashMap::try_from(cnt).map_err(conv(POD_COUNTERS_MAP))?,
+            rates: HashMap::try_from(rates).map_err(conv(RATE_LIMITS_MAP))?,
         }))
     }
 
@@ -279,6 +284,7 @@ impl Maps {
             }
         }
         for ifindex in ifindexes {
+            self.set_limits(ifindex, None)?;
             match self.counters.remove(&ifindex) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(BpfError::MapUpdate {
@@ -291,6 +297,52 @@ impl Maps {
             }
         }
         Ok(entries.len())
+    }
+
+    /// Installs (or, with `None`, removes) the rate limits of the pod behind `ifindex`.
+    pub fn set_limits(&mut self, ifindex: u32, limit: Option<RateLimit>) -> Result<(), BpfError> {
+        let res = match limit {
+            Some(l) => self.rates.insert(ifindex, l, 0),
+            None => match self.rates.remove(&ifindex) {
+                Err(e) if is_not_found(&e) => Ok(()),
+                r => r,
+            },
+        };
+        res.map_err(|source| BpfError::MapUpdate {
+            map: RATE_LIMITS_MAP,
+            what: format!("set the limits of ifindex {ifindex}"),
+            source: Box::new(source),
+        })
+    }
+
+    pub fn limits(&self, ifindex: u32) -> Option<RateLimit> {
+        self.rates.get(&ifindex, 0).ok()
+    }
+
+    /// CHECK: the limiter holds exactly the configured rates and bursts (or nothing).
+    pub fn check_limits(&self, ifindex: u32, expected: Option<RateLimit>) -> Result<(), BpfError> {
+        let actual = self.limits(ifindex);
+        let describe = |l: &Option<RateLimit>| match l {
+            None => "no limit".to_owned(),
+            Some(l) => format!(
+                "ingress {} B/s burst {} B, egress {} B/s burst {} B",
+                l.ingress.rate_bytes, l.ingress.burst_bytes, l.egress.rate_bytes, l.egress.burst_bytes
+            ),
+        };
+        let same = |a: &RateLimit, b: &RateLimit| {
+            (a.ingress.rate_bytes, a.ingress.burst_bytes, a.egress.rate_bytes, a.egress.burst_bytes)
+                == (b.ingress.rate_bytes, b.ingress.burst_bytes, b.egress.rate_bytes, b.egress.burst_bytes)
+        };
+        let ok = match (&actual, &expected) {
+            (None, None) => true,
+            (Some(a), Some(b)) => same(a, b),
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(BpfError::LimitMismatch { ifindex, actual: describe(&actual), expected: describe(&expected) })
+        }
     }
 
     /// CHECK: each address maps to this attachment's host veth and MACs.
@@ -327,6 +379,7 @@ impl Maps {
                 sum.bytes = sum.bytes.wrapping_add(d.bytes);
                 sum.drops = sum.drops.wrapping_add(d.drops);
                 sum.errors = sum.errors.wrapping_add(d.errors);
+                sum.marks = sum.marks.wrapping_add(d.marks);
             }
         }
         Some(t)

@@ -184,6 +184,8 @@ pub enum BpfError {
     },
 
     // CHECK: the attachment is missing or differs from what ADD set up.
+    #[error("rate limiter of host veth ifindex {ifindex} holds {actual}, the config asks for {expected}")]
+    LimitMismatch { ifindex: u32, actual: String, expected: String },
     #[error("endpoint map has no entry for pod address {ip}")]
     EndpointMissing { ip: std::net::IpAddr },
     #[error("endpoint map entry for {ip} is stale: {field} is {actual}, expected {expected}")]
@@ -277,6 +279,7 @@ impl BpfError {
             | Self::WrongProgram { .. }
             | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
+            | Self::LimitMismatch { .. }
             | Self::EndpointStale { .. } => code::CHECK_FAILED,
             Self::AddressInUse { .. } => code::INVALID_CONFIG,
             // The caller promised validated values: this is a bug, not a bad config.

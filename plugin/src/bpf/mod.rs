@@ -23,7 +23,8 @@ pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use trace::trace;
-pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, DeviceReport, NodeReport};
+pub use pod::{
+    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, Counts, LimitReport, PodSpec, AttachmentReport, DeviceReport, NodeReport};
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
 /// `cargo xtask build`.
@@ -230,7 +231,7 @@ mod tests {
             ifname: "eth0",
         };
         let node = NodeId::from_netns_inode(1);
-        let err = add_pod(&node, &key, "veth0", 1, &[], &[], AttachMode::Tcx).unwrap_err();
+        let err = add_pod(&node, &key, &PodSpec { host_ifname: "veth0", host_ifindex: 1, endpoints: &[], limits: None }, &[], AttachMode::Tcx).unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");
         assert!(err.to_string().contains("cargo xtask build"));
     }

@@ -11,19 +11,22 @@ use super::{
     pin::{create_dir_all_racy, ensure_bpffs_at, NodeId, PinRoot},
     AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
+use ebpf_cni_maps::RateLimit;
+
+/// What ADD tells the dataplane about a pod.
+pub struct PodSpec<'a> {
+    pub host_ifname: &'a str,
+    pub host_ifindex: u32,
+    pub endpoints: &'a [PodEndpoint],
+    /// `None`: no rate limits.
+    pub limits: Option<RateLimit>,
+}
 
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
 /// attachment's directory), the endpoint map learns its addresses, and the node's devices
 /// are brought in line with `devices`. On error nothing of the pod stays.
-pub fn add_pod(
-    node: &NodeId,
-    key: &AttachmentKey<'_>,
-    host_ifname: &str,
-    host_ifindex: u32,
-    endpoints: &[PodEndpoint],
-    devices: &[Device],
-    mode: AttachMode,
-) -> Result<(), BpfError> {
+pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, devices: &[Device], mode: AttachMode) -> Result<(), BpfError> {
+    let PodSpec { host_ifname, host_ifindex, endpoints, limits } = *pod;
     key.validate()?;
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
@@ -58,6 +61,7 @@ pub fn add_pod(
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
+        maps.set_limits(host_ifindex, limits)?;
         step("endpoints");
         match mode {
             AttachMode::Tcx => {
@@ -153,6 +157,7 @@ pub fn check_pod(
     key: &AttachmentKey<'_>,
     host_ifindex: u32,
     endpoints: &[PodEndpoint],
+    limits: Option<RateLimit>,
     mode: AttachMode,
 ) -> Result<(), BpfError> {
     key.validate()?;
@@ -168,7 +173,8 @@ pub fn check_pod(
         what: "endpoint map",
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
-    maps.check_pod(key.id(), endpoints)
+    maps.check_pod(key.id(), endpoints)?;
+    maps.check_limits(host_ifindex, limits)
 }
 
 /// Puts the device program on every device of `devices` that lacks a live link of it, and
@@ -260,12 +266,20 @@ pub struct Counts {
     pub bytes: u64,
     pub drops: u64,
     pub errors: u64,
+    pub marks: u64,
 }
 
 impl From<&ebpf_cni_maps::DirCounters> for Counts {
     fn from(d: &ebpf_cni_maps::DirCounters) -> Self {
-        Self { packets: d.packets, bytes: d.bytes, drops: d.drops, errors: d.errors }
+        Self { packets: d.packets, bytes: d.bytes, drops: d.drops, errors: d.errors, marks: d.marks }
     }
+}
+
+/// A pod's configured limits (bytes/s and bytes; absent: unlimited).
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitReport {
+    pub rate_bytes: u64,
+    pub burst_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -287,6 +301,10 @@ pub struct AttachmentReport {
     pub links: Vec<LinkReport>,
     pub from_pod: Option<Counts>,
     pub to_pod: Option<Counts>,
+    /// Limit of traffic towards the pod.
+    pub ingress_limit: Option<LimitReport>,
+    /// Limit of traffic from the pod.
+    pub egress_limit: Option<LimitReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -341,12 +359,18 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         let entries = maps.as_ref().map(|m| m.entries_of(key.id())).unwrap_or_default();
         let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex).or_else(|| links.first().map(|l| l.ifindex));
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
+        let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
+        let report = |b: ebpf_cni_maps::Bucket| {
+            (b.rate_bytes > 0).then_some(LimitReport { rate_bytes: b.rate_bytes, burst_bytes: b.burst_bytes })
+        };
         attachments.push(AttachmentReport {
             addresses: entries.iter().map(|(ip, _)| *ip).collect(),
             host_ifindex,
             links,
             from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
             to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
+            ingress_limit: limits.and_then(|l| report(l.ingress)),
+            egress_limit: limits.and_then(|l| report(l.egress)),
             network,
             container_id,
             ifname,

@@ -1,0 +1,183 @@
+//! The `bandwidth` capability: per-pod rate limits, turned into the token buckets of the
+//! `ECNI_RATES` map.
+//!
+//! Input as the reference `bandwidth` plugin takes it: `ingressRate`, `ingressBurst`,
+//! `egressRate`, `egressBurst` in the static config, or `runtimeConfig.bandwidth` (camelCase
+//! or containerd's Capitalized keys); the static config wins when it sets any of them.
+//! Rates are bit/s, bursts bits; "ingress" is traffic towards the pod. Rate and burst are
+//! set together. containerd sends burst 4294967295 (u32::MAX bits) when a pod sets none:
+//! that means "not set", and the default burst applies, so the rate holds from the first
+//! second instead of letting ~4 Gbit through first.
+
+use ebpf_cni_maps::{Bucket, RateLimit};
+use serde_json::{Map, Value};
+
+use crate::cni::{code, config::get_ci, config::NetConf, CniError};
+
+/// What containerd sends for "no burst".
+const UNSET_BURST_BITS: u64 = u32::MAX as u64;
+/// Default burst: 20 ms of traffic at the rate...
+const DEFAULT_BURST_NS: u64 = 20_000_000;
+/// ...but never below what one GSO/GRO aggregate (64 KiB) plus slack needs: the programs
+/// see aggregated packets, and a bucket smaller than one would drop every one of them.
+pub const MIN_BURST_BYTES: u64 = 128 * 1024;
+
+/// One direction's limit in the programs' units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    pub rate_bytes: u64,
+    pub burst_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Towards the pod.
+    pub ingress: Option<Limit>,
+    /// From the pod.
+    pub egress: Option<Limit>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.ingress.is_none() && self.egress.is_none()
+    }
+
+    /// The `ECNI_RATES` value, buckets full; `None` for a pod without limits.
+    pub fn to_map_value(&self) -> Option<RateLimit> {
+        if self.is_empty() {
+            return None;
+        }
+        let bucket = |l: Option<Limit>| {
+            l.map_or(Bucket::default(), |l| Bucket {
+                rate_bytes: l.rate_bytes,
+                burst_bytes: l.burst_bytes,
+                tokens: l.burst_bytes,
+                last_ns: 0,
+            })
+        };
+        Some(RateLimit { ingress: bucket(self.ingress), egress: bucket(self.egress) })
+    }
+}
+
+fn invalid(msg: String) -> CniError {
+    CniError::new(code::INVALID_CONFIG, msg)
+}
+
+fn number(v: Option<&Value>, field: &str) -> Result<Option<u64>, CniError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) => Ok(Some(n)),
+            None => Err(invalid(format!("{field} {v} is invalid: expected a non-negative integer"))),
+        },
+    }
+}
+
+fn direction(rate: Option<u64>, burst: Option<u64>, rate_field: &str, burst_field: &str) -> Result<Option<Limit>, CniError> {
+    match (rate.unwrap_or(0), burst) {
+        (0, None | Some(0) | Some(UNSET_BURST_BITS)) => Ok(None),
+        (0, Some(b)) => Err(invalid(format!("{burst_field} {b} is set without {rate_field}: set both or neither"))),
+        (r, None | Some(0)) => Err(invalid(format!("{rate_field} {r} is set without {burst_field}: set both or neither"))),
+        (r, _) if r < 8 => Err(invalid(format!("{rate_field} {r} is invalid: the rate is in bit/s and must be at least 8"))),
+        (r, Some(b)) => {
+            let rate_bytes = r / 8;
+            let burst_bytes = if b == UNSET_BURST_BITS {
+                (u128::from(rate_bytes) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000) as u64
+            } else if b / 8 >= u64::from(u32::MAX) {
+                return Err(invalid(format!("{burst_field} {b} is invalid: a burst cannot be more than 4 GiB")));
+            } else {
+                b / 8
+            };
+            Ok(Some(Limit { rate_bytes, burst_bytes: burst_bytes.max(MIN_BURST_BYTES) }))
+        }
+    }
+}
+
+const KEYS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
+
+fn from_object(m: &Map<String, Value>, prefix: &str, case_insensitive: bool) -> Result<Limits, CniError> {
+    let get = |k: &str| if case_insensitive { get_ci(m, k) } else { m.get(k) };
+    let field = |k: &str| format!("{prefix}{k}");
+    let n = |k: &str| number(get(k), &field(k));
+    Ok(Limits {
+        ingress: direction(n("ingressRate")?, n("ingressBurst")?, &field("ingressRate"), &field("ingressBurst"))?,
+        egress: direction(n("egressRate")?, n("egressBurst")?, &field("egressRate"), &field("egressBurst"))?,
+    })
+}
+
+/// The pod's limits, validated (error 7 naming the field).
+pub fn limits(conf: &NetConf) -> Result<Limits, CniError> {
+    let obj = conf.raw.as_object().expect("configs are objects");
+    if KEYS.iter().any(|k| obj.get(*k).is_some_and(|v| !v.is_null())) {
+        return from_object(obj, "", false);
+    }
+    match &conf.runtime.bandwidth {
+        None => Ok(Limits::default()),
+        Some(Value::Object(m)) => from_object(m, "runtimeConfig.bandwidth.", true),
+        Some(other) => Err(invalid(format!("runtimeConfig.bandwidth {other} must be an object"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<Limits, CniError> {
+        let mut base = json!({"cniVersion": "1.0.0", "name": "n"});
+        for (k, val) in v.as_object().unwrap() {
+            base[k] = val.clone();
+        }
+        limits(&NetConf::parse(base)?)
+    }
+
+    #[test]
+    fn runtime_config_in_both_spellings() {
+        for bw in [
+            json!({"ingressRate": 10_000_000, "ingressBurst": 8_000_000, "egressRate": 20_000_000, "egressBurst": 16_000_000}),
+            json!({"IngressRate": 10_000_000, "IngressBurst": 8_000_000, "EgressRate": 20_000_000, "EgressBurst": 16_000_000}),
+        ] {
+            let l = parse(json!({"runtimeConfig": {"bandwidth": bw}})).unwrap();
+            assert_eq!(l.ingress, Some(Limit { rate_bytes: 1_250_000, burst_bytes: 1_000_000 }));
+            assert_eq!(l.egress, Some(Limit { rate_bytes: 2_500_000, burst_bytes: 2_000_000 }));
+        }
+    }
+
+    #[test]
+    fn containerd_unset_burst_gets_the_default() {
+        let l = parse(json!({"runtimeConfig": {"bandwidth": {"IngressRate": 1_000_000_000u64, "IngressBurst": 4294967295u64}}})).unwrap();
+        // 20 ms at 125 MB/s.
+        assert_eq!(l.ingress, Some(Limit { rate_bytes: 125_000_000, burst_bytes: 2_500_000 }));
+        assert!(l.egress.is_none());
+        let l = parse(json!({"runtimeConfig": {"bandwidth": {"EgressRate": 10_000_000, "EgressBurst": 4294967295u64}}})).unwrap();
+        assert_eq!(l.egress.unwrap().burst_bytes, MIN_BURST_BYTES, "small rates get the minimum burst");
+    }
+
+    #[test]
+    fn static_config_wins() {
+        let l = parse(json!({"egressRate": 8_000_000, "egressBurst": 8_000_000,
+            "runtimeConfig": {"bandwidth": {"ingressRate": 1_000_000, "ingressBurst": 1_000_000}}}))
+        .unwrap();
+        assert!(l.ingress.is_none());
+        assert_eq!(l.egress.unwrap().rate_bytes, 1_000_000);
+    }
+
+    #[test]
+    fn invalid_inputs_name_the_field() {
+        let cases = [
+            (json!({"ingressRate": 1_000_000}), "ingressBurst"),
+            (json!({"egressBurst": 1_000_000}), "egressRate"),
+            (json!({"ingressRate": -5, "ingressBurst": 10}), "ingressRate"),
+            (json!({"ingressRate": "fast", "ingressBurst": 10}), "ingressRate"),
+            (json!({"ingressRate": 1000, "ingressBurst": 40_000_000_000u64}), "ingressBurst"),
+            (json!({"runtimeConfig": {"bandwidth": {"EgressRate": 5, "EgressBurst": 100}}}), "runtimeConfig.bandwidth.egressRate"),
+            (json!({"runtimeConfig": {"bandwidth": "lots"}}), "runtimeConfig.bandwidth"),
+        ];
+        for (v, field) in cases {
+            let e = parse(v.clone()).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{v}");
+            assert!(e.msg.contains(field), "{v}: {}", e.msg);
+        }
+        assert!(parse(json!({})).unwrap().is_empty());
+    }
+}
