@@ -1086,3 +1086,98 @@ fn overlapping_networks_on_one_node_are_refused() {
     p.run(&node, CniCommand::Del, &env_b, conf_b.to_string())
         .expect_success("DEL of the refused attachment is a no-op");
 }
+
+/// Issue 3: "fall back to netlink clsact filters where TCX is missing, and let config
+/// force that mode so it is tested". With `tcAttachMode: netlink` the same dataplane runs
+/// as classic cls_bpf filters: no TCX attachment appears, forwarding still bypasses
+/// netfilter, CHECK notices a removed filter, and the last DEL leaves no filter anywhere.
+#[test]
+fn netlink_attach_mode_runs_the_same_dataplane() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["tcAttachMode"] = Value::from("netlink");
+    let list = NetConfList::single(&conf);
+    let a = add_pod(&p, &node, &list);
+    let b = add_pod(&p, &node, &list);
+    drop_forwarding(&node);
+
+    for (dev, names) in [
+        (a.r.host_ifname.as_str(), &["ecni_from_pod", "ecni_to_pod"][..]),
+        ("up0", &["ecni_from_dev"][..]),
+    ] {
+        let progs = bpf::attached_programs(node.netns(), dev).unwrap();
+        for name in names {
+            assert!(
+                progs.iter().any(|q| q.mechanism == Mechanism::NetlinkTc && q.name == *name),
+                "{dev}: no netlink filter {name}: {progs:?}"
+            );
+        }
+        assert!(progs.iter().all(|q| q.mechanism != Mechanism::Tcx), "{dev}: TCX used: {progs:?}");
+    }
+    echo(&a.netns, &b.netns, b.v4(), "pod a -> pod b v4 (netlink mode)");
+    echo(&a.netns, &b.netns, b.v6(), "pod a -> pod b v6 (netlink mode)");
+    echo(ext.netns(), &a.netns, a.v4(), "uplink -> pod a (netlink mode)");
+    for fam in [Family::V4, Family::V6] {
+        assert_eq!(netfilter::forward_packets(node.netns(), fam).unwrap(), 0, "{fam:?} crossed FORWARD");
+    }
+
+    let check = |pod: &Pod| {
+        p.runtime.check(&node, &list, &pod.att, &pod.result)
+    };
+    check(&a).unwrap_or_else(|e| panic!("CHECK a: {e}"));
+    node.netns().exec(&["tc", "filter", "del", "dev", &a.r.host_ifname, "egress"]).unwrap();
+    let err = check(&a).expect_err("CHECK after removing the egress filter");
+    assert!(err.to_string().contains("ecni_to_pod"), "{err}");
+
+    for pod in [&a, &b] {
+        p.runtime.del(&node, &list, &pod.att, Some(&pod.result)).unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
+    assert!(
+        bpf::attached_programs(node.netns(), "up0").unwrap().is_empty(),
+        "the device filter outlived the last pod"
+    );
+    assert!(!node.pin_root().exists(), "pins left after the last DEL");
+}
+
+/// Issue 3: `ebpf-cni trace` streams the programs' decisions while it runs, and the
+/// programs log nothing once it has stopped (the trace flag is cleared).
+#[test]
+fn trace_streams_decisions_only_while_it_runs() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let list = dual_list(&p, &node);
+    let a = add_pod(&p, &node, &list);
+    let b = add_pod(&p, &node, &list);
+    let child = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .args(["trace", "--seconds", "3", "--netns"])
+        .arg(node.netns().path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    echo(&a.netns, &b.netns, b.v4(), "traffic while tracing");
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "trace failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains(&format!("redirect_peer to pod behind if {}", b.host_ifindex(&node))),
+        "no redirect line for pod b in the trace:\n{text}"
+    );
+    let flag = node.netns().nsenter(&["bpftool", "-j", "map", "dump", "pinned",
+        &node.pin_root().join("maps/ECNI_TRACE").display().to_string()]).unwrap();
+    let flag: Value = serde_json::from_slice(&flag.stdout).unwrap();
+    let value = &flag[0]["value"];
+    assert!(
+        value.as_array().is_some_and(|v| v.iter().all(|b| b.as_str() == Some("0x00"))),
+        "trace flag still set after the trace ended: {flag}"
+    );
+    for pod in [&a, &b] {
+        p.runtime.del(&node, &list, &pod.att, Some(&pod.result)).unwrap();
+    }
+}
