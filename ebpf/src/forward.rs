@@ -65,7 +65,10 @@ fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
             if ip.ttl <= 1 {
                 return Some((proto, Dest::Stack));
             }
-            Some((proto, endpoint(&EndpointKey::v4(ip.daddr)).map_or(Dest::Other, Dest::Pod)))
+            Some((
+                proto,
+                endpoint(&EndpointKey::v4(ip.daddr)).map_or(Dest::Other, Dest::Pod),
+            ))
         }
         ETH_P_IPV6 => {
             let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN)?;
@@ -74,7 +77,10 @@ fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
             if ip.ver_tc_flow[0] >> 4 != 6 || ipv6_is_special(&ip.daddr) || ip.hop_limit <= 1 {
                 return Some((proto, Dest::Stack));
             }
-            Some((proto, endpoint(&EndpointKey::v6(ip.daddr)).map_or(Dest::Other, Dest::Pod)))
+            Some((
+                proto,
+                endpoint(&EndpointKey::v6(ip.daddr)).map_or(Dest::Other, Dest::Pod),
+            ))
         }
         _ => Some((proto, Dest::Stack)),
     }
@@ -126,7 +132,13 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     // SAFETY: plain helper call; it only records the target for after the program returns.
     let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };
     if tracing() {
-        debug!(ctx, "if {}: redirect_peer to pod behind if {} (rc {})", ifindex(ctx), ep.host_ifindex, rc);
+        debug!(
+            ctx,
+            "if {}: redirect_peer to pod behind if {} (rc {})",
+            ifindex(ctx),
+            ep.host_ifindex,
+            rc
+        );
     }
     if rc == TC_ACT_SHOT {
         count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
@@ -204,7 +216,9 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     fib.ifindex = me;
     if proto == ETH_P_IP {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else { return PASS };
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+            return PASS;
+        };
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
         fib.family = AF_INET;
@@ -214,7 +228,9 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
         fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
     } else {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else { return PASS };
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+            return PASS;
+        };
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
         fib.family = AF_INET6;
@@ -230,7 +246,12 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
     }
     // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
     let rc = unsafe {
-        fib_lookup(ctx.as_ptr(), &mut fib, core::mem::size_of::<bpf_fib_lookup>() as i32, 0)
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut fib,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
     };
     trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
@@ -260,7 +281,12 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
     }
     // SAFETY: `nh` is valid for the size passed; the helper resolves the neighbour.
     let rc = unsafe {
-        bpf_redirect_neigh(fib.ifindex, &mut nh, core::mem::size_of::<bpf_redir_neigh>() as i32, 0)
+        bpf_redirect_neigh(
+            fib.ifindex,
+            &mut nh,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
     };
     if rc == TC_ACT_SHOT {
         count(me, Dir::FromPod, Event::Error, ctx.len());

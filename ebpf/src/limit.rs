@@ -35,7 +35,9 @@ const NSEC_PER_SEC: u64 = 1_000_000_000;
 /// Applies the limit of the pod behind host veth `ifindex` in direction `way`.
 #[inline(always)]
 pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
-    let Some(limit) = ECNI_RATES.get_ptr_mut(&ifindex) else { return Verdict::Pass };
+    let Some(limit) = ECNI_RATES.get_ptr_mut(&ifindex) else {
+        return Verdict::Pass;
+    };
     // SAFETY: a map value pointer, valid during the run; concurrent CPUs may race on the
     // plain fields, which costs accuracy, never safety.
     let b: &mut Bucket = unsafe {
@@ -70,11 +72,15 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
 /// Sets ECN CE on an ECN-capable IP packet; false if it is not one.
 #[inline(always)]
 fn mark_ce(ctx: &TcContext) -> bool {
-    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else { return false };
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return false;
+    };
     // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
     match u16::from_be_bytes(unsafe { (*eth).proto }) {
         ETH_P_IP => {
-            let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else { return false };
+            let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+                return false;
+            };
             let ip = unsafe { &mut *ip };
             let ecn = ip.tos & 0x03;
             if ecn == 0 || ecn == 0x03 {
@@ -90,7 +96,9 @@ fn mark_ce(ctx: &TcContext) -> bool {
             true
         }
         ETH_P_IPV6 => {
-            let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else { return false };
+            let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+                return false;
+            };
             let ip = unsafe { &mut *ip };
             // ECN is bits 4-5 of the second byte (the low bits of the traffic class).
             let ecn = (ip.ver_tc_flow[1] >> 4) & 0x03;

@@ -22,9 +22,15 @@ use aya_ebpf::{macros::classifier, programs::TcContext};
 use ebpf_cni_maps::str_eq;
 
 // The entry points' identifiers become the program names user space pins and checks.
-const _: () = assert!(str_eq(ebpf_cni_maps::PROG_FROM_POD, stringify!(ecni_from_pod)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_FROM_POD,
+    stringify!(ecni_from_pod)
+));
 const _: () = assert!(str_eq(ebpf_cni_maps::PROG_TO_POD, stringify!(ecni_to_pod)));
-const _: () = assert!(str_eq(ebpf_cni_maps::PROG_FROM_DEV, stringify!(ecni_from_dev)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_FROM_DEV,
+    stringify!(ecni_from_dev)
+));
 
 /// Host veth ingress: the pod sent this packet.
 #[classifier]

@@ -10,10 +10,12 @@ use ebpf_cni_maps::{
 };
 
 #[map]
-pub static ECNI_ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+pub static ECNI_ENDPOINTS: HashMap<EndpointKey, EndpointInfo> =
+    HashMap::with_max_entries(MAX_ENDPOINTS, 0);
 
 #[map]
-pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> = PerCpuHashMap::with_max_entries(MAX_ENDPOINTS, 0);
+pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> =
+    PerCpuHashMap::with_max_entries(MAX_ENDPOINTS, 0);
 
 #[map]
 pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
@@ -21,9 +23,15 @@ pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 pub static ECNI_RATES: HashMap<u32, RateLimit> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
 
-const _: () = assert!(str_eq(ebpf_cni_maps::RATE_LIMITS_MAP, stringify!(ECNI_RATES)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::RATE_LIMITS_MAP,
+    stringify!(ECNI_RATES)
+));
 
-const _: () = assert!(str_eq(ebpf_cni_maps::ENDPOINTS_MAP, stringify!(ECNI_ENDPOINTS)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::ENDPOINTS_MAP,
+    stringify!(ECNI_ENDPOINTS)
+));
 const _: () = assert!(str_eq(ebpf_cni_maps::TRACE_MAP, stringify!(ECNI_TRACE)));
 
 /// Whether `ebpf-cni trace` is listening: log lines are only produced then.
@@ -31,7 +39,10 @@ const _: () = assert!(str_eq(ebpf_cni_maps::TRACE_MAP, stringify!(ECNI_TRACE)));
 pub fn tracing() -> bool {
     ECNI_TRACE.get(0).is_some_and(|v| *v != 0)
 }
-const _: () = assert!(str_eq(ebpf_cni_maps::POD_COUNTERS_MAP, stringify!(ECNI_POD_CNT)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::POD_COUNTERS_MAP,
+    stringify!(ECNI_POD_CNT)
+));
 
 #[inline(always)]
 pub fn endpoint(key: &EndpointKey) -> Option<EndpointInfo> {
@@ -63,7 +74,9 @@ pub enum Event {
 /// up or torn down) is simply not counted.
 #[inline(always)]
 pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
-    let Some(c) = ECNI_POD_CNT.get_ptr_mut(&ifindex) else { return };
+    let Some(c) = ECNI_POD_CNT.get_ptr_mut(&ifindex) else {
+        return;
+    };
     // SAFETY: this CPU's slot, valid during the program run; TC programs run with bottom
     // halves off, so nothing else on this CPU touches it meanwhile.
     let d: &mut DirCounters = unsafe {

@@ -73,7 +73,9 @@ const _: () = assert!(core::mem::size_of::<EndpointKey>() == 16);
 impl EndpointKey {
     pub const fn v4(octets: [u8; 4]) -> Self {
         let [a, b, c, d] = octets;
-        Self { addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d] }
+        Self {
+            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
+        }
     }
 
     pub const fn v6(octets: [u8; 16]) -> Self {

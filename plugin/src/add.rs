@@ -27,10 +27,17 @@ enum Undo {
     Programs,
 }
 
-pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_json::Value, CniError> {
+pub async fn add(
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+) -> Result<serde_json::Value, CniError> {
     // Everything that can be validated is, before anything changes.
     let ipam = Ipam::from_conf(conf)?.ok_or_else(|| {
-        CniError::new(code::INVALID_CONFIG, "ipam is missing: ebpf-cni needs an ipam section to address the pod")
+        CniError::new(
+            code::INVALID_CONFIG,
+            "ipam is missing: ebpf-cni needs an ipam section to address the pod",
+        )
     })?;
     ipam.validate(env)?;
     let limits = crate::bandwidth::limits(conf)?;
@@ -39,7 +46,10 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
         (None, Some(m)) => Some(parse_mac(m, "CNI_ARGS MAC")?),
         (None, None) => None,
     };
-    let netns_path = env.netns.as_deref().expect("env validation requires CNI_NETNS for ADD");
+    let netns_path = env
+        .netns
+        .as_deref()
+        .expect("env validation requires CNI_NETNS for ADD");
     let pod_ns = Netns::open(netns_path)?;
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
@@ -49,10 +59,18 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
     if pod_nl.link_by_name(&env.ifname).await?.is_some() {
         return Err(CniError::new(
             code::INTERFACE_EXISTS,
-            format!("interface {:?} already exists in {}", env.ifname, netns_path.display()),
+            format!(
+                "interface {:?} already exists in {}",
+                env.ifname,
+                netns_path.display()
+            ),
         ));
     }
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let key = AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    };
     let host_name = veth::host_veth_name(&key);
     if host_nl.link_by_name(&host_name).await?.is_some() {
         return Err(CniError::new(
@@ -65,7 +83,11 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<serde_jso
     }
 
     let mut undo = Vec::new();
-    let res = setup(env, conf, stdin, &ipam, mac, &limits, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key, &mut undo).await;
+    let res = setup(
+        env, conf, stdin, &ipam, mac, &limits, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key,
+        &mut undo,
+    )
+    .await;
     match res {
         Ok(v) => Ok(v),
         Err(e) => {
@@ -92,19 +114,44 @@ async fn setup(
     undo: &mut Vec<Undo>,
 ) -> Result<serde_json::Value, CniError> {
     let t = std::time::Instant::now();
-    let step = |what: &str| log::debug!("ADD step {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    let step =
+        |what: &str| log::debug!("ADD step {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let mut result: SuccessResult = ipam.add(conf, env, stdin)?;
     step("ipam");
     undo.push(Undo::Ipam);
     if result.ips.is_empty() {
-        return Err(CniError::new(code::INVALID_CONFIG, "IPAM returned no address for the pod"));
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            "IPAM returned no address for the pod",
+        ));
     }
-    let addrs: Vec<PodAddress> =
-        result.ips.iter().map(|ip| PodAddress { address: ip.address, gateway: ip.gateway }).collect();
-    bpf::ensure_addresses_free(node, key, &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>())?;
+    let addrs: Vec<PodAddress> = result
+        .ips
+        .iter()
+        .map(|ip| PodAddress {
+            address: ip.address,
+            gateway: ip.gateway,
+        })
+        .collect();
+    bpf::ensure_addresses_free(
+        node,
+        key,
+        &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>(),
+    )?;
 
-    let pair = veth::create(host_nl, pod_nl, pod_ns, host_name, &env.ifname, conf.mtu, mac).await?;
-    undo.push(Undo::HostLink { index: pair.host.index });
+    let pair = veth::create(
+        host_nl,
+        pod_nl,
+        pod_ns,
+        host_name,
+        &env.ifname,
+        conf.mtu,
+        mac,
+    )
+    .await?;
+    undo.push(Undo::HostLink {
+        index: pair.host.index,
+    });
     step("veth created");
 
     veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;
@@ -120,28 +167,54 @@ async fn setup(
 
     let (host_mac, pod_mac) = match (pair.host.mac, pair.container.mac) {
         (Some(h), Some(p)) => (h, p),
-        _ => return Err(CniError::new(code::KERNEL, format!("veth pair {host_name} has no MAC address"))),
+        _ => {
+            return Err(CniError::new(
+                code::KERNEL,
+                format!("veth pair {host_name} has no MAC address"),
+            ))
+        }
     };
     let endpoints: Vec<PodEndpoint> = addrs
         .iter()
-        .map(|a| PodEndpoint { ip: a.address.ip(), host_ifindex: pair.host.index, host_mac, pod_mac })
+        .map(|a| PodEndpoint {
+            ip: a.address.ip(),
+            host_ifindex: pair.host.index,
+            host_mac,
+            pod_mac,
+        })
         .collect();
     let devices = node_devices(host_nl, conf).await?;
     step("devices listed");
     undo.push(Undo::Programs);
-    let spec = PodSpec { host_ifname: host_name, host_ifindex: pair.host.index, endpoints: &endpoints, limits: limits.to_map_value() };
+    let spec = PodSpec {
+        host_ifname: host_name,
+        host_ifindex: pair.host.index,
+        endpoints: &endpoints,
+        limits: limits.to_map_value(),
+    };
     bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
     step("eBPF attached");
 
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
-        return Err(CniError::new(code::INTERNAL, format!("failpoint {FAILPOINT_ENV}=before-result")));
+        return Err(CniError::new(
+            code::INTERNAL,
+            format!("failpoint {FAILPOINT_ENV}=before-result"),
+        ));
     }
 
     result.interfaces = vec![
-        Interface { name: pair.host.name.clone(), mac: pair.host.mac.map(|m| format_mac(&m)).unwrap_or_default(), sandbox: String::new() },
+        Interface {
+            name: pair.host.name.clone(),
+            mac: pair.host.mac.map(|m| format_mac(&m)).unwrap_or_default(),
+            sandbox: String::new(),
+        },
         Interface {
             name: env.ifname.clone(),
-            mac: pair.container.mac.map(|m| format_mac(&m)).unwrap_or_default(),
+            mac: pair
+                .container
+                .mac
+                .map(|m| format_mac(&m))
+                .unwrap_or_default(),
             sandbox: pod_ns.path().display().to_string(),
         },
     ];
@@ -154,7 +227,12 @@ async fn setup(
         match serde_json::from_value::<crate::cni::types::Dns>(dns.clone()) {
             Ok(d) if !d.is_empty() => result.dns = d,
             Ok(_) => {}
-            Err(e) => return Err(CniError::new(code::INVALID_CONFIG, format!("dns {dns} is invalid: {e}"))),
+            Err(e) => {
+                return Err(CniError::new(
+                    code::INVALID_CONFIG,
+                    format!("dns {dns} is invalid: {e}"),
+                ))
+            }
         }
     }
     Ok(result.to_json(conf.cni_version.as_str(), conf.cni_version.format()))
@@ -174,7 +252,11 @@ async fn rollback(
     for step in undo.into_iter().rev() {
         let r: Result<(), CniError> = match step {
             Undo::Programs => bpf::del_pod(node, key).map(|_| ()).map_err(Into::into),
-            Undo::HostLink { index } => host_nl.delete_link(index).await.map(|_| ()).map_err(Into::into),
+            Undo::HostLink { index } => host_nl
+                .delete_link(index)
+                .await
+                .map(|_| ())
+                .map_err(Into::into),
             Undo::Ipam => ipam.del(conf, env, stdin),
         };
         if let Err(e) = r {
@@ -192,7 +274,10 @@ async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, 
         let mut out = Vec::new();
         for name in names {
             match links.iter().find(|l| &l.name == name) {
-                Some(l) => out.push(Device { name: l.name.clone(), ifindex: l.index }),
+                Some(l) => out.push(Device {
+                    name: l.name.clone(),
+                    ifindex: l.index,
+                }),
                 None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
             }
         }
@@ -203,7 +288,10 @@ async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, 
         .into_iter()
         .filter(|l| global.contains(&l.index))
         .filter(|l| l.name != "lo" && !veth::is_host_veth(l))
-        .map(|l| Device { name: l.name, ifindex: l.index })
+        .map(|l| Device {
+            name: l.name,
+            ifindex: l.index,
+        })
         .collect())
 }
 

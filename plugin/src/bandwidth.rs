@@ -55,7 +55,10 @@ impl Limits {
                 last_ns: 0,
             })
         };
-        Some(RateLimit { ingress: bucket(self.ingress), egress: bucket(self.egress) })
+        Some(RateLimit {
+            ingress: bucket(self.ingress),
+            egress: bucket(self.egress),
+        })
     }
 }
 
@@ -68,53 +71,96 @@ fn number(v: Option<&Value>, field: &str) -> Result<Option<u64>, CniError> {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
             Some(n) => Ok(Some(n)),
-            None => Err(invalid(format!("{field} {v} is invalid: expected a non-negative integer"))),
+            None => Err(invalid(format!(
+                "{field} {v} is invalid: expected a non-negative integer"
+            ))),
         },
     }
 }
 
-fn direction(rate: Option<u64>, burst: Option<u64>, rate_field: &str, burst_field: &str) -> Result<Option<Limit>, CniError> {
+fn direction(
+    rate: Option<u64>,
+    burst: Option<u64>,
+    rate_field: &str,
+    burst_field: &str,
+) -> Result<Option<Limit>, CniError> {
     match (rate.unwrap_or(0), burst) {
         (0, None | Some(0) | Some(UNSET_BURST_BITS)) => Ok(None),
-        (0, Some(b)) => Err(invalid(format!("{burst_field} {b} is set without {rate_field}: set both or neither"))),
-        (r, None | Some(0)) => Err(invalid(format!("{rate_field} {r} is set without {burst_field}: set both or neither"))),
-        (r, _) if r < 8 => Err(invalid(format!("{rate_field} {r} is invalid: the rate is in bit/s and must be at least 8"))),
+        (0, Some(b)) => Err(invalid(format!(
+            "{burst_field} {b} is set without {rate_field}: set both or neither"
+        ))),
+        (r, None | Some(0)) => Err(invalid(format!(
+            "{rate_field} {r} is set without {burst_field}: set both or neither"
+        ))),
+        (r, _) if r < 8 => Err(invalid(format!(
+            "{rate_field} {r} is invalid: the rate is in bit/s and must be at least 8"
+        ))),
         (r, Some(b)) => {
             let rate_bytes = r / 8;
             let burst_bytes = if b == UNSET_BURST_BITS {
                 (u128::from(rate_bytes) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000) as u64
             } else if b / 8 >= u64::from(u32::MAX) {
-                return Err(invalid(format!("{burst_field} {b} is invalid: a burst cannot be more than 4 GiB")));
+                return Err(invalid(format!(
+                    "{burst_field} {b} is invalid: a burst cannot be more than 4 GiB"
+                )));
             } else {
                 b / 8
             };
-            Ok(Some(Limit { rate_bytes, burst_bytes: burst_bytes.max(MIN_BURST_BYTES) }))
+            Ok(Some(Limit {
+                rate_bytes,
+                burst_bytes: burst_bytes.max(MIN_BURST_BYTES),
+            }))
         }
     }
 }
 
 const KEYS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
 
-fn from_object(m: &Map<String, Value>, prefix: &str, case_insensitive: bool) -> Result<Limits, CniError> {
-    let get = |k: &str| if case_insensitive { get_ci(m, k) } else { m.get(k) };
+fn from_object(
+    m: &Map<String, Value>,
+    prefix: &str,
+    case_insensitive: bool,
+) -> Result<Limits, CniError> {
+    let get = |k: &str| {
+        if case_insensitive {
+            get_ci(m, k)
+        } else {
+            m.get(k)
+        }
+    };
     let field = |k: &str| format!("{prefix}{k}");
     let n = |k: &str| number(get(k), &field(k));
     Ok(Limits {
-        ingress: direction(n("ingressRate")?, n("ingressBurst")?, &field("ingressRate"), &field("ingressBurst"))?,
-        egress: direction(n("egressRate")?, n("egressBurst")?, &field("egressRate"), &field("egressBurst"))?,
+        ingress: direction(
+            n("ingressRate")?,
+            n("ingressBurst")?,
+            &field("ingressRate"),
+            &field("ingressBurst"),
+        )?,
+        egress: direction(
+            n("egressRate")?,
+            n("egressBurst")?,
+            &field("egressRate"),
+            &field("egressBurst"),
+        )?,
     })
 }
 
 /// The pod's limits, validated (error 7 naming the field).
 pub fn limits(conf: &NetConf) -> Result<Limits, CniError> {
     let obj = conf.raw.as_object().expect("configs are objects");
-    if KEYS.iter().any(|k| obj.get(*k).is_some_and(|v| !v.is_null())) {
+    if KEYS
+        .iter()
+        .any(|k| obj.get(*k).is_some_and(|v| !v.is_null()))
+    {
         return from_object(obj, "", false);
     }
     match &conf.runtime.bandwidth {
         None => Ok(Limits::default()),
         Some(Value::Object(m)) => from_object(m, "runtimeConfig.bandwidth.", true),
-        Some(other) => Err(invalid(format!("runtimeConfig.bandwidth {other} must be an object"))),
+        Some(other) => Err(invalid(format!(
+            "runtimeConfig.bandwidth {other} must be an object"
+        ))),
     }
 }
 
@@ -138,8 +184,20 @@ mod tests {
             json!({"IngressRate": 10_000_000, "IngressBurst": 8_000_000, "EgressRate": 20_000_000, "EgressBurst": 16_000_000}),
         ] {
             let l = parse(json!({"runtimeConfig": {"bandwidth": bw}})).unwrap();
-            assert_eq!(l.ingress, Some(Limit { rate_bytes: 1_250_000, burst_bytes: 1_000_000 }));
-            assert_eq!(l.egress, Some(Limit { rate_bytes: 2_500_000, burst_bytes: 2_000_000 }));
+            assert_eq!(
+                l.ingress,
+                Some(Limit {
+                    rate_bytes: 1_250_000,
+                    burst_bytes: 1_000_000
+                })
+            );
+            assert_eq!(
+                l.egress,
+                Some(Limit {
+                    rate_bytes: 2_500_000,
+                    burst_bytes: 2_000_000
+                })
+            );
         }
     }
 
@@ -147,10 +205,20 @@ mod tests {
     fn containerd_unset_burst_gets_the_default() {
         let l = parse(json!({"runtimeConfig": {"bandwidth": {"IngressRate": 1_000_000_000u64, "IngressBurst": 4294967295u64}}})).unwrap();
         // 20 ms at 125 MB/s.
-        assert_eq!(l.ingress, Some(Limit { rate_bytes: 125_000_000, burst_bytes: 2_500_000 }));
+        assert_eq!(
+            l.ingress,
+            Some(Limit {
+                rate_bytes: 125_000_000,
+                burst_bytes: 2_500_000
+            })
+        );
         assert!(l.egress.is_none());
         let l = parse(json!({"runtimeConfig": {"bandwidth": {"EgressRate": 10_000_000, "EgressBurst": 4294967295u64}}})).unwrap();
-        assert_eq!(l.egress.unwrap().burst_bytes, MIN_BURST_BYTES, "small rates get the minimum burst");
+        assert_eq!(
+            l.egress.unwrap().burst_bytes,
+            MIN_BURST_BYTES,
+            "small rates get the minimum burst"
+        );
     }
 
     #[test]
@@ -167,11 +235,26 @@ mod tests {
         let cases = [
             (json!({"ingressRate": 1_000_000}), "ingressBurst"),
             (json!({"egressBurst": 1_000_000}), "egressRate"),
-            (json!({"ingressRate": -5, "ingressBurst": 10}), "ingressRate"),
-            (json!({"ingressRate": "fast", "ingressBurst": 10}), "ingressRate"),
-            (json!({"ingressRate": 1000, "ingressBurst": 40_000_000_000u64}), "ingressBurst"),
-            (json!({"runtimeConfig": {"bandwidth": {"EgressRate": 5, "EgressBurst": 100}}}), "runtimeConfig.bandwidth.egressRate"),
-            (json!({"runtimeConfig": {"bandwidth": "lots"}}), "runtimeConfig.bandwidth"),
+            (
+                json!({"ingressRate": -5, "ingressBurst": 10}),
+                "ingressRate",
+            ),
+            (
+                json!({"ingressRate": "fast", "ingressBurst": 10}),
+                "ingressRate",
+            ),
+            (
+                json!({"ingressRate": 1000, "ingressBurst": 40_000_000_000u64}),
+                "ingressBurst",
+            ),
+            (
+                json!({"runtimeConfig": {"bandwidth": {"EgressRate": 5, "EgressBurst": 100}}}),
+                "runtimeConfig.bandwidth.egressRate",
+            ),
+            (
+                json!({"runtimeConfig": {"bandwidth": "lots"}}),
+                "runtimeConfig.bandwidth",
+            ),
         ];
         for (v, field) in cases {
             let e = parse(v.clone()).unwrap_err();

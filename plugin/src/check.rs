@@ -20,23 +20,37 @@ fn failed(msg: String) -> CniError {
 }
 
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
-    let prev = conf
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "prevResult is required for CHECK (spec: CHECK)"))?;
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            "prevResult is required for CHECK (spec: CHECK)",
+        )
+    })?;
     let prev = SuccessResult::from_json(prev, "prevResult")?;
-    let netns_path = env.netns.as_deref().expect("env validation requires CNI_NETNS for CHECK");
+    let netns_path = env
+        .netns
+        .as_deref()
+        .expect("env validation requires CNI_NETNS for CHECK");
     let sandbox = netns_path.display().to_string();
 
     let cont_idx = prev
         .interfaces
         .iter()
         .position(|i| i.name == env.ifname && i.sandbox == sandbox)
-        .ok_or_else(|| failed(format!("prevResult lists no interface {:?} in sandbox {sandbox}", env.ifname)))?;
+        .ok_or_else(|| {
+            failed(format!(
+                "prevResult lists no interface {:?} in sandbox {sandbox}",
+                env.ifname
+            ))
+        })?;
     let expected_cont = &prev.interfaces[cont_idx];
 
     let host_nl = Netlink::connect()?;
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let key = AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    };
     let host_name = veth::host_veth_name(&key);
     let host = host_nl
         .link_by_name(&host_name)
@@ -48,10 +62,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
 
     let pod_ns = Netns::open(netns_path)?;
     let pod_nl = Netlink::connect_in(&pod_ns)?;
-    let cont = pod_nl
-        .link_by_name(&env.ifname)
-        .await?
-        .ok_or_else(|| failed(format!("interface {} is missing from {sandbox}", env.ifname)))?;
+    let cont = pod_nl.link_by_name(&env.ifname).await?.ok_or_else(|| {
+        failed(format!(
+            "interface {} is missing from {sandbox}",
+            env.ifname
+        ))
+    })?;
     if let (Some(mac), false) = (cont.mac, expected_cont.mac.is_empty()) {
         if !format_mac(&mac).eq_ignore_ascii_case(&expected_cont.mac) {
             return Err(failed(format!(
@@ -63,14 +79,27 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         }
     }
     if !cont.up {
-        return Err(failed(format!("interface {} in {sandbox} is down", env.ifname)));
+        return Err(failed(format!(
+            "interface {} in {sandbox} is down",
+            env.ifname
+        )));
     }
 
     let have = pod_nl.addresses(cont.index).await?;
-    let ips: Vec<_> = prev.ips.iter().filter(|ip| ip.interface.is_none_or(|i| i == cont_idx)).collect();
+    let ips: Vec<_> = prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none_or(|i| i == cont_idx))
+        .collect();
     for ip in &ips {
-        if !have.iter().any(|a| a.ip() == ip.address.ip() && a.prefix() == ip.address.prefix()) {
-            return Err(failed(format!("address {} is missing from {} in {sandbox}", ip.address, env.ifname)));
+        if !have
+            .iter()
+            .any(|a| a.ip() == ip.address.ip() && a.prefix() == ip.address.prefix())
+        {
+            return Err(failed(format!(
+                "address {} is missing from {} in {sandbox}",
+                ip.address, env.ifname
+            )));
         }
     }
 
@@ -79,28 +108,50 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     for ip in &ips {
         if let Some(gw) = ip.gateway {
             let on_link = host_route(gw);
-            if !pod_routes(gw.is_ipv4()).iter().any(|r| r.dst == on_link && r.oif == Some(cont.index)) {
-                return Err(failed(format!("route to gateway {gw} via {} is missing in {sandbox}", env.ifname)));
+            if !pod_routes(gw.is_ipv4())
+                .iter()
+                .any(|r| r.dst == on_link && r.oif == Some(cont.index))
+            {
+                return Err(failed(format!(
+                    "route to gateway {gw} via {} is missing in {sandbox}",
+                    env.ifname
+                )));
             }
         }
     }
     for r in &prev.routes {
-        let gw = r.gw.or_else(|| ips.iter().find(|i| i.address.is_ipv4() == r.dst.is_ipv4()).and_then(|i| i.gateway));
+        let gw = r.gw.or_else(|| {
+            ips.iter()
+                .find(|i| i.address.is_ipv4() == r.dst.is_ipv4())
+                .and_then(|i| i.gateway)
+        });
         let found = pod_routes(r.dst.is_ipv4())
             .iter()
             .any(|e: &RouteEntry| same_net(e.dst, r.dst) && (gw.is_none() || e.gw == gw));
         if !found {
             let via = gw.map(|g| format!(" via {g}")).unwrap_or_default();
-            return Err(failed(format!("route {}{via} is missing in {sandbox}", r.dst)));
+            return Err(failed(format!(
+                "route {}{via} is missing in {sandbox}",
+                r.dst
+            )));
         }
     }
 
     let (node_v4, node_v6) = (host_nl.routes(false).await?, host_nl.routes(true).await?);
     for ip in &ips {
         let dst = host_route(ip.address.ip());
-        let table = if ip.address.is_ipv4() { &node_v4 } else { &node_v6 };
-        if !table.iter().any(|r| r.dst == dst && r.oif == Some(host.index)) {
-            return Err(failed(format!("host route {dst} dev {host_name} is missing in the node namespace")));
+        let table = if ip.address.is_ipv4() {
+            &node_v4
+        } else {
+            &node_v6
+        };
+        if !table
+            .iter()
+            .any(|r| r.dst == dst && r.oif == Some(host.index))
+        {
+            return Err(failed(format!(
+                "host route {dst} dev {host_name} is missing in the node namespace"
+            )));
         }
     }
 
@@ -116,11 +167,17 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     };
     let endpoints: Vec<PodEndpoint> = ips
         .iter()
-        .map(|i| PodEndpoint { ip: i.address.ip(), host_ifindex: host.index, host_mac, pod_mac })
+        .map(|i| PodEndpoint {
+            ip: i.address.ip(),
+            host_ifindex: host.index,
+            host_mac,
+            pod_mac,
+        })
         .collect();
     let mode = crate::add::attach_mode(conf);
     let limits = crate::bandwidth::limits(conf)?.to_map_value();
-    bpf::check_pod(&node, &key, host.index, &endpoints, limits, mode).map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    bpf::check_pod(&node, &key, host.index, &endpoints, limits, mode)
+        .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {
         for hook in Hook::POD {
             let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;

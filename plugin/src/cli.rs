@@ -58,7 +58,11 @@ pub fn main() -> i32 {
                 "ebpf-cni {}\nCNI spec versions: {}\neBPF programs: {}",
                 env!("CARGO_PKG_VERSION"),
                 crate::cni::version::SUPPORTED_VERSIONS.join(", "),
-                if bpf::programs_embedded() { format!("embedded, revision {}", bpf::revision()) } else { "not embedded".into() }
+                if bpf::programs_embedded() {
+                    format!("embedded, revision {}", bpf::revision())
+                } else {
+                    "not embedded".into()
+                }
             );
             0
         }
@@ -112,7 +116,14 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         return Ok(());
     }
     println!("node {} ({})", r.node, r.pin_dir);
-    println!("program revisions: {}", if r.revisions.is_empty() { "none loaded".into() } else { r.revisions.join(", ") });
+    println!(
+        "program revisions: {}",
+        if r.revisions.is_empty() {
+            "none loaded".into()
+        } else {
+            r.revisions.join(", ")
+        }
+    );
     println!("endpoints: {}", r.endpoints);
     println!("devices:");
     if r.devices.is_empty() {
@@ -120,7 +131,10 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     }
     for d in &r.devices {
         match &d.link {
-            Some(l) => println!("  {:<16} ifindex {:<4} {} prog {} link {}", d.name, l.ifindex, l.program, l.program_id, l.link_id),
+            Some(l) => println!(
+                "  {:<16} ifindex {:<4} {} prog {} link {}",
+                d.name, l.ifindex, l.program, l.program_id, l.link_id
+            ),
             None => println!("  {:<16} link pin unreadable", d.name),
         }
     }
@@ -130,13 +144,35 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     }
     println!(
         "  {:<12} {:<20} {:<6} {:>7} {:<28} {:>10} {:>12} {:>10} {:>12} {:>6} {:>6}",
-        "NETWORK", "CONTAINER", "IFNAME", "IFINDEX", "ADDRESSES", "FROM_PKTS", "FROM_BYTES", "TO_PKTS", "TO_BYTES", "DROPS", "ERRORS"
+        "NETWORK",
+        "CONTAINER",
+        "IFNAME",
+        "IFINDEX",
+        "ADDRESSES",
+        "FROM_PKTS",
+        "FROM_BYTES",
+        "TO_PKTS",
+        "TO_BYTES",
+        "DROPS",
+        "ERRORS"
     );
     for a in &r.attachments {
         let cid: String = a.container_id.chars().take(20).collect();
-        let addrs = a.addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        let addrs = a
+            .addresses
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let (fp, fb, tp, tb, dr, er) = match (&a.from_pod, &a.to_pod) {
-            (Some(f), Some(t)) => (f.packets, f.bytes, t.packets, t.bytes, f.drops + t.drops, f.errors + t.errors),
+            (Some(f), Some(t)) => (
+                f.packets,
+                f.bytes,
+                t.packets,
+                t.bytes,
+                f.drops + t.drops,
+                f.errors + t.errors,
+            ),
             _ => (0, 0, 0, 0, 0, 0),
         };
         println!(
@@ -154,10 +190,15 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
             er
         );
         for l in &a.links {
-            println!("      {:<9} {} prog {} link {} on ifindex {}", l.hook, l.program, l.program_id, l.link_id, l.ifindex);
+            println!(
+                "      {:<9} {} prog {} link {} on ifindex {}",
+                l.hook, l.program, l.program_id, l.link_id, l.ifindex
+            );
         }
         let limit = |l: &Option<bpf::LimitReport>| {
-            l.as_ref().map_or("unlimited".to_owned(), |l| format!("{} bit/s, burst {} B", l.rate_bytes * 8, l.burst_bytes))
+            l.as_ref().map_or("unlimited".to_owned(), |l| {
+                format!("{} bit/s, burst {} B", l.rate_bytes * 8, l.burst_bytes)
+            })
         };
         if a.ingress_limit.is_some() || a.egress_limit.is_some() {
             let marks = |c: &Option<bpf::Counts>| c.as_ref().map_or(0, |c| c.marks);

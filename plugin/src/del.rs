@@ -17,7 +17,11 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
     let mut errors: Vec<CniError> = Vec::new();
 
     let host_nl = Netlink::connect()?;
-    let key = AttachmentKey { network: &conf.name, container_id: &env.container_id, ifname: &env.ifname };
+    let key = AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    };
     let host_name = veth::host_veth_name(&key);
     match host_nl.link_by_name(&host_name).await {
         Ok(Some(link)) => {
@@ -59,7 +63,10 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
         _ => {
             let first = errors[0].clone();
             let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            Err(CniError::new(first.code, format!("DEL failed in {} steps", all.len())).with_details(all.join("; ")))
+            Err(
+                CniError::new(first.code, format!("DEL failed in {} steps", all.len()))
+                    .with_details(all.join("; ")),
+            )
         }
     }
 }

@@ -35,8 +35,11 @@ fn cni_main(command: &str) -> i32 {
     let mut stdin = Vec::new();
     let outcome = match std::io::stdin().read_to_end(&mut stdin) {
         Ok(_) => execute(command, &stdin),
-        Err(e) => Err(CniError::new(code::IO_FAILURE, "failed to read the network configuration from stdin")
-            .with_details(e.to_string())),
+        Err(e) => Err(CniError::new(
+            code::IO_FAILURE,
+            "failed to read the network configuration from stdin",
+        )
+        .with_details(e.to_string())),
     };
     match outcome {
         Ok(Some(v)) => {
@@ -49,7 +52,11 @@ fn cni_main(command: &str) -> i32 {
             // do not support; 1.0.0 when there is none to read.
             e.cni_version = serde_json::from_slice::<Value>(&stdin)
                 .ok()
-                .and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_owned))
+                .and_then(|v| {
+                    v.get("cniVersion")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "1.0.0".to_owned());
             log::error!("{e}");
@@ -74,7 +81,10 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     if matches!(command, Command::Gc | Command::Status) {
         return Err(CniError::new(
             code::INVALID_ENV,
-            format!("CNI_COMMAND {} is not supported yet (needs cniVersion 1.1.0)", command.as_str()),
+            format!(
+                "CNI_COMMAND {} is not supported yet (needs cniVersion 1.1.0)",
+                command.as_str()
+            ),
         ));
     }
     let env = cni::env::from_lookup(command, |k| std::env::var(k).ok())?;
@@ -82,7 +92,10 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| CniError::new(code::INTERNAL, "failed to start the async runtime").with_details(e.to_string()))?;
+        .map_err(|e| {
+            CniError::new(code::INTERNAL, "failed to start the async runtime")
+                .with_details(e.to_string())
+        })?;
     rt.block_on(async {
         match command {
             Command::Add => add::add(&env, &conf, stdin).await.map(Some),

@@ -21,7 +21,12 @@ impl Log for Logger {
         }
         let cmd = std::env::var("CNI_COMMAND").unwrap_or_default();
         let cid = std::env::var("CNI_CONTAINERID").unwrap_or_default();
-        let line = format!("ebpf-cni[{}] {} {cmd} {cid}: {}\n", std::process::id(), r.level(), r.args());
+        let line = format!(
+            "ebpf-cni[{}] {} {cmd} {cid}: {}\n",
+            std::process::id(),
+            r.level(),
+            r.args()
+        );
         match &self.file {
             Some(f) => {
                 if let Ok(mut f) = f.lock() {
@@ -38,7 +43,11 @@ impl Log for Logger {
 }
 
 pub fn init() {
-    let level = match std::env::var("EBPF_CNI_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
+    let level = match std::env::var("EBPF_CNI_LOG")
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .as_str()
+    {
         "off" => LevelFilter::Off,
         "error" => LevelFilter::Error,
         "info" => LevelFilter::Info,

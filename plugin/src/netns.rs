@@ -20,11 +20,19 @@ const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     #[error("failed to open network namespace {path}")]
-    Open { path: PathBuf, #[source] source: std::io::Error },
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path} is not a network namespace")]
     NotANetns { path: PathBuf },
     #[error("failed to enter network namespace {path}")]
-    Enter { path: PathBuf, #[source] source: nix::Error },
+    Enter {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
 }
 
 impl NetnsError {
@@ -44,14 +52,24 @@ pub struct Netns {
 
 impl Netns {
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
-        let file = File::open(path).map_err(|source| NetnsError::Open { path: path.to_owned(), source })?;
-        let st = nix::sys::statfs::fstatfs(file.as_fd())
-            .map_err(|e| NetnsError::Open { path: path.to_owned(), source: e.into() })?;
+        let file = File::open(path).map_err(|source| NetnsError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        let st = nix::sys::statfs::fstatfs(file.as_fd()).map_err(|e| NetnsError::Open {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
         let magic = st.filesystem_type().0 as i64;
         if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
-            return Err(NetnsError::NotANetns { path: path.to_owned() });
+            return Err(NetnsError::NotANetns {
+                path: path.to_owned(),
+            });
         }
-        Ok(Self { file, path: path.to_owned() })
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+        })
     }
 
     /// The namespace of the calling thread.
@@ -86,9 +104,16 @@ pub struct NetnsGuard {
 impl NetnsGuard {
     fn enter(target: &Netns) -> Result<Self, NetnsError> {
         let original = Netns::current()?;
-        setns(target.file.as_fd(), CloneFlags::CLONE_NEWNET)
-            .map_err(|source| NetnsError::Enter { path: target.path.clone(), source })?;
-        Ok(Self { original, _not_send: PhantomData })
+        setns(target.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
+            NetnsError::Enter {
+                path: target.path.clone(),
+                source,
+            }
+        })?;
+        Ok(Self {
+            original,
+            _not_send: PhantomData,
+        })
     }
 }
 

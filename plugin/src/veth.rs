@@ -23,7 +23,9 @@ pub fn host_veth_name(key: &AttachmentKey<'_>) -> String {
 
 /// One of our pods' host ends (as opposed to a node device).
 pub fn is_host_veth(link: &Link) -> bool {
-    link.kind.as_deref() == Some("veth") && link.name.starts_with(HOST_VETH_PREFIX) && link.name.len() == 15
+    link.kind.as_deref() == Some("veth")
+        && link.name.starts_with(HOST_VETH_PREFIX)
+        && link.name.len() == 15
 }
 
 /// One address of the pod with the gateway it uses.
@@ -52,16 +54,27 @@ pub async fn create(
     mtu: Option<u32>,
     mac: Option<[u8; 6]>,
 ) -> Result<VethPair, NetlinkError> {
-    host_nl.create_veth(host_name, ifname, pod_ns, mtu, mac).await?;
+    host_nl
+        .create_veth(host_name, ifname, pod_ns, mtu, mac)
+        .await?;
     // Both ends are still down: no link-local address has been generated yet.
-    let dad = |e: std::io::Error| NetlinkError::Sysctl { what: format!("disable DAD on {ifname}/{host_name}"), source: e };
+    let dad = |e: std::io::Error| NetlinkError::Sysctl {
+        what: format!("disable DAD on {ifname}/{host_name}"),
+        source: e,
+    };
     disable_dad(host_name).map_err(dad)?;
     {
         let _in_pod = pod_ns.enter()?;
         disable_dad(ifname).map_err(dad)?;
     }
-    let host = host_nl.link_by_name(host_name).await?.ok_or_else(|| missing(host_name))?;
-    let container = pod_nl.link_by_name(ifname).await?.ok_or_else(|| missing(ifname))?;
+    let host = host_nl
+        .link_by_name(host_name)
+        .await?
+        .ok_or_else(|| missing(host_name))?;
+    let container = pod_nl
+        .link_by_name(ifname)
+        .await?
+        .ok_or_else(|| missing(ifname))?;
     Ok(VethPair { host, container })
 }
 
@@ -87,24 +100,52 @@ pub async fn configure_container(
     for a in addrs {
         let Some(gw) = a.gateway else { continue };
         pod_nl
-            .add_route(&RouteSpec { dst: host_prefix(gw), gw: None, oif: index, scope_link: true, src: None })
+            .add_route(&RouteSpec {
+                dst: host_prefix(gw),
+                gw: None,
+                oif: index,
+                scope_link: true,
+                src: None,
+            })
             .await?;
-        let subnet = IpNetwork::new(a.address.network(), a.address.prefix()).expect("prefix from a valid network");
+        let subnet = IpNetwork::new(a.address.network(), a.address.prefix())
+            .expect("prefix from a valid network");
         pod_nl
-            .add_route(&RouteSpec { dst: subnet, gw: Some(gw), oif: index, scope_link: false, src: Some(a.address.ip()) })
+            .add_route(&RouteSpec {
+                dst: subnet,
+                gw: Some(gw),
+                oif: index,
+                scope_link: false,
+                src: Some(a.address.ip()),
+            })
             .await?;
     }
     for r in routes {
         let gw = r.gw.or_else(|| {
-            addrs.iter().find(|a| a.address.is_ipv4() == r.dst.is_ipv4()).and_then(|a| a.gateway)
+            addrs
+                .iter()
+                .find(|a| a.address.is_ipv4() == r.dst.is_ipv4())
+                .and_then(|a| a.gateway)
         });
-        pod_nl.add_route(&RouteSpec { dst: r.dst, gw, oif: index, scope_link: false, src: None }).await?;
+        pod_nl
+            .add_route(&RouteSpec {
+                dst: r.dst,
+                gw,
+                oif: index,
+                scope_link: false,
+                src: None,
+            })
+            .await?;
     }
     Ok(())
 }
 
 /// Host side: link up, each gateway as a /32 (/128), a host route to each pod address.
-pub async fn configure_host(host_nl: &Netlink, index: u32, addrs: &[PodAddress]) -> Result<(), NetlinkError> {
+pub async fn configure_host(
+    host_nl: &Netlink,
+    index: u32,
+    addrs: &[PodAddress],
+) -> Result<(), NetlinkError> {
     host_nl.set_up(index).await?;
     for a in addrs {
         if let Some(gw) = a.gateway {
@@ -128,7 +169,11 @@ mod tests {
     use super::*;
 
     fn name(network: &str, container_id: &str, ifname: &str) -> String {
-        host_veth_name(&AttachmentKey { network, container_id, ifname })
+        host_veth_name(&AttachmentKey {
+            network,
+            container_id,
+            ifname,
+        })
     }
 
     #[test]

@@ -23,7 +23,9 @@ fn tc_state(node: &Node) -> (String, Vec<String>) {
     let qdiscs = node.netns().exec(&["tc", "qdisc", "show"]).unwrap();
     let qdiscs = String::from_utf8_lossy(&qdiscs.stdout)
         .lines()
-        .filter(|l| l.contains("tbf") || l.contains("htb") || l.contains("ingress") || l.contains("ifb"))
+        .filter(|l| {
+            l.contains("tbf") || l.contains("htb") || l.contains("ingress") || l.contains("ifb")
+        })
         .map(str::to_owned)
         .collect::<Vec<_>>()
         .join("\n");
@@ -40,14 +42,20 @@ fn tc_state(node: &Node) -> (String, Vec<String>) {
 /// what the receiver got, in bit/s.
 fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f64 {
     let a = addr.to_string();
-    let out = server.exec(&["iperf3", "-s", "-1", "-D", "-B", &a]).unwrap();
+    let out = server
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &a])
+        .unwrap();
     assert!(out.status.success(), "iperf3 server: {out:?}");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut args = vec!["iperf3", "-c", &a, "-t", "3", "-J"];
     args.extend_from_slice(extra);
     let out = client.exec(&args).unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("iperf3 {extra:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 {extra:?}: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
     let end = &v["end"];
     if extra.contains(&"-u") {
         let sum = &end["sum"];
@@ -55,7 +63,9 @@ fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f64 {
         let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
         sent * (1.0 - lost / 100.0)
     } else {
-        end["sum_received"]["bits_per_second"].as_f64().expect("TCP rate")
+        end["sum_received"]["bits_per_second"]
+            .as_f64()
+            .expect("TCP rate")
     }
 }
 
@@ -77,15 +87,36 @@ struct Pod {
 fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
     let ns = node.new_pod().unwrap();
     let cid = unique_container_id();
-    let out = p.run(node, CniCommand::Add, &p.env(&cid, ns.path(), "eth0"), conf.to_string());
+    let out = p.run(
+        node,
+        CniCommand::Add,
+        &p.env(&cid, ns.path(), "eth0"),
+        conf.to_string(),
+    );
     out.expect_success("ADD");
     let result = out.json.clone().expect("ADD result");
-    let ip: IpAddr = result["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().parse().unwrap();
-    Pod { ns, cid, ip, result }
+    let ip: IpAddr = result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    Pod {
+        ns,
+        cid,
+        ip,
+        result,
+    }
 }
 
 fn host_ifindex(node: &Node, pod: &Pod) -> u32 {
-    bpf::ifindex_in(node.netns(), pod.result["interfaces"][0]["name"].as_str().unwrap()).unwrap()
+    bpf::ifindex_in(
+        node.netns(),
+        pod.result["interfaces"][0]["name"].as_str().unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -121,27 +152,54 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     let tcp_out = iperf(&limited.ns, ext.netns(), ext_ip, &[]);
     let tcp_in = iperf(&limited.ns, ext.netns(), ext_ip, &["-R"]);
     for (what, rate) in [("egress", tcp_out), ("ingress", tcp_in)] {
-        assert!(rate > 0.0 && rate < 1.3 * LIMIT_BPS, "TCP {what} of the limited pod: {rate:.0} bit/s");
+        assert!(
+            rate > 0.0 && rate < 1.3 * LIMIT_BPS,
+            "TCP {what} of the limited pod: {rate:.0} bit/s"
+        );
     }
     // Pod to pod is held too (the limit sits in the redirect path).
     let pod_to_pod = iperf(&plain.ns, &limited.ns, limited.ip, &["-u", "-b", "80M"]);
-    assert!(pod_to_pod < 1.25 * LIMIT_BPS, "UDP pod -> limited pod: {pod_to_pod:.0} bit/s");
+    assert!(
+        pod_to_pod < 1.25 * LIMIT_BPS,
+        "UDP pod -> limited pod: {pod_to_pod:.0} bit/s"
+    );
 
     // The unlimited pod is not slowed at all.
     let free = iperf(&plain.ns, ext.netns(), ext_ip, &[]);
-    assert!(free > 25.0 * LIMIT_BPS, "TCP from the unlimited pod: {free:.0} bit/s");
+    assert!(
+        free > 25.0 * LIMIT_BPS,
+        "TCP from the unlimited pod: {free:.0} bit/s"
+    );
 
     // Drops are counted for the limited pod only, and inspect shows the limits.
     let counters = dp::pod_counters(&node).unwrap();
     let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
-    assert!(counters[&li].from_pod.drops > 0 && counters[&li].to_pod.drops > 0, "{:?}", counters[&li]);
-    assert_eq!((counters[&pi].from_pod.drops, counters[&pi].to_pod.drops), (0, 0));
+    assert!(
+        counters[&li].from_pod.drops > 0 && counters[&li].to_pod.drops > 0,
+        "{:?}",
+        counters[&li]
+    );
+    assert_eq!(
+        (counters[&pi].from_pod.drops, counters[&pi].to_pod.drops),
+        (0, 0)
+    );
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     let a = dp::inspect_attachment(&report, &limited.cid).expect("limited pod in inspect");
-    assert_eq!(a["ingress_limit"]["rate_bytes"], json!(LIMIT_BPS as u64 / 8), "{a}");
-    assert_eq!(a["egress_limit"]["rate_bytes"], json!(LIMIT_BPS as u64 / 8), "{a}");
+    assert_eq!(
+        a["ingress_limit"]["rate_bytes"],
+        json!(LIMIT_BPS as u64 / 8),
+        "{a}"
+    );
+    assert_eq!(
+        a["egress_limit"]["rate_bytes"],
+        json!(LIMIT_BPS as u64 / 8),
+        "{a}"
+    );
     let b = dp::inspect_attachment(&report, &plain.cid).expect("plain pod in inspect");
-    assert!(b["ingress_limit"].is_null() && b["egress_limit"].is_null(), "{b}");
+    assert!(
+        b["ingress_limit"].is_null() && b["egress_limit"].is_null(),
+        "{b}"
+    );
 
     // No qdisc, class, filter or ifb device: only TCX attachments.
     assert_eq!(tc_state(&node), tc_before, "tc state changed");
@@ -150,7 +208,12 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     let check = |conf: &Value| {
         let mut c = conf.clone();
         c["prevResult"] = limited.result.clone();
-        p.run(&node, CniCommand::Check, &p.env(&limited.cid, limited.ns.path(), "eth0"), c.to_string())
+        p.run(
+            &node,
+            CniCommand::Check,
+            &p.env(&limited.cid, limited.ns.path(), "eth0"),
+            c.to_string(),
+        )
     };
     check(&limited_conf).expect_success("CHECK with the ADD's config");
     let mut other = limited_conf.clone();
@@ -159,16 +222,43 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     assert!(err.msg.contains("rate limiter"), "{err:?}");
 
     // DEL removes the limiter entry; the other pod keeps none.
-    p.run(&node, CniCommand::Del, &p.env(&limited.cid, limited.ns.path(), "eth0"), limited_conf.to_string())
-        .expect_success("DEL");
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&limited.cid, limited.ns.path(), "eth0"),
+        limited_conf.to_string(),
+    )
+    .expect_success("DEL");
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     assert!(dp::inspect_attachment(&report, &limited.cid).is_none());
-    let rates = node.netns().nsenter(&["bpftool", "-j", "map", "dump", "pinned",
-        &node.pin_root().join("maps/ECNI_RATES").display().to_string()]).unwrap();
+    let rates = node
+        .netns()
+        .nsenter(&[
+            "bpftool",
+            "-j",
+            "map",
+            "dump",
+            "pinned",
+            &node
+                .pin_root()
+                .join("maps/ECNI_RATES")
+                .display()
+                .to_string(),
+        ])
+        .unwrap();
     let rates: Value = serde_json::from_slice(&rates.stdout).unwrap_or(json!([]));
-    assert_eq!(rates.as_array().map_or(0, Vec::len), 0, "limiter entries left: {rates}");
-    p.run(&node, CniCommand::Del, &p.env(&plain.cid, plain.ns.path(), "eth0"), plain_conf.to_string())
-        .expect_success("DEL plain");
+    assert_eq!(
+        rates.as_array().map_or(0, Vec::len),
+        0,
+        "limiter entries left: {rates}"
+    );
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&plain.cid, plain.ns.path(), "eth0"),
+        plain_conf.to_string(),
+    )
+    .expect_success("DEL plain");
 }
 
 /// Validation as the reference plugin: rate and burst together, burst within 4 GiB; the
@@ -182,19 +272,34 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
     let cases = [
         (json!({"ingressRate": 1_000_000}), "ingressBurst"),
         (json!({"EgressBurst": 1_000_000}), "egressRate"),
-        (json!({"egressRate": 1_000_000, "egressBurst": 40_000_000_000u64}), "egressBurst"),
-        (json!({"ingressRate": "fast", "ingressBurst": 1}), "ingressRate"),
+        (
+            json!({"egressRate": 1_000_000, "egressBurst": 40_000_000_000u64}),
+            "egressBurst",
+        ),
+        (
+            json!({"ingressRate": "fast", "ingressBurst": 1}),
+            "ingressRate",
+        ),
     ];
     for (bw, field) in cases {
         let conf = conf_with(&p, &node, Some(bw.clone()));
         let before = node.snapshot(Some(&pod));
-        let out = p.run(&node, CniCommand::Add, &p.env(&unique_container_id(), pod.path(), "eth0"), conf.to_string());
+        let out = p.run(
+            &node,
+            CniCommand::Add,
+            &p.env(&unique_container_id(), pod.path(), "eth0"),
+            conf.to_string(),
+        );
         let err = out.expect_error(7, &format!("bandwidth {bw}"));
         assert!(err.msg.contains(field), "{bw}: {err:?}");
         let mut after = node.snapshot(Some(&pod));
-        after.data_dir_files.retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+        after
+            .data_dir_files
+            .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
         let mut before = before;
-        before.data_dir_files.retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+        before
+            .data_dir_files
+            .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
         assert_eq!(after, before, "{bw}: a refused ADD changed the node");
     }
 }

@@ -1060,21 +1060,37 @@ fn overlapping_networks_on_one_node_are_refused() {
     // same first address again.
     let mut conf_b = conf_a.clone();
     conf_b["name"] = Value::from("othernet");
-    conf_b["ipam"]["dataDir"] = Value::from(node.scratch_dir().join("ipam-b").display().to_string());
+    conf_b["ipam"]["dataDir"] =
+        Value::from(node.scratch_dir().join("ipam-b").display().to_string());
     let before = node.snapshot(Some(&pod_b));
     let env_b = p.env(&unique_container_id(), pod_b.path(), "eth0");
     let out = p.run(&node, CniCommand::Add, &env_b, conf_b.to_string());
     let err = out.expect_error(7, "ADD on an overlapping network");
-    assert!(err.msg.contains("10.10.0.2") && err.msg.contains("already used"), "{err:?}");
+    assert!(
+        err.msg.contains("10.10.0.2") && err.msg.contains("already used"),
+        "{err:?}"
+    );
     let after = node.snapshot(Some(&pod_b));
-    assert_eq!(after.node_links, before.node_links, "no host veth left behind");
-    assert_eq!(after.pod_links, before.pod_links, "no pod interface left behind");
+    assert_eq!(
+        after.node_links, before.node_links,
+        "no host veth left behind"
+    );
+    assert_eq!(
+        after.pod_links, before.pod_links,
+        "no pod interface left behind"
+    );
     let leases_b: Vec<_> = fsutil::list_files(&node.scratch_dir().join("ipam-b"))
         .unwrap_or_default()
         .into_iter()
-        .filter(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("10.")))
+        .filter(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("10."))
+        })
         .collect();
-    assert!(leases_b.is_empty(), "the refused ADD's lease was released: {leases_b:?}");
+    assert!(
+        leases_b.is_empty(),
+        "the refused ADD's lease was released: {leases_b:?}"
+    );
 
     // The first pod still owns its address in the dataplane and answers from the node.
     let a = dp::endpoints(&node).unwrap();
@@ -1105,38 +1121,69 @@ fn netlink_attach_mode_runs_the_same_dataplane() {
     drop_forwarding(&node);
 
     for (dev, names) in [
-        (a.r.host_ifname.as_str(), &["ecni_from_pod", "ecni_to_pod"][..]),
+        (
+            a.r.host_ifname.as_str(),
+            &["ecni_from_pod", "ecni_to_pod"][..],
+        ),
         ("up0", &["ecni_from_dev"][..]),
     ] {
         let progs = bpf::attached_programs(node.netns(), dev).unwrap();
         for name in names {
             assert!(
-                progs.iter().any(|q| q.mechanism == Mechanism::NetlinkTc && q.name == *name),
+                progs
+                    .iter()
+                    .any(|q| q.mechanism == Mechanism::NetlinkTc && q.name == *name),
                 "{dev}: no netlink filter {name}: {progs:?}"
             );
         }
-        assert!(progs.iter().all(|q| q.mechanism != Mechanism::Tcx), "{dev}: TCX used: {progs:?}");
+        assert!(
+            progs.iter().all(|q| q.mechanism != Mechanism::Tcx),
+            "{dev}: TCX used: {progs:?}"
+        );
     }
-    echo(&a.netns, &b.netns, b.v4(), "pod a -> pod b v4 (netlink mode)");
-    echo(&a.netns, &b.netns, b.v6(), "pod a -> pod b v6 (netlink mode)");
-    echo(ext.netns(), &a.netns, a.v4(), "uplink -> pod a (netlink mode)");
+    echo(
+        &a.netns,
+        &b.netns,
+        b.v4(),
+        "pod a -> pod b v4 (netlink mode)",
+    );
+    echo(
+        &a.netns,
+        &b.netns,
+        b.v6(),
+        "pod a -> pod b v6 (netlink mode)",
+    );
+    echo(
+        ext.netns(),
+        &a.netns,
+        a.v4(),
+        "uplink -> pod a (netlink mode)",
+    );
     for fam in [Family::V4, Family::V6] {
-        assert_eq!(netfilter::forward_packets(node.netns(), fam).unwrap(), 0, "{fam:?} crossed FORWARD");
+        assert_eq!(
+            netfilter::forward_packets(node.netns(), fam).unwrap(),
+            0,
+            "{fam:?} crossed FORWARD"
+        );
     }
 
-    let check = |pod: &Pod| {
-        p.runtime.check(&node, &list, &pod.att, &pod.result)
-    };
+    let check = |pod: &Pod| p.runtime.check(&node, &list, &pod.att, &pod.result);
     check(&a).unwrap_or_else(|e| panic!("CHECK a: {e}"));
-    node.netns().exec(&["tc", "filter", "del", "dev", &a.r.host_ifname, "egress"]).unwrap();
+    node.netns()
+        .exec(&["tc", "filter", "del", "dev", &a.r.host_ifname, "egress"])
+        .unwrap();
     let err = check(&a).expect_err("CHECK after removing the egress filter");
     assert!(err.to_string().contains("ecni_to_pod"), "{err}");
 
     for pod in [&a, &b] {
-        p.runtime.del(&node, &list, &pod.att, Some(&pod.result)).unwrap_or_else(|e| panic!("DEL: {e}"));
+        p.runtime
+            .del(&node, &list, &pod.att, Some(&pod.result))
+            .unwrap_or_else(|e| panic!("DEL: {e}"));
     }
     assert!(
-        bpf::attached_programs(node.netns(), "up0").unwrap().is_empty(),
+        bpf::attached_programs(node.netns(), "up0")
+            .unwrap()
+            .is_empty(),
         "the device filter outlived the last pod"
     );
     assert!(!node.pin_root().exists(), "pins left after the last DEL");
@@ -1164,20 +1211,44 @@ fn trace_streams_decisions_only_while_it_runs() {
     echo(&a.netns, &b.netns, b.v4(), "traffic while tracing");
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "trace failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        text.contains(&format!("redirect_peer to pod behind if {}", b.host_ifindex(&node))),
+        out.status.success(),
+        "trace failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            "redirect_peer to pod behind if {}",
+            b.host_ifindex(&node)
+        )),
         "no redirect line for pod b in the trace:\n{text}"
     );
-    let flag = node.netns().nsenter(&["bpftool", "-j", "map", "dump", "pinned",
-        &node.pin_root().join("maps/ECNI_TRACE").display().to_string()]).unwrap();
+    let flag = node
+        .netns()
+        .nsenter(&[
+            "bpftool",
+            "-j",
+            "map",
+            "dump",
+            "pinned",
+            &node
+                .pin_root()
+                .join("maps/ECNI_TRACE")
+                .display()
+                .to_string(),
+        ])
+        .unwrap();
     let flag: Value = serde_json::from_slice(&flag.stdout).unwrap();
     let value = &flag[0]["value"];
     assert!(
-        value.as_array().is_some_and(|v| v.iter().all(|b| b.as_str() == Some("0x00"))),
+        value
+            .as_array()
+            .is_some_and(|v| v.iter().all(|b| b.as_str() == Some("0x00"))),
         "trace flag still set after the trace ended: {flag}"
     );
     for pod in [&a, &b] {
-        p.runtime.del(&node, &list, &pod.att, Some(&pod.result)).unwrap();
+        p.runtime
+            .del(&node, &list, &pod.att, Some(&pod.result))
+            .unwrap();
     }
 }

@@ -378,13 +378,18 @@ fn traffic(node: &Node, pods: &[Pod; 2]) -> Result<()> {
 /// network namespace (device programs, endpoints, per-pod links and counters).
 fn show_counters(node: &Node, plugin: &Path) {
     let mut c = Command::new("nsenter");
-    c.arg(format!("--net={}", node.netns().path().display())).arg(plugin).arg("inspect").env_remove("CNI_COMMAND");
+    c.arg(format!("--net={}", node.netns().path().display()))
+        .arg(plugin)
+        .arg("inspect")
+        .env_remove("CNI_COMMAND");
     match cmd::output(&mut c) {
-        Ok(out) => show(&format!("ebpf-cni inspect   (in {})", node.netns().name()), &out),
+        Ok(out) => show(
+            &format!("ebpf-cni inspect   (in {})", node.netns().name()),
+            &out,
+        ),
         Err(e) => say(&format!("ebpf-cni inspect failed: {e:#}")),
     }
 }
-
 
 fn nothing_left(node: &Node, pods: &[Pod]) -> Result<()> {
     let mut problems = Vec::new();

@@ -13,12 +13,15 @@ use crate::{build, cmd, setup};
 /// The binary is copied out of `target/release`: any later plain `cargo build` of the
 /// plugin (without the eBPF object) would overwrite it there with a stub build.
 pub fn stage_plugin() -> Result<PathBuf> {
-    let plugin = build::build(&build::BuildOptions { debug_plugin: false })?;
+    let plugin = build::build(&build::BuildOptions {
+        debug_plugin: false,
+    })?;
     let dir = build::target_dir()?.join("under-test");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let staged = dir.join("ebpf-cni");
     let tmp = dir.join(".ebpf-cni.tmp");
-    fs::copy(&plugin, &tmp).with_context(|| format!("copying {} to {}", plugin.display(), tmp.display()))?;
+    fs::copy(&plugin, &tmp)
+        .with_context(|| format!("copying {} to {}", plugin.display(), tmp.display()))?;
     fs::rename(&tmp, &staged)?;
     Ok(staged)
 }
@@ -43,6 +46,9 @@ pub fn test(extra: &[String]) -> Result<()> {
     println!("plugin under test: {}", plugin.display());
     let mut c = cmd::cargo();
     // Every test binary runs even when one fails, so one run shows all failures.
-    c.arg("test").arg("--no-fail-fast").args(extra).env("EBPF_CNI_BIN", &plugin);
+    c.arg("test")
+        .arg("--no-fail-fast")
+        .args(extra)
+        .env("EBPF_CNI_BIN", &plugin);
     cmd::run(&mut c)
 }

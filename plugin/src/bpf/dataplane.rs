@@ -15,8 +15,8 @@ use aya::{
     EbpfLoader,
 };
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
-    RateLimit, RATE_LIMITS_MAP, TRACE_MAP,
+    EndpointInfo, EndpointKey, PodCounters, RateLimit, ENDPOINTS_MAP, EP_FLAGS_NONE,
+    POD_COUNTERS_MAP, RATE_LIMITS_MAP, TRACE_MAP,
 };
 
 use super::{
@@ -65,7 +65,10 @@ impl NodeLock {
     pub fn take(root: &PinRoot) -> Result<Self, BpfError> {
         let path = root.layout_dir();
         create_dir_all_racy(&path)?;
-        let err = |source| BpfError::NodeLock { path: path.clone(), source };
+        let err = |source| BpfError::NodeLock {
+            path: path.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(err)?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -84,7 +87,10 @@ pub struct Programs {
 
 impl Programs {
     fn index(hook: Hook) -> usize {
-        Hook::ALL.iter().position(|h| *h == hook).expect("every hook has a program")
+        Hook::ALL
+            .iter()
+            .position(|h| *h == hook)
+            .expect("every hook has a program")
     }
 
     /// The program's fd, opened from its pin with one syscall (TCX attach path).
@@ -92,7 +98,10 @@ impl Programs {
         let i = Self::index(hook);
         if self.fds[i].is_none() {
             let path = &self.paths[i];
-            let fd = super::sys::obj_get(path).map_err(|source| BpfError::OpenPin { path: path.clone(), source })?;
+            let fd = super::sys::obj_get(path).map_err(|source| BpfError::OpenPin {
+                path: path.clone(),
+                source,
+            })?;
             self.fds[i] = Some(fd);
         }
         Ok(self.fds[i].as_ref().expect("opened above").as_fd())
@@ -103,7 +112,11 @@ impl Programs {
         let i = Self::index(hook);
         if self.classifiers[i].is_none() {
             let path = self.paths[i].clone();
-            let prog = SchedClassifier::from_pin(&path).map_err(|source| BpfError::OpenProgram { path, source: Box::new(source) })?;
+            let prog =
+                SchedClassifier::from_pin(&path).map_err(|source| BpfError::OpenProgram {
+                    path,
+                    source: Box::new(source),
+                })?;
             self.classifiers[i] = Some(prog);
         }
         Ok(self.classifiers[i].as_mut().expect("opened above"))
@@ -113,11 +126,18 @@ impl Programs {
     /// none yet, which also creates the node-wide maps or reuses their pins.
     pub fn open_or_load(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
         let rev = revision();
-        let paths: Vec<PathBuf> = Hook::ALL.iter().map(|h| root.program(node, &rev, h.program())).collect();
+        let paths: Vec<PathBuf> = Hook::ALL
+            .iter()
+            .map(|h| root.program(node, &rev, h.program()))
+            .collect();
         if !paths.iter().all(|p| p.exists()) {
             load_and_pin(root, node, &rev)?;
         }
-        Ok(Self { fds: paths.iter().map(|_| None).collect(), classifiers: paths.iter().map(|_| None).collect(), paths })
+        Ok(Self {
+            fds: paths.iter().map(|_| None).collect(),
+            classifiers: paths.iter().map(|_| None).collect(),
+            paths,
+        })
     }
 }
 
@@ -125,9 +145,16 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
     }
-    let maps_dir = root.map(node, ENDPOINTS_MAP).parent().expect("maps live in a directory").to_path_buf();
+    let maps_dir = root
+        .map(node, ENDPOINTS_MAP)
+        .parent()
+        .expect("maps live in a directory")
+        .to_path_buf();
     create_dir_all_racy(&maps_dir)?;
-    let (ep_path, cnt_path) = (root.map(node, ENDPOINTS_MAP), root.map(node, POD_COUNTERS_MAP));
+    let (ep_path, cnt_path) = (
+        root.map(node, ENDPOINTS_MAP),
+        root.map(node, POD_COUNTERS_MAP),
+    );
     // No target BTF: the programs use no CO-RE relocations, and parsing the kernel's BTF
     // would cost the load about 25 ms for nothing.
     let mut ebpf = EbpfLoader::new()
@@ -137,7 +164,9 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .map_pin_path(TRACE_MAP, root.map(node, TRACE_MAP))
         .map_pin_path(RATE_LIMITS_MAP, root.map(node, RATE_LIMITS_MAP))
         .load(PROGRAMS)
-        .map_err(|source| BpfError::Load { source: Box::new(source) })?;
+        .map_err(|source| BpfError::Load {
+            source: Box::new(source),
+        })?;
     let dir = root.programs_dir(node).join(rev);
     create_dir_all_racy(&dir)?;
     for hook in Hook::ALL {
@@ -146,10 +175,20 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
             .program_mut(name)
             .ok_or(BpfError::MissingProgram { name })?
             .try_into()
-            .map_err(|source| BpfError::Program { name, source: Box::new(source) })?;
-        prog.load().map_err(|source| BpfError::Program { name, source: Box::new(source) })?;
+            .map_err(|source| BpfError::Program {
+                name,
+                source: Box::new(source),
+            })?;
+        prog.load().map_err(|source| BpfError::Program {
+            name,
+            source: Box::new(source),
+        })?;
         let path = dir.join(name);
-        prog.pin(&path).map_err(|source| BpfError::PinProgram { path, name, source: Box::new(source) })?;
+        prog.pin(&path).map_err(|source| BpfError::PinProgram {
+            path,
+            name,
+            source: Box::new(source),
+        })?;
     }
     // Programs of other revisions stay alive as long as links use them; their pins only
     // served new attachments, which from now on get this revision.
@@ -184,11 +223,21 @@ fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Opti
     if !path.exists() {
         return Ok(None);
     }
-    let err = |source| BpfError::OpenMap { path: path.clone(), source: Box::new(source) };
+    let err = |source| BpfError::OpenMap {
+        path: path.clone(),
+        source: Box::new(source),
+    };
     let data = MapData::from_pin(&path).map_err(err)?;
-    let actual = super::sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo { path: path.clone(), source })?;
+    let actual = super::sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo {
+        path: path.clone(),
+        source,
+    })?;
     if actual != name {
-        return Err(BpfError::WrongMap { path, actual, expected: name });
+        return Err(BpfError::WrongMap {
+            path,
+            actual,
+            expected: name,
+        });
     }
     Map::from_map_data(data).map(Some).map_err(err)
 }
@@ -205,7 +254,10 @@ impl Maps {
         };
         let conv = |name: &'static str| {
             let path = root.map(node, name);
-            move |source| BpfError::OpenMap { path, source: Box::new(source) }
+            move |source| BpfError::OpenMap {
+                path,
+                source: Box::new(source),
+            }
         };
         Ok(Some(Self {
             endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
@@ -221,8 +273,13 @@ impl Maps {
     pub fn ensure_free(&self, attachment_id: u64, ips: &[IpAddr]) -> Result<(), BpfError> {
         for ip in ips {
             if let Ok(v) = self.endpoints.get(&endpoint_key(*ip), 0) {
-                if v.attachment_id != attachment_id && nix::net::if_::if_indextoname(v.host_ifindex).is_ok() {
-                    return Err(BpfError::AddressInUse { ip: *ip, host_ifindex: v.host_ifindex });
+                if v.attachment_id != attachment_id
+                    && nix::net::if_::if_indextoname(v.host_ifindex).is_ok()
+                {
+                    return Err(BpfError::AddressInUse {
+                        ip: *ip,
+                        host_ifindex: v.host_ifindex,
+                    });
                 }
             }
         }
@@ -232,12 +289,15 @@ impl Maps {
     pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
         for ep in eps {
-            let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("one value per CPU");
-            self.counters.insert(ep.host_ifindex, zero, 0).map_err(|source| BpfError::MapUpdate {
-                map: POD_COUNTERS_MAP,
-                what: format!("reset counters of ifindex {}", ep.host_ifindex),
-                source: Box::new(source),
-            })?;
+            let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus])
+                .expect("one value per CPU");
+            self.counters
+                .insert(ep.host_ifindex, zero, 0)
+                .map_err(|source| BpfError::MapUpdate {
+                    map: POD_COUNTERS_MAP,
+                    what: format!("reset counters of ifindex {}", ep.host_ifindex),
+                    source: Box::new(source),
+                })?;
             let info = EndpointInfo {
                 attachment_id,
                 host_ifindex: ep.host_ifindex,
@@ -246,11 +306,13 @@ impl Maps {
                 pod_mac: ep.pod_mac,
                 _pad: [0; 4],
             };
-            self.endpoints.insert(endpoint_key(ep.ip), info, 0).map_err(|source| BpfError::MapUpdate {
-                map: ENDPOINTS_MAP,
-                what: format!("insert {}", ep.ip),
-                source: Box::new(source),
-            })?;
+            self.endpoints
+                .insert(endpoint_key(ep.ip), info, 0)
+                .map_err(|source| BpfError::MapUpdate {
+                    map: ENDPOINTS_MAP,
+                    what: format!("insert {}", ep.ip),
+                    source: Box::new(source),
+                })?;
         }
         Ok(())
     }
@@ -278,7 +340,11 @@ impl Maps {
         for (ip, _) in &entries {
             match self.endpoints.remove(&endpoint_key(*ip)) {
                 Err(e) if !is_not_found(&e) => {
-                    return Err(BpfError::MapUpdate { map: ENDPOINTS_MAP, what: format!("remove {ip}"), source: Box::new(e) })
+                    return Err(BpfError::MapUpdate {
+                        map: ENDPOINTS_MAP,
+                        what: format!("remove {ip}"),
+                        source: Box::new(e),
+                    })
                 }
                 _ => {}
             }
@@ -326,12 +392,24 @@ impl Maps {
             None => "no limit".to_owned(),
             Some(l) => format!(
                 "ingress {} B/s burst {} B, egress {} B/s burst {} B",
-                l.ingress.rate_bytes, l.ingress.burst_bytes, l.egress.rate_bytes, l.egress.burst_bytes
+                l.ingress.rate_bytes,
+                l.ingress.burst_bytes,
+                l.egress.rate_bytes,
+                l.egress.burst_bytes
             ),
         };
         let same = |a: &RateLimit, b: &RateLimit| {
-            (a.ingress.rate_bytes, a.ingress.burst_bytes, a.egress.rate_bytes, a.egress.burst_bytes)
-                == (b.ingress.rate_bytes, b.ingress.burst_bytes, b.egress.rate_bytes, b.egress.burst_bytes)
+            (
+                a.ingress.rate_bytes,
+                a.ingress.burst_bytes,
+                a.egress.rate_bytes,
+                a.egress.burst_bytes,
+            ) == (
+                b.ingress.rate_bytes,
+                b.ingress.burst_bytes,
+                b.egress.rate_bytes,
+                b.egress.burst_bytes,
+            )
         };
         let ok = match (&actual, &expected) {
             (None, None) => true,
@@ -341,7 +419,11 @@ impl Maps {
         if ok {
             Ok(())
         } else {
-            Err(BpfError::LimitMismatch { ifindex, actual: describe(&actual), expected: describe(&expected) })
+            Err(BpfError::LimitMismatch {
+                ifindex,
+                actual: describe(&actual),
+                expected: describe(&expected),
+            })
         }
     }
 
@@ -352,12 +434,25 @@ impl Maps {
             let Ok(v) = self.endpoints.get(&endpoint_key(ep.ip), 0) else {
                 return Err(BpfError::EndpointMissing { ip: ep.ip });
             };
-            let stale = |field, actual: String, expected: String| BpfError::EndpointStale { ip: ep.ip, field, actual, expected };
+            let stale = |field, actual: String, expected: String| BpfError::EndpointStale {
+                ip: ep.ip,
+                field,
+                actual,
+                expected,
+            };
             if v.attachment_id != attachment_id {
-                return Err(stale("attachment", format!("{:016x}", v.attachment_id), format!("{attachment_id:016x}")));
+                return Err(stale(
+                    "attachment",
+                    format!("{:016x}", v.attachment_id),
+                    format!("{attachment_id:016x}"),
+                ));
             }
             if v.host_ifindex != ep.host_ifindex {
-                return Err(stale("host ifindex", v.host_ifindex.to_string(), ep.host_ifindex.to_string()));
+                return Err(stale(
+                    "host ifindex",
+                    v.host_ifindex.to_string(),
+                    ep.host_ifindex.to_string(),
+                ));
             }
             if v.host_mac != ep.host_mac {
                 return Err(stale("host MAC", mac(v.host_mac), mac(ep.host_mac)));

@@ -144,7 +144,10 @@ pub enum BpfError {
     },
 
     #[error("address {ip} is already used on this node by another attachment (host veth ifindex {host_ifindex}): networks with overlapping subnets cannot share a node")]
-    AddressInUse { ip: std::net::IpAddr, host_ifindex: u32 },
+    AddressInUse {
+        ip: std::net::IpAddr,
+        host_ifindex: u32,
+    },
 
     #[error("failed to lock {path}")]
     NodeLock {
@@ -185,7 +188,11 @@ pub enum BpfError {
 
     // CHECK: the attachment is missing or differs from what ADD set up.
     #[error("rate limiter of host veth ifindex {ifindex} holds {actual}, the config asks for {expected}")]
-    LimitMismatch { ifindex: u32, actual: String, expected: String },
+    LimitMismatch {
+        ifindex: u32,
+        actual: String,
+        expected: String,
+    },
     #[error("endpoint map has no entry for pod address {ip}")]
     EndpointMissing { ip: std::net::IpAddr },
     #[error("endpoint map entry for {ip} is stale: {field} is {actual}, expected {expected}")]

@@ -24,39 +24,76 @@ pub struct AttachedLink {
 /// Attaches the program `prog` (an fd of a pinned program) to device `ifindex` at `hook`
 /// through a TCX link after the programs already there, and pins the link at `path`, so it
 /// stays when this process exits.
-pub fn attach(prog: BorrowedFd<'_>, hook: Hook, ifname: &str, ifindex: u32, path: &Path) -> Result<AttachedLink, BpfError> {
-    let link = sys::link_create_tcx(prog, ifindex, hook.tcx_attach_type()).map_err(|source| BpfError::AttachTcx {
-        name: hook.program(),
-        ifname: ifname.to_owned(),
-        direction: hook.label(),
+pub fn attach(
+    prog: BorrowedFd<'_>,
+    hook: Hook,
+    ifname: &str,
+    ifindex: u32,
+    path: &Path,
+) -> Result<AttachedLink, BpfError> {
+    let link = sys::link_create_tcx(prog, ifindex, hook.tcx_attach_type()).map_err(|source| {
+        BpfError::AttachTcx {
+            name: hook.program(),
+            ifname: ifname.to_owned(),
+            direction: hook.label(),
+            source,
+        }
+    })?;
+    sys::obj_pin(link.as_fd(), path).map_err(|source| BpfError::PinTcxLink {
+        path: path.to_path_buf(),
         source,
     })?;
-    sys::obj_pin(link.as_fd(), path).map_err(|source| BpfError::PinTcxLink { path: path.to_path_buf(), source })?;
-    let info = sys::link_info(link.as_fd()).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })?;
-    Ok(AttachedLink { program_id: info.prog_id, link_id: info.id })
+    let info = sys::link_info(link.as_fd()).map_err(|source| BpfError::PinInfo {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(AttachedLink {
+        program_id: info.prog_id,
+        link_id: info.id,
+    })
 }
 
 /// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` as a `bpf` filter
 /// (which the kernel keeps after this process exits) and pins the program at `record`, so
 /// DEL, CHECK and the node teardown know the filter is there.
-pub fn attach_netlink(prog: &mut SchedClassifier, hook: Hook, ifname: &str, record: &Path) -> Result<(), BpfError> {
+pub fn attach_netlink(
+    prog: &mut SchedClassifier,
+    hook: Hook,
+    ifname: &str,
+    record: &Path,
+) -> Result<(), BpfError> {
     let name = hook.program();
     // EEXIST when a clsact is there already: fine. Any real problem fails the attach below.
     let _ = aya::programs::tc::qdisc_add_clsact(ifname);
-    let attach_err = |source| BpfError::Attach { name, ifname: ifname.to_owned(), direction: hook.label(), source: Box::new(source) };
+    let attach_err = |source| BpfError::Attach {
+        name,
+        ifname: ifname.to_owned(),
+        direction: hook.label(),
+        source: Box::new(source),
+    };
     let link_id = prog
-        .attach_with_options(ifname, hook.tc_attach_type(), TcAttachOptions::Netlink(NlOptions::default()))
+        .attach_with_options(
+            ifname,
+            hook.tc_attach_type(),
+            TcAttachOptions::Netlink(NlOptions::default()),
+        )
         .map_err(attach_err)?;
     let link = prog.take_link(link_id).map_err(attach_err)?;
     // Dropping an aya netlink link detaches the filter; the filter must stay.
     std::mem::forget(link);
-    prog.pin(record).map_err(|source| BpfError::PinProgram { path: record.to_path_buf(), name, source: Box::new(source) })
+    prog.pin(record).map_err(|source| BpfError::PinProgram {
+        path: record.to_path_buf(),
+        name,
+        source: Box::new(source),
+    })
 }
 
 /// Netlink mode: removes `hook`'s filters (by program name) from `ifname`; a device that is
 /// gone has none left.
 pub fn detach_netlink(hook: Hook, ifname: &str) {
-    if let Err(e) = aya::programs::tc::qdisc_detach_program(ifname, hook.tc_attach_type(), hook.program()) {
+    if let Err(e) =
+        aya::programs::tc::qdisc_detach_program(ifname, hook.tc_attach_type(), hook.program())
+    {
         log::debug!("detaching {} from {ifname}: {e}", hook.program());
     }
 }
@@ -64,17 +101,27 @@ pub fn detach_netlink(hook: Hook, ifname: &str) {
 pub fn require_pin(what: &'static str, path: &Path) -> Result<(), BpfError> {
     match fs::symlink_metadata(path) {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            Err(BpfError::PinMissing { what, path: path.to_path_buf() })
-        }
-        Err(source) => Err(BpfError::OpenPin { path: path.to_path_buf(), source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(BpfError::PinMissing {
+            what,
+            path: path.to_path_buf(),
+        }),
+        Err(source) => Err(BpfError::OpenPin {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
 /// What a pinned link is attached to, as the kernel says.
 pub fn describe(path: &Path) -> Result<sys::TcxLinkInfo, BpfError> {
-    let fd = sys::obj_get(path).map_err(|source| BpfError::OpenPin { path: path.to_path_buf(), source })?;
-    sys::link_info(fd.as_fd()).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })
+    let fd = sys::obj_get(path).map_err(|source| BpfError::OpenPin {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    sys::link_info(fd.as_fd()).map_err(|source| BpfError::PinInfo {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Verifies the link pinned at `path` is a live TCX link of `hook`'s program on `ifindex`.
@@ -83,20 +130,42 @@ pub fn check(hook: Hook, path: &Path, ifindex: u32) -> Result<(), BpfError> {
     let info = describe(path)?;
     let link = hook.label();
     if info.link_type != sys::BPF_LINK_TYPE_TCX {
-        return Err(BpfError::NotTcxLink { link, path: path.to_path_buf(), link_type: info.link_type });
+        return Err(BpfError::NotTcxLink {
+            link,
+            path: path.to_path_buf(),
+            link_type: info.link_type,
+        });
     }
     if info.ifindex == 0 {
-        return Err(BpfError::LinkDefunct { link, path: path.to_path_buf() });
+        return Err(BpfError::LinkDefunct {
+            link,
+            path: path.to_path_buf(),
+        });
     }
     if info.ifindex != ifindex {
-        return Err(BpfError::WrongIfindex { link, actual: info.ifindex, expected: ifindex });
+        return Err(BpfError::WrongIfindex {
+            link,
+            actual: info.ifindex,
+            expected: ifindex,
+        });
     }
     if info.attach_type != hook.tcx_attach_type() {
-        return Err(BpfError::WrongAttachType { link, actual: info.attach_type, expected: hook.tcx_attach_type() });
+        return Err(BpfError::WrongAttachType {
+            link,
+            actual: info.attach_type,
+            expected: hook.tcx_attach_type(),
+        });
     }
-    let program = sys::prog_name(info.prog_id).map_err(|source| BpfError::PinInfo { path: path.to_path_buf(), source })?;
+    let program = sys::prog_name(info.prog_id).map_err(|source| BpfError::PinInfo {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if program != hook.program() {
-        return Err(BpfError::WrongProgram { link, actual: program, expected: hook.program() });
+        return Err(BpfError::WrongProgram {
+            link,
+            actual: program,
+            expected: hook.program(),
+        });
     }
     Ok(())
 }
@@ -106,7 +175,12 @@ pub fn check(hook: Hook, path: &Path, ifindex: u32) -> Result<(), BpfError> {
 pub fn remove_dir_pins(stop_at: &Path, dir: &Path) -> Result<bool, Vec<RemoveFailure>> {
     let mut failures = Vec::new();
     let mut removed = false;
-    let mut fail = |path: &Path, source| failures.push(RemoveFailure { path: path.to_path_buf(), source });
+    let mut fail = |path: &Path, source| {
+        failures.push(RemoveFailure {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
 
     // Everything in the directory is ours, including pins a newer or older binary may have
     // added, so remove all of it rather than a list of known names.
@@ -165,10 +239,19 @@ mod tests {
         }
         fs::write(a.join("from_a_newer_binary"), b"").unwrap();
         assert!(remove_dir_pins(&stop, &a).unwrap());
-        assert!(!a.exists() && !a.parent().unwrap().exists(), "dir and empty parent pruned");
+        assert!(
+            !a.exists() && !a.parent().unwrap().exists(),
+            "dir and empty parent pruned"
+        );
         assert!(b.join("link_from_pod").exists(), "the sibling is untouched");
         assert!(remove_dir_pins(&stop, &b).unwrap());
-        assert!(!stop.join("net").exists() && stop.is_dir(), "pruned up to, not including, the stop");
-        assert!(!remove_dir_pins(&stop, &b).unwrap(), "second time: nothing there");
+        assert!(
+            !stop.join("net").exists() && stop.is_dir(),
+            "pruned up to, not including, the stop"
+        );
+        assert!(
+            !remove_dir_pins(&stop, &b).unwrap(),
+            "second time: nothing there"
+        );
     }
 }

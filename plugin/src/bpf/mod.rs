@@ -22,9 +22,11 @@ pub use dataplane::{Device, PodEndpoint};
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
-pub use trace::trace;
 pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, Counts, LimitReport, PodSpec, AttachmentReport, DeviceReport, NodeReport};
+    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, Counts,
+    DeviceReport, LimitReport, NodeReport, PodSpec,
+};
+pub use trace::trace;
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
 /// `cargo xtask build`.
@@ -39,7 +41,9 @@ pub fn revision() -> String {
 
 /// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.
 fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
-    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
@@ -62,7 +66,11 @@ impl AttachmentKey<'_> {
     /// ("a","bc") differ). It tags the attachment's endpoint-map entries and names its host
     /// veth, so DEL finds both without saved state.
     pub fn id(&self) -> u64 {
-        fnv1a([self.network, self.container_id, self.ifname].into_iter().flat_map(|p| p.bytes().chain([0])))
+        fnv1a(
+            [self.network, self.container_id, self.ifname]
+                .into_iter()
+                .flat_map(|p| p.bytes().chain([0])),
+        )
     }
 
     /// Each value becomes one path component: non-empty, not `.` or `..`, no `/` or NUL.
@@ -97,8 +105,12 @@ pub enum AttachMode {
 impl AttachMode {
     /// TCX where the kernel has it (6.6 and later), netlink filters elsewhere.
     pub fn auto() -> Self {
-        let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-        let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+        let release = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut parts = release
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|p| p.parse::<u32>().ok());
         match (parts.next(), parts.next()) {
             (Some(major), Some(minor)) if (major, minor) >= (6, 6) => Self::Tcx,
             _ => Self::Netlink,
@@ -213,8 +225,16 @@ mod tests {
 
     #[test]
     fn attachment_ids_separate_their_parts() {
-        let a = AttachmentKey { network: "ab", container_id: "c", ifname: "e" };
-        let b = AttachmentKey { network: "a", container_id: "bc", ifname: "e" };
+        let a = AttachmentKey {
+            network: "ab",
+            container_id: "c",
+            ifname: "e",
+        };
+        let b = AttachmentKey {
+            network: "a",
+            container_id: "bc",
+            ifname: "e",
+        };
         assert_ne!(a.id(), b.id());
         assert_eq!(a.id(), AttachmentKey { ..a }.id());
     }
@@ -231,7 +251,19 @@ mod tests {
             ifname: "eth0",
         };
         let node = NodeId::from_netns_inode(1);
-        let err = add_pod(&node, &key, &PodSpec { host_ifname: "veth0", host_ifindex: 1, endpoints: &[], limits: None }, &[], AttachMode::Tcx).unwrap_err();
+        let err = add_pod(
+            &node,
+            &key,
+            &PodSpec {
+                host_ifname: "veth0",
+                host_ifindex: 1,
+                endpoints: &[],
+                limits: None,
+            },
+            &[],
+            AttachMode::Tcx,
+        )
+        .unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");
         assert!(err.to_string().contains("cargo xtask build"));
     }

@@ -139,12 +139,16 @@ impl PinRoot {
 
     /// The link of the device program on node device `ifname`.
     pub fn device_link(&self, node: &NodeId, ifname: &str) -> PathBuf {
-        self.devices_dir(node).join(ifname).join(names::LINK_FROM_DEV)
+        self.devices_dir(node)
+            .join(ifname)
+            .join(names::LINK_FROM_DEV)
     }
 
     /// Netlink mode: the record that node device `ifname` has the device filter.
     pub fn device_netlink_record(&self, node: &NodeId, ifname: &str) -> PathBuf {
-        self.devices_dir(node).join(ifname).join(Hook::FromDev.netlink_record_name())
+        self.devices_dir(node)
+            .join(ifname)
+            .join(Hook::FromDev.netlink_record_name())
     }
 
     pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
@@ -272,7 +276,10 @@ mod tests {
         let pins = root.attachment(&node, &KEY);
         let dir = "/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments/podnet/0123abcd/eth0";
         assert_eq!(pins.dir(), Path::new(dir));
-        assert_eq!(pins.link(Hook::FromPod), Path::new(dir).join("link_from_pod"));
+        assert_eq!(
+            pins.link(Hook::FromPod),
+            Path::new(dir).join("link_from_pod")
+        );
         assert_eq!(pins.link(Hook::ToPod), Path::new(dir).join("link_to_pod"));
         assert_eq!(
             root.map(&node, "ECNI_ENDPOINTS"),

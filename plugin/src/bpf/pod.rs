@@ -25,14 +25,26 @@ pub struct PodSpec<'a> {
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
 /// attachment's directory), the endpoint map learns its addresses, and the node's devices
 /// are brought in line with `devices`. On error nothing of the pod stays.
-pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, devices: &[Device], mode: AttachMode) -> Result<(), BpfError> {
-    let PodSpec { host_ifname, host_ifindex, endpoints, limits } = *pod;
+pub fn add_pod(
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+    pod: &PodSpec<'_>,
+    devices: &[Device],
+    mode: AttachMode,
+) -> Result<(), BpfError> {
+    let PodSpec {
+        host_ifname,
+        host_ifindex,
+        endpoints,
+        limits,
+    } = *pod;
     key.validate()?;
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
     }
     let t = std::time::Instant::now();
-    let step = |what: &str| log::debug!("add_pod {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    let step =
+        |what: &str| log::debug!("add_pod {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let root = PinRoot::from_env();
     ensure_bpffs_at(&root)?;
     let _lock = NodeLock::take(&root)?;
@@ -54,10 +66,16 @@ pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, device
     let stop_at = root.attachments_dir(node);
     if fs::symlink_metadata(pins.dir()).is_ok() {
         log::warn!("replacing the stale attachment at {}", pins.dir().display());
-        links::remove_dir_pins(&stop_at, pins.dir()).map_err(|failures| BpfError::Detach { dir: pins.dir().into(), failures })?;
+        links::remove_dir_pins(&stop_at, pins.dir()).map_err(|failures| BpfError::Detach {
+            dir: pins.dir().into(),
+            failures,
+        })?;
     }
     maps.remove_attachment(key.id())?;
-    maps.ensure_free(key.id(), &endpoints.iter().map(|e| e.ip).collect::<Vec<_>>())?;
+    maps.ensure_free(
+        key.id(),
+        &endpoints.iter().map(|e| e.ip).collect::<Vec<_>>(),
+    )?;
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
@@ -67,15 +85,32 @@ pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, device
             AttachMode::Tcx => {
                 // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here):
                 // the two hooks attach at once so their waits overlap.
-                let from_pod = progs.fd(Hook::FromPod)?.try_clone_to_owned().map_err(|source| BpfError::OpenPin {
-                    path: root.program(node, &super::revision(), Hook::FromPod.program()),
-                    source,
-                })?;
+                let from_pod = progs
+                    .fd(Hook::FromPod)?
+                    .try_clone_to_owned()
+                    .map_err(|source| BpfError::OpenPin {
+                        path: root.program(node, &super::revision(), Hook::FromPod.program()),
+                        source,
+                    })?;
                 let to_pod = progs.fd(Hook::ToPod)?;
                 let (a, b) = std::thread::scope(|s| {
                     let path = pins.link(Hook::FromPod);
-                    let t = s.spawn(move || links::attach(from_pod.as_fd(), Hook::FromPod, host_ifname, host_ifindex, &path));
-                    let b = links::attach(to_pod, Hook::ToPod, host_ifname, host_ifindex, &pins.link(Hook::ToPod));
+                    let t = s.spawn(move || {
+                        links::attach(
+                            from_pod.as_fd(),
+                            Hook::FromPod,
+                            host_ifname,
+                            host_ifindex,
+                            &path,
+                        )
+                    });
+                    let b = links::attach(
+                        to_pod,
+                        Hook::ToPod,
+                        host_ifname,
+                        host_ifindex,
+                        &pins.link(Hook::ToPod),
+                    );
                     (t.join().expect("attach thread does not panic"), b)
                 });
                 a?;
@@ -83,7 +118,12 @@ pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, device
             }
             AttachMode::Netlink => {
                 for hook in Hook::POD {
-                    links::attach_netlink(progs.classifier(hook)?, hook, host_ifname, &pins.netlink_record(hook))?;
+                    links::attach_netlink(
+                        progs.classifier(hook)?,
+                        hook,
+                        host_ifname,
+                        &pins.netlink_record(hook),
+                    )?;
                 }
             }
         }
@@ -104,7 +144,11 @@ pub fn add_pod(node: &NodeId, key: &AttachmentKey<'_>, pod: &PodSpec<'_>, device
 
 /// Before ADD changes anything for these addresses: none may belong to another live
 /// attachment of this node (see [`Maps::ensure_free`]).
-pub fn ensure_addresses_free(node: &NodeId, key: &AttachmentKey<'_>, ips: &[IpAddr]) -> Result<(), BpfError> {
+pub fn ensure_addresses_free(
+    node: &NodeId,
+    key: &AttachmentKey<'_>,
+    ips: &[IpAddr],
+) -> Result<(), BpfError> {
     key.validate()?;
     match Maps::open(&PinRoot::from_env(), node)? {
         Some(maps) => maps.ensure_free(key.id(), ips),
@@ -128,7 +172,10 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     let mut removed = match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
         Ok(r) => r,
         Err(failures) => {
-            errors.push(BpfError::Detach { dir: pins.dir().into(), failures });
+            errors.push(BpfError::Detach {
+                dir: pins.dir().into(),
+                failures,
+            });
             false
         }
     };
@@ -166,7 +213,9 @@ pub fn check_pod(
     for hook in Hook::POD {
         match mode {
             AttachMode::Tcx => links::check(hook, &pins.link(hook), host_ifindex)?,
-            AttachMode::Netlink => links::require_pin(hook.netlink_record_name(), &pins.netlink_record(hook))?,
+            AttachMode::Netlink => {
+                links::require_pin(hook.netlink_record_name(), &pins.netlink_record(hook))?
+            }
         }
     }
     let maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
@@ -179,7 +228,13 @@ pub fn check_pod(
 
 /// Puts the device program on every device of `devices` that lacks a live link of it, and
 /// removes the links of devices no longer listed.
-fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[Device], mode: AttachMode) -> Result<(), BpfError> {
+fn sync_devices(
+    root: &PinRoot,
+    node: &NodeId,
+    progs: &mut Programs,
+    devices: &[Device],
+    mode: AttachMode,
+) -> Result<(), BpfError> {
     let dir = root.devices_dir(node);
     if mode == AttachMode::Netlink {
         for dev in devices {
@@ -188,7 +243,12 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
                 continue;
             }
             create_dir_all_racy(record.parent().expect("a record lives in a directory"))?;
-            links::attach_netlink(progs.classifier(Hook::FromDev)?, Hook::FromDev, &dev.name, &record)?;
+            links::attach_netlink(
+                progs.classifier(Hook::FromDev)?,
+                Hook::FromDev,
+                &dev.name,
+                &record,
+            )?;
         }
     }
     for dev in devices.iter().filter(|_| mode == AttachMode::Tcx) {
@@ -202,7 +262,13 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
             }
         }
         create_dir_all_racy(path.parent().expect("a device link lives in a directory"))?;
-        links::attach(progs.fd(Hook::FromDev)?, Hook::FromDev, &dev.name, dev.ifindex, &path)?;
+        links::attach(
+            progs.fd(Hook::FromDev)?,
+            Hook::FromDev,
+            &dev.name,
+            dev.ifindex,
+            &path,
+        )?;
     }
     if let Ok(entries) = fs::read_dir(&dir) {
         for e in entries.flatten() {
@@ -222,7 +288,12 @@ fn sync_devices(root: &PinRoot, node: &NodeId, progs: &mut Programs, devices: &[
 fn attachment_dirs(attachments: &Path) -> Vec<(String, String, String)> {
     let names = |p: &Path| -> Vec<String> {
         fs::read_dir(p)
-            .map(|es| es.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|es| {
+                es.flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let mut out = Vec::new();
@@ -271,7 +342,13 @@ pub struct Counts {
 
 impl From<&ebpf_cni_maps::DirCounters> for Counts {
     fn from(d: &ebpf_cni_maps::DirCounters) -> Self {
-        Self { packets: d.packets, bytes: d.bytes, drops: d.drops, errors: d.errors, marks: d.marks }
+        Self {
+            packets: d.packets,
+            bytes: d.bytes,
+            drops: d.drops,
+            errors: d.errors,
+            marks: d.marks,
+        }
     }
 }
 
@@ -339,8 +416,13 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
     let root = PinRoot::from_env();
     let maps = Maps::open(&root, node)?;
     let list = |p: &Path| -> Vec<String> {
-        let mut v: Vec<String> =
-            fs::read_dir(p).map(|es| es.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        let mut v: Vec<String> = fs::read_dir(p)
+            .map(|es| {
+                es.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
         v.sort();
         v
     };
@@ -353,15 +435,31 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         .collect();
     let mut attachments = Vec::new();
     for (network, container_id, ifname) in attachment_dirs(&root.attachments_dir(node)) {
-        let key = AttachmentKey { network: &network, container_id: &container_id, ifname: &ifname };
+        let key = AttachmentKey {
+            network: &network,
+            container_id: &container_id,
+            ifname: &ifname,
+        };
         let pins = root.attachment(node, &key);
-        let links: Vec<LinkReport> = Hook::POD.iter().filter_map(|h| link_report(*h, &pins.link(*h))).collect();
-        let entries = maps.as_ref().map(|m| m.entries_of(key.id())).unwrap_or_default();
-        let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex).or_else(|| links.first().map(|l| l.ifindex));
+        let links: Vec<LinkReport> = Hook::POD
+            .iter()
+            .filter_map(|h| link_report(*h, &pins.link(*h)))
+            .collect();
+        let entries = maps
+            .as_ref()
+            .map(|m| m.entries_of(key.id()))
+            .unwrap_or_default();
+        let host_ifindex = entries
+            .first()
+            .map(|(_, e)| e.host_ifindex)
+            .or_else(|| links.first().map(|l| l.ifindex));
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {
-            (b.rate_bytes > 0).then_some(LimitReport { rate_bytes: b.rate_bytes, burst_bytes: b.burst_bytes })
+            (b.rate_bytes > 0).then_some(LimitReport {
+                rate_bytes: b.rate_bytes,
+                burst_bytes: b.burst_bytes,
+            })
         };
         attachments.push(AttachmentReport {
             addresses: entries.iter().map(|(ip, _)| *ip).collect(),

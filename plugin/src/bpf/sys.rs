@@ -192,7 +192,11 @@ struct ObjPinAttr {
 pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut attr = ObjPinAttr { pathname: c_path.as_ptr() as u64, bpf_fd: fd.as_raw_fd() as u32, file_flags: 0 };
+    let mut attr = ObjPinAttr {
+        pathname: c_path.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        file_flags: 0,
+    };
     // SAFETY: `attr` is the BPF_OBJ_PIN prefix; `c_path` outlives the call.
     unsafe { sys_bpf(BPF_OBJ_PIN, &mut attr) }.map(drop)
 }
@@ -211,7 +215,11 @@ struct LinkCreateTcxAttr {
 
 /// Attaches `prog` to `ifindex` through a TCX link after the programs already there
 /// (`BPF_LINK_CREATE`); the link lives as long as the returned fd or a pin of it.
-pub(crate) fn link_create_tcx(prog: BorrowedFd<'_>, ifindex: u32, attach_type: u32) -> io::Result<OwnedFd> {
+pub(crate) fn link_create_tcx(
+    prog: BorrowedFd<'_>,
+    ifindex: u32,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
     let mut attr = LinkCreateTcxAttr {
         prog_fd: prog.as_raw_fd() as u32,
         target_ifindex: ifindex,
@@ -246,6 +254,10 @@ pub(crate) fn map_name(fd: BorrowedFd<'_>) -> io::Result<String> {
     let mut raw = RawMapInfo::default();
     // SAFETY: `RawMapInfo` is a prefix of `bpf_map_info`, integers only.
     unsafe { obj_info(fd, &mut raw) }?;
-    let len = raw.name.iter().position(|&b| b == 0).unwrap_or(raw.name.len());
+    let len = raw
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(raw.name.len());
     Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
 }

@@ -60,8 +60,8 @@ impl CniArgs {
                 _ if ignore_unknown => {}
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {k:?} (value {v:?}); add IgnoreUnknown=1 to ignore unknown keys"
-                    )))
+                    "unknown key {k:?} (value {v:?}); add IgnoreUnknown=1 to ignore unknown keys"
+                )))
                 }
             }
         }
@@ -69,7 +69,10 @@ impl CniArgs {
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -89,8 +92,15 @@ mod tests {
 
     #[test]
     fn ip_and_mac() {
-        let a = CniArgs::parse("IgnoreUnknown=1;IP=10.1.0.5,fd00::5/64;MAC=02:00:00:00:00:01").unwrap();
-        assert_eq!(a.ips, vec!["10.1.0.5".parse::<IpAddr>().unwrap(), "fd00::5".parse().unwrap()]);
+        let a =
+            CniArgs::parse("IgnoreUnknown=1;IP=10.1.0.5,fd00::5/64;MAC=02:00:00:00:00:01").unwrap();
+        assert_eq!(
+            a.ips,
+            vec![
+                "10.1.0.5".parse::<IpAddr>().unwrap(),
+                "fd00::5".parse().unwrap()
+            ]
+        );
         assert_eq!(a.mac.as_deref(), Some("02:00:00:00:00:01"));
     }
 

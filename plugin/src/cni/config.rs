@@ -51,7 +51,11 @@ pub struct RuntimeConfig {
 
 /// Case-insensitive key lookup, for the two spellings real runtimes send.
 pub fn get_ci<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).or_else(|| obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v))
+    obj.get(key).or_else(|| {
+        obj.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
 }
 
 fn invalid(msg: String) -> CniError {
@@ -61,8 +65,11 @@ fn invalid(msg: String) -> CniError {
 /// Decodes stdin. Malformed JSON is a decoding failure (code 6).
 pub fn decode(stdin: &[u8]) -> Result<Value, CniError> {
     let v: Value = serde_json::from_slice(stdin).map_err(|e| {
-        CniError::new(code::DECODE_FAILURE, "failed to decode network configuration from stdin")
-            .with_details(e.to_string())
+        CniError::new(
+            code::DECODE_FAILURE,
+            "failed to decode network configuration from stdin",
+        )
+        .with_details(e.to_string())
     })?;
     if !v.is_object() {
         return Err(CniError::new(
@@ -77,7 +84,10 @@ pub fn decode(stdin: &[u8]) -> Result<Value, CniError> {
 pub fn version_of(raw: &Value) -> Result<CniVersion, CniError> {
     match raw.get("cniVersion") {
         Some(Value::String(v)) => CniVersion::parse(v),
-        None => Err(CniError::new(code::INCOMPATIBLE_VERSION, "cniVersion is missing from the network configuration")),
+        None => Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            "cniVersion is missing from the network configuration",
+        )),
         Some(other) => Err(invalid(format!("cniVersion {other} must be a string"))),
     }
 }
@@ -101,18 +111,30 @@ impl NetConf {
 
         let name = match obj.get("name") {
             Some(Value::String(s)) => s.clone(),
-            None => return Err(invalid("name is missing from the network configuration".into())),
+            None => {
+                return Err(invalid(
+                    "name is missing from the network configuration".into(),
+                ))
+            }
             Some(other) => return Err(invalid(format!("name {other} must be a string"))),
         };
         validate_network_name(&name)?;
 
-        let plugin_type = obj.get("type").and_then(Value::as_str).unwrap_or("ebpf-cni").to_owned();
+        let plugin_type = obj
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("ebpf-cni")
+            .to_owned();
 
         let mtu = match obj.get("mtu") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
                 Some(m) if (68..=65535).contains(&m) => Some(m as u32),
-                _ => return Err(invalid(format!("mtu {v} is invalid: expected an integer from 68 to 65535"))),
+                _ => {
+                    return Err(invalid(format!(
+                        "mtu {v} is invalid: expected an integer from 68 to 65535"
+                    )))
+                }
             },
         };
 
@@ -129,7 +151,11 @@ impl NetConf {
             None | Some(Value::Null) => (None, None),
             Some(Value::Object(m)) => {
                 let t = match m.get("type") {
-                    Some(Value::String(t)) if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => t.clone(),
+                    Some(Value::String(t))
+                        if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
+                    {
+                        t.clone()
+                    }
                     other => {
                         return Err(invalid(format!(
                             "ipam.type {} is invalid: expected the name of an IPAM plugin",
@@ -154,7 +180,11 @@ impl NetConf {
             Some(other) => return Err(invalid(format!("runtimeConfig {other} must be an object"))),
         };
 
-        let args_ips = match obj.get("args").and_then(Value::as_object).and_then(|a| get_ci(a, "cni")) {
+        let args_ips = match obj
+            .get("args")
+            .and_then(Value::as_object)
+            .and_then(|a| get_ci(a, "cni"))
+        {
             Some(Value::Object(cni)) => match get_ci(cni, "ips") {
                 Some(v) => parse_ip_list(v, "args.cni.ips")?,
                 None => Vec::new(),
@@ -176,11 +206,17 @@ impl NetConf {
                     .enumerate()
                     .map(|(i, v)| match v.as_str() {
                         Some(n) if super::env::validate_ifname(n).is_ok() => Ok(n.to_owned()),
-                        _ => Err(invalid(format!("devices[{i}] {v} is not a valid interface name"))),
+                        _ => Err(invalid(format!(
+                            "devices[{i}] {v} is not a valid interface name"
+                        ))),
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
-            Some(other) => return Err(invalid(format!("devices {other} must be a list of interface names"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "devices {other} must be a list of interface names"
+                )))
+            }
         };
 
         let tc_attach_mode = match obj.get("tcAttachMode") {
@@ -189,7 +225,9 @@ impl NetConf {
             Some(Value::String(m)) if m == "tcx" => TcAttachMode::Tcx,
             Some(Value::String(m)) if m == "netlink" => TcAttachMode::Netlink,
             Some(other) => {
-                return Err(invalid(format!("tcAttachMode {other} is invalid: expected \"auto\", \"tcx\" or \"netlink\"")))
+                return Err(invalid(format!(
+                    "tcAttachMode {other} is invalid: expected \"auto\", \"tcx\" or \"netlink\""
+                )))
             }
         };
 
@@ -217,7 +255,11 @@ impl RuntimeConfig {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => return Err(invalid(format!("runtimeConfig.mac {other} must be a string"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "runtimeConfig.mac {other} must be a string"
+                )))
+            }
         };
         let ips = match get_ci(m, "ips") {
             None | Some(Value::Null) => Vec::new(),
@@ -237,7 +279,9 @@ impl RuntimeConfig {
 /// A list of addresses, each given plain ("10.0.0.5") or in CIDR form ("10.0.0.5/24").
 fn parse_ip_list(v: &Value, field: &str) -> Result<Vec<IpAddr>, CniError> {
     let Value::Array(items) = v else {
-        return Err(invalid(format!("{field} {v} must be a list of IP addresses")));
+        return Err(invalid(format!(
+            "{field} {v} must be a list of IP addresses"
+        )));
     };
     items
         .iter()
@@ -304,21 +348,50 @@ mod tests {
 
     #[test]
     fn args_cni_ips() {
-        let c = parse(json!({"cniVersion":"0.4.0","name":"n","args":{"cni":{"ips":["10.1.0.7"]}}})).unwrap();
+        let c = parse(json!({"cniVersion":"0.4.0","name":"n","args":{"cni":{"ips":["10.1.0.7"]}}}))
+            .unwrap();
         assert_eq!(c.args_ips, vec!["10.1.0.7".parse::<IpAddr>().unwrap()]);
     }
 
     #[test]
     fn bad_configs_name_the_field() {
         let cases = [
-            (json!({"cniVersion":"9.9.9","name":"n"}), code::INCOMPATIBLE_VERSION, "9.9.9"),
-            (json!({"name":"n"}), code::INCOMPATIBLE_VERSION, "cniVersion"),
-            (json!({"cniVersion":"1.0.0","name":"../evil"}), code::INVALID_CONFIG, "../evil"),
+            (
+                json!({"cniVersion":"9.9.9","name":"n"}),
+                code::INCOMPATIBLE_VERSION,
+                "9.9.9",
+            ),
+            (
+                json!({"name":"n"}),
+                code::INCOMPATIBLE_VERSION,
+                "cniVersion",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"../evil"}),
+                code::INVALID_CONFIG,
+                "../evil",
+            ),
             (json!({"cniVersion":"1.0.0"}), code::INVALID_CONFIG, "name"),
-            (json!({"cniVersion":"1.0.0","name":"n","mtu":10}), code::INVALID_CONFIG, "mtu"),
-            (json!({"cniVersion":"1.0.0","name":"n","ipam":{"type":"../x"}}), code::INVALID_CONFIG, "ipam.type"),
-            (json!({"cniVersion":"1.0.0","name":"n","ipMasq":true}), code::UNSUPPORTED_FIELD, "ipMasq"),
-            (json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ips":["x"]}}), code::INVALID_CONFIG, "runtimeConfig.ips[0]"),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","mtu":10}),
+                code::INVALID_CONFIG,
+                "mtu",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","ipam":{"type":"../x"}}),
+                code::INVALID_CONFIG,
+                "ipam.type",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","ipMasq":true}),
+                code::UNSUPPORTED_FIELD,
+                "ipMasq",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ips":["x"]}}),
+                code::INVALID_CONFIG,
+                "runtimeConfig.ips[0]",
+            ),
         ];
         for (v, c, needle) in cases {
             let e = parse(v.clone()).unwrap_err();
@@ -335,9 +408,20 @@ mod tests {
 
     #[test]
     fn macs() {
-        assert_eq!(parse_mac("02:00:00:aa:bb:cc", "mac").unwrap(), [2, 0, 0, 0xaa, 0xbb, 0xcc]);
-        for bad in ["01:00:00:00:00:00", "zz:00:00:00:00:00", "02:00:00", "00:00:00:00:00:00"] {
-            assert_eq!(parse_mac(bad, "mac").unwrap_err().code, code::INVALID_CONFIG);
+        assert_eq!(
+            parse_mac("02:00:00:aa:bb:cc", "mac").unwrap(),
+            [2, 0, 0, 0xaa, 0xbb, 0xcc]
+        );
+        for bad in [
+            "01:00:00:00:00:00",
+            "zz:00:00:00:00:00",
+            "02:00:00",
+            "00:00:00:00:00:00",
+        ] {
+            assert_eq!(
+                parse_mac(bad, "mac").unwrap_err().code,
+                code::INVALID_CONFIG
+            );
         }
     }
 }

@@ -26,7 +26,9 @@ impl Command {
             other => {
                 return Err(CniError::new(
                     code::INVALID_ENV,
-                    format!("CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"),
+                    format!(
+                        "CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"
+                    ),
                 ))
             }
         })
@@ -57,9 +59,15 @@ pub struct CniEnv {
 }
 
 /// Reads the environment through `get`, so tests need not touch the process environment.
-pub fn from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> Result<CniEnv, CniError> {
+pub fn from_lookup(
+    command: Command,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<CniEnv, CniError> {
     let missing = |var: &str| {
-        CniError::new(code::INVALID_ENV, format!("required environment variable {var} is missing or empty"))
+        CniError::new(
+            code::INVALID_ENV,
+            format!("required environment variable {var} is missing or empty"),
+        )
     };
     let non_empty = |var: &str| get(var).filter(|v| !v.is_empty());
 
@@ -77,7 +85,10 @@ pub fn from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> Re
         if !ns.is_absolute() {
             return Err(CniError::new(
                 code::INVALID_ENV,
-                format!("CNI_NETNS {:?} must be an absolute path", ns.display().to_string()),
+                format!(
+                    "CNI_NETNS {:?} must be an absolute path",
+                    ns.display().to_string()
+                ),
             ));
         }
     }
@@ -89,7 +100,14 @@ pub fn from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> Re
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .collect();
-    Ok(CniEnv { command, container_id, netns, ifname, args, path })
+    Ok(CniEnv {
+        command,
+        container_id,
+        netns,
+        ifname,
+        args,
+        path,
+    })
 }
 
 /// Spec: "Must start with an alphanumeric character, optionally followed by any combination
@@ -119,14 +137,20 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
         Some("longer than 15 characters")
     } else if name == "." || name == ".." {
         Some("not a valid interface name")
-    } else if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control()) {
+    } else if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+    {
         Some("contains '/', ':' or whitespace")
     } else {
         None
     };
     match why {
         None => Ok(()),
-        Some(why) => Err(CniError::new(code::INVALID_ENV, format!("CNI_IFNAME {name:?} is invalid: {why}"))),
+        Some(why) => Err(CniError::new(
+            code::INVALID_ENV,
+            format!("CNI_IFNAME {name:?} is invalid: {why}"),
+        )),
     }
 }
 
@@ -136,12 +160,19 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)], cmd: Command) -> Result<CniEnv, CniError> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         from_lookup(cmd, |k| m.get(k).cloned())
     }
 
-    const OK: &[(&str, &str)] =
-        &[("CNI_CONTAINERID", "abc123"), ("CNI_NETNS", "/run/netns/x"), ("CNI_IFNAME", "eth0"), ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni")];
+    const OK: &[(&str, &str)] = &[
+        ("CNI_CONTAINERID", "abc123"),
+        ("CNI_NETNS", "/run/netns/x"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni"),
+    ];
 
     #[test]
     fn valid_env() {
@@ -162,7 +193,11 @@ mod tests {
 
     #[test]
     fn del_allows_empty_netns() {
-        let pairs: Vec<_> = OK.iter().copied().map(|(k, v)| if k == "CNI_NETNS" { (k, "") } else { (k, v) }).collect();
+        let pairs: Vec<_> = OK
+            .iter()
+            .copied()
+            .map(|(k, v)| if k == "CNI_NETNS" { (k, "") } else { (k, v) })
+            .collect();
         assert!(env(&pairs, Command::Del).unwrap().netns.is_none());
         assert!(env(&pairs, Command::Check).is_err());
     }
@@ -170,9 +205,17 @@ mod tests {
     #[test]
     fn bad_ids_and_ifnames() {
         for id in ["-abc", "a/b", "../x", "a b", "_x"] {
-            assert_eq!(validate_container_id(id).unwrap_err().code, code::INVALID_ENV, "{id}");
+            assert_eq!(
+                validate_container_id(id).unwrap_err().code,
+                code::INVALID_ENV,
+                "{id}"
+            );
         }
-        for id in ["a", "0ab_c.d-e", "f3e1b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f80"] {
+        for id in [
+            "a",
+            "0ab_c.d-e",
+            "f3e1b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f80",
+        ] {
             validate_container_id(id).unwrap();
         }
         for name in ["0123456789abcdef", "a/b", ".", "..", "a b", "eth:0"] {

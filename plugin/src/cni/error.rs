@@ -53,7 +53,12 @@ pub struct CniError {
 
 impl CniError {
     pub fn new(code: u32, msg: impl Into<String>) -> Self {
-        Self { cni_version: String::new(), code, msg: msg.into(), details: String::new() }
+        Self {
+            cni_version: String::new(),
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> Self {

@@ -49,7 +49,10 @@ pub struct Dns {
 
 impl Dns {
     pub fn is_empty(&self) -> bool {
-        self.nameservers.is_empty() && self.domain.is_none() && self.search.is_empty() && self.options.is_empty()
+        self.nameservers.is_empty()
+            && self.domain.is_none()
+            && self.search.is_empty()
+            && self.options.is_empty()
     }
 }
 
@@ -84,7 +87,10 @@ impl SuccessResult {
         obj.insert("cniVersion".into(), Value::from(cni_version));
         // Keep "cniVersion" first for people reading it.
         let mut ordered = serde_json::Map::new();
-        ordered.insert("cniVersion".into(), obj.remove("cniVersion").unwrap_or_default());
+        ordered.insert(
+            "cniVersion".into(),
+            obj.remove("cniVersion").unwrap_or_default(),
+        );
         ordered.extend(std::mem::take(obj));
         Value::Object(ordered)
     }
@@ -93,7 +99,8 @@ impl SuccessResult {
     /// `ips[].version` of 0.3.x/0.4.0 is ignored: the address says its family.
     pub fn from_json(v: &Value, what: &str) -> Result<Self, CniError> {
         serde_json::from_value(v.clone()).map_err(|e| {
-            CniError::new(code::DECODE_FAILURE, format!("failed to decode {what}")).with_details(e.to_string())
+            CniError::new(code::DECODE_FAILURE, format!("failed to decode {what}"))
+                .with_details(e.to_string())
         })
     }
 }
@@ -106,15 +113,37 @@ mod tests {
     fn sample() -> SuccessResult {
         SuccessResult {
             interfaces: vec![
-                Interface { name: "ecni0123456789a".into(), mac: "02:00:00:00:00:01".into(), sandbox: String::new() },
-                Interface { name: "eth0".into(), mac: "02:00:00:00:00:02".into(), sandbox: "/run/netns/p".into() },
+                Interface {
+                    name: "ecni0123456789a".into(),
+                    mac: "02:00:00:00:00:01".into(),
+                    sandbox: String::new(),
+                },
+                Interface {
+                    name: "eth0".into(),
+                    mac: "02:00:00:00:00:02".into(),
+                    sandbox: "/run/netns/p".into(),
+                },
             ],
             ips: vec![
-                IpConfig { address: "10.1.0.2/24".parse().unwrap(), gateway: Some("10.1.0.1".parse().unwrap()), interface: Some(1) },
-                IpConfig { address: "fd00::2/64".parse().unwrap(), gateway: Some("fd00::1".parse().unwrap()), interface: Some(1) },
+                IpConfig {
+                    address: "10.1.0.2/24".parse().unwrap(),
+                    gateway: Some("10.1.0.1".parse().unwrap()),
+                    interface: Some(1),
+                },
+                IpConfig {
+                    address: "fd00::2/64".parse().unwrap(),
+                    gateway: Some("fd00::1".parse().unwrap()),
+                    interface: Some(1),
+                },
             ],
-            routes: vec![Route { dst: "0.0.0.0/0".parse().unwrap(), gw: None }],
-            dns: Dns { nameservers: vec!["10.1.0.1".into()], ..Default::default() },
+            routes: vec![Route {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gw: None,
+            }],
+            dns: Dns {
+                nameservers: vec!["10.1.0.1".into()],
+                ..Default::default()
+            },
         }
     }
 
@@ -139,11 +168,19 @@ mod tests {
 
     #[test]
     fn round_trip_from_any_version() {
-        for (ver, fmt) in [("0.3.0", ResultFormat::V03), ("0.4.0", ResultFormat::V03), ("1.0.0", ResultFormat::V1)] {
+        for (ver, fmt) in [
+            ("0.3.0", ResultFormat::V03),
+            ("0.4.0", ResultFormat::V03),
+            ("1.0.0", ResultFormat::V1),
+        ] {
             let v = sample().to_json(ver, fmt);
-            assert_eq!(SuccessResult::from_json(&v, "prevResult").unwrap(), sample());
+            assert_eq!(
+                SuccessResult::from_json(&v, "prevResult").unwrap(),
+                sample()
+            );
         }
-        let e = SuccessResult::from_json(&json!({"ips":[{"address":"bogus"}]}), "prevResult").unwrap_err();
+        let e = SuccessResult::from_json(&json!({"ips":[{"address":"bogus"}]}), "prevResult")
+            .unwrap_err();
         assert_eq!(e.code, code::DECODE_FAILURE);
         assert!(e.msg.contains("prevResult"));
     }

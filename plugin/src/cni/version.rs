@@ -27,7 +27,10 @@ impl CniVersion {
                 code::INCOMPATIBLE_VERSION,
                 format!("incompatible CNI version: cniVersion {v:?} is not supported"),
             )
-            .with_details(format!("supported versions: {}", SUPPORTED_VERSIONS.join(", "))))
+            .with_details(format!(
+                "supported versions: {}",
+                SUPPORTED_VERSIONS.join(", ")
+            )))
         }
     }
 
@@ -68,8 +71,17 @@ mod tests {
 
     #[test]
     fn result_format_by_version() {
-        assert_eq!(CniVersion::parse("0.3.0").unwrap().format(), ResultFormat::V03);
-        assert_eq!(CniVersion::parse("0.4.0").unwrap().format(), ResultFormat::V03);
-        assert_eq!(CniVersion::parse("1.0.0").unwrap().format(), ResultFormat::V1);
+        assert_eq!(
+            CniVersion::parse("0.3.0").unwrap().format(),
+            ResultFormat::V03
+        );
+        assert_eq!(
+            CniVersion::parse("0.4.0").unwrap().format(),
+            ResultFormat::V03
+        );
+        assert_eq!(
+            CniVersion::parse("1.0.0").unwrap().format(),
+            ResultFormat::V1
+        );
     }
 }

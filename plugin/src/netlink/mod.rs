@@ -27,9 +27,17 @@ pub enum NetlinkError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error("netlink: failed to {op}")]
-    Request { op: String, #[source] source: rtnetlink::Error },
+    Request {
+        op: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
     #[error("failed to {what}")]
-    Sysctl { what: String, #[source] source: std::io::Error },
+    Sysctl {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("invalid route {dst}: {reason}")]
     InvalidRoute { dst: IpNetwork, reason: String },
 }
@@ -38,7 +46,10 @@ impl NetlinkError {
     /// The kernel's errno for a failed request, if it sent one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Request { source: rtnetlink::Error::NetlinkError(m), .. } => m.code.map(|c| -c.get()),
+            Self::Request {
+                source: rtnetlink::Error::NetlinkError(m),
+                ..
+            } => m.code.map(|c| -c.get()),
             _ => None,
         }
     }
@@ -76,7 +87,9 @@ impl Link {
         for a in &m.attributes {
             match a {
                 LinkAttribute::IfName(n) => l.name = n.clone(),
-                LinkAttribute::Address(b) if b.len() == 6 => l.mac = Some(b[..6].try_into().expect("6 bytes")),
+                LinkAttribute::Address(b) if b.len() == 6 => {
+                    l.mac = Some(b[..6].try_into().expect("6 bytes"))
+                }
                 LinkAttribute::Mtu(v) => l.mtu = *v,
                 LinkAttribute::Link(i) => l.peer_index = Some(*i),
                 LinkAttribute::LinkInfo(infos) => {
@@ -113,7 +126,10 @@ pub struct RouteSpec {
 }
 
 pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
@@ -143,7 +159,12 @@ impl Netlink {
     }
 
     pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut s = self.handle.link().get().match_name(name.to_owned()).execute();
+        let mut s = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
         match s.try_next().await {
             Ok(m) => Ok(m.as_ref().map(Link::from_msg)),
             Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
@@ -175,7 +196,9 @@ impl Netlink {
         let mut s = self.handle.address().get().execute();
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(req("list addresses"))? {
-            if m.header.scope == rtnetlink::packet_route::address::AddressScope::Universe && !out.contains(&m.header.index) {
+            if m.header.scope == rtnetlink::packet_route::address::AddressScope::Universe
+                && !out.contains(&m.header.index)
+            {
                 out.push(m.header.index);
             }
         }
@@ -183,14 +206,22 @@ impl Netlink {
     }
 
     /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
-    pub async fn bpf_filters(&self, index: u32, ingress: bool) -> Result<Vec<String>, NetlinkError> {
+    pub async fn bpf_filters(
+        &self,
+        index: u32,
+        ingress: bool,
+    ) -> Result<Vec<String>, NetlinkError> {
         use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
         let mut h = self.handle.traffic_filter(index as i32);
         let r = h.get();
         let r = if ingress { r.ingress() } else { r.egress() };
         let mut s = r.execute();
         let mut out = Vec::new();
-        while let Some(m) = s.try_next().await.map_err(req(format!("list tc filters of link {index}")))? {
+        while let Some(m) = s
+            .try_next()
+            .await
+            .map_err(req(format!("list tc filters of link {index}")))?
+        {
             for a in &m.attributes {
                 if let TcAttribute::Options(opts) = a {
                     for o in opts {
@@ -256,20 +287,38 @@ impl Netlink {
     /// Adds an address without duplicate address detection (the pod's addresses are
     /// allocated, not guessed) and without the automatic prefix route (we install the
     /// routes we want ourselves).
-    pub async fn add_address(&self, index: u32, addr: IpNetwork, prefix_route: bool) -> Result<(), NetlinkError> {
+    pub async fn add_address(
+        &self,
+        index: u32,
+        addr: IpNetwork,
+        prefix_route: bool,
+    ) -> Result<(), NetlinkError> {
         let mut r = self.handle.address().add(index, addr.ip(), addr.prefix());
         let mut flags = AddressFlags::Nodad;
         if !prefix_route {
             flags |= AddressFlags::Noprefixroute;
         }
-        r.message_mut().attributes.push(AddressAttribute::Flags(flags));
-        r.execute().await.map_err(req(format!("add address {addr} to link {index}")))
+        r.message_mut()
+            .attributes
+            .push(AddressAttribute::Flags(flags));
+        r.execute()
+            .await
+            .map_err(req(format!("add address {addr} to link {index}")))
     }
 
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, NetlinkError> {
-        let mut s = self.handle.address().get().set_link_index_filter(index).execute();
+        let mut s = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
         let mut out = Vec::new();
-        while let Some(m) = s.try_next().await.map_err(req(format!("list addresses of link {index}")))? {
+        while let Some(m) = s
+            .try_next()
+            .await
+            .map_err(req(format!("list addresses of link {index}")))?
+        {
             if m.header.index != index {
                 continue;
             }
@@ -286,7 +335,10 @@ impl Netlink {
 
     pub async fn add_route(&self, r: &RouteSpec) -> Result<(), NetlinkError> {
         fn invalid(dst: IpNetwork) -> impl Fn(&dyn std::fmt::Display) -> NetlinkError {
-            move |e| NetlinkError::InvalidRoute { dst, reason: e.to_string() }
+            move |e| NetlinkError::InvalidRoute {
+                dst,
+                reason: e.to_string(),
+            }
         }
         let mut b = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(r.dst.network(), r.dst.prefix())
@@ -305,13 +357,22 @@ impl Netlink {
             Some(gw) => format!("add route {} via {gw} dev {}", r.dst, r.oif),
             None => format!("add route {} dev {}", r.dst, r.oif),
         };
-        self.handle.route().add(b.build()).execute().await.map_err(req(what))
+        self.handle
+            .route()
+            .add(b.build())
+            .execute()
+            .await
+            .map_err(req(what))
     }
 
     /// Routes of the main table for one family.
     pub async fn routes(&self, v6: bool) -> Result<Vec<RouteEntry>, NetlinkError> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+        msg.header.address_family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
         let mut s = self.handle.route().get(msg).execute();
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(req("list routes"))? {
@@ -329,9 +390,20 @@ impl Netlink {
             if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
                 continue;
             }
-            let dst = dst.unwrap_or(if v6 { IpAddr::from([0u16; 8]) } else { IpAddr::from([0u8; 4]) });
-            let Ok(dst) = IpNetwork::new(dst, m.header.destination_prefix_length) else { continue };
-            out.push(RouteEntry { dst, gw, oif, scope_link: m.header.scope == RouteScope::Link });
+            let dst = dst.unwrap_or(if v6 {
+                IpAddr::from([0u16; 8])
+            } else {
+                IpAddr::from([0u8; 4])
+            });
+            let Ok(dst) = IpNetwork::new(dst, m.header.destination_prefix_length) else {
+                continue;
+            };
+            out.push(RouteEntry {
+                dst,
+                gw,
+                oif,
+                scope_link: m.header.scope == RouteScope::Link,
+            });
         }
         Ok(out)
     }
