@@ -1,14 +1,305 @@
-//! `cargo xtask bench`: ebpf-cni against the reference chain.
+//! `cargo xtask bench`: ebpf-cni against the reference chain (Debian's ptp + host-local +
+//! portmap + bandwidth) and a plain veth pair, in one run with identical inputs, driven as
+//! a runtime drives CNI plugins, from inside test-made node namespaces.
+//!
+//! Sections: lifecycle (ADD/CHECK/DEL latency, cost of one ADD, concurrency), traffic
+//! (throughput, TCP_RR, TCP_CRR), port-map scale, bandwidth accuracy and cleanup. Subjects
+//! alternate within every repeat so the noise of this shared machine hits all of them, and
+//! every figure is a median with its range. A feature a subject lacks is found by a probe
+//! and reported as "not implemented" instead of a number, so the bench grows with the
+//! plugin without edits. Writes `REPORT.md`, `results.json` and SVG charts to the output
+//! directory and prints the headline table.
+//!
+//! Timing figures are never asserted: the run fails (after writing the report) only when a
+//! measurement itself failed.
 
-use anyhow::{bail, Result};
+mod bandwidth;
+mod charts;
+mod cleanup;
+mod exec;
+mod lifecycle;
+mod load;
+mod machine;
+mod model;
+mod report;
+mod scale;
+mod stats;
+mod topo;
+mod traffic;
+
+use std::fs;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use serde::Serialize;
+
+use crate::{build, setup, test};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// A short run (< 3 minutes) that CI uses so the benchmark cannot rot.
+    /// A short run (< 3 minutes) that CI uses so the benchmark cannot rot; its figures are
+    /// indicative only.
     #[arg(long)]
     pub quick: bool,
+    /// Where to write REPORT.md, results.json and the charts [default: bench/ at the
+    /// workspace root; with --quick: bench-quick/ in cargo's target directory, so a CI run
+    /// never overwrites the committed report].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Benchmark this ebpf-cni binary instead of building one.
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Run only these sections (comma-separated); the others are reported as not run.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Section>,
 }
 
-pub fn bench(_args: &BenchArgs) -> Result<()> {
-    bail!("bench: not yet")
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Section {
+    Lifecycle,
+    Traffic,
+    Scale,
+    Bandwidth,
+    Cleanup,
+}
+
+impl Section {
+    const ALL: [Section; 5] = [
+        Section::Lifecycle,
+        Section::Traffic,
+        Section::Scale,
+        Section::Bandwidth,
+        Section::Cleanup,
+    ];
+}
+
+/// Everything that sizes a run; printed in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    pub quick: bool,
+    /// Repeats of the lifecycle and traffic sections.
+    pub repeats: usize,
+    /// Sequential, coexisting pods per subject and repeat.
+    pub pods: usize,
+    /// Dual-stack pods per subject and repeat.
+    pub dual_pods: usize,
+    pub concurrent: usize,
+    pub iperf_secs: u32,
+    pub iperf_omit: u32,
+    pub rr_secs: f64,
+    pub scale_ks: Vec<usize>,
+    pub scale_ports_per_pod: usize,
+    pub scale_connects: usize,
+    pub scale_extra_adds: usize,
+    /// Install time each subject may spend on the scale section's background pods.
+    pub scale_budget: Duration,
+    pub bw_rates: Vec<u64>,
+    pub bw_secs: u32,
+    pub bw_repeats: usize,
+}
+
+impl Params {
+    pub fn full() -> Self {
+        Self {
+            quick: false,
+            repeats: 3,
+            pods: 60,
+            dual_pods: 10,
+            concurrent: 32,
+            iperf_secs: 5,
+            iperf_omit: 1,
+            rr_secs: 2.0,
+            scale_ks: vec![0, 250, 1_000, 2_500, 5_000, 10_000],
+            scale_ports_per_pod: 4,
+            scale_connects: 300,
+            scale_extra_adds: 3,
+            scale_budget: Duration::from_secs(240),
+            bw_rates: vec![10_000_000, 100_000_000, 1_000_000_000],
+            bw_secs: 5,
+            bw_repeats: 2,
+        }
+    }
+
+    pub fn quick() -> Self {
+        Self {
+            quick: true,
+            repeats: 1,
+            pods: 20,
+            dual_pods: 4,
+            concurrent: 32,
+            iperf_secs: 2,
+            iperf_omit: 1,
+            rr_secs: 0.5,
+            scale_ks: vec![0, 100],
+            scale_ports_per_pod: 4,
+            scale_connects: 100,
+            scale_extra_adds: 1,
+            scale_budget: Duration::from_secs(30),
+            bw_rates: vec![100_000_000],
+            bw_secs: 2,
+            bw_repeats: 1,
+        }
+    }
+}
+
+/// One progress line on stderr, with the time since the bench started.
+pub(crate) fn progress(msg: &str) {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed().as_secs_f64();
+    eprintln!("[bench {t:6.1}s] {msg}");
+}
+
+/// Everything a run produced; the report, the charts and results.json read it.
+pub struct Run {
+    pub params: Params,
+    pub machine: machine::Machine,
+    pub command: String,
+    pub lifecycle: Option<lifecycle::Output>,
+    pub traffic: Option<traffic::Output>,
+    pub scale: Option<scale::Output>,
+    pub bandwidth: Option<bandwidth::Output>,
+    pub cleanup: Option<cleanup::Output>,
+    /// Sections that were not selected, or that panicked (with the message).
+    pub skipped: Vec<(Section, String)>,
+    pub section_secs: Vec<(Section, f64)>,
+    pub total: Duration,
+}
+
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    let started = Instant::now();
+    progress("starting");
+    test::require_root("cargo xtask bench")?;
+    setup::setup()?;
+    let plugin = match &args.plugin {
+        Some(p) => p
+            .canonicalize()
+            .with_context(|| format!("--plugin {}", p.display()))?,
+        None => stage_plugin()?,
+    };
+    for tool in ["ptp", "host-local", "portmap", "bandwidth"] {
+        let p = Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(tool);
+        if !p.is_file() {
+            bail!("the reference plugin {} is missing", p.display());
+        }
+    }
+    ebpf_cni_tests::bpf::ensure_bpffs()?;
+    let out_dir = match &args.out {
+        Some(d) => d.clone(),
+        None if args.quick => build::target_dir()?.join("bench-quick"),
+        None => build::workspace_root().join("bench"),
+    };
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+
+    let params = if args.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
+    let bins = topo::Binaries {
+        ebpf_cni: plugin.clone(),
+    };
+    let mut command = String::from("cargo xtask bench");
+    if args.quick {
+        command.push_str(" --quick");
+    }
+    let mut run = Run {
+        machine: machine::collect(&plugin),
+        params: params.clone(),
+        command,
+        lifecycle: None,
+        traffic: None,
+        scale: None,
+        bandwidth: None,
+        cleanup: None,
+        skipped: Vec::new(),
+        section_secs: Vec::new(),
+        total: Duration::ZERO,
+    };
+    progress(&format!(
+        "{} run, plugin {}, report to {}",
+        if args.quick { "quick" } else { "full" },
+        plugin.display(),
+        out_dir.display()
+    ));
+
+    for section in Section::ALL {
+        if !args.only.is_empty() && !args.only.contains(&section) {
+            run.skipped.push((section, "not selected (--only)".into()));
+            continue;
+        }
+        let t = Instant::now();
+        progress(&format!("section {section:?}"));
+        let outcome = catch_unwind(AssertUnwindSafe(|| match section {
+            Section::Lifecycle => run.lifecycle = Some(lifecycle::run(&params, &bins)),
+            Section::Traffic => run.traffic = Some(traffic::run(&params, &bins)),
+            Section::Scale => run.scale = Some(scale::run(&params, &bins)),
+            Section::Bandwidth => run.bandwidth = Some(bandwidth::run(&params, &bins)),
+            Section::Cleanup => run.cleanup = Some(cleanup::run(&bins)),
+        }));
+        if let Err(panic) = outcome {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "unknown panic".into());
+            progress(&format!("section {section:?} panicked: {msg}"));
+            run.skipped
+                .push((section, format!("failed: {}", model::first_line(&msg))));
+        }
+        let secs = t.elapsed().as_secs_f64();
+        progress(&format!("section {section:?} took {secs:.0} s"));
+        run.section_secs.push((section, secs));
+    }
+    run.total = started.elapsed();
+
+    let charts = report::charts(&run, &out_dir);
+    let text = report::markdown(&run, &charts);
+    let report_path = out_dir.join("REPORT.md");
+    fs::write(&report_path, text).with_context(|| format!("writing {}", report_path.display()))?;
+    let json = serde_json::to_string_pretty(&report::results_json(&run))?;
+    fs::write(out_dir.join("results.json"), json + "\n")?;
+
+    println!("{}", report::headline_text(&run));
+    println!(
+        "report: {} ({} charts), took {:.0} s",
+        report_path.display(),
+        charts.len(),
+        run.total.as_secs_f64()
+    );
+    for f in report::failures(&run, true) {
+        println!("note: the reference chain failed (its own behaviour, see the report): {f}");
+    }
+    let failures = report::failures(&run, false);
+    if !failures.is_empty() {
+        let mut shown: Vec<String> = failures.iter().take(8).cloned().collect();
+        if failures.len() > shown.len() {
+            shown.push(format!("… and {} more", failures.len() - shown.len()));
+        }
+        bail!(
+            "{} measurement(s) failed (see {}):\n  - {}",
+            failures.len(),
+            report_path.display(),
+            shown.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+/// Builds the plugin and copies it to a path of the bench's own, so a concurrent
+/// `cargo xtask test` (which stages to its own path) and the bench never swap binaries.
+fn stage_plugin() -> Result<PathBuf> {
+    let built = build::build(&build::BuildOptions {
+        debug_plugin: false,
+    })?;
+    let dir = build::target_dir()?.join("bench-plugin");
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let staged = dir.join("ebpf-cni");
+    let tmp = dir.join(".ebpf-cni.tmp");
+    fs::copy(&built, &tmp)
+        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
+    fs::rename(&tmp, &staged)?;
+    Ok(staged)
 }

@@ -55,12 +55,7 @@ pub struct Exit {
 
 /// Runs `bin` in the network namespace at `netns` with `env` and `stdin`; reaps it with
 /// `wait4` for its resource usage.
-pub fn run_in_netns(
-    bin: &Path,
-    netns: &Path,
-    env: &[(&str, &str)],
-    stdin: &[u8],
-) -> Result<Exit> {
+pub fn run_in_netns(bin: &Path, netns: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Result<Exit> {
     let ns = File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
     let ns_fd = ns.as_raw_fd();
     let mut cmd = Command::new(bin);
@@ -128,7 +123,9 @@ pub fn run_in_netns(
     let stdout = stdout.join().unwrap_or_default();
     let stderr = stderr.join().unwrap_or_default();
     let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL && wall >= PLUGIN_TIMEOUT
+    if libc::WIFSIGNALED(status)
+        && libc::WTERMSIG(status) == libc::SIGKILL
+        && wall >= PLUGIN_TIMEOUT
     {
         bail!("{} did not finish within {PLUGIN_TIMEOUT:?}", bin.display());
     }
@@ -267,11 +264,13 @@ impl Chain {
                 .unwrap_or_else(|| {
                     first_line(&format!("{} {}", exit.stdout.trim(), exit.stderr.trim()))
                 });
+            let status = exit
+                .code
+                .map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}"));
             bail!(
-                "{} {} failed (exit {:?}): {msg}",
+                "{} {} failed ({status}): {msg}",
                 self.plugin_type(index),
-                op.as_str(),
-                exit.code
+                op.as_str()
             );
         }
         Ok(exit)

@@ -16,7 +16,7 @@ use anyhow::Result;
 use crate::bench::exec::OpCost;
 use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
 use crate::bench::stats::{median, percentile};
-use crate::bench::topo::{self, BenchNode, Binaries, Pod};
+use crate::bench::topo::{self, BenchNode, Binaries, Pod, Stack};
 use crate::bench::{progress, Params};
 
 /// The bandwidth limit every lifecycle pod carries (both directions).
@@ -34,6 +34,7 @@ pub struct Samples {
 
 pub struct Output {
     pub latency: Table,
+    pub dual_stack: Table,
     pub cost: Table,
     pub concurrency: Table,
     pub samples: Samples,
@@ -61,14 +62,31 @@ struct Figures {
 pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut f = Figures::default();
     let mut samples = Samples::default();
+    let mut dual = Figures::default();
+    let mut dual_samples = Samples::default();
     for rep in 0..p.repeats {
         progress(&format!(
-            "lifecycle: repeat {}/{}: {} pods per subject",
+            "lifecycle: repeat {}/{}: {} IPv4 pods per subject, then {} concurrent",
             rep + 1,
             p.repeats,
-            p.pods
+            p.pods,
+            p.concurrent
         ));
-        repeat(p, bins, &mut f, &mut samples);
+        repeat(p, bins, &mut f, &mut samples, Stack::V4, p.pods);
+        progress(&format!(
+            "lifecycle: repeat {}/{}: {} dual-stack pods per subject",
+            rep + 1,
+            p.repeats,
+            p.dual_pods
+        ));
+        repeat(
+            p,
+            bins,
+            &mut dual,
+            &mut dual_samples,
+            Stack::Dual,
+            p.dual_pods,
+        );
     }
 
     let n = p.repeats;
@@ -81,14 +99,15 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         f.check_p95.row("CHECK p95", "ms", Better::Lower),
         f.del_p50.row("DEL p50", "ms", Better::Lower),
         f.del_p95.row("DEL p95", "ms", Better::Lower),
-        f.first_add.row("first ADD on a fresh node", "ms", Better::Lower),
+        f.first_add
+            .row("first ADD on a fresh node", "ms", Better::Lower),
         f.later_add.row("later ADDs (p50)", "ms", Better::Lower),
     ];
     latency.notes = vec![
         format!(
             "{} pods per subject and repeat, added one after another and all coexisting; each \
              with one hostPort ({}+i → 80/tcp) and {} Mbit/s ingress and egress in \
-             runtimeConfig (containerd's spelling), dual-stack IPv4 + IPv6.",
+             runtimeConfig (containerd's spelling), IPv4 only (dual-stack: next table).",
             p.pods,
             FIRST_HOST_PORT,
             POD_RATE_BPS / 1_000_000
@@ -102,6 +121,27 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          whatever per-node work the plugin does once."
             .into(),
     ];
+
+    let mut dual_stack = Table::new("Dual-stack pods (IPv4 + IPv6)", over.clone());
+    dual_stack.rows = vec![
+        dual.add_p50.row("ADD p50", "ms", Better::Lower),
+        dual.add_p95.row("ADD p95", "ms", Better::Lower),
+        dual.check_p50.row("CHECK p50", "ms", Better::Lower),
+        dual.del_p50.row("DEL p50", "ms", Better::Lower),
+        dual.cpu
+            .row("CPU time of one ADD (user+sys), p50", "ms", Better::Lower),
+    ];
+    for (plugin, r) in &dual.per_plugin {
+        dual_stack
+            .rows
+            .push(r.row(format!("ADD: `{plugin}` alone, p50"), "ms", Better::Lower));
+    }
+    dual_stack.notes = vec![format!(
+        "The same, with an IPv6 range beside the IPv4 one: {} pods per subject and repeat. \
+         Wall time well above CPU time is waiting, e.g. for IPv6 duplicate address detection \
+         to finish before the plugin returns.",
+        p.dual_pods
+    )];
 
     let mut cost = Table::new("Resources of one ADD", over.clone());
     cost.rows = vec![
@@ -120,13 +160,17 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     ];
 
     let mut concurrency = Table::new(
-        &format!("{} concurrent ADDs, then {} concurrent DELs", p.concurrent, p.concurrent),
+        &format!(
+            "{} concurrent ADDs, then {} concurrent DELs",
+            p.concurrent, p.concurrent
+        ),
         over,
     );
     concurrency.rows = vec![
         f.conc_add.row("wall time of all ADDs", "ms", Better::Lower),
         f.conc_del.row("wall time of all DELs", "ms", Better::Lower),
-        f.conc_ips.row("distinct IPv4 addresses", "", Better::Higher),
+        f.conc_ips
+            .row("distinct IPv4 addresses", "", Better::Higher),
         f.conc_failed.row("failed operations", "", Better::Lower),
     ];
     concurrency.notes = vec![format!(
@@ -137,6 +181,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
     Output {
         latency,
+        dual_stack,
         cost,
         concurrency,
         samples,
@@ -155,10 +200,17 @@ struct RepeatSamples {
     del: Vec<f64>,
 }
 
-fn repeat(p: &Params, bins: &Binaries, f: &mut Figures, samples: &mut Samples) {
+fn repeat(
+    p: &Params,
+    bins: &Binaries,
+    f: &mut Figures,
+    samples: &mut Samples,
+    stack: Stack,
+    n_pods: usize,
+) {
     let mut nodes: Vec<BenchNode> = Vec::new();
     for s in Subject::CNI {
-        match BenchNode::new(s, bins) {
+        match BenchNode::with_stack(s, bins, stack) {
             Ok(n) => nodes.push(n),
             Err(e) => fail_all(f, s, &e),
         }
@@ -167,7 +219,7 @@ fn repeat(p: &Params, bins: &Binaries, f: &mut Figures, samples: &mut Samples) {
     let mut rs: BTreeMap<Subject, RepeatSamples> = BTreeMap::new();
     let mut broken: BTreeSet<Subject> = BTreeSet::new();
 
-    for i in 0..p.pods {
+    for i in 0..n_pods {
         for node in &nodes {
             let s = node.subject;
             if broken.contains(&s) {
@@ -186,7 +238,7 @@ fn repeat(p: &Params, bins: &Binaries, f: &mut Figures, samples: &mut Samples) {
             }
         }
     }
-    for i in 0..p.pods {
+    for i in 0..n_pods {
         for node in &nodes {
             let s = node.subject;
             let Some(pod) = pods.get(&s).and_then(|v| v.get(i)) else {
@@ -202,7 +254,7 @@ fn repeat(p: &Params, bins: &Binaries, f: &mut Figures, samples: &mut Samples) {
             }
         }
     }
-    for i in 0..p.pods {
+    for i in 0..n_pods {
         for node in &nodes {
             let s = node.subject;
             let Some(pod) = pods.get(&s).and_then(|v| v.get(i)) else {
@@ -262,13 +314,18 @@ fn repeat(p: &Params, bins: &Binaries, f: &mut Figures, samples: &mut Samples) {
         }
     }
 
-    for node in &nodes {
+    for node in nodes.iter().filter(|_| stack == Stack::V4) {
         let s = node.subject;
         if broken.contains(&s) {
             continue;
         }
         if let Err(e) = concurrent(p, node, f) {
-            for r in [&mut f.conc_add, &mut f.conc_del, &mut f.conc_ips, &mut f.conc_failed] {
+            for r in [
+                &mut f.conc_add,
+                &mut f.conc_del,
+                &mut f.conc_ips,
+                &mut f.conc_failed,
+            ] {
                 r.set_instead(s, Cell::failed(&e));
             }
         }

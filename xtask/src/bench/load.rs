@@ -20,8 +20,6 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use ebpf_cni_tests::Netns;
 use serde_json::Value;
 
-use crate::bench::stats::percentile;
-
 /// A command with only the network namespace switched.
 fn in_netns(ns: &Netns, program: &str) -> Command {
     let mut c = Command::new("nsenter");
@@ -73,6 +71,9 @@ impl Drop for Iperf3Server {
     }
 }
 
+/// UDP datagram payload (bytes): 1442-byte frames at MTU 1500.
+pub const UDP_PAYLOAD: u32 = 1400;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Tcp,
@@ -80,11 +81,11 @@ pub enum Proto {
     Udp(u64),
 }
 
-/// What one iperf3 run measured at the receiver.
+/// What one iperf3 run measured: goodput (payload bits/s) at each end.
 #[derive(Debug, Clone, Copy)]
 pub struct Iperf3Result {
     pub receiver_bps: f64,
-    pub lost_percent: Option<f64>,
+    pub sender_bps: f64,
 }
 
 /// Runs an iperf3 client in `ns` against `target` for `secs` (after `omit` seconds that do
@@ -104,16 +105,33 @@ pub fn iperf3(
             std::thread::sleep(Duration::from_millis(300));
         }
         let mut c = in_netns(ns, "iperf3");
-        c.args(["-c", &target.ip().to_string(), "-p", &target.port().to_string()])
-            .args(["-t", &secs.to_string(), "-O", &omit.to_string(), "-J"])
-            .args(["--connect-timeout", "3000"]);
+        c.args([
+            "-c",
+            &target.ip().to_string(),
+            "-p",
+            &target.port().to_string(),
+        ])
+        .args(["-t", &secs.to_string(), "-O", &omit.to_string(), "-J"])
+        .args(["--connect-timeout", "3000"]);
         if reverse {
             c.arg("-R");
         }
         if let Proto::Udp(rate) = proto {
-            c.args(["-u", "-b", &rate.to_string(), "-l", "1400"]);
+            // 8 MiB socket buffers: with the default ones the iperf3 receiver itself drops
+            // datagrams above ≈ 600 Mbit/s on this kind of machine, limiter or not.
+            c.args([
+                "-u",
+                "-b",
+                &rate.to_string(),
+                "-l",
+                &UDP_PAYLOAD.to_string(),
+            ])
+            .args(["-w", "8M"]);
         }
-        let out = c.stdin(Stdio::null()).output().context("running iperf3 -c")?;
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .context("running iperf3 -c")?;
         let json: Option<Value> = serde_json::from_slice(&out.stdout).ok();
         let error = json
             .as_ref()
@@ -147,9 +165,13 @@ fn parse_iperf3(j: &Value) -> Result<Iperf3Result> {
         .get("bits_per_second")
         .and_then(Value::as_f64)
         .ok_or_else(|| anyhow!("iperf3 JSON has no receiver bits_per_second"))?;
+    let sender_bps = j
+        .pointer("/end/sum_sent/bits_per_second")
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::NAN);
     Ok(Iperf3Result {
         receiver_bps: bps,
-        lost_percent: recv.get("lost_percent").and_then(Value::as_f64),
+        sender_bps,
     })
 }
 
@@ -171,7 +193,10 @@ impl EchoServer {
         let listener = Arc::new(listener);
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (listener.clone(), stop.clone());
-        let thread = std::thread::spawn(move || serve(&l, &s));
+        let thread = std::thread::spawn(move || {
+            pin_thread(rr_cpu());
+            serve(&l, &s)
+        });
         Ok(Self {
             listener,
             stop,
@@ -218,17 +243,29 @@ impl Drop for EchoServer {
     }
 }
 
-/// TCP_RR-style: one connection, one byte each way per transaction, for `duration` after a
-/// short warm-up.
-#[derive(Debug, Clone, Copy)]
-pub struct RrResult {
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub per_sec: f64,
+/// The CPU request/response clients and the echo server are pinned to: the same one for
+/// both, so a transaction costs the path's CPU work rather than a cross-CPU wakeup, which
+/// on this kind of virtual machine varies several-fold from run to run.
+pub fn rr_cpu() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get() - 1)
 }
 
-pub fn tcp_rr(ns: &Netns, target: SocketAddr, duration: Duration) -> Result<RrResult> {
-    ns.run_in(|| -> Result<RrResult> {
+/// Pins the calling thread to `cpu` (best effort: a failure leaves it unpinned).
+pub fn pin_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity(0, …) act
+    // on the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// TCP_RR-style: one connection, one byte each way per transaction, for `duration` after a
+/// short warm-up; returns each transaction's time in µs.
+pub fn tcp_rr(ns: &Netns, target: SocketAddr, duration: Duration) -> Result<Vec<f64>> {
+    ns.run_in(|| -> Result<Vec<f64>> {
+        pin_thread(rr_cpu());
         let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(3))
             .with_context(|| format!("connecting to {target}"))?;
         s.set_nodelay(true)?;
@@ -249,12 +286,7 @@ pub fn tcp_rr(ns: &Netns, target: SocketAddr, duration: Duration) -> Result<RrRe
             once(&mut s)?;
             lat.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        let secs = started.elapsed().as_secs_f64();
-        Ok(RrResult {
-            p50_us: percentile(&lat, 50.0),
-            p99_us: percentile(&lat, 99.0),
-            per_sec: lat.len() as f64 / secs,
-        })
+        Ok(lat)
     })?
 }
 
@@ -262,7 +294,7 @@ pub fn tcp_rr(ns: &Netns, target: SocketAddr, duration: Duration) -> Result<RrRe
 /// `duration`. Also returns the connect() latencies.
 #[derive(Debug, Clone)]
 pub struct CrrResult {
-    pub per_sec: f64,
+    pub secs: f64,
     pub connect_us: Vec<f64>,
 }
 
@@ -273,6 +305,7 @@ pub fn tcp_crr(
     max_connections: usize,
 ) -> Result<CrrResult> {
     ns.run_in(|| -> Result<CrrResult> {
+        pin_thread(rr_cpu());
         let one = || -> Result<f64> {
             let t = Instant::now();
             let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(3))
@@ -296,7 +329,7 @@ pub fn tcp_crr(
             connect_us.push(one()?);
         }
         Ok(CrrResult {
-            per_sec: connect_us.len() as f64 / started.elapsed().as_secs_f64(),
+            secs: started.elapsed().as_secs_f64(),
             connect_us,
         })
     })?

@@ -73,7 +73,14 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
         tcp_congestion_control: read("/proc/sys/net/ipv4/tcp_congestion_control")
             .trim()
             .to_owned(),
-        git_revision: format!("{rev}{}", if dirty { " (with uncommitted changes)" } else { "" }),
+        git_revision: format!(
+            "{rev}{}",
+            if dirty {
+                " (with uncommitted changes)"
+            } else {
+                ""
+            }
+        ),
         versions: vec![
             ("ebpf-cni".into(), plugin_version),
             (

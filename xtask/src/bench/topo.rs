@@ -29,6 +29,15 @@ const UPLINK_DEV: &str = "uplink0";
 pub const VETH_A_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 pub const VETH_B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 
+/// The address families of the pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// IPv4 only, as most Kubernetes nodes run: every section but the dual-stack rows.
+    V4,
+    /// IPv4 + IPv6.
+    Dual,
+}
+
 /// The binaries under test.
 #[derive(Debug, Clone)]
 pub struct Binaries {
@@ -38,11 +47,21 @@ pub struct Binaries {
 /// The conflist of a CNI subject, as a node would configure it: same IPAM, MTU and routes
 /// for both; ipMasq off for the reference (ebpf-cni does not masquerade, and masquerading
 /// would add rules only one side pays for).
-pub fn conflist(subject: Subject, data_dir: &Path) -> NetConfList {
+pub fn conflist(subject: Subject, data_dir: &Path, stack: Stack) -> NetConfList {
+    let (ranges, routes) = match stack {
+        Stack::V4 => (
+            json!([[{ "subnet": POD_SUBNET_V4 }]]),
+            json!([{ "dst": "0.0.0.0/0" }]),
+        ),
+        Stack::Dual => (
+            json!([[{ "subnet": POD_SUBNET_V4 }], [{ "subnet": POD_SUBNET_V6 }]]),
+            json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]),
+        ),
+    };
     let ipam = json!({
         "type": "host-local",
-        "ranges": [[{ "subnet": POD_SUBNET_V4 }], [{ "subnet": POD_SUBNET_V6 }]],
-        "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
+        "ranges": ranges,
+        "routes": routes,
         "dataDir": data_dir.to_string_lossy(),
     });
     let plugins = match subject {
@@ -117,24 +136,48 @@ pub struct BenchNode {
 
 impl BenchNode {
     pub fn new(subject: Subject, bins: &Binaries) -> Result<Self> {
+        Self::with_stack(subject, bins, Stack::V4)
+    }
+
+    pub fn with_stack(subject: Subject, bins: &Binaries, stack: Stack) -> Result<Self> {
         let node = Node::new().context("creating the node namespace")?;
         let ext = Netns::create("p").context("creating the external client namespace")?;
         let n = node.netns();
         n.ip_ok(&[
-            "link", "add", UPLINK_DEV, "type", "veth", "peer", "name", "eth0", "netns",
+            "link",
+            "add",
+            UPLINK_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
             ext.name(),
         ])?;
-        n.ip_ok(&["addr", "add", &format!("{NODE_UPLINK_IP}/24"), "dev", UPLINK_DEV])?;
+        n.ip_ok(&[
+            "addr",
+            "add",
+            &format!("{NODE_UPLINK_IP}/24"),
+            "dev",
+            UPLINK_DEV,
+        ])?;
         n.ip_ok(&["link", "set", UPLINK_DEV, "up"])?;
         ext.ip_ok(&["addr", "add", &format!("{EXT_IP}/24"), "dev", "eth0"])?;
         ext.ip_ok(&["link", "set", "eth0", "up"])?;
-        ext.ip_ok(&["route", "add", POD_SUBNET_V4, "via", &NODE_UPLINK_IP.to_string()])?;
+        ext.ip_ok(&[
+            "route",
+            "add",
+            POD_SUBNET_V4,
+            "via",
+            &NODE_UPLINK_IP.to_string(),
+        ])?;
         let runtime = match subject {
             Subject::Reference => CniRuntime::reference(),
             Subject::EbpfCni => CniRuntime::with_plugin(&bins.ebpf_cni),
             Subject::Veth => bail!("the veth pair is not a node"),
         };
-        let chain = Chain::new(conflist(subject, node.data_dir()), runtime, n.path())?;
+        let chain = Chain::new(conflist(subject, node.data_dir(), stack), runtime, n.path())?;
         Ok(Self {
             subject,
             chain,
@@ -217,8 +260,18 @@ impl VethPair {
         let a = Netns::create("p")?;
         let b = Netns::create("p")?;
         a.ip_ok(&[
-            "link", "add", "eth0", "mtu", &MTU.to_string(), "type", "veth", "peer", "name",
-            "eth0", "netns", b.name(),
+            "link",
+            "add",
+            "eth0",
+            "mtu",
+            &MTU.to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            b.name(),
         ])?;
         for (ns, ip) in [(&a, VETH_A_IP), (&b, VETH_B_IP)] {
             ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;

@@ -14,7 +14,8 @@ use anyhow::{Context as _, Result};
 use ebpf_cni_tests::Netns;
 
 use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
+use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
+use crate::bench::stats::{percentile, summarize};
 use crate::bench::topo::{self, BenchNode, Binaries, Pod, VethPair};
 use crate::bench::{progress, Params};
 
@@ -22,6 +23,8 @@ const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
 const IPERF_HOST_PORT: u16 = 28_080;
 const ECHO_HOST_PORT: u16 = 28_081;
+/// Request/response time per repeat is split into this many alternating slices.
+const RR_SLICES: u32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PathKind {
@@ -165,7 +168,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                     let target = SocketAddr::from((topo::NODE_UPLINK_IP, ECHO_HOST_PORT));
                     let probe = load::probe_echo(&c.node.ext, target);
                     c.hostport_ok = probe.is_ok();
-                    hostport.insert(s, probe.map_err(|e| format!("{e:#}")));
+                    hostport.insert(s, probe.map_err(|e| e.root_cause().to_string()));
                 }
                 setups.push((s, setup));
             }
@@ -186,7 +189,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 let cell = match (s, &hostport.get(s)) {
                     (Subject::Veth, _) => Cell::NotApplicable,
                     (_, Some(Err(e))) => Cell::not_implemented(&format!(
-                        "hostPort not provided (issue 4); probe: {}",
+                        "hostPort not provided (issue 4); probe from the external client: {}",
                         crate::bench::model::first_line(e)
                     )),
                     _ => Cell::NotApplicable,
@@ -220,31 +223,54 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 }
             }
         }
+        // Short slices, subjects alternating within each, so a noisy moment does not land
+        // on one subject's whole figure.
+        let slice = rr_time / RR_SLICES;
         for path in rr_paths {
-            for (s, setup) in &setups {
-                let Some((ns, _, target)) = setup.client(path) else {
-                    continue;
-                };
-                match load::tcp_rr(ns, target, rr_time) {
-                    Ok(res) => {
-                        rr_p50.entry(path).or_default().push(*s, res.p50_us);
-                        rr_p99.entry(path).or_default().push(*s, res.p99_us);
+            let mut lat: BTreeMap<Subject, Vec<f64>> = BTreeMap::new();
+            let mut conns: BTreeMap<Subject, (usize, f64)> = BTreeMap::new();
+            let mut failed: BTreeMap<Subject, anyhow::Error> = BTreeMap::new();
+            for _ in 0..RR_SLICES {
+                for (s, setup) in &setups {
+                    let Some((ns, _, target)) = setup.client(path) else {
+                        continue;
+                    };
+                    if failed.contains_key(s) {
+                        continue;
                     }
-                    Err(e) => {
-                        rr_p50.entry(path).or_default().set_instead(*s, Cell::failed(&e));
-                        rr_p99.entry(path).or_default().set_instead(*s, Cell::failed(&e));
+                    let r = load::tcp_rr(ns, target, slice).and_then(|l| {
+                        lat.entry(*s).or_default().extend(l);
+                        load::tcp_crr(ns, target, slice, usize::MAX)
+                    });
+                    match r {
+                        Ok(c) => {
+                            let e = conns.entry(*s).or_default();
+                            e.0 += c.connect_us.len();
+                            e.1 += c.secs;
+                        }
+                        Err(e) => {
+                            failed.insert(*s, e);
+                        }
                     }
                 }
             }
-            for (s, setup) in &setups {
-                let Some((ns, _, target)) = setup.client(path) else {
-                    continue;
-                };
-                let r = crr.entry(path).or_default();
-                match load::tcp_crr(ns, target, rr_time, usize::MAX) {
-                    Ok(res) => r.push(*s, res.per_sec),
-                    Err(e) => r.set_instead(*s, Cell::failed(&e)),
+            for (s, e) in failed {
+                for r in [&mut rr_p50, &mut rr_p99, &mut crr] {
+                    r.entry(path).or_default().set_instead(s, Cell::failed(&e));
                 }
+            }
+            for (s, l) in lat {
+                rr_p50
+                    .entry(path)
+                    .or_default()
+                    .push(s, percentile(&l, 50.0));
+                rr_p99
+                    .entry(path)
+                    .or_default()
+                    .push(s, percentile(&l, 99.0));
+            }
+            for (s, (n, secs)) in conns {
+                crr.entry(path).or_default().push(s, n as f64 / secs);
             }
         }
     }
@@ -253,11 +279,14 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let over = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut throughput = Table::new("TCP throughput, single stream (iperf3)", over.clone());
     for path in PathKind::ALL {
-        throughput.rows.push(
-            tput.entry(path)
-                .or_default()
-                .row(path.label(), "Gbit/s", Better::Higher),
-        );
+        throughput.rows.push(tput.entry(path).or_default().row(
+            path.label(),
+            "Gbit/s",
+            Better::Higher,
+        ));
+    }
+    if let Some(row) = percent_of_veth(tput.entry(PathKind::PodToPod).or_default()) {
+        throughput.rows.insert(1, row);
     }
     throughput.notes = vec![
         format!(
@@ -293,17 +322,54 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             Better::Higher,
         ));
     }
-    rr.notes = vec![format!(
-        "In-process, {} s per figure and repeat: TCP_RR sends 1 byte and waits for its echo on \
-         one connection (TCP_NODELAY), per-transaction times; TCP_CRR connects, exchanges 1 \
-         byte, the server closes, then the client. Client and server are threads in their \
-         namespaces.",
-        p.rr_secs
-    )];
+    rr.notes = vec![
+        format!(
+            "In-process, {} s per figure and repeat, in {RR_SLICES} slices that alternate the \
+             subjects: TCP_RR sends 1 byte and waits for its echo on one connection \
+             (TCP_NODELAY), p50/p99 of the per-transaction times; TCP_CRR connects, exchanges \
+             1 byte, the server closes, then the client.",
+            p.rr_secs
+        ),
+        format!(
+            "Client and server are threads in their namespaces, both pinned to CPU {}: the \
+             figure is then the path's own cost. Unpinned, the scheduler's choice between \
+             same-CPU and cross-CPU wakeups (an IPI through the hypervisor) moved TCP_RR p50 \
+             between ≈ 8 and ≈ 34 µs from one run to the next on this machine.",
+            load::rr_cpu()
+        ),
+    ];
 
     Output {
         throughput,
         rr,
         hostport,
     }
+}
+
+/// pod → pod of each CNI subject as a share of the plain veth's figure measured right
+/// after it in the same repeat (per-repeat ratios cancel the machine's slow drifts); when
+/// the repeats do not pair up (a failure), the medians'.
+fn percent_of_veth(r: &Repeats) -> Option<Row> {
+    let veth = r.values(Subject::Veth);
+    let veth_median = r.cell(Subject::Veth).value()?.median;
+    let mut row = Row::new("pod → pod, % of plain veth", "%", Better::Higher);
+    for s in Subject::CNI {
+        let v = r.values(s);
+        let cell = if !v.is_empty() && v.len() == veth.len() {
+            let ratios: Vec<f64> = v.iter().zip(veth).map(|(a, b)| a / b * 100.0).collect();
+            summarize(&ratios).map_or(Cell::NotApplicable, Cell::Value)
+        } else {
+            match r.cell(s) {
+                Cell::Value(x) => Cell::Value(Summary {
+                    n: x.n,
+                    median: x.median / veth_median * 100.0,
+                    min: x.min / veth_median * 100.0,
+                    max: x.max / veth_median * 100.0,
+                }),
+                other => other,
+            }
+        };
+        row.cells.insert(s, cell);
+    }
+    Some(row)
 }
