@@ -47,7 +47,7 @@ pub fn add_pod(
         |what: &str| log::debug!("add_pod {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let root = PinRoot::from_env();
     ensure_bpffs_at(&root)?;
-    let _lock = NodeLock::take(&root)?;
+    let mut lock = Some(NodeLock::take(&root)?);
     step("locked");
     let mut progs = Programs::open_or_load(&root, node)?;
     step("programs");
@@ -83,6 +83,10 @@ pub fn add_pod(
         step("endpoints");
         match mode {
             AttachMode::Tcx => {
+                // The attachment's directory and entries exist, so a concurrent DEL of the
+                // node's last other pod will not tear the node down: the slow part below
+                // runs without the lock, letting concurrent ADDs overlap.
+                drop(lock.take());
                 // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here):
                 // the two hooks attach at once so their waits overlap.
                 let from_pod = progs
@@ -131,6 +135,7 @@ pub fn add_pod(
         Ok(())
     })();
     if res.is_err() {
+        let _relock = if lock.is_none() { NodeLock::take(&root).ok() } else { None };
         if mode == AttachMode::Netlink {
             for hook in Hook::POD {
                 links::detach_netlink(hook, host_ifname);
