@@ -56,6 +56,14 @@ pub struct BenchArgs {
     pub only: Vec<Section>,
 }
 
+impl BenchArgs {
+    /// What `cargo xtask test` runs: the quick benchmark of an already built plugin, into
+    /// the default quick output directory.
+    pub fn quick_for_ci(plugin: &std::path::Path) -> Self {
+        Self { quick: true, out: None, plugin: Some(plugin.to_path_buf()), only: Vec::new() }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Section {
