@@ -50,5 +50,13 @@ pub fn test(extra: &[String]) -> Result<()> {
         .arg("--no-fail-fast")
         .args(extra)
         .env("EBPF_CNI_BIN", &plugin);
-    cmd::run(&mut c)
+    let tests = cmd::run(&mut c);
+    // The quick benchmark runs too, so it cannot rot: it must complete and write its report.
+    // It asserts no timing.
+    println!("quick benchmark (checks that it runs and reports; asserts no timing)");
+    let bench = crate::bench::bench(&crate::bench::BenchArgs::quick_for_ci(&plugin));
+    tests?;
+    bench
+        .map(|()| println!("quick benchmark: ok"))
+        .map_err(|e| e.context("the quick benchmark failed"))
 }
