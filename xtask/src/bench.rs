@@ -60,7 +60,12 @@ impl BenchArgs {
     /// What `cargo xtask test` runs: the quick benchmark of an already built plugin, into
     /// the default quick output directory.
     pub fn quick_for_ci(plugin: &std::path::Path) -> Self {
-        Self { quick: true, out: None, plugin: Some(plugin.to_path_buf()), only: Vec::new() }
+        Self {
+            quick: true,
+            out: None,
+            plugin: Some(plugin.to_path_buf()),
+            only: Vec::new(),
+        }
     }
 }
 

@@ -135,7 +135,11 @@ pub fn add_pod(
         Ok(())
     })();
     if res.is_err() {
-        let _relock = if lock.is_none() { NodeLock::take(&root).ok() } else { None };
+        let _relock = if lock.is_none() {
+            NodeLock::take(&root).ok()
+        } else {
+            None
+        };
         if mode == AttachMode::Netlink {
             for hook in Hook::POD {
                 links::detach_netlink(hook, host_ifname);
