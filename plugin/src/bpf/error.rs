@@ -62,10 +62,6 @@ pub enum BpfError {
 
     #[error("the embedded eBPF object has no program {name}")]
     MissingProgram { name: &'static str },
-
-    #[error("the embedded eBPF object has no per-CPU array map {name}")]
-    MissingMap { name: &'static str },
-
     #[error("failed to prepare program {name}")]
     Program {
         name: &'static str,
@@ -80,34 +76,6 @@ pub enum BpfError {
         direction: &'static str,
         #[source]
         source: Box<aya::programs::ProgramError>,
-    },
-
-    #[error("failed to read the kernel's information on the link of program {name}")]
-    LinkInfo {
-        name: &'static str,
-        #[source]
-        source: Box<aya::programs::links::LinkError>,
-    },
-
-    #[error("failed to read the kernel's information on map {name}")]
-    MapInfo {
-        name: &'static str,
-        #[source]
-        source: Box<aya::maps::MapError>,
-    },
-
-    #[error("failed to pin link at {path}")]
-    PinLink {
-        path: PathBuf,
-        #[source]
-        source: Box<aya::pin::PinError>,
-    },
-
-    #[error("failed to pin map at {path}")]
-    PinMap {
-        path: PathBuf,
-        #[source]
-        source: Box<aya::pin::PinError>,
     },
 
     /// Every failure is listed in the message (there is no single source).
@@ -261,14 +229,6 @@ pub enum BpfError {
     #[error("failed to open the map pinned at {path}")]
     OpenMap {
         path: PathBuf,
-        #[source]
-        source: Box<aya::maps::MapError>,
-    },
-
-    #[error("failed to read entry {index} of the map pinned at {path}")]
-    ReadMap {
-        path: PathBuf,
-        index: u32,
         #[source]
         source: Box<aya::maps::MapError>,
     },
