@@ -19,6 +19,7 @@ use aya_log_ebpf::debug;
 use crate::{
     limit::{police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
+    nat::{self, Nat},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr,
         ETH_HLEN, ETH_P_IP, ETH_P_IPV6,
@@ -162,8 +163,20 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         Verdict::Pass => {}
     }
     count(me, Dir::FromPod, Event::Packet, len);
+    // A reply in a host port flow, else maybe a packet to a host port.
+    let mut nat = nat::reverse(ctx);
+    if nat == Nat::None {
+        nat = nat::forward(ctx, me);
+    }
+    if nat == Nat::Failed {
+        count(me, Dir::FromPod, Event::Error, len);
+        return TC_ACT_SHOT as i32;
+    }
     match classify(ctx) {
-        Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me => deliver(ctx, proto, &ep),
+        // Back into the sending pod only for a hairpin (the pod reached its own host port).
+        Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me || nat == Nat::Hairpin => {
+            deliver(ctx, proto, &ep)
+        }
         Some((proto, Dest::Other)) => route(ctx, proto, me),
         _ => {
             if tracing() {
@@ -194,6 +207,9 @@ pub fn to_pod(ctx: &TcContext) -> i32 {
 /// Node device ingress.
 #[inline(always)]
 pub fn from_dev(ctx: &TcContext) -> i32 {
+    if nat::forward(ctx, 0) == Nat::Failed {
+        return TC_ACT_SHOT as i32;
+    }
     match classify(ctx) {
         Some((proto, Dest::Pod(ep))) => deliver(ctx, proto, &ep),
         _ => PASS,

@@ -16,9 +16,14 @@
 mod forward;
 mod limit;
 mod maps;
+mod nat;
 mod packet;
+mod sock;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
+};
 use ebpf_cni_maps::str_eq;
 
 // The entry points' identifiers become the program names user space pins and checks.
@@ -49,6 +54,80 @@ pub fn ecni_to_pod(ctx: TcContext) -> i32 {
 pub fn ecni_from_dev(ctx: TcContext) -> i32 {
     forward::from_dev(&ctx)
 }
+
+/// The node's own connections to a host port go to the pod (see `sock`).
+#[cgroup_sock_addr(connect4)]
+pub fn ecni_connect4(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx, false)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn ecni_connect6(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx, true)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn ecni_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx, false)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn ecni_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::to_pod(&ctx, true)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn ecni_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx, false)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn ecni_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx, true)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn ecni_peername4(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx, false)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn ecni_peername6(ctx: SockAddrContext) -> i32 {
+    sock::from_pod(&ctx, true)
+}
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_CONNECT4,
+    stringify!(ecni_connect4)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_CONNECT6,
+    stringify!(ecni_connect6)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_SENDMSG4,
+    stringify!(ecni_sendmsg4)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_SENDMSG6,
+    stringify!(ecni_sendmsg6)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_RECVMSG4,
+    stringify!(ecni_recvmsg4)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_RECVMSG6,
+    stringify!(ecni_recvmsg6)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_PEERNAME4,
+    stringify!(ecni_peername4)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_PEERNAME6,
+    stringify!(ecni_peername6)
+));
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -3,10 +3,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuHashMap},
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
 };
 use ebpf_cni_maps::{
-    str_eq, DirCounters, EndpointInfo, EndpointKey, PodCounters, RateLimit, MAX_ENDPOINTS,
+    str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, PodCounters,
+    PortHits, PortKey, PortTarget, RateLimit, SockKey, SockOrig, MAX_ENDPOINTS, MAX_NAT_FLOWS,
+    MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, NODE_FLAG_PORTMAP,
 };
 
 #[map]
@@ -22,6 +24,121 @@ pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static ECNI_RATES: HashMap<u32, RateLimit> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+
+#[map]
+pub static ECNI_PORTMAP: HashMap<PortKey, PortTarget> =
+    HashMap::with_max_entries(MAX_PORT_MAPPINGS, 0);
+
+#[map]
+pub static ECNI_PM_HITS: PerCpuHashMap<PortKey, PortHits> =
+    PerCpuHashMap::with_max_entries(MAX_PORT_MAPPINGS, 0);
+
+#[map]
+pub static ECNI_NAT_REV: LruHashMap<NatKey, NatOrig> =
+    LruHashMap::with_max_entries(MAX_NAT_FLOWS, 0);
+
+#[map]
+pub static ECNI_SOCK_REV: LruHashMap<SockKey, SockOrig> =
+    LruHashMap::with_max_entries(MAX_NAT_FLOWS, 0);
+
+#[map]
+pub static ECNI_NODE_ADDR: HashMap<EndpointKey, u32> = HashMap::with_max_entries(MAX_NODE_ADDRS, 0);
+
+#[map]
+pub static ECNI_CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
+
+const _: () = assert!(str_eq(ebpf_cni_maps::PORTMAP_MAP, stringify!(ECNI_PORTMAP)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PORTMAP_HITS_MAP,
+    stringify!(ECNI_PM_HITS)
+));
+const _: () = assert!(str_eq(ebpf_cni_maps::NAT_REV_MAP, stringify!(ECNI_NAT_REV)));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::SOCK_REV_MAP,
+    stringify!(ECNI_SOCK_REV)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::NODE_ADDRS_MAP,
+    stringify!(ECNI_NODE_ADDR)
+));
+const _: () = assert!(str_eq(ebpf_cni_maps::CONFIG_MAP, stringify!(ECNI_CONFIG)));
+
+/// Whether the node has host port mappings (else their lookups are skipped).
+#[inline(always)]
+pub fn portmap_enabled() -> bool {
+    ECNI_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & NODE_FLAG_PORTMAP != 0)
+}
+
+/// The node's netns cookie, when the node has host port mappings.
+#[inline(always)]
+pub fn portmap_netns_cookie() -> Option<u64> {
+    let c = ECNI_CONFIG.get(0)?;
+    (c.flags & NODE_FLAG_PORTMAP != 0).then_some(c.netns_cookie)
+}
+
+#[inline(always)]
+pub fn is_node_addr(addr: &[u8; 16]) -> bool {
+    // SAFETY: the value is not used, only its presence.
+    unsafe { ECNI_NODE_ADDR.get(&EndpointKey { addr: *addr }).is_some() }
+}
+
+/// The mapping for `addr:port/proto`, a wildcard of the address's family if there is no
+/// mapping for the address itself: the more specific one wins. Fills in the key that
+/// matched and the target.
+#[inline(always)]
+pub fn port_target(
+    addr: &[u8; 16],
+    port: u16,
+    proto: u8,
+    key: &mut PortKey,
+    target: &mut PortTarget,
+) -> bool {
+    key.addr = *addr;
+    key.port = port;
+    key.proto = proto;
+    key._pad = 0;
+    // SAFETY: values are copied out at once.
+    if let Some(t) = unsafe { ECNI_PORTMAP.get(&*key) } {
+        *target = *t;
+        return true;
+    }
+    key.addr = if is_v4_mapped(addr) {
+        PortKey::WILDCARD_V4
+    } else {
+        PortKey::WILDCARD_V6
+    };
+    // SAFETY: as above.
+    match unsafe { ECNI_PORTMAP.get(&*key) } {
+        Some(t) => {
+            *target = *t;
+            true
+        }
+        None => false,
+    }
+}
+
+#[inline(always)]
+pub fn is_v4_mapped(a: &[u8; 16]) -> bool {
+    a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff
+}
+
+/// Counts a translation on the mapping `key`.
+#[inline(always)]
+pub fn count_hit(key: &PortKey, len: u32, socket: bool) {
+    let Some(h) = ECNI_PM_HITS.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: this CPU's slot (see `count`).
+    let h = unsafe { &mut *h };
+    if socket {
+        h.socket = h.socket.wrapping_add(1);
+    } else {
+        h.packets = h.packets.wrapping_add(1);
+        h.bytes = h.bytes.wrapping_add(u64::from(len));
+    }
+}
 
 const _: () = assert!(str_eq(
     ebpf_cni_maps::RATE_LIMITS_MAP,

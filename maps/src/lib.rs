@@ -19,8 +19,48 @@ pub const TRACE_MAP: &str = "ECNI_TRACE";
 /// Node-wide hash of per-pod rate limits: host veth ifindex (`u32`) → [`RateLimit`]. A pod
 /// without limits has no entry, and its packets skip the limiter after one failed lookup.
 pub const RATE_LIMITS_MAP: &str = "ECNI_RATES";
+/// Node-wide hash of the host port mappings: [`PortKey`] → [`PortTarget`].
+pub const PORTMAP_MAP: &str = "ECNI_PORTMAP";
+/// Node-wide per-CPU hash of each mapping's hit counters: [`PortKey`] → [`PortHits`].
+pub const PORTMAP_HITS_MAP: &str = "ECNI_PM_HITS";
+/// Node-wide LRU hash of translated flows, keyed as the pod's replies look:
+/// [`NatKey`] → [`NatOrig`] (what the client had dialled).
+pub const NAT_REV_MAP: &str = "ECNI_NAT_REV";
+/// Node-wide LRU hash of socket-level translations (connections and datagrams of the node's
+/// own processes): [`SockKey`] → [`SockOrig`].
+pub const SOCK_REV_MAP: &str = "ECNI_SOCK_REV";
+/// Node-wide hash of the node's own addresses (any of which a wildcard host port answers
+/// on): [`EndpointKey`] → `u32` (unused, 0).
+pub const NODE_ADDRS_MAP: &str = "ECNI_NODE_ADDR";
+/// Node-wide array with one [`NodeConfig`].
+pub const CONFIG_MAP: &str = "ECNI_CONFIG";
+/// Capacity of [`PORTMAP_MAP`] and [`PORTMAP_HITS_MAP`].
+pub const MAX_PORT_MAPPINGS: u32 = 65_536;
+/// Capacity of [`NAT_REV_MAP`] and [`SOCK_REV_MAP`] (least recently used entries go first).
+pub const MAX_NAT_FLOWS: u32 = 65_536;
+/// Capacity of [`NODE_ADDRS_MAP`].
+pub const MAX_NODE_ADDRS: u32 = 1_024;
+
+/// Name of the per-attachment array map (pinned in the attachment's directory) that lists
+/// the [`PortKey`]s the attachment installed: DEL removes exactly those, with or without
+/// `portMappings` in its input.
+pub const ATTACHMENT_PORTS_MAP: &str = "ecni_att_ports";
+
 /// Capacity of [`ENDPOINTS_MAP`] (pod addresses per node) and [`POD_COUNTERS_MAP`].
 pub const MAX_ENDPOINTS: u32 = 65_536;
+
+/// Socket-address programs (attached to the cgroup v2 root, acting only on sockets of the
+/// node's network namespace): they translate the node's own connections and datagrams to a
+/// host port into connections to the pod, and make replies look as if the host port sent
+/// them.
+pub const PROG_CONNECT4: &str = "ecni_connect4";
+pub const PROG_CONNECT6: &str = "ecni_connect6";
+pub const PROG_SENDMSG4: &str = "ecni_sendmsg4";
+pub const PROG_SENDMSG6: &str = "ecni_sendmsg6";
+pub const PROG_RECVMSG4: &str = "ecni_recvmsg4";
+pub const PROG_RECVMSG6: &str = "ecni_recvmsg6";
+pub const PROG_PEERNAME4: &str = "ecni_peername4";
+pub const PROG_PEERNAME6: &str = "ecni_peername6";
 
 /// TC program at the host veth's ingress: traffic leaving the pod.
 pub const PROG_FROM_POD: &str = "ecni_from_pod";
@@ -28,6 +68,19 @@ pub const PROG_FROM_POD: &str = "ecni_from_pod";
 pub const PROG_TO_POD: &str = "ecni_to_pod";
 /// TC program at the ingress of the node's external devices: traffic arriving for pods.
 pub const PROG_FROM_DEV: &str = "ecni_from_dev";
+
+/// IP protocol numbers of the host port protocols.
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_SCTP: u8 = 132;
+
+/// [`NatOrig::flags`]: the flow is a pod reaching its own host port; its source was
+/// rewritten to the pod's gateway, so the reply's destination goes back to the pod.
+pub const NAT_FLAG_HAIRPIN: u16 = 1;
+
+/// [`NodeConfig::flags`]: some host port mapping exists on the node, so the programs look
+/// packets up in the port-mapping maps (without it they skip those lookups).
+pub const NODE_FLAG_PORTMAP: u32 = 1;
 
 /// [`EndpointInfo::flags`]: none defined yet; the field is there so a newer binary can add
 /// some without changing the pinned map's layout.
@@ -56,6 +109,8 @@ pub mod pin {
     /// Directory of the loaded programs, one sub-directory per object revision (a hash of
     /// the embedded object), each program pinned under its name.
     pub const PROGRAMS_DIR: &str = "programs";
+    /// Directory of the node's cgroup links (socket-address programs), one pin per program.
+    pub const CGROUP_DIR: &str = "cgroup";
     /// Directory with one sub-directory per node device carrying [`LINK_FROM_DEV`].
     pub const DEVICES_DIR: &str = "devices";
 }
@@ -160,6 +215,130 @@ pub struct RateLimit {
 
 const _: () = assert!(core::mem::size_of::<RateLimit>() == 64);
 
+/// Key of [`PORTMAP_MAP`]: which host address, port and protocol. `addr` is an
+/// [`EndpointKey`]-style address; the wildcard of a family ("every node address") is all
+/// zeroes for IPv6 and `::ffff:0.0.0.0` for IPv4.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    /// `IPPROTO_*`.
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+const _: () = assert!(core::mem::size_of::<PortKey>() == 20);
+
+impl PortKey {
+    pub const WILDCARD_V4: [u8; 16] = EndpointKey::v4([0; 4]).addr;
+    pub const WILDCARD_V6: [u8; 16] = [0; 16];
+}
+
+/// Value of [`PORTMAP_MAP`]: the pod a host port leads to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortTarget {
+    /// The attachment that installed the mapping.
+    pub attachment_id: u64,
+    /// The pod's address (same family as the key).
+    pub pod_addr: [u8; 16],
+    /// The pod's gateway in that family: the source of hairpin packets (the pod reaching
+    /// its own host port), which the pod routes back to us. All zeroes: none.
+    pub gateway: [u8; 16],
+    /// The pod's host veth.
+    pub host_ifindex: u32,
+    /// Host byte order.
+    pub pod_port: u16,
+    pub _pad: [u8; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<PortTarget>() == 48);
+
+/// Value of [`PORTMAP_HITS_MAP`] on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortHits {
+    /// Packets translated by the TC programs (clients outside the node, pods).
+    pub packets: u64,
+    pub bytes: u64,
+    /// Connections and datagrams of the node's own processes translated at the socket.
+    pub socket: u64,
+    pub _spare: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PortHits>() == 32);
+
+/// Key of [`NAT_REV_MAP`]: a translated flow as the pod's replies carry it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NatKey {
+    pub pod_addr: [u8; 16],
+    pub peer_addr: [u8; 16],
+    /// Host byte order.
+    pub pod_port: u16,
+    pub peer_port: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+const _: () = assert!(core::mem::size_of::<NatKey>() == 40);
+
+/// Value of [`NAT_REV_MAP`]: the address and port the client dialled, which replies carry
+/// as their source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatOrig {
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    /// `NAT_FLAG_*`.
+    pub flags: u16,
+    pub _pad: [u8; 4],
+}
+
+const _: () = assert!(core::mem::size_of::<NatOrig>() == 24);
+
+/// Key of [`SOCK_REV_MAP`]: a socket and the pod address it was sent to instead.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockKey {
+    pub cookie: u64,
+    pub pod_addr: [u8; 16],
+    /// Host byte order.
+    pub pod_port: u16,
+    pub _pad: [u8; 6],
+}
+
+const _: () = assert!(core::mem::size_of::<SockKey>() == 32);
+
+/// Value of [`SOCK_REV_MAP`]: what the socket had asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockOrig {
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    pub _pad: [u8; 6],
+}
+
+const _: () = assert!(core::mem::size_of::<SockOrig>() == 24);
+
+/// Value of [`CONFIG_MAP`]: node-wide settings the programs read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Cookie of the node's network namespace: the socket programs, attached machine-wide,
+    /// act only on sockets of this namespace.
+    pub netns_cookie: u64,
+    /// `NODE_FLAG_*`.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
+
 // SAFETY: `repr(C)`, integer and byte-array fields only, no implicit padding (sizes asserted
 // above), so every bit pattern is a valid value.
 #[cfg(feature = "user")]
@@ -172,6 +351,22 @@ unsafe impl aya::Pod for DirCounters {}
 unsafe impl aya::Pod for PodCounters {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for RateLimit {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PortKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PortTarget {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PortHits {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NatKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NatOrig {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for SockKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for SockOrig {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for NodeConfig {}
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
 /// longer name would show up cut in bpftool and in the program info that CHECK compares.
@@ -186,6 +381,21 @@ const _: () = assert!(fits_bpf_obj_name(RATE_LIMITS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
+const _: () = assert!(fits_bpf_obj_name(PORTMAP_MAP));
+const _: () = assert!(fits_bpf_obj_name(PORTMAP_HITS_MAP));
+const _: () = assert!(fits_bpf_obj_name(NAT_REV_MAP));
+const _: () = assert!(fits_bpf_obj_name(SOCK_REV_MAP));
+const _: () = assert!(fits_bpf_obj_name(NODE_ADDRS_MAP));
+const _: () = assert!(fits_bpf_obj_name(CONFIG_MAP));
+const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
+const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));
+const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT6));
+const _: () = assert!(fits_bpf_obj_name(PROG_SENDMSG4));
+const _: () = assert!(fits_bpf_obj_name(PROG_SENDMSG6));
+const _: () = assert!(fits_bpf_obj_name(PROG_RECVMSG4));
+const _: () = assert!(fits_bpf_obj_name(PROG_RECVMSG6));
+const _: () = assert!(fits_bpf_obj_name(PROG_PEERNAME4));
+const _: () = assert!(fits_bpf_obj_name(PROG_PEERNAME6));
 
 /// `a == b` usable in constants, so the kernel-side crate can assert at compile time that the
 /// identifiers it declares (which become the object names) match the names above.

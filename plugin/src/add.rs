@@ -41,6 +41,7 @@ pub async fn add(
     })?;
     ipam.validate(env)?;
     let limits = crate::bandwidth::limits(conf)?;
+    let port_mappings = crate::portmap::mappings(conf)?;
     let mac = match (&conf.runtime.mac, &env.args.mac) {
         (Some(m), _) => Some(parse_mac(m, "runtimeConfig.mac")?),
         (None, Some(m)) => Some(parse_mac(m, "CNI_ARGS MAC")?),
@@ -84,7 +85,19 @@ pub async fn add(
 
     let mut undo = Vec::new();
     let res = setup(
-        env, conf, stdin, &ipam, mac, &limits, &pod_ns, &host_nl, &pod_nl, &host_name, &node, &key,
+        env,
+        conf,
+        stdin,
+        &ipam,
+        mac,
+        &limits,
+        &port_mappings,
+        &pod_ns,
+        &host_nl,
+        &pod_nl,
+        &host_name,
+        &node,
+        &key,
         &mut undo,
     )
     .await;
@@ -105,6 +118,7 @@ async fn setup(
     ipam: &Ipam,
     mac: Option<[u8; 6]>,
     limits: &crate::bandwidth::Limits,
+    port_mappings: &[crate::portmap::PortMapping],
     pod_ns: &Netns,
     host_nl: &Netlink,
     pod_nl: &Netlink,
@@ -137,6 +151,13 @@ async fn setup(
         node,
         key,
         &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>(),
+    )?;
+    let ports = crate::portmap::entries(
+        port_mappings,
+        &addrs
+            .iter()
+            .map(|a| (a.address.ip(), a.gateway))
+            .collect::<Vec<_>>(),
     )?;
 
     let pair = veth::create(
@@ -183,7 +204,7 @@ async fn setup(
             pod_mac,
         })
         .collect();
-    let devices = node_devices(host_nl, conf).await?;
+    let (devices, node_addrs) = node_devices(host_nl, conf).await?;
     step("devices listed");
     undo.push(Undo::Programs);
     let spec = PodSpec {
@@ -191,6 +212,8 @@ async fn setup(
         host_ifindex: pair.host.index,
         endpoints: &endpoints,
         limits: limits.to_map_value(),
+        ports: &ports,
+        node_addrs: &node_addrs,
     };
     bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
     step("eBPF attached");
@@ -268,8 +291,16 @@ async fn rollback(
 /// The node devices that get the device program: the `devices` of the config, or else
 /// every device holding a global address that is not a pod's host veth (or loopback).
 /// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
-async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, CniError> {
+/// Also returns every global address of the node (what wildcard host ports answer on).
+async fn node_devices(
+    host_nl: &Netlink,
+    conf: &NetConf,
+) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
     let links = host_nl.links().await?;
+    let global = host_nl.global_addresses().await?;
+    let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
+    node_addrs.sort();
+    node_addrs.dedup();
     if let Some(names) = &conf.devices {
         let mut out = Vec::new();
         for name in names {
@@ -281,18 +312,18 @@ async fn node_devices(host_nl: &Netlink, conf: &NetConf) -> Result<Vec<Device>, 
                 None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
             }
         }
-        return Ok(out);
+        return Ok((out, node_addrs));
     }
-    let global = host_nl.global_address_links().await?;
-    Ok(links
+    let devices = links
         .into_iter()
-        .filter(|l| global.contains(&l.index))
+        .filter(|l| global.iter().any(|(i, _)| *i == l.index))
         .filter(|l| l.name != "lo" && !veth::is_host_veth(l))
         .map(|l| Device {
             name: l.name,
             ifindex: l.index,
         })
-        .collect())
+        .collect();
+    Ok((devices, node_addrs))
 }
 
 pub fn attach_mode(conf: &NetConf) -> AttachMode {

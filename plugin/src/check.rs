@@ -176,7 +176,13 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         .collect();
     let mode = crate::add::attach_mode(conf);
     let limits = crate::bandwidth::limits(conf)?.to_map_value();
-    bpf::check_pod(&node, &key, host.index, &endpoints, limits, mode)
+    let ports = crate::portmap::entries(
+        &crate::portmap::mappings(conf)?,
+        &ips.iter()
+            .map(|i| (i.address.ip(), i.gateway))
+            .collect::<Vec<_>>(),
+    )?;
+    bpf::check_pod(&node, &key, host.index, &endpoints, limits, &ports, mode)
         .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {
         for hook in Hook::POD {

@@ -211,5 +211,27 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
             );
         }
     }
+    println!("port mappings:");
+    if r.port_mappings.is_empty() {
+        println!("  (none)");
+    } else {
+        println!(
+            "  {:<28} {:<28} {:>10} {:>12} {:>8}  attachment",
+            "host", "pod", "packets", "bytes", "socket"
+        );
+        for m in &r.port_mappings {
+            println!(
+                "  {:<28} {:<28} {:>10} {:>12} {:>8}  {}",
+                m.host,
+                m.pod,
+                m.packets,
+                m.bytes,
+                m.socket,
+                m.attachment.as_deref().unwrap_or("?")
+            );
+        }
+        let addrs: Vec<String> = r.node_addresses.iter().map(|a| a.to_string()).collect();
+        println!("  wildcard host ports answer on: {}", addrs.join(", "));
+    }
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod ipam;
 pub mod logging;
 pub mod netlink;
 pub mod netns;
+pub mod portmap;
 pub mod version;
 pub mod veth;
 

@@ -372,3 +372,83 @@ mod tests {
         assert_eq!(key_ip(endpoint_key(ip6)), ip6);
     }
 }
+
+/// The node-wide host port map (issue 4), read independently of the plugin.
+pub const PORTMAP_MAP: &str = "ECNI_PORTMAP";
+
+/// One entry of [`PORTMAP_MAP`]: key `addr(16) port(u16 LE) proto(u8) pad`, value
+/// `attachment_id(u64) pod_addr(16) gateway(16) host_ifindex(u32) pod_port(u16) pad(2)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortMapEntry {
+    /// `None`: the family's wildcard (every node address).
+    pub host: Option<IpAddr>,
+    pub wildcard_v6: bool,
+    pub host_port: u16,
+    pub proto: u8,
+    pub pod: IpAddr,
+    pub pod_port: u16,
+    pub host_ifindex: u32,
+    pub raw_key: Vec<u8>,
+    pub raw_value: Vec<u8>,
+}
+
+/// Every host port mapping of the node, read with bpftool (empty when the map is not there).
+pub fn port_mappings(node: &Node) -> Result<Vec<PortMapEntry>> {
+    let path = map_pin(node, PORTMAP_MAP);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for RawEntry { key, values } in dump(&path)? {
+        ensure!(key.len() == 20, "port key of {} bytes", key.len());
+        let v = &values[0];
+        ensure!(v.len() == 48, "port value of {} bytes", v.len());
+        let addr: [u8; 16] = key[..16].try_into().expect("16 bytes");
+        let wildcard_v6 = addr == [0; 16];
+        let host = key_ip(addr);
+        let host = (!host.is_unspecified()).then_some(host);
+        out.push(PortMapEntry {
+            host,
+            wildcard_v6,
+            host_port: u16::from_le_bytes([key[16], key[17]]),
+            proto: key[18],
+            pod: key_ip(v[8..24].try_into().expect("16 bytes")),
+            pod_port: u16::from_le_bytes([v[44], v[45]]),
+            host_ifindex: u32::from_le_bytes(v[40..44].try_into().expect("4 bytes")),
+            raw_key: key,
+            raw_value: v.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// `bpftool map delete` of one raw key in the node map `name`.
+pub fn delete_raw(node: &Node, name: &str, key: &[u8]) -> Result<()> {
+    let mut args = vec![
+        "map".to_owned(),
+        "delete".into(),
+        "pinned".into(),
+        map_pin(node, name).to_string_lossy().into_owned(),
+        "key".into(),
+        "hex".into(),
+    ];
+    args.extend(hex_args(key));
+    bpftool_ok(&args)
+}
+
+/// `bpftool map update` of one raw entry in the node map `name`.
+pub fn update_raw(node: &Node, name: &str, key: &[u8], value: &[u8]) -> Result<()> {
+    let mut args = vec![
+        "map".to_owned(),
+        "update".into(),
+        "pinned".into(),
+        map_pin(node, name).to_string_lossy().into_owned(),
+        "key".into(),
+        "hex".into(),
+    ];
+    args.extend(hex_args(key));
+    args.push("value".into());
+    args.push("hex".into());
+    args.extend(hex_args(value));
+    bpftool_ok(&args)
+}

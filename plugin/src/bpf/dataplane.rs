@@ -11,16 +11,18 @@ use std::{
 
 use aya::{
     maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
-    programs::SchedClassifier,
+    programs::{CgroupSockAddr, SchedClassifier},
     EbpfLoader,
 };
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, RateLimit, ENDPOINTS_MAP, EP_FLAGS_NONE,
-    POD_COUNTERS_MAP, RATE_LIMITS_MAP, TRACE_MAP,
+    EndpointInfo, EndpointKey, PodCounters, RateLimit, CONFIG_MAP, ENDPOINTS_MAP, EP_FLAGS_NONE,
+    NAT_REV_MAP, NODE_ADDRS_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP, PORTMAP_MAP, RATE_LIMITS_MAP,
+    SOCK_REV_MAP, TRACE_MAP,
 };
 
 use super::{
     pin::{create_dir_all_racy, NodeId, PinRoot},
+    ports::SOCK_PROGRAMS,
     revision, BpfError, Hook, PROGRAMS,
 };
 
@@ -122,6 +124,12 @@ impl Programs {
         Ok(self.classifiers[i].as_mut().expect("opened above"))
     }
 
+    /// A socket-address program's fd, opened from its pin.
+    pub fn sock_fd(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<OwnedFd, BpfError> {
+        let path = root.program(node, &revision(), name);
+        super::sys::obj_get(&path).map_err(|source| BpfError::OpenPin { path, source })
+    }
+
     /// This revision's pinned programs, loaded (verified) and pinned first if this node has
     /// none yet, which also creates the node-wide maps or reuses their pins.
     pub fn open_or_load(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
@@ -130,7 +138,11 @@ impl Programs {
             .iter()
             .map(|h| root.program(node, &rev, h.program()))
             .collect();
-        if !paths.iter().all(|p| p.exists()) {
+        let complete = paths.iter().all(|p| p.exists())
+            && SOCK_PROGRAMS
+                .iter()
+                .all(|(name, _)| root.program(node, &rev, name).exists());
+        if !complete {
             load_and_pin(root, node, &rev)?;
         }
         Ok(Self {
@@ -163,6 +175,12 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .map_pin_path(POD_COUNTERS_MAP, &cnt_path)
         .map_pin_path(TRACE_MAP, root.map(node, TRACE_MAP))
         .map_pin_path(RATE_LIMITS_MAP, root.map(node, RATE_LIMITS_MAP))
+        .map_pin_path(PORTMAP_MAP, root.map(node, PORTMAP_MAP))
+        .map_pin_path(PORTMAP_HITS_MAP, root.map(node, PORTMAP_HITS_MAP))
+        .map_pin_path(NAT_REV_MAP, root.map(node, NAT_REV_MAP))
+        .map_pin_path(SOCK_REV_MAP, root.map(node, SOCK_REV_MAP))
+        .map_pin_path(NODE_ADDRS_MAP, root.map(node, NODE_ADDRS_MAP))
+        .map_pin_path(CONFIG_MAP, root.map(node, CONFIG_MAP))
         .load(PROGRAMS)
         .map_err(|source| BpfError::Load {
             source: Box::new(source),
@@ -172,6 +190,26 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     for hook in Hook::ALL {
         let name = hook.program();
         let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(BpfError::MissingProgram { name })?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                name,
+                source: Box::new(source),
+            })?;
+        prog.load().map_err(|source| BpfError::Program {
+            name,
+            source: Box::new(source),
+        })?;
+        let path = dir.join(name);
+        prog.pin(&path).map_err(|source| BpfError::PinProgram {
+            path,
+            name,
+            source: Box::new(source),
+        })?;
+    }
+    for (name, _) in SOCK_PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
             .program_mut(name)
             .ok_or(BpfError::MissingProgram { name })?
             .try_into()

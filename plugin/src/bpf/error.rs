@@ -232,6 +232,61 @@ pub enum BpfError {
         #[source]
         source: Box<aya::maps::MapError>,
     },
+
+    // Host port mappings.
+    #[error("hostPort {mapping} is already mapped to {pod}:{pod_port} (another pod, host veth ifindex {host_ifindex}); a host port serves one pod")]
+    PortInUse {
+        mapping: String,
+        pod: std::net::IpAddr,
+        pod_port: u16,
+        host_ifindex: u32,
+    },
+
+    #[error("port mapping {mapping} is missing from the node's port-mapping map")]
+    PortMappingMissing { mapping: String },
+
+    #[error("port mapping {mapping} points to {actual}, expected {expected}")]
+    PortMappingStale {
+        mapping: String,
+        actual: String,
+        expected: String,
+    },
+
+    #[error("failed to pin the attachment's port list at {path}")]
+    PinPorts {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to read the node network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
+    NetnsCookie {
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to find or open the cgroup v2 root at {path}")]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("failed to attach socket program {name} to the cgroup v2 root")]
+    AttachCgroup {
+        name: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error(
+        "the link pinned at {path} is not a live cgroup link of {expected:?} (program {actual:?})"
+    )]
+    SockLinkStale {
+        path: PathBuf,
+        expected: &'static str,
+        actual: String,
+    },
 }
 
 impl BpfError {
@@ -247,8 +302,12 @@ impl BpfError {
             | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
             | Self::LimitMismatch { .. }
-            | Self::EndpointStale { .. } => code::CHECK_FAILED,
+            | Self::EndpointStale { .. }
+            | Self::PortMappingMissing { .. }
+            | Self::PortMappingStale { .. }
+            | Self::SockLinkStale { .. } => code::CHECK_FAILED,
             Self::AddressInUse { .. } => code::INVALID_CONFIG,
+            Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
             _ => code::BPF,

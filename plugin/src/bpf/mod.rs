@@ -14,6 +14,7 @@ mod error;
 mod links;
 pub mod pin;
 mod pod;
+mod ports;
 mod sys;
 mod trace;
 
@@ -24,7 +25,7 @@ pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, Counts,
-    DeviceReport, LimitReport, NodeReport, PodSpec,
+    DeviceReport, LimitReport, NodeReport, PodSpec, PortMappingReport,
 };
 pub use trace::trace;
 
@@ -259,6 +260,8 @@ mod tests {
                 host_ifindex: 1,
                 endpoints: &[],
                 limits: None,
+                ports: &[],
+                node_addrs: &[],
             },
             &[],
             AttachMode::Tcx,

@@ -182,6 +182,11 @@ impl AttachmentPins {
     pub fn netlink_record(&self, hook: Hook) -> PathBuf {
         self.dir.join(hook.netlink_record_name())
     }
+
+    /// The list of host port mappings the attachment installed.
+    pub fn ports(&self) -> PathBuf {
+        self.dir.join(ebpf_cni_maps::ATTACHMENT_PORTS_MAP)
+    }
 }
 
 fn is_bpffs(path: &Path) -> Result<bool, BpfError> {

@@ -8,9 +8,11 @@ use serde::Serialize;
 use super::{
     dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
     links,
-    pin::{create_dir_all_racy, ensure_bpffs_at, NodeId, PinRoot},
+    pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
+    ports::{self, PortMaps},
     AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
+use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
 
 /// What ADD tells the dataplane about a pod.
@@ -20,6 +22,47 @@ pub struct PodSpec<'a> {
     pub endpoints: &'a [PodEndpoint],
     /// `None`: no rate limits.
     pub limits: Option<RateLimit>,
+    /// Host port mappings to install.
+    pub ports: &'a [PortEntry],
+    /// The node's addresses (wildcard host ports answer on each); used when `ports` is not
+    /// empty.
+    pub node_addrs: &'a [IpAddr],
+}
+
+/// Removes the host port mappings an attachment installed (as listed in its pinned port
+/// list); the list itself goes with the attachment's directory.
+fn remove_ports(
+    root: &PinRoot,
+    node: &NodeId,
+    pins: &AttachmentPins,
+    id: u64,
+) -> Result<usize, BpfError> {
+    let keys = ports::attachment_ports(&pins.ports())?;
+    if keys.is_empty() || !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        return Ok(0);
+    }
+    PortMaps::open(root, node)?.remove(id, &keys)
+}
+
+/// Installs a pod's host port mappings; the node lock is held.
+fn add_ports(
+    root: &PinRoot,
+    node: &NodeId,
+    pins: &AttachmentPins,
+    id: u64,
+    host_ifindex: u32,
+    entries: &[PortEntry],
+    node_addrs: &[IpAddr],
+) -> Result<(), BpfError> {
+    let mut pm = PortMaps::open(root, node)?;
+    pm.ensure_free(id, entries)?;
+    ports::ensure_sock_links(root, node, |name| Programs::sock_fd(root, node, name))?;
+    pm.enable(ports::netns_cookie()?)?;
+    pm.sync_node_addrs(node_addrs)?;
+    // The list first: whatever happens next, DEL finds what to remove.
+    let keys: Vec<_> = entries.iter().map(ports::port_key).collect();
+    ports::pin_attachment_ports(&pins.ports(), &keys)?;
+    pm.install(id, host_ifindex, entries)
 }
 
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
@@ -37,6 +80,8 @@ pub fn add_pod(
         host_ifindex,
         endpoints,
         limits,
+        ports: port_entries,
+        node_addrs,
     } = *pod;
     key.validate()?;
     if PROGRAMS.is_empty() {
@@ -66,6 +111,7 @@ pub fn add_pod(
     let stop_at = root.attachments_dir(node);
     if fs::symlink_metadata(pins.dir()).is_ok() {
         log::warn!("replacing the stale attachment at {}", pins.dir().display());
+        remove_ports(&root, node, &pins, key.id())?;
         links::remove_dir_pins(&stop_at, pins.dir()).map_err(|failures| BpfError::Detach {
             dir: pins.dir().into(),
             failures,
@@ -81,6 +127,18 @@ pub fn add_pod(
         maps.insert_pod(key.id(), endpoints)?;
         maps.set_limits(host_ifindex, limits)?;
         step("endpoints");
+        if !port_entries.is_empty() {
+            add_ports(
+                &root,
+                node,
+                &pins,
+                key.id(),
+                host_ifindex,
+                port_entries,
+                node_addrs,
+            )?;
+            step("port mappings");
+        }
         match mode {
             AttachMode::Tcx => {
                 // The attachment's directory and entries exist, so a concurrent DEL of the
@@ -145,6 +203,7 @@ pub fn add_pod(
                 links::detach_netlink(hook, host_ifname);
             }
         }
+        let _ = remove_ports(&root, node, &pins, key.id());
         let _ = links::remove_dir_pins(&stop_at, pins.dir());
         let _ = maps.remove_attachment(key.id());
     }
@@ -178,7 +237,16 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     let _lock = NodeLock::take(&root)?;
     let pins = root.attachment(node, key);
     let mut errors = Vec::new();
-    let mut removed = match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
+    let mut removed = false;
+    match remove_ports(&root, node, &pins, key.id()) {
+        Ok(n) => removed |= n > 0,
+        Err(e) => errors.push(e),
+    }
+    // Without its port list the attachment's pins stay, so a later DEL can retry.
+    if !errors.is_empty() {
+        return Err(errors.remove(0));
+    }
+    removed |= match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
         Ok(r) => r,
         Err(failures) => {
             errors.push(BpfError::Detach {
@@ -208,12 +276,14 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
 /// CHECK: both links live on `host_ifindex` with our programs (netlink mode: the records
 /// are there; the caller checks the filters themselves), and the endpoint map holds each
 /// address with the right host veth and MACs.
+#[allow(clippy::too_many_arguments)]
 pub fn check_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
     host_ifindex: u32,
     endpoints: &[PodEndpoint],
     limits: Option<RateLimit>,
+    port_entries: &[PortEntry],
     mode: AttachMode,
 ) -> Result<(), BpfError> {
     key.validate()?;
@@ -232,7 +302,28 @@ pub fn check_pod(
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     maps.check_pod(key.id(), endpoints)?;
-    maps.check_limits(host_ifindex, limits)
+    maps.check_limits(host_ifindex, limits)?;
+    if !port_entries.is_empty() {
+        let pm = PortMaps::open(&root, node)?;
+        pm.check(key.id(), host_ifindex, port_entries)?;
+        let listed = ports::attachment_ports(&pins.ports())?;
+        for e in port_entries {
+            let k = ports::port_key(e);
+            if !listed.contains(&k) {
+                return Err(BpfError::PinMissing {
+                    what: "attachment port list entry",
+                    path: pins.ports(),
+                });
+            }
+        }
+        if !pm.enabled() {
+            return Err(BpfError::PortMappingMissing {
+                mapping: "(node switch: port mappings are turned off in ECNI_CONFIG)".to_owned(),
+            });
+        }
+        ports::check_sock_links(&root, node)?;
+    }
+    Ok(())
 }
 
 /// Puts the device program on every device of `devices` that lacks a live link of it, and
@@ -399,6 +490,22 @@ pub struct DeviceReport {
     pub link: Option<LinkReport>,
 }
 
+/// One host port mapping with its hit counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct PortMappingReport {
+    /// `0.0.0.0:8080/tcp` (`0.0.0.0` / `[::]`: every node address of the family).
+    pub host: String,
+    pub pod: String,
+    pub host_ifindex: u32,
+    /// `<network>/<container id>/<ifname>` when the attachment is known.
+    pub attachment: Option<String>,
+    /// Packets translated by the TC programs (and their bytes).
+    pub packets: u64,
+    pub bytes: u64,
+    /// Connections and datagrams of the node's own processes translated at the socket.
+    pub socket: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeReport {
     pub node: String,
@@ -407,6 +514,9 @@ pub struct NodeReport {
     pub endpoints: usize,
     pub devices: Vec<DeviceReport>,
     pub attachments: Vec<AttachmentReport>,
+    /// Addresses wildcard host ports answer on.
+    pub node_addresses: Vec<IpAddr>,
+    pub port_mappings: Vec<PortMappingReport>,
 }
 
 fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
@@ -443,12 +553,14 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         })
         .collect();
     let mut attachments = Vec::new();
+    let mut names = std::collections::HashMap::new();
     for (network, container_id, ifname) in attachment_dirs(&root.attachments_dir(node)) {
         let key = AttachmentKey {
             network: &network,
             container_id: &container_id,
             ifname: &ifname,
         };
+        names.insert(key.id(), format!("{network}/{container_id}/{ifname}"));
         let pins = root.attachment(node, &key);
         let links: Vec<LinkReport> = Hook::POD
             .iter()
@@ -483,6 +595,29 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             ifname,
         });
     }
+    let (mut node_addresses, mut port_mappings) = (Vec::new(), Vec::new());
+    if maps.is_some() && root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        let pm = PortMaps::open(&root, node)?;
+        node_addresses = pm.node_addrs();
+        for m in pm.list() {
+            let pod = super::dataplane::key_ip(&ebpf_cni_maps::EndpointKey {
+                addr: m.target.pod_addr,
+            });
+            port_mappings.push(PortMappingReport {
+                host: ports::describe_key(&m.key),
+                pod: if pod.is_ipv6() {
+                    format!("[{pod}]:{}", m.target.pod_port)
+                } else {
+                    format!("{pod}:{}", m.target.pod_port)
+                },
+                host_ifindex: m.target.host_ifindex,
+                attachment: names.get(&m.target.attachment_id).cloned(),
+                packets: m.hits.packets,
+                bytes: m.hits.bytes,
+                socket: m.hits.socket,
+            });
+        }
+    }
     Ok(NodeReport {
         node: node.to_string(),
         pin_dir: root.node_dir(node).display().to_string(),
@@ -490,5 +625,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
         devices,
         attachments,
+        node_addresses,
+        port_mappings,
     })
 }

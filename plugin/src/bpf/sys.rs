@@ -261,3 +261,105 @@ pub(crate) fn map_name(fd: BorrowedFd<'_>) -> io::Result<String> {
         .unwrap_or(raw.name.len());
     Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
 }
+
+/// `enum bpf_attach_type` of the socket-address hooks.
+pub(crate) const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+pub(crate) const BPF_CGROUP_INET6_CONNECT: u32 = 11;
+pub(crate) const BPF_CGROUP_UDP4_SENDMSG: u32 = 14;
+pub(crate) const BPF_CGROUP_UDP6_SENDMSG: u32 = 15;
+pub(crate) const BPF_CGROUP_UDP4_RECVMSG: u32 = 19;
+pub(crate) const BPF_CGROUP_UDP6_RECVMSG: u32 = 20;
+pub(crate) const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
+pub(crate) const BPF_CGROUP_INET6_GETPEERNAME: u32 = 30;
+/// `enum bpf_link_type`
+pub(crate) const BPF_LINK_TYPE_CGROUP: u32 = 3;
+
+/// Attaches `prog` to the cgroup open at `cgroup` through a link (`BPF_LINK_CREATE`); such
+/// links always let other programs run too (multi-attach).
+pub(crate) fn link_create_cgroup(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    // The cgroup's fd takes the place of the ifindex; the rest of the attribute stays zero.
+    let mut attr = LinkCreateTcxAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_ifindex: cgroup.as_raw_fd() as u32,
+        attach_type,
+        flags: 0,
+        relative: 0,
+        _pad: 0,
+        expected_revision: 0,
+    };
+    // SAFETY: `attr` is a BPF_LINK_CREATE prefix; no pointers.
+    unsafe { sys_bpf(BPF_LINK_CREATE, &mut attr) }.map(owned_fd)
+}
+
+const BPF_MAP_CREATE: libc::c_int = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+
+/// `bpf_attr` for BPF_MAP_CREATE up to `map_name`.
+#[repr(C)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+/// Creates an array map of `max_entries` values of `value_size` bytes named `name` (at most
+/// 15 bytes).
+pub(crate) fn array_map_create(
+    name: &str,
+    value_size: u32,
+    max_entries: u32,
+) -> io::Result<OwnedFd> {
+    let mut map_name = [0u8; 16];
+    let n = name.len().min(15);
+    map_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size,
+        max_entries,
+        map_flags: 0,
+        inner_map_fd: 0,
+        numa_node: 0,
+        map_name,
+    };
+    // SAFETY: `attr` is the BPF_MAP_CREATE prefix; no pointers.
+    unsafe { sys_bpf(BPF_MAP_CREATE, &mut attr) }.map(owned_fd)
+}
+
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+const _: () = assert!(mem::size_of::<MapCreateAttr>() == 44);
+const _: () = assert!(mem::size_of::<MapElemAttr>() == 32);
+
+/// Writes `value` at `index` of an array map.
+///
+/// `T` must be the map's value type (its size is the map's value size).
+pub(crate) fn array_map_set<T: Copy>(fd: BorrowedFd<'_>, index: u32, value: &T) -> io::Result<()> {
+    let mut attr = MapElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: &index as *const u32 as u64,
+        value: value as *const T as u64,
+        flags: 0,
+    };
+    // SAFETY: `attr` is the BPF_MAP_UPDATE_ELEM prefix; key and value point at live values
+    // of the sizes the map was created with (the caller's contract for `T`).
+    unsafe { sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
+}

@@ -36,6 +36,8 @@ pub mod code {
     pub const NETNS: u32 = 106;
     /// The interface name requested for the container already exists there.
     pub const INTERFACE_EXISTS: u32 = 107;
+    /// A requested host port (hostIP, hostPort, protocol) is mapped to another pod.
+    pub const PORT_IN_USE: u32 = 108;
     /// Anything else (a bug, or a failure we did not classify).
     pub const INTERNAL: u32 = 199;
 }

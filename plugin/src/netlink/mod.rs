@@ -193,13 +193,37 @@ impl Netlink {
 
     /// Indexes of the links that hold at least one global-scope address.
     pub async fn global_address_links(&self) -> Result<Vec<u32>, NetlinkError> {
+        let mut out: Vec<u32> = Vec::new();
+        for (index, _) in self.global_addresses().await? {
+            if !out.contains(&index) {
+                out.push(index);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every address of global scope in the namespace, with its link's index.
+    pub async fn global_addresses(&self) -> Result<Vec<(u32, std::net::IpAddr)>, NetlinkError> {
+        use rtnetlink::packet_route::address::AddressAttribute;
         let mut s = self.handle.address().get().execute();
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(req("list addresses"))? {
-            if m.header.scope == rtnetlink::packet_route::address::AddressScope::Universe
-                && !out.contains(&m.header.index)
-            {
-                out.push(m.header.index);
+            if m.header.scope != rtnetlink::packet_route::address::AddressScope::Universe {
+                continue;
+            }
+            // IFA_LOCAL is the local address on point-to-point links; IFA_ADDRESS otherwise.
+            let local = m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(ip) => Some(*ip),
+                _ => None,
+            });
+            let addr = local.or_else(|| {
+                m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                })
+            });
+            if let Some(ip) = addr {
+                out.push((m.header.index, ip));
             }
         }
         Ok(out)

@@ -1,0 +1,375 @@
+//! Host ports at the TC hooks: packets to a node address and mapped port get their
+//! destination rewritten to the pod (DNAT), and the pod's replies get their source rewritten
+//! back to what the client dialled (reverse NAT), so the client sees the host port answer.
+//!
+//! The forward translation is looked up in `ECNI_PORTMAP` for every packet, never cached,
+//! so a pod deleted and re-added with a new address is reached by the very next packet of
+//! an existing flow (no stale conntrack entry, as with the reference plugin's UDP flows).
+//! The reverse translation is recorded per flow in the LRU map `ECNI_NAT_REV`, keyed by what
+//! the pod's reply carries, so entries of dead flows simply age out.
+//!
+//! A pod reaching its own host port (hairpin) would receive a packet from its own address,
+//! which its stack drops; its source becomes the pod's gateway instead, which the pod routes
+//! back through its host veth, where the reverse translation restores both ends.
+//!
+//! Only plain headers are translated: IPv4 without options or fragments, IPv6 with TCP, UDP
+//! or SCTP right after the fixed header. Anything else goes to the stack untranslated.
+//! SCTP's CRC32c covers the ports but is not updated here: a port-changing SCTP mapping
+//! relies on the CRC being computed after us (checksum offload, as on veth).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::bpf_csum_diff,
+    macros::map,
+    maps::PerCpuArray,
+    programs::TcContext,
+};
+use ebpf_cni_maps::{
+    NatKey, NatOrig, PortKey, PortTarget, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, NAT_FLAG_HAIRPIN,
+};
+
+use crate::{
+    maps::{count_hit, is_node_addr, port_target, portmap_enabled, ECNI_NAT_REV},
+    packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+};
+
+const IPV4_L4_OFF: usize = ETH_HLEN + 20;
+const IPV6_L4_OFF: usize = ETH_HLEN + 40;
+/// Offsets of the addresses from the start of the IP header.
+const IPV4_SRC: usize = 12;
+const IPV4_DST: usize = 16;
+const IPV4_CHECK: usize = 10;
+const IPV6_SRC: usize = 8;
+const IPV6_DST: usize = 24;
+
+/// The parts of a packet a translation reads, and the map keys and values it builds. They
+/// live in a per-CPU scratch slot: on the BPF stack (512 bytes for the whole call chain)
+/// these 16-byte addresses and their copies do not fit.
+#[repr(C)]
+pub struct Scratch {
+    target: PortTarget,
+    /// Both addresses in `EndpointKey` form (IPv4 mapped into IPv6).
+    src: [u8; 16],
+    dst: [u8; 16],
+    /// Checksum helper input.
+    csum_from: [u8; 16],
+    csum_to: [u8; 16],
+    port_key: PortKey,
+    rev: NatKey,
+    orig: NatOrig,
+    l4_off: u32,
+    sport: u16,
+    dport: u16,
+    /// 1: IPv4.
+    v4: u8,
+    proto: u8,
+    _pad: [u8; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<Scratch>() == 48 + 16 * 4 + 20 + 40 + 24 + 12);
+
+#[map]
+static ECNI_NAT_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+struct Ports {
+    src: [u8; 2],
+    dst: [u8; 2],
+}
+
+#[inline(always)]
+fn translatable(proto: u8) -> bool {
+    proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP
+}
+
+#[inline(always)]
+fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
+    // SAFETY: both are valid 16-byte arrays; a read and a write of a whole array.
+    unsafe { core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src)) };
+}
+
+/// Fills the scratch slot's flow fields from the packet; false if it is not translatable.
+#[inline(always)]
+fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let ethertype = u16::from_be_bytes(unsafe { (*eth).proto });
+    if ethertype == ETH_P_IP {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        // No options, not a fragment (MF clear, offset 0).
+        if ip.ver_ihl != 0x45 || u16::from_be_bytes(ip.frag_off) & 0x3fff != 0 {
+            return false;
+        }
+        f.v4 = 1;
+        f.proto = ip.protocol;
+        f.l4_off = IPV4_L4_OFF as u32;
+        f.src = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
+        f.dst = f.src;
+        f.src[12..16].copy_from_slice(&ip.saddr);
+        f.dst[12..16].copy_from_slice(&ip.daddr);
+    } else if ethertype == ETH_P_IPV6 {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        f.v4 = 0;
+        f.proto = ip.nexthdr;
+        f.l4_off = IPV6_L4_OFF as u32;
+        copy16(&mut f.src, &ip.saddr);
+        copy16(&mut f.dst, &ip.daddr);
+    } else {
+        return false;
+    }
+    if !translatable(f.proto) {
+        return false;
+    }
+    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
+    let Some(ports) = ptr_at::<Ports>(ctx, l4_off) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    unsafe {
+        f.sport = u16::from_be_bytes((*ports).src);
+        f.dport = u16::from_be_bytes((*ports).dst);
+    }
+    true
+}
+
+/// Offset of the L4 checksum, if the protocol has an Internet checksum.
+#[inline(always)]
+fn l4_check(f: &Scratch) -> Option<(usize, u64)> {
+    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
+    match f.proto {
+        IPPROTO_TCP => Some((l4_off + 16, 0)),
+        // A zero UDP checksum (IPv4) means "none" and must stay zero.
+        IPPROTO_UDP => Some((l4_off + 6, u64::from(BPF_F_MARK_MANGLED_0))),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum End {
+    Src,
+    Dst,
+}
+
+/// Rewrites one address from `f.csum_from` to `f.csum_to`, patching the IPv4 header
+/// checksum and the L4 checksum's pseudo header.
+#[inline(never)]
+fn set_addr(ctx: &TcContext, f: &mut Scratch, end: End) -> bool {
+    let (old, new) = (&f.csum_from, &f.csum_to);
+    if f.v4 == 1 {
+        let off = ETH_HLEN
+            + match end {
+                End::Src => IPV4_SRC,
+                End::Dst => IPV4_DST,
+            };
+        let from = u32::from_ne_bytes([old[12], old[13], old[14], old[15]]);
+        let to_bytes = [new[12], new[13], new[14], new[15]];
+        let to = u32::from_ne_bytes(to_bytes);
+        if ctx
+            .l3_csum_replace(ETH_HLEN + IPV4_CHECK, u64::from(from), u64::from(to), 4)
+            .is_err()
+        {
+            return false;
+        }
+        if let Some((check, flags)) = l4_check(f) {
+            if ctx
+                .l4_csum_replace(
+                    check,
+                    u64::from(from),
+                    u64::from(to),
+                    flags | u64::from(BPF_F_PSEUDO_HDR) | 4,
+                )
+                .is_err()
+            {
+                return false;
+            }
+        }
+        ctx.store(off, &to_bytes, 0).is_ok()
+    } else {
+        let off = ETH_HLEN
+            + match end {
+                End::Src => IPV6_SRC,
+                End::Dst => IPV6_DST,
+            };
+        if let Some((check, flags)) = l4_check(f) {
+            // SAFETY: both buffers are 16 bytes of the scratch map value.
+            let diff = unsafe {
+                bpf_csum_diff(
+                    f.csum_from.as_mut_ptr().cast(),
+                    16,
+                    f.csum_to.as_mut_ptr().cast(),
+                    16,
+                    0,
+                )
+            };
+            if diff < 0
+                || ctx
+                    .l4_csum_replace(check, 0, diff as u64, flags | u64::from(BPF_F_PSEUDO_HDR))
+                    .is_err()
+            {
+                return false;
+            }
+        }
+        ctx.store(off, &f.csum_to, 0).is_ok()
+    }
+}
+
+#[inline(always)]
+fn set_port(ctx: &TcContext, f: &Scratch, end: End, old: u16, new: u16) -> bool {
+    if old == new {
+        return true;
+    }
+    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
+    let off = l4_off
+        + match end {
+            End::Src => 0,
+            End::Dst => 2,
+        };
+    let (from, to) = (old.to_be_bytes(), new.to_be_bytes());
+    if let Some((check, flags)) = l4_check(f) {
+        if ctx
+            .l4_csum_replace(
+                check,
+                u64::from(u16::from_ne_bytes(from)),
+                u64::from(u16::from_ne_bytes(to)),
+                flags | 2,
+            )
+            .is_err()
+        {
+            return false;
+        }
+    }
+    ctx.store(off, &to, 0).is_ok()
+}
+
+/// What a translation did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    /// Nothing to translate.
+    None,
+    /// Translated; the packet now goes to its new destination.
+    Done,
+    /// Translated, and the new destination is the pod that sent it (hairpin).
+    Hairpin,
+    /// A translation was due but a helper failed half-way: the packet is unusable.
+    Failed,
+}
+
+/// A packet to a host port: rewrites its destination to the pod. `from_pod` is the host
+/// veth the packet came from when a pod sent it (a hairpin needs to know); 0 for a device.
+///
+/// Not inlined (nor is `reverse`): as BPF subprograms their locals get their own stack
+/// frames instead of adding up in the caller's.
+#[inline(never)]
+pub fn forward(ctx: &TcContext, from_pod: u32) -> Nat {
+    if !portmap_enabled() {
+        return Nat::None;
+    }
+    let Some(f) = ECNI_NAT_TMP.get_ptr_mut(0) else {
+        return Nat::None;
+    };
+    // SAFETY: this CPU's scratch slot, ours for the program run (bottom halves are off).
+    let f = unsafe { &mut *f };
+    if !parse(ctx, f) || !is_node_addr(&f.dst) {
+        return Nat::None;
+    }
+    if !port_target(&f.dst, f.dport, f.proto, &mut f.port_key, &mut f.target) {
+        return Nat::None;
+    }
+    let hairpin = from_pod != 0 && from_pod == f.target.host_ifindex;
+    if hairpin && f.target.gateway == [0; 16] {
+        return Nat::None;
+    }
+    copy16(&mut f.rev.pod_addr, &f.target.pod_addr);
+    if hairpin {
+        copy16(&mut f.rev.peer_addr, &f.target.gateway);
+    } else {
+        copy16(&mut f.rev.peer_addr, &f.src);
+    }
+    f.rev.pod_port = f.target.pod_port;
+    f.rev.peer_port = f.sport;
+    f.rev.proto = f.proto;
+    f.rev._pad = [0; 3];
+    copy16(&mut f.orig.addr, &f.dst);
+    f.orig.port = f.dport;
+    f.orig.flags = if hairpin { NAT_FLAG_HAIRPIN } else { 0 };
+    f.orig._pad = [0; 4];
+    // Written only when new or changed, so a busy flow costs one lookup per packet.
+    // SAFETY: the value is compared at once.
+    let same = match unsafe { ECNI_NAT_REV.get(&f.rev) } {
+        Some(v) => v.addr == f.orig.addr && v.port == f.orig.port && v.flags == f.orig.flags,
+        None => false,
+    };
+    if !same && ECNI_NAT_REV.insert(&f.rev, &f.orig, 0).is_err() {
+        return Nat::None;
+    }
+    count_hit(&f.port_key, ctx.len(), false);
+    copy16(&mut f.csum_from, &f.dst);
+    copy16(&mut f.csum_to, &f.target.pod_addr);
+    if !set_addr(ctx, f, End::Dst) || !set_port(ctx, f, End::Dst, f.dport, f.target.pod_port) {
+        return Nat::Failed;
+    }
+    if hairpin {
+        copy16(&mut f.csum_from, &f.src);
+        copy16(&mut f.csum_to, &f.target.gateway);
+        if !set_addr(ctx, f, End::Src) {
+            return Nat::Failed;
+        }
+        return Nat::Hairpin;
+    }
+    Nat::Done
+}
+
+/// A pod's reply in a translated flow: its source becomes what the client dialled (and a
+/// hairpin's destination the pod again).
+#[inline(never)]
+pub fn reverse(ctx: &TcContext) -> Nat {
+    if !portmap_enabled() {
+        return Nat::None;
+    }
+    let Some(f) = ECNI_NAT_TMP.get_ptr_mut(0) else {
+        return Nat::None;
+    };
+    // SAFETY: as in `forward`.
+    let f = unsafe { &mut *f };
+    if !parse(ctx, f) {
+        return Nat::None;
+    }
+    copy16(&mut f.rev.pod_addr, &f.src);
+    copy16(&mut f.rev.peer_addr, &f.dst);
+    f.rev.pod_port = f.sport;
+    f.rev.peer_port = f.dport;
+    f.rev.proto = f.proto;
+    f.rev._pad = [0; 3];
+    // SAFETY: copied out at once.
+    let Some(orig) = (unsafe { ECNI_NAT_REV.get(&f.rev) }) else {
+        return Nat::None;
+    };
+    copy16(&mut f.orig.addr, &orig.addr);
+    f.orig.port = orig.port;
+    f.orig.flags = orig.flags;
+    let hairpin = f.orig.flags & NAT_FLAG_HAIRPIN != 0;
+    copy16(&mut f.csum_from, &f.src);
+    copy16(&mut f.csum_to, &f.orig.addr);
+    if !set_addr(ctx, f, End::Src) || !set_port(ctx, f, End::Src, f.sport, f.orig.port) {
+        return Nat::Failed;
+    }
+    if hairpin {
+        copy16(&mut f.csum_from, &f.dst);
+        copy16(&mut f.csum_to, &f.src);
+        if !set_addr(ctx, f, End::Dst) {
+            return Nat::Failed;
+        }
+        return Nat::Hairpin;
+    }
+    Nat::Done
+}

@@ -1,0 +1,383 @@
+//! The `portMappings` capability: host ports forwarded to the pod, without iptables.
+//!
+//! Input as runtimes send it in `runtimeConfig.portMappings`: entries with `hostPort`,
+//! `containerPort`, `protocol` (tcp by default, udp, sctp) and `hostIP`, in camelCase or
+//! containerd's Capitalized spelling. `hostIP` empty means every node address of each
+//! family the pod has; `0.0.0.0` every IPv4 node address, `::` every IPv6 one; anything
+//! else that one address. Each entry becomes one [`PortEntry`] per matching pod address:
+//! the key of the node-wide port-mapping map and its target.
+
+use std::net::IpAddr;
+
+use ebpf_cni_maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use serde_json::Value;
+
+use crate::cni::{code, config::get_ci, config::NetConf, CniError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => IPPROTO_TCP,
+            Protocol::Udp => IPPROTO_UDP,
+            Protocol::Sctp => IPPROTO_SCTP,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            IPPROTO_TCP => Some(Protocol::Tcp),
+            IPPROTO_UDP => Some(Protocol::Udp),
+            IPPROTO_SCTP => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+/// Which node addresses a mapping answers on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostIp {
+    /// `hostIP` empty or absent: every node address of each family the pod has.
+    Any,
+    /// `0.0.0.0`: every IPv4 node address.
+    AnyV4,
+    /// `::`: every IPv6 node address.
+    AnyV6,
+    One(IpAddr),
+}
+
+/// One validated `portMappings` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortMapping {
+    pub host_ip: HostIp,
+    pub host_port: u16,
+    pub container_port: u16,
+    pub protocol: Protocol,
+}
+
+/// A mapping made concrete for one pod address: `host` is `None` for "every node address
+/// of the family of `pod_ip`".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortEntry {
+    pub host: Option<IpAddr>,
+    pub host_port: u16,
+    pub protocol: Protocol,
+    pub pod_ip: IpAddr,
+    pub pod_port: u16,
+    /// The pod's gateway in that family: hairpin packets come from it.
+    pub gateway: Option<IpAddr>,
+}
+
+impl PortEntry {
+    /// `0.0.0.0:8080/tcp`, `[fd00::1]:80/udp`.
+    pub fn describe_host(&self) -> String {
+        let host = match self.host {
+            Some(ip) => ip,
+            None if self.pod_ip.is_ipv4() => IpAddr::from([0u8; 4]),
+            None => IpAddr::from([0u16; 8]),
+        };
+        let host = if host.is_ipv6() {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        format!("{host}:{}/{}", self.host_port, self.protocol.as_str())
+    }
+}
+
+fn invalid(index: usize, entry: &Value, what: String) -> CniError {
+    CniError::new(
+        code::INVALID_CONFIG,
+        format!("runtimeConfig.portMappings[{index}] {entry}: {what}"),
+    )
+}
+
+fn port(
+    index: usize,
+    entry: &Value,
+    obj: &serde_json::Map<String, Value>,
+    field: &str,
+) -> Result<u16, CniError> {
+    let v =
+        get_ci(obj, field).ok_or_else(|| invalid(index, entry, format!("{field} is missing")))?;
+    match v.as_u64() {
+        Some(p) if (1..=65535).contains(&p) => Ok(p as u16),
+        _ => Err(invalid(
+            index,
+            entry,
+            format!("{field} {v} is not a port number (1-65535)"),
+        )),
+    }
+}
+
+/// Parses `runtimeConfig.portMappings` (absent or null: none). Identical entries are merged;
+/// two entries claiming one host port with different targets are refused.
+pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
+    let Some(v) = &conf.runtime.port_mappings else {
+        return Ok(Vec::new());
+    };
+    let list = v.as_array().ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            format!("runtimeConfig.portMappings {v} is not a list"),
+        )
+    })?;
+    let mut out: Vec<PortMapping> = Vec::new();
+    for (i, entry) in list.iter().enumerate() {
+        let obj = entry
+            .as_object()
+            .ok_or_else(|| invalid(i, entry, "is not an object".to_owned()))?;
+        let host_port = port(i, entry, obj, "hostPort")?;
+        let container_port = port(i, entry, obj, "containerPort")?;
+        let protocol = match get_ci(obj, "protocol") {
+            None | Some(Value::Null) => Protocol::Tcp,
+            Some(Value::String(s)) if s.is_empty() => Protocol::Tcp,
+            Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
+                "tcp" => Protocol::Tcp,
+                "udp" => Protocol::Udp,
+                "sctp" => Protocol::Sctp,
+                _ => {
+                    return Err(invalid(
+                        i,
+                        entry,
+                        format!("protocol {s:?} is not one of tcp, udp, sctp"),
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(invalid(
+                    i,
+                    entry,
+                    format!("protocol {other} is not a string"),
+                ))
+            }
+        };
+        let host_ip = match get_ci(obj, "hostIP") {
+            None | Some(Value::Null) => HostIp::Any,
+            Some(Value::String(s)) if s.is_empty() => HostIp::Any,
+            Some(Value::String(s)) => match s.parse::<IpAddr>() {
+                Ok(ip) if ip.is_unspecified() && ip.is_ipv4() => HostIp::AnyV4,
+                Ok(ip) if ip.is_unspecified() => HostIp::AnyV6,
+                Ok(ip) if ip.is_multicast() => {
+                    return Err(invalid(
+                        i,
+                        entry,
+                        format!("hostIP {s:?} is a multicast address"),
+                    ))
+                }
+                Ok(ip) => HostIp::One(ip),
+                Err(_) => {
+                    return Err(invalid(
+                        i,
+                        entry,
+                        format!("hostIP {s:?} is not an IP address"),
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(invalid(i, entry, format!("hostIP {other} is not a string")))
+            }
+        };
+        let m = PortMapping {
+            host_ip,
+            host_port,
+            container_port,
+            protocol,
+        };
+        if out.contains(&m) {
+            continue;
+        }
+        if let Some(prev) = out.iter().find(|o| {
+            o.host_ip == m.host_ip && o.host_port == m.host_port && o.protocol == m.protocol
+        }) {
+            return Err(invalid(
+                i,
+                entry,
+                format!(
+                    "hostPort {}/{} is already mapped to containerPort {} by an earlier entry",
+                    m.host_port,
+                    m.protocol.as_str(),
+                    prev.container_port
+                ),
+            ));
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// Makes the mappings concrete for the pod's addresses (with their gateways). A mapping for
+/// one family only (`0.0.0.0`, `::`, or one address) needs a pod address of that family.
+pub fn entries(
+    mappings: &[PortMapping],
+    pod: &[(IpAddr, Option<IpAddr>)],
+) -> Result<Vec<PortEntry>, CniError> {
+    let mut out = Vec::new();
+    for m in mappings {
+        let families: &[bool] = match m.host_ip {
+            HostIp::Any => &[true, false],
+            HostIp::AnyV4 => &[true],
+            HostIp::AnyV6 => &[false],
+            HostIp::One(ip) => {
+                if ip.is_ipv4() {
+                    &[true]
+                } else {
+                    &[false]
+                }
+            }
+        };
+        let mut matched = false;
+        for &v4 in families {
+            // The first address of the family, as the reference plugin does.
+            let Some(&(pod_ip, gateway)) = pod.iter().find(|(ip, _)| ip.is_ipv4() == v4) else {
+                continue;
+            };
+            matched = true;
+            out.push(PortEntry {
+                host: match m.host_ip {
+                    HostIp::One(ip) => Some(ip),
+                    _ => None,
+                },
+                host_port: m.host_port,
+                protocol: m.protocol,
+                pod_ip,
+                pod_port: m.container_port,
+                gateway,
+            });
+        }
+        if !matched {
+            let family = if families == [true] { "IPv4" } else { "IPv6" };
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "runtimeConfig.portMappings: hostPort {}/{} on {} needs an {family} address, and the pod has none",
+                    m.host_port,
+                    m.protocol.as_str(),
+                    match m.host_ip {
+                        HostIp::One(ip) => ip.to_string(),
+                        HostIp::AnyV4 => "0.0.0.0".to_owned(),
+                        HostIp::AnyV6 => "::".to_owned(),
+                        HostIp::Any => "any address".to_owned(),
+                    }
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conf(pm: Value) -> NetConf {
+        NetConf::parse(json!({
+            "cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni",
+            "runtimeConfig": {"portMappings": pm}
+        }))
+        .expect("valid config")
+    }
+
+    #[test]
+    fn camel_and_capitalized_keys() {
+        let m = mappings(&conf(json!([
+            {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""},
+            {"HostPort": 5353, "ContainerPort": 53, "Protocol": "UDP", "HostIP": "0.0.0.0"},
+            {"hostPort": 9000, "containerPort": 9000, "protocol": "sctp", "hostIP": "::"},
+            {"hostPort": 81, "containerPort": 80, "hostIP": "192.0.2.1"}
+        ])))
+        .unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].host_ip, HostIp::Any);
+        assert_eq!(m[1].protocol, Protocol::Udp);
+        assert_eq!(m[1].host_ip, HostIp::AnyV4);
+        assert_eq!((m[1].host_port, m[1].container_port), (5353, 53));
+        assert_eq!(m[2].host_ip, HostIp::AnyV6);
+        assert_eq!(m[2].protocol, Protocol::Sctp);
+        assert_eq!(m[3].protocol, Protocol::Tcp, "tcp is the default");
+        assert_eq!(m[3].host_ip, HostIp::One("192.0.2.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn invalid_entries_name_the_entry() {
+        for (pm, needle) in [
+            (json!([{"hostPort": 0, "containerPort": 80}]), "[0]"),
+            (
+                json!([{"hostPort": 80, "containerPort": 80}, {"hostPort": 65536, "containerPort": 80}]),
+                "[1]",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": -1}]),
+                "containerPort",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}]),
+                "icmp",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": 80, "hostIP": "nonsense"}]),
+                "nonsense",
+            ),
+            (json!([{"hostPort": "80", "containerPort": 80}]), "hostPort"),
+            (json!([{"containerPort": 80}]), "hostPort is missing"),
+            (json!({"hostPort": 80}), "not a list"),
+            (
+                json!([{"hostPort": 80, "containerPort": 80}, {"hostPort": 80, "containerPort": 81}]),
+                "earlier entry",
+            ),
+        ] {
+            let e = mappings(&conf(pm.clone())).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{pm}");
+            assert!(e.msg.contains(needle), "{pm}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn identical_entries_merge_and_null_means_none() {
+        let m = mappings(&conf(json!([
+            {"hostPort": 80, "containerPort": 80},
+            {"hostPort": 80, "containerPort": 80, "protocol": "tcp"}
+        ])))
+        .unwrap();
+        assert_eq!(m.len(), 1);
+        assert!(mappings(&conf(Value::Null)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn entries_follow_the_pod_families() {
+        let v4: IpAddr = "10.0.0.5".parse().unwrap();
+        let gw4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::5".parse().unwrap();
+        let m = mappings(&conf(json!([
+            {"hostPort": 8080, "containerPort": 80},
+            {"hostPort": 8443, "containerPort": 443, "hostIP": "0.0.0.0"}
+        ])))
+        .unwrap();
+        let dual = entries(&m, &[(v4, Some(gw4)), (v6, None)]).unwrap();
+        assert_eq!(dual.len(), 3);
+        assert_eq!(dual[0].pod_ip, v4);
+        assert_eq!(dual[0].gateway, Some(gw4));
+        assert_eq!(dual[1].pod_ip, v6);
+        assert_eq!(dual[1].describe_host(), "[::]:8080/tcp");
+        assert_eq!(dual[2].describe_host(), "0.0.0.0:8443/tcp");
+        let only6 = entries(&m[..1], &[(v6, None)]).unwrap();
+        assert_eq!(only6.len(), 1);
+        let e = entries(&m, &[(v6, None)]).unwrap_err();
+        assert!(e.msg.contains("IPv4"), "{}", e.msg);
+    }
+}

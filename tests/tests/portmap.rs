@@ -1,0 +1,651 @@
+//! Host ports (issue 4) against the real kernel: `runtimeConfig.portMappings` (CNI
+//! conventions, "Port mappings" capability) served by ebpf-cni's programs — TC DNAT and
+//! reverse NAT for traffic arriving on node devices and from pods, socket-address programs
+//! for the node's own connections — with no iptables or nftables rule.
+//!
+//! Every path of the issue sends real traffic to a server in the pod that answers with its
+//! own tag and the peer address it saw, and every client checks the reply came from the
+//! address it dialled (TCP: the connection's peer; UDP: the datagram's source).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ebpf_cni_tests::config::Stack;
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::{
+    require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
+    PluginUnderTest, ResultExpectation,
+};
+use serde_json::{json, Value};
+
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A TCP and a UDP server on `[::]:port` (both families) in a pod, answering each request
+/// with `"<tag> <peer>"`. Stops when dropped.
+struct PodServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PodServer {
+    fn start(ns: &Netns, port: u16, tag: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tcp, udp) = ns
+            .run_in(|| {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    match (
+                        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)),
+                        UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)),
+                    ) {
+                        (Ok(t), Ok(u)) => break (t, u),
+                        (t, u) if Instant::now() > deadline => {
+                            panic!("binding [::]:{port} in the pod: {t:?} {u:?}")
+                        }
+                        _ => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                }
+            })
+            .unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut threads = Vec::new();
+        let (s, t) = (stop.clone(), tag.to_owned());
+        threads.push(std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match tcp.accept() {
+                    Ok((mut c, peer)) => {
+                        let t = t.clone();
+                        std::thread::spawn(move || {
+                            let _ = c.set_nonblocking(false);
+                            let _ = c.set_read_timeout(Some(TIMEOUT));
+                            let mut buf = [0u8; 64];
+                            if c.read(&mut buf).unwrap_or(0) > 0 {
+                                let _ = c.write_all(format!("{t} {}", unmap(peer)).as_bytes());
+                            }
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }));
+        let (s, t) = (stop.clone(), tag.to_owned());
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                    let _ = udp.send_to(format!("{t} {}", unmap(peer)).as_bytes(), peer);
+                }
+            }
+        }));
+        Self { stop, threads }
+    }
+}
+
+impl Drop for PodServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn unmap(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+/// TCP from `from` to `target`: the server's answer; fails unless the connection's peer is
+/// `target` (what `getpeername` says, so socket-level translation must restore it too).
+fn tcp_ask(from: &Netns, target: SocketAddr) -> Result<String> {
+    from.run_in(|| -> Result<String> {
+        let deadline = Instant::now() + TIMEOUT;
+        let mut c = loop {
+            match TcpStream::connect_timeout(&target, TIMEOUT) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e).with_context(|| format!("TCP connect to {target}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let peer = c.peer_addr()?;
+        if unmap(peer) != target {
+            bail!("TCP to {target}: the connection's peer is {peer}");
+        }
+        c.set_read_timeout(Some(TIMEOUT))?;
+        c.write_all(b"hello")?;
+        let mut s = String::new();
+        c.read_to_string(&mut s)
+            .with_context(|| format!("TCP read from {target}"))?;
+        if s.is_empty() {
+            bail!("TCP to {target}: empty answer");
+        }
+        Ok(s)
+    })?
+}
+
+/// UDP from an unconnected socket in `from` (bound to `bind`, port 0 = any): the answer;
+/// fails unless it came from `target` (the address the client sent to).
+fn udp_ask_from(from: &Netns, bind: SocketAddr, target: SocketAddr) -> Result<String> {
+    from.run_in(|| -> Result<String> {
+        let s = UdpSocket::bind(bind)?;
+        udp_ask_on(&s, target)
+    })?
+}
+
+fn udp_ask(from: &Netns, target: SocketAddr) -> Result<String> {
+    let any: SocketAddr = if target.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    udp_ask_from(from, any, target)
+}
+
+fn udp_ask_on(s: &UdpSocket, target: SocketAddr) -> Result<String> {
+    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    let deadline = Instant::now() + TIMEOUT;
+    let mut buf = [0u8; 512];
+    while Instant::now() < deadline {
+        s.send_to(b"hello", target)?;
+        if let Ok((n, src)) = s.recv_from(&mut buf) {
+            if unmap(src) != target {
+                bail!("UDP to {target}: the answer came from {src}");
+            }
+            return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    Err(anyhow!("UDP to {target}: no answer"))
+}
+
+fn tag_of(answer: &str) -> &str {
+    answer.split(' ').next().unwrap_or("")
+}
+
+struct Pod {
+    netns: Netns,
+    att: Attachment,
+    result: Value,
+    r: AddResult,
+}
+
+impl Pod {
+    fn v4(&self) -> IpAddr {
+        self.r.ip4().expect("IPv4").addr
+    }
+    fn v6(&self) -> IpAddr {
+        self.r.ip6().expect("IPv6").addr
+    }
+}
+
+fn list(p: &PluginUnderTest, node: &Node) -> NetConfList {
+    let mut conf = p.conf("1.0.0", node, Stack::Dual);
+    conf["capabilities"] = json!({"portMappings": true});
+    NetConfList::single(&conf)
+}
+
+fn attachment(netns: &Netns, mappings: Value) -> Attachment {
+    Attachment::new(&unique_container_id(), netns.path(), "eth0")
+        .with_capability("portMappings", mappings)
+}
+
+fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, mappings: Value) -> Pod {
+    let netns = node.new_pod().unwrap();
+    let att = attachment(&netns, mappings);
+    let result = p
+        .runtime
+        .add(node, l, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let r = ResultExpectation::standard(
+        "1.0.0",
+        "eth0",
+        &netns.path().to_string_lossy(),
+        Stack::Dual,
+    )
+    .ebpf_cni_host_names()
+    .assert_valid(&result);
+    Pod {
+        netns,
+        att,
+        result,
+        r,
+    }
+}
+
+/// The node's netfilter state: iptables and ip6tables rules (all tables) and the nftables
+/// ruleset, for "no rule was created" comparisons.
+fn ruleset(node: &Node) -> String {
+    let mut out = String::new();
+    for cmd in [
+        &["iptables-save"][..],
+        &["ip6tables-save"],
+        &["nft", "list", "ruleset"],
+    ] {
+        let o = node.netns().exec(cmd).unwrap();
+        // iptables-save prints a timestamp comment.
+        let text = String::from_utf8_lossy(&o.stdout);
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// Issue 4, "Paths that must work" 1-5 (except re-add, below), TCP and UDP, IPv4 and IPv6.
+#[test]
+fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 31).unwrap();
+    let l = list(&p, &node);
+    let before = ruleset(&node);
+    // containerd's Capitalized keys for the UDP entry, camelCase for TCP.
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([
+            {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""},
+            {"HostPort": 8080, "ContainerPort": 80, "Protocol": "udp", "HostIP": ""}
+        ]),
+    );
+    let b = add(&p, &node, &l, json!([]));
+    let _server = PodServer::start(&a.netns, 80, "podA");
+    assert_eq!(
+        before,
+        ruleset(&node),
+        "issue 4: no iptables/nftables rule may be created"
+    );
+
+    let node4: IpAddr = ext.node_v4.into();
+    let node6: IpAddr = ext.node_v6.into();
+    let cases: Vec<(&str, &Netns, SocketAddr)> = vec![
+        // 1. A client outside the node, through a node device, to node addresses.
+        ("external -> node IPv4", ext.netns(), sa(node4, 8080)),
+        ("external -> node IPv6", ext.netns(), sa(node6, 8080)),
+        // 2. The node itself: loopback and its own addresses.
+        (
+            "node -> 127.0.0.1",
+            node.netns(),
+            sa(Ipv4Addr::LOCALHOST, 8080),
+        ),
+        ("node -> ::1", node.netns(), sa(Ipv6Addr::LOCALHOST, 8080)),
+        ("node -> node IPv4", node.netns(), sa(node4, 8080)),
+        ("node -> node IPv6", node.netns(), sa(node6, 8080)),
+        // 3. Another pod on the node.
+        ("pod B -> node IPv4", &b.netns, sa(node4, 8080)),
+        ("pod B -> node IPv6", &b.netns, sa(node6, 8080)),
+        // 4. Hairpin: the pod to its own host port.
+        ("hairpin IPv4", &a.netns, sa(node4, 8080)),
+        ("hairpin IPv6", &a.netns, sa(node6, 8080)),
+    ];
+    let mut failures = Vec::new();
+    for (what, from, target) in &cases {
+        for (proto, r) in [
+            ("tcp", tcp_ask(from, *target)),
+            ("udp", udp_ask(from, *target)),
+        ] {
+            match r {
+                Ok(ans) if tag_of(&ans) == "podA" => {}
+                Ok(ans) => failures.push(format!("{what} {proto} {target}: answered by {ans:?}")),
+                Err(e) => failures.push(format!("{what} {proto} {target}: {e:#}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "issue 4 paths through hostPort 8080 failed:\n{}",
+        failures.join("\n")
+    );
+
+    // The pod sees real clients (no masquerade) except for the hairpin, whose source must
+    // be rewritten for the pod's stack to accept it.
+    let ans = tcp_ask(ext.netns(), sa(node4, 8080)).unwrap();
+    assert!(
+        ans.starts_with(&format!("podA {}:", ext.v4)),
+        "the pod must see the external client's own address: {ans}"
+    );
+    let ans = tcp_ask(&b.netns, sa(node4, 8080)).unwrap();
+    assert!(
+        ans.starts_with(&format!("podA {}:", b.v4())),
+        "the pod must see pod B's address: {ans}"
+    );
+
+    // Per-mapping hit counters in inspect: TC packets and socket-level translations.
+    let report = dp::inspect(&p.bin, &node).unwrap();
+    let maps = report["port_mappings"].as_array().expect("port_mappings");
+    let tcp4 = maps
+        .iter()
+        .find(|m| m["host"] == "0.0.0.0:8080/tcp")
+        .unwrap_or_else(|| panic!("inspect lists 0.0.0.0:8080/tcp: {report:#}"));
+    assert_eq!(tcp4["pod"], format!("{}:80", a.v4()));
+    assert!(tcp4["packets"].as_u64().unwrap() > 0, "{tcp4}");
+    assert!(tcp4["socket"].as_u64().unwrap() > 0, "{tcp4}");
+    assert_eq!(maps.len(), 4, "tcp+udp x v4+v6: {report:#}");
+    assert_eq!(
+        before,
+        ruleset(&node),
+        "still no netfilter rule after traffic"
+    );
+    let _ = a.v6();
+}
+
+/// The socket programs are attached machine-wide but act only in the node's namespace:
+/// another namespace's own 127.0.0.1:8080 stays its own.
+#[test]
+fn socket_translation_is_scoped_to_the_node_namespace() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8081, "containerPort": 80}]),
+    );
+    let _server = PodServer::start(&a.netns, 80, "podA");
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8081)).unwrap()),
+        "podA",
+        "control: the node's own 127.0.0.1:8081 reaches the pod"
+    );
+    let other = node.new_pod().unwrap();
+    let _local = PodServer::start(&other, 8081, "local");
+    assert_eq!(
+        tag_of(&tcp_ask(&other, sa(Ipv4Addr::LOCALHOST, 8081)).unwrap()),
+        "local",
+        "another namespace's 127.0.0.1:8081 must not be redirected to the node's pod"
+    );
+}
+
+/// A mapping on one host address answers there only.
+#[test]
+fn a_specific_host_ip_answers_only_on_that_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 32).unwrap();
+    let ext2 = ExternalHost::attach(node.netns(), "uplink1", 33).unwrap();
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 9090, "containerPort": 80, "hostIP": ext.node_v4.to_string()}]),
+    );
+    let _server = PodServer::start(&a.netns, 80, "podA");
+    assert_eq!(
+        tag_of(&tcp_ask(ext.netns(), sa(ext.node_v4, 9090)).unwrap()),
+        "podA"
+    );
+    let other = tcp_ask(ext2.netns(), sa(ext2.node_v4, 9090));
+    assert!(
+        other.is_err(),
+        "hostIP {} must not answer on {}: {other:?}",
+        ext.node_v4,
+        ext2.node_v4
+    );
+    assert!(
+        tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 9090)).is_err(),
+        "a specific hostIP does not answer on loopback"
+    );
+}
+
+/// Issue 4, path 5: a long UDP flow keeps its translation, and when the pod is deleted and
+/// re-added with a new address the same client flow reaches the new pod at once.
+#[test]
+fn udp_flow_survives_and_follows_a_readded_pod() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 34).unwrap();
+    let l = list(&p, &node);
+    let mappings = json!([{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]);
+    let target = sa(ext.node_v4, 5353);
+    let a = add(&p, &node, &l, mappings.clone());
+    let server_a = PodServer::start(&a.netns, 53, "old");
+    let (answers, sent) = ext
+        .netns()
+        .run_in(|| -> Result<(Vec<String>, usize)> {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 40000))?;
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 512];
+            // A long transfer: 2,000 request/answer rounds on one flow.
+            let n = 2000;
+            for _ in 0..n {
+                s.send_to(&[0u8; 1200], target)?;
+                if let Ok((len, src)) = s.recv_from(&mut buf) {
+                    if src == target {
+                        got.push(String::from_utf8_lossy(&buf[..len]).into_owned());
+                    }
+                }
+            }
+            Ok((got, n))
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        answers.len() >= sent * 99 / 100 && answers.iter().all(|a| tag_of(a) == "old"),
+        "a long UDP flow through the host port: {} of {sent} answered",
+        answers.len()
+    );
+    drop(server_a);
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
+    // Hold the old address so the new pod gets another one.
+    let hold = add(&p, &node, &l, json!([]));
+    let b = add(&p, &node, &l, mappings);
+    assert_ne!(a.v4(), b.v4(), "the re-added pod has a new address");
+    let _server_b = PodServer::start(&b.netns, 53, "new");
+    // The very same client flow (source port 40000), right away.
+    let ans = udp_ask_from(ext.netns(), sa(Ipv4Addr::UNSPECIFIED, 40000), target).unwrap();
+    assert_eq!(
+        tag_of(&ans),
+        "new",
+        "the old flow must reach the re-added pod at once (no stale translation)"
+    );
+    let _ = hold;
+}
+
+/// A host port already mapped to another pod is refused with a clear error (code 108), and
+/// the refused ADD leaves nothing behind; another protocol on the same port is fine.
+#[test]
+fn a_colliding_host_port_is_refused_and_rolled_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    let _a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
+    let files_before = node.data_dir_files();
+    let netns = node.new_pod().unwrap();
+    let att = attachment(&netns, json!([{"hostPort": 8080, "containerPort": 8080}]));
+    let err = p.runtime.add(&node, &l, &att).unwrap_err();
+    let out = err.output().expect("the plugin ran").clone();
+    let j = out.json.clone().unwrap_or_default();
+    assert_eq!(j["code"], 108, "{}", out.describe());
+    let msg = j["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("0.0.0.0:8080/tcp") && msg.contains("already mapped"),
+        "the error names the host port: {msg}"
+    );
+    assert_eq!(
+        node.data_dir_files(),
+        files_before,
+        "the refused ADD released its lease"
+    );
+    let links = ebpf_cni_tests::kernel::links(node.netns()).unwrap();
+    assert_eq!(
+        links
+            .iter()
+            .filter(|l| l.ifname.starts_with("ecni"))
+            .count(),
+        1,
+        "the refused ADD removed its veth: {links:?}"
+    );
+    let same_port_udp = attachment(
+        &netns,
+        json!([{"hostPort": 8080, "containerPort": 80, "protocol": "udp"}]),
+    );
+    p.runtime
+        .add(&node, &l, &same_port_udp)
+        .expect("udp 8080 is free");
+}
+
+/// Invalid entries get error 7 naming the entry, before anything is created.
+#[test]
+fn invalid_entries_get_error_7_naming_the_entry() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    for (pm, needle) in [
+        (
+            json!([{"hostPort": 0, "containerPort": 80}]),
+            "portMappings[0]",
+        ),
+        (json!([{"hostPort": 70000, "containerPort": 80}]), "70000"),
+        (
+            json!([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}]),
+            "icmp",
+        ),
+        (
+            json!([{"hostPort": 80, "containerPort": 80, "hostIP": "10.0.0.300"}]),
+            "10.0.0.300",
+        ),
+    ] {
+        let netns = node.new_pod().unwrap();
+        let err = p
+            .runtime
+            .add(&node, &l, &attachment(&netns, pm.clone()))
+            .unwrap_err();
+        let out = err.output().expect("the plugin ran");
+        let j = out.json.clone().unwrap_or_default();
+        assert_eq!(j["code"], 7, "{pm}: {}", out.describe());
+        assert!(
+            j["msg"].as_str().unwrap_or_default().contains(needle),
+            "{pm}: the message names the entry: {j}"
+        );
+        assert!(node.data_dir_files().is_empty(), "{pm}: no lease taken");
+    }
+}
+
+/// DEL without `portMappings` still removes the pod's mappings (its pinned port list is
+/// the source of truth); CHECK fails when a mapping is missing or points elsewhere.
+#[test]
+fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    let keep = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 7000, "containerPort": 70}]),
+    );
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}, {"hostPort": 8443, "containerPort": 443}]),
+    );
+    p.runtime
+        .check(&node, &l, &a.att, &a.result)
+        .expect("CHECK of a fresh pod");
+    let entries = dp::port_mappings(&node).unwrap();
+    let mine: Vec<_> = entries
+        .iter()
+        .filter(|e| e.pod == a.v4() || e.pod == a.v6())
+        .collect();
+    assert_eq!(mine.len(), 4, "two ports x two families: {entries:?}");
+
+    // Missing.
+    let victim = mine
+        .iter()
+        .find(|e| e.host_port == 8443 && e.pod == a.v4())
+        .unwrap();
+    dp::delete_raw(&node, dp::PORTMAP_MAP, &victim.raw_key).unwrap();
+    let err = p.runtime.check(&node, &l, &a.att, &a.result).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("0.0.0.0:8443/tcp") && msg.contains("missing"),
+        "CHECK names the missing mapping: {msg}"
+    );
+    dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &victim.raw_value).unwrap();
+    p.runtime
+        .check(&node, &l, &a.att, &a.result)
+        .expect("restored");
+
+    // Points elsewhere: the other pod's address.
+    let mut wrong = victim.raw_value.clone();
+    let keep_key = dp::endpoint_key(keep.v4());
+    wrong[8..24].copy_from_slice(&keep_key);
+    dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &wrong).unwrap();
+    let msg = p
+        .runtime
+        .check(&node, &l, &a.att, &a.result)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("0.0.0.0:8443/tcp") && msg.contains("points to"),
+        "CHECK names the misdirected mapping: {msg}"
+    );
+    dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &victim.raw_value).unwrap();
+
+    // DEL as a runtime that lost the capability args (and the cached result).
+    let bare = Attachment::new(&a.att.container_id, a.netns.path(), "eth0");
+    p.runtime.del(&node, &l, &bare, None).unwrap();
+    let left = dp::port_mappings(&node).unwrap();
+    assert!(
+        left.iter()
+            .all(|e| e.pod == keep.v4() || e.pod == keep.v6())
+            && left.len() == 2,
+        "DEL without portMappings removes exactly the pod's mappings: {left:?}"
+    );
+    p.runtime
+        .del(&node, &l, &bare, None)
+        .expect("DEL again is fine");
+    // The ports are free again.
+    let c = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
+    p.runtime.check(&node, &l, &c.att, &c.result).unwrap();
+    p.runtime.del(&node, &l, &c.att, Some(&c.result)).unwrap();
+    p.runtime
+        .del(&node, &l, &keep.att, Some(&keep.result))
+        .unwrap();
+    assert!(
+        node.pinned_files().is_empty(),
+        "nothing pinned after the last DEL (cgroup links included): {:?}",
+        node.pinned_files()
+    );
+}
