@@ -32,6 +32,8 @@ const CNI_VERSION: &str = "1.0.0";
 const IFNAME: &str = "eth0";
 /// Prefix of the host veth names ebpf-cni makes.
 const HOST_VETH_PREFIX: &str = "ecni";
+/// pod-a's host port (to its port 80).
+const HOST_PORT: u16 = 8080;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {}
@@ -63,7 +65,14 @@ impl Pod {
         let netns = node.new_pod()?;
         // Readable ids (real runtimes use 64 hex digits): they show up in pin paths and
         // leases. The node is private to this run, so they cannot collide.
-        let att = Attachment::new(&format!("demo-{label}"), netns.path(), IFNAME);
+        let mut att = Attachment::new(&format!("demo-{label}"), netns.path(), IFNAME);
+        if label == "pod-a" {
+            // What containerd passes for `ports: [{containerPort: 80, hostPort: 8080}]`.
+            att = att.with_capability(
+                "portMappings",
+                serde_json::json!([{"HostPort": HOST_PORT, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}]),
+            );
+        }
         Ok(Self {
             label,
             netns,
@@ -180,6 +189,8 @@ fn exercise(p: &PluginUnderTest, node: &Node, pods: &mut [Pod; 2]) -> Result<()>
 
     section("Traffic: TCP echo, pod <-> pod and node -> pod, IPv4 and IPv6");
     traffic(node, pods)?;
+    section("Host port 8080 -> pod-a:80, without any iptables or nftables rule");
+    host_port(node, pods)?;
     show_counters(node, &p.bin);
 
     section("CHECK: the kernel still matches each cached result");
@@ -210,13 +221,14 @@ fn exercise(p: &PluginUnderTest, node: &Node, pods: &mut [Pod; 2]) -> Result<()>
 /// Writes the conflist where a runtime would find it (here: the node's scratch directory),
 /// prints it and reads it back as the runtime does.
 fn write_conflist(p: &PluginUnderTest, node: &Node) -> Result<NetConfList> {
-    let conf = config::standard(
+    let mut conf = config::standard(
         CNI_VERSION,
         NETWORK,
         &p.plugin_type,
         node.data_dir(),
         Stack::Dual,
     );
+    conf["capabilities"] = serde_json::json!({"portMappings": true, "bandwidth": true});
     let text = serde_json::to_string_pretty(&NetConfList::single(&conf).to_value())?;
     let dir = node.scratch_dir().join("net.d");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -371,6 +383,82 @@ fn traffic(node: &Node, pods: &[Pod; 2]) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// A server in pod-a on port 80 answers "pod-a"; the node reaches it through 127.0.0.1,
+/// ::1 and its own address at the host port, pod-b through the node's address, and each
+/// client's connection shows the host port as its peer.
+fn host_port(node: &Node, pods: &[Pod; 2]) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+    let listener = pods[0]
+        .netns
+        .run_in(|| TcpListener::bind((Ipv6Addr::UNSPECIFIED, 80)))??;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    listener.set_nonblocking(true)?;
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut c, _)) => {
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.write_all(b"pod-a");
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        })
+    };
+    // pod-b's gateway is an address of the node (on its host veth).
+    let gw = pods[1]
+        .result()?
+        .ip4()
+        .and_then(|i| i.gateway)
+        .ok_or_else(|| anyhow!("pod-b has no IPv4 gateway"))?;
+    let targets: [(&str, &Netns, SocketAddr); 4] = [
+        ("node", node.netns(), SocketAddr::from(([127, 0, 0, 1], HOST_PORT))),
+        ("node", node.netns(), SocketAddr::from((Ipv6Addr::LOCALHOST, HOST_PORT))),
+        ("node", node.netns(), SocketAddr::new(gw, HOST_PORT)),
+        ("pod-b", &pods[1].netns, SocketAddr::new(gw, HOST_PORT)),
+    ];
+    let mut outcome = Ok(());
+    for (who, ns, target) in targets {
+        let r = ns.run_in(|| -> Result<(String, SocketAddr)> {
+            let mut c = TcpStream::connect_timeout(&target, std::time::Duration::from_secs(3))?;
+            c.set_read_timeout(Some(std::time::Duration::from_secs(3)))?;
+            let mut s = String::new();
+            c.read_to_string(&mut s)?;
+            Ok((s, c.peer_addr()?))
+        })?;
+        match r {
+            Ok((answer, peer)) if answer == "pod-a" => ok(&format!(
+                "TCP {who} -> {target}: answered by {answer}, the connection's peer is {peer}"
+            )),
+            Ok((answer, _)) => {
+                outcome = Err(anyhow!("TCP {who} -> {target}: answered {answer:?}"));
+                break;
+            }
+            Err(e) => {
+                outcome = Err(e.context(format!("TCP {who} -> {target}")));
+                break;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = server.join();
+    outcome?;
+    for cmd in [&["iptables-save"][..], &["ip6tables-save"], &["nft", "list", "ruleset"]] {
+        let out = node.netns().exec(cmd)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rules = text
+            .lines()
+            .filter(|l| l.starts_with("-A") || l.trim_start().starts_with("dnat"))
+            .count();
+        ensure!(rules == 0, "{} shows {rules} rules in the node:\n{text}", cmd[0]);
+    }
+    ok("iptables-save, ip6tables-save and nft list ruleset show no rule in the node");
     Ok(())
 }
 
