@@ -2,8 +2,9 @@
 
 use super::{code, CniError};
 
-/// Versions listed by VERSION. 1.1.0 joins once GC and STATUS are implemented.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+/// Versions listed by VERSION. 1.1.0 results have the 1.0.0 layout (its new optional
+/// fields are ones this plugin does not set); it adds the GC and STATUS commands.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// The first version with GC and STATUS.
 pub const GC_STATUS_SINCE: &str = "1.1.0";
@@ -103,12 +104,28 @@ mod tests {
             CniVersion::parse("1.0.0").unwrap().format(),
             ResultFormat::V1
         );
+        assert_eq!(
+            CniVersion::parse("1.1.0").unwrap().format(),
+            ResultFormat::V1
+        );
+    }
+
+    #[test]
+    fn lists_every_version_from_0_3_0_to_1_1_0() {
+        assert_eq!(
+            SUPPORTED_VERSIONS,
+            ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        );
     }
 
     #[test]
     fn gc_and_status_need_1_1_0() {
         for v in SUPPORTED_VERSIONS {
-            assert!(!CniVersion::parse(v).unwrap().has_gc_and_status(), "{v}");
+            assert_eq!(
+                CniVersion::parse(v).unwrap().has_gc_and_status(),
+                *v == "1.1.0",
+                "{v}"
+            );
         }
         assert!(at_least("1.10.0", "1.1.0"));
         assert!(!at_least("1.0.9", "1.1.0"));
