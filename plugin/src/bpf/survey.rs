@@ -4,14 +4,35 @@
 
 use std::{fs, io, path::Path};
 
-use aya::{programs::SchedClassifier, EbpfLoader};
-use ebpf_cni_maps::{ENDPOINTS_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP};
+use aya::{
+    programs::{CgroupSockAddr, SchedClassifier},
+    EbpfLoader,
+};
+use ebpf_cni_maps::{
+    ENDPOINTS_MAP, NAT_REV_MAP, NODE_ADDRS_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP, PORTMAP_MAP,
+    RATE_LIMITS_MAP, SOCK_REV_MAP,
+};
 
 use super::{
     dataplane::Maps,
     pin::{is_bpffs, NodeId, PinRoot},
+    ports::SOCK_PROGRAMS,
     revision, BpfError, Hook, PROGRAMS,
 };
+
+/// The node's hash maps, shrunk for the load probe (each preallocates its full size, tens
+/// of MiB together). Arrays keep their size: the programs index them by constant.
+const PROBE_SHRUNK_MAPS: [&str; 8] = [
+    ENDPOINTS_MAP,
+    POD_COUNTERS_MAP,
+    RATE_LIMITS_MAP,
+    PORTMAP_MAP,
+    PORTMAP_HITS_MAP,
+    NAT_REV_MAP,
+    SOCK_REV_MAP,
+    NODE_ADDRS_MAP,
+];
+const PROBE_MAP_ENTRIES: u32 = 64;
 
 /// `(container id, ifname)` of every attachment of `network` pinned on `node`, sorted.
 /// Empty when the node or the network has none (or bpffs is not mounted).
@@ -141,9 +162,12 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
         }
     };
     let rev = revision();
+    // As `Programs::open_or_load` decides whether ADD loads them.
     let programs_pinned = Hook::ALL
         .iter()
-        .all(|h| root.program(node, &rev, h.program()).exists());
+        .map(|h| h.program())
+        .chain(SOCK_PROGRAMS.iter().map(|(name, _)| *name))
+        .all(|name| root.program(node, &rev, name).exists());
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
         Ok(None) if attachments > 0 => problems.push(Unready::new(
@@ -169,25 +193,43 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
     problems
 }
 
-/// Loads (verifies) the three programs as the first ADD of a node would, into unpinned
-/// maps of one entry each so the probe costs no memory worth mentioning. Everything is
-/// released when it returns.
+/// Loads (verifies) every program as the first ADD of a node would (the TC programs and the
+/// socket-address ones), into unpinned hash maps of a few entries so the probe costs no
+/// memory worth mentioning. Everything is released when it returns.
 fn probe_load() -> Result<(), Unready> {
     let fail = |e: BpfError| Unready::from_error(&e, false);
-    let mut ebpf = EbpfLoader::new()
-        .btf(None)
-        .map_max_entries(ENDPOINTS_MAP, 1)
-        .map_max_entries(POD_COUNTERS_MAP, 1)
-        .map_max_entries(RATE_LIMITS_MAP, 1)
-        .load(PROGRAMS)
-        .map_err(|source| {
-            fail(BpfError::Load {
-                source: Box::new(source),
-            })
-        })?;
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    for name in PROBE_SHRUNK_MAPS {
+        loader.map_max_entries(name, PROBE_MAP_ENTRIES);
+    }
+    let mut ebpf = loader.load(PROGRAMS).map_err(|source| {
+        fail(BpfError::Load {
+            source: Box::new(source),
+        })
+    })?;
     for hook in Hook::ALL {
         let name = hook.program();
         let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(BpfError::MissingProgram { name })
+            .map_err(fail)?
+            .try_into()
+            .map_err(|source| {
+                fail(BpfError::Program {
+                    name,
+                    source: Box::new(source),
+                })
+            })?;
+        prog.load().map_err(|source| {
+            fail(BpfError::Program {
+                name,
+                source: Box::new(source),
+            })
+        })?;
+    }
+    for (name, _) in SOCK_PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
             .program_mut(name)
             .ok_or(BpfError::MissingProgram { name })
             .map_err(fail)?
