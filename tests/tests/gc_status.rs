@@ -44,13 +44,33 @@ impl Pod {
     }
 }
 
+/// Dual stack, cniVersion 1.1.0, with the port mapping capability (used by the pods that
+/// pass `host_port`).
 fn dual_list(p: &PluginUnderTest, node: &Node) -> NetConfList {
-    NetConfList::single(&p.conf(V1_1, node, Stack::Dual))
+    let mut conf = p.conf(V1_1, node, Stack::Dual);
+    conf["capabilities"] = json!({ "portMappings": true });
+    NetConfList::single(&conf)
 }
 
 fn add_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
+    add_pod_with_port(p, node, list, None)
+}
+
+/// A pod, with `host_port` -> 80/tcp mapped when given.
+fn add_pod_with_port(
+    p: &PluginUnderTest,
+    node: &Node,
+    list: &NetConfList,
+    host_port: Option<u16>,
+) -> Pod {
     let netns = node.new_pod().unwrap();
-    let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+    if let Some(port) = host_port {
+        att = att.with_capability(
+            "portMappings",
+            json!([{ "hostPort": port, "containerPort": 80, "protocol": "tcp" }]),
+        );
+    }
     let result = p
         .runtime
         .add(node, list, &att)
@@ -82,18 +102,26 @@ fn pinned_under(node: &Node, container_id: &str) -> Vec<String> {
 
 /// Spec 1.1 GC: "The plugin removes every resource of this network whose attachment is not
 /// in the list (IP reservations, host devices, programs, maps, rules) and leaves listed ones
-/// alone." Three pods, GC listing one: the other two lose their host veth (and with it the
-/// pod end and the node routes), leases, attachment pins, endpoint-map entries and
-/// counters; the listed one still passes CHECK (spec 1.0 section 2, CHECK) and carries
-/// TCP, also to a pod added after the GC. GC listing every attachment is a no-op.
+/// alone." Three pods, each with a host port, GC listing one: the other two lose their
+/// host veth (and with it the pod end and the node routes), leases, attachment pins,
+/// endpoint-map entries, counters and host port mappings (their ports are free again);
+/// the listed one still passes CHECK (spec 1.0 section 2, CHECK) and carries TCP, also to
+/// a pod added after the GC. GC listing every attachment is a no-op.
 #[test]
 fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let pods: Vec<Pod> = (0..3).map(|_| add_pod(&p, &node, &list)).collect();
+    let pods: Vec<Pod> = (0..3u16)
+        .map(|i| add_pod_with_port(&p, &node, &list, Some(7000 + i)))
+        .collect();
     let (gone, kept) = (&pods[..2], &pods[2]);
+    assert_eq!(
+        dp::port_mappings(&node).unwrap().len(),
+        6,
+        "control: one host port x two families x three pods"
+    );
     let counters_before = dp::pod_counters(&node).unwrap();
     let gone_ifindexes: Vec<u32> = gone
         .iter()
@@ -159,6 +187,18 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
         [(kept.id(), Some("eth0")), (kept.id(), Some("eth0"))],
         "leases after GC"
     );
+    let mut mapped: Vec<(u16, IpAddr)> = dp::port_mappings(&node)
+        .unwrap()
+        .iter()
+        .map(|e| (e.host_port, e.pod))
+        .collect();
+    mapped.sort();
+    let mut expected: Vec<(u16, IpAddr)> = kept.addrs().into_iter().map(|ip| (7002, ip)).collect();
+    expected.sort();
+    assert_eq!(
+        mapped, expected,
+        "host port mappings after GC: the kept pod's only"
+    );
     p.runtime
         .check(&node, &list, &kept.att, &kept.result)
         .unwrap_or_else(|e| panic!("CHECK of the listed pod after GC: {e}"));
@@ -166,8 +206,9 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
         tcp_echo(node.netns(), &kept.netns, kept.addr(fam), 0)
             .unwrap_or_else(|e| panic!("node -> kept pod {}: {e:#}", kept.addr(fam)));
     }
-    // The node's shared state survived: a new pod and the kept one reach each other.
-    let newer = add_pod(&p, &node, &list);
+    // The node's shared state survived: a new pod, on a host port a removed pod held, and
+    // the kept one reach each other.
+    let newer = add_pod_with_port(&p, &node, &list, Some(7000));
     for fam in [Family::V4, Family::V6] {
         tcp_echo(&newer.netns, &kept.netns, kept.addr(fam), 0)
             .unwrap_or_else(|e| panic!("new pod -> kept pod {}: {e:#}", kept.addr(fam)));
