@@ -11,11 +11,13 @@ pub mod cli;
 pub mod cni;
 pub mod del;
 mod errors;
+pub mod gc;
 pub mod ipam;
 pub mod logging;
 pub mod netlink;
 pub mod netns;
 pub mod portmap;
+pub mod status;
 pub mod version;
 pub mod veth;
 
@@ -74,35 +76,57 @@ fn print_json(v: &Value) {
     let _ = out.flush();
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            CniError::new(code::INTERNAL, "failed to start the async runtime")
+                .with_details(e.to_string())
+        })
+}
+
 fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     let command = cni::env::Command::parse(command)?;
     if command == Command::Version {
         return Ok(Some(version::version(stdin)));
     }
     if matches!(command, Command::Gc | Command::Status) {
-        return Err(CniError::new(
-            code::INVALID_ENV,
-            format!(
-                "CNI_COMMAND {} is not supported yet (needs cniVersion 1.1.0)",
-                command.as_str()
-            ),
-        ));
+        return execute_network(command, stdin).map(|()| None);
     }
     let env = cni::env::from_lookup(command, |k| std::env::var(k).ok())?;
     let conf = config::NetConf::parse(config::decode(stdin)?)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            CniError::new(code::INTERNAL, "failed to start the async runtime")
-                .with_details(e.to_string())
-        })?;
-    rt.block_on(async {
+    runtime()?.block_on(async {
         match command {
             Command::Add => add::add(&env, &conf, stdin).await.map(Some),
             Command::Del => del::del(&env, &conf, stdin).await.map(|()| None),
             Command::Check => check::check(&env, &conf, stdin).await.map(|()| None),
             Command::Version | Command::Gc | Command::Status => unreachable!("handled above"),
+        }
+    })
+}
+
+/// GC and STATUS: a whole network, no attachment parameters, and (as the reference `skel`
+/// enforces) a config of cniVersion 1.1.0 or later.
+fn execute_network(command: Command, stdin: &[u8]) -> Result<(), CniError> {
+    let env = cni::env::network_from_lookup(command, |k| std::env::var(k).ok());
+    let conf = config::NetConf::parse(config::decode(stdin)?)?;
+    if !conf.cni_version.has_gc_and_status() {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!(
+                "incompatible CNI version: {} needs cniVersion {} or later, the config has {:?}",
+                command.as_str(),
+                cni::version::GC_STATUS_SINCE,
+                conf.cni_version.as_str()
+            ),
+        ));
+    }
+    runtime()?.block_on(async {
+        match command {
+            Command::Gc => gc::gc(&env, &conf, stdin).await,
+            Command::Status => status::status(&env, &conf, stdin).await,
+            _ => unreachable!("only GC and STATUS act on a whole network"),
         }
     })
 }

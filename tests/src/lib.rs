@@ -43,7 +43,7 @@ pub use result::{AddResult, ResultExpectation};
 pub use runtime::{Attachment, CniRuntime, ListError, NetConfList};
 
 /// The spec versions whose result format the tests check, oldest first.
-pub const CNI_VERSIONS: [&str; 4] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub const CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// Where Debian's containernetworking-plugins put the reference plugins.
 pub const REFERENCE_PLUGIN_DIR: &str = "/usr/lib/cni";

@@ -39,6 +39,10 @@ pub enum CniCommand {
     Del,
     Check,
     Version,
+    /// Spec 1.1: remove what the runtime no longer lists.
+    Gc,
+    /// Spec 1.1: is the plugin ready for ADD.
+    Status,
 }
 
 impl CniCommand {
@@ -48,7 +52,14 @@ impl CniCommand {
             Self::Del => "DEL",
             Self::Check => "CHECK",
             Self::Version => "VERSION",
+            Self::Gc => "GC",
+            Self::Status => "STATUS",
         }
+    }
+
+    /// Commands that print nothing on success.
+    pub fn prints_nothing_on_success(self) -> bool {
+        matches!(self, Self::Del | Self::Check | Self::Gc | Self::Status)
     }
 }
 
@@ -171,8 +182,9 @@ impl PluginOutput {
         )
     }
 
-    /// Asserts exit 0 and a JSON object on stdout (an empty stdout is allowed for DEL and
-    /// CHECK, which print nothing on success); returns the JSON (`Null` when empty).
+    /// Asserts exit 0 and a JSON object on stdout (an empty stdout is allowed for DEL,
+    /// CHECK, GC and STATUS, which print nothing on success); returns the JSON (`Null` when
+    /// empty).
     pub fn expect_success(&self, what: &str) -> Value {
         assert!(self.success(), "{what}: plugin failed\n{}", self.describe());
         match &self.json {
@@ -189,9 +201,7 @@ impl PluginOutput {
                 );
                 v.clone()
             }
-            None if self.stdout.trim().is_empty()
-                && matches!(self.command, CniCommand::Del | CniCommand::Check) =>
-            {
+            None if self.stdout.trim().is_empty() && self.command.prints_nothing_on_success() => {
                 Value::Null
             }
             None => panic!("{what}: stdout is not JSON\n{}", self.describe()),

@@ -125,6 +125,29 @@ impl NetConfList {
             "0.1.0" | "0.2.0" | "0.3.0" | "0.3.1"
         )
     }
+
+    /// GC and STATUS exist from 1.1.0 on (libcni skips them for older lists).
+    pub fn at_least_1_1_0(&self) -> bool {
+        let parts: Vec<u32> = self
+            .cni_version
+            .split('.')
+            .map(|p| p.parse().unwrap_or(0))
+            .collect();
+        parts >= vec![1, 1, 0]
+    }
+
+    /// The configuration plugin `index` receives for GC (spec 1.1, as libcni's
+    /// `GCNetworkList` builds it): `cniVersion`, `name` and `cni.dev/valid-attachments`
+    /// inserted, no `runtimeConfig` or `prevResult`.
+    pub fn gc_config(&self, index: usize, valid: &[(&str, &str)]) -> Value {
+        let mut conf = self.exec_config(index, &Map::new(), None);
+        let list: Vec<Value> = valid
+            .iter()
+            .map(|(id, ifname)| serde_json::json!({ "containerID": id, "ifname": ifname }))
+            .collect();
+        conf["cni.dev/valid-attachments"] = Value::Array(list);
+        conf
+    }
 }
 
 /// The runtime's per-attachment parameters (section 3, "Attachment Parameters").
@@ -184,6 +207,8 @@ pub enum ListError {
     },
     #[error("configuration version {0} does not support CHECK")]
     CheckUnsupported(String),
+    #[error("configuration version {0} does not support GC or STATUS (1.1.0+)")]
+    GcStatusUnsupported(String),
     #[error("the harness could not run the plugin")]
     Harness(#[source] anyhow::Error),
 }
@@ -326,6 +351,67 @@ impl CniRuntime {
         Ok(())
     }
 
+    /// GC of the network (spec 1.1): every plugin in order, with the attachments the
+    /// runtime still considers alive. Like libcni, refuses lists older than 1.1.0.
+    pub fn gc(
+        &self,
+        node: &Node,
+        list: &NetConfList,
+        valid: &[(&str, &str)],
+    ) -> Result<(), ListError> {
+        if !list.at_least_1_1_0() {
+            return Err(ListError::GcStatusUnsupported(list.cni_version.clone()));
+        }
+        for index in 0..list.plugins.len() {
+            self.invoke_network(
+                node,
+                CniCommand::Gc,
+                list,
+                index,
+                list.gc_config(index, valid),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// STATUS of the network (spec 1.1): every plugin in order, the first failure
+    /// returned. Like libcni, refuses lists older than 1.1.0.
+    pub fn status(&self, node: &Node, list: &NetConfList) -> Result<(), ListError> {
+        if !list.at_least_1_1_0() {
+            return Err(ListError::GcStatusUnsupported(list.cni_version.clone()));
+        }
+        for index in 0..list.plugins.len() {
+            let conf = list.exec_config(index, &Map::new(), None);
+            self.invoke_network(node, CniCommand::Status, list, index, conf)?;
+        }
+        Ok(())
+    }
+
+    /// GC and STATUS run with `CNI_PATH` only: no container, netns or ifname.
+    fn invoke_network(
+        &self,
+        node: &Node,
+        command: CniCommand,
+        list: &NetConfList,
+        index: usize,
+        conf: Value,
+    ) -> Result<PluginOutput, ListError> {
+        let plugin_type = list.plugin_type(index);
+        let exe = self.find_plugin(&plugin_type)?;
+        let env = ContainerEnv::none().with_cni_path(&self.cni_path_env());
+        let output = node
+            .run(&exe, command, &env, conf.to_string())
+            .map_err(ListError::Harness)?;
+        if !output.success() {
+            return Err(ListError::Plugin {
+                index,
+                plugin_type,
+                output: Box::new(output),
+            });
+        }
+        Ok(output)
+    }
+
     /// DEL the attachment, plugins in reverse order. Like libcni, the cached result is
     /// passed as `prevResult` only from 0.4.0 on; `None` models a runtime that lost it.
     pub fn del(
@@ -374,6 +460,28 @@ mod tests {
         let c = list.exec_config(1, &caps, None);
         assert!(c.get("runtimeConfig").is_none());
         assert!(c.get("prevResult").is_none());
+    }
+
+    #[test]
+    fn gc_config_lists_the_valid_attachments() {
+        let list = NetConfList::single(
+            &json!({"cniVersion": "1.1.0", "name": "n", "type": "t", "capabilities": {"mac": true}}),
+        );
+        assert!(list.at_least_1_1_0());
+        assert_eq!(
+            list.gc_config(0, &[("c1", "eth0")]),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "t",
+                   "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]})
+        );
+        for (v, yes) in [
+            ("1.0.0", false),
+            ("0.4.0", false),
+            ("1.1.0", true),
+            ("1.10.0", true),
+        ] {
+            let l = NetConfList::single(&json!({"cniVersion": v, "name": "n", "type": "t"}));
+            assert_eq!(l.at_least_1_1_0(), yes, "{v}");
+        }
     }
 
     #[test]

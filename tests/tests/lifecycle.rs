@@ -122,6 +122,12 @@ fn add_check_del_1_0_0() {
     add_check_del("1.0.0");
 }
 
+/// Spec 1.1 changes no ADD/CHECK/DEL behaviour and keeps 1.0.0's result layout.
+#[test]
+fn add_check_del_1_1_0() {
+    add_check_del("1.1.0");
+}
+
 /// ADD twice, returning the attachments and parsed results (1.0.0, dual stack).
 fn add_pods(
     p: &PluginUnderTest,

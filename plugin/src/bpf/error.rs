@@ -54,6 +54,13 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("failed to list the pin directory {path}")]
+    ReadPinDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("failed to load the embedded eBPF object")]
     Load {
         #[source]

@@ -15,6 +15,7 @@ mod links;
 pub mod pin;
 mod pod;
 mod ports;
+mod survey;
 mod sys;
 mod trace;
 
@@ -27,6 +28,7 @@ pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, Counts,
     DeviceReport, LimitReport, NodeReport, PodSpec, PortMappingReport,
 };
+pub use survey::{network_attachments, readiness, Unready};
 pub use trace::trace;
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through

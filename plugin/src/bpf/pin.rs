@@ -96,7 +96,7 @@ impl PinRoot {
         &self.bpffs
     }
 
-    fn is_default(&self) -> bool {
+    pub(super) fn is_default(&self) -> bool {
         self.bpffs == Path::new(DEFAULT_BPFFS)
     }
 
@@ -116,6 +116,12 @@ impl PinRoot {
     /// detach stops here.
     pub fn attachments_dir(&self, node: &NodeId) -> PathBuf {
         self.node_dir(node).join(names::ATTACHMENTS_DIR)
+    }
+
+    /// `attachments/<network>`: the attachments of one network on the node, one directory
+    /// `<container id>/<ifname>` each (GC's inventory). `network` must be a valid name.
+    pub fn network_attachments_dir(&self, node: &NodeId, network: &str) -> PathBuf {
+        self.attachments_dir(node).join(network)
     }
 
     /// The pins of one attachment. `key` must be valid (see [`AttachmentKey::validate`]).
@@ -189,7 +195,7 @@ impl AttachmentPins {
     }
 }
 
-fn is_bpffs(path: &Path) -> Result<bool, BpfError> {
+pub(super) fn is_bpffs(path: &Path) -> Result<bool, BpfError> {
     match statfs(path) {
         Ok(fs) => Ok(fs.filesystem_type() == BPF_FS_MAGIC),
         // A missing override directory is simply not a bpffs.

@@ -58,6 +58,33 @@ pub struct CniEnv {
     pub path: Vec<PathBuf>,
 }
 
+/// The parameters of GC and STATUS, which act on a whole network: spec 1.1 requires only
+/// `CNI_COMMAND` and `CNI_PATH` for them. `CNI_CONTAINERID`, `CNI_IFNAME` and `CNI_NETNS`
+/// are not read (a runtime may leave them set from elsewhere; they mean nothing here).
+#[derive(Debug, Clone)]
+pub struct NetworkEnv {
+    pub command: Command,
+    pub path: Vec<PathBuf>,
+}
+
+/// [`NetworkEnv`] through `get`. `CNI_PATH` may be empty: only a delegated IPAM needs it,
+/// and its absence is reported when the delegate is looked up.
+pub fn network_from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> NetworkEnv {
+    NetworkEnv {
+        command,
+        path: cni_path(&get),
+    }
+}
+
+fn cni_path(get: &impl Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+    get("CNI_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
 /// Reads the environment through `get`, so tests need not touch the process environment.
 pub fn from_lookup(
     command: Command,
@@ -94,12 +121,7 @@ pub fn from_lookup(
     }
 
     let args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
-    let path = get("CNI_PATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .collect();
+    let path = cni_path(&get);
     Ok(CniEnv {
         command,
         container_id,
@@ -200,6 +222,29 @@ mod tests {
             .collect();
         assert!(env(&pairs, Command::Del).unwrap().netns.is_none());
         assert!(env(&pairs, Command::Check).is_err());
+    }
+
+    #[test]
+    fn gc_and_status_need_no_attachment_variables() {
+        for cmd in [Command::Gc, Command::Status] {
+            let e = network_from_lookup(cmd, |k| {
+                (k == "CNI_PATH").then(|| "/opt/cni/bin::/usr/lib/cni".to_owned())
+            });
+            assert_eq!(e.command, cmd);
+            assert_eq!(
+                e.path,
+                [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+            );
+            // Set but meaningless for a whole network: ignored, even when invalid.
+            let m: HashMap<&str, &str> = [
+                ("CNI_CONTAINERID", "-bad"),
+                ("CNI_IFNAME", "a/b"),
+                ("CNI_NETNS", "rel"),
+            ]
+            .into();
+            let e = network_from_lookup(cmd, |k| m.get(k).map(|v| v.to_string()));
+            assert!(e.path.is_empty());
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@ pub mod args;
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod gc;
 pub mod types;
 pub mod version;
 

@@ -172,6 +172,7 @@ mod tests {
             ("0.3.0", ResultFormat::V03),
             ("0.4.0", ResultFormat::V03),
             ("1.0.0", ResultFormat::V1),
+            ("1.1.0", ResultFormat::V1),
         ] {
             let v = sample().to_json(ver, fmt);
             assert_eq!(

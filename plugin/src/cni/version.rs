@@ -2,8 +2,12 @@
 
 use super::{code, CniError};
 
-/// Versions listed by VERSION. 1.1.0 joins once GC and STATUS are implemented.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+/// Versions listed by VERSION. 1.1.0 results have the 1.0.0 layout (its new optional
+/// fields are ones this plugin does not set); it adds the GC and STATUS commands.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The first version with GC and STATUS.
+pub const GC_STATUS_SINCE: &str = "1.1.0";
 
 /// The result layout a version asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,12 +42,29 @@ impl CniVersion {
         &self.0
     }
 
+    /// Whether a config of this version may be used with GC and STATUS. The reference
+    /// `skel` refuses older ones with code 1, and libcni never sends them.
+    pub fn has_gc_and_status(&self) -> bool {
+        at_least(&self.0, GC_STATUS_SINCE)
+    }
+
     pub fn format(&self) -> ResultFormat {
         if self.0.starts_with("0.") {
             ResultFormat::V03
         } else {
             ResultFormat::V1
         }
+    }
+}
+
+/// `a >= b` for dotted numeric versions ("1.1.0"); anything unparsable is older.
+pub fn at_least(a: &str, b: &str) -> bool {
+    fn parts(v: &str) -> Option<Vec<u64>> {
+        v.split('.').map(|p| p.parse().ok()).collect()
+    }
+    match (parts(a), parts(b)) {
+        (Some(a), Some(b)) => a >= b,
+        _ => false,
     }
 }
 
@@ -83,5 +104,31 @@ mod tests {
             CniVersion::parse("1.0.0").unwrap().format(),
             ResultFormat::V1
         );
+        assert_eq!(
+            CniVersion::parse("1.1.0").unwrap().format(),
+            ResultFormat::V1
+        );
+    }
+
+    #[test]
+    fn lists_every_version_from_0_3_0_to_1_1_0() {
+        assert_eq!(
+            SUPPORTED_VERSIONS,
+            ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        );
+    }
+
+    #[test]
+    fn gc_and_status_need_1_1_0() {
+        for v in SUPPORTED_VERSIONS {
+            assert_eq!(
+                CniVersion::parse(v).unwrap().has_gc_and_status(),
+                *v == "1.1.0",
+                "{v}"
+            );
+        }
+        assert!(at_least("1.10.0", "1.1.0"));
+        assert!(!at_least("1.0.9", "1.1.0"));
+        assert!(!at_least("x", "1.1.0"));
     }
 }

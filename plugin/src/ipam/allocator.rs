@@ -1,4 +1,5 @@
-//! Allocate, release, check and garbage-collect leases of one network.
+//! Allocate, release, check and garbage-collect leases of one network, and say how full
+//! its ranges are.
 //!
 //! Each call holds the network's lock for its whole transaction: an allocation checks for
 //! a duplicate, picks and reserves one address per range set, and on any failure removes
@@ -11,7 +12,7 @@ use std::net::IpAddr;
 use super::config::HostLocalConfig;
 use super::dns::read_resolv_conf;
 use super::error::IpamError;
-use super::range::{canonical_ip, RangeSet};
+use super::range::{canonical_ip, to_u128, RangeSet};
 use super::store::{create_dir, network_dir, sort_key, LockedStore};
 use super::{IpamIp, IpamRequest, IpamResult};
 
@@ -188,6 +189,86 @@ pub fn gc(
     let mut released = store.remove_all(stale)?;
     released.sort_by_key(|ip| sort_key(*ip));
     Ok(released)
+}
+
+/// The attachments holding leases in the network, each once: `(container id, ifname)` of
+/// every current-format lease (GC's inventory; old-format leases name no interface and
+/// are left to [`gc`]).
+pub fn holders(conf: &HostLocalConfig, network: &str) -> Result<Vec<(String, String)>, IpamError> {
+    let Some(store) = open_existing(conf, network)? else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<(String, String)> = store
+        .leases()?
+        .iter()
+        .filter_map(|l| match l.owner() {
+            (id, Some(ifname)) => Some((id.to_owned(), ifname.to_owned())),
+            (_, None) => None,
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// How full one range set is (STATUS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetUsage {
+    /// Where the set came from in the config, e.g. `ipam.ranges[0]`.
+    pub set: String,
+    /// Its ranges with their subnets, e.g. `10.9.0.0/29 range 10.9.0.1-10.9.0.6`.
+    pub ranges: String,
+    /// Addresses the walk can hand out: every address of the ranges but the gateways.
+    pub capacity: u128,
+    pub leased: u128,
+}
+
+impl SetUsage {
+    pub fn free(&self) -> u128 {
+        self.capacity.saturating_sub(self.leased)
+    }
+}
+
+/// How many addresses of each range set are leased, in the config's set order. An ADD
+/// needs one free address in every set.
+pub fn usage(conf: &HostLocalConfig, network: &str) -> Result<Vec<SetUsage>, IpamError> {
+    let leased: Vec<IpAddr> = match open_existing(conf, network)? {
+        Some(store) => store.leases()?.iter().map(|l| l.ip).collect(),
+        None => Vec::new(),
+    };
+    Ok(conf
+        .range_sets
+        .iter()
+        .map(|set| {
+            let size: u128 = set
+                .ranges
+                .iter()
+                .map(|r| (to_u128(r.range_end) - to_u128(r.range_start)).saturating_add(1))
+                .fold(0, u128::saturating_add);
+            let mut gateways: Vec<IpAddr> = set
+                .ranges
+                .iter()
+                .map(|r| r.gateway)
+                .filter(|g| set.contains(*g))
+                .collect();
+            gateways.sort_by_key(|ip| sort_key(*ip));
+            gateways.dedup();
+            SetUsage {
+                set: set.source.clone(),
+                ranges: set
+                    .ranges
+                    .iter()
+                    .map(|r| format!("{} range {}-{}", r.subnet, r.range_start, r.range_end))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                capacity: size.saturating_sub(gateways.len() as u128),
+                leased: leased
+                    .iter()
+                    .filter(|ip| set.contains(**ip) && !set.is_gateway(**ip))
+                    .count() as u128,
+            }
+        })
+        .collect())
 }
 
 /// The locked store of an existing network directory; `None` when nothing was ever

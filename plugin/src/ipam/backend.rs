@@ -41,9 +41,36 @@ impl Ipam {
     }
 
     fn delegate_binary(&self, env: &CniEnv) -> Result<Option<PathBuf>, CniError> {
+        self.delegate_binary_in(&env.path)
+    }
+
+    fn delegate_binary_in(&self, cni_path: &[PathBuf]) -> Result<Option<PathBuf>, CniError> {
         match self {
             Ipam::HostLocal(_) => Ok(None),
-            Ipam::Delegated { plugin } => delegate::find(plugin, &env.path).map(Some),
+            Ipam::Delegated { plugin } => delegate::find(plugin, cni_path).map(Some),
+        }
+    }
+
+    /// The delegate, if it speaks the config's version and that version has GC and STATUS
+    /// (spec 1.1); `None` for host-local, and for a delegate that cannot be asked (an older
+    /// plugin would fail the command, and cannot serve this config's ADD either).
+    fn delegate_for_1_1(
+        &self,
+        conf: &NetConf,
+        cni_path: &[PathBuf],
+    ) -> Result<Option<PathBuf>, CniError> {
+        let Some(bin) = self.delegate_binary_in(cni_path)? else {
+            return Ok(None);
+        };
+        let version = conf.cni_version.as_str();
+        if conf.cni_version.has_gc_and_status() && delegate::supports(&bin, version)? {
+            Ok(Some(bin))
+        } else {
+            log::warn!(
+                "ipam plugin {} does not support cniVersion {version}: not passing GC or STATUS to it",
+                bin.display()
+            );
+            Ok(None)
         }
     }
 
@@ -129,6 +156,109 @@ impl Ipam {
             Ipam::Delegated { .. } => {
                 let bin = self.delegate_binary(env)?.expect("delegated has a binary");
                 delegate::exec(&bin, "DEL", stdin).map(|_| ())
+            }
+        }
+    }
+
+    /// Releases the host-local leases of one attachment, as DEL does; succeeds when there is
+    /// none. A delegated IPAM is not called here: DEL passes DEL on to it ([`Self::del`])
+    /// and GC passes GC ([`Self::gc`]).
+    pub fn release_host_local(
+        &self,
+        conf: &NetConf,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<(), CniError> {
+        match self {
+            Ipam::HostLocal(c) => Ok(super::release(c, &conf.name, container_id, ifname)?),
+            Ipam::Delegated { .. } => Ok(()),
+        }
+    }
+
+    /// The attachments holding host-local leases in this network (GC's inventory); empty for
+    /// a delegated IPAM, whose store we cannot read.
+    pub fn holders(&self, conf: &NetConf) -> Result<Vec<(String, String)>, CniError> {
+        match self {
+            Ipam::HostLocal(c) => Ok(super::holders(c, &conf.name)?),
+            Ipam::Delegated { .. } => Ok(Vec::new()),
+        }
+    }
+
+    /// GC of the address store, after the stale attachments were removed one by one:
+    /// host-local releases whatever lease is still not listed in `valid` (old-format
+    /// leases, which name no interface); a delegate gets GC with our stdin (spec 1.1: GC
+    /// must be passed on to delegated plugins).
+    pub fn gc(
+        &self,
+        conf: &NetConf,
+        cni_path: &[PathBuf],
+        valid: &[(String, String)],
+        stdin: &[u8],
+    ) -> Result<(), CniError> {
+        match self {
+            Ipam::HostLocal(c) => {
+                let released = super::gc(c, &conf.name, valid)?;
+                if !released.is_empty() {
+                    log::info!("GC released leases {released:?} in {}", conf.name);
+                }
+                Ok(())
+            }
+            Ipam::Delegated { .. } => match self.delegate_for_1_1(conf, cni_path)? {
+                Some(bin) => delegate::exec(&bin, "GC", stdin).map(|_| ()),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Whether an ADD can get addresses: every host-local range set has a free address (one
+    /// is needed from each); a delegate gets STATUS and its error is ours (spec 1.1).
+    pub fn status(
+        &self,
+        conf: &NetConf,
+        cni_path: &[PathBuf],
+        stdin: &[u8],
+    ) -> Result<(), CniError> {
+        match self {
+            Ipam::HostLocal(c) => {
+                let dir = c.data_dir.join(&conf.name);
+                let full: Vec<String> = super::usage(c, &conf.name)
+                    .map_err(|e| {
+                        CniError::new(
+                            code::PLUGIN_NOT_AVAILABLE,
+                            format!("cannot read the IPAM leases in {}: {e}", dir.display()),
+                        )
+                    })?
+                    .into_iter()
+                    .filter(|u| u.free() == 0)
+                    .map(|u| {
+                        format!(
+                            "IPAM range set {} ({}) is exhausted: {} of {} addresses leased in {}",
+                            u.set,
+                            u.ranges,
+                            u.leased,
+                            u.capacity,
+                            dir.display()
+                        )
+                    })
+                    .collect();
+                if full.is_empty() {
+                    Ok(())
+                } else {
+                    Err(CniError::new(code::PLUGIN_NOT_AVAILABLE, full.join("; ")))
+                }
+            }
+            Ipam::Delegated { .. } => {
+                // Not finding or not being able to ask the delegate means ADD cannot run it.
+                let bin = self
+                    .delegate_for_1_1(conf, cni_path)
+                    .map_err(|e| CniError {
+                        code: code::PLUGIN_NOT_AVAILABLE,
+                        ..e
+                    })?;
+                match bin {
+                    Some(bin) => delegate::exec_keeping_code(&bin, "STATUS", stdin).map(|_| ()),
+                    None => Ok(()),
+                }
             }
         }
     }

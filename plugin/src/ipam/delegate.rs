@@ -30,8 +30,48 @@ pub fn find(plugin: &str, cni_path: &[PathBuf]) -> Result<PathBuf, CniError> {
         })
 }
 
-/// Runs the delegate with `CNI_COMMAND=command`; returns its stdout on success.
+/// Runs the delegate with `CNI_COMMAND=command`; returns its stdout on success. A failure
+/// is code 104 naming the delegate, its command and its own code and message.
 pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
+    run(binary, command, stdin).map_err(|f| f.error)
+}
+
+/// Like [`exec`], but a failure keeps the code the delegate reported (STATUS passes the
+/// delegate's 50 or 51 on as its own).
+pub fn exec_keeping_code(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
+    run(binary, command, stdin).map_err(|f| match f.code {
+        Some(c) => CniError { code: c, ..f.error },
+        None => f.error,
+    })
+}
+
+/// Whether the delegate lists `version` among its supported versions (a VERSION call).
+pub fn supports(binary: &Path, version: &str) -> Result<bool, CniError> {
+    let asked = serde_json::json!({ "cniVersion": version }).to_string();
+    let out = exec(binary, "VERSION", asked.as_bytes())?;
+    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
+        CniError::new(
+            code::DELEGATE,
+            format!(
+                "ipam plugin {} answered VERSION with something that is not JSON",
+                binary.display()
+            ),
+        )
+        .with_details(e.to_string())
+    })?;
+    Ok(v.get("supportedVersions")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|list| list.iter().any(|s| s.as_str() == Some(version))))
+}
+
+struct Failure {
+    error: CniError,
+    /// The code in the delegate's error result, when it printed one.
+    code: Option<u32>,
+}
+
+fn run(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, Failure> {
+    let plain = |error| Failure { error, code: None };
     let name = binary
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -43,20 +83,24 @@ pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniEr
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| {
-            CniError::new(
-                code::DELEGATE,
-                format!("failed to run ipam plugin {}", binary.display()),
+            plain(
+                CniError::new(
+                    code::DELEGATE,
+                    format!("failed to run ipam plugin {}", binary.display()),
+                )
+                .with_details(e.to_string()),
             )
-            .with_details(e.to_string())
         })?;
     // A delegate that exits without reading stdin closes the pipe: not our error.
     let _ = child.stdin.take().expect("stdin is piped").write_all(stdin);
     let out = child.wait_with_output().map_err(|e| {
-        CniError::new(
-            code::DELEGATE,
-            format!("failed to wait for ipam plugin {name}"),
+        plain(
+            CniError::new(
+                code::DELEGATE,
+                format!("failed to wait for ipam plugin {name}"),
+            )
+            .with_details(e.to_string()),
         )
-        .with_details(e.to_string())
     })?;
     if out.status.success() {
         return Ok(out.stdout);
@@ -77,17 +121,20 @@ pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniEr
         .as_ref()
         .and_then(|v| v.get("code"))
         .and_then(|c| c.as_u64());
-    Err(CniError::new(
-        code::DELEGATE,
-        format!(
-            "ipam plugin {name} {command} failed ({}): {msg}",
-            inner_code.map_or_else(
-                || format!("exit status {}", out.status),
-                |c| format!("code {c}")
-            )
-        ),
-    )
-    .with_details(details))
+    Err(Failure {
+        error: CniError::new(
+            code::DELEGATE,
+            format!(
+                "ipam plugin {name} {command} failed ({}): {msg}",
+                inner_code.map_or_else(
+                    || format!("exit status {}", out.status),
+                    |c| format!("code {c}")
+                )
+            ),
+        )
+        .with_details(details),
+        code: inner_code.and_then(|c| u32::try_from(c).ok()),
+    })
 }
 
 /// ADD through the delegate: its (abbreviated) result.

@@ -6,7 +6,8 @@
 //! file per address with the same bytes, and continue each other's round robin through
 //! `last_reserved_ip.<N>`. `config` parses and validates the `ipam` object, `range` walks
 //! the ranges, `store` owns the files, and `allocator` ties them into the operations the
-//! CNI commands call (ADD: [`allocate`], DEL: [`release`], CHECK: [`reserved`], GC: [`gc`]).
+//! CNI commands call (ADD: [`allocate`], DEL: [`release`], CHECK: [`reserved`], GC: [`gc`]
+//! and [`holders`], STATUS: [`usage`]).
 
 mod allocator;
 pub mod backend;
@@ -24,7 +25,7 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
-pub use allocator::{allocate, gc, release, reserved};
+pub use allocator::{allocate, gc, holders, release, reserved, usage, SetUsage};
 pub use config::{HostLocalConfig, DEFAULT_DATA_DIR, DEFAULT_LOCK_TIMEOUT};
 pub use dns::{parse_resolv_conf, IpamDns};
 pub use error::IpamError;

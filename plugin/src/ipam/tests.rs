@@ -404,6 +404,76 @@ fn gc_releases_everything_not_listed() {
 }
 
 #[test]
+fn holders_lists_each_current_format_attachment_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = conf(
+        tmp.path(),
+        json!({"ranges": [[{"subnet": "10.9.0.0/24"}], [{"subnet": "fd00:9::/64"}]]}),
+    );
+    assert!(holders(&c, NET).unwrap().is_empty(), "no directory yet");
+    assert!(
+        !tmp.path().join(NET).exists(),
+        "holders created the directory"
+    );
+    for id in ["b", "a"] {
+        alloc(&c, id).unwrap();
+    }
+    fs::write(tmp.path().join(NET).join("10.9.0.100"), "legacy").unwrap();
+    assert_eq!(
+        holders(&c, NET).unwrap(),
+        [
+            ("a".to_string(), "eth0".to_string()),
+            ("b".to_string(), "eth0".to_string())
+        ]
+    );
+}
+
+#[test]
+fn usage_counts_free_addresses_per_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A /30 has .1 (the gateway) and .2; the v6 set is a 4-address range with its gateway
+    // outside it.
+    let c = conf(
+        tmp.path(),
+        json!({"ranges": [
+            [{"subnet": "10.9.0.0/30"}],
+            [{"subnet": "fd00:9::/64", "rangeStart": "fd00:9::10", "rangeEnd": "fd00:9::13"}]
+        ]}),
+    );
+    let u = usage(&c, NET).unwrap();
+    assert_eq!(u.len(), 2);
+    assert_eq!(
+        (u[0].set.as_str(), u[0].ranges.as_str()),
+        ("ipam.ranges[0]", "10.9.0.0/30 range 10.9.0.1-10.9.0.2")
+    );
+    assert_eq!((u[0].capacity, u[0].leased, u[0].free()), (1, 0, 1));
+    assert_eq!((u[1].capacity, u[1].leased, u[1].free()), (4, 0, 4));
+
+    alloc(&c, "a").unwrap();
+    let u = usage(&c, NET).unwrap();
+    assert_eq!((u[0].leased, u[0].free()), (1, 0), "{u:?}");
+    assert_eq!((u[1].leased, u[1].free()), (1, 3), "{u:?}");
+    // What usage calls full, allocate calls exhausted.
+    assert_eq!(alloc(&c, "b").unwrap_err().cni_code(), code::IPAM_EXHAUSTED);
+    // Files outside the ranges (another config's leases) do not count.
+    fs::write(tmp.path().join(NET).join("10.9.1.7"), "x\r\neth0").unwrap();
+    assert_eq!(usage(&c, NET).unwrap()[1].leased, 1);
+    release(&c, NET, "a", "eth0").unwrap();
+    assert_eq!(usage(&c, NET).unwrap()[0].free(), 1);
+}
+
+#[test]
+fn usage_of_huge_ranges_does_not_overflow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = conf(
+        tmp.path(),
+        json!({"ranges": [[{"subnet": "::/0", "rangeStart": "::1", "rangeEnd": "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"}]]}),
+    );
+    let u = usage(&c, NET).unwrap();
+    assert!(u[0].free() > u128::MAX / 2, "{u:?}");
+}
+
+#[test]
 fn stale_last_reserved_restarts_the_walk() {
     let tmp = tempfile::tempdir().unwrap();
     let c = v4_29(tmp.path());

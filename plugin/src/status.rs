@@ -1,0 +1,151 @@
+//! STATUS (spec 1.1): whether this node can serve ADD for the network right now. Success
+//! prints nothing; otherwise code 50 ("plugin not available"), or 51 when the pods already
+//! attached may have lost connectivity too, with every reason found in the message.
+//!
+//! What is checked is what ADD needs and cannot fix by itself, kept cheap because kubelet
+//! asks every few seconds: the eBPF side ([`bpf::readiness`]: programs built in, bpffs
+//! mounted or mountable, the node's pinned programs and maps, or else a load the kernel
+//! accepts), the attach mode the config forces, and the addresses (a free one in every
+//! host-local range set, or a delegated IPAM's own STATUS).
+
+use crate::{
+    bpf::{self, AttachMode, NodeId, Unready},
+    cni::{
+        code,
+        config::{NetConf, TcAttachMode},
+        env::NetworkEnv,
+        CniError,
+    },
+    ipam::backend::Ipam,
+};
+
+pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
+    // A config ADD would refuse is refused here the same way (code 7).
+    let ipam = Ipam::from_conf(conf)?.ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            "ipam is missing: ebpf-cni needs an ipam section to address the pod",
+        )
+    })?;
+
+    let mut problems: Vec<Unready> = Vec::new();
+    if conf.tc_attach_mode == TcAttachMode::Tcx && AttachMode::auto() == AttachMode::Netlink {
+        problems.push(Unready {
+            reason: format!(
+                "tcAttachMode \"tcx\" needs TCX (kernel 6.6 or later); this kernel is {}",
+                kernel_release()
+            ),
+            pods_affected: false,
+        });
+    }
+    match NodeId::current() {
+        Ok(node) => problems.extend(bpf::readiness(&node)),
+        Err(e) => problems.push(Unready {
+            reason: CniError::from(e).to_string(),
+            pods_affected: false,
+        }),
+    }
+
+    let ipam_err = ipam.status(conf, &env.path, stdin).err();
+    verdict(problems, ipam_err)
+}
+
+/// One error out of everything found: the delegate's own error when it is the only
+/// problem (its code passed on as the spec asks), else 51 if any reason affects existing
+/// pods (or the delegate said 51), else 50.
+fn verdict(problems: Vec<Unready>, ipam_err: Option<CniError>) -> Result<(), CniError> {
+    if problems.is_empty() {
+        return ipam_err.map_or(Ok(()), Err);
+    }
+    let mut code = if problems.iter().any(|p| p.pods_affected) {
+        code::PLUGIN_NOT_AVAILABLE_LIMITED
+    } else {
+        code::PLUGIN_NOT_AVAILABLE
+    };
+    let mut reasons: Vec<String> = problems.into_iter().map(|p| p.reason).collect();
+    let mut details = String::new();
+    if let Some(e) = ipam_err {
+        if e.code == code::PLUGIN_NOT_AVAILABLE_LIMITED {
+            code = e.code;
+        }
+        reasons.push(e.msg);
+        details = e.details;
+    }
+    let msg = match code {
+        code::PLUGIN_NOT_AVAILABLE_LIMITED => {
+            "plugin not available, existing pods may have limited connectivity"
+        }
+        _ => "plugin not available",
+    };
+    Err(CniError::new(code, format!("{msg}: {}", reasons.join("; "))).with_details(details))
+}
+
+fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unready(reason: &str, pods_affected: bool) -> Unready {
+        Unready {
+            reason: reason.to_owned(),
+            pods_affected,
+        }
+    }
+
+    #[test]
+    fn healthy_is_ok() {
+        assert!(verdict(Vec::new(), None).is_ok());
+    }
+
+    #[test]
+    fn code_50_lists_every_reason() {
+        let e = verdict(
+            vec![unready("bpffs missing", false)],
+            Some(CniError::new(
+                code::PLUGIN_NOT_AVAILABLE,
+                "IPAM range set ipam.ranges[0] (10.0.0.2-10.0.0.2) is exhausted",
+            )),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::PLUGIN_NOT_AVAILABLE);
+        assert_eq!(
+            e.msg,
+            "plugin not available: bpffs missing; IPAM range set ipam.ranges[0] (10.0.0.2-10.0.0.2) is exhausted"
+        );
+    }
+
+    #[test]
+    fn pods_affected_makes_it_51() {
+        let e = verdict(
+            vec![unready("a", false), unready("maps missing", true)],
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::PLUGIN_NOT_AVAILABLE_LIMITED);
+        assert!(
+            e.msg.contains("limited connectivity: a; maps missing"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn a_delegate_error_alone_keeps_its_code() {
+        let delegate = CniError::new(11, "ipam plugin x STATUS failed (code 11): busy");
+        assert_eq!(
+            verdict(Vec::new(), Some(delegate.clone())).unwrap_err(),
+            delegate
+        );
+        let e = verdict(
+            vec![unready("b", false)],
+            Some(CniError::new(code::PLUGIN_NOT_AVAILABLE_LIMITED, "d")),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::PLUGIN_NOT_AVAILABLE_LIMITED);
+    }
+}
