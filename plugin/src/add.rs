@@ -204,7 +204,8 @@ async fn setup(
             pod_mac,
         })
         .collect();
-    let (devices, node_addrs) = node_devices(host_nl, conf).await?;
+    let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
+    let (devices, node_addrs) = node_devices(host_nl, conf, &gateways).await?;
     step("devices listed");
     undo.push(Undo::Programs);
     let spec = PodSpec {
@@ -292,21 +293,25 @@ async fn rollback(
 /// every device holding a global address that is not a pod's host veth (or loopback).
 /// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
 /// Also returns every global address of the node (what wildcard host ports answer on).
+///
+/// One address dump finds them; links are then looked up one by one, only those holding an
+/// address other than a pod gateway (`gateways`): host veths hold nothing else, so ADD does
+/// not parse one link message per pod on a busy node.
 async fn node_devices(
     host_nl: &Netlink,
     conf: &NetConf,
+    gateways: &[std::net::IpAddr],
 ) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
-    let links = host_nl.links().await?;
     let global = host_nl.global_addresses().await?;
     let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
     node_addrs.sort();
     node_addrs.dedup();
+    let mut out = Vec::new();
     if let Some(names) = &conf.devices {
-        let mut out = Vec::new();
         for name in names {
-            match links.iter().find(|l| &l.name == name) {
+            match host_nl.link_by_name(name).await? {
                 Some(l) => out.push(Device {
-                    name: l.name.clone(),
+                    name: l.name,
                     ifindex: l.index,
                 }),
                 None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
@@ -314,16 +319,24 @@ async fn node_devices(
         }
         return Ok((out, node_addrs));
     }
-    let devices = links
-        .into_iter()
-        .filter(|l| global.iter().any(|(i, _)| *i == l.index))
-        .filter(|l| l.name != "lo" && !veth::is_host_veth(l))
-        .map(|l| Device {
-            name: l.name,
-            ifindex: l.index,
-        })
+    let mut candidates: Vec<u32> = global
+        .iter()
+        .filter(|(_, ip)| !gateways.contains(ip))
+        .map(|(i, _)| *i)
         .collect();
-    Ok((devices, node_addrs))
+    candidates.sort_unstable();
+    candidates.dedup();
+    for index in candidates {
+        if let Some(l) = host_nl.link_by_index(index).await? {
+            if l.name != "lo" && !veth::is_host_veth(&l) {
+                out.push(Device {
+                    name: l.name,
+                    ifindex: l.index,
+                });
+            }
+        }
+    }
+    Ok((out, node_addrs))
 }
 
 pub fn attach_mode(conf: &NetConf) -> AttachMode {

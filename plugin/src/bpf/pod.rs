@@ -116,8 +116,9 @@ pub fn add_pod(
             dir: pins.dir().into(),
             failures,
         })?;
+        // Scans the whole endpoint map: only for this rare case, so ADD stays O(1).
+        maps.remove_attachment(key.id())?;
     }
-    maps.remove_attachment(key.id())?;
     maps.ensure_free(
         key.id(),
         &endpoints.iter().map(|e| e.ip).collect::<Vec<_>>(),

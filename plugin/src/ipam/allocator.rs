@@ -29,7 +29,11 @@ pub fn allocate(conf: &HostLocalConfig, req: &IpamRequest) -> Result<IpamResult,
     let dir = network_dir(&conf.data_dir, req.network)?;
     create_dir(&dir)?;
     let store = LockedStore::lock(&dir, conf.lock_timeout)?;
-    let held = store.owned_by(req.container_id, req.ifname)?;
+    let held = if req.fresh {
+        Vec::new()
+    } else {
+        store.owned_by(req.container_id, req.ifname)?
+    };
 
     let mut ips = Vec::with_capacity(conf.range_sets.len());
     for (idx, set) in conf.range_sets.iter().enumerate() {

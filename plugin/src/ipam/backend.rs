@@ -102,6 +102,7 @@ impl Ipam {
                 let r = super::allocate(
                     c,
                     &IpamRequest {
+                        fresh: true,
                         network: &conf.name,
                         container_id: &env.container_id,
                         ifname: &env.ifname,

@@ -42,6 +42,11 @@ pub struct IpamRequest<'a> {
     /// runtimeConfig `ips`): at most one per range set; sets without one get the next free
     /// address.
     pub requested: &'a [IpAddr],
+    /// The caller proved the attachment is new (ADD found no host veth of it), so the
+    /// leases are not scanned for one it already holds: that scan reads every lease file,
+    /// which would make ADD grow with the number of pods. A lease left by an interrupted ADD
+    /// is released with the attachment's others by DEL (which releases by owner).
+    pub fresh: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,6 +33,7 @@ fn v4_29(dir: &Path) -> HostLocalConfig {
 
 fn req<'a>(id: &'a str, requested: &'a [IpAddr]) -> IpamRequest<'a> {
     IpamRequest {
+        fresh: false,
         network: NET,
         container_id: id,
         ifname: "eth0",
@@ -139,6 +140,7 @@ fn result_carries_prefix_gateway_routes_and_dns() {
         allocate(
             &v4_29(tmp.path()),
             &IpamRequest {
+                fresh: false,
                 network: "other",
                 ..req("a", &[])
             }
