@@ -418,8 +418,16 @@ fn host_port(node: &Node, pods: &[Pod; 2]) -> Result<()> {
         .and_then(|i| i.gateway)
         .ok_or_else(|| anyhow!("pod-b has no IPv4 gateway"))?;
     let targets: [(&str, &Netns, SocketAddr); 4] = [
-        ("node", node.netns(), SocketAddr::from(([127, 0, 0, 1], HOST_PORT))),
-        ("node", node.netns(), SocketAddr::from((Ipv6Addr::LOCALHOST, HOST_PORT))),
+        (
+            "node",
+            node.netns(),
+            SocketAddr::from(([127, 0, 0, 1], HOST_PORT)),
+        ),
+        (
+            "node",
+            node.netns(),
+            SocketAddr::from((Ipv6Addr::LOCALHOST, HOST_PORT)),
+        ),
         ("node", node.netns(), SocketAddr::new(gw, HOST_PORT)),
         ("pod-b", &pods[1].netns, SocketAddr::new(gw, HOST_PORT)),
     ];
@@ -449,14 +457,22 @@ fn host_port(node: &Node, pods: &[Pod; 2]) -> Result<()> {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = server.join();
     outcome?;
-    for cmd in [&["iptables-save"][..], &["ip6tables-save"], &["nft", "list", "ruleset"]] {
+    for cmd in [
+        &["iptables-save"][..],
+        &["ip6tables-save"],
+        &["nft", "list", "ruleset"],
+    ] {
         let out = node.netns().exec(cmd)?;
         let text = String::from_utf8_lossy(&out.stdout);
         let rules = text
             .lines()
             .filter(|l| l.starts_with("-A") || l.trim_start().starts_with("dnat"))
             .count();
-        ensure!(rules == 0, "{} shows {rules} rules in the node:\n{text}", cmd[0]);
+        ensure!(
+            rules == 0,
+            "{} shows {rules} rules in the node:\n{text}",
+            cmd[0]
+        );
     }
     ok("iptables-save, ip6tables-save and nft list ruleset show no rule in the node");
     Ok(())
