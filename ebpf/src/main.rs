@@ -6,6 +6,9 @@
 //! - `ecni_from_dev`, at the ingress of the node's external devices, delivers packets for
 //!   local pods with `bpf_redirect_peer`, and leaves the rest to the stack.
 //! - `ecni_to_pod`, at the host veth egress, counts what the stack sends into the pod.
+//! - `ecni_connect4/6`, `ecni_sendmsg4/6`, `ecni_recvmsg4/6`, `ecni_peername4/6`, cgroup
+//!   socket-address programs, send the node's own connections to a host port to the pod
+//!   (see `sock`); `nat` does the same for packets at the TC hooks above.
 //!
 //! Entry points are thin: they return what the `try_*` function decided, and every path has
 //! a verdict chosen on purpose. Under TCX, -1 (`TCX_NEXT`) means "no verdict: continue to

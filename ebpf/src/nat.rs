@@ -57,16 +57,25 @@ pub struct Scratch {
     port_key: PortKey,
     rev: NatKey,
     orig: NatOrig,
-    l4_off: u32,
     sport: u16,
     dport: u16,
     /// 1: IPv4.
     v4: u8,
     proto: u8,
-    _pad: [u8; 2],
+    _pad: [u8; 6],
 }
 
 const _: () = assert!(core::mem::size_of::<Scratch>() == 48 + 16 * 4 + 20 + 40 + 24 + 12);
+
+/// Where the transport header starts (constant per family, which the verifier needs).
+#[inline(always)]
+fn l4_off(f: &Scratch) -> usize {
+    if f.v4 == 1 {
+        IPV4_L4_OFF
+    } else {
+        IPV6_L4_OFF
+    }
+}
 
 #[map]
 static ECNI_NAT_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -108,7 +117,6 @@ fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
         }
         f.v4 = 1;
         f.proto = ip.protocol;
-        f.l4_off = IPV4_L4_OFF as u32;
         f.src = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
         f.dst = f.src;
         f.src[12..16].copy_from_slice(&ip.saddr);
@@ -121,7 +129,6 @@ fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
         let ip = unsafe { &*ip };
         f.v4 = 0;
         f.proto = ip.nexthdr;
-        f.l4_off = IPV6_L4_OFF as u32;
         copy16(&mut f.src, &ip.saddr);
         copy16(&mut f.dst, &ip.daddr);
     } else {
@@ -130,8 +137,7 @@ fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
     if !translatable(f.proto) {
         return false;
     }
-    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
-    let Some(ports) = ptr_at::<Ports>(ctx, l4_off) else {
+    let Some(ports) = ptr_at::<Ports>(ctx, l4_off(f)) else {
         return false;
     };
     // SAFETY: bounds checked by `ptr_at`.
@@ -145,11 +151,10 @@ fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
 /// Offset of the L4 checksum, if the protocol has an Internet checksum.
 #[inline(always)]
 fn l4_check(f: &Scratch) -> Option<(usize, u64)> {
-    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
     match f.proto {
-        IPPROTO_TCP => Some((l4_off + 16, 0)),
+        IPPROTO_TCP => Some((l4_off(f) + 16, 0)),
         // A zero UDP checksum (IPv4) means "none" and must stay zero.
-        IPPROTO_UDP => Some((l4_off + 6, u64::from(BPF_F_MARK_MANGLED_0))),
+        IPPROTO_UDP => Some((l4_off(f) + 6, u64::from(BPF_F_MARK_MANGLED_0))),
         _ => None,
     }
 }
@@ -228,8 +233,7 @@ fn set_port(ctx: &TcContext, f: &Scratch, end: End, old: u16, new: u16) -> bool 
     if old == new {
         return true;
     }
-    let l4_off = if f.v4 == 1 { IPV4_L4_OFF } else { IPV6_L4_OFF };
-    let off = l4_off
+    let off = l4_off(f)
         + match end {
             End::Src => 0,
             End::Dst => 2,

@@ -17,7 +17,9 @@ use ebpf_cni_maps::{
     EndpointKey, PortKey, PortTarget, SockKey, SockOrig, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
 };
 
-use crate::maps::{count_hit, is_node_addr, port_target, portmap_netns_cookie, ECNI_SOCK_REV};
+use crate::maps::{
+    count_hit, is_node_addr, is_v4_mapped, port_target, portmap_netns_cookie, ECNI_SOCK_REV,
+};
 
 /// What socket-address programs return to let the call proceed.
 pub const ALLOW: i32 = 1;
@@ -33,8 +35,12 @@ fn on_node(ctx: &SockAddrContext) -> bool {
 
 #[inline(always)]
 fn is_loopback(a: &[u8; 16]) -> bool {
-    let v4_mapped = a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff;
-    (v4_mapped && a[12] == 127) || (a[..15] == [0; 15] && a[15] == 1)
+    (is_v4_mapped(a) && a[12] == 127) || is_v6_loopback(a)
+}
+
+#[inline(always)]
+fn is_v6_loopback(a: &[u8; 16]) -> bool {
+    a[..15] == [0; 15] && a[15] == 1
 }
 
 #[inline(always)]
@@ -120,7 +126,7 @@ pub fn to_pod(ctx: &SockAddrContext, v6: bool) -> i32 {
     let port = read_port(ctx);
     // A loopback destination answers for every address of its family.
     let lookup = if is_loopback(&addr) {
-        if v6 && addr[15] == 1 && addr[..15] == [0; 15] {
+        if is_v6_loopback(&addr) {
             [0; 16]
         } else {
             EndpointKey::v4([0; 4]).addr
@@ -135,8 +141,7 @@ pub fn to_pod(ctx: &SockAddrContext, v6: bool) -> i32 {
     }
     // An IPv4 socket cannot reach an IPv6 pod and vice versa (a v6 socket reaches IPv4
     // pods through mapped addresses).
-    let pod_is_v4 = t.pod_addr[..10] == [0; 10] && t.pod_addr[10] == 0xff && t.pod_addr[11] == 0xff;
-    if !v6 && !pod_is_v4 {
+    if !v6 && !is_v4_mapped(&t.pod_addr) {
         return ALLOW;
     }
     // SAFETY: plain helper call on the program's context.

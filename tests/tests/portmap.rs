@@ -347,7 +347,6 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
         ruleset(&node),
         "still no netfilter rule after traffic"
     );
-    let _ = a.v6();
 }
 
 /// The socket programs are attached machine-wide but act only in the node's namespace:

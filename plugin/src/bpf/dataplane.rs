@@ -187,46 +187,33 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         })?;
     let dir = root.programs_dir(node).join(rev);
     create_dir_all_racy(&dir)?;
-    for hook in Hook::ALL {
-        let name = hook.program();
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(BpfError::MissingProgram { name })?
-            .try_into()
-            .map_err(|source| BpfError::Program {
+    // aya has no trait for `load`, so one macro serves both program types.
+    macro_rules! load_and_pin_as {
+        ($ty:ty, $name:expr) => {{
+            let name: &'static str = $name;
+            let err = |source| BpfError::Program {
+                name,
+                source: Box::new(source),
+            };
+            let prog: &mut $ty = ebpf
+                .program_mut(name)
+                .ok_or(BpfError::MissingProgram { name })?
+                .try_into()
+                .map_err(err)?;
+            prog.load().map_err(err)?;
+            let path = dir.join(name);
+            prog.pin(&path).map_err(|source| BpfError::PinProgram {
+                path,
                 name,
                 source: Box::new(source),
             })?;
-        prog.load().map_err(|source| BpfError::Program {
-            name,
-            source: Box::new(source),
-        })?;
-        let path = dir.join(name);
-        prog.pin(&path).map_err(|source| BpfError::PinProgram {
-            path,
-            name,
-            source: Box::new(source),
-        })?;
+        }};
+    }
+    for hook in Hook::ALL {
+        load_and_pin_as!(SchedClassifier, hook.program());
     }
     for (name, _) in SOCK_PROGRAMS {
-        let prog: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or(BpfError::MissingProgram { name })?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                name,
-                source: Box::new(source),
-            })?;
-        prog.load().map_err(|source| BpfError::Program {
-            name,
-            source: Box::new(source),
-        })?;
-        let path = dir.join(name);
-        prog.pin(&path).map_err(|source| BpfError::PinProgram {
-            path,
-            name,
-            source: Box::new(source),
-        })?;
+        load_and_pin_as!(CgroupSockAddr, name);
     }
     // Programs of other revisions stay alive as long as links use them; their pins only
     // served new attachments, which from now on get this revision.
@@ -241,7 +228,7 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     Ok(())
 }
 
-fn is_not_found(e: &aya::maps::MapError) -> bool {
+pub(super) fn is_not_found(e: &aya::maps::MapError) -> bool {
     match e {
         aya::maps::MapError::KeyNotFound => true,
         aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
@@ -256,7 +243,11 @@ pub struct Maps {
     rates: HashMap<MapData, u32, RateLimit>,
 }
 
-fn open_pinned(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Option<Map>, BpfError> {
+pub(super) fn open_pinned(
+    root: &PinRoot,
+    node: &NodeId,
+    name: &'static str,
+) -> Result<Option<Map>, BpfError> {
     let path = root.map(node, name);
     if !path.exists() {
         return Ok(None);

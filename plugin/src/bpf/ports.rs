@@ -19,7 +19,7 @@ use ebpf_cni_maps::{
 };
 
 use super::{
-    dataplane::{endpoint_key, key_ip},
+    dataplane::{endpoint_key, is_not_found, key_ip, open_pinned},
     pin::{create_dir_all_racy, NodeId, PinRoot},
     sys, BpfError,
 };
@@ -82,14 +82,12 @@ pub fn describe_key(k: &PortKey) -> String {
     format!("{host}:{}/{proto}", k.port)
 }
 
+/// A node map by name; its absence is an error here (the programs' load creates it).
 fn open(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Map, BpfError> {
-    let path = root.map(node, name);
-    let err = |source| BpfError::OpenMap {
-        path: path.clone(),
-        source: Box::new(source),
-    };
-    let data = MapData::from_pin(&path).map_err(err)?;
-    Map::from_map_data(data).map_err(err)
+    open_pinned(root, node, name)?.ok_or_else(|| BpfError::PinMissing {
+        what: "node map",
+        path: root.map(node, name),
+    })
 }
 
 fn update_err(map: &'static str, what: String) -> impl FnOnce(aya::maps::MapError) -> BpfError {
@@ -97,14 +95,6 @@ fn update_err(map: &'static str, what: String) -> impl FnOnce(aya::maps::MapErro
         map,
         what,
         source: Box::new(source),
-    }
-}
-
-fn is_not_found(e: &aya::maps::MapError) -> bool {
-    match e {
-        aya::maps::MapError::KeyNotFound => true,
-        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
-        _ => false,
     }
 }
 

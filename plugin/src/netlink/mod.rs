@@ -191,17 +191,6 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Indexes of the links that hold at least one global-scope address.
-    pub async fn global_address_links(&self) -> Result<Vec<u32>, NetlinkError> {
-        let mut out: Vec<u32> = Vec::new();
-        for (index, _) in self.global_addresses().await? {
-            if !out.contains(&index) {
-                out.push(index);
-            }
-        }
-        Ok(out)
-    }
-
     /// Every address of global scope in the namespace, with its link's index.
     pub async fn global_addresses(&self) -> Result<Vec<(u32, std::net::IpAddr)>, NetlinkError> {
         use rtnetlink::packet_route::address::AddressAttribute;
