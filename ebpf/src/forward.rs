@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use ebpf_cni_maps::{EndpointInfo, EndpointKey};
+use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED};
 
 use aya_log_ebpf::debug;
 
@@ -152,6 +152,19 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
 /// Host veth ingress.
 #[inline(always)]
 pub fn from_pod(ctx: &TcContext) -> i32 {
+    leave_pod::<false>(ctx)
+}
+
+/// Host veth ingress in chained mode: the interface plugin in front of ebpf-cni (a bridge,
+/// ptp) owns forwarding, so only translated host-port packets are delivered or routed here;
+/// every other packet goes on to the stack, limited and counted.
+#[inline(always)]
+pub fn from_chained_pod(ctx: &TcContext) -> i32 {
+    leave_pod::<true>(ctx)
+}
+
+#[inline(always)]
+fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
     match police(ctx, me, Way::Egress) {
@@ -172,9 +185,14 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         count(me, Dir::FromPod, Event::Error, len);
         return TC_ACT_SHOT as i32;
     }
+    if CHAINED && nat == Nat::None {
+        return PASS;
+    }
     match classify(ctx) {
         // Back into the sending pod only for a hairpin (the pod reached its own host port).
-        Some((proto, Dest::Pod(ep))) if ep.host_ifindex != me || nat == Nat::Hairpin => {
+        Some((proto, Dest::Pod(ep)))
+            if (ep.host_ifindex != me || nat == Nat::Hairpin) && ours(&ep, nat) =>
+        {
             deliver(ctx, proto, &ep)
         }
         Some((proto, Dest::Other)) => route(ctx, proto, me),
@@ -207,13 +225,22 @@ pub fn to_pod(ctx: &TcContext) -> i32 {
 /// Node device ingress.
 #[inline(always)]
 pub fn from_dev(ctx: &TcContext) -> i32 {
-    if nat::forward(ctx, 0) == Nat::Failed {
+    let nat = nat::forward(ctx, 0);
+    if nat == Nat::Failed {
         return TC_ACT_SHOT as i32;
     }
     match classify(ctx) {
-        Some((proto, Dest::Pod(ep))) => deliver(ctx, proto, &ep),
+        Some((proto, Dest::Pod(ep))) if ours(&ep, nat) => deliver(ctx, proto, &ep),
         _ => PASS,
     }
+}
+
+/// Whether the programs deliver this packet to the pod themselves: always for a pod whose
+/// interface ebpf-cni made; for a chained pod only a translated host-port packet (the rest
+/// takes the path its interface plugin set up).
+#[inline(always)]
+fn ours(ep: &EndpointInfo, nat: Nat) -> bool {
+    ep.flags & EP_FLAG_CHAINED == 0 || nat != Nat::None
 }
 
 #[inline(always)]

@@ -5,6 +5,9 @@
 //!   FIB lookup and `bpf_redirect_neigh`; anything else goes to the stack unchanged.
 //! - `ecni_from_dev`, at the ingress of the node's external devices, delivers packets for
 //!   local pods with `bpf_redirect_peer`, and leaves the rest to the stack.
+//! - `ecni_from_chain` replaces `ecni_from_pod` on a pod whose interface another plugin made
+//!   (ebpf-cni chained after bridge or ptp): it limits, counts and translates host-port
+//!   flows, and leaves every other packet to that plugin's bridge or routes.
 //! - `ecni_to_pod`, at the host veth egress, counts what the stack sends into the pod.
 //! - `ecni_connect4/6`, `ecni_sendmsg4/6`, `ecni_recvmsg4/6`, `ecni_peername4/6`, cgroup
 //!   socket-address programs, send the node's own connections to a host port to the pod
@@ -39,11 +42,21 @@ const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_FROM_DEV,
     stringify!(ecni_from_dev)
 ));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_FROM_CHAIN,
+    stringify!(ecni_from_chain)
+));
 
 /// Host veth ingress: the pod sent this packet.
 #[classifier]
 pub fn ecni_from_pod(ctx: TcContext) -> i32 {
     forward::from_pod(&ctx)
+}
+
+/// Host veth ingress of a pod another plugin created (chained mode).
+#[classifier]
+pub fn ecni_from_chain(ctx: TcContext) -> i32 {
+    forward::from_chained_pod(&ctx)
 }
 
 /// Host veth egress: the node's stack sends this packet into the pod.

@@ -68,6 +68,9 @@ pub const PROG_FROM_POD: &str = "ecni_from_pod";
 pub const PROG_TO_POD: &str = "ecni_to_pod";
 /// TC program at the ingress of the node's external devices: traffic arriving for pods.
 pub const PROG_FROM_DEV: &str = "ecni_from_dev";
+/// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
+/// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
+pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
 
 /// IP protocol numbers of the host port protocols.
 pub const IPPROTO_TCP: u8 = 6;
@@ -82,9 +85,12 @@ pub const NAT_FLAG_HAIRPIN: u16 = 1;
 /// packets up in the port-mapping maps (without it they skip those lookups).
 pub const NODE_FLAG_PORTMAP: u32 = 1;
 
-/// [`EndpointInfo::flags`]: none defined yet; the field is there so a newer binary can add
-/// some without changing the pinned map's layout.
+/// [`EndpointInfo::flags`]: a pod whose interface ebpf-cni made (standalone mode).
 pub const EP_FLAGS_NONE: u32 = 0;
+/// [`EndpointInfo::flags`]: another plugin made the pod's interface and forwards its traffic
+/// (chained mode). The programs deliver into such a pod only packets they translated for a
+/// host port; everything else for it takes the stack, as that plugin set it up.
+pub const EP_FLAG_CHAINED: u32 = 1;
 
 /// Names of the directories and files under the bpffs mount point. The plugin's `bpf::pin`
 /// module assembles them into paths; nothing else spells them out.
@@ -104,6 +110,8 @@ pub mod pin {
     pub const LINK_TO_POD: &str = "link_to_pod";
     /// The pinned TCX link of [`PROG_FROM_DEV`](super::PROG_FROM_DEV) on a node device.
     pub const LINK_FROM_DEV: &str = "link_from_dev";
+    /// The pinned TCX link of [`PROG_FROM_CHAIN`](super::PROG_FROM_CHAIN) (chained mode).
+    pub const LINK_FROM_CHAIN: &str = "link_from_chain";
     /// Directory of the node-wide maps, each pinned under its map name.
     pub const MAPS_DIR: &str = "maps";
     /// Directory of the loaded programs, one sub-directory per object revision (a hash of
@@ -381,6 +389,7 @@ const _: () = assert!(fits_bpf_obj_name(RATE_LIMITS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
+const _: () = assert!(fits_bpf_obj_name(PROG_FROM_CHAIN));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_MAP));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_HITS_MAP));
 const _: () = assert!(fits_bpf_obj_name(NAT_REV_MAP));

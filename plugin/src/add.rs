@@ -32,13 +32,17 @@ pub async fn add(
     conf: &NetConf,
     stdin: &[u8],
 ) -> Result<serde_json::Value, CniError> {
+    if crate::chained::is_chained(conf) {
+        return crate::chained::add(env, conf).await;
+    }
     // Everything that can be validated is, before anything changes.
-    let ipam = Ipam::from_conf(conf)?.ok_or_else(|| {
-        CniError::new(
+    let ipam = Ipam::from_conf(conf)?.expect("a config with ipam is not chained");
+    if conf.prev_result.is_some() {
+        return Err(CniError::new(
             code::INVALID_CONFIG,
-            "ipam is missing: ebpf-cni needs an ipam section to address the pod",
-        )
-    })?;
+            "ebpf-cni has an ipam section and got a prevResult: with ipam it creates the pod's interface and must come first in the list; after another interface plugin (chained mode), leave ipam out",
+        ));
+    }
     ipam.validate(env)?;
     let limits = crate::bandwidth::limits(conf)?;
     let port_mappings = crate::portmap::mappings(conf)?;
@@ -202,6 +206,7 @@ async fn setup(
             host_ifindex: pair.host.index,
             host_mac,
             pod_mac,
+            chained: false,
         })
         .collect();
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
@@ -215,16 +220,11 @@ async fn setup(
         limits: limits.to_map_value(),
         ports: &ports,
         node_addrs: &node_addrs,
+        chained: false,
     };
     bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
     step("eBPF attached");
-
-    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
-        return Err(CniError::new(
-            code::INTERNAL,
-            format!("failpoint {FAILPOINT_ENV}=before-result"),
-        ));
-    }
+    failpoint()?;
 
     result.interfaces = vec![
         Interface {
@@ -297,7 +297,7 @@ async fn rollback(
 /// One address dump finds them; links are then looked up one by one, only those holding an
 /// address other than a pod gateway (`gateways`): host veths hold nothing else, so ADD does
 /// not parse one link message per pod on a busy node.
-async fn node_devices(
+pub(crate) async fn node_devices(
     host_nl: &Netlink,
     conf: &NetConf,
     gateways: &[std::net::IpAddr],
@@ -337,6 +337,17 @@ async fn node_devices(
         }
     }
     Ok((out, node_addrs))
+}
+
+/// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
+pub(crate) fn failpoint() -> Result<(), CniError> {
+    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
+        return Err(CniError::new(
+            code::INTERNAL,
+            format!("failpoint {FAILPOINT_ENV}=before-result"),
+        ));
+    }
+    Ok(())
 }
 
 pub fn attach_mode(conf: &NetConf) -> AttachMode {

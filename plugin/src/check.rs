@@ -10,7 +10,7 @@ use crate::{
     bpf::{self, AttachMode, AttachmentKey, Hook, NodeId, PodEndpoint},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
-    netlink::{format_mac, Netlink, RouteEntry},
+    netlink::{format_mac, Link, Netlink, RouteEntry},
     netns::Netns,
     veth,
 };
@@ -20,6 +20,9 @@ fn failed(msg: String) -> CniError {
 }
 
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
+    if crate::chained::is_chained(conf) {
+        return crate::chained::check(env, conf).await;
+    }
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         CniError::new(
             code::INVALID_CONFIG,
@@ -172,6 +175,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             host_ifindex: host.index,
             host_mac,
             pod_mac,
+            chained: false,
         })
         .collect();
     let mode = crate::add::attach_mode(conf);
@@ -182,19 +186,32 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             .map(|i| (i.address.ip(), i.gateway))
             .collect::<Vec<_>>(),
     )?;
-    bpf::check_pod(&node, &key, host.index, &endpoints, limits, &ports, mode)
-        .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    bpf::check_pod(
+        &node, &key, host.index, &endpoints, limits, &ports, mode, false,
+    )
+    .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {
-        for hook in Hook::POD {
-            let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
-            let filters = host_nl.bpf_filters(host.index, ingress).await?;
-            if !filters.iter().any(|f| f == hook.program()) {
-                return Err(failed(format!(
-                    "eBPF dataplane: no {} filter of program {} on {host_name} (netlink mode)",
-                    if ingress { "ingress" } else { "egress" },
-                    hook.program()
-                )));
-            }
+        netlink_filters(&host_nl, &host, Hook::pod(false)).await?;
+    }
+    Ok(())
+}
+
+/// Netlink mode: each of `hooks` has its program's filter on `host`.
+pub(crate) async fn netlink_filters(
+    host_nl: &Netlink,
+    host: &Link,
+    hooks: [Hook; 2],
+) -> Result<(), CniError> {
+    for hook in hooks {
+        let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
+        let filters = host_nl.bpf_filters(host.index, ingress).await?;
+        if !filters.iter().any(|f| f == hook.program()) {
+            return Err(failed(format!(
+                "eBPF dataplane: no {} filter of program {} on {} (netlink mode)",
+                if ingress { "ingress" } else { "egress" },
+                hook.program(),
+                host.name
+            )));
         }
     }
     Ok(())

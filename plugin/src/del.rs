@@ -1,7 +1,8 @@
 //! DEL: removes the host veth (and with it the container side and host routes), the eBPF
 //! attachment and the IPAM reservation. Idempotent: works twice, with an empty or deleted
 //! `CNI_NETNS` and without `prevResult`, because every name is derived from the attachment.
-//! It keeps going past errors and reports them all at the end.
+//! It keeps going past errors and reports them all at the end. In chained mode (no ipam)
+//! there is no veth or lease of ebpf-cni's: the same path removes only its eBPF state.
 //!
 //! GC removes each stale attachment with the same [`remove_attachment`], so whatever DEL
 //! removes, GC removes too.
@@ -20,8 +21,13 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
     let mut errors = remove_attachment(conf, ipam.as_ref(), &env.container_id, &env.ifname).await;
 
     // Normally gone with its peer; a container-side veth left alone by an interrupted ADD
-    // or a deleted host side is removed here.
-    if let Some(path) = &env.netns {
+    // or a deleted host side is removed here. In chained mode the interface is the previous
+    // plugin's, which removes it after this DEL.
+    if let Some(path) = env
+        .netns
+        .as_ref()
+        .filter(|_| !crate::chained::is_chained(conf))
+    {
         match Netns::open(path) {
             Ok(ns) => {
                 if let Err(e) = delete_container_veth(&ns, &env.ifname).await {

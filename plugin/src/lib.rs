@@ -6,6 +6,7 @@
 pub mod add;
 pub mod bandwidth;
 pub mod bpf;
+pub mod chained;
 pub mod check;
 pub mod cli;
 pub mod cni;

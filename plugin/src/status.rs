@@ -20,13 +20,9 @@ use crate::{
 };
 
 pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
-    // A config ADD would refuse is refused here the same way (code 7).
-    let ipam = Ipam::from_conf(conf)?.ok_or_else(|| {
-        CniError::new(
-            code::INVALID_CONFIG,
-            "ipam is missing: ebpf-cni needs an ipam section to address the pod",
-        )
-    })?;
+    // A config ADD would refuse is refused here the same way (code 7). Without ipam,
+    // ebpf-cni is chained after the plugin that addresses pods: no range of its own to check.
+    let ipam = Ipam::from_conf(conf)?;
 
     let mut problems: Vec<Unready> = Vec::new();
     if conf.tc_attach_mode == TcAttachMode::Tcx && AttachMode::auto() == AttachMode::Netlink {
@@ -46,7 +42,7 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
         }),
     }
 
-    let ipam_err = ipam.status(conf, &env.path, stdin).err();
+    let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err());
     verdict(problems, ipam_err)
 }
 

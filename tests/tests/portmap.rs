@@ -7,174 +7,20 @@
 //! own tag and the peer address it saw, and every client checks the reply came from the
 //! address it dialled (TCP: the connection's peer; UDP: the datagram's source).
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::Result;
+
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::hostport::{ruleset, sa, tag_of, tcp_ask, udp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::{
     require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
     PluginUnderTest, ResultExpectation,
 };
 use serde_json::{json, Value};
-
-const TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A TCP and a UDP server on `[::]:port` (both families) in a pod, answering each request
-/// with `"<tag> <peer>"`. Stops when dropped.
-struct PodServer {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl PodServer {
-    fn start(ns: &Netns, port: u16, tag: &str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tcp, udp) = ns
-            .run_in(|| {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    match (
-                        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)),
-                        UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)),
-                    ) {
-                        (Ok(t), Ok(u)) => break (t, u),
-                        (t, u) if Instant::now() > deadline => {
-                            panic!("binding [::]:{port} in the pod: {t:?} {u:?}")
-                        }
-                        _ => std::thread::sleep(Duration::from_millis(50)),
-                    }
-                }
-            })
-            .unwrap();
-        tcp.set_nonblocking(true).unwrap();
-        udp.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut threads = Vec::new();
-        let (s, t) = (stop.clone(), tag.to_owned());
-        threads.push(std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut c, peer)) => {
-                        let t = t.clone();
-                        std::thread::spawn(move || {
-                            let _ = c.set_nonblocking(false);
-                            let _ = c.set_read_timeout(Some(TIMEOUT));
-                            let mut buf = [0u8; 64];
-                            if c.read(&mut buf).unwrap_or(0) > 0 {
-                                let _ = c.write_all(format!("{t} {}", unmap(peer)).as_bytes());
-                            }
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }));
-        let (s, t) = (stop.clone(), tag.to_owned());
-        threads.push(std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while !s.load(Ordering::Relaxed) {
-                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(format!("{t} {}", unmap(peer)).as_bytes(), peer);
-                }
-            }
-        }));
-        Self { stop, threads }
-    }
-}
-
-impl Drop for PodServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-fn unmap(a: SocketAddr) -> SocketAddr {
-    match a {
-        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
-            None => a,
-        },
-        v4 => v4,
-    }
-}
-
-/// TCP from `from` to `target`: the server's answer; fails unless the connection's peer is
-/// `target` (what `getpeername` says, so socket-level translation must restore it too).
-fn tcp_ask(from: &Netns, target: SocketAddr) -> Result<String> {
-    from.run_in(|| -> Result<String> {
-        let deadline = Instant::now() + TIMEOUT;
-        let mut c = loop {
-            match TcpStream::connect_timeout(&target, TIMEOUT) {
-                Ok(c) => break c,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(e).with_context(|| format!("TCP connect to {target}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        };
-        let peer = c.peer_addr()?;
-        if unmap(peer) != target {
-            bail!("TCP to {target}: the connection's peer is {peer}");
-        }
-        c.set_read_timeout(Some(TIMEOUT))?;
-        c.write_all(b"hello")?;
-        let mut s = String::new();
-        c.read_to_string(&mut s)
-            .with_context(|| format!("TCP read from {target}"))?;
-        if s.is_empty() {
-            bail!("TCP to {target}: empty answer");
-        }
-        Ok(s)
-    })?
-}
-
-/// UDP from an unconnected socket in `from` (bound to `bind`, port 0 = any): the answer;
-/// fails unless it came from `target` (the address the client sent to).
-fn udp_ask_from(from: &Netns, bind: SocketAddr, target: SocketAddr) -> Result<String> {
-    from.run_in(|| -> Result<String> {
-        let s = UdpSocket::bind(bind)?;
-        udp_ask_on(&s, target)
-    })?
-}
-
-fn udp_ask(from: &Netns, target: SocketAddr) -> Result<String> {
-    let any: SocketAddr = if target.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    udp_ask_from(from, any, target)
-}
-
-fn udp_ask_on(s: &UdpSocket, target: SocketAddr) -> Result<String> {
-    s.set_read_timeout(Some(Duration::from_millis(300)))?;
-    let deadline = Instant::now() + TIMEOUT;
-    let mut buf = [0u8; 512];
-    while Instant::now() < deadline {
-        s.send_to(b"hello", target)?;
-        if let Ok((n, src)) = s.recv_from(&mut buf) {
-            if unmap(src) != target {
-                bail!("UDP to {target}: the answer came from {src}");
-            }
-            return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-    }
-    Err(anyhow!("UDP to {target}: no answer"))
-}
-
-fn tag_of(answer: &str) -> &str {
-    answer.split(' ').next().unwrap_or("")
-}
 
 struct Pod {
     netns: Netns,
@@ -224,30 +70,6 @@ fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, mappings: Value) -> Po
         result,
         r,
     }
-}
-
-/// The node's netfilter state: iptables and ip6tables rules (all tables) and the nftables
-/// ruleset, for "no rule was created" comparisons.
-fn ruleset(node: &Node) -> String {
-    let mut out = String::new();
-    for cmd in [
-        &["iptables-save"][..],
-        &["ip6tables-save"],
-        &["nft", "list", "ruleset"],
-    ] {
-        let o = node.netns().exec(cmd).unwrap();
-        // iptables-save prints a timestamp comment.
-        let text = String::from_utf8_lossy(&o.stdout);
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
-    SocketAddr::new(ip.into(), port)
 }
 
 /// Issue 4, "Paths that must work" 1-5 (except re-add, below), TCP and UDP, IPv4 and IPv6.

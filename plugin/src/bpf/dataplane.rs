@@ -33,6 +33,18 @@ pub struct PodEndpoint {
     pub host_ifindex: u32,
     pub host_mac: [u8; 6],
     pub pod_mac: [u8; 6],
+    /// Chained mode (see [`ebpf_cni_maps::EP_FLAG_CHAINED`]).
+    pub chained: bool,
+}
+
+impl PodEndpoint {
+    fn flags(&self) -> u32 {
+        if self.chained {
+            ebpf_cni_maps::EP_FLAG_CHAINED
+        } else {
+            EP_FLAGS_NONE
+        }
+    }
 }
 
 /// A node device that gets the device program (traffic arriving for pods).
@@ -330,7 +342,7 @@ impl Maps {
             let info = EndpointInfo {
                 attachment_id,
                 host_ifindex: ep.host_ifindex,
-                flags: EP_FLAGS_NONE,
+                flags: ep.flags(),
                 host_mac: ep.host_mac,
                 pod_mac: ep.pod_mac,
                 _pad: [0; 4],
@@ -488,6 +500,13 @@ impl Maps {
             }
             if v.pod_mac != ep.pod_mac {
                 return Err(stale("pod MAC", mac(v.pod_mac), mac(ep.pod_mac)));
+            }
+            if v.flags != ep.flags() {
+                return Err(stale(
+                    "flags",
+                    format!("{:#x}", v.flags),
+                    format!("{:#x}", ep.flags()),
+                ));
             }
         }
         Ok(())

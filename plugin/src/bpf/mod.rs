@@ -130,18 +130,31 @@ pub enum Hook {
     ToPod,
     /// Node device ingress: traffic arriving for pods.
     FromDev,
+    /// Host veth ingress of a pod another plugin created (chained mode): traffic leaving
+    /// the pod, of which only host-port flows are forwarded here.
+    FromChain,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 3] = [Hook::FromPod, Hook::ToPod, Hook::FromDev];
-    /// The hooks of a pod's host veth.
-    pub const POD: [Hook; 2] = [Hook::FromPod, Hook::ToPod];
+    pub const ALL: [Hook; 4] = [Hook::FromPod, Hook::ToPod, Hook::FromDev, Hook::FromChain];
+    /// Every hook a pod's host veth may carry, in either mode.
+    pub const ANY_POD: [Hook; 3] = [Hook::FromPod, Hook::FromChain, Hook::ToPod];
+
+    /// The hooks of a pod's host veth: standalone, or chained after another plugin.
+    pub const fn pod(chained: bool) -> [Hook; 2] {
+        if chained {
+            [Hook::FromChain, Hook::ToPod]
+        } else {
+            [Hook::FromPod, Hook::ToPod]
+        }
+    }
 
     pub const fn label(self) -> &'static str {
         match self {
             Self::FromPod => "from_pod",
             Self::ToPod => "to_pod",
             Self::FromDev => "from_dev",
+            Self::FromChain => "from_chain",
         }
     }
 
@@ -150,6 +163,7 @@ impl Hook {
             Self::FromPod => ebpf_cni_maps::PROG_FROM_POD,
             Self::ToPod => ebpf_cni_maps::PROG_TO_POD,
             Self::FromDev => ebpf_cni_maps::PROG_FROM_DEV,
+            Self::FromChain => ebpf_cni_maps::PROG_FROM_CHAIN,
         }
     }
 
@@ -159,6 +173,7 @@ impl Hook {
             Self::FromPod => "netlink_from_pod",
             Self::ToPod => "netlink_to_pod",
             Self::FromDev => "netlink_from_dev",
+            Self::FromChain => "netlink_from_chain",
         }
     }
 
@@ -167,19 +182,20 @@ impl Hook {
             Self::FromPod => ebpf_cni_maps::pin::LINK_FROM_POD,
             Self::ToPod => ebpf_cni_maps::pin::LINK_TO_POD,
             Self::FromDev => ebpf_cni_maps::pin::LINK_FROM_DEV,
+            Self::FromChain => ebpf_cni_maps::pin::LINK_FROM_CHAIN,
         }
     }
 
     pub const fn tc_attach_type(self) -> TcAttachType {
         match self {
-            Self::FromPod | Self::FromDev => TcAttachType::Ingress,
+            Self::FromPod | Self::FromDev | Self::FromChain => TcAttachType::Ingress,
             Self::ToPod => TcAttachType::Egress,
         }
     }
 
     const fn tcx_attach_type(self) -> u32 {
         match self {
-            Self::FromPod | Self::FromDev => sys::BPF_TCX_INGRESS,
+            Self::FromPod | Self::FromDev | Self::FromChain => sys::BPF_TCX_INGRESS,
             Self::ToPod => sys::BPF_TCX_EGRESS,
         }
     }
@@ -264,6 +280,7 @@ mod tests {
                 limits: None,
                 ports: &[],
                 node_addrs: &[],
+                chained: false,
             },
             &[],
             AttachMode::Tcx,

@@ -27,6 +27,9 @@ pub struct PodSpec<'a> {
     /// The node's addresses (wildcard host ports answer on each); used when `ports` is not
     /// empty.
     pub node_addrs: &'a [IpAddr],
+    /// Chained mode: another plugin made the interface and forwards the pod's traffic; the
+    /// host veth gets `ecni_from_chain` instead of `ecni_from_pod`.
+    pub chained: bool,
 }
 
 /// Removes the host port mappings an attachment installed (as listed in its pinned port
@@ -82,7 +85,9 @@ pub fn add_pod(
         limits,
         ports: port_entries,
         node_addrs,
+        chained,
     } = *pod;
+    let [from_hook, to_hook] = Hook::pod(chained);
     key.validate()?;
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
@@ -149,19 +154,19 @@ pub fn add_pod(
                 // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here):
                 // the two hooks attach at once so their waits overlap.
                 let from_pod = progs
-                    .fd(Hook::FromPod)?
+                    .fd(from_hook)?
                     .try_clone_to_owned()
                     .map_err(|source| BpfError::OpenPin {
-                        path: root.program(node, &super::revision(), Hook::FromPod.program()),
+                        path: root.program(node, &super::revision(), from_hook.program()),
                         source,
                     })?;
-                let to_pod = progs.fd(Hook::ToPod)?;
+                let to_pod = progs.fd(to_hook)?;
                 let (a, b) = std::thread::scope(|s| {
-                    let path = pins.link(Hook::FromPod);
+                    let path = pins.link(from_hook);
                     let t = s.spawn(move || {
                         links::attach(
                             from_pod.as_fd(),
-                            Hook::FromPod,
+                            from_hook,
                             host_ifname,
                             host_ifindex,
                             &path,
@@ -169,10 +174,10 @@ pub fn add_pod(
                     });
                     let b = links::attach(
                         to_pod,
-                        Hook::ToPod,
+                        to_hook,
                         host_ifname,
                         host_ifindex,
-                        &pins.link(Hook::ToPod),
+                        &pins.link(to_hook),
                     );
                     (t.join().expect("attach thread does not panic"), b)
                 });
@@ -180,7 +185,7 @@ pub fn add_pod(
                 b?;
             }
             AttachMode::Netlink => {
-                for hook in Hook::POD {
+                for hook in Hook::pod(chained) {
                     links::attach_netlink(
                         progs.classifier(hook)?,
                         hook,
@@ -200,7 +205,7 @@ pub fn add_pod(
             None
         };
         if mode == AttachMode::Netlink {
-            for hook in Hook::POD {
+            for hook in Hook::pod(chained) {
                 links::detach_netlink(hook, host_ifname);
             }
         }
@@ -286,11 +291,12 @@ pub fn check_pod(
     limits: Option<RateLimit>,
     port_entries: &[PortEntry],
     mode: AttachMode,
+    chained: bool,
 ) -> Result<(), BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
     let pins = root.attachment(node, key);
-    for hook in Hook::POD {
+    for hook in Hook::pod(chained) {
         match mode {
             AttachMode::Tcx => links::check(hook, &pins.link(hook), host_ifindex)?,
             AttachMode::Netlink => {
@@ -563,7 +569,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         };
         names.insert(key.id(), format!("{network}/{container_id}/{ifname}"));
         let pins = root.attachment(node, &key);
-        let links: Vec<LinkReport> = Hook::POD
+        let links: Vec<LinkReport> = Hook::ANY_POD
             .iter()
             .filter_map(|h| link_report(*h, &pins.link(*h)))
             .collect();

@@ -1,0 +1,244 @@
+//! Chained mode: ebpf-cni placed after another interface plugin (the reference `bridge` or
+//! `ptp`) in a conflist, in place of `portmap` and `bandwidth`. That plugin made the veth
+//! pair, addressed the pod and forwards its traffic; ebpf-cni takes the pod's interface and
+//! addresses from `prevResult`, finds the host end of the veth, and attaches its programs
+//! there for host ports and rate limits only (`ecni_from_chain`, `ecni_to_pod`; the pod's
+//! endpoint entries carry `EP_FLAG_CHAINED`, so nothing but translated host-port packets
+//! is delivered by the programs). The result passes through unchanged.
+//!
+//! The mode follows from the config: a config without `ipam` is chained (ebpf-cni cannot
+//! address a pod without one), so DEL, CHECK and GC know it without `prevResult`. ADD of
+//! such a config needs a `prevResult`; a config with both is refused.
+
+use std::net::IpAddr;
+
+use serde_json::Value;
+
+use crate::{
+    bpf::{self, AttachMode, AttachmentKey, Hook, NodeId, PodEndpoint, PodSpec},
+    cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
+    netlink::{Link, Netlink},
+    netns::Netns,
+};
+
+/// Whether `conf` puts ebpf-cni in chained mode (see the module doc).
+pub fn is_chained(conf: &NetConf) -> bool {
+    conf.ipam.is_none()
+}
+
+/// The pod as the plugin before ebpf-cni left it.
+struct ChainedPod {
+    host: Link,
+    container: Link,
+    /// Each address of the pod's interface with its gateway.
+    addrs: Vec<(IpAddr, Option<IpAddr>)>,
+}
+
+impl ChainedPod {
+    fn endpoints(&self) -> Result<Vec<PodEndpoint>, String> {
+        let (Some(host_mac), Some(pod_mac)) = (self.host.mac, self.container.mac) else {
+            return Err(format!(
+                "veth pair {} / {} has no MAC address",
+                self.host.name, self.container.name
+            ));
+        };
+        Ok(self
+            .addrs
+            .iter()
+            .map(|&(ip, _)| PodEndpoint {
+                ip,
+                host_ifindex: self.host.index,
+                host_mac,
+                pod_mac,
+                chained: true,
+            })
+            .collect())
+    }
+
+    fn gateways(&self) -> Vec<IpAddr> {
+        self.addrs.iter().filter_map(|(_, gw)| *gw).collect()
+    }
+}
+
+/// Finds the pod's interface in `prev` and in its namespace, and the host end of its veth.
+/// Every failure is a message for `fail`, which picks the error code (ADD: the config or
+/// previous plugin is wrong; CHECK: the attachment is not as it should be).
+async fn find_pod(
+    env: &CniEnv,
+    prev: &SuccessResult,
+    host_nl: &Netlink,
+    fail: fn(String) -> CniError,
+) -> Result<ChainedPod, CniError> {
+    let netns_path = env
+        .netns
+        .as_deref()
+        .expect("env validation requires CNI_NETNS for ADD and CHECK");
+    let sandbox = netns_path.display().to_string();
+    // The runtime may spell the sandbox path differently from the previous plugin
+    // (/run vs /var/run): an exact match wins, else the only sandboxed one of that name.
+    let named: Vec<usize> = (0..prev.interfaces.len())
+        .filter(|&i| {
+            prev.interfaces[i].name == env.ifname && !prev.interfaces[i].sandbox.is_empty()
+        })
+        .collect();
+    let cont_idx = named
+        .iter()
+        .copied()
+        .find(|&i| prev.interfaces[i].sandbox == sandbox)
+        .or_else(|| (named.len() == 1).then(|| named[0]))
+        .ok_or_else(|| {
+            fail(format!(
+                "chained mode: prevResult lists no interface {:?} in sandbox {sandbox}; ebpf-cni without ipam must follow the plugin that creates the pod's interface",
+                env.ifname
+            ))
+        })?;
+    let addrs: Vec<(IpAddr, Option<IpAddr>)> = prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none_or(|i| i == cont_idx))
+        .map(|ip| (ip.address.ip(), ip.gateway))
+        .collect();
+    if addrs.is_empty() {
+        return Err(fail(format!(
+            "chained mode: prevResult gives interface {:?} no address",
+            env.ifname
+        )));
+    }
+
+    let pod_ns = Netns::open(netns_path)?;
+    let pod_nl = Netlink::connect_in(&pod_ns)?;
+    let container = pod_nl.link_by_name(&env.ifname).await?.ok_or_else(|| {
+        fail(format!(
+            "chained mode: interface {:?} is missing from {sandbox}",
+            env.ifname
+        ))
+    })?;
+    let peer = match (container.kind.as_deref(), container.peer_index) {
+        (Some("veth"), Some(peer)) => peer,
+        (kind, _) => {
+            return Err(fail(format!(
+                "chained mode: interface {:?} in {sandbox} is {}, not a veth: there is no host side to attach to",
+                env.ifname,
+                kind.unwrap_or("of unknown kind")
+            )))
+        }
+    };
+    // Index numbers are per namespace: the link found must be a veth whose peer is the pod's.
+    let host = host_nl
+        .link_by_index(peer)
+        .await?
+        .filter(|l| l.kind.as_deref() == Some("veth") && l.peer_index == Some(container.index))
+        .ok_or_else(|| {
+            fail(format!(
+                "chained mode: the host end of {:?} (ifindex {peer}) is not in this namespace",
+                env.ifname
+            ))
+        })?;
+    Ok(ChainedPod {
+        host,
+        container,
+        addrs,
+    })
+}
+
+fn invalid(msg: String) -> CniError {
+    CniError::new(code::INVALID_CONFIG, msg)
+}
+
+fn check_failed(msg: String) -> CniError {
+    CniError::new(code::CHECK_FAILED, msg)
+}
+
+/// ADD in chained mode: attaches the programs to the host veth the previous plugin made,
+/// installs the pod's host ports and limits, and passes `prevResult` on as the result.
+pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
+    let prev_raw = conf.prev_result.as_ref().ok_or_else(|| {
+        invalid(
+            "ipam is missing and there is no prevResult: ebpf-cni needs an ipam section to address the pod, or must follow an interface plugin (chained mode)"
+                .to_owned(),
+        )
+    })?;
+    let limits = crate::bandwidth::limits(conf)?;
+    let port_mappings = crate::portmap::mappings(conf)?;
+    let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
+    let host_nl = Netlink::connect()?;
+    let pod = find_pod(env, &prev, &host_nl, invalid).await?;
+    let endpoints = pod
+        .endpoints()
+        .map_err(|m| CniError::new(code::KERNEL, m))?;
+
+    bpf::ensure_bpffs()?;
+    let node = NodeId::current()?;
+    let key = AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    };
+    let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
+    bpf::ensure_addresses_free(&node, &key, &ips)?;
+    let ports = crate::portmap::entries(&port_mappings, &pod.addrs)?;
+    let (devices, node_addrs) = crate::add::node_devices(&host_nl, conf, &pod.gateways()).await?;
+    let spec = PodSpec {
+        host_ifname: &pod.host.name,
+        host_ifindex: pod.host.index,
+        endpoints: &endpoints,
+        limits: limits.to_map_value(),
+        ports: &ports,
+        node_addrs: &node_addrs,
+        chained: true,
+    };
+    // add_pod leaves nothing of the pod behind when it fails.
+    bpf::add_pod(&node, &key, &spec, &devices, crate::add::attach_mode(conf))?;
+    if let Err(e) = crate::add::failpoint() {
+        if let Err(undo) = bpf::del_pod(&node, &key) {
+            log::error!("rollback of a failed ADD: {undo}");
+        }
+        return Err(e);
+    }
+
+    // The previous plugin's result, unchanged but for the version it is rendered in.
+    let mut out = prev_raw.clone();
+    if let Some(obj) = out.as_object_mut() {
+        obj.insert("cniVersion".into(), Value::from(conf.cni_version.as_str()));
+    }
+    Ok(out)
+}
+
+/// CHECK in chained mode: the pod's host veth still carries the chained programs, and the
+/// endpoint entries, limits and host ports are those the config asks for. The interface
+/// itself is the previous plugin's to check.
+pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| invalid("prevResult is required for CHECK (spec: CHECK)".to_owned()))?;
+    let prev = SuccessResult::from_json(prev, "prevResult")?;
+    let host_nl = Netlink::connect()?;
+    let pod = find_pod(env, &prev, &host_nl, check_failed).await?;
+    let endpoints = pod.endpoints().map_err(check_failed)?;
+    bpf::ensure_bpffs()?;
+    let node = NodeId::current()?;
+    let key = AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    };
+    let mode = crate::add::attach_mode(conf);
+    let limits = crate::bandwidth::limits(conf)?.to_map_value();
+    let ports = crate::portmap::entries(&crate::portmap::mappings(conf)?, &pod.addrs)?;
+    bpf::check_pod(
+        &node,
+        &key,
+        pod.host.index,
+        &endpoints,
+        limits,
+        &ports,
+        mode,
+        true,
+    )
+    .map_err(|e| check_failed(format!("eBPF dataplane: {e}")))?;
+    if mode == AttachMode::Netlink {
+        crate::check::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,385 @@
+//! Chained mode (issue 7): ebpf-cni after the reference `bridge` plugin in a conflist, with
+//! only the `portMappings` and `bandwidth` capabilities, in place of `portmap` and
+//! `bandwidth`. The bridge makes and addresses the pod's interface; ebpf-cni finds the host
+//! end of its veth from `prevResult`, serves the pod's host ports and limits there, passes
+//! the result through, and DEL/CHECK work as in standalone mode. Spec 1.0 section 3
+//! ("prevResult", chained plugins) and the conventions' portMappings/bandwidth capabilities.
+//!
+//! Real traffic only: every host-port path of issue 4 through the bridge's pod, the limits
+//! measured with iperf3, and the bridge's own forwarding left alone.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+
+use ebpf_cni_tests::bpf::{tcx_programs, Direction};
+use ebpf_cni_tests::config::Stack;
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::hostport::{ruleset, sa, tag_of, tcp_ask, udp_ask, PodServer};
+use ebpf_cni_tests::rate::iperf;
+use ebpf_cni_tests::{
+    require_root, unique_container_id, Attachment, CniCommand, NetConfList, Netns, Node,
+    PluginUnderTest,
+};
+use serde_json::{json, Value};
+
+const BRIDGE: &str = "cni-chain0";
+const LIMIT_BPS: u64 = 40_000_000;
+
+/// `bridge` (isGateway, no masquerade) with the harness's host-local IPAM, then ebpf-cni
+/// without ipam: the "replace portmap and bandwidth" conflist of the README.
+fn chain(p: &PluginUnderTest, node: &Node) -> NetConfList {
+    let mut bridge = p.conf("1.0.0", node, Stack::Dual);
+    bridge["type"] = json!("bridge");
+    bridge["bridge"] = json!(BRIDGE);
+    bridge["isGateway"] = json!(true);
+    bridge["ipMasq"] = json!(false);
+    let ebpf = json!({
+        "type": p.plugin_type,
+        "capabilities": {"portMappings": true, "bandwidth": true},
+    });
+    NetConfList::chain(&bridge, vec![ebpf])
+}
+
+struct Pod {
+    netns: Netns,
+    att: Attachment,
+    result: Value,
+}
+
+impl Pod {
+    fn ip(&self, v4: bool) -> IpAddr {
+        self.result["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
+            .find(|ip: &IpAddr| ip.is_ipv4() == v4)
+            .expect("an address of the family")
+    }
+
+    /// The bridge's host veth, as its result names it (the interface without sandbox that
+    /// is not the bridge).
+    fn host_veth(&self) -> String {
+        self.result["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i.get("sandbox").is_none() && i["name"] != BRIDGE)
+            .and_then(|i| i["name"].as_str())
+            .expect("the bridge's result names the host veth")
+            .to_owned()
+    }
+}
+
+fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, caps: &[(&str, Value)]) -> Pod {
+    let netns = node.new_pod().unwrap();
+    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+    for (k, v) in caps {
+        att = att.with_capability(k, v.clone());
+    }
+    let result = p
+        .runtime
+        .add(node, l, &att)
+        .unwrap_or_else(|e| panic!("ADD of the bridge + ebpf-cni chain: {e}"));
+    Pod { netns, att, result }
+}
+
+/// The result is the bridge's, passed through: its interfaces (the bridge, the host veth,
+/// eth0 in the pod's namespace) and both addresses, in the list's version; ebpf-cni adds no
+/// interface of its own.
+fn assert_passed_through(result: &Value, pod: &Netns) {
+    let ifaces = result["interfaces"].as_array().expect("interfaces");
+    let names: Vec<&str> = ifaces.iter().filter_map(|i| i["name"].as_str()).collect();
+    assert!(
+        names.contains(&BRIDGE) && names.contains(&"eth0"),
+        "the bridge's interfaces must pass through ebpf-cni unchanged: {result}"
+    );
+    assert!(
+        !names.iter().any(|n| n.starts_with("ecni")),
+        "chained ebpf-cni must not create interfaces of its own: {result}"
+    );
+    let sandbox = pod.path().to_string_lossy();
+    assert!(
+        ifaces
+            .iter()
+            .any(|i| i["name"] == "eth0" && i["sandbox"] == *sandbox),
+        "{result}"
+    );
+    assert_eq!(result["ips"].as_array().map(Vec::len), Some(2), "{result}");
+    assert_eq!(result["cniVersion"], "1.0.0", "{result}");
+}
+
+/// The bridge's pod gets host ports (every path of issue 4) and rate limits from ebpf-cni;
+/// CHECK passes and fails on tampering; DEL removes ebpf-cni's state and the bridge's DEL
+/// still works after it.
+#[test]
+fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 41).unwrap();
+    let l = chain(&p, &node);
+    let before = ruleset(&node);
+
+    let bw = json!({"IngressRate": LIMIT_BPS, "IngressBurst": 4294967295u64,
+                    "EgressRate": LIMIT_BPS, "EgressBurst": 4294967295u64});
+    let a = add(
+        &p,
+        &node,
+        &l,
+        &[
+            (
+                "portMappings",
+                json!([
+                    {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+                    {"HostPort": 8080, "ContainerPort": 80, "Protocol": "udp", "HostIP": ""}
+                ]),
+            ),
+            ("bandwidth", bw),
+        ],
+    );
+    let b = add(&p, &node, &l, &[]);
+    assert_passed_through(&a.result, &a.netns);
+    assert_eq!(
+        before,
+        ruleset(&node),
+        "neither the bridge (ipMasq false) nor ebpf-cni may add netfilter rules"
+    );
+
+    // The chained programs sit on the bridge's host veth.
+    let veth = a.host_veth();
+    let progs = tcx_programs(node.netns(), &veth).unwrap();
+    let on = |d: Direction| -> Vec<&str> {
+        progs
+            .iter()
+            .filter(|p| p.direction == d)
+            .map(|p| p.name.as_str())
+            .collect()
+    };
+    assert_eq!(on(Direction::Ingress), vec![dp::PROG_FROM_CHAIN], "{veth}");
+    assert_eq!(on(Direction::Egress), vec![dp::PROG_TO_POD], "{veth}");
+
+    // Issue 4's paths, TCP and UDP, IPv4 and IPv6, through the bridge's pod.
+    let _server = PodServer::start(&a.netns, 80, "podA");
+    let (node4, node6): (IpAddr, IpAddr) = (ext.node_v4.into(), ext.node_v6.into());
+    let cases: Vec<(&str, &Netns, SocketAddr)> = vec![
+        ("external -> node IPv4", ext.netns(), sa(node4, 8080)),
+        ("external -> node IPv6", ext.netns(), sa(node6, 8080)),
+        (
+            "node -> 127.0.0.1",
+            node.netns(),
+            sa(Ipv4Addr::LOCALHOST, 8080),
+        ),
+        ("node -> ::1", node.netns(), sa(Ipv6Addr::LOCALHOST, 8080)),
+        ("node -> node IPv4", node.netns(), sa(node4, 8080)),
+        ("pod B -> node IPv4", &b.netns, sa(node4, 8080)),
+        ("pod B -> node IPv6", &b.netns, sa(node6, 8080)),
+        ("hairpin IPv4", &a.netns, sa(node4, 8080)),
+    ];
+    let mut failures = Vec::new();
+    for (what, from, target) in &cases {
+        for (proto, r) in [
+            ("tcp", tcp_ask(from, *target)),
+            ("udp", udp_ask(from, *target)),
+        ] {
+            match r {
+                Ok(ans) if tag_of(&ans) == "podA" => {}
+                Ok(ans) => failures.push(format!("{what} {proto}: answered by {ans:?}")),
+                Err(e) => failures.push(format!("{what} {proto}: {e:#}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "host port 8080 of the bridge's pod, chained ebpf-cni:\n{}",
+        failures.join("\n")
+    );
+    // The pod sees the real client; the bridge still switches pod to pod itself.
+    let ans = tcp_ask(ext.netns(), sa(node4, 8080)).unwrap();
+    assert!(ans.starts_with(&format!("podA {}:", ext.v4)), "{ans}");
+    let direct = tcp_ask(&b.netns, sa(a.ip(true), 80)).unwrap();
+    assert!(
+        direct.starts_with(&format!("podA {}:", b.ip(true))),
+        "{direct}"
+    );
+
+    // Rate limits in both directions (generous tolerance; the benchmark measures).
+    let limit = LIMIT_BPS as f64;
+    let ext_ip = IpAddr::V4(ext.v4);
+    let out = iperf(&a.netns, ext.netns(), ext_ip, &["-u", "-b", "80M"]);
+    let inn = iperf(&a.netns, ext.netns(), ext_ip, &["-u", "-b", "80M", "-R"]);
+    for (what, rate) in [("egress", out), ("ingress", inn)] {
+        assert!(
+            (0.75 * limit..=1.25 * limit).contains(&rate),
+            "UDP {what} of the limited bridge pod at 2x the limit: {rate:.0} bit/s"
+        );
+    }
+    let free = iperf(&b.netns, ext.netns(), ext_ip, &[]);
+    assert!(
+        free > 10.0 * limit,
+        "TCP from the bridge pod without limits: {free:.0} bit/s"
+    );
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let ra = dp::inspect_attachment(&report, &a.att.container_id).expect("pod A in inspect");
+    assert_eq!(
+        ra["egress_limit"]["rate_bytes"],
+        json!(LIMIT_BPS / 8),
+        "{ra}"
+    );
+    assert!(
+        ra["to_pod"]["drops"].as_u64() > Some(0) && ra["from_pod"]["drops"].as_u64() > Some(0),
+        "drops of the limited pod are counted: {ra}"
+    );
+
+    // CHECK of the whole list passes, then fails once the chained link is gone.
+    p.runtime
+        .check(&node, &l, &a.att, &a.result)
+        .unwrap_or_else(|e| panic!("CHECK of the chain: {e}"));
+    let pin = node
+        .attachment_pin_dir(&l.name, &a.att.container_id, "eth0")
+        .join(dp::LINK_FROM_CHAIN);
+    assert!(pin.exists(), "{}", pin.display());
+    std::fs::remove_file(&pin).unwrap();
+    let err = p
+        .runtime
+        .check(&node, &l, &a.att, &a.result)
+        .expect_err("CHECK with the chained program detached");
+    let out = err.output().expect("the plugin's error");
+    let e = out.expect_error(105, "CHECK after detaching ecni_from_chain");
+    let text = format!("{} {}", e.msg, e.details.unwrap_or_default());
+    assert!(
+        text.contains("from_chain"),
+        "the error names the missing link: {text}"
+    );
+
+    // DEL of the chain (ebpf-cni first, then the bridge): both succeed, twice, also as a
+    // late DEL without netns or prevResult; host port and ebpf-cni's pins are gone.
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
+    let mut late = a.att.clone();
+    late.netns = String::new();
+    p.runtime.del(&node, &l, &late, None).unwrap();
+    assert!(
+        !node
+            .attachment_pin_dir(&l.name, &a.att.container_id, "eth0")
+            .exists(),
+        "the attachment's pins go with DEL"
+    );
+    assert!(
+        tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8080)).is_err(),
+        "host port 8080 must be gone after DEL"
+    );
+    // Pod B is unaffected.
+    p.runtime
+        .check(&node, &l, &b.att, &b.result)
+        .unwrap_or_else(|e| panic!("CHECK of pod B after pod A's DEL: {e}"));
+    p.runtime.del(&node, &l, &b.att, Some(&b.result)).unwrap();
+    assert_eq!(
+        node.pinned_files(),
+        Vec::<std::path::PathBuf>::new(),
+        "nothing of ebpf-cni stays pinned after the last DEL"
+    );
+    assert!(
+        node.leases(&l.name).is_empty(),
+        "the bridge's DEL released its leases"
+    );
+}
+
+/// Chained mode leaves forwarding to the bridge: with the node's FORWARD chain dropping
+/// everything, a host-port flow (translated by ebpf-cni) still reaches the pod, while the
+/// pod's own address is not reached from outside (its traffic takes the stack, as the bridge
+/// set it up, and the stack drops it).
+#[test]
+fn only_host_port_traffic_bypasses_the_stack() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 42).unwrap();
+    let l = chain(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        &[(
+            "portMappings",
+            json!([{"hostPort": 9090, "containerPort": 90, "protocol": "tcp"}]),
+        )],
+    );
+    let _server = PodServer::start(&a.netns, 90, "podA");
+    let node4: IpAddr = ext.node_v4.into();
+    // Before the drop rule both work (so the failure below is the rule's doing).
+    assert_eq!(
+        tag_of(&tcp_ask(ext.netns(), sa(node4, 9090)).unwrap()),
+        "podA"
+    );
+    assert_eq!(
+        tag_of(&tcp_ask(ext.netns(), sa(a.ip(true), 90)).unwrap()),
+        "podA"
+    );
+    let fw = node
+        .netns()
+        .exec(&["iptables", "-I", "FORWARD", "-j", "DROP"])
+        .unwrap();
+    assert!(fw.status.success(), "iptables: {fw:?}");
+    assert_eq!(
+        tag_of(&tcp_ask(ext.netns(), sa(node4, 9090)).unwrap()),
+        "podA",
+        "the host-port flow is forwarded by ebpf-cni's programs"
+    );
+    assert!(
+        tcp_ask(ext.netns(), sa(a.ip(true), 90)).is_err(),
+        "the pod's own address must take the stack (and its FORWARD drop) in chained mode"
+    );
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
+}
+
+/// Chained-mode input errors, each refused with code 7 naming the problem, changing nothing.
+#[test]
+fn chained_mode_input_errors() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    let env = p.env(&unique_container_id(), pod.path(), "eth0");
+    let bare = json!({"cniVersion": "1.0.0", "name": "chainnet", "type": p.plugin_type});
+
+    // No ipam and no prevResult: neither mode applies.
+    let out = p.run(&node, CniCommand::Add, &env, bare.to_string());
+    let e = out.expect_error(7, "ADD without ipam or prevResult");
+    assert!(
+        e.msg.contains("ipam") && e.msg.contains("prevResult"),
+        "{e:?}"
+    );
+
+    // ipam and a prevResult: ebpf-cni with ipam must come first.
+    let mut both = p.conf("1.0.0", &node, Stack::V4);
+    both["prevResult"] = json!({"cniVersion": "1.0.0", "interfaces": [], "ips": []});
+    let out = p.run(&node, CniCommand::Add, &env, both.to_string());
+    let e = out.expect_error(7, "ADD with ipam and prevResult");
+    assert!(e.msg.contains("first"), "{e:?}");
+
+    // A prevResult without the pod's interface.
+    let mut no_iface = bare.clone();
+    no_iface["prevResult"] = json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "other0", "sandbox": pod.path()}],
+        "ips": [{"address": "10.99.0.2/24", "interface": 0}],
+    });
+    let out = p.run(&node, CniCommand::Add, &env, no_iface.to_string());
+    let e = out.expect_error(7, "ADD with prevResult lacking eth0");
+    assert!(e.msg.contains("\"eth0\""), "{e:?}");
+
+    // The interface listed but absent from the namespace.
+    let mut absent = bare.clone();
+    absent["prevResult"] = json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "sandbox": pod.path()}],
+        "ips": [{"address": "10.99.0.2/24", "interface": 0}],
+    });
+    let out = p.run(&node, CniCommand::Add, &env, absent.to_string());
+    let e = out.expect_error(7, "ADD with eth0 missing from the namespace");
+    assert!(e.msg.contains("missing"), "{e:?}");
+
+    // Nothing pinned for the node by any of them.
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
