@@ -12,6 +12,8 @@
 //! - `ecni_connect4/6`, `ecni_sendmsg4/6`, `ecni_recvmsg4/6`, `ecni_peername4/6`, cgroup
 //!   socket-address programs, send the node's own connections to a host port to the pod
 //!   (see `sock`); `nat` does the same for packets at the TC hooks above.
+//! - `ecni_sockops`, a sockops program on the cgroup v2 root, paces the TCP sockets of pods
+//!   with an egress limit (see `pace`).
 //!
 //! Entry points are thin: they return what the `try_*` function decided, and every path has
 //! a verdict chosen on purpose. Under TCX, -1 (`TCX_NEXT`) means "no verdict: continue to
@@ -23,12 +25,13 @@ mod forward;
 mod limit;
 mod maps;
 mod nat;
+mod pace;
 mod packet;
 mod sock;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock_addr, classifier, sock_ops},
+    programs::{SockAddrContext, SockOpsContext, TcContext},
 };
 use ebpf_cni_maps::str_eq;
 
@@ -70,6 +73,17 @@ pub fn ecni_to_pod(ctx: TcContext) -> i32 {
 pub fn ecni_from_dev(ctx: TcContext) -> i32 {
     forward::from_dev(&ctx)
 }
+
+/// TCP sockets of a pod with an egress limit pace themselves at it (see `pace`).
+#[sock_ops]
+pub fn ecni_sockops(ctx: SockOpsContext) -> u32 {
+    pace::on_sock_op(&ctx)
+}
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_SOCKOPS,
+    stringify!(ecni_sockops)
+));
 
 /// The node's own connections to a host port go to the pod (see `sock`).
 #[cgroup_sock_addr(connect4)]

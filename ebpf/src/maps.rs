@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
 };
 use ebpf_cni_maps::{
-    str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, PodCounters,
-    PortHits, PortKey, PortTarget, RateLimit, SockKey, SockOrig, MAX_ENDPOINTS, MAX_NAT_FLOWS,
-    MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, NODE_FLAG_PORTMAP,
+    str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, Pacing,
+    PodCounters, PortHits, PortKey, PortTarget, RateLimit, SockKey, SockOrig, MAX_ENDPOINTS,
+    MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, NODE_FLAG_PORTMAP,
 };
 
 #[map]
@@ -46,6 +46,11 @@ pub static ECNI_NODE_ADDR: HashMap<EndpointKey, u32> = HashMap::with_max_entries
 
 #[map]
 pub static ECNI_CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static ECNI_PACING: HashMap<u64, Pacing> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+
+const _: () = assert!(str_eq(ebpf_cni_maps::PACING_MAP, stringify!(ECNI_PACING)));
 
 const _: () = assert!(str_eq(ebpf_cni_maps::PORTMAP_MAP, stringify!(ECNI_PORTMAP)));
 const _: () = assert!(str_eq(

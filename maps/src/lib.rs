@@ -34,6 +34,12 @@ pub const SOCK_REV_MAP: &str = "ECNI_SOCK_REV";
 pub const NODE_ADDRS_MAP: &str = "ECNI_NODE_ADDR";
 /// Node-wide array with one [`NodeConfig`].
 pub const CONFIG_MAP: &str = "ECNI_CONFIG";
+/// Node-wide hash of TCP pacing for pods with an egress limit: the pod's network namespace
+/// cookie (`u64`) → [`Pacing`]. The sockops program caps each TCP socket of such a pod at
+/// the rate, so TCP sends at the limit instead of bouncing off the policer.
+pub const PACING_MAP: &str = "ECNI_PACING";
+/// Sockops program (cgroup v2 root) setting `SO_MAX_PACING_RATE` on limited pods' sockets.
+pub const PROG_SOCKOPS: &str = "ecni_sockops";
 /// Capacity of [`PORTMAP_MAP`] and [`PORTMAP_HITS_MAP`].
 pub const MAX_PORT_MAPPINGS: u32 = 65_536;
 /// Capacity of [`NAT_REV_MAP`] and [`SOCK_REV_MAP`] (least recently used entries go first).
@@ -333,6 +339,20 @@ pub struct SockOrig {
 
 const _: () = assert!(core::mem::size_of::<SockOrig>() == 24);
 
+/// Value of [`PACING_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pacing {
+    /// `SO_MAX_PACING_RATE` for the pod's TCP sockets, bytes per second (the socket option
+    /// takes 32 bits: at most 4 GB/s).
+    pub rate_bytes: u32,
+    pub _pad: u32,
+    /// The attachment it belongs to (DEL finds the entry by it, without the pod's netns).
+    pub attachment_id: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Pacing>() == 16);
+
 /// Value of [`CONFIG_MAP`]: node-wide settings the programs read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -375,6 +395,8 @@ unsafe impl aya::Pod for SockKey {}
 unsafe impl aya::Pod for SockOrig {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for NodeConfig {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Pacing {}
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
 /// longer name would show up cut in bpftool and in the program info that CHECK compares.
@@ -396,6 +418,8 @@ const _: () = assert!(fits_bpf_obj_name(NAT_REV_MAP));
 const _: () = assert!(fits_bpf_obj_name(SOCK_REV_MAP));
 const _: () = assert!(fits_bpf_obj_name(NODE_ADDRS_MAP));
 const _: () = assert!(fits_bpf_obj_name(CONFIG_MAP));
+const _: () = assert!(fits_bpf_obj_name(PACING_MAP));
+const _: () = assert!(fits_bpf_obj_name(PROG_SOCKOPS));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT6));

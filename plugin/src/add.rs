@@ -221,6 +221,7 @@ async fn setup(
         ports: &ports,
         node_addrs: &node_addrs,
         chained: false,
+        netns_cookie: pacing_cookie(limits, pod_ns)?,
     };
     bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
     step("eBPF attached");
@@ -337,6 +338,18 @@ pub(crate) async fn node_devices(
         }
     }
     Ok((out, node_addrs))
+}
+
+/// The pod's netns cookie when its egress limit makes its TCP sockets paced (the pacing
+/// map's key), else 0: reading it costs a thread, which pods without limits are spared.
+pub(crate) fn pacing_cookie(
+    limits: &crate::bandwidth::Limits,
+    pod_ns: &Netns,
+) -> Result<u64, CniError> {
+    if bpf::pacing_rate(limits.to_map_value()).is_none() {
+        return Ok(0);
+    }
+    Ok(bpf::netns_cookie_of(pod_ns)?)
 }
 
 /// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.

@@ -28,6 +28,7 @@ pub fn is_chained(conf: &NetConf) -> bool {
 
 /// The pod as the plugin before ebpf-cni left it.
 struct ChainedPod {
+    ns: Netns,
     host: Link,
     container: Link,
     /// Each address of the pod's interface with its gateway.
@@ -135,6 +136,7 @@ async fn find_pod(
             ))
         })?;
     Ok(ChainedPod {
+        ns: pod_ns,
         host,
         container,
         addrs,
@@ -186,6 +188,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         ports: &ports,
         node_addrs: &node_addrs,
         chained: true,
+        netns_cookie: crate::add::pacing_cookie(&limits, &pod.ns)?,
     };
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(&node, &key, &spec, &devices, crate::add::attach_mode(conf))?;
@@ -224,7 +227,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         ifname: &env.ifname,
     };
     let mode = crate::add::attach_mode(conf);
-    let limits = crate::bandwidth::limits(conf)?.to_map_value();
+    let bw = crate::bandwidth::limits(conf)?;
+    let cookie = crate::add::pacing_cookie(&bw, &pod.ns)?;
+    let limits = bw.to_map_value();
     let ports = crate::portmap::entries(&crate::portmap::mappings(conf)?, &pod.addrs)?;
     bpf::check_pod(
         &node,
@@ -235,6 +240,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         &ports,
         mode,
         true,
+        cookie,
     )
     .map_err(|e| check_failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {

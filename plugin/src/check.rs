@@ -186,8 +186,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             .map(|i| (i.address.ip(), i.gateway))
             .collect::<Vec<_>>(),
     )?;
+    let cookie = crate::add::pacing_cookie(&crate::bandwidth::limits(conf)?, &pod_ns)?;
     bpf::check_pod(
-        &node, &key, host.index, &endpoints, limits, &ports, mode, false,
+        &node, &key, host.index, &endpoints, limits, &ports, mode, false, cookie,
     )
     .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
     if mode == AttachMode::Netlink {

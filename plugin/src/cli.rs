@@ -210,6 +210,9 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
                 marks(&a.from_pod)
             );
         }
+        if let Some(rate) = a.tcp_pacing_bytes {
+            println!("      TCP paced at {} bit/s", u64::from(rate) * 8);
+        }
     }
     println!("port mappings:");
     if r.port_mappings.is_empty() {

@@ -231,6 +231,88 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     .expect_success("DEL plain");
 }
 
+/// The pacing map's entries as bpftool dumps them (`[{"key": [...], "value": [...]}]`).
+fn pacing_entries(node: &Node) -> Vec<Value> {
+    let out = node
+        .netns()
+        .nsenter(&[
+            "bpftool",
+            "-j",
+            "map",
+            "dump",
+            "pinned",
+            &dp::map_pin(node, "ECNI_PACING").display().to_string(),
+        ])
+        .unwrap();
+    assert!(out.status.success(), "bpftool map dump: {out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array().cloned().unwrap_or_default()
+}
+
+fn hex_bytes(v: &Value) -> Vec<u8> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+        .collect()
+}
+
+/// TCP from a limited pod paces itself at the limit: this kernel has no fq, so without
+/// help a single stream bounces off the policer far below the rate. ebpf-cni's sockops
+/// program gives the pod's TCP sockets `SO_MAX_PACING_RATE` (99% of the limit) and the
+/// stream then runs at the limit. The pacing entry is the pod's, CHECK proves it, DEL
+/// removes it.
+#[test]
+fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 78).unwrap();
+    let bw = json!({"egressRate": LIMIT_BPS as u64, "egressBurst": 4294967295u64});
+    let conf = conf_with(&p, &node, Some(bw));
+    let pod = add(&p, &node, &conf);
+    let ext_ip = IpAddr::V4(ext.v4);
+
+    let tcp = iperf(&pod.ns, ext.netns(), ext_ip, &[]);
+    assert!(
+        (0.85 * LIMIT_BPS..=1.05 * LIMIT_BPS).contains(&tcp),
+        "one TCP stream from a pod limited to {LIMIT_BPS} bit/s got {tcp:.0} bit/s"
+    );
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let a = dp::inspect_attachment(&report, &pod.cid).expect("pod in inspect");
+    assert_eq!(
+        a["tcp_pacing_bytes"],
+        json!(LIMIT_BPS as u64 / 8 / 100 * 99),
+        "{a}"
+    );
+
+    // CHECK proves the pacing entry; without it CHECK fails naming it.
+    let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+    let mut check_conf = conf.clone();
+    check_conf["prevResult"] = pod.result.clone();
+    p.run(&node, CniCommand::Check, &env, check_conf.to_string())
+        .expect_success("CHECK");
+    let entries = pacing_entries(&node);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    dp::delete_raw(&node, "ECNI_PACING", &hex_bytes(&entries[0]["key"])).unwrap();
+    let err = p
+        .run(&node, CniCommand::Check, &env, check_conf.to_string())
+        .expect_error(105, "CHECK without the pacing entry");
+    assert!(err.msg.contains("pacing"), "{err:?}");
+
+    // DEL (late, without netns) removes the entry even if ADD made it again.
+    let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
+    out.expect_error(107, "ADD of an existing attachment");
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&pod.cid, "", "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL");
+    assert!(node.pinned_files().is_empty(), "{:?}", node.pinned_files());
+}
+
 /// Validation as the reference plugin: rate and burst together, burst within 4 GiB; the
 /// error names the field and nothing is created.
 #[test]

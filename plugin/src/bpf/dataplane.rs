@@ -11,13 +11,13 @@ use std::{
 
 use aya::{
     maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
-    programs::{CgroupSockAddr, SchedClassifier},
+    programs::{CgroupSockAddr, SchedClassifier, SockOps},
     EbpfLoader,
 };
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, RateLimit, CONFIG_MAP, ENDPOINTS_MAP, EP_FLAGS_NONE,
-    NAT_REV_MAP, NODE_ADDRS_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP, PORTMAP_MAP, RATE_LIMITS_MAP,
-    SOCK_REV_MAP, TRACE_MAP,
+    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, CONFIG_MAP, ENDPOINTS_MAP,
+    EP_FLAGS_NONE, NAT_REV_MAP, NODE_ADDRS_MAP, PACING_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP,
+    PORTMAP_MAP, PROG_SOCKOPS, RATE_LIMITS_MAP, SOCK_REV_MAP, TRACE_MAP,
 };
 
 use super::{
@@ -153,7 +153,9 @@ impl Programs {
         let complete = paths.iter().all(|p| p.exists())
             && SOCK_PROGRAMS
                 .iter()
-                .all(|(name, _)| root.program(node, &rev, name).exists());
+                .map(|(name, _)| *name)
+                .chain([PROG_SOCKOPS])
+                .all(|name| root.program(node, &rev, name).exists());
         if !complete {
             load_and_pin(root, node, &rev)?;
         }
@@ -193,6 +195,7 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .map_pin_path(SOCK_REV_MAP, root.map(node, SOCK_REV_MAP))
         .map_pin_path(NODE_ADDRS_MAP, root.map(node, NODE_ADDRS_MAP))
         .map_pin_path(CONFIG_MAP, root.map(node, CONFIG_MAP))
+        .map_pin_path(PACING_MAP, root.map(node, PACING_MAP))
         .load(PROGRAMS)
         .map_err(|source| BpfError::Load {
             source: Box::new(source),
@@ -227,6 +230,7 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     for (name, _) in SOCK_PROGRAMS {
         load_and_pin_as!(CgroupSockAddr, name);
     }
+    load_and_pin_as!(SockOps, PROG_SOCKOPS);
     // Programs of other revisions stay alive as long as links use them; their pins only
     // served new attachments, which from now on get this revision.
     if let Ok(entries) = fs::read_dir(root.programs_dir(node)) {
@@ -253,6 +257,8 @@ pub struct Maps {
     endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
     counters: PerCpuHashMap<MapData, u32, PodCounters>,
     rates: HashMap<MapData, u32, RateLimit>,
+    /// `None` on a node whose maps predate TCP pacing (until its programs are reloaded).
+    pacing: Option<HashMap<MapData, u64, Pacing>>,
 }
 
 pub(super) fn open_pinned(
@@ -304,6 +310,10 @@ impl Maps {
             endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
             counters: PerCpuHashMap::try_from(cnt).map_err(conv(POD_COUNTERS_MAP))?,
             rates: HashMap::try_from(rates).map_err(conv(RATE_LIMITS_MAP))?,
+            pacing: match open_pinned(root, node, PACING_MAP)? {
+                Some(m) => Some(HashMap::try_from(m).map_err(conv(PACING_MAP))?),
+                None => None,
+            },
         }))
     }
 
@@ -390,6 +400,7 @@ impl Maps {
                 _ => {}
             }
         }
+        self.remove_pacing(attachment_id)?;
         for ifindex in ifindexes {
             self.set_limits(ifindex, None)?;
             match self.counters.remove(&ifindex) {
@@ -404,6 +415,91 @@ impl Maps {
             }
         }
         Ok(entries.len())
+    }
+
+    /// TCP pacing for the pod whose network namespace has `cookie`: its sockets are capped
+    /// at `rate_bytes` per second (see `ebpf/src/pace.rs`).
+    pub fn set_pacing(
+        &mut self,
+        cookie: u64,
+        attachment_id: u64,
+        rate_bytes: u32,
+    ) -> Result<(), BpfError> {
+        let map = self.pacing.as_mut().ok_or(BpfError::PinMissing {
+            what: "pacing map",
+            path: PACING_MAP.into(),
+        })?;
+        let v = Pacing {
+            rate_bytes,
+            _pad: 0,
+            attachment_id,
+        };
+        map.insert(cookie, v, 0)
+            .map_err(|source| BpfError::MapUpdate {
+                map: PACING_MAP,
+                what: format!("set pacing of netns cookie {cookie}"),
+                source: Box::new(source),
+            })
+    }
+
+    /// Removes the attachment's pacing entries, found by their value: DEL may come without
+    /// the pod's namespace. The map holds only limited pods, so the scan is short.
+    fn remove_pacing(&mut self, attachment_id: u64) -> Result<(), BpfError> {
+        let Some(map) = self.pacing.as_mut() else {
+            return Ok(());
+        };
+        let cookies: Vec<u64> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.attachment_id == attachment_id)
+            .map(|(k, _)| k)
+            .collect();
+        for c in cookies {
+            match map.remove(&c) {
+                Err(e) if !is_not_found(&e) => {
+                    return Err(BpfError::MapUpdate {
+                        map: PACING_MAP,
+                        what: format!("remove pacing of netns cookie {c}"),
+                        source: Box::new(e),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The pacing rate of the attachment's pod (bytes/s), if it has one.
+    pub fn pacing_of(&self, attachment_id: u64) -> Option<u32> {
+        self.pacing
+            .as_ref()?
+            .iter()
+            .filter_map(Result::ok)
+            .find(|(_, v)| v.attachment_id == attachment_id)
+            .map(|(_, v)| v.rate_bytes)
+    }
+
+    /// CHECK: the pod's namespace has exactly the expected pacing (or none).
+    pub fn check_pacing(
+        &self,
+        cookie: u64,
+        attachment_id: u64,
+        expected: Option<u32>,
+    ) -> Result<(), BpfError> {
+        let actual = self
+            .pacing
+            .as_ref()
+            .and_then(|m| m.get(&cookie, 0).ok())
+            .filter(|v| v.attachment_id == attachment_id)
+            .map(|v| v.rate_bytes);
+        if actual != expected {
+            let show = |r: Option<u32>| r.map_or("none".to_owned(), |r| format!("{r} B/s"));
+            return Err(BpfError::PacingStale {
+                actual: show(actual),
+                expected: show(expected),
+            });
+        }
+        Ok(())
     }
 
     /// Installs (or, with `None`, removes) the rate limits of the pod behind `ifindex`.

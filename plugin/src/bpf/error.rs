@@ -252,6 +252,9 @@ pub enum BpfError {
     #[error("port mapping {mapping} is missing from the node's port-mapping map")]
     PortMappingMissing { mapping: String },
 
+    #[error("TCP pacing of the pod's namespace is {actual}, expected {expected}")]
+    PacingStale { actual: String, expected: String },
+
     #[error("port mapping {mapping} points to {actual}, expected {expected}")]
     PortMappingStale {
         mapping: String,
@@ -312,6 +315,7 @@ impl BpfError {
             | Self::EndpointStale { .. }
             | Self::PortMappingMissing { .. }
             | Self::PortMappingStale { .. }
+            | Self::PacingStale { .. }
             | Self::SockLinkStale { .. } => code::CHECK_FAILED,
             Self::AddressInUse { .. } => code::INVALID_CONFIG,
             Self::PortInUse { .. } => code::PORT_IN_USE,

@@ -25,9 +25,10 @@ pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, AttachmentReport, Counts,
-    DeviceReport, LimitReport, NodeReport, PodSpec, PortMappingReport,
+    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, AttachmentReport,
+    Counts, DeviceReport, LimitReport, NodeReport, PodSpec, PortMappingReport,
 };
+pub use ports::netns_cookie_of;
 pub use survey::{network_attachments, readiness, Unready};
 pub use trace::trace;
 
@@ -281,6 +282,7 @@ mod tests {
                 ports: &[],
                 node_addrs: &[],
                 chained: false,
+                netns_cookie: 0,
             },
             &[],
             AttachMode::Tcx,

@@ -30,6 +30,17 @@ pub struct PodSpec<'a> {
     /// Chained mode: another plugin made the interface and forwards the pod's traffic; the
     /// host veth gets `ecni_from_chain` instead of `ecni_from_pod`.
     pub chained: bool,
+    /// The cookie of the pod's network namespace: with an egress limit, its TCP sockets
+    /// are paced (`ecni_sockops`).
+    pub netns_cookie: u64,
+}
+
+/// The pacing rate for an egress limit: a little under the policer's rate, which counts
+/// the Ethernet header TCP does not (1,514 bytes a full frame against 1,500), so the bucket
+/// never runs dry under a paced flow. `None` without an egress limit.
+pub fn pacing_rate(limits: Option<RateLimit>) -> Option<u32> {
+    let rate = limits?.egress.rate_bytes;
+    (rate > 0).then(|| u32::try_from(rate / 100 * 99).unwrap_or(u32::MAX))
 }
 
 /// Removes the host port mappings an attachment installed (as listed in its pinned port
@@ -86,6 +97,7 @@ pub fn add_pod(
         ports: port_entries,
         node_addrs,
         chained,
+        netns_cookie,
     } = *pod;
     let [from_hook, to_hook] = Hook::pod(chained);
     key.validate()?;
@@ -132,6 +144,10 @@ pub fn add_pod(
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
         maps.set_limits(host_ifindex, limits)?;
+        if let Some(rate) = pacing_rate(limits) {
+            maps.set_pacing(netns_cookie, key.id(), rate)?;
+            ports::ensure_pacing_link(&root, node, |name| Programs::sock_fd(&root, node, name))?;
+        }
         step("endpoints");
         if !port_entries.is_empty() {
             add_ports(
@@ -292,6 +308,7 @@ pub fn check_pod(
     port_entries: &[PortEntry],
     mode: AttachMode,
     chained: bool,
+    netns_cookie: u64,
 ) -> Result<(), BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
@@ -310,6 +327,11 @@ pub fn check_pod(
     })?;
     maps.check_pod(key.id(), endpoints)?;
     maps.check_limits(host_ifindex, limits)?;
+    let pacing = pacing_rate(limits);
+    maps.check_pacing(netns_cookie, key.id(), pacing)?;
+    if pacing.is_some() {
+        ports::check_pacing_link(&root, node)?;
+    }
     if !port_entries.is_empty() {
         let pm = PortMaps::open(&root, node)?;
         pm.check(key.id(), host_ifindex, port_entries)?;
@@ -489,6 +511,8 @@ pub struct AttachmentReport {
     pub ingress_limit: Option<LimitReport>,
     /// Limit of traffic from the pod.
     pub egress_limit: Option<LimitReport>,
+    /// `SO_MAX_PACING_RATE` given to the pod's TCP sockets, bytes per second.
+    pub tcp_pacing_bytes: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -597,6 +621,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
+            tcp_pacing_bytes: maps.as_ref().and_then(|m| m.pacing_of(key.id())),
             network,
             container_id,
             ifname,

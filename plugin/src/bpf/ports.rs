@@ -356,11 +356,33 @@ pub fn attachment_ports(path: &Path) -> Result<Vec<PortKey>, BpfError> {
 
 /// The node's network namespace cookie (`SO_NETNS_COOKIE`, Linux 5.14+): the plugin runs in
 /// the node's namespace.
+/// The cookie of the network namespace `ns` (the key of the pacing map), read from a
+/// socket opened there by a short-lived thread so this thread's namespace never changes.
+pub fn netns_cookie_of(ns: &crate::netns::Netns) -> Result<u64, BpfError> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _in = ns.enter().map_err(|e| BpfError::NetnsCookie {
+                source: io::Error::other(e.to_string()),
+            })?;
+            netns_cookie()
+        })
+        .join()
+        .expect("the cookie thread does not panic")
+    })
+}
+
 pub fn netns_cookie() -> Result<u64, BpfError> {
     const SO_NETNS_COOKIE: libc::c_int = 71;
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0")
-        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
-        .map_err(|source| BpfError::NetnsCookie { source })?;
+    // An unbound socket: a new pod namespace may not even have loopback up.
+    // SAFETY: plain socket(2); the fd is owned right below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(BpfError::NetnsCookie {
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: getsockopt on a socket we own into a u64 of the length passed.
@@ -414,16 +436,43 @@ fn cgroup2_root() -> Result<PathBuf, BpfError> {
     Ok(dir.to_path_buf())
 }
 
+/// The sockops program pacing limited pods' TCP sockets, and its attach type.
+pub const PACING_PROGRAM: (&str, u32) = (ebpf_cni_maps::PROG_SOCKOPS, sys::BPF_CGROUP_SOCK_OPS);
+
 /// Attaches each socket program (fds from `prog`) to the cgroup v2 root unless its link is
 /// pinned and live already.
 pub fn ensure_sock_links(
     root: &PinRoot,
     node: &NodeId,
+    prog: impl FnMut(&'static str) -> Result<OwnedFd, BpfError>,
+) -> Result<(), BpfError> {
+    ensure_cgroup_links(root, node, &SOCK_PROGRAMS, prog)
+}
+
+/// The pacing program's link on the cgroup v2 root, as [`ensure_sock_links`].
+pub fn ensure_pacing_link(
+    root: &PinRoot,
+    node: &NodeId,
+    prog: impl FnMut(&'static str) -> Result<OwnedFd, BpfError>,
+) -> Result<(), BpfError> {
+    ensure_cgroup_links(root, node, &[PACING_PROGRAM], prog)
+}
+
+/// CHECK: the pacing program's link is pinned and live.
+pub fn check_pacing_link(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+    let dir = root.node_dir(node).join(ebpf_cni_maps::pin::CGROUP_DIR);
+    check_sock_link(&dir.join(PACING_PROGRAM.0), PACING_PROGRAM.0)
+}
+
+fn ensure_cgroup_links(
+    root: &PinRoot,
+    node: &NodeId,
+    programs: &[(&'static str, u32)],
     mut prog: impl FnMut(&'static str) -> Result<OwnedFd, BpfError>,
 ) -> Result<(), BpfError> {
     let dir = root.node_dir(node).join(ebpf_cni_maps::pin::CGROUP_DIR);
     let mut cgroup: Option<fs::File> = None;
-    for (name, attach_type) in SOCK_PROGRAMS {
+    for &(name, attach_type) in programs {
         let path = dir.join(name);
         if check_sock_link(&path, name).is_ok() {
             continue;

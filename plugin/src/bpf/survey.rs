@@ -5,7 +5,7 @@
 use std::{fs, io, path::Path};
 
 use aya::{
-    programs::{CgroupSockAddr, SchedClassifier},
+    programs::{CgroupSockAddr, SchedClassifier, SockOps},
     EbpfLoader,
 };
 use ebpf_cni_maps::{
@@ -22,7 +22,7 @@ use super::{
 
 /// The node's hash maps, shrunk for the load probe (each preallocates its full size, tens
 /// of MiB together). Arrays keep their size: the programs index them by constant.
-const PROBE_SHRUNK_MAPS: [&str; 8] = [
+const PROBE_SHRUNK_MAPS: [&str; 9] = [
     ENDPOINTS_MAP,
     POD_COUNTERS_MAP,
     RATE_LIMITS_MAP,
@@ -31,6 +31,7 @@ const PROBE_SHRUNK_MAPS: [&str; 8] = [
     NAT_REV_MAP,
     SOCK_REV_MAP,
     NODE_ADDRS_MAP,
+    ebpf_cni_maps::PACING_MAP,
 ];
 const PROBE_MAP_ENTRIES: u32 = 64;
 
@@ -167,6 +168,7 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
         .iter()
         .map(|h| h.program())
         .chain(SOCK_PROGRAMS.iter().map(|(name, _)| *name))
+        .chain([ebpf_cni_maps::PROG_SOCKOPS])
         .all(|name| root.program(node, &rev, name).exists());
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
@@ -228,6 +230,24 @@ fn probe_load() -> Result<(), Unready> {
             })
         })?;
     }
+    let name = ebpf_cni_maps::PROG_SOCKOPS;
+    let prog: &mut SockOps = ebpf
+        .program_mut(name)
+        .ok_or(BpfError::MissingProgram { name })
+        .map_err(fail)?
+        .try_into()
+        .map_err(|source| {
+            fail(BpfError::Program {
+                name,
+                source: Box::new(source),
+            })
+        })?;
+    prog.load().map_err(|source| {
+        fail(BpfError::Program {
+            name,
+            source: Box::new(source),
+        })
+    })?;
     for (name, _) in SOCK_PROGRAMS {
         let prog: &mut CgroupSockAddr = ebpf
             .program_mut(name)

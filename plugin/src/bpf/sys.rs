@@ -23,6 +23,8 @@ const BPF_LINK_CREATE: libc::c_int = 28;
 const BPF_PROG_GET_FD_BY_ID: libc::c_int = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
 
+/// `enum bpf_attach_type` of sockops programs on a cgroup.
+pub(crate) const BPF_CGROUP_SOCK_OPS: u32 = 3;
 /// `enum bpf_link_type`
 pub(crate) const BPF_LINK_TYPE_TCX: u32 = 11;
 /// `enum bpf_attach_type`

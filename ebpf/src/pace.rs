@@ -1,0 +1,53 @@
+//! TCP pacing for pods with an egress limit. This kernel has no `sch_fq`, so the limiter at
+//! the host veth is a policer, and a TCP sender that bursts into it loses packets and backs
+//! off far below the rate. TCP paces itself when a socket has `SO_MAX_PACING_RATE` (the
+//! stack's internal pacing, no qdisc needed): this sockops program, attached to the cgroup
+//! v2 root, sets it on every TCP socket of a limited pod's network namespace when the
+//! connection is made or accepted, a little under the policer's rate so the bucket never
+//! runs dry. The policer stays for everything else (UDP, sockets opened before the limit).
+
+use aya_ebpf::{
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_TCP_CONNECT_CB,
+    },
+    helpers::{bpf_get_netns_cookie, bpf_setsockopt},
+    programs::SockOpsContext,
+    EbpfContext,
+};
+
+use crate::maps::ECNI_PACING;
+
+const SOL_SOCKET: i32 = 1;
+const SO_MAX_PACING_RATE: i32 = 47;
+
+/// Always 1: a sockops program's return value is not a verdict for these callbacks.
+#[inline(always)]
+pub fn on_sock_op(ctx: &SockOpsContext) -> u32 {
+    let op = ctx.op();
+    if op != BPF_SOCK_OPS_TCP_CONNECT_CB
+        && op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+        && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
+    {
+        return 1;
+    }
+    // SAFETY: plain helper call on the program's context.
+    let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: the value is copied out before the map could change it.
+    let Some(p) = (unsafe { ECNI_PACING.get(&cookie) }) else {
+        return 1;
+    };
+    let mut rate: u32 = p.rate_bytes;
+    // SAFETY: `rate` is a valid int of the size passed; the kernel copies it.
+    // A failure leaves the socket unpaced, held by the policer as before.
+    let _ = unsafe {
+        bpf_setsockopt(
+            ctx.as_ptr(),
+            SOL_SOCKET,
+            SO_MAX_PACING_RATE,
+            (&mut rate as *mut u32).cast(),
+            core::mem::size_of::<u32>() as i32,
+        )
+    };
+    1
+}
