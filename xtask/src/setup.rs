@@ -26,6 +26,13 @@ pub const APT_PACKAGES: &[&str] = &[
     "iptables",
     "bpftool",
     "util-linux",
+    // The podman end-to-end test (tests/tests/podman.rs): podman 4.3 with its CNI backend,
+    // runc (crun fails on hybrid cgroups; listed so apt does not pick crun for podman's
+    // `crun | runc` dependency), conmon, and a static busybox for the container's rootfs.
+    "podman",
+    "runc",
+    "conmon",
+    "busybox-static",
 ];
 
 pub fn setup() -> Result<()> {
