@@ -383,3 +383,72 @@ fn chained_mode_input_errors() {
     // Nothing pinned for the node by any of them.
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
+
+/// GC (CNI 1.1) of ebpf-cni in chained mode removes ebpf-cni's state of every attachment
+/// not listed — links, endpoint entries, host ports — and nothing of the bridge's: the
+/// stale pod's veth and lease stay for the bridge to collect. The listed pod keeps working.
+#[test]
+fn gc_removes_only_ebpf_cni_state_of_unlisted_chained_pods() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = chain(&p, &node);
+    let map = |port: u16| {
+        (
+            "portMappings",
+            json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]),
+        )
+    };
+    let stale = add(&p, &node, &l, &[map(8081)]);
+    let kept = add(&p, &node, &l, &[map(8082)]);
+    let _s1 = PodServer::start(&stale.netns, 80, "stale");
+    let _s2 = PodServer::start(&kept.netns, 80, "kept");
+    let lo = |port| sa(Ipv4Addr::LOCALHOST, port);
+    assert_eq!(tag_of(&tcp_ask(node.netns(), lo(8081)).unwrap()), "stale");
+
+    // ebpf-cni's entry of the list as a 1.1.0 config, as libcni builds it for GC.
+    let gc_conf = json!({
+        "cniVersion": "1.1.0",
+        "name": l.name,
+        "type": p.plugin_type,
+        "cni.dev/valid-attachments": [
+            {"containerID": kept.att.container_id, "ifname": "eth0"}
+        ],
+    });
+    let env = ebpf_cni_tests::ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env());
+    p.run(&node, CniCommand::Gc, &env, gc_conf.to_string())
+        .expect_success("GC in chained mode");
+
+    assert!(
+        !node
+            .attachment_pin_dir(&l.name, &stale.att.container_id, "eth0")
+            .exists(),
+        "GC removes the unlisted attachment's pins"
+    );
+    assert!(
+        tcp_ask(node.netns(), lo(8081)).is_err(),
+        "the unlisted pod's host port is gone"
+    );
+    let veth = stale.host_veth();
+    assert!(
+        ebpf_cni_tests::kernel::link(node.netns(), &veth)
+            .unwrap()
+            .is_some(),
+        "the bridge's veth {veth} is the bridge's to remove"
+    );
+    assert!(
+        tcx_programs(node.netns(), &veth).unwrap().is_empty(),
+        "no program of ebpf-cni stays on {veth}"
+    );
+    assert_eq!(tag_of(&tcp_ask(node.netns(), lo(8082)).unwrap()), "kept");
+    p.runtime
+        .check(&node, &l, &kept.att, &kept.result)
+        .unwrap_or_else(|e| panic!("CHECK of the listed pod after GC: {e}"));
+
+    for pod in [&stale, &kept] {
+        p.runtime
+            .del(&node, &l, &pod.att, Some(&pod.result))
+            .unwrap();
+    }
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
