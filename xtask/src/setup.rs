@@ -26,6 +26,11 @@ pub const APT_PACKAGES: &[&str] = &[
     "iptables",
     "bpftool",
     "util-linux",
+    // The containerd end-to-end test: containerd 1.6 with its CRI plugin (and `ctr`), the
+    // OCI runtime, and a static busybox for the pod image it builds offline.
+    "containerd",
+    "runc",
+    "busybox-static",
 ];
 
 pub fn setup() -> Result<()> {
