@@ -26,12 +26,15 @@ pub const APT_PACKAGES: &[&str] = &[
     "iptables",
     "bpftool",
     "util-linux",
-    // The podman end-to-end test (tests/tests/podman.rs): podman 4.3 with its CNI backend,
-    // runc (crun fails on hybrid cgroups; listed so apt does not pick crun for podman's
-    // `crun | runc` dependency), conmon, and a static busybox for the container's rootfs.
+    // The runtime end-to-end tests (tests/tests/podman.rs, tests/tests/containerd/):
+    // podman 4.3 with its CNI backend and conmon; containerd 1.6 with its CRI plugin (and
+    // `ctr`); runc as the OCI runtime for both (crun fails on hybrid cgroups; listed so apt
+    // does not pick crun for podman's `crun | runc` dependency); a static busybox for the
+    // containers' rootfs and the image built offline.
     "podman",
-    "runc",
     "conmon",
+    "containerd",
+    "runc",
     "busybox-static",
 ];
 
