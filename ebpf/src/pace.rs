@@ -3,8 +3,8 @@
 //! off far below the rate. TCP paces itself when a socket has `SO_MAX_PACING_RATE` (the
 //! stack's internal pacing, no qdisc needed): this sockops program, attached to the cgroup
 //! v2 root, sets it on every TCP socket of a limited pod's network namespace when the
-//! connection is made or accepted, a little under the policer's rate so the bucket never
-//! runs dry. The policer stays for everything else (UDP, sockets opened before the limit).
+//! connection is made or accepted, at 99% of the policer's rate (see `pacing_rate` in the
+//! plugin for why). The policer stays for everything else (UDP, sockets opened before the limit).
 
 use aya_ebpf::{
     bindings::{
