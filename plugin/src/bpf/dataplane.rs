@@ -202,20 +202,10 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         })?;
     let dir = root.programs_dir(node).join(rev);
     create_dir_all_racy(&dir)?;
-    // aya has no trait for `load`, so one macro serves both program types.
     macro_rules! load_and_pin_as {
         ($ty:ty, $name:expr) => {{
             let name: &'static str = $name;
-            let err = |source| BpfError::Program {
-                name,
-                source: Box::new(source),
-            };
-            let prog: &mut $ty = ebpf
-                .program_mut(name)
-                .ok_or(BpfError::MissingProgram { name })?
-                .try_into()
-                .map_err(err)?;
-            prog.load().map_err(err)?;
+            let prog = load_program!(ebpf, $ty, name);
             let path = dir.join(name);
             prog.pin(&path).map_err(|source| BpfError::PinProgram {
                 path,

@@ -9,6 +9,26 @@
 //! A process-wide lock (flock on the layout directory) serialises these steps between
 //! concurrent plugin runs; it is held for milliseconds.
 
+/// Loads (verifies) the program `$name` of `$ebpf` as an aya `$ty` and evaluates to it;
+/// returns the error (a `BpfError`) from the enclosing function. aya has no trait for
+/// `load`, so one macro serves every program type.
+macro_rules! load_program {
+    ($ebpf:expr, $ty:ty, $name:expr) => {{
+        let name: &'static str = $name;
+        let err = |source| BpfError::Program {
+            name,
+            source: Box::new(source),
+        };
+        let prog: &mut $ty = $ebpf
+            .program_mut(name)
+            .ok_or(BpfError::MissingProgram { name })?
+            .try_into()
+            .map_err(err)?;
+        prog.load().map_err(err)?;
+        prog
+    }};
+}
+
 mod dataplane;
 mod error;
 mod links;

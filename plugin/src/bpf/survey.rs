@@ -210,64 +210,17 @@ fn probe_load() -> Result<(), Unready> {
             source: Box::new(source),
         })
     })?;
-    for hook in Hook::ALL {
-        let name = hook.program();
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(BpfError::MissingProgram { name })
-            .map_err(fail)?
-            .try_into()
-            .map_err(|source| {
-                fail(BpfError::Program {
-                    name,
-                    source: Box::new(source),
-                })
-            })?;
-        prog.load().map_err(|source| {
-            fail(BpfError::Program {
-                name,
-                source: Box::new(source),
-            })
-        })?;
-    }
-    let name = ebpf_cni_maps::PROG_SOCKOPS;
-    let prog: &mut SockOps = ebpf
-        .program_mut(name)
-        .ok_or(BpfError::MissingProgram { name })
-        .map_err(fail)?
-        .try_into()
-        .map_err(|source| {
-            fail(BpfError::Program {
-                name,
-                source: Box::new(source),
-            })
-        })?;
-    prog.load().map_err(|source| {
-        fail(BpfError::Program {
-            name,
-            source: Box::new(source),
-        })
-    })?;
-    for (name, _) in SOCK_PROGRAMS {
-        let prog: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or(BpfError::MissingProgram { name })
-            .map_err(fail)?
-            .try_into()
-            .map_err(|source| {
-                fail(BpfError::Program {
-                    name,
-                    source: Box::new(source),
-                })
-            })?;
-        prog.load().map_err(|source| {
-            fail(BpfError::Program {
-                name,
-                source: Box::new(source),
-            })
-        })?;
-    }
-    Ok(())
+    let mut load_all = || -> Result<(), BpfError> {
+        for hook in Hook::ALL {
+            load_program!(ebpf, SchedClassifier, hook.program());
+        }
+        load_program!(ebpf, SockOps, ebpf_cni_maps::PROG_SOCKOPS);
+        for (name, _) in SOCK_PROGRAMS {
+            load_program!(ebpf, CgroupSockAddr, name);
+        }
+        Ok(())
+    };
+    load_all().map_err(fail)
 }
 
 #[cfg(test)]
