@@ -188,3 +188,22 @@ pub fn ruleset(node: &Node) -> String {
 pub fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
+
+/// Asks each `(what, from, target)` over TCP and UDP; the failures (no answer, or an
+/// answer not tagged `tag`), one line each, for a single assertion over every path.
+pub fn ask_each(cases: &[(&str, &Netns, SocketAddr)], tag: &str) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (what, from, target) in cases {
+        for (proto, r) in [
+            ("tcp", tcp_ask(from, *target)),
+            ("udp", udp_ask(from, *target)),
+        ] {
+            match r {
+                Ok(ans) if tag_of(&ans) == tag => {}
+                Ok(ans) => failures.push(format!("{what} {proto} {target}: answered by {ans:?}")),
+                Err(e) => failures.push(format!("{what} {proto} {target}: {e:#}")),
+            }
+        }
+    }
+    failures
+}

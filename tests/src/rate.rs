@@ -25,8 +25,14 @@ pub fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f6
             String::from_utf8_lossy(&out.stdout)
         )
     });
+    received_bps(&v, extra.contains(&"-u"))
+}
+
+/// What the receiver got in an iperf3 `-J` report, bit/s (UDP: the sent rate less the
+/// lost share).
+pub fn received_bps(v: &Value, udp: bool) -> f64 {
     let end = &v["end"];
-    if extra.contains(&"-u") {
+    if udp {
         let sum = &end["sum"];
         let sent = sum["bits_per_second"].as_f64().expect("UDP rate");
         let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
@@ -34,6 +40,6 @@ pub fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f6
     } else {
         end["sum_received"]["bits_per_second"]
             .as_f64()
-            .expect("TCP rate")
+            .unwrap_or_else(|| panic!("TCP rate in {v}"))
     }
 }

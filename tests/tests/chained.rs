@@ -15,7 +15,7 @@ use ebpf_cni_tests::bpf::{tcx_programs, Direction};
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{ruleset, sa, tag_of, tcp_ask, udp_ask, PodServer};
+use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::rate::iperf;
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, NetConfList, Netns, Node,
@@ -177,19 +177,7 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
         ("pod B -> node IPv6", &b.netns, sa(node6, 8080)),
         ("hairpin IPv4", &a.netns, sa(node4, 8080)),
     ];
-    let mut failures = Vec::new();
-    for (what, from, target) in &cases {
-        for (proto, r) in [
-            ("tcp", tcp_ask(from, *target)),
-            ("udp", udp_ask(from, *target)),
-        ] {
-            match r {
-                Ok(ans) if tag_of(&ans) == "podA" => {}
-                Ok(ans) => failures.push(format!("{what} {proto}: answered by {ans:?}")),
-                Err(e) => failures.push(format!("{what} {proto}: {e:#}")),
-            }
-        }
-    }
+    let failures = ask_each(&cases, "podA");
     assert!(
         failures.is_empty(),
         "host port 8080 of the bridge's pod, chained ebpf-cni:\n{}",
@@ -451,4 +439,61 @@ fn gc_removes_only_ebpf_cni_state_of_unlisted_chained_pods() {
             .unwrap();
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// A chained ADD that fails after attaching (the failpoint fires once every step succeeded)
+/// leaves nothing of ebpf-cni behind: no pin, no program on the bridge's veth, the host
+/// port not answered; the bridge's interface stays for the runtime's DEL of the list.
+#[test]
+fn a_failed_chained_add_leaves_nothing_of_ebpf_cni() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = chain(&p, &node);
+    let bridge_only = NetConfList {
+        plugins: vec![l.plugins[0].clone()],
+        ..l.clone()
+    };
+    let netns = node.new_pod().unwrap();
+    let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+    let prev = p.runtime.add(&node, &bridge_only, &att).unwrap();
+
+    let mut conf = l.exec_config(
+        1,
+        &serde_json::Map::from_iter([(
+            "portMappings".to_owned(),
+            json!([{"hostPort": 8083, "containerPort": 80, "protocol": "tcp"}]),
+        )]),
+        Some(&prev),
+    );
+    conf["runtimeConfig"]["bandwidth"] =
+        json!({"egressRate": 10_000_000, "egressBurst": 1_000_000});
+    let env = p
+        .env(&att.container_id, netns.path(), "eth0")
+        .with_env("EBPF_CNI_FAILPOINT", "before-result");
+    p.run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_error(199, "chained ADD with the failpoint");
+
+    assert_eq!(
+        node.pinned_files(),
+        Vec::<std::path::PathBuf>::new(),
+        "a failed chained ADD leaves no pin"
+    );
+    let pod = Pod {
+        netns,
+        att,
+        result: prev,
+    };
+    let veth = pod.host_veth();
+    assert!(
+        tcx_programs(node.netns(), &veth).unwrap().is_empty(),
+        "{veth}"
+    );
+    let _server = PodServer::start(&pod.netns, 80, "pod");
+    assert!(tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8083)).is_err());
+    // The runtime then DELs the whole list: both plugins succeed.
+    p.runtime
+        .del(&node, &l, &pod.att, Some(&pod.result))
+        .unwrap();
+    assert!(node.leases(&l.name).is_empty());
 }

@@ -15,7 +15,7 @@ use anyhow::Result;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{ruleset, sa, tag_of, tcp_ask, udp_ask, udp_ask_from, PodServer};
+use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::{
     require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
     PluginUnderTest, ResultExpectation,
@@ -121,19 +121,7 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
         ("hairpin IPv4", &a.netns, sa(node4, 8080)),
         ("hairpin IPv6", &a.netns, sa(node6, 8080)),
     ];
-    let mut failures = Vec::new();
-    for (what, from, target) in &cases {
-        for (proto, r) in [
-            ("tcp", tcp_ask(from, *target)),
-            ("udp", udp_ask(from, *target)),
-        ] {
-            match r {
-                Ok(ans) if tag_of(&ans) == "podA" => {}
-                Ok(ans) => failures.push(format!("{what} {proto} {target}: answered by {ans:?}")),
-                Err(e) => failures.push(format!("{what} {proto} {target}: {e:#}")),
-            }
-        }
-    }
+    let failures = ask_each(&cases, "podA");
     assert!(
         failures.is_empty(),
         "issue 4 paths through hostPort 8080 failed:\n{}",

@@ -441,15 +441,5 @@ fn iperf(client: &[String], server: &Netns, addr: IpAddr, extra: &[&str]) -> f64
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    let end = &v["end"];
-    if extra.contains(&"-u") {
-        let sum = &end["sum"];
-        let sent = sum["bits_per_second"].as_f64().expect("UDP rate");
-        let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
-        sent * (1.0 - lost / 100.0)
-    } else {
-        end["sum_received"]["bits_per_second"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("TCP rate in {v}"))
-    }
+    ebpf_cni_tests::rate::received_bps(&v, extra.contains(&"-u"))
 }
