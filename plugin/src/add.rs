@@ -3,7 +3,7 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    bpf::{self, AttachMode, AttachmentKey, Device, NodeId, PodEndpoint, PodSpec},
+    bpf::{self, AttachMode, AttachModes, AttachmentKey, Device, NodeId, PodEndpoint, PodSpec},
     cni::{
         code,
         config::{parse_mac, NetConf, TcAttachMode},
@@ -223,7 +223,7 @@ async fn setup(
         chained: false,
         netns_cookie: pacing_cookie(limits, pod_ns)?,
     };
-    bpf::add_pod(node, key, &spec, &devices, attach_mode(conf))?;
+    bpf::add_pod(node, key, &spec, &devices, attach_modes(conf, false))?;
     step("eBPF attached");
     failpoint()?;
 
@@ -363,10 +363,31 @@ pub(crate) fn failpoint() -> Result<(), CniError> {
     Ok(())
 }
 
-pub fn attach_mode(conf: &NetConf) -> AttachMode {
+/// How the programs attach. `tcAttachMode` `tcx` or `netlink` forces one mode everywhere.
+/// `auto` (the default) puts netlink filters on the host veths ebpf-cni creates and TCX
+/// links everywhere else where the kernel has TCX: on the node's devices, which other tc
+/// users share and which outlive every pod, and on a chained pod's veth, which belongs to
+/// the previous plugin. A TCX attach waits out two RCU grace periods while it holds the
+/// machine-wide RTNL lock (`kernel/bpf/tcx.c`: `tcx_entry_sync()`, then
+/// `bpf_mprog_commit()`), about 25 ms for a pod's two hooks here, during which every
+/// netlink request of the machine waits too; a `bpf` filter on a fresh `clsact` needs no
+/// such wait. The veth is ebpf-cni's alone from creation to deletion, and its filters go
+/// with it, so the links' ownership buys nothing there (README, "Attach modes").
+pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
+    let one = |mode| AttachModes {
+        pod: mode,
+        devices: mode,
+    };
     match conf.tc_attach_mode {
-        TcAttachMode::Auto => AttachMode::auto(),
-        TcAttachMode::Tcx => AttachMode::Tcx,
-        TcAttachMode::Netlink => AttachMode::Netlink,
+        TcAttachMode::Auto => AttachModes {
+            pod: if chained {
+                AttachMode::auto()
+            } else {
+                AttachMode::Netlink
+            },
+            devices: AttachMode::auto(),
+        },
+        TcAttachMode::Tcx => one(AttachMode::Tcx),
+        TcAttachMode::Netlink => one(AttachMode::Netlink),
     }
 }

@@ -191,7 +191,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         netns_cookie: crate::add::pacing_cookie(&limits, &pod.ns)?,
     };
     // add_pod leaves nothing of the pod behind when it fails.
-    bpf::add_pod(&node, &key, &spec, &devices, crate::add::attach_mode(conf))?;
+    bpf::add_pod(&node, &key, &spec, &devices, crate::add::attach_modes(conf, true))?;
     if let Err(e) = crate::add::failpoint() {
         if let Err(undo) = bpf::del_pod(&node, &key) {
             log::error!("rollback of a failed ADD: {undo}");
@@ -226,7 +226,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         container_id: &env.container_id,
         ifname: &env.ifname,
     };
-    let mode = crate::add::attach_mode(conf);
+    let mode = crate::add::attach_modes(conf, true).pod;
     let bw = crate::bandwidth::limits(conf)?;
     let cookie = crate::add::pacing_cookie(&bw, &pod.ns)?;
     let limits = bw.to_map_value();

@@ -178,7 +178,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             chained: false,
         })
         .collect();
-    let mode = crate::add::attach_mode(conf);
+    let mode = crate::add::attach_modes(conf, false).pod;
     let limits = crate::bandwidth::limits(conf)?.to_map_value();
     let ports = crate::portmap::entries(
         &crate::portmap::mappings(conf)?,

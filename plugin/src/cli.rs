@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     bpf::{self, NodeId},
+    netlink::Netlink,
     netns::Netns,
 };
 
@@ -90,6 +91,19 @@ fn node_of(netns: Option<PathBuf>) -> Result<NodeId, Box<dyn std::error::Error>>
     })
 }
 
+/// "tcx link 12", "netlink filter", with "(detached)" when the kernel does not have it.
+fn attachment(l: &bpf::LinkReport) -> String {
+    let how = match l.mode {
+        "tcx" => format!("tcx link {}", l.link_id),
+        other => format!("{other} filter"),
+    };
+    if l.attached {
+        how
+    } else {
+        format!("{how} (detached)")
+    }
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -108,9 +122,53 @@ fn trace(seconds: Option<u64>, netns: Option<PathBuf>) -> Result<(), Box<dyn std
     Ok(())
 }
 
+/// Fills in `attached` of the netlink-mode entries: the kernel's filter list of each device
+/// must name the program (the pinned record alone proves nothing).
+fn confirm_netlink_filters(
+    r: &mut bpf::NodeReport,
+    netns: Option<&PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ns = netns.map(|p| Netns::open(p)).transpose()?;
+    crate::runtime()?.block_on(async {
+        let nl = match &ns {
+            Some(ns) => Netlink::connect_in(ns)?,
+            None => Netlink::connect()?,
+        };
+        let mut entries: Vec<(Option<&str>, &mut bpf::LinkReport)> = Vec::new();
+        for d in &mut r.devices {
+            if let Some(l) = d.link.as_mut() {
+                entries.push((Some(d.name.as_str()), l));
+            }
+        }
+        for a in &mut r.attachments {
+            for l in &mut a.links {
+                entries.push((None, l));
+            }
+        }
+        for (name, l) in entries.into_iter().filter(|(_, l)| l.mode == "netlink") {
+            if let Some(name) = name {
+                if let Some(link) = nl.link_by_name(name).await? {
+                    l.ifindex = link.index;
+                }
+            }
+            if l.ifindex == 0 {
+                continue;
+            }
+            let ingress = l.hook != "to_pod";
+            l.attached = nl
+                .bpf_filters(l.ifindex, ingress)
+                .await?
+                .iter()
+                .any(|f| *f == l.program);
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+}
+
 fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
-    let node = node_of(netns)?;
-    let r = bpf::inspect(&node)?;
+    let node = node_of(netns.clone())?;
+    let mut r = bpf::inspect(&node)?;
+    confirm_netlink_filters(&mut r, netns.as_ref())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -132,8 +190,12 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     for d in &r.devices {
         match &d.link {
             Some(l) => println!(
-                "  {:<16} ifindex {:<4} {} prog {} link {}",
-                d.name, l.ifindex, l.program, l.program_id, l.link_id
+                "  {:<16} ifindex {:<4} {} prog {} {}",
+                d.name,
+                l.ifindex,
+                l.program,
+                l.program_id,
+                attachment(l)
             ),
             None => println!("  {:<16} link pin unreadable", d.name),
         }
@@ -191,8 +253,12 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         );
         for l in &a.links {
             println!(
-                "      {:<9} {} prog {} link {} on ifindex {}",
-                l.hook, l.program, l.program_id, l.link_id, l.ifindex
+                "      {:<9} {} prog {} {} on ifindex {}",
+                l.hook,
+                l.program,
+                l.program_id,
+                attachment(l),
+                l.ifindex
             );
         }
         let limit = |l: &Option<bpf::LimitReport>| {

@@ -77,7 +77,7 @@ fn print_json(v: &Value) {
     let _ = out.flush();
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,33 +1,48 @@
-//! ebpf-cni's dataplane attachment: after ADD the host veth carries TCX program(s) whose
-//! links are pinned under `/sys/fs/bpf/ebpf-cni/v1/netns-<node inode>/attachments/
-//! <network>/<containerid>/<ifname>/` (so they outlive the plugin process, which has exited
-//! by the time we look); DEL removes them for that attachment only.
+//! ebpf-cni's dataplane attachment: after ADD the host veth carries the pod programs, and
+//! `/sys/fs/bpf/ebpf-cni/v1/netns-<node inode>/attachments/<network>/<containerid>/
+//! <ifname>/` pins what holds them (so it outlives the plugin process, which has exited by
+//! the time we look); DEL removes them for that attachment only.
+//!
+//! Two attach modes (issue 3: "Attach with TCX links … fall back to netlink clsact filters
+//! …, and let config force that mode"): with `tcAttachMode: "tcx"` the programs hang on
+//! TCX links pinned there; by default (`auto`) ebpf-cni's own host veths get netlink
+//! `bpf` filters (a TCX attach waits out RCU grace periods under the RTNL lock, see the
+//! README), the directory pins each program as the record, and the node's devices keep
+//! TCX links.
 
 use std::collections::BTreeSet;
 
 use ebpf_cni_tests::bpf::{self, Mechanism, PinnedObject};
 use ebpf_cni_tests::config::{Stack, NETWORK};
+use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::{
     fsutil, require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
     PluginUnderTest, ResultExpectation,
 };
 
-/// Problems with one attachment's programs and pins.
-fn attachment_bpf_problems(node: &Node, cid: &str, r: &AddResult) -> Vec<String> {
+/// Problems with one attachment's programs and pins, when `want` attaches them.
+fn attachment_bpf_problems(
+    node: &Node,
+    cid: &str,
+    r: &AddResult,
+    want: Mechanism,
+) -> Vec<String> {
     let mut p = Vec::new();
     let progs = match bpf::attached_programs(node.netns(), &r.host_ifname) {
         Ok(progs) => progs,
         Err(e) => return vec![format!("reading programs on {}: {e:#}", r.host_ifname)],
     };
-    if progs.is_empty() {
+    let mut names: Vec<&str> = progs.iter().map(|q| q.name.as_str()).collect();
+    names.sort();
+    if names != ["ecni_from_pod", "ecni_to_pod"] {
         p.push(format!(
-            "no eBPF program attached to host veth {}",
+            "host veth {} carries {names:?}, not ecni_from_pod and ecni_to_pod",
             r.host_ifname
         ));
     }
     for prog in &progs {
-        if prog.mechanism != Mechanism::Tcx {
-            p.push(format!("{prog:?} is attached by netlink tc, not TCX"));
+        if prog.mechanism != want {
+            p.push(format!("{prog:?} is not attached by {want:?}"));
         }
     }
 
@@ -37,7 +52,7 @@ fn attachment_bpf_problems(node: &Node, cid: &str, r: &AddResult) -> Vec<String>
         p.push(format!("nothing pinned under {}", dir.display()));
     }
     let ifindex = bpf::ifindex_in(node.netns(), &r.host_ifname).unwrap_or(0);
-    let mut pinned_links = BTreeSet::new();
+    let (mut pinned_links, mut pinned_progs) = (BTreeSet::new(), BTreeSet::new());
     for f in &files {
         match bpf::pinned_object(&dir.join(f)) {
             Ok(PinnedObject::Link(info)) => {
@@ -50,28 +65,57 @@ fn attachment_bpf_problems(node: &Node, cid: &str, r: &AddResult) -> Vec<String>
                 }
                 pinned_links.insert(info.id);
             }
+            Ok(PinnedObject::Prog { id, .. }) => {
+                pinned_progs.insert(id);
+            }
             Ok(_) => {}
             Err(e) => p.push(format!("pin {} unreadable: {e:#}", f.display())),
         }
     }
-    // Every TCX link holding a program on the veth is one the plugin pinned: otherwise it
-    // would have been detached when the plugin exited, or cannot be found by DEL.
     for prog in &progs {
-        match prog.link_id {
-            Some(id) if pinned_links.contains(&id) => {}
-            Some(id) => p.push(format!(
+        match (want, prog.link_id) {
+            // Every TCX link holding a program on the veth is one the plugin pinned:
+            // otherwise it would have been detached when the plugin exited, or cannot be
+            // found by DEL.
+            (Mechanism::Tcx, Some(id)) if pinned_links.contains(&id) => {}
+            (Mechanism::Tcx, Some(id)) => p.push(format!(
                 "TCX link {id} ({}) on {} is not pinned under {}",
                 prog.name,
                 r.host_ifname,
                 dir.display()
             )),
-            None => p.push(format!(
+            (Mechanism::Tcx, None) => p.push(format!(
                 "program {} is attached without a link (cannot be pinned)",
                 prog.name
             )),
+            // A filter holds its program by itself; the record is the program's pin.
+            (Mechanism::NetlinkTc, _) if pinned_progs.contains(&prog.prog_id) => {}
+            (Mechanism::NetlinkTc, _) => p.push(format!(
+                "filter program {} ({}) on {} has no record under {}",
+                prog.prog_id,
+                prog.name,
+                r.host_ifname,
+                dir.display()
+            )),
         }
     }
+    if want == Mechanism::NetlinkTc && !pinned_links.is_empty() {
+        p.push(format!("netlink mode pinned links: {pinned_links:?}"));
+    }
     p
+}
+
+/// The config of `mode` (`None`: the default), and the mechanism it puts on the host veth.
+fn conf_of(p: &PluginUnderTest, node: &Node, mode: Option<&str>) -> (NetConfList, Mechanism) {
+    let mut conf = p.conf("1.0.0", node, Stack::Dual);
+    if let Some(m) = mode {
+        conf["tcAttachMode"] = serde_json::Value::from(m);
+    }
+    let want = match mode {
+        Some("tcx") => Mechanism::Tcx,
+        _ => Mechanism::NetlinkTc,
+    };
+    (NetConfList::single(&conf), want)
 }
 
 fn add(
@@ -92,27 +136,40 @@ fn add(
     (att, res, parsed)
 }
 
-/// Programs are attached (TCX) and pinned per attachment after ADD; DEL of one pod removes
-/// its pins and leaves the other pod's programs in place; after the last DEL no attachment
-/// pins remain for the node.
+/// Programs are attached and pinned per attachment after ADD (netlink filters by default,
+/// TCX links with `tcAttachMode: "tcx"`; the node's device by TCX either way); DEL of one
+/// pod removes its pins and leaves the other pod's programs in place; after the last DEL no
+/// attachment pins remain for the node.
 #[test]
 fn programs_attached_and_pinned_per_attachment() {
     require_root();
+    for mode in [None, Some("tcx")] {
+        attached_and_pinned(mode);
+    }
+}
+
+fn attached_and_pinned(mode: Option<&str>) {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 78).unwrap();
     let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
-    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+    let (list, want) = conf_of(&p, &node, mode);
     let (att_a, res_a, a) = add(&p, &node, &list, &pod_a);
     let (att_b, res_b, b) = add(&p, &node, &list, &pod_b);
 
     for (att, r) in [(&att_a, &a), (&att_b, &b)] {
-        let problems = attachment_bpf_problems(&node, &att.container_id, r);
+        let problems = attachment_bpf_problems(&node, &att.container_id, r, want);
         assert!(
             problems.is_empty(),
-            "eBPF state after ADD:\n  - {}",
+            "eBPF state after ADD ({mode:?}):\n  - {}",
             problems.join("\n  - ")
         );
     }
+    let dev = bpf::attached_programs(node.netns(), "up0").unwrap();
+    assert!(
+        dev.len() == 1 && dev[0].name == "ecni_from_dev" && dev[0].mechanism == Mechanism::Tcx,
+        "the node device's program is not one TCX link ({mode:?}): {dev:?}"
+    );
     let prog_ids_b: BTreeSet<u32> = bpf::attached_programs(node.netns(), &b.host_ifname)
         .unwrap()
         .iter()
@@ -137,10 +194,10 @@ fn programs_attached_and_pinned_per_attachment() {
             .exists(),
         "DEL left the container's pin directory"
     );
-    let problems = attachment_bpf_problems(&node, &att_b.container_id, &b);
+    let problems = attachment_bpf_problems(&node, &att_b.container_id, &b, want);
     assert!(
         problems.is_empty(),
-        "DEL of pod a disturbed pod b:\n  - {}",
+        "DEL of pod a disturbed pod b ({mode:?}):\n  - {}",
         problems.join("\n  - ")
     );
     let still: BTreeSet<u32> = bpf::attached_programs(node.netns(), &b.host_ifname)
@@ -168,15 +225,21 @@ fn programs_attached_and_pinned_per_attachment() {
 #[test]
 fn late_del_removes_pins() {
     require_root();
+    for mode in [None, Some("tcx")] {
+        late_del(mode);
+    }
+}
+
+fn late_del(mode: Option<&str>) {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let pod = node.new_pod().unwrap();
-    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+    let (list, want) = conf_of(&p, &node, mode);
     let (att, _res, r) = add(&p, &node, &list, &pod);
-    let problems = attachment_bpf_problems(&node, &att.container_id, &r);
+    let problems = attachment_bpf_problems(&node, &att.container_id, &r, want);
     assert!(
         problems.is_empty(),
-        "eBPF state after ADD:\n  - {}",
+        "eBPF state after ADD ({mode:?}):\n  - {}",
         problems.join("\n  - ")
     );
 

@@ -46,7 +46,7 @@ pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, AttachmentReport,
-    Counts, DeviceReport, LimitReport, NodeReport, PodSpec, PortMappingReport,
+    Counts, DeviceReport, LimitReport, LinkReport, NodeReport, PodSpec, PortMappingReport,
 };
 pub use ports::netns_cookie_of;
 pub use survey::{network_attachments, readiness, Unready};
@@ -124,6 +124,15 @@ pub enum AttachMode {
     /// Classic `clsact` qdisc + `bpf` filters over netlink, which the kernel keeps by
     /// itself. The attachment directory then holds a pin of the program as a record.
     Netlink,
+}
+
+/// The attach mode of each kind of device a pod's ADD touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttachModes {
+    /// The pod's host veth.
+    pub pod: AttachMode,
+    /// The node's devices (shared by every pod, attached once per node).
+    pub devices: AttachMode,
 }
 
 impl AttachMode {
@@ -305,7 +314,10 @@ mod tests {
                 netns_cookie: 0,
             },
             &[],
-            AttachMode::Tcx,
+            AttachModes {
+                pod: AttachMode::Tcx,
+                devices: AttachMode::Tcx,
+            },
         )
         .unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");

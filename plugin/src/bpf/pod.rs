@@ -10,7 +10,7 @@ use super::{
     links,
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
-    AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
+    AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
@@ -82,15 +82,17 @@ fn add_ports(
 }
 
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
-/// attachment's directory), the endpoint map learns its addresses, and the node's devices
-/// are brought in line with `devices`. On error nothing of the pod stays.
+/// attachment's directory, or netlink filters with a pinned record), the endpoint map
+/// learns its addresses, and the node's devices are brought in line with `devices`. On
+/// error nothing of the pod stays.
 pub fn add_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
     pod: &PodSpec<'_>,
     devices: &[Device],
-    mode: AttachMode,
+    modes: AttachModes,
 ) -> Result<(), BpfError> {
+    let mode = modes.pod;
     let PodSpec {
         host_ifname,
         host_ifindex,
@@ -120,7 +122,7 @@ pub fn add_pod(
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     step("maps");
-    if let Err(e) = sync_devices(&root, node, &mut progs, devices, mode) {
+    if let Err(e) = sync_devices(&root, node, &mut progs, devices, modes.devices) {
         // The pod works without them (traffic from devices then takes the stack).
         log::warn!("node devices: {e}");
     }
@@ -270,6 +272,25 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     if !errors.is_empty() {
         return Err(errors.remove(0));
     }
+    // Netlink mode on a device that outlives the pod (chained mode: the previous plugin's
+    // veth): the filters go first, found through the endpoint entries' host ifindex.
+    if Hook::ANY_POD
+        .iter()
+        .any(|h| pins.netlink_record(*h).exists())
+    {
+        let host = Maps::open(&root, node)
+            .ok()
+            .flatten()
+            .and_then(|m| m.entries_of(key.id()).first().map(|(_, e)| e.host_ifindex))
+            .and_then(ifname_of);
+        if let Some(ifname) = host {
+            for hook in Hook::ANY_POD {
+                if pins.netlink_record(hook).exists() {
+                    links::detach_netlink(hook, &ifname);
+                }
+            }
+        }
+    }
     removed |= match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
         Ok(r) => r,
         Err(failures) => {
@@ -295,6 +316,18 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
         None => Ok(removed),
         Some(e) => Err(e),
     }
+}
+
+/// The name of the device with `ifindex` in this namespace, if there is one.
+fn ifname_of(ifindex: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
 /// CHECK: both links live on `host_ifindex` with our programs (netlink mode: the records
@@ -493,8 +526,14 @@ pub struct LimitReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct LinkReport {
     pub hook: &'static str,
+    /// `tcx` (a pinned link) or `netlink` (a `bpf` filter; its program pinned as a record).
+    pub mode: &'static str,
+    /// TCX: the link still holds a device. Netlink: the filter is on the device (set by
+    /// the caller, which asks the kernel; the record alone says nothing about it).
+    pub attached: bool,
     pub program: String,
     pub program_id: u32,
+    /// 0 for a netlink filter.
     pub link_id: u32,
     pub ifindex: u32,
 }
@@ -556,10 +595,28 @@ fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
     let info = links::describe(path).ok()?;
     Some(LinkReport {
         hook: hook.label(),
+        mode: "tcx",
+        attached: info.ifindex != 0,
         program: super::sys::prog_name(info.prog_id).unwrap_or_default(),
         program_id: info.prog_id,
         link_id: info.id,
         ifindex: info.ifindex,
+    })
+}
+
+/// A netlink filter's record (the pinned program) as a report; `attached` stays false
+/// until the caller has seen the filter on `ifindex`.
+fn netlink_report(hook: Hook, record: &Path, ifindex: Option<u32>) -> Option<LinkReport> {
+    let fd = super::sys::obj_get(record).ok()?;
+    let program_id = super::sys::prog_id(fd.as_fd()).ok()?;
+    Some(LinkReport {
+        hook: hook.label(),
+        mode: "netlink",
+        attached: false,
+        program: super::sys::prog_name(program_id).unwrap_or_default(),
+        program_id,
+        link_id: 0,
+        ifindex: ifindex.unwrap_or(0),
     })
 }
 
@@ -581,7 +638,13 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
     let devices = list(&root.devices_dir(node))
         .into_iter()
         .map(|name| {
-            let link = link_report(Hook::FromDev, &root.device_link(node, &name));
+            let link = link_report(Hook::FromDev, &root.device_link(node, &name)).or_else(|| {
+                netlink_report(
+                    Hook::FromDev,
+                    &root.device_netlink_record(node, &name),
+                    None,
+                )
+            });
             DeviceReport { name, link }
         })
         .collect();
@@ -595,7 +658,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         };
         names.insert(key.id(), format!("{network}/{container_id}/{ifname}"));
         let pins = root.attachment(node, &key);
-        let links: Vec<LinkReport> = Hook::ANY_POD
+        let mut links: Vec<LinkReport> = Hook::ANY_POD
             .iter()
             .filter_map(|h| link_report(*h, &pins.link(*h)))
             .collect();
@@ -607,6 +670,11 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             .first()
             .map(|(_, e)| e.host_ifindex)
             .or_else(|| links.first().map(|l| l.ifindex));
+        links.extend(
+            Hook::ANY_POD
+                .iter()
+                .filter_map(|h| netlink_report(*h, &pins.netlink_record(*h), host_ifindex)),
+        );
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {

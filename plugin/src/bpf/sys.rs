@@ -183,6 +183,14 @@ pub(crate) fn prog_name(prog_id: u32) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
 }
 
+/// The id of the program behind `fd` (e.g. a pinned program).
+pub(crate) fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut raw = RawProgInfo::default();
+    // SAFETY: as in `prog_name`: an integer-only prefix with no buffers to fill.
+    unsafe { obj_info(fd, &mut raw) }?;
+    Ok(raw.id)
+}
+
 #[repr(C)]
 struct ObjPinAttr {
     pathname: u64,
