@@ -303,7 +303,9 @@ pub(crate) async fn node_devices(
     conf: &NetConf,
     gateways: &[std::net::IpAddr],
 ) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
-    let global = host_nl.global_addresses().await?;
+    // The calling thread is in the node's namespace, as `host_nl` is.
+    let global = crate::netlink::addrs::global_addresses()
+        .map_err(crate::netlink::NetlinkError::Addresses)?;
     let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
     node_addrs.sort();
     node_addrs.dedup();

@@ -191,7 +191,13 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         netns_cookie: crate::add::pacing_cookie(&limits, &pod.ns)?,
     };
     // add_pod leaves nothing of the pod behind when it fails.
-    bpf::add_pod(&node, &key, &spec, &devices, crate::add::attach_modes(conf, true))?;
+    bpf::add_pod(
+        &node,
+        &key,
+        &spec,
+        &devices,
+        crate::add::attach_modes(conf, true),
+    )?;
     if let Err(e) = crate::add::failpoint() {
         if let Err(undo) = bpf::del_pod(&node, &key) {
             log::error!("rollback of a failed ADD: {undo}");

@@ -497,3 +497,47 @@ fn a_failed_chained_add_leaves_nothing_of_ebpf_cni() {
         .unwrap();
     assert!(node.leases(&l.name).is_empty());
 }
+
+/// With `tcAttachMode: netlink` the chained programs are `bpf` filters on the bridge's
+/// veth, which outlives ebpf-cni's DEL: that DEL must take its filters off (the default's
+/// TCX links go with their pins). Only ebpf-cni's DEL runs here, so the veth stays and can
+/// be looked at; then the list's DEL still succeeds.
+#[test]
+fn netlink_mode_del_takes_the_filters_off_the_bridges_veth() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut l = chain(&p, &node);
+    l.plugins[1]["tcAttachMode"] = json!("netlink");
+    let pod = add(&p, &node, &l, &[]);
+    let veth = pod.host_veth();
+    let names = |what: &str| -> Vec<String> {
+        let mut v: Vec<String> = ebpf_cni_tests::bpf::attached_programs(node.netns(), &veth)
+            .unwrap_or_else(|e| panic!("programs on {veth} {what}: {e:#}"))
+            .into_iter()
+            .map(|q| q.name)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names("after ADD"),
+        vec!["ecni_from_chain", "ecni_to_pod"],
+        "netlink filters on the bridge's veth"
+    );
+    assert!(tcx_programs(node.netns(), &veth).unwrap().is_empty());
+
+    let conf = l.exec_config(1, &serde_json::Map::new(), Some(&pod.result));
+    let env = p.env(&pod.att.container_id, pod.netns.path(), "eth0");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("ebpf-cni's DEL alone");
+    assert!(
+        names("after ebpf-cni's DEL").is_empty(),
+        "ebpf-cni's DEL left its filters on {veth}"
+    );
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+    p.runtime
+        .del(&node, &l, &pod.att, Some(&pod.result))
+        .unwrap();
+    assert!(node.leases(&l.name).is_empty());
+}

@@ -1167,8 +1167,10 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
         ("up0", &["ecni_from_dev"][..], dev_mechanism),
     ] {
         let progs = bpf::attached_programs(node.netns(), dev).unwrap();
-        let mut got: Vec<(&str, Mechanism)> =
-            progs.iter().map(|q| (q.name.as_str(), q.mechanism)).collect();
+        let mut got: Vec<(&str, Mechanism)> = progs
+            .iter()
+            .map(|q| (q.name.as_str(), q.mechanism))
+            .collect();
         got.sort();
         let want: Vec<(&str, Mechanism)> = names.iter().map(|n| (*n, mechanism)).collect();
         assert_eq!(got, want, "{dev} ({mode:?}): {progs:?}");

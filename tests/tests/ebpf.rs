@@ -21,12 +21,7 @@ use ebpf_cni_tests::{
 };
 
 /// Problems with one attachment's programs and pins, when `want` attaches them.
-fn attachment_bpf_problems(
-    node: &Node,
-    cid: &str,
-    r: &AddResult,
-    want: Mechanism,
-) -> Vec<String> {
+fn attachment_bpf_problems(node: &Node, cid: &str, r: &AddResult, want: Mechanism) -> Vec<String> {
     let mut p = Vec::new();
     let progs = match bpf::attached_programs(node.netns(), &r.host_ifname) {
         Ok(progs) => progs,

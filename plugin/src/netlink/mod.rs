@@ -20,6 +20,8 @@ use rtnetlink::{
 
 use crate::netns::{Netns, NetnsError};
 
+pub mod addrs;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
     #[error("failed to open a netlink socket")]
@@ -32,6 +34,8 @@ pub enum NetlinkError {
         #[source]
         source: rtnetlink::Error,
     },
+    #[error("netlink: failed to list the addresses")]
+    Addresses(#[source] std::io::Error),
     #[error("failed to {what}")]
     Sysctl {
         what: String,
@@ -187,33 +191,6 @@ impl Netlink {
         let mut out = Vec::new();
         while let Some(m) = s.try_next().await.map_err(req("list links"))? {
             out.push(Link::from_msg(&m));
-        }
-        Ok(out)
-    }
-
-    /// Every address of global scope in the namespace, with its link's index.
-    pub async fn global_addresses(&self) -> Result<Vec<(u32, std::net::IpAddr)>, NetlinkError> {
-        use rtnetlink::packet_route::address::AddressAttribute;
-        let mut s = self.handle.address().get().execute();
-        let mut out = Vec::new();
-        while let Some(m) = s.try_next().await.map_err(req("list addresses"))? {
-            if m.header.scope != rtnetlink::packet_route::address::AddressScope::Universe {
-                continue;
-            }
-            // IFA_LOCAL is the local address on point-to-point links; IFA_ADDRESS otherwise.
-            let local = m.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Local(ip) => Some(*ip),
-                _ => None,
-            });
-            let addr = local.or_else(|| {
-                m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                })
-            });
-            if let Some(ip) = addr {
-                out.push((m.header.index, ip));
-            }
         }
         Ok(out)
     }
