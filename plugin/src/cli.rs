@@ -158,8 +158,7 @@ fn confirm_netlink_filters(
             l.attached = nl
                 .bpf_filters(l.ifindex, ingress)
                 .await?
-                .iter()
-                .any(|f| *f == l.program);
+                .contains(&l.program);
         }
         Ok::<_, Box<dyn std::error::Error>>(())
     })
