@@ -393,3 +393,47 @@ pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
         TcAttachMode::Netlink => one(AttachMode::Netlink),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modes(mode: Option<&str>, chained: bool) -> AttachModes {
+        let mut raw = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni"});
+        if let Some(m) = mode {
+            raw["tcAttachMode"] = serde_json::Value::from(m);
+        }
+        attach_modes(&NetConf::parse(raw).unwrap(), chained)
+    }
+
+    #[test]
+    fn auto_puts_filters_on_own_veths_and_links_elsewhere() {
+        let kernel = AttachMode::auto();
+        assert_eq!(
+            modes(None, false),
+            AttachModes {
+                pod: AttachMode::Netlink,
+                devices: kernel
+            }
+        );
+        assert_eq!(modes(Some("auto"), false), modes(None, false));
+        assert_eq!(
+            modes(None, true),
+            AttachModes {
+                pod: kernel,
+                devices: kernel
+            }
+        );
+        for chained in [false, true] {
+            for (m, want) in [("tcx", AttachMode::Tcx), ("netlink", AttachMode::Netlink)] {
+                assert_eq!(
+                    modes(Some(m), chained),
+                    AttachModes {
+                        pod: want,
+                        devices: want
+                    }
+                );
+            }
+        }
+    }
+}
