@@ -52,6 +52,13 @@ enum Cmd {
 }
 
 pub fn main() -> i32 {
+    // An operator's pipe closing early (`ebpf-cni inspect | head`) ends the process quietly,
+    // as for other command-line tools, instead of a panic in println!. (CNI commands keep
+    // Rust's default: their stdout is the runtime's.)
+    // SAFETY: setting a signal's disposition to the default at start-up, before threads.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match cli.command {
         Cmd::Version => {
