@@ -172,6 +172,7 @@ async fn setup(
         &env.ifname,
         conf.mtu,
         mac,
+        addrs.iter().any(|a| a.address.is_ipv6()),
     )
     .await?;
     undo.push(Undo::HostLink {

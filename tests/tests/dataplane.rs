@@ -1306,3 +1306,69 @@ fn trace_streams_decisions_only_while_it_runs() {
             .unwrap();
     }
 }
+
+/// A pod without an IPv6 address gets a host veth with IPv6 turned off (no link-local
+/// address, no per-device IPv6 routes whose upkeep grows with the node's pods), and
+/// IPv4 still works both ways; a dual-stack pod's host veth keeps IPv6.
+#[test]
+fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    let mut pods = Vec::new();
+    for _ in 0..2 {
+        let netns = node.new_pod().unwrap();
+        let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+        let result = p
+            .runtime
+            .add(&node, &v4, &att)
+            .unwrap_or_else(|e| panic!("ADD: {e}"));
+        let r = ResultExpectation::standard(
+            "1.0.0",
+            "eth0",
+            &netns.path().to_string_lossy(),
+            Stack::V4,
+        )
+        .ebpf_cni_host_names()
+        .assert_valid(&result);
+        pods.push((netns, att, result, r));
+    }
+    for (_, _, _, r) in &pods {
+        let key = format!("net.ipv6.conf.{}.disable_ipv6", r.host_ifname);
+        assert_eq!(node.netns().sysctl(&key).unwrap(), "1", "{key}");
+        let out = node
+            .netns()
+            .exec(&["ip", "-6", "-o", "addr", "show", "dev", &r.host_ifname])
+            .unwrap();
+        assert!(
+            out.status.success() && out.stdout.is_empty(),
+            "IPv6 addresses on {}: {}",
+            r.host_ifname,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let ip4 = |r: &AddResult| -> IpAddr { r.ip4().expect("an IPv4 address").addr };
+    let (a, b) = (&pods[0], &pods[1]);
+    echo(&a.0, &b.0, ip4(&b.3), "pod a -> pod b (IPv4-only pods)");
+    echo(
+        node.netns(),
+        &a.0,
+        ip4(&a.3),
+        "node -> pod a (IPv4-only pod)",
+    );
+
+    let dual = add_pod(&p, &node, &dual_list(&p, &node));
+    let key = format!("net.ipv6.conf.{}.disable_ipv6", dual.r.host_ifname);
+    assert_eq!(node.netns().sysctl(&key).unwrap(), "0", "{key}");
+    echo(
+        node.netns(),
+        &dual.netns,
+        dual.v6(),
+        "node -> dual-stack pod v6",
+    );
+    del_pod(&p, &node, &dual_list(&p, &node), &dual);
+    for (_, att, result, _) in &pods {
+        p.runtime.del(&node, &v4, att, Some(result)).unwrap();
+    }
+}

@@ -407,6 +407,20 @@ fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
 /// allocated, not guessed, and a tentative link-local address stalls neighbour discovery
 /// for the first second of the pod's life. Runs in the calling thread's namespace; a
 /// kernel without IPv6 has nothing to do.
+/// Turns IPv6 off on `ifname` (no link-local address, no per-device routes, no MLD): for a
+/// host veth whose pod has no IPv6 address. Bringing up an IPv6 device costs the kernel
+/// walks of the whole IPv6 routing table and of every device's `fe80::/64` and `ff00::/8`
+/// routes, which grow with the pods. A kernel without IPv6 has nothing to turn off.
+pub fn disable_ipv6(ifname: &str) -> std::io::Result<()> {
+    match std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6"),
+        "1",
+    ) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
 pub fn disable_dad(ifname: &str) -> std::io::Result<()> {
     match std::fs::write(format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad"), "0") {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
