@@ -58,9 +58,10 @@ static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
 
 /// Identifies the embedded object: programs pinned by a binary with other programs are
-/// never reused by this one (it loads and pins its own next to them).
+/// never reused by this one (it loads and pins its own next to them). `build.rs` computes
+/// it ([`fnv1a`] of the object) once at build time.
 pub fn revision() -> String {
-    format!("{:016x}", fnv1a(PROGRAMS.iter().copied()))
+    env!("EBPF_CNI_REVISION").to_owned()
 }
 
 /// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.
@@ -234,6 +235,16 @@ impl Hook {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// build.rs hashes the object the same way: pins made by older binaries keep their
+    /// names.
+    #[test]
+    fn build_time_revision_is_the_objects_hash() {
+        assert_eq!(
+            revision(),
+            format!("{:016x}", fnv1a(PROGRAMS.iter().copied()))
+        );
+    }
 
     #[test]
     fn key_validation_rejects_path_tricks() {
