@@ -22,10 +22,21 @@ const LIMIT_BPS: f64 = 40_000_000.0;
 /// The node's tc and link state that a qdisc-based limiter would change.
 fn tc_state(node: &Node) -> (String, Vec<String>) {
     let qdiscs = node.netns().exec(&["tc", "qdisc", "show"]).unwrap();
+    // "qdisc <kind> <handle> dev <name> …": the kinds the bandwidth plugin would create,
+    // and any qdisc on an ifb device (matched by word: a host veth's hashed name may
+    // contain "ifb", as ecnifb6e523ccb8 did).
     let qdiscs = String::from_utf8_lossy(&qdiscs.stdout)
         .lines()
         .filter(|l| {
-            l.contains("tbf") || l.contains("htb") || l.contains("ingress") || l.contains("ifb")
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let kind = words.get(1).copied().unwrap_or_default();
+            let dev = words
+                .iter()
+                .position(|w| *w == "dev")
+                .and_then(|i| words.get(i + 1))
+                .copied()
+                .unwrap_or_default();
+            matches!(kind, "tbf" | "htb" | "ingress") || dev.starts_with("ifb")
         })
         .map(str::to_owned)
         .collect::<Vec<_>>()
@@ -171,7 +182,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         "{b}"
     );
 
-    // No qdisc, class, filter or ifb device: only TCX attachments.
+    // No qdisc, class, filter or ifb device: only the clsact/TCX attachments of the programs.
     assert_eq!(tc_state(&node), tc_before, "tc state changed");
 
     // CHECK passes with the config, fails when the config asks for other rates.
