@@ -17,7 +17,7 @@ use std::{
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use ebpf_cni_maps::pin::ATTACHMENTS_DIR;
 use ebpf_cni_tests::{
-    bpf::{self, Direction, PinnedObject},
+    bpf::{self, Direction, Mechanism, PinnedObject},
     config::{self, Stack},
     fsutil, kernel, net, state, AddResult, Attachment, NetConfList, Netns, Node, PluginUnderTest,
     ResultExpectation,
@@ -112,7 +112,9 @@ struct Traces {
     scratch: PathBuf,
 }
 
-fn run(plugin: &Path) -> Result<()> {
+/// The demo's steps against `plugin` (also run by `cargo xtask test`, so the README's first
+/// command cannot break unnoticed).
+pub fn run(plugin: &Path) -> Result<()> {
     let p = PluginUnderTest::at(plugin.to_path_buf());
 
     section("A node and two pods");
@@ -183,7 +185,7 @@ fn exercise(p: &PluginUnderTest, node: &Node, pods: &mut [Pod; 2]) -> Result<()>
     show_ip(node.netns(), &["-4", "route", "show"])?;
     show_ip(node.netns(), &["-6", "route", "show"])?;
 
-    section("eBPF: TC programs on the host veths (TCX) and their pins in bpffs");
+    section("eBPF: TC programs on the host veths (bpf filters, the default attach mode) and the pins in bpffs");
     show_tc_programs(node, pods)?;
     show_pins(node)?;
 
@@ -291,26 +293,30 @@ fn show_tc_programs(node: &Node, pods: &[Pod]) -> Result<()> {
     for pod in pods {
         let host = &pod.result()?.host_ifname;
         say(&format!("{host} ({}'s host veth):", pod.label));
-        let progs = bpf::tcx_programs(node.netns(), host)?;
+        let progs = bpf::attached_programs(node.netns(), host)?;
         for prog in &progs {
             let (dir, what) = match prog.direction {
                 Direction::Ingress => ("ingress", "from the pod"),
                 Direction::Egress => ("egress ", "to the pod"),
             };
-            let link = prog
-                .link_id
-                .map_or_else(|| "no link".to_owned(), |id| format!("TCX link {id}"));
+            let how = match (prog.mechanism, prog.link_id) {
+                (Mechanism::Tcx, Some(id)) => format!("TCX link {id}"),
+                (Mechanism::Tcx, None) => "TCX, no link".to_owned(),
+                (Mechanism::NetlinkTc, _) => "bpf filter".to_owned(),
+            };
             say(&format!(
-                "    {dir} prog {:<5} {:<16} {link:<12} (traffic {what})",
+                "    {dir} prog {:<5} {:<16} {how:<12} (traffic {what})",
                 prog.prog_id, prog.name
             ));
         }
+        // The default attach mode: netlink filters on the pods' own veths (README,
+        // "Attach modes").
         for dir in [Direction::Ingress, Direction::Egress] {
             ensure!(
                 progs
                     .iter()
-                    .any(|p| p.direction == dir && p.link_id.is_some()),
-                "no TCX link-attached program at {dir:?} of {host}"
+                    .any(|p| p.direction == dir && p.mechanism == Mechanism::NetlinkTc),
+                "no bpf filter at {dir:?} of {host}"
             );
         }
     }

@@ -51,11 +51,15 @@ pub fn test(extra: &[String]) -> Result<()> {
         .args(extra)
         .env("EBPF_CNI_BIN", &plugin);
     let tests = cmd::run(&mut c);
+    // The README's first command: its checks against the same binary (under a second).
+    println!("demo (the README's first command, its checks only)");
+    let demo = crate::demo::run(&plugin).map_err(|e| e.context("the demo failed"));
     // The quick benchmark runs too, so it cannot rot: it must complete and write its report.
     // It asserts no timing.
     println!("quick benchmark (checks that it runs and reports; asserts no timing)");
     let bench = crate::bench::bench(&crate::bench::BenchArgs::quick_for_ci(&plugin));
     tests?;
+    demo?;
     bench
         .map(|()| println!("quick benchmark: ok"))
         .map_err(|e| e.context("the quick benchmark failed"))
