@@ -186,7 +186,7 @@ fn bpftool_json(args: &[&str]) -> Result<Value> {
 }
 
 /// bpftool prints bytes as `["0x0a", …]`.
-fn hex_bytes(v: &Value) -> Result<Vec<u8>> {
+pub fn hex_bytes(v: &Value) -> Result<Vec<u8>> {
     v.as_array()
         .context("expected an array of bytes")?
         .iter()
@@ -208,12 +208,25 @@ struct RawEntry {
     values: Vec<Vec<u8>>,
 }
 
-/// `bpftool map dump pinned <path>`.
-fn dump(path: &Path) -> Result<Vec<RawEntry>> {
+/// The entries of the node's pinned map `name` as bpftool prints them
+/// (`[{"key": ["0x0a", …], "value": […]}]`, `values` per CPU; an empty map is `[]`).
+pub fn map_entries(node: &Node, name: &str) -> Result<Vec<Value>> {
+    map_entries_at(&map_pin(node, name))
+}
+
+/// [`map_entries`] of the map pinned at `path`.
+fn map_entries_at(path: &Path) -> Result<Vec<Value>> {
     let path_s = path.to_string_lossy();
     let v = bpftool_json(&["map", "dump", "pinned", &path_s])?;
+    v.as_array()
+        .cloned()
+        .context("bpftool map dump is not a list")
+}
+
+/// `bpftool map dump pinned <path>`, decoded to bytes.
+fn dump(path: &Path) -> Result<Vec<RawEntry>> {
     let mut out = Vec::new();
-    for e in v.as_array().context("bpftool map dump is not a list")? {
+    for e in &map_entries_at(path)? {
         let key = hex_bytes(e.get("key").context("entry without key")?)?;
         let values = if let Some(per_cpu) = e.get("values").and_then(Value::as_array) {
             per_cpu

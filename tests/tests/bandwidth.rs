@@ -212,27 +212,8 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     .expect_success("DEL");
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     assert!(dp::inspect_attachment(&report, &limited.cid).is_none());
-    let rates = node
-        .netns()
-        .nsenter(&[
-            "bpftool",
-            "-j",
-            "map",
-            "dump",
-            "pinned",
-            &node
-                .pin_root()
-                .join("maps/ECNI_RATES")
-                .display()
-                .to_string(),
-        ])
-        .unwrap();
-    let rates: Value = serde_json::from_slice(&rates.stdout).unwrap_or(json!([]));
-    assert_eq!(
-        rates.as_array().map_or(0, Vec::len),
-        0,
-        "limiter entries left: {rates}"
-    );
+    let rates = dp::map_entries(&node, "ECNI_RATES").unwrap();
+    assert_eq!(rates.len(), 0, "limiter entries left: {rates:?}");
     p.run(
         &node,
         CniCommand::Del,
@@ -240,32 +221,6 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         plain_conf.to_string(),
     )
     .expect_success("DEL plain");
-}
-
-/// The pacing map's entries as bpftool dumps them (`[{"key": [...], "value": [...]}]`).
-fn pacing_entries(node: &Node) -> Vec<Value> {
-    let out = node
-        .netns()
-        .nsenter(&[
-            "bpftool",
-            "-j",
-            "map",
-            "dump",
-            "pinned",
-            &dp::map_pin(node, "ECNI_PACING").display().to_string(),
-        ])
-        .unwrap();
-    assert!(out.status.success(), "bpftool map dump: {out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array().cloned().unwrap_or_default()
-}
-
-fn hex_bytes(v: &Value) -> Vec<u8> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
-        .collect()
 }
 
 /// TCP from a limited pod paces itself at the limit: this kernel has no fq, so without
@@ -303,9 +258,14 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     check_conf["prevResult"] = pod.result.clone();
     p.run(&node, CniCommand::Check, &env, check_conf.to_string())
         .expect_success("CHECK");
-    let entries = pacing_entries(&node);
+    let entries = dp::map_entries(&node, "ECNI_PACING").unwrap();
     assert_eq!(entries.len(), 1, "{entries:?}");
-    dp::delete_raw(&node, "ECNI_PACING", &hex_bytes(&entries[0]["key"])).unwrap();
+    dp::delete_raw(
+        &node,
+        "ECNI_PACING",
+        &dp::hex_bytes(&entries[0]["key"]).unwrap(),
+    )
+    .unwrap();
     let err = p
         .run(&node, CniCommand::Check, &env, check_conf.to_string())
         .expect_error(105, "CHECK without the pacing entry");

@@ -1277,28 +1277,13 @@ fn trace_streams_decisions_only_while_it_runs() {
         )),
         "no redirect line for pod b in the trace:\n{text}"
     );
-    let flag = node
-        .netns()
-        .nsenter(&[
-            "bpftool",
-            "-j",
-            "map",
-            "dump",
-            "pinned",
-            &node
-                .pin_root()
-                .join("maps/ECNI_TRACE")
-                .display()
-                .to_string(),
-        ])
-        .unwrap();
-    let flag: Value = serde_json::from_slice(&flag.stdout).unwrap();
+    let flag = dp::map_entries(&node, "ECNI_TRACE").unwrap();
     let value = &flag[0]["value"];
     assert!(
         value
             .as_array()
             .is_some_and(|v| v.iter().all(|b| b.as_str() == Some("0x00"))),
-        "trace flag still set after the trace ended: {flag}"
+        "trace flag still set after the trace ended: {flag:?}"
     );
     for pod in [&a, &b] {
         p.runtime
