@@ -177,7 +177,7 @@ pub fn add_pod(
                     .fd(from_hook)?
                     .try_clone_to_owned()
                     .map_err(|source| BpfError::OpenPin {
-                        path: root.program(node, &super::revision(), from_hook.program()),
+                        path: root.program(node, super::revision(), from_hook.program()),
                         source,
                     })?;
                 let to_pod = progs.fd(to_hook)?;
@@ -274,20 +274,19 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
     // Netlink mode on a device that outlives the pod (chained mode: the previous plugin's
     // veth): the filters go first, found through the endpoint entries' host ifindex.
-    if Hook::ANY_POD
-        .iter()
-        .any(|h| pins.netlink_record(*h).exists())
-    {
+    let recorded: Vec<Hook> = Hook::ANY_POD
+        .into_iter()
+        .filter(|h| pins.netlink_record(*h).exists())
+        .collect();
+    if !recorded.is_empty() {
         let host = Maps::open(&root, node)
             .ok()
             .flatten()
             .and_then(|m| m.entries_of(key.id()).first().map(|(_, e)| e.host_ifindex))
-            .and_then(ifname_of);
+            .and_then(|i| nix::net::if_::if_indextoname(i).ok());
         if let Some(ifname) = host {
-            for hook in Hook::ANY_POD {
-                if pins.netlink_record(hook).exists() {
-                    links::detach_netlink(hook, &ifname);
-                }
+            for hook in recorded {
+                links::detach_netlink(hook, &ifname.to_string_lossy());
             }
         }
     }
@@ -316,18 +315,6 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
         None => Ok(removed),
         Some(e) => Err(e),
     }
-}
-
-/// The name of the device with `ifindex` in this namespace, if there is one.
-fn ifname_of(ifindex: u32) -> Option<String> {
-    let mut buf = [0u8; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
-    if p.is_null() {
-        return None;
-    }
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
 /// CHECK: both links live on `host_ifindex` with our programs (netlink mode: the records
