@@ -89,6 +89,12 @@ fn dump_once() -> io::Result<Option<Vec<(u32, IpAddr)>>> {
             }
             return Err(e);
         }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the address dump ended without NLMSG_DONE",
+            ));
+        }
         let mut msgs = &buf[..n as usize];
         while msgs.len() >= NLMSG_HDRLEN {
             let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
