@@ -138,7 +138,7 @@ impl Programs {
 
     /// A socket-address program's fd, opened from its pin.
     pub fn sock_fd(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<OwnedFd, BpfError> {
-        let path = root.program(node, &revision(), name);
+        let path = root.program(node, revision(), name);
         super::sys::obj_get(&path).map_err(|source| BpfError::OpenPin { path, source })
     }
 
@@ -148,16 +148,16 @@ impl Programs {
         let rev = revision();
         let paths: Vec<PathBuf> = Hook::ALL
             .iter()
-            .map(|h| root.program(node, &rev, h.program()))
+            .map(|h| root.program(node, rev, h.program()))
             .collect();
         let complete = paths.iter().all(|p| p.exists())
             && SOCK_PROGRAMS
                 .iter()
                 .map(|(name, _)| *name)
                 .chain([PROG_SOCKOPS])
-                .all(|name| root.program(node, &rev, name).exists());
+                .all(|name| root.program(node, rev, name).exists());
         if !complete {
-            load_and_pin(root, node, &rev)?;
+            load_and_pin(root, node, rev)?;
         }
         Ok(Self {
             fds: paths.iter().map(|_| None).collect(),

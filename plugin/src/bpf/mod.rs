@@ -60,8 +60,8 @@ static PROGRAMS: &[u8] =
 /// Identifies the embedded object: programs pinned by a binary with other programs are
 /// never reused by this one (it loads and pins its own next to them). `build.rs` computes
 /// it ([`fnv1a`] of the object) once at build time.
-pub fn revision() -> String {
-    env!("EBPF_CNI_REVISION").to_owned()
+pub const fn revision() -> &'static str {
+    env!("EBPF_CNI_REVISION")
 }
 
 /// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.

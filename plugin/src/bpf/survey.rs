@@ -169,7 +169,7 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
         .map(|h| h.program())
         .chain(SOCK_PROGRAMS.iter().map(|(name, _)| *name))
         .chain([ebpf_cni_maps::PROG_SOCKOPS])
-        .all(|name| root.program(node, &rev, name).exists());
+        .all(|name| root.program(node, rev, name).exists());
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
         Ok(None) if attachments > 0 => problems.push(Unready::new(

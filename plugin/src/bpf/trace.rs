@@ -47,7 +47,7 @@ fn set_flag(root: &PinRoot, node: &NodeId, on: bool) -> Result<(), BpfError> {
 /// Streams log lines until `stop` is set or `duration` has passed.
 pub fn trace(node: &NodeId, duration: Option<Duration>, stop: &AtomicBool) -> Result<(), BpfError> {
     let root = PinRoot::from_env();
-    let prog_path = root.program(node, &revision(), Hook::FromPod.program());
+    let prog_path = root.program(node, revision(), Hook::FromPod.program());
     let prog = SchedClassifier::from_pin(&prog_path).map_err(|source| BpfError::OpenProgram {
         path: prog_path.clone(),
         source: Box::new(source),
