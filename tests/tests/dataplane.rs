@@ -42,7 +42,7 @@ struct Pod {
 
 impl Pod {
     fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("dual-stack pod has IPv4").addr
+        self.r.ip4().expect("the pod has IPv4").addr
     }
     fn v6(&self) -> IpAddr {
         self.r.ip6().expect("dual-stack pod has IPv6").addr
@@ -62,6 +62,11 @@ impl Pod {
 }
 
 fn add_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
+    add_pod_of(p, node, list, Stack::Dual)
+}
+
+/// [`add_pod`] for a list whose pods get the addresses of `stack`.
+fn add_pod_of(p: &PluginUnderTest, node: &Node, list: &NetConfList, stack: Stack) -> Pod {
     let netns = node.new_pod().unwrap();
     let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
     let result = p
@@ -72,7 +77,7 @@ fn add_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
         &list.cni_version,
         "eth0",
         &netns.path().to_string_lossy(),
-        Stack::Dual,
+        stack,
     )
     .ebpf_cni_host_names()
     .assert_valid(&result);
@@ -118,18 +123,16 @@ fn eventually(bound: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// Names of the TCX programs on `dev` in the node, e.g. `["ecni_from_dev"]`.
 fn tcx_names(node: &Node, dev: &str) -> Vec<String> {
-    let mut v: Vec<String> = bpf::tcx_programs(node.netns(), dev)
-        .unwrap_or_else(|e| panic!("querying TCX on {dev}: {e:#}"))
-        .into_iter()
-        .map(|p| p.name)
-        .collect();
-    v.sort();
-    v
+    sorted_names(bpf::tcx_programs(node.netns(), dev), dev)
 }
 
 /// Names of the programs on `dev` in the node, however attached.
 fn prog_names(node: &Node, dev: &str) -> Vec<String> {
-    let mut v: Vec<String> = bpf::attached_programs(node.netns(), dev)
+    sorted_names(bpf::attached_programs(node.netns(), dev), dev)
+}
+
+fn sorted_names(progs: anyhow::Result<Vec<bpf::AttachedProg>>, dev: &str) -> Vec<String> {
+    let mut v: Vec<String> = progs
         .unwrap_or_else(|e| panic!("listing programs on {dev}: {e:#}"))
         .into_iter()
         .map(|p| p.name)
@@ -1301,45 +1304,34 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
-    let mut pods = Vec::new();
-    for _ in 0..2 {
-        let netns = node.new_pod().unwrap();
-        let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-        let result = p
-            .runtime
-            .add(&node, &v4, &att)
-            .unwrap_or_else(|e| panic!("ADD: {e}"));
-        let r = ResultExpectation::standard(
-            "1.0.0",
-            "eth0",
-            &netns.path().to_string_lossy(),
-            Stack::V4,
-        )
-        .ebpf_cni_host_names()
-        .assert_valid(&result);
-        pods.push((netns, att, result, r));
-    }
-    for (_, _, _, r) in &pods {
-        let key = format!("net.ipv6.conf.{}.disable_ipv6", r.host_ifname);
+    let (a, b) = (
+        add_pod_of(&p, &node, &v4, Stack::V4),
+        add_pod_of(&p, &node, &v4, Stack::V4),
+    );
+    for pod in [&a, &b] {
+        let host = &pod.r.host_ifname;
+        let key = format!("net.ipv6.conf.{host}.disable_ipv6");
         assert_eq!(node.netns().sysctl(&key).unwrap(), "1", "{key}");
         let out = node
             .netns()
-            .exec(&["ip", "-6", "-o", "addr", "show", "dev", &r.host_ifname])
+            .exec(&["ip", "-6", "-o", "addr", "show", "dev", host])
             .unwrap();
         assert!(
             out.status.success() && out.stdout.is_empty(),
-            "IPv6 addresses on {}: {}",
-            r.host_ifname,
+            "IPv6 addresses on {host}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    let ip4 = |r: &AddResult| -> IpAddr { r.ip4().expect("an IPv4 address").addr };
-    let (a, b) = (&pods[0], &pods[1]);
-    echo(&a.0, &b.0, ip4(&b.3), "pod a -> pod b (IPv4-only pods)");
+    echo(
+        &a.netns,
+        &b.netns,
+        b.v4(),
+        "pod a -> pod b (IPv4-only pods)",
+    );
     echo(
         node.netns(),
-        &a.0,
-        ip4(&a.3),
+        &a.netns,
+        a.v4(),
         "node -> pod a (IPv4-only pod)",
     );
 
@@ -1353,7 +1345,7 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
         "node -> dual-stack pod v6",
     );
     del_pod(&p, &node, &dual_list(&p, &node), &dual);
-    for (_, att, result, _) in &pods {
-        p.runtime.del(&node, &v4, att, Some(result)).unwrap();
+    for pod in [&a, &b] {
+        del_pod(&p, &node, &v4, pod);
     }
 }
