@@ -94,3 +94,40 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
         ],
     }
 }
+
+/// (busy, total) jiffies of all CPUs, from /proc/stat.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    let total: u64 = v.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+/// Waits (at most `limit`) until the CPUs have been mostly idle for a quarter second: the
+/// kernel finishes work a previous step left behind asynchronously (namespaces and devices
+/// of deleted pods, netfilter transactions) on its own time, and a latency measured while
+/// it runs measures that work too.
+pub fn settle(limit: std::time::Duration) {
+    let start = std::time::Instant::now();
+    let window = std::time::Duration::from_millis(250);
+    while start.elapsed() < limit {
+        let Some((b0, t0)) = cpu_jiffies() else {
+            return;
+        };
+        std::thread::sleep(window);
+        let Some((b1, t1)) = cpu_jiffies() else {
+            return;
+        };
+        let total = t1.saturating_sub(t0).max(1);
+        if (b1.saturating_sub(b0)) * 100 / total <= 10 {
+            return;
+        }
+    }
+}

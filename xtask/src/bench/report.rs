@@ -735,12 +735,20 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         ),
         format!(
             "Port-map scale: K ∈ {{{}}}, {} mappings per pod, {} connections per point, {} \
-             extra ADD/DEL per point, {} s install budget per subject.",
+             extra ADD/DEL (of a pod with {} mappings) per point, {} s install budget per \
+             subject and series; pod-density series: K ∈ {{{}}}, {} mappings per pod.",
             ks.join(", "),
             p.scale_ports_per_pod,
             p.scale_connects,
             p.scale_extra_adds,
-            p.scale_budget.as_secs()
+            p.scale_extra_ports,
+            p.scale_budget.as_secs(),
+            p.density_ks
+                .iter()
+                .map(|k| thousands(*k))
+                .collect::<Vec<_>>()
+                .join(", "),
+            p.density_ports_per_pod
         ),
         format!(
             "Bandwidth: {} repeat(s); limits {}; iperf3 -t {} -O {}; UDP at twice the limit.",
@@ -790,6 +798,9 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     let _ = writeln!(s, "## 3. Port-map scale\n");
     if let Some(sc) = &run.scale {
         s.push_str(&md_table(&sc.table, "###"));
+        if let Some(d) = &sc.density {
+            s.push_str(&md_table(d, "###"));
+        }
     }
     s.extend(skipped(Section::Scale));
 
@@ -940,6 +951,7 @@ fn all_tables(run: &Run) -> Vec<&Table> {
     }
     if let Some(s) = &run.scale {
         v.push(&s.table);
+        v.extend(s.density.as_ref());
     }
     if let Some(b) = &run.bandwidth {
         v.push(&b.table);
@@ -992,6 +1004,7 @@ pub fn results_json(run: &Run) -> Value {
         "tables": tables,
         "lifecycle_samples_ms": run.lifecycle.as_ref().map(|l| &l.samples),
         "scale_curves": run.scale.as_ref().map(|s| &s.curves),
+        "density_curves": run.scale.as_ref().map(|s| &s.density_curves),
         "cleanup": run.cleanup,
         "hostport_probe": run.traffic.as_ref().map(|t| &t.hostport),
         "bandwidth_enforced": run.bandwidth.as_ref().map(|b| &b.enforced),

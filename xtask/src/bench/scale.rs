@@ -1,6 +1,12 @@
-//! Port-map scale: K hostPort mappings installed on one node, spread over pods as a node
-//! has them (a few per pod), and what that does to a connection through one more hostPort,
-//! to one more ADD and DEL, and how long installing the K mappings took.
+//! Port-map scale: K hostPort mappings installed on one node, spread over pods, and what
+//! that does to a connection through one more hostPort, to one more ADD and DEL, and how
+//! long installing the K mappings took.
+//!
+//! Two series. The main one spreads K over pods of `scale_ports_per_pod` mappings each (100:
+//! K = 10,000 on 100 pods, a node within kubelet's default of 110 pods), so it measures what
+//! the mappings cost. The pod-density series puts a few mappings on each pod (K = 10,000 on
+//! 2,500 pods): there the number of pods grows with K, and with it the kernel's per-device
+//! work in every ADD (veth, address and route lists), which no port-mapping design removes.
 //!
 //! Subjects advance together through the K steps (install up to K on the reference, then on
 //! ebpf-cni, measure both, next K). The reference's cost per ADD grows with every rule
@@ -52,9 +58,14 @@ pub const CONNECT_NEWEST: &str = "connect latency via the newest pod's hostPort"
 pub struct Output {
     pub table: Table,
     pub curves: BTreeMap<Subject, Vec<Point>>,
+    /// The pod-density series (few mappings per pod), when it ran.
+    pub density: Option<Table>,
+    pub density_curves: BTreeMap<Subject, Vec<Point>>,
 }
 
 struct Run {
+    /// Mappings per background pod in this series.
+    per_pod: usize,
     node: BenchNode,
     _echo: EchoServer,
     _target: Pod,
@@ -67,7 +78,7 @@ struct Run {
 }
 
 impl Run {
-    fn start(subject: Subject, bins: &Binaries) -> Result<Self> {
+    fn start(subject: Subject, bins: &Binaries, per_pod: usize) -> Result<Self> {
         let node = BenchNode::new(subject, bins)?;
         let (target, _) = node.add_pod(
             "scale-target",
@@ -80,6 +91,7 @@ impl Run {
         )
         .context("hostPort probe")?;
         Ok(Self {
+            per_pod,
             node,
             _echo: echo,
             _target: target,
@@ -91,14 +103,16 @@ impl Run {
         })
     }
 
-    fn k(&self, per_pod: usize) -> usize {
-        self.background.len() * per_pod
+    fn k(&self) -> usize {
+        self.background.len() * self.per_pod
     }
 
     /// Predicted seconds to add pods up to `k`, from the ADD times measured so far, assuming
     /// the per-ADD time keeps growing as it did between the last two points.
-    fn predict_install(&self, k: usize, per_pod: usize) -> f64 {
-        let pods_needed = k.div_ceil(per_pod).saturating_sub(self.background.len()) as f64;
+    fn predict_install(&self, k: usize) -> f64 {
+        let pods_needed = k
+            .div_ceil(self.per_pod)
+            .saturating_sub(self.background.len()) as f64;
         let Some(last) = self.points.last() else {
             return 0.0;
         };
@@ -114,10 +128,11 @@ impl Run {
         pods_needed * (mid_add_ms / 1e3 + self.netns_cost.as_secs_f64())
     }
 
-    fn install_to(&mut self, k: usize, per_pod: usize) -> Result<()> {
+    fn install_to(&mut self, k: usize) -> Result<()> {
+        let per_pod = self.per_pod;
         let mut netns_time = Duration::ZERO;
         let mut created = 0u32;
-        while self.k(per_pod) < k {
+        while self.k() < k {
             let j = self.background.len();
             let first = FIRST_BACKGROUND_HOST_PORT as usize + j * per_pod;
             let maps: Vec<(u16, u16)> = (0..per_pod)
@@ -163,17 +178,17 @@ impl Run {
             None => connect_us,
             Some(pod) => {
                 let j = self.background.len() - 1;
-                let host_port =
-                    (FIRST_BACKGROUND_HOST_PORT as usize + j * p.scale_ports_per_pod) as u16;
+                let host_port = (FIRST_BACKGROUND_HOST_PORT as usize + j * self.per_pod) as u16;
                 let _server = EchoServer::start(&pod.netns, BACKGROUND_PORT)?;
                 self.connect(host_port, p.scale_connects)?
             }
         };
         let mut adds = Vec::new();
         let mut dels = Vec::new();
+        crate::bench::machine::settle(Duration::from_secs(10));
         for e in 0..p.scale_extra_adds {
-            let first = FIRST_EXTRA_HOST_PORT as usize + e * p.scale_ports_per_pod;
-            let maps: Vec<(u16, u16)> = (0..p.scale_ports_per_pod)
+            let first = FIRST_EXTRA_HOST_PORT as usize + e * p.scale_extra_ports;
+            let maps: Vec<(u16, u16)> = (0..p.scale_extra_ports)
                 .map(|m| ((first + m) as u16, 80 + m as u16))
                 .collect();
             let mut pod = self
@@ -186,7 +201,7 @@ impl Run {
         }
         Ok(Point {
             k,
-            mappings: self.k(p.scale_ports_per_pod),
+            mappings: self.k(),
             pods: self.background.len(),
             connect_us,
             connect_newest_us,
@@ -198,10 +213,63 @@ impl Run {
 }
 
 pub fn run(p: &Params, bins: &Binaries) -> Output {
+    let (table, curves) = series(
+        p,
+        bins,
+        p.scale_ports_per_pod,
+        &p.scale_ks,
+        "Port-map scale",
+    );
+    let top = p.density_ks.iter().copied().max().unwrap_or(0);
+    let density = (!p.density_ks.is_empty()).then(|| {
+        progress(&format!(
+            "scale: pod-density series, {} mappings per pod",
+            p.density_ports_per_pod
+        ));
+        let (mut t, c) = series(
+            p,
+            bins,
+            p.density_ports_per_pod,
+            &p.density_ks,
+            "Port-map scale, pod density",
+        );
+        t.notes.insert(
+            0,
+            format!(
+                "The same measurement with {} mappings per pod, so K = {} takes {} pods: \
+                 the pod count grows with K, and each ADD pays the kernel's per-device work \
+                 (new veth, addresses and routes among thousands) on top of what the mappings \
+                 cost.",
+                p.density_ports_per_pod,
+                thousands(top),
+                thousands(top.div_ceil(p.density_ports_per_pod))
+            ),
+        );
+        (t, c)
+    });
+    let (density, density_curves) = match density {
+        Some((t, c)) => (Some(t), c),
+        None => (None, BTreeMap::new()),
+    };
+    Output {
+        table,
+        curves,
+        density,
+        density_curves,
+    }
+}
+
+fn series(
+    p: &Params,
+    bins: &Binaries,
+    per_pod: usize,
+    ks: &[usize],
+    title: &str,
+) -> (Table, BTreeMap<Subject, Vec<Point>>) {
     let mut runs: BTreeMap<Subject, Run> = BTreeMap::new();
     let mut instead: BTreeMap<Subject, Cell> = BTreeMap::new();
     for s in Subject::CNI {
-        match Run::start(s, bins) {
+        match Run::start(s, bins, per_pod) {
             Ok(r) => {
                 runs.insert(s, r);
             }
@@ -222,18 +290,18 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     }
 
     let budget = p.scale_budget.as_secs_f64();
-    for &k in &p.scale_ks {
+    for &k in ks {
         for (s, run) in runs.iter_mut() {
             if run.stopped.is_some() {
                 continue;
             }
-            let predicted = run.predict_install(k, p.scale_ports_per_pod);
+            let predicted = run.predict_install(k);
             let spent = run.install.as_secs_f64();
             if spent + predicted > budget {
                 run.stopped = Some(format!(
                     "capped at K = {}: reaching K = {k} would take ≈ {:.0} s more of ADDs \
                      (predicted from the measured ADD times), over the {:.0} s budget",
-                    run.k(p.scale_ports_per_pod),
+                    run.k(),
                     predicted,
                     budget
                 ));
@@ -247,11 +315,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             progress(&format!(
                 "scale: {}: installing up to K = {k} ({} pods, ≈ {predicted:.0} s predicted)",
                 s.label(),
-                k.div_ceil(p.scale_ports_per_pod)
+                k.div_ceil(per_pod)
             ));
-            let step = run
-                .install_to(k, p.scale_ports_per_pod)
-                .and_then(|_| run.measure(p, k));
+            let step = run.install_to(k).and_then(|_| run.measure(p, k));
             match step {
                 Ok(point) => {
                     progress(&format!(
@@ -280,7 +346,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     }
 
     let mut table = Table::new(
-        "Port-map scale",
+        title,
         format!(
             "connect: median [p10–p90] of up to {} connections; one more ADD/DEL: median \
              [min–max] of {} run(s); install: total ADD time of the background pods",
@@ -307,7 +373,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         }),
     ];
     for (name, unit, better, pick) in figures {
-        for &k in &p.scale_ks {
+        for &k in ks {
             let mut row = Row::new(format!("{name}, K = {}", thousands(k)), unit, better);
             for s in Subject::CNI {
                 let cell = match runs.get(&s) {
@@ -333,9 +399,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         "K background mappings on {} ports per pod (K / {} pods, rounded up), plus hostPort \
          {} on a pod added before them (\"first pod\"). \"Newest pod\": the first hostPort of \
          the background pod added last. Connections come from the external client through \
-         the node's uplink address; the connect() time is measured. \"One more\" pod also \
-         has {} mappings and is deleted again after each run.",
-        p.scale_ports_per_pod, p.scale_ports_per_pod, TARGET_HOST_PORT, p.scale_ports_per_pod
+         the node's uplink address; the connect() time is measured. \"One more\" pod has \
+         {} mappings and is deleted again after each run.",
+        per_pod, per_pod, TARGET_HOST_PORT, p.scale_extra_ports
     ));
     table.notes.push(
         "Client and echo server share one CPU (as for TCP_RR), so the figure follows that \
@@ -352,7 +418,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     for (s, run) in &runs {
         curves.insert(*s, run.points.clone());
     }
-    Output { table, curves }
+    (table, curves)
 }
 
 /// 10000 → "10,000".
