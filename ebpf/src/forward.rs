@@ -8,7 +8,9 @@ use aya_ebpf::{
         bpf_fib_lookup, bpf_redir_neigh, tcx_action_base::TCX_NEXT, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_SUCCESS,
     },
-    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh, bpf_redirect_peer},
+    helpers::generated::{
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
+    },
     programs::TcContext,
     EbpfContext,
 };
@@ -21,8 +23,8 @@ use crate::{
     maps::{count, endpoint, tracing, Dir, Event},
     nat::{self, Nat},
     packet::{
-        ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr,
-        ETH_HLEN, ETH_P_IP, ETH_P_IPV6,
+        ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
+        Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
 };
 
@@ -176,6 +178,11 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         Verdict::Pass => {}
     }
     count(me, Dir::FromPod, Event::Packet, len);
+    if !CHAINED {
+        if let Some(rc) = answer_arp(ctx, me) {
+            return rc;
+        }
+    }
     // A reply in a host port flow, else maybe a packet to a host port.
     let mut nat = nat::reverse(ctx);
     if nat == Nat::None {
@@ -203,6 +210,54 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
             PASS
         }
     }
+}
+
+/// The pod asks for its gateway's MAC address: the reply, with the host veth's, goes
+/// straight back into the pod. The node holds each gateway once (on `lo`), not on every host
+/// veth, so the kernel would answer only where `arp_ignore` allows replies for addresses of
+/// other devices; this answer does not depend on the node's settings. Anything else (other
+/// targets, probes from 0.0.0.0, replies) goes to the stack.
+#[inline(always)]
+fn answer_arp(ctx: &TcContext, me: u32) -> Option<i32> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    if u16::from_be_bytes(unsafe { (*eth).proto }) != ETH_P_ARP {
+        return None;
+    }
+    let arp: *mut ArpEth4 = ptr_at(ctx, ETH_HLEN)?;
+    // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
+    let a = unsafe { &mut *arp };
+    if a.htype != [0, 1]
+        || u16::from_be_bytes(a.ptype) != ETH_P_IP
+        || a.hlen != 6
+        || a.plen != 4
+        || a.oper != ARP_REQUEST
+    {
+        return None;
+    }
+    let ep = endpoint(&EndpointKey::v4(a.spa))?;
+    if ep.host_ifindex != me
+        || ep.flags & EP_FLAG_CHAINED != 0
+        || ep.gateway4 == [0; 4]
+        || ep.gateway4 != a.tpa
+    {
+        return None;
+    }
+    a.oper = ARP_REPLY;
+    a.tha = a.sha;
+    a.tpa = a.spa;
+    a.sha = ep.host_mac;
+    a.spa = ep.gateway4;
+    // SAFETY: `eth` was bounds checked above and the packet has not changed size since.
+    unsafe {
+        (*eth).dst = (*eth).src;
+        (*eth).src = ep.host_mac;
+    }
+    if tracing() {
+        debug!(ctx, "if {}: answered ARP for the pod's gateway", me);
+    }
+    // SAFETY: plain helper call; egress of the device the request came in on.
+    Some(unsafe { bpf_redirect(me, 0) } as i32)
 }
 
 /// Host veth egress: what the stack sends into the pod (redirected packets never come this

@@ -6,6 +6,7 @@ use aya_ebpf::programs::TcContext;
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_ARP: u16 = 0x0806;
 
 #[repr(C)]
 pub struct EthHdr {
@@ -38,6 +39,24 @@ pub struct Ipv6Hdr {
     pub daddr: [u8; 16],
 }
 
+/// An ARP message for IPv4 over Ethernet (RFC 826).
+#[repr(C)]
+pub struct ArpEth4 {
+    pub htype: [u8; 2],
+    pub ptype: [u8; 2],
+    pub hlen: u8,
+    pub plen: u8,
+    pub oper: [u8; 2],
+    pub sha: [u8; 6],
+    pub spa: [u8; 4],
+    pub tha: [u8; 6],
+    pub tpa: [u8; 4],
+}
+
+pub const ARP_REQUEST: [u8; 2] = [0, 1];
+pub const ARP_REPLY: [u8; 2] = [0, 2];
+
+const _: () = assert!(core::mem::size_of::<ArpEth4>() == 28);
 const _: () = assert!(core::mem::size_of::<EthHdr>() == ETH_HLEN);
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == 20);
 const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == 40);

@@ -127,6 +127,9 @@ pub mod pin {
     pub const CGROUP_DIR: &str = "cgroup";
     /// Directory with one sub-directory per node device carrying [`LINK_FROM_DEV`].
     pub const DEVICES_DIR: &str = "devices";
+    /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
+    /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
+    pub const GATEWAYS_DIR: &str = "gateways";
 }
 
 /// Key of [`ENDPOINTS_MAP`]: an IPv6 address, or an IPv4 address mapped into IPv6
@@ -167,7 +170,10 @@ pub struct EndpointInfo {
     pub host_mac: [u8; 6],
     /// Destination MAC of frames delivered to the pod.
     pub pod_mac: [u8; 6],
-    pub _pad: [u8; 4],
+    /// For an IPv4 address of a pod whose interface ebpf-cni made: its gateway, whose ARP
+    /// requests `ecni_from_pod` answers (the node holds the address once, not on the host
+    /// veth). All zero: none (IPv6, chained pods, no gateway, entries of older releases).
+    pub gateway4: [u8; 4],
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointInfo>() == 32);

@@ -23,6 +23,7 @@ const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
 
 enum Undo {
     Ipam,
+    Gateways,
     HostLink { index: u32 },
     Programs,
 }
@@ -164,6 +165,17 @@ async fn setup(
             .collect::<Vec<_>>(),
     )?;
 
+    // Before the host routes, which take the gateway as their source address.
+    undo.push(Undo::Gateways);
+    crate::gateway::acquire(
+        host_nl,
+        node,
+        key.id(),
+        &crate::gateway::ipv4(addrs.iter().map(|a| a.gateway)),
+    )
+    .await?;
+    step("gateways");
+
     let pair = veth::create(
         host_nl,
         pod_nl,
@@ -208,6 +220,10 @@ async fn setup(
             host_mac,
             pod_mac,
             chained: false,
+            gateway4: match (a.address.ip(), a.gateway) {
+                (std::net::IpAddr::V4(_), Some(std::net::IpAddr::V4(g))) => Some(g),
+                _ => None,
+            },
         })
         .collect();
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
@@ -275,15 +291,29 @@ async fn rollback(
     node: &NodeId,
     key: &AttachmentKey<'_>,
 ) {
+    // The gateway records live in the node's pin directory, which `del_pod` removes with
+    // the node's last attachment: they are released first, as DEL does.
+    let mut gateways = undo.iter().any(|u| matches!(u, Undo::Gateways));
     for step in undo.into_iter().rev() {
         let r: Result<(), CniError> = match step {
-            Undo::Programs => bpf::del_pod(node, key).map(|_| ()).map_err(Into::into),
+            Undo::Programs => {
+                if std::mem::take(&mut gateways) {
+                    if let Err(e) = crate::gateway::release(host_nl, node, key.id()).await {
+                        log::error!("rollback of a failed ADD: {e}");
+                    }
+                }
+                bpf::del_pod(node, key).map(|_| ()).map_err(Into::into)
+            }
             Undo::HostLink { index } => host_nl
                 .delete_link(index)
                 .await
                 .map(|_| ())
                 .map_err(Into::into),
             Undo::Ipam => ipam.del(conf, env, stdin),
+            Undo::Gateways if std::mem::take(&mut gateways) => {
+                crate::gateway::release(host_nl, node, key.id()).await
+            }
+            Undo::Gateways => Ok(()),
         };
         if let Err(e) = r {
             log::error!("rollback of a failed ADD: {e}");

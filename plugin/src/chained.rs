@@ -52,6 +52,7 @@ impl ChainedPod {
                 host_mac,
                 pod_mac,
                 chained: true,
+                gateway4: None,
             })
             .collect())
     }

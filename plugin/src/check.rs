@@ -140,6 +140,15 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         }
     }
 
+    // The gateway before the host routes: without it the kernel drops the routes that use
+    // it as their source, and the message should name the cause.
+    crate::gateway::check(
+        &host_nl,
+        &NodeId::current()?,
+        key.id(),
+        &crate::gateway::ipv4(ips.iter().map(|i| i.gateway)),
+    )
+    .await?;
     let (node_v4, node_v6) = (host_nl.routes(false).await?, host_nl.routes(true).await?);
     for ip in &ips {
         let dst = host_route(ip.address.ip());
@@ -176,6 +185,10 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             host_mac,
             pod_mac,
             chained: false,
+            gateway4: match (i.address.ip(), i.gateway) {
+                (IpAddr::V4(_), Some(IpAddr::V4(g))) => Some(g),
+                _ => None,
+            },
         })
         .collect();
     let mode = crate::add::attach_modes(conf, false).pod;

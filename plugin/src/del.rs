@@ -78,6 +78,15 @@ pub async fn remove_attachment(
                 Ok(None) => {}
                 Err(e) => errors.push(e.into()),
             }
+            // Before the node's eBPF state, which goes with the node's last pod.
+            match NodeId::current() {
+                Ok(node) => {
+                    if let Err(e) = crate::gateway::release(&host_nl, &node, key.id()).await {
+                        errors.push(e);
+                    }
+                }
+                Err(e) => errors.push(e.into()),
+            }
         }
         Err(e) => errors.push(e.into()),
     }

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cni;
 pub mod del;
 mod errors;
+pub mod gateway;
 pub mod gc;
 pub mod ipam;
 pub mod logging;

@@ -1,6 +1,7 @@
-//! The pod's veth pair, set up the way the reference `ptp` plugin does it: the container
+//! The pod's veth pair, set up much as the reference `ptp` plugin does it: the container
 //! side holds the pod's addresses and reaches its gateway on-link; the host side holds the
-//! gateway addresses as /32 (/128) and a host route to each pod address.
+//! IPv6 gateway as /128 and a host route to each pod address. The IPv4 gateway is held once
+//! per node, on `lo` (see `gateway`).
 
 use std::net::IpAddr;
 
@@ -153,7 +154,8 @@ pub async fn configure_container(
     Ok(())
 }
 
-/// Host side: link up, each gateway as a /32 (/128), a host route to each pod address.
+/// Host side: link up, each IPv6 gateway as a /128 (the node holds IPv4 gateways once, on
+/// `lo`: see `gateway`), a host route to each pod address with its gateway as the source.
 pub async fn configure_host(
     host_nl: &Netlink,
     index: u32,
@@ -161,7 +163,7 @@ pub async fn configure_host(
 ) -> Result<(), NetlinkError> {
     host_nl.set_up(index).await?;
     for a in addrs {
-        if let Some(gw) = a.gateway {
+        if let Some(gw @ IpAddr::V6(_)) = a.gateway {
             host_nl.add_address(index, host_prefix(gw), false).await?;
         }
         host_nl

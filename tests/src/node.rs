@@ -33,6 +33,9 @@ pub struct Lease {
 pub struct NodeSnapshot {
     pub node_links: BTreeSet<String>,
     pub node_routes: BTreeSet<String>,
+    /// `<ifname> <address>/<prefix>` of every node address but IPv6 link-local ones (those
+    /// come and go with their links): a pod's gateway held on `lo` shows here.
+    pub node_addrs: BTreeSet<String>,
     pub pod_links: Option<BTreeSet<String>>,
     pub data_dir_files: Vec<PathBuf>,
     pub pinned_files: Vec<PathBuf>,
@@ -171,9 +174,21 @@ impl Node {
                 node_routes.insert(format!("{} dev {}", r.dst, r.dev.unwrap_or_default()));
             }
         }
+        let node_addrs = kernel::addrs(&self.netns)
+            .expect("reading node addresses")
+            .into_iter()
+            .flat_map(|l| {
+                l.addr_info
+                    .iter()
+                    .filter(|a| a.scope != "link")
+                    .map(|a| format!("{} {}/{}", l.ifname, a.local, a.prefixlen))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         NodeSnapshot {
             node_links: names(&self.netns),
             node_routes,
+            node_addrs,
             pod_links: pod.map(names),
             data_dir_files: self.data_dir_files(),
             pinned_files: self.pinned_files(),

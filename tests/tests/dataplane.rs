@@ -1349,3 +1349,134 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
         del_pod(&p, &node, &v4, pod);
     }
 }
+
+/// The `<ifname> <address>/<prefix>` entries of `ip` in the node (see `NodeSnapshot`).
+fn holders_of(node: &Node, ip: IpAddr) -> Vec<String> {
+    let want = ip.to_string();
+    kernel::addrs(node.netns())
+        .unwrap()
+        .into_iter()
+        .flat_map(|l| {
+            l.addr_info
+                .iter()
+                .filter(|a| a.local == want)
+                .map(|a| format!("{} {}/{}", l.ifname, a.local, a.prefixlen))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The node holds a pod network's IPv4 gateway once, on `lo`, not on every host veth (the
+/// kernel's per-device address and local-route lists no longer grow with the pods), and
+/// `ecni_from_pod` answers the pods' ARP requests for it. The node here runs with
+/// `arp_ignore = 2`, under which the kernel answers only for addresses of the receiving
+/// device: the host veths hold none, so every packet a pod sends proves the programs'
+/// answer. The gateway stays while a pod uses it and leaves with the last one; CHECK names
+/// it when it is gone.
+#[test]
+fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let out = node
+        .netns()
+        .exec(&[
+            "sh",
+            "-c",
+            "echo 2 > /proc/sys/net/ipv4/conf/all/arp_ignore && \
+             echo 2 > /proc/sys/net/ipv4/conf/default/arp_ignore",
+        ])
+        .unwrap();
+    assert!(out.status.success(), "setting arp_ignore: {out:?}");
+    let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    let (a, b) = (
+        add_pod_of(&p, &node, &v4, Stack::V4),
+        add_pod_of(&p, &node, &v4, Stack::V4),
+    );
+    let gw =
+        a.r.ip4()
+            .unwrap()
+            .gateway
+            .expect("the result names a gateway");
+    assert_eq!(b.r.ip4().unwrap().gateway, Some(gw));
+    assert_eq!(
+        holders_of(&node, gw),
+        vec![format!("lo {gw}/32")],
+        "the gateway, once, on lo"
+    );
+    for pod in [&a, &b] {
+        let host = kernel::link_addrs(node.netns(), &pod.r.host_ifname)
+            .unwrap()
+            .expect("host veth");
+        assert_eq!(
+            host.addrs(Family::V4).count(),
+            0,
+            "{} holds IPv4 addresses: {:?}",
+            pod.r.host_ifname,
+            host.addr_info
+        );
+    }
+
+    echo(&a.netns, &b.netns, b.v4(), "pod a -> pod b");
+    echo(
+        &b.netns,
+        node.netns(),
+        gw,
+        "pod b -> its gateway on the node",
+    );
+    echo(node.netns(), &a.netns, a.v4(), "node -> pod a");
+    // The answer carried the host veth's MAC.
+    for pod in [&a, &b] {
+        let neigh = pod
+            .netns
+            .ip_ok(&["neigh", "show", &gw.to_string(), "dev", "eth0"])
+            .unwrap();
+        assert!(
+            neigh
+                .to_lowercase()
+                .contains(&pod.r.host_mac.to_lowercase()),
+            "pod's neighbour entry for {gw} is not the host veth {}: {neigh:?}",
+            pod.r.host_mac
+        );
+    }
+    assert_check_ok(&p, &node, &v4, &a, "gateway on lo");
+
+    // Pod a goes: b still uses the gateway.
+    del_pod(&p, &node, &v4, &a);
+    assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
+    echo(
+        &b.netns,
+        node.netns(),
+        gw,
+        "pod b -> gateway after pod a's DEL",
+    );
+
+    // Damage: the gateway taken off lo.
+    node.netns()
+        .ip_ok(&["addr", "del", &format!("{gw}/32"), "dev", "lo"])
+        .unwrap();
+    assert_check_fails(
+        &p,
+        &node,
+        &v4,
+        &b,
+        &["gateway", &gw.to_string(), "lo"],
+        "gateway removed",
+    );
+    del_pod(&p, &node, &v4, &b);
+    assert!(holders_of(&node, gw).is_empty());
+
+    // Undamaged, the last pod's DEL takes the gateway away, and nothing else stays.
+    let before = node.snapshot(None);
+    let c = add_pod_of(&p, &node, &v4, Stack::V4);
+    assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
+    echo(&c.netns, node.netns(), gw, "pod c -> gateway");
+    del_pod(&p, &node, &v4, &c);
+    assert!(
+        holders_of(&node, gw).is_empty(),
+        "the last pod's DEL leaves {gw} on {:?}",
+        holders_of(&node, gw)
+    );
+    let after = node.snapshot(None);
+    assert_eq!(after.node_addrs, before.node_addrs);
+}

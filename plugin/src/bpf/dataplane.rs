@@ -35,6 +35,8 @@ pub struct PodEndpoint {
     pub pod_mac: [u8; 6],
     /// Chained mode (see [`ebpf_cni_maps::EP_FLAG_CHAINED`]).
     pub chained: bool,
+    /// The IPv4 gateway the programs answer ARP for (see [`EndpointInfo::gateway4`]).
+    pub gateway4: Option<std::net::Ipv4Addr>,
 }
 
 impl PodEndpoint {
@@ -345,7 +347,7 @@ impl Maps {
                 flags: ep.flags(),
                 host_mac: ep.host_mac,
                 pod_mac: ep.pod_mac,
-                _pad: [0; 4],
+                gateway4: ep.gateway4.map_or([0; 4], |g| g.octets()),
             };
             self.endpoints
                 .insert(endpoint_key(ep.ip), info, 0)
@@ -586,6 +588,11 @@ impl Maps {
             }
             if v.pod_mac != ep.pod_mac {
                 return Err(stale("pod MAC", mac(v.pod_mac), mac(ep.pod_mac)));
+            }
+            let gw = ep.gateway4.map_or([0; 4], |g| g.octets());
+            if v.gateway4 != gw {
+                let show = |g: [u8; 4]| std::net::Ipv4Addr::from(g).to_string();
+                return Err(stale("gateway", show(v.gateway4), show(gw)));
             }
             if v.flags != ep.flags() {
                 return Err(stale(

@@ -124,6 +124,13 @@ pub enum BpfError {
         host_ifindex: u32,
     },
 
+    #[error("failed to update the gateway use record {path}")]
+    GatewayRecord {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("failed to lock {path}")]
     NodeLock {
         path: PathBuf,

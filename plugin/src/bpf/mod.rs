@@ -31,6 +31,7 @@ macro_rules! load_program {
 
 mod dataplane;
 mod error;
+pub mod gateways;
 mod links;
 pub mod pin;
 mod pod;

@@ -143,6 +143,11 @@ impl PinRoot {
         self.node_dir(node).join(names::DEVICES_DIR)
     }
 
+    /// `gateways/`: `<IPv4 gateway in hex>/<attachment id>`, who uses each gateway on `lo`.
+    pub fn gateways_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::GATEWAYS_DIR)
+    }
+
     /// The link of the device program on node device `ifname`.
     pub fn device_link(&self, node: &NodeId, ifname: &str) -> PathBuf {
         self.devices_dir(node)

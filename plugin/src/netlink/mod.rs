@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::{
     packet_route::{
-        address::{AddressAttribute, AddressFlags},
+        address::{AddressAttribute, AddressFlags, AddressMessage},
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
         AddressFamily,
@@ -294,6 +294,36 @@ impl Netlink {
         r.execute()
             .await
             .map_err(req(format!("add address {addr} to link {index}")))
+    }
+
+    /// [`Self::add_address`] where the address may be there already (`Ok(false)` then).
+    pub async fn ensure_address(&self, index: u32, addr: IpNetwork) -> Result<bool, NetlinkError> {
+        match self.add_address(index, addr, false).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(libc::EEXIST) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes an address from a link; `Ok(false)` when it was not there.
+    pub async fn delete_address(&self, index: u32, addr: IpNetwork) -> Result<bool, NetlinkError> {
+        let mut m = AddressMessage::default();
+        m.header.family = if addr.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        m.header.prefix_len = addr.prefix();
+        m.header.index = index;
+        if addr.is_ipv4() {
+            m.attributes.push(AddressAttribute::Local(addr.ip()));
+        }
+        m.attributes.push(AddressAttribute::Address(addr.ip()));
+        match self.handle.address().del(m).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if is_errno(&e, libc::EADDRNOTAVAIL) || is_errno(&e, libc::ENOENT) => Ok(false),
+            Err(e) => Err(req(format!("delete address {addr} from link {index}"))(e)),
+        }
     }
 
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, NetlinkError> {

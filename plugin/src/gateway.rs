@@ -1,0 +1,119 @@
+//! The pods' IPv4 gateways, held once per node on `lo`.
+//!
+//! The reference `ptp` plugin puts a pod's gateway on its host veth, so a node of N pods
+//! holds the same address N times. The kernel then keeps N aliases of one local route, and
+//! every ADD's address dump returns N entries more: both grow with the pods. Here the node
+//! holds each gateway once, on `lo` (a local address, so the pods reach the node through
+//! it as before, and routes to the pods keep it as their source), and `ecni_from_pod`
+//! answers the pods' ARP requests for it with the host veth's MAC, whatever the node's
+//! `arp_ignore`. IPv6 gateways stay on the host veth (neighbour discovery is left to the
+//! kernel).
+//!
+//! Which attachments use a gateway is recorded in bpffs (`bpf::gateways`); the last one's
+//! DEL removes the address. Changes to the records and the address happen under the node
+//! lock.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnetwork::IpNetwork;
+
+use crate::{
+    bpf::{gateways, NodeId},
+    cni::{code, CniError},
+    netlink::Netlink,
+};
+
+/// The kernel gives the loopback device index 1 in every namespace.
+pub const LOOPBACK_IFINDEX: u32 = 1;
+
+fn host_prefix(gw: Ipv4Addr) -> IpNetwork {
+    IpNetwork::new(IpAddr::V4(gw), 32).expect("/32 is valid")
+}
+
+/// The IPv4 gateways among `gateways`.
+pub fn ipv4(gateways: impl IntoIterator<Item = Option<IpAddr>>) -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = gateways
+        .into_iter()
+        .filter_map(|g| match g {
+            Some(IpAddr::V4(g)) => Some(g),
+            _ => None,
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// ADD: attachment `id` uses `gws`; the node holds each on `lo` when this returns.
+pub async fn acquire(
+    host_nl: &Netlink,
+    node: &NodeId,
+    id: u64,
+    gws: &[Ipv4Addr],
+) -> Result<(), CniError> {
+    if gws.is_empty() {
+        return Ok(());
+    }
+    let lock = gateways::GatewayLock::take()?;
+    for gw in gws {
+        lock.add_user(node, *gw, id)?;
+        host_nl
+            .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
+            .await?;
+    }
+    Ok(())
+}
+
+/// DEL, GC and a failed ADD: attachment `id` uses no gateway any more; the ones nobody
+/// uses leave `lo`. Idempotent.
+pub async fn release(host_nl: &Netlink, node: &NodeId, id: u64) -> Result<(), CniError> {
+    if !gateways::any_recorded(node) {
+        return Ok(());
+    }
+    let lock = gateways::GatewayLock::take()?;
+    for gw in lock.remove_user(node, id)? {
+        host_nl
+            .delete_address(LOOPBACK_IFINDEX, host_prefix(gw))
+            .await?;
+    }
+    Ok(())
+}
+
+/// CHECK: the use is recorded and the node holds the address on `lo`.
+pub async fn check(
+    host_nl: &Netlink,
+    node: &NodeId,
+    id: u64,
+    gws: &[Ipv4Addr],
+) -> Result<(), CniError> {
+    if gws.is_empty() {
+        return Ok(());
+    }
+    let held = host_nl.addresses(LOOPBACK_IFINDEX).await?;
+    for gw in gws {
+        gateways::check_user(node, *gw, id)
+            .map_err(|e| CniError::new(code::CHECK_FAILED, format!("gateway {gw}: {e}")))?;
+        if !held.contains(&host_prefix(*gw)) {
+            return Err(CniError::new(
+                code::CHECK_FAILED,
+                format!("the node does not hold the pod's gateway {gw}/32 on lo"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ipv4_gateways_once_each() {
+        let a: IpAddr = "10.1.0.1".parse().unwrap();
+        let b: IpAddr = "fd00::1".parse().unwrap();
+        assert_eq!(
+            ipv4([Some(a), None, Some(b), Some(a)]),
+            vec!["10.1.0.1".parse::<Ipv4Addr>().unwrap()]
+        );
+    }
+}
