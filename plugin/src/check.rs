@@ -141,12 +141,20 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     }
 
     // The gateway before the host routes: without it the kernel drops the routes that use
-    // it as their source, and the message should name the cause.
+    // it as their source, and the message should name the cause. A pod attached by an
+    // earlier release holds its IPv4 gateway on the host veth instead (and its endpoint
+    // entries name no gateway): that layout is still correct.
+    let on_veth = host_nl.addresses(host.index).await?;
+    let legacy = |gw: IpAddr| on_veth.contains(&host_route(gw));
+    let gateway4 = |i: &&crate::cni::types::IpConfig| match (i.address.ip(), i.gateway) {
+        (IpAddr::V4(_), Some(IpAddr::V4(g))) if !legacy(IpAddr::V4(g)) => Some(g),
+        _ => None,
+    };
     crate::gateway::check(
         &host_nl,
         &NodeId::current()?,
         key.id(),
-        &crate::gateway::ipv4(ips.iter().map(|i| i.gateway)),
+        &crate::gateway::ipv4(ips.iter().map(|i| gateway4(i).map(IpAddr::V4))),
     )
     .await?;
     let (node_v4, node_v6) = (host_nl.routes(false).await?, host_nl.routes(true).await?);
@@ -185,10 +193,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             host_mac,
             pod_mac,
             chained: false,
-            gateway4: match (i.address.ip(), i.gateway) {
-                (IpAddr::V4(_), Some(IpAddr::V4(g))) => Some(g),
-                _ => None,
-            },
+            gateway4: gateway4(i),
         })
         .collect();
     let mode = crate::add::attach_modes(conf, false).pod;

@@ -475,9 +475,10 @@ fn targets(run: &Run) -> Vec<Target> {
             "µs",
         ),
         (
-            "one more ADD flat (±20%) from K = 0 to 10,000",
-            |p: &crate::bench::scale::Point| p.add_ms.median,
-            "ms",
+            "one more ADD flat (±20%) from K = 0 to 10,000, as a multiple of the same ADD on \
+             the subject's K = 0 control node at the same time",
+            |p: &crate::bench::scale::Point| p.add_ms.median / p.control_add_ms.median,
+            "× control",
         ),
     ] {
         let curve = |s| run.scale.as_ref().and_then(|sc| sc.curves.get(&s));

@@ -46,6 +46,10 @@ pub struct Point {
     /// Through the first hostPort of the background pod added last.
     pub connect_newest_us: Summary,
     pub add_ms: Summary,
+    /// The same ADD on the subject's control node (only the first pod, no background
+    /// mappings), interleaved with `add_ms`: what "no mappings" costs at the same moment
+    /// on this shared machine.
+    pub control_add_ms: Summary,
     pub del_ms: Summary,
     /// Sum of the ADD times of the background pods that hold the K mappings.
     pub install_s: f64,
@@ -54,6 +58,7 @@ pub struct Point {
 /// Row names the report looks up.
 pub const CONNECT_FIRST: &str = "connect latency via the first pod's hostPort";
 pub const CONNECT_NEWEST: &str = "connect latency via the newest pod's hostPort";
+pub const CONTROL_ADD: &str = "the same ADD on the control node (K = 0), meanwhile";
 
 pub struct Output {
     pub table: Table,
@@ -69,6 +74,9 @@ struct Run {
     node: BenchNode,
     _echo: EchoServer,
     _target: Pod,
+    /// A second node of the same subject that keeps the K = 0 state (see `control_add_ms`).
+    control: BenchNode,
+    _control_target: Pod,
     background: Vec<Pod>,
     points: Vec<Point>,
     install: Duration,
@@ -90,11 +98,18 @@ impl Run {
             SocketAddr::from((topo::NODE_UPLINK_IP, TARGET_HOST_PORT)),
         )
         .context("hostPort probe")?;
+        let control = BenchNode::new(subject, bins)?;
+        let (control_target, _) = control.add_pod(
+            "scale-control",
+            topo::caps(&[(TARGET_HOST_PORT, TARGET_PORT)], None),
+        )?;
         Ok(Self {
             per_pod,
             node,
             _echo: echo,
             _target: target,
+            control,
+            _control_target: control_target,
             background: Vec::new(),
             points: Vec::new(),
             install: Duration::ZERO,
@@ -184,6 +199,7 @@ impl Run {
             }
         };
         let mut adds = Vec::new();
+        let mut control_adds = Vec::new();
         let mut dels = Vec::new();
         crate::bench::machine::settle(Duration::from_secs(10));
         for e in 0..p.scale_extra_adds {
@@ -191,6 +207,17 @@ impl Run {
             let maps: Vec<(u16, u16)> = (0..p.scale_extra_ports)
                 .map(|m| ((first + m) as u16, 80 + m as u16))
                 .collect();
+            // The control node first, then the node under test, the same pod on each.
+            let mut pod = self
+                .control
+                .new_pod(&format!("control-{e}"), topo::caps(&maps, None))?;
+            let add = self
+                .control
+                .add(&mut pod)
+                .context("ADD on the control node")?;
+            self.control.del(&pod).context("its DEL")?;
+            control_adds.push(add.wall.as_secs_f64() * 1e3);
+            drop(pod);
             let mut pod = self
                 .node
                 .new_pod(&format!("extra-{e}"), topo::caps(&maps, None))?;
@@ -206,6 +233,7 @@ impl Run {
             connect_us,
             connect_newest_us,
             add_ms: summarize(&adds).expect("at least one extra ADD"),
+            control_add_ms: summarize(&control_adds).expect("at least one control ADD"),
             del_ms: summarize(&dels).expect("at least one extra DEL"),
             install_s: self.install.as_secs_f64(),
         })
@@ -322,12 +350,14 @@ fn series(
                 Ok(point) => {
                     progress(&format!(
                         "scale: {} K = {}: connect p50 {:.0} µs (newest pod {:.0} µs), one \
-                         more ADD {:.1} ms, DEL {:.1} ms, install so far {:.1} s",
+                         more ADD {:.1} ms (control node {:.1} ms), DEL {:.1} ms, install so far \
+                         {:.1} s",
                         s.label(),
                         point.mappings,
                         point.connect_us.median,
                         point.connect_newest_us.median,
                         point.add_ms.median,
+                        point.control_add_ms.median,
                         point.del_ms.median,
                         point.install_s
                     ));
@@ -355,12 +385,13 @@ fn series(
     );
     let mut curves = BTreeMap::new();
     type Pick = fn(&Point) -> Summary;
-    let figures: [(&str, &str, Better, Pick); 5] = [
+    let figures: [(&str, &str, Better, Pick); 6] = [
         (CONNECT_FIRST, "µs", Better::Lower, |pt| pt.connect_us),
         (CONNECT_NEWEST, "µs", Better::Lower, |pt| {
             pt.connect_newest_us
         }),
         ("one more ADD", "ms", Better::Lower, |pt| pt.add_ms),
+        (CONTROL_ADD, "ms", Better::Lower, |pt| pt.control_add_ms),
         ("one more DEL", "ms", Better::Lower, |pt| pt.del_ms),
         ("install the K mappings (total)", "s", Better::Lower, |pt| {
             let v = pt.install_s;
@@ -403,6 +434,15 @@ fn series(
          {} mappings and is deleted again after each run.",
         per_pod, per_pod, TARGET_HOST_PORT, p.scale_extra_ports
     ));
+    table.notes.push(
+        "Each subject also runs a control node that keeps the K = 0 state (the first pod \
+         only); the \"one more\" ADDs alternate between it and the node under test, so \
+         the control row shows what an ADD costs without mappings at that moment. This \
+         machine's ADD latency drifts with what ran before (a K = 0 node measured 2.6 ms \
+         at the start of one run and 3.7 ms after a series): compare each K with the \
+         control of the same K."
+            .to_owned(),
+    );
     table.notes.push(
         "Client and echo server share one CPU (as for TCP_RR), so the figure follows that \
          CPU's idle state: on this shared VM the same path at K = 0 measured between ≈ 15 and \
