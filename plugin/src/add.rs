@@ -220,10 +220,7 @@ async fn setup(
             host_mac,
             pod_mac,
             chained: false,
-            gateway4: match (a.address.ip(), a.gateway) {
-                (std::net::IpAddr::V4(_), Some(std::net::IpAddr::V4(g))) => Some(g),
-                _ => None,
-            },
+            gateway4: crate::gateway::of_address(a.address.ip(), a.gateway),
         })
         .collect();
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();

@@ -146,9 +146,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     // entries name no gateway): that layout is still correct.
     let on_veth = host_nl.addresses(host.index).await?;
     let legacy = |gw: IpAddr| on_veth.contains(&host_route(gw));
-    let gateway4 = |i: &&crate::cni::types::IpConfig| match (i.address.ip(), i.gateway) {
-        (IpAddr::V4(_), Some(IpAddr::V4(g))) if !legacy(IpAddr::V4(g)) => Some(g),
-        _ => None,
+    let gateway4 = |i: &&crate::cni::types::IpConfig| {
+        crate::gateway::of_address(i.address.ip(), i.gateway).filter(|g| !legacy(IpAddr::V4(*g)))
     };
     crate::gateway::check(
         &host_nl,

@@ -44,6 +44,14 @@ pub fn ipv4(gateways: impl IntoIterator<Item = Option<IpAddr>>) -> Vec<Ipv4Addr>
     v
 }
 
+/// The IPv4 gateway of an IPv4 pod address (what its endpoint entry names).
+pub fn of_address(address: IpAddr, gateway: Option<IpAddr>) -> Option<Ipv4Addr> {
+    match (address, gateway) {
+        (IpAddr::V4(_), Some(IpAddr::V4(g))) => Some(g),
+        _ => None,
+    }
+}
+
 /// ADD: attachment `id` uses `gws`; the node holds each on `lo` when this returns.
 pub async fn acquire(
     host_nl: &Netlink,
@@ -115,5 +123,15 @@ mod tests {
             ipv4([Some(a), None, Some(b), Some(a)]),
             vec!["10.1.0.1".parse::<Ipv4Addr>().unwrap()]
         );
+    }
+
+    #[test]
+    fn an_ipv4_address_names_its_ipv4_gateway_only() {
+        let (v4, gw4): (IpAddr, IpAddr) =
+            ("10.1.0.2".parse().unwrap(), "10.1.0.1".parse().unwrap());
+        let (v6, gw6): (IpAddr, IpAddr) = ("fd00::2".parse().unwrap(), "fd00::1".parse().unwrap());
+        assert_eq!(of_address(v4, Some(gw4)), Some("10.1.0.1".parse().unwrap()));
+        assert_eq!(of_address(v4, None), None);
+        assert_eq!(of_address(v6, Some(gw6)), None);
     }
 }
