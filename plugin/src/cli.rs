@@ -308,5 +308,17 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         let addrs: Vec<String> = r.node_addresses.iter().map(|a| a.to_string()).collect();
         println!("  wildcard host ports answer on: {}", addrs.join(", "));
     }
+    println!("gateways held on lo (ARP answered by the pod programs):");
+    if r.gateways.is_empty() {
+        println!("  (none)");
+    }
+    for g in &r.gateways {
+        println!(
+            "  {:<16} {} user(s): {}",
+            g.address,
+            g.users.len(),
+            g.users.join(", ")
+        );
+    }
     Ok(())
 }

@@ -1366,6 +1366,28 @@ fn holders_of(node: &Node, ip: IpAddr) -> Vec<String> {
         .collect()
 }
 
+/// The container ids `inspect` lists as users of gateway `gw`.
+fn gateway_users(
+    p: &PluginUnderTest,
+    node: &Node,
+    gw: IpAddr,
+) -> std::collections::BTreeSet<String> {
+    let report = dp::inspect(&p.bin, node).unwrap();
+    let gws = report["gateways"]
+        .as_array()
+        .expect("inspect lists gateways");
+    let g = gws
+        .iter()
+        .find(|g| g["address"].as_str() == Some(gw.to_string().as_str()))
+        .unwrap_or_else(|| panic!("inspect does not list {gw}: {gws:?}"));
+    g["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().split('/').nth(1).unwrap().to_owned())
+        .collect()
+}
+
 /// The node holds a pod network's IPv4 gateway once, on `lo`, not on every host veth (the
 /// kernel's per-device address and local-route lists no longer grow with the pods), and
 /// `ecni_from_pod` answers the pods' ARP requests for it. The node here runs with
@@ -1440,10 +1462,20 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
         );
     }
     assert_check_ok(&p, &node, &v4, &a, "gateway on lo");
+    assert_eq!(
+        gateway_users(&p, &node, gw),
+        vec![a.id().to_owned(), b.id().to_owned()]
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+    );
 
     // Pod a goes: b still uses the gateway.
     del_pod(&p, &node, &v4, &a);
     assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
+    assert_eq!(
+        gateway_users(&p, &node, gw),
+        std::iter::once(b.id().to_owned()).collect()
+    );
     echo(
         &b.netns,
         node.netns(),
@@ -1479,4 +1511,47 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
     );
     let after = node.snapshot(None);
     assert_eq!(after.node_addrs, before.node_addrs);
+}
+
+/// The last user's DEL and another pod's ADD of the same network, at the same time: the
+/// node lock makes dropping the gateway and taking it atomic, so the new pod always ends
+/// up with its gateway on `lo` (a DEL that removed the address after the ADD had found it
+/// there would leave the new pod without it, and without its host route).
+#[test]
+fn gateway_survives_a_concurrent_last_del_and_add() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    for round in 0..8 {
+        let old = add_pod_of(&p, &node, &v4, Stack::V4);
+        let gw = old.r.ip4().unwrap().gateway.unwrap();
+        let netns = node.new_pod().unwrap();
+        let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
+        let (del, add) = std::thread::scope(|s| {
+            let d = s.spawn(|| p.runtime.del(&node, &v4, &old.att, Some(&old.result)));
+            let a = s.spawn(|| p.runtime.add(&node, &v4, &att));
+            (d.join().unwrap(), a.join().unwrap())
+        });
+        del.unwrap_or_else(|e| panic!("round {round}: DEL: {e}"));
+        let result = add.unwrap_or_else(|e| panic!("round {round}: ADD: {e}"));
+        assert_eq!(
+            holders_of(&node, gw),
+            vec![format!("lo {gw}/32")],
+            "round {round}: the new pod's gateway"
+        );
+        echo(
+            &netns,
+            node.netns(),
+            gw,
+            &format!("round {round}: new pod -> gateway"),
+        );
+        p.runtime
+            .del(&node, &v4, &att, Some(&result))
+            .unwrap_or_else(|e| panic!("round {round}: DEL of the new pod: {e}"));
+        assert!(
+            holders_of(&node, gw).is_empty(),
+            "round {round}: gateway left"
+        );
+    }
 }

@@ -102,6 +102,39 @@ pub fn check_user(node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> 
     }
 }
 
+/// `inspect`: each gateway the node holds for its pods, with its users' attachment ids.
+pub fn list(node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
+    let ids = |p: PathBuf| -> Vec<u64> {
+        let mut v: Vec<u64> = fs::read_dir(p)
+            .map(|es| {
+                es.flatten()
+                    .filter_map(|e| u64::from_str_radix(&e.file_name().to_string_lossy(), 16).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    };
+    let base = PinRoot::from_env().gateways_dir(node);
+    let mut out: Vec<(Ipv4Addr, Vec<u64>)> = fs::read_dir(&base)
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| {
+                    let gw = parse_gw_name(&e.file_name().to_string_lossy())?;
+                    Some((gw, ids(e.path())))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Whether any gateway has a recorded user (the last one removes the gateway's directory).
+pub(super) fn in_use(root: &PinRoot, node: &NodeId) -> bool {
+    fs::read_dir(root.gateways_dir(node)).is_ok_and(|mut es| es.next().is_some())
+}
+
 /// Whether the node records any gateway use (a DEL without one skips the lock).
 pub fn any_recorded(node: &NodeId) -> bool {
     PinRoot::from_env().gateways_dir(node).exists()

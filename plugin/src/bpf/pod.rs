@@ -308,7 +308,12 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
         Ok(None) => {}
         Err(e) => errors.push(e),
     }
-    if errors.is_empty() && attachment_count(&root.attachments_dir(node)) == 0 {
+    // An ADD records its gateway use before its attachment directory exists: a recorded
+    // gateway is a user of the node as much as an attachment is.
+    if errors.is_empty()
+        && attachment_count(&root.attachments_dir(node)) == 0
+        && !super::gateways::in_use(&root, node)
+    {
         teardown_node(&root, node)?;
     }
     match errors.into_iter().next() {
@@ -576,6 +581,16 @@ pub struct NodeReport {
     /// Addresses wildcard host ports answer on.
     pub node_addresses: Vec<IpAddr>,
     pub port_mappings: Vec<PortMappingReport>,
+    /// The pods' IPv4 gateways the node holds on `lo`, and who uses each.
+    pub gateways: Vec<GatewayReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GatewayReport {
+    pub address: std::net::Ipv4Addr,
+    /// `<network>/<container id>/<ifname>` of each attachment using it (the attachment id
+    /// in hex when its directory is gone).
+    pub users: Vec<String>,
 }
 
 fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
@@ -716,5 +731,20 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         attachments,
         node_addresses,
         port_mappings,
+        gateways: super::gateways::list(node)
+            .into_iter()
+            .map(|(address, ids)| GatewayReport {
+                address,
+                users: ids
+                    .iter()
+                    .map(|id| {
+                        names
+                            .get(id)
+                            .cloned()
+                            .unwrap_or_else(|| format!("{id:016x}"))
+                    })
+                    .collect(),
+            })
+            .collect(),
     })
 }
