@@ -59,6 +59,8 @@ pub struct Endpoint {
     pub flags: u32,
     pub host_mac: [u8; 6],
     pub pod_mac: [u8; 6],
+    /// The IPv4 gateway whose ARP the programs answer (all zero: none).
+    pub gateway4: [u8; 4],
     /// The value as stored, for writing it back.
     pub raw: [u8; 32],
 }
@@ -73,6 +75,7 @@ impl Endpoint {
             flags: u32_at(12),
             host_mac: raw[16..22].try_into().expect("6 bytes"),
             pod_mac: raw[22..28].try_into().expect("6 bytes"),
+            gateway4: raw[28..32].try_into().expect("4 bytes"),
             raw,
         }
     }
@@ -85,6 +88,7 @@ impl Endpoint {
         raw[12..16].copy_from_slice(&self.flags.to_le_bytes());
         raw[16..22].copy_from_slice(&self.host_mac);
         raw[22..28].copy_from_slice(&self.pod_mac);
+        raw[28..32].copy_from_slice(&self.gateway4);
         raw
     }
 }

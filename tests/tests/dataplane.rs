@@ -1555,3 +1555,58 @@ fn gateway_survives_a_concurrent_last_del_and_add() {
         );
     }
 }
+
+/// A pod attached by an earlier release holds its IPv4 gateway on its host veth, has no
+/// gateway use recorded and no gateway in its endpoint entry. Such a pod (made here by
+/// rewriting a new one into that layout) still passes CHECK, reaches its gateway (the
+/// kernel answers ARP for the veth's own address), and its DEL leaves nothing behind.
+#[test]
+fn a_pod_of_the_earlier_gateway_layout_still_checks_and_deletes() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    let before = node.snapshot(None);
+    let pod = add_pod_of(&p, &node, &v4, Stack::V4);
+    let gw = pod.r.ip4().unwrap().gateway.unwrap();
+    let IpAddr::V4(gw4) = gw else {
+        panic!("IPv4 gateway expected, got {gw}")
+    };
+    let ip = pod.v4();
+    let mut ep = dp::endpoints(&node).unwrap()[&ip];
+    assert_eq!(
+        ep.gateway4,
+        gw4.octets(),
+        "the endpoint entry names the gateway"
+    );
+
+    // The earlier layout: the gateway on the veth first (the host route keeps its source
+    // address), then off lo; no use record; no gateway in the endpoint entry.
+    let host_gw = format!("{gw}/32");
+    node.netns()
+        .ip_ok(&["addr", "add", &host_gw, "dev", &pod.r.host_ifname])
+        .unwrap();
+    node.netns()
+        .ip_ok(&["addr", "del", &host_gw, "dev", "lo"])
+        .unwrap();
+    fsutil::remove_tree(&node.pin_root().join("gateways")).unwrap();
+    ep.gateway4 = [0; 4];
+    dp::update_endpoint(&node, ip, &ep.encode()).unwrap();
+
+    assert_check_ok(&p, &node, &v4, &pod, "a pod of the earlier gateway layout");
+    echo(
+        &pod.netns,
+        node.netns(),
+        gw,
+        "pod -> its gateway on its host veth",
+    );
+    del_pod(&p, &node, &v4, &pod);
+    let after = node.snapshot(None);
+    assert_eq!(after.node_addrs, before.node_addrs, "addresses left");
+    assert_eq!(after.node_links, before.node_links, "links left");
+    assert!(
+        after.pinned_files.is_empty(),
+        "pins left: {:?}",
+        after.pinned_files
+    );
+}
