@@ -324,8 +324,9 @@ async fn rollback(
 /// Also returns every global address of the node (what wildcard host ports answer on).
 ///
 /// One address dump finds them; links are then looked up one by one, only those holding an
-/// address other than a pod gateway (`gateways`): host veths hold nothing else, so ADD does
-/// not parse one link message per pod on a busy node.
+/// address other than a pod gateway (`gateways`) and other than `lo` (which holds the IPv4
+/// gateways): host veths hold nothing else, so ADD does not parse one link message per pod
+/// on a busy node.
 pub(crate) async fn node_devices(
     host_nl: &Netlink,
     conf: &NetConf,
@@ -352,7 +353,7 @@ pub(crate) async fn node_devices(
     }
     let mut candidates: Vec<u32> = global
         .iter()
-        .filter(|(_, ip)| !gateways.contains(ip))
+        .filter(|(i, ip)| *i != crate::gateway::LOOPBACK_IFINDEX && !gateways.contains(ip))
         .map(|(i, _)| *i)
         .collect();
     candidates.sort_unstable();

@@ -75,7 +75,7 @@ pub async fn acquire(
 /// DEL, GC and a failed ADD: attachment `id` uses no gateway any more; the ones nobody
 /// uses leave `lo`. Idempotent.
 pub async fn release(host_nl: &Netlink, node: &NodeId, id: u64) -> Result<(), CniError> {
-    if !gateways::any_recorded(node) {
+    if !gateways::in_use(&crate::bpf::PinRoot::from_env(), node) {
         return Ok(());
     }
     let lock = gateways::GatewayLock::take()?;

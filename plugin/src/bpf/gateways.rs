@@ -130,14 +130,11 @@ pub fn list(node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
     out
 }
 
-/// Whether any gateway has a recorded user (the last one removes the gateway's directory).
-pub(super) fn in_use(root: &PinRoot, node: &NodeId) -> bool {
+/// Whether any gateway has a recorded user (the last one removes the gateway's
+/// directory): a DEL finding none skips the lock, and the node's last DEL keeps the node's
+/// state while an ADD holds one.
+pub fn in_use(root: &PinRoot, node: &NodeId) -> bool {
     fs::read_dir(root.gateways_dir(node)).is_ok_and(|mut es| es.next().is_some())
-}
-
-/// Whether the node records any gateway use (a DEL without one skips the lock).
-pub fn any_recorded(node: &NodeId) -> bool {
-    PinRoot::from_env().gateways_dir(node).exists()
 }
 
 #[cfg(test)]

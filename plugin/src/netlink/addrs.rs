@@ -1,8 +1,8 @@
 //! The node's global addresses, read by one `RTM_GETADDR` dump parsed in place.
 //!
-//! Every host veth carries its pod's gateway and an IPv6 link-local address, so on a node
-//! with thousands of pods the dump holds thousands of messages while the answer is a
-//! handful of addresses. rtnetlink decodes each message into owned attribute lists and
+//! Every dual-stack pod's host veth carries its IPv6 gateway and a link-local address (and
+//! a pod attached by an earlier release its IPv4 gateway), so on a node with thousands of
+//! pods the dump can hold thousands of messages while the answer is a handful of addresses. rtnetlink decodes each message into owned attribute lists and
 //! passes it through a channel: about 6 ms for 2,500 pods on this machine, the largest
 //! part of an ADD there. Here the messages are read into one buffer and only the header
 //! and the address attributes are looked at (the kernel's own share is about 1.5 ms).
