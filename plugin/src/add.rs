@@ -45,6 +45,7 @@ pub async fn add(
         ));
     }
     ipam.validate(env)?;
+    bpf::kernel::require_for(conf.tc_attach_mode == TcAttachMode::Tcx)?;
     let limits = crate::bandwidth::limits(conf)?;
     let port_mappings = crate::portmap::mappings(conf)?;
     let mac = match (&conf.runtime.mac, &env.args.mac) {
@@ -377,7 +378,7 @@ pub(crate) fn pacing_cookie(
     limits: &crate::bandwidth::Limits,
     pod_ns: &Netns,
 ) -> Result<u64, CniError> {
-    if bpf::pacing_rate(limits.to_map_value()).is_none() {
+    if bpf::pacing_rate(limits.to_map_value()).is_none() || !bpf::kernel::has_netns_cookie() {
         return Ok(0);
     }
     Ok(bpf::netns_cookie_of(pod_ns)?)

@@ -161,6 +161,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
                 .to_owned(),
         )
     })?;
+    crate::bpf::kernel::require_for(conf.tc_attach_mode == crate::cni::config::TcAttachMode::Tcx)?;
     let limits = crate::bandwidth::limits(conf)?;
     let port_mappings = crate::portmap::mappings(conf)?;
     let prev = SuccessResult::from_json(prev_raw, "prevResult")?;

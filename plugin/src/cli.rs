@@ -188,6 +188,11 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
             r.revisions.join(", ")
         }
     );
+    println!("kernel {}:", r.kernel);
+    for m in &r.modes {
+        let flag = if m.degraded { " (degraded)" } else { "" };
+        println!("  {:<42} {}{flag}", m.part, m.mode);
+    }
     println!("endpoints: {}", r.endpoints);
     println!("devices:");
     if r.devices.is_empty() {

@@ -9,7 +9,7 @@
 //! host-local range set, or a delegated IPAM's own STATUS).
 
 use crate::{
-    bpf::{self, AttachMode, NodeId, Unready},
+    bpf::{self, NodeId, Unready},
     cni::{
         code,
         config::{NetConf, TcAttachMode},
@@ -25,17 +25,21 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
     let ipam = Ipam::from_conf(conf)?;
 
     let mut problems: Vec<Unready> = Vec::new();
-    if conf.tc_attach_mode == TcAttachMode::Tcx && AttachMode::auto() == AttachMode::Netlink {
+    if let Err(e) = bpf::kernel::require_for(conf.tc_attach_mode == TcAttachMode::Tcx) {
         problems.push(Unready {
-            reason: format!(
-                "tcAttachMode \"tcx\" needs TCX (kernel 6.6 or later); this kernel is {}",
-                kernel_release()
-            ),
+            reason: e.to_string(),
             pods_affected: false,
         });
     }
     match NodeId::current() {
-        Ok(node) => problems.extend(bpf::readiness(&node)),
+        Ok(node) => {
+            problems.extend(bpf::readiness(&node));
+            // Not a failure: the node serves ADD with these parts degraded (README's
+            // "Kernel requirements"); said on stderr, where runtimes log it.
+            for m in bpf::part_modes(&node).into_iter().filter(|m| m.degraded) {
+                log::warn!("kernel {}: {}: {}", bpf::kernel::release(), m.part, m.mode);
+            }
+        }
         Err(e) => problems.push(Unready {
             reason: CniError::from(e).to_string(),
             pods_affected: false,
@@ -74,12 +78,6 @@ fn verdict(problems: Vec<Unready>, ipam_err: Option<CniError>) -> Result<(), Cni
         _ => "plugin not available",
     };
     Err(CniError::new(code, format!("{msg}: {}", reasons.join("; "))).with_details(details))
-}
-
-fn kernel_release() -> String {
-    nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 #[cfg(test)]

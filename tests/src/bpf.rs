@@ -10,6 +10,7 @@
 //! tested without the plugin.
 
 use std::ffi::CString;
+use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -214,8 +215,68 @@ fn tcx_query(ifindex: u32, direction: Direction) -> io::Result<Vec<(u32, Option<
         .collect())
 }
 
-/// Programs attached to `dev` through TCX, both directions.
+/// Whether this kernel has TCX (6.6+): a TCX query of `lo` (ifindex 1 in every namespace)
+/// is refused with EINVAL by kernels that do not know the attach type. Probed, not read off
+/// the version, as the plugin decides.
+pub fn kernel_has_tcx() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| tcx_query(1, Direction::Ingress).is_ok())
+}
+
+/// (major, minor) of the running kernel.
+pub fn kernel_version() -> (u32, u32) {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// `getsockopt(SO_NETNS_COOKIE)` (5.14+). Without it ebpf-cni cannot tell the node's
+/// sockets from other namespaces', so it attaches no socket programs: the node's own
+/// processes reach host ports only through the stack (README, "Kernel requirements").
+pub fn kernel_has_so_netns_cookie() -> bool {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let Ok(sock) = std::net::UdpSocket::bind("127.0.0.1:0") else {
+        return false;
+    };
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt into a u64 of the length passed, on a socket we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    rc == 0
+}
+
+/// `bpf_get_netns_cookie` in sock_ops programs (5.15+), which ebpf-cni's TCP pacing needs;
+/// without it a pod's egress limit is held by the policer alone.
+pub fn kernel_paces_tcp() -> bool {
+    kernel_version() >= (5, 15)
+}
+
+/// How ebpf-cni attaches the device program to node devices with `tcAttachMode` `mode`
+/// (`None`: the default, auto) on this kernel: TCX links where the kernel has them.
+pub fn device_mechanism(mode: Option<&str>) -> Mechanism {
+    match mode {
+        Some("netlink") => Mechanism::NetlinkTc,
+        Some("tcx") => Mechanism::Tcx,
+        _ if kernel_has_tcx() => Mechanism::Tcx,
+        _ => Mechanism::NetlinkTc,
+    }
+}
+
+/// Programs attached to `dev` through TCX, both directions (none on a kernel without TCX).
 pub fn tcx_programs(ns: &Netns, dev: &str) -> Result<Vec<AttachedProg>> {
+    if !kernel_has_tcx() {
+        return Ok(Vec::new());
+    }
     ns.run_in(|| -> Result<Vec<AttachedProg>> {
         let idx = ifindex(dev)?;
         let mut out = Vec::new();

@@ -26,6 +26,8 @@ pub const PROG_FROM_DEV: &str = "ecni_from_dev";
 pub const LINK_FROM_POD: &str = "link_from_pod";
 pub const LINK_TO_POD: &str = "link_to_pod";
 pub const LINK_FROM_DEV: &str = "link_from_dev";
+/// A node device's record in netlink mode: the device program, pinned.
+pub const NETLINK_FROM_DEV: &str = "netlink_from_dev";
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
 pub const LINK_FROM_CHAIN: &str = "link_from_chain";
 

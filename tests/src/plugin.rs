@@ -30,6 +30,7 @@ const CONTROLLED_ENV: &[&str] = &[
     "CNI_ARGS",
     "CNI_PATH",
     "EBPF_CNI_FAILPOINT",
+    "EBPF_CNI_TEST_KERNEL_RELEASE",
 ];
 
 /// `CNI_COMMAND`.

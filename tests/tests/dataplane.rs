@@ -142,8 +142,26 @@ fn sorted_names(progs: anyhow::Result<Vec<bpf::AttachedProg>>, dev: &str) -> Vec
 }
 
 /// `dev` carries exactly the device program, as an ingress TCX link pinned at
-/// `devices/<dev>/link_from_dev`.
+/// `devices/<dev>/link_from_dev`; on a kernel without TCX, as a netlink filter whose
+/// program is pinned at `devices/<dev>/netlink_from_dev` as the record.
 fn assert_device_program(node: &Node, dev: &str) {
+    if bpf::device_mechanism(None) == Mechanism::NetlinkTc {
+        let progs = bpf::attached_programs(node.netns(), dev).unwrap();
+        assert!(
+            progs.len() == 1
+                && progs[0].name == dp::PROG_FROM_DEV
+                && progs[0].direction == Direction::Ingress
+                && progs[0].mechanism == Mechanism::NetlinkTc,
+            "node device {dev} must carry exactly {} at ingress as a filter, has {progs:?}",
+            dp::PROG_FROM_DEV
+        );
+        let record = dp::device_link_pin(node, dev).with_file_name(dp::NETLINK_FROM_DEV);
+        match bpf::pinned_object(&record) {
+            Ok(PinnedObject::Prog { id, .. }) => assert_eq!(id, progs[0].prog_id),
+            other => panic!("{} is not a pinned program: {other:?}", record.display()),
+        }
+        return;
+    }
     let progs = bpf::tcx_programs(node.netns(), dev).unwrap();
     assert!(
         progs.len() == 1
@@ -684,8 +702,14 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
     let node = Node::new().unwrap();
     let ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
     // Every object pinned as a link here (the default's netlink filters: see
-    // `netlink_filters_on_pods_run_the_same_dataplane`).
-    let list = dual_list_in(&p, &node, "tcx");
+    // `netlink_filters_on_pods_run_the_same_dataplane`); filters everywhere on a kernel
+    // without TCX, whose records are pinned programs.
+    let (mode, links) = if bpf::kernel_has_tcx() {
+        ("tcx", 7)
+    } else {
+        ("netlink", 0)
+    };
+    let list = dual_list_in(&p, &node, mode);
     let pods: Vec<Pod> = (0..3).map(|_| add_pod(&p, &node, &list)).collect();
     assert_device_program(&node, "up0");
     let ids = pinned_ids(&node);
@@ -712,8 +736,8 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
     }
     assert_eq!(
         pinned(ObjectKind::Link).len(),
-        7,
-        "2 links per pod and 1 device link pinned: {ids:?}"
+        links,
+        "2 links per pod and 1 device link pinned in {mode} mode: {ids:?}"
     );
 
     for (i, pod) in pods.iter().enumerate() {
@@ -772,7 +796,7 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
         "programs reloaded"
     );
     assert_device_program(&node, "up0");
-    let progs = tcx_names(&node, &again.r.host_ifname);
+    let progs = prog_names(&node, &again.r.host_ifname);
     assert_eq!(progs, vec![dp::PROG_FROM_POD, dp::PROG_TO_POD]);
     drop_forwarding(&node);
     for fam in [Family::V4, Family::V6] {
@@ -1157,10 +1181,7 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
     let b = add_pod(&p, &node, &list);
     drop_forwarding(&node);
 
-    let dev_mechanism = match mode {
-        None => Mechanism::Tcx,
-        Some(_) => Mechanism::NetlinkTc,
-    };
+    let dev_mechanism = bpf::device_mechanism(mode);
     for (dev, names, mechanism) in [
         (
             a.r.host_ifname.as_str(),

@@ -16,8 +16,8 @@ use ebpf_cni_tests::bpf::{self, Mechanism, PinnedObject};
 use ebpf_cni_tests::config::{Stack, NETWORK};
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::{
-    fsutil, require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
-    PluginUnderTest, ResultExpectation,
+    fsutil, require_root, unique_container_id, AddResult, Attachment, ListError, NetConfList,
+    Netns, Node, PluginUnderTest, ResultExpectation,
 };
 
 /// Problems with one attachment's programs and pins, when `want` attaches them.
@@ -149,6 +149,10 @@ fn attached_and_pinned(mode: Option<&str>) {
     let _ext = ExternalHost::attach(node.netns(), "up0", 78).unwrap();
     let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
     let (list, want) = conf_of(&p, &node, mode);
+    if want == Mechanism::Tcx && !bpf::kernel_has_tcx() {
+        tcx_refused(&p, &node, &list, &pod_a);
+        return;
+    }
     let (att_a, res_a, a) = add(&p, &node, &list, &pod_a);
     let (att_b, res_b, b) = add(&p, &node, &list, &pod_b);
 
@@ -161,9 +165,10 @@ fn attached_and_pinned(mode: Option<&str>) {
         );
     }
     let dev = bpf::attached_programs(node.netns(), "up0").unwrap();
+    let dev_want = bpf::device_mechanism(mode);
     assert!(
-        dev.len() == 1 && dev[0].name == "ecni_from_dev" && dev[0].mechanism == Mechanism::Tcx,
-        "the node device's program is not one TCX link ({mode:?}): {dev:?}"
+        dev.len() == 1 && dev[0].name == "ecni_from_dev" && dev[0].mechanism == dev_want,
+        "the node device's program is not one {dev_want:?} attachment ({mode:?}): {dev:?}"
     );
     let prog_ids_b: BTreeSet<u32> = bpf::attached_programs(node.netns(), &b.host_ifname)
         .unwrap()
@@ -215,6 +220,28 @@ fn attached_and_pinned(mode: Option<&str>) {
     );
 }
 
+/// On a kernel without TCX (before 6.6), `tcAttachMode: "tcx"` is refused before anything
+/// is made: error 7 naming the mode and the kernel, no veth, no lease, no pin.
+fn tcx_refused(p: &PluginUnderTest, node: &Node, list: &NetConfList, pod: &Netns) {
+    let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+    let before = node.snapshot(Some(pod));
+    let err = match p.runtime.add(node, list, &att) {
+        Err(ListError::Plugin { output, .. }) => output.error().expect("an error result"),
+        other => panic!("tcAttachMode tcx on a kernel without TCX: {other:?}"),
+    };
+    assert_eq!(err.code, 7, "{err:?}");
+    let text = err.text_lower();
+    assert!(
+        text.contains("tcattachmode") && text.contains("tcx") && text.contains("6.6"),
+        "the error does not name the mode and what it needs: {err:?}"
+    );
+    assert_eq!(
+        node.snapshot(Some(pod)),
+        before,
+        "the refused ADD changed the node"
+    );
+}
+
 /// A DEL that cannot enter the pod (`CNI_NETNS=""`, no prevResult) still finds and removes
 /// the attachment's pins: they are located from the attachment's identity alone.
 #[test]
@@ -230,6 +257,9 @@ fn late_del(mode: Option<&str>) {
     let node = Node::new().unwrap();
     let pod = node.new_pod().unwrap();
     let (list, want) = conf_of(&p, &node, mode);
+    if want == Mechanism::Tcx && !bpf::kernel_has_tcx() {
+        return; // refused before anything is made: `tcx_refused`
+    }
     let (att, _res, r) = add(&p, &node, &list, &pod);
     let problems = attachment_bpf_problems(&node, &att.container_id, &r, want);
     assert!(

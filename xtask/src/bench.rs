@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 
-use crate::{build, setup, test};
+use crate::{build, cmd, setup};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -196,13 +196,13 @@ pub struct Run {
 pub fn bench(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
     progress("starting");
-    test::require_root("cargo xtask bench")?;
+    cmd::require_root("cargo xtask bench")?;
     setup::setup()?;
     let plugin = match &args.plugin {
         Some(p) => p
             .canonicalize()
             .with_context(|| format!("--plugin {}", p.display()))?,
-        None => stage_plugin()?,
+        None => build::stage("bench-plugin")?,
     };
     for tool in ["ptp", "host-local", "portmap", "bandwidth"] {
         let p = Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(tool);
@@ -311,20 +311,4 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Builds the plugin and copies it to a path of the bench's own, so a concurrent
-/// `cargo xtask test` (which stages to its own path) and the bench never swap binaries.
-fn stage_plugin() -> Result<PathBuf> {
-    let built = build::build(&build::BuildOptions {
-        debug_plugin: false,
-    })?;
-    let dir = build::target_dir()?.join("bench-plugin");
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let staged = dir.join("ebpf-cni");
-    let tmp = dir.join(".ebpf-cni.tmp");
-    fs::copy(&built, &tmp)
-        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
-    fs::rename(&tmp, &staged)?;
-    Ok(staged)
 }

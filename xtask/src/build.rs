@@ -88,6 +88,26 @@ pub fn build_ebpf(target_dir: &Path) -> Result<PathBuf> {
     Ok(obj)
 }
 
+/// Builds the release plugin and copies it to `<target>/<dir>/ebpf-cni`; returns that path.
+///
+/// The binary is copied out of `target/release`: any later plain `cargo build` of the
+/// plugin (without the eBPF object) would overwrite it there with a stub build. Each user
+/// (tests, benchmark) stages to a directory of its own, so a concurrent run of another
+/// never swaps its binary.
+pub fn stage(dir: &str) -> Result<PathBuf> {
+    let built = build(&BuildOptions {
+        debug_plugin: false,
+    })?;
+    let dir = target_dir()?.join(dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let staged = dir.join(PLUGIN_BIN);
+    let tmp = dir.join(format!(".{PLUGIN_BIN}.tmp"));
+    std::fs::copy(&built, &tmp)
+        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
+    std::fs::rename(&tmp, &staged)?;
+    Ok(staged)
+}
+
 /// Builds the eBPF object, then the plugin with the object embedded; returns the plugin
 /// binary's path.
 pub fn build(opts: &BuildOptions) -> Result<PathBuf> {

@@ -24,7 +24,7 @@ use ebpf_cni_tests::{
 };
 use serde_json::Value;
 
-use crate::{cmd, setup, test};
+use crate::{build, cmd, setup};
 
 /// The network name: it names the IPAM directory and the pins' subtree.
 const NETWORK: &str = "demonet";
@@ -39,9 +39,9 @@ const HOST_PORT: u16 = 8080;
 pub struct DemoArgs {}
 
 pub fn demo(_args: &DemoArgs) -> Result<()> {
-    test::require_root("cargo xtask demo")?;
+    cmd::require_root("cargo xtask demo")?;
     setup::setup()?;
-    let plugin = test::stage_plugin()?;
+    let plugin = build::stage("under-test")?;
     let started = Instant::now();
     run(&plugin).context("the demo failed (everything it created has been removed)")?;
     println!(

@@ -27,6 +27,9 @@ enum Task {
     /// Install what is missing, build, then run two pods in network namespaces and show
     /// ADD, connectivity, CHECK and DEL working (needs root).
     Demo(xtask::demo::DemoArgs),
+    /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
+    /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
+    Vmtest(xtask::vmtest::VmArgs),
     /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root).
     Bench(xtask::bench::BenchArgs),
 }
@@ -50,6 +53,7 @@ fn main() -> Result<()> {
         }
         Task::Test { cargo_test_args } => xtask::test::test(&cargo_test_args),
         Task::Demo(args) => xtask::demo::demo(&args),
+        Task::Vmtest(args) => xtask::vmtest::vmtest(&args),
         Task::Bench(args) => xtask::bench::bench(&args),
     }
 }

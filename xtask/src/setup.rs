@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::cmd;
+use crate::{cmd, kernels};
 
 /// Debian packages the tests, demo and benchmarks use.
 pub const APT_PACKAGES: &[&str] = &[
@@ -43,6 +43,10 @@ pub fn setup() -> Result<()> {
     report("nightly toolchain", nightly_toolchain()?);
     report("rust-src (nightly)", rust_src()?);
     report("bpf-linker", bpf_linker()?);
+    report(
+        "kernel VMs (QEMU, virtme-ng, Debian kernels)",
+        kernels::install()?,
+    );
     Ok(())
 }
 

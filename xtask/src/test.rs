@@ -1,48 +1,17 @@
 //! `cargo xtask test`: the README's test command and what CI runs. Installs what is
 //! missing, builds the real plugin with its eBPF programs, then runs every test: unit tests
-//! of pure logic and the integration tests that drive the real binary against the kernel.
+//! of pure logic and the integration tests that drive the real binary against this
+//! machine's kernel, then the kernel matrix (the integration suites in VMs booting the
+//! kernels nodes run, see `vmtest`).
 
-use std::{fs, path::PathBuf};
+use anyhow::Result;
 
-use anyhow::{bail, Context, Result};
-
-use crate::{build, cmd, setup};
-
-/// Builds and stages the plugin the integration tests run; returns its path.
-///
-/// The binary is copied out of `target/release`: any later plain `cargo build` of the
-/// plugin (without the eBPF object) would overwrite it there with a stub build.
-pub fn stage_plugin() -> Result<PathBuf> {
-    let plugin = build::build(&build::BuildOptions {
-        debug_plugin: false,
-    })?;
-    let dir = build::target_dir()?.join("under-test");
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let staged = dir.join("ebpf-cni");
-    let tmp = dir.join(".ebpf-cni.tmp");
-    fs::copy(&plugin, &tmp)
-        .with_context(|| format!("copying {} to {}", plugin.display(), tmp.display()))?;
-    fs::rename(&tmp, &staged)?;
-    Ok(staged)
-}
-
-pub fn require_root(what: &str) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
-        bail!("{what} needs root: it creates network namespaces, veth pairs and bpffs pins");
-    }
-    Ok(())
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
+use crate::{build, cmd, setup, vmtest};
 
 pub fn test(extra: &[String]) -> Result<()> {
-    require_root("cargo xtask test")?;
+    cmd::require_root("cargo xtask test")?;
     setup::setup()?;
-    let plugin = stage_plugin()?;
+    let plugin = build::stage("under-test")?;
     println!("plugin under test: {}", plugin.display());
     let mut c = cmd::cargo();
     // Every test binary runs even when one fails, so one run shows all failures.
@@ -58,9 +27,12 @@ pub fn test(extra: &[String]) -> Result<()> {
     // It asserts no timing.
     println!("quick benchmark (checks that it runs and reports; asserts no timing)");
     let bench = crate::bench::bench(&crate::bench::BenchArgs::quick_for_ci(&plugin));
+    println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
+    let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     tests?;
     demo?;
     bench
         .map(|()| println!("quick benchmark: ok"))
-        .map_err(|e| e.context("the quick benchmark failed"))
+        .map_err(|e| e.context("the quick benchmark failed"))?;
+    matrix.map_err(|e| e.context("the kernel matrix failed"))
 }

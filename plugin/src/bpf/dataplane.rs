@@ -152,12 +152,12 @@ impl Programs {
             .iter()
             .map(|h| root.program(node, rev, h.program()))
             .collect();
+        // The pacing program is not required: a kernel without `bpf_get_netns_cookie` in
+        // sock_ops refuses it, and the node runs without pacing (see `pacing_available`).
         let complete = paths.iter().all(|p| p.exists())
             && SOCK_PROGRAMS
                 .iter()
-                .map(|(name, _)| *name)
-                .chain([PROG_SOCKOPS])
-                .all(|name| root.program(node, rev, name).exists());
+                .all(|(name, _)| root.program(node, rev, name).exists());
         if !complete {
             load_and_pin(root, node, rev)?;
         }
@@ -167,12 +167,20 @@ impl Programs {
             paths,
         })
     }
+
+    /// Whether this node's programs include the pacing program (`ecni_sockops`): the
+    /// kernel refused it at the node's first load when it lacks `bpf_get_netns_cookie` in
+    /// sock_ops programs (before 5.15), and egress limits are then policed only.
+    pub fn pacing_available(root: &PinRoot, node: &NodeId) -> bool {
+        root.program(node, revision(), PROG_SOCKOPS).exists()
+    }
 }
 
 fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError> {
     if PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
     }
+    super::kernel::require_minimum()?;
     let maps_dir = root
         .map(node, ENDPOINTS_MAP)
         .parent()
@@ -222,7 +230,18 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     for (name, _) in SOCK_PROGRAMS {
         load_and_pin_as!(CgroupSockAddr, name);
     }
-    load_and_pin_as!(SockOps, PROG_SOCKOPS);
+    // Optional: every other part works without it (see `pacing_available`).
+    let pacing = (|| -> Result<(), BpfError> {
+        load_and_pin_as!(SockOps, PROG_SOCKOPS);
+        Ok(())
+    })();
+    if let Err(e) = pacing {
+        log::warn!(
+            "TCP pacing is unavailable on kernel {}, egress limits are policed only: {}",
+            super::kernel::release(),
+            crate::cni::error::source_lines(&e).join(": ")
+        );
+    }
     // Programs of other revisions stay alive as long as links use them; their pins only
     // served new attachments, which from now on get this revision.
     if let Ok(entries) = fs::read_dir(root.programs_dir(node)) {

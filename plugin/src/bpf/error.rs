@@ -276,6 +276,16 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("kernel {release} is older than {minimum}, the oldest ebpf-cni supports: it lacks {missing}")]
+    KernelTooOld {
+        release: String,
+        minimum: String,
+        missing: &'static str,
+    },
+
+    #[error("tcAttachMode \"tcx\" needs TCX links (kernel 6.6 or later), and kernel {release} has none: use \"auto\" or \"netlink\"")]
+    NoTcx { release: String },
+
     #[error("failed to read the node network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
     NetnsCookie {
         #[source]
@@ -324,7 +334,7 @@ impl BpfError {
             | Self::PortMappingStale { .. }
             | Self::PacingStale { .. }
             | Self::SockLinkStale { .. } => code::CHECK_FAILED,
-            Self::AddressInUse { .. } => code::INVALID_CONFIG,
+            Self::AddressInUse { .. } | Self::NoTcx { .. } => code::INVALID_CONFIG,
             Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,

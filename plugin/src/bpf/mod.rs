@@ -32,6 +32,7 @@ macro_rules! load_program {
 mod dataplane;
 mod error;
 pub mod gateways;
+pub mod kernel;
 mod links;
 pub mod pin;
 mod pod;
@@ -52,6 +53,22 @@ pub use pod::{
 pub use ports::netns_cookie_of;
 pub use survey::{network_attachments, readiness, Unready};
 pub use trace::trace;
+
+/// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
+/// TCP pacing runs is the verifier's answer at the node's first load; on a node without
+/// programs yet it is read off the kernel version.
+pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
+    let root = PinRoot::from_env();
+    let loaded = root
+        .program(node, revision(), Hook::FromPod.program())
+        .exists();
+    let pacing = if loaded {
+        dataplane::Programs::pacing_available(&root, node)
+    } else {
+        kernel::version() >= (5, 15)
+    };
+    kernel::part_modes(pacing)
+}
 
 /// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
 /// `cargo xtask build`.
@@ -140,15 +157,10 @@ pub struct AttachModes {
 impl AttachMode {
     /// TCX where the kernel has it (6.6 and later), netlink filters elsewhere.
     pub fn auto() -> Self {
-        let release = nix::sys::utsname::uname()
-            .map(|u| u.release().to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut parts = release
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|p| p.parse::<u32>().ok());
-        match (parts.next(), parts.next()) {
-            (Some(major), Some(minor)) if (major, minor) >= (6, 6) => Self::Tcx,
-            _ => Self::Netlink,
+        if kernel::has_tcx() {
+            Self::Tcx
+        } else {
+            Self::Netlink
         }
     }
 }

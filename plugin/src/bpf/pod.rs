@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
-    links,
+    kernel, links,
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
     AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
@@ -72,8 +72,16 @@ fn add_ports(
 ) -> Result<(), BpfError> {
     let mut pm = PortMaps::open(root, node)?;
     pm.ensure_free(id, entries)?;
-    ports::ensure_sock_links(root, node, |name| Programs::sock_fd(root, node, name))?;
-    pm.enable(ports::netns_cookie()?)?;
+    // Without SO_NETNS_COOKIE the socket programs cannot tell the node's sockets from any
+    // other namespace's: they stay off, and the node's own processes reach host ports
+    // through the stack (the TC programs serve everyone else as always).
+    let cookie = if kernel::has_netns_cookie() {
+        ports::ensure_sock_links(root, node, |name| Programs::sock_fd(root, node, name))?;
+        ports::netns_cookie()?
+    } else {
+        0
+    };
+    pm.enable(cookie)?;
     pm.sync_node_addrs(node_addrs)?;
     // The list first: whatever happens next, DEL finds what to remove.
     let keys: Vec<_> = entries.iter().map(ports::port_key).collect();
@@ -149,8 +157,20 @@ pub fn add_pod(
         maps.insert_pod(key.id(), endpoints)?;
         maps.set_limits(host_ifindex, limits)?;
         if let Some(rate) = pacing_rate(limits) {
-            maps.set_pacing(netns_cookie, key.id(), rate)?;
-            ports::ensure_pacing_link(&root, node, |name| Programs::sock_fd(&root, node, name))?;
+            if netns_cookie != 0 && Programs::pacing_available(&root, node) {
+                maps.set_pacing(netns_cookie, key.id(), rate)?;
+                ports::ensure_pacing_link(&root, node, |name| {
+                    Programs::sock_fd(&root, node, name)
+                })?;
+            } else {
+                log::warn!(
+                    "kernel {} cannot pace TCP (needs 5.15): the egress limit of {}/{}/{} is policed only",
+                    kernel::release(),
+                    key.network,
+                    key.container_id,
+                    key.ifname
+                );
+            }
         }
         step("endpoints");
         if !port_entries.is_empty() {
@@ -354,7 +374,9 @@ pub fn check_pod(
     })?;
     maps.check_pod(key.id(), endpoints)?;
     maps.check_limits(host_ifindex, limits)?;
-    let pacing = pacing_rate(limits);
+    // As ADD decided: no pacing where the kernel refused the program.
+    let pacing = pacing_rate(limits)
+        .filter(|_| netns_cookie != 0 && Programs::pacing_available(&root, node));
     maps.check_pacing(netns_cookie, key.id(), pacing)?;
     if pacing.is_some() {
         ports::check_pacing_link(&root, node)?;
@@ -377,7 +399,9 @@ pub fn check_pod(
                 mapping: "(node switch: port mappings are turned off in ECNI_CONFIG)".to_owned(),
             });
         }
-        ports::check_sock_links(&root, node)?;
+        if kernel::has_netns_cookie() {
+            ports::check_sock_links(&root, node)?;
+        }
     }
     Ok(())
 }
@@ -573,6 +597,9 @@ pub struct PortMappingReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeReport {
     pub node: String,
+    /// `uname -r`, and how each part of the dataplane runs on it.
+    pub kernel: String,
+    pub modes: Vec<kernel::PartMode>,
     pub pin_dir: String,
     pub revisions: Vec<String>,
     pub endpoints: usize,
@@ -724,6 +751,8 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
     }
     Ok(NodeReport {
         node: node.to_string(),
+        kernel: kernel::release().to_owned(),
+        modes: super::part_modes(node),
         pin_dir: root.node_dir(node).display().to_string(),
         revisions: list(&root.programs_dir(node)),
         endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),

@@ -354,8 +354,6 @@ pub fn attachment_ports(path: &Path) -> Result<Vec<PortKey>, BpfError> {
     Ok(out)
 }
 
-/// The node's network namespace cookie (`SO_NETNS_COOKIE`, Linux 5.14+): the plugin runs in
-/// the node's namespace.
 /// The cookie of the network namespace `ns` (the key of the pacing map), read from a
 /// socket opened there by a short-lived thread so this thread's namespace never changes.
 pub fn netns_cookie_of(ns: &crate::netns::Netns) -> Result<u64, BpfError> {
@@ -371,36 +369,10 @@ pub fn netns_cookie_of(ns: &crate::netns::Netns) -> Result<u64, BpfError> {
     })
 }
 
+/// The node's network namespace cookie (`SO_NETNS_COOKIE`, Linux 5.14+): the plugin runs in
+/// the node's namespace.
 pub fn netns_cookie() -> Result<u64, BpfError> {
-    const SO_NETNS_COOKIE: libc::c_int = 71;
-    // An unbound socket: a new pod namespace may not even have loopback up.
-    // SAFETY: plain socket(2); the fd is owned right below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(BpfError::NetnsCookie {
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: `fd` is a new descriptor nobody else owns.
-    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt on a socket we own into a u64 of the length passed.
-    let rc = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&sock),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(BpfError::NetnsCookie {
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(cookie)
+    super::kernel::socket_netns_cookie().map_err(|source| BpfError::NetnsCookie { source })
 }
 
 /// The root of the cgroup v2 hierarchy (mounted at `/run/ebpf-cni/cgroup2` if the machine

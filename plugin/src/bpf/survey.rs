@@ -5,7 +5,7 @@
 use std::{fs, io, path::Path};
 
 use aya::{
-    programs::{CgroupSockAddr, SchedClassifier, SockOps},
+    programs::{CgroupSockAddr, SchedClassifier},
     EbpfLoader,
 };
 use ebpf_cni_maps::{
@@ -106,11 +106,9 @@ impl Unready {
 
     fn from_error(e: &(dyn std::error::Error + 'static), pods_affected: bool) -> Self {
         let mut reason = e.to_string();
-        let mut source = e.source();
-        while let Some(s) = source {
+        for line in crate::cni::error::source_lines(e) {
             reason.push_str(": ");
-            reason.push_str(&s.to_string());
-            source = s.source();
+            reason.push_str(&line);
         }
         Self::new(reason, pods_affected)
     }
@@ -163,12 +161,12 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
         }
     };
     let rev = revision();
-    // As `Programs::open_or_load` decides whether ADD loads them.
+    // As `Programs::open_or_load` decides whether ADD loads them (the pacing program is
+    // optional there).
     let programs_pinned = Hook::ALL
         .iter()
         .map(|h| h.program())
         .chain(SOCK_PROGRAMS.iter().map(|(name, _)| *name))
-        .chain([ebpf_cni_maps::PROG_SOCKOPS])
         .all(|name| root.program(node, rev, name).exists());
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
@@ -200,6 +198,7 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
 /// memory worth mentioning. Everything is released when it returns.
 fn probe_load() -> Result<(), Unready> {
     let fail = |e: BpfError| Unready::from_error(&e, false);
+    super::kernel::require_minimum().map_err(fail)?;
     let mut loader = EbpfLoader::new();
     loader.btf(None);
     for name in PROBE_SHRUNK_MAPS {
@@ -214,7 +213,6 @@ fn probe_load() -> Result<(), Unready> {
         for hook in Hook::ALL {
             load_program!(ebpf, SchedClassifier, hook.program());
         }
-        load_program!(ebpf, SockOps, ebpf_cni_maps::PROG_SOCKOPS);
         for (name, _) in SOCK_PROGRAMS {
             load_program!(ebpf, CgroupSockAddr, name);
         }

@@ -71,14 +71,42 @@ impl CniError {
     /// Builds a CNI error from a typed error: `msg` is its top-level message, `details` the
     /// chain of causes below it.
     pub fn from_error(code: u32, err: &(dyn std::error::Error + 'static)) -> Self {
-        let mut details = Vec::new();
-        let mut source = err.source();
-        while let Some(s) = source {
-            details.push(s.to_string());
-            source = s.source();
-        }
-        Self::new(code, err.to_string()).with_details(details.join(": "))
+        Self::new(code, err.to_string()).with_details(source_lines(err).join(": "))
     }
+}
+
+/// The messages of `err`'s sources, each on one line. A message of several lines (the
+/// kernel verifier's log inside a program load error: a dump of the rejected program) is
+/// cut to its last line, the verifier's reason; the whole text goes to the debug log.
+pub fn source_lines(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if text.trim_end().contains('\n') {
+            log::debug!("{err}: {text}");
+            let reason = text
+                .lines()
+                .map(str::trim)
+                .rev()
+                .find(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("processed ")
+                        && !l.starts_with("verification time")
+                })
+                .unwrap_or_default();
+            let head = text.lines().next().unwrap_or_default().trim();
+            lines.push(if head == reason {
+                reason.to_owned()
+            } else {
+                format!("{head} … {reason}")
+            });
+        } else {
+            lines.push(text);
+        }
+        source = s.source();
+    }
+    lines
 }
 
 impl std::fmt::Display for CniError {
@@ -94,3 +122,26 @@ impl std::fmt::Display for CniError {
 impl std::error::Error for CniError {}
 
 pub type CniResult<T> = Result<T, CniError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to prepare program ecni_sockops")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the BPF_PROG_LOAD syscall failed. Verifier output: 0: (bf) r6 = r1\n1: (85) call bpf_get_netns_cookie#122\nunknown func bpf_get_netns_cookie#122\nprocessed 2 insns (limit 1000000)\n")]
+    struct Inner;
+
+    #[test]
+    fn a_verifier_dump_is_cut_to_its_reason() {
+        let e = CniError::from_error(101, &Outer(Inner));
+        assert_eq!(e.msg, "failed to prepare program ecni_sockops");
+        assert_eq!(
+            e.details,
+            "the BPF_PROG_LOAD syscall failed. Verifier output: 0: (bf) r6 = r1 … unknown func bpf_get_netns_cookie#122"
+        );
+    }
+}

@@ -1,0 +1,484 @@
+//! `cargo xtask vmtest`: the integration suites on the kernels nodes run (see [`kernels`]),
+//! each booted in a QEMU VM by virtme-ng over this machine's root filesystem, with the
+//! plugin and the test binaries built here on the host.
+//!
+//! The guest sees the host's files read-only; each kernel gets a directory of its own that
+//! it may write (`target/vmtest/<series>/`), where a generated script leaves one log and one
+//! exit code per suite. The guest's console goes to `console.log` there: virtme-ng's own
+//! channel for the command's output needs virtio-serial, which these kernels load too late,
+//! so nothing is read from the console but the boot log for a failure report.
+//!
+//! Under TCG (the fallback when KVM does not come up) the guest is 10–15× slower than the
+//! host, so the suites run on every kernel as declared in [`PLAN`], which README's "Kernel
+//! matrix" section mirrors. No test asserts timing, so the slowness costs only time.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{
+    build, cmd,
+    kernels::{Kernel, KERNELS},
+    setup,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct VmArgs {
+    /// Which kernel to boot: 5.10, 6.1, 6.12 or all.
+    #[arg(long, default_value = "all")]
+    pub kernel: String,
+    /// libtest filters (test names or parts of them): run only the planned tests that match.
+    #[arg(last = true)]
+    pub filter: Vec<String>,
+}
+
+impl VmArgs {
+    /// Every kernel, every planned test: what `cargo xtask test` runs.
+    pub fn all() -> VmArgs {
+        VmArgs {
+            kernel: "all".into(),
+            filter: Vec::new(),
+        }
+    }
+}
+
+/// One test binary of `tests/` and the tests of it that run in the VMs.
+struct Suite {
+    /// The integration test's name (`tests/tests/<name>.rs`).
+    test: &'static str,
+    /// libtest filters; empty runs the whole binary.
+    only: &'static [&'static str],
+}
+
+/// What runs on every kernel of the matrix: under TCG a test takes 10–30× its time on the
+/// host, so each suite runs the tests that cover, between them, every program type (TC:
+/// pod, device, chained; socket-address; sock_ops), both attach modes (TCX where the kernel
+/// has it, netlink filters everywhere), port mappings, limits, GC and STATUS, and every
+/// DEL and leftover check. Left out, and run on the host kernel only: the runtime
+/// end-to-end tests (podman, containerd: daemons and images, minutes each), the harness's
+/// self-checks against the reference plugins, and the remaining tests of each suite, whose
+/// code paths do not depend on the kernel (config and error handling, IPAM, CNI versions).
+const PLAN: &[Suite] = &[
+    Suite {
+        test: "ebpf",
+        only: &[],
+    },
+    Suite {
+        test: "lifecycle",
+        only: &[
+            "add_check_del_1_1_0",
+            "del_without_netns_or_prev_result",
+            "failed_add_rolls_back_everything",
+        ],
+    },
+    Suite {
+        test: "gc_status",
+        only: &[
+            "gc_removes_unlisted_attachments_and_keeps_the_listed_one",
+            "status_succeeds_on_a_healthy_node",
+        ],
+    },
+    Suite {
+        test: "portmap",
+        only: &[
+            "every_path_reaches_the_pod_and_replies_come_from_the_dialled_address",
+            "socket_translation_is_scoped_to_the_node_namespace",
+            "del_without_port_mappings_cleans_up_and_check_sees_tampering",
+        ],
+    },
+    Suite {
+        test: "bandwidth",
+        only: &[
+            "limits_hold_in_both_directions_and_unlimited_pods_are_untouched",
+            "tcp_from_a_limited_pod_is_paced_to_the_limit",
+        ],
+    },
+    Suite {
+        test: "chained",
+        only: &[
+            "after_bridge_serves_host_ports_and_limits_and_deletes_cleanly",
+            "netlink_mode_del_takes_the_filters_off_the_bridges_veth",
+        ],
+    },
+    Suite {
+        test: "dataplane",
+        only: &[
+            "forwarding_bypasses_netfilter_and_is_counted",
+            "nothing_left_after_the_last_del_and_add_works_again",
+            "device_programs_follow_the_node_devices_and_the_config",
+            "netlink_filters_on_pods_run_the_same_dataplane",
+        ],
+    },
+];
+
+/// A guest that has not powered off by then is killed and its kernel counted as failed.
+const VM_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// A suite still running then is killed (a hung test must not eat CI's time).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(12 * 60);
+/// How long a KVM guest may take to run `true` before TCG is used instead.
+const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
+
+pub fn vmtest(args: &VmArgs) -> Result<()> {
+    cmd::require_root("cargo xtask vmtest")?;
+    setup::setup()?;
+    let plugin = build::stage("under-test")?;
+    run(args, &plugin)
+}
+
+/// Runs the plan on the chosen kernels against `plugin`; fails when any test failed.
+pub fn run(args: &VmArgs, plugin: &Path) -> Result<()> {
+    let kernels: Vec<Kernel> = match args.kernel.as_str() {
+        "all" => KERNELS.to_vec(),
+        s => vec![Kernel::by_series(s)
+            .with_context(|| format!("--kernel {s}: not one of 5.10, 6.1, 6.12, all"))?],
+    };
+    let binaries = test_binaries()?;
+    let accel = accelerator(&kernels[0])?;
+    let root = build::target_dir()?.join("vmtest");
+    let mut totals = Tally::default();
+    let mut failed_kernels = Vec::new();
+    for kernel in kernels {
+        let dir = root.join(kernel.series);
+        match run_kernel(kernel, accel, &dir, plugin, &binaries, &args.filter) {
+            Ok(t) => {
+                if t.failed > 0 || t.broken > 0 {
+                    failed_kernels.push(kernel.series);
+                }
+                totals.add(&t);
+            }
+            Err(e) => {
+                eprintln!("vmtest {}: {e:#}", kernel.series);
+                failed_kernels.push(kernel.series);
+                totals.broken += 1;
+            }
+        }
+    }
+    println!("vmtest: {} passed, {} failed", totals.passed, totals.failed);
+    if !failed_kernels.is_empty() {
+        bail!("the kernel matrix failed on {}", failed_kernels.join(", "));
+    }
+    if totals.passed == 0 {
+        bail!("the kernel matrix ran no test (filter {:?})", args.filter);
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    passed: u32,
+    failed: u32,
+    /// Suites that did not report a result (crashed, timed out).
+    broken: u32,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.broken += o.broken;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Accel {
+    Kvm,
+    Tcg,
+}
+
+/// KVM where a guest really comes up with it; QEMU's TCG otherwise (on these machines
+/// `/dev/kvm` exists but a KVM guest hangs after the boot loader).
+fn accelerator(kernel: &Kernel) -> Result<Accel> {
+    if !Path::new("/dev/kvm").exists() {
+        return Ok(Accel::Tcg);
+    }
+    let image = installed(kernel)?.image;
+    let mut probe = vng();
+    probe
+        .arg("--run")
+        .arg(&image)
+        .args(["--cpus", "1", "--memory", "512M", "--exec", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let ok = run_with_timeout(&mut probe, KVM_PROBE_TIMEOUT)?.is_some_and(|s| s.success());
+    let accel = if ok { Accel::Kvm } else { Accel::Tcg };
+    eprintln!("vmtest: guests run under {accel:?}");
+    Ok(accel)
+}
+
+fn installed(kernel: &Kernel) -> Result<crate::kernels::Installed> {
+    kernel.installed().with_context(|| {
+        format!(
+            "kernel {} is not installed; `cargo xtask setup` installs it",
+            kernel.series
+        )
+    })
+}
+
+/// virtme-ng's runner, through the Python module (its `vng` script may not be on PATH).
+fn vng() -> Command {
+    let mut c = Command::new("python3");
+    c.args([
+        "-c",
+        "import sys; from virtme_ng.run import main; sys.argv[0] = 'vng'; sys.exit(main())",
+    ]);
+    c
+}
+
+/// The integration-test binaries, built (not run) by cargo: test name → executable.
+fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
+    let out = cmd::output(cmd::cargo().current_dir(build::workspace_root()).args([
+        "test",
+        "--no-run",
+        "--package",
+        "ebpf-cni-tests",
+        "--tests",
+        "--message-format=json",
+    ]))?;
+    let mut found = Vec::new();
+    for line in out.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(name)) = (
+            v.get("executable").and_then(|e| e.as_str()),
+            v.pointer("/target/name").and_then(|n| n.as_str()),
+        ) else {
+            continue;
+        };
+        let is_test = v
+            .pointer("/target/kind")
+            .and_then(|k| k.as_array())
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if is_test {
+            found.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    Ok(found)
+}
+
+fn run_kernel(
+    kernel: Kernel,
+    accel: Accel,
+    dir: &Path,
+    plugin: &Path,
+    binaries: &[(String, PathBuf)],
+    filter: &[String],
+) -> Result<Tally> {
+    let image = installed(&kernel)?;
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut runs = Vec::new();
+    for suite in PLAN {
+        let Some((_, exe)) = binaries.iter().find(|(n, _)| n == suite.test) else {
+            bail!("no test binary `{}` was built", suite.test);
+        };
+        runs.push((suite.test, exe.clone(), libtest_args(suite, filter)));
+    }
+    let script = dir.join("guest.sh");
+    fs::write(&script, guest_script(dir, plugin, &runs))
+        .with_context(|| format!("writing {}", script.display()))?;
+
+    let started = Instant::now();
+    eprintln!(
+        "vmtest {}: booting {} under {accel:?}",
+        kernel.series,
+        image.image.display()
+    );
+    let console = fs::File::create(dir.join("console.log"))?;
+    let mut vm = vng();
+    vm.arg("--run").arg(&image.image).arg("-v");
+    if accel == Accel::Tcg {
+        vm.arg("--disable-kvm");
+    }
+    vm.args(["--cpus", "2", "--memory", "4G"])
+        .arg("--rwdir")
+        .arg(dir)
+        .arg("--exec")
+        .arg(format!("/bin/bash {}", script.display()))
+        .stdin(Stdio::null())
+        .stdout(console.try_clone()?)
+        .stderr(console);
+    let status = run_with_timeout(&mut vm, VM_TIMEOUT)?;
+    let secs = started.elapsed().as_secs_f64();
+
+    let mut tally = Tally::default();
+    let mut report = String::new();
+    for (name, _, _) in &runs {
+        let log = fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let rc = fs::read_to_string(dir.join(format!("{name}.rc"))).unwrap_or_default();
+        let result = libtest_result(&log);
+        match result {
+            Some((p, f)) => {
+                tally.passed += p;
+                tally.failed += f;
+                let _ = writeln!(report, "  {name}: {p} passed, {f} failed");
+            }
+            None => {
+                tally.broken += 1;
+                let _ = writeln!(report, "  {name}: no result (exit code {:?})", rc.trim());
+            }
+        }
+        if result.is_none_or(|(_, f)| f > 0) || rc.trim() != "0" {
+            eprintln!(
+                "---- vmtest {} {name} (exit code {:?}) ----\n{log}",
+                kernel.series,
+                rc.trim()
+            );
+        }
+    }
+    let guest_done = dir.join("done").is_file();
+    println!(
+        "vmtest {} ({}, {accel:?}, {secs:.0}s):\n{report}",
+        kernel.series, image.release
+    );
+    if !guest_done {
+        let console = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
+        let tail: Vec<&str> = console.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "the guest did not finish its script ({}); the console's last lines:\n{}",
+            match status {
+                Some(s) => format!("vng exited with {s}"),
+                None => format!("killed after {}s", VM_TIMEOUT.as_secs()),
+            },
+            tail.join("\n")
+        );
+    }
+    Ok(tally)
+}
+
+/// libtest's arguments for one suite: its planned filters, narrowed by the user's.
+fn libtest_args(suite: &Suite, filter: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = if filter.is_empty() {
+        suite.only.iter().map(|s| s.to_string()).collect()
+    } else if suite.only.is_empty() {
+        filter.to_vec()
+    } else {
+        // libtest ORs its filters: keep the planned ones the user's select.
+        suite
+            .only
+            .iter()
+            .filter(|o| filter.iter().any(|f| o.contains(f.as_str())))
+            .map(|s| s.to_string())
+            .collect()
+    };
+    if !filter.is_empty() && args.is_empty() {
+        // Nothing of this suite is selected: a filter no test name contains.
+        args.push("--exact".into());
+        args.push("<none selected>".into());
+    }
+    args.push("--test-threads=2".into());
+    args
+}
+
+/// `test result: ok. 3 passed; 1 failed; …` → (3, 1).
+fn libtest_result(log: &str) -> Option<(u32, u32)> {
+    let line = log.lines().rev().find(|l| l.starts_with("test result:"))?;
+    let count = |what: &str| -> Option<u32> {
+        let before = line.split(&format!(" {what}")).next()?;
+        before.rsplit([' ', '.', ';']).next()?.parse().ok()
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
+/// The script the guest runs as root: bpffs mounted as a node would have it, then each
+/// suite from the tests' package directory (as cargo runs them), its output and exit code
+/// left in `dir`.
+fn guest_script(dir: &Path, plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String {
+    let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut s = String::from(
+        "#!/bin/bash\n# Written by `cargo xtask vmtest`; runs inside the guest.\nset -u\n",
+    );
+    let _ = writeln!(s, "out={}", q(&dir.to_string_lossy()));
+    s.push_str(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n\
+         uname -r > \"$out/uname\"\n",
+    );
+    let _ = writeln!(s, "export EBPF_CNI_BIN={}", q(&plugin.to_string_lossy()));
+    let _ = writeln!(
+        s,
+        "cd {}",
+        q(&build::workspace_root().join("tests").to_string_lossy())
+    );
+    for (name, exe, args) in runs {
+        let args: Vec<String> = args.iter().map(|a| q(a)).collect();
+        let _ = writeln!(
+            s,
+            "echo \"vmtest: {name}\" > /dev/kmsg\ntimeout -s KILL {} {} {} > \"$out/{name}.log\" 2>&1; echo $? > \"$out/{name}.rc\"",
+            SUITE_TIMEOUT.as_secs(),
+            q(&exe.to_string_lossy()),
+            args.join(" ")
+        );
+    }
+    s.push_str("touch \"$out/done\"\n");
+    s
+}
+
+/// Runs `cmd` until it exits or `limit` passes (then kills it): the exit status, or None
+/// when it was killed.
+fn run_with_timeout(
+    cmd: &mut Command,
+    limit: Duration,
+) -> Result<Option<std::process::ExitStatus>> {
+    let line = cmd::display(cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("failed to start `{line}`"))?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_libtest_results() {
+        let log = "running 3 tests\n...\ntest result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 4 filtered out; finished in 1.2s\n";
+        assert_eq!(libtest_result(log), Some((2, 1)));
+        assert_eq!(libtest_result("thread 'main' panicked"), None);
+    }
+
+    #[test]
+    fn user_filters_narrow_the_plan() {
+        let whole = Suite {
+            test: "x",
+            only: &[],
+        };
+        let part = Suite {
+            test: "y",
+            only: &["alpha_one", "beta_two"],
+        };
+        let f = vec!["beta".to_string()];
+        assert_eq!(libtest_args(&whole, &f), ["beta", "--test-threads=2"]);
+        assert_eq!(libtest_args(&part, &f), ["beta_two", "--test-threads=2"]);
+        assert_eq!(
+            libtest_args(&part, &["gamma".to_string()]),
+            ["--exact", "<none selected>", "--test-threads=2"]
+        );
+        assert_eq!(
+            libtest_args(&part, &[]),
+            ["alpha_one", "beta_two", "--test-threads=2"]
+        );
+    }
+}
