@@ -37,6 +37,9 @@ pub struct NodeSnapshot {
     /// come and go with their links): a pod's gateway held on `lo` shows here.
     pub node_addrs: BTreeSet<String>,
     pub pod_links: Option<BTreeSet<String>>,
+    /// Node links carrying a `clsact` qdisc: a failed ADD must not leave one on a node
+    /// device (the pods' veths go with the pods).
+    pub node_clsact: BTreeSet<String>,
     pub data_dir_files: Vec<PathBuf>,
     pub pinned_files: Vec<PathBuf>,
 }
@@ -190,6 +193,10 @@ impl Node {
             node_routes,
             node_addrs,
             pod_links: pod.map(names),
+            node_clsact: kernel::clsact_links(&self.netns)
+                .expect("reading node qdiscs")
+                .into_iter()
+                .collect(),
             data_dir_files: self.data_dir_files(),
             pinned_files: self.pinned_files(),
         }
