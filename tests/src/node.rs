@@ -28,7 +28,7 @@ pub struct Lease {
 }
 
 /// What a failed call must not change: links in the node (and a pod), files in the
-/// dataDir, pinned files.
+/// dataDir, pinned files and directories.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSnapshot {
     pub node_links: BTreeSet<String>,
@@ -42,6 +42,9 @@ pub struct NodeSnapshot {
     pub node_clsact: BTreeSet<String>,
     pub data_dir_files: Vec<PathBuf>,
     pub pinned_files: Vec<PathBuf>,
+    /// Whether the node's pin root exists, and every directory below it (empty ones too).
+    pub pin_root_exists: bool,
+    pub pinned_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -199,6 +202,8 @@ impl Node {
                 .collect(),
             data_dir_files: self.data_dir_files(),
             pinned_files: self.pinned_files(),
+            pin_root_exists: self.pin_root.exists(),
+            pinned_dirs: fsutil::list_dirs(&self.pin_root).expect("listing the node's pin root"),
         }
     }
 }
