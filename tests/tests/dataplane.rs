@@ -1253,7 +1253,8 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
 }
 
 /// Netlink mode (what kernels before 6.6 get for node devices in `auto` mode too): the
-/// last DEL removes the `clsact` qdisc ebpf-cni added to a node device, and only that one.
+/// last DEL (or GC) removes the `clsact` qdisc ebpf-cni added to a node device, and only
+/// that one.
 /// A `clsact` that was there before the first ADD stays (someone else's, even empty), and
 /// so does ebpf-cni's own when another tc user's filter sits on it by then.
 #[test]
@@ -1297,6 +1298,20 @@ fn netlink_mode_removes_only_its_own_clsact_on_node_devices() {
     one_pod_and_del(&node, &|| {});
     assert_node_clean(&node, "netlink mode, after the last DEL");
     drop((_ext, node));
+
+    // (a') GC of the last pod goes through the same teardown.
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    let mut conf = p.conf("1.1.0", &node, Stack::Dual);
+    conf["tcAttachMode"] = Value::from("netlink");
+    let list = NetConfList::single(&conf);
+    let _pod = add_pod(&p, &node, &list);
+    assert!(clsact(&node), "no clsact on up0 after ADD");
+    p.runtime
+        .gc(&node, &list, &[])
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+    assert_node_clean(&node, "netlink mode, after GC of the last pod");
+    drop((_pod, _ext, node));
 
     // (b) A clsact that was there before the first ADD is someone else's: it stays.
     let node = Node::new().unwrap();
