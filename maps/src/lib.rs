@@ -127,6 +127,10 @@ pub mod pin {
     pub const CGROUP_DIR: &str = "cgroup";
     /// Directory with one sub-directory per node device carrying [`LINK_FROM_DEV`].
     pub const DEVICES_DIR: &str = "devices";
+    /// Empty directory beside a node device's netlink record: ebpf-cni created that
+    /// device's `clsact` qdisc, so the node's teardown may remove it (when no filter of
+    /// anyone is left on it).
+    pub const CLSACT_RECORD: &str = "clsact_created";
     /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
     /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
     pub const GATEWAYS_DIR: &str = "gateways";

@@ -23,8 +23,11 @@ const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
 
 enum Undo {
     Ipam,
-    Gateways,
-    HostLink { index: u32 },
+    /// With the record directories the gateways' `acquire` created.
+    Gateways(crate::bpf::gateways::CreatedDirs),
+    HostLink {
+        index: u32,
+    },
     Programs,
 }
 
@@ -57,7 +60,7 @@ pub async fn add(
         .netns
         .as_deref()
         .expect("env validation requires CNI_NETNS for ADD");
-    let pod_ns = Netns::open(netns_path)?;
+    let pod_ns = Netns::open_pod(netns_path)?;
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
 
@@ -166,15 +169,19 @@ async fn setup(
             .collect::<Vec<_>>(),
     )?;
 
-    // Before the host routes, which take the gateway as their source address.
-    undo.push(Undo::Gateways);
-    crate::gateway::acquire(
+    // Before the host routes, which take the gateway as their source address. The undo
+    // step is registered whether or not it succeeds, with what it created either way.
+    let mut created = Default::default();
+    let acquired = crate::gateway::acquire(
         host_nl,
         node,
         key.id(),
         &crate::gateway::ipv4(addrs.iter().map(|a| a.gateway)),
+        &mut created,
     )
-    .await?;
+    .await;
+    undo.push(Undo::Gateways(created));
+    acquired?;
     step("gateways");
 
     let pair = veth::create(
@@ -291,12 +298,18 @@ async fn rollback(
 ) {
     // The gateway records live in the node's pin directory, which `del_pod` removes with
     // the node's last attachment: they are released first, as DEL does.
-    let mut gateways = undo.iter().any(|u| matches!(u, Undo::Gateways));
+    let mut gateways = undo.iter().find_map(|u| match u {
+        Undo::Gateways(created) => Some(created.clone()),
+        _ => None,
+    });
     for step in undo.into_iter().rev() {
         let r: Result<(), CniError> = match step {
             Undo::Programs => {
-                if std::mem::take(&mut gateways) {
-                    if let Err(e) = crate::gateway::release(host_nl, node, key.id()).await {
+                if let Some(created) = gateways.take() {
+                    if let Err(e) =
+                        crate::gateway::release_after_failed_add(host_nl, node, key.id(), &created)
+                            .await
+                    {
                         log::error!("rollback of a failed ADD: {e}");
                     }
                 }
@@ -308,10 +321,13 @@ async fn rollback(
                 .map(|_| ())
                 .map_err(Into::into),
             Undo::Ipam => ipam.del(conf, env, stdin),
-            Undo::Gateways if std::mem::take(&mut gateways) => {
-                crate::gateway::release(host_nl, node, key.id()).await
-            }
-            Undo::Gateways => Ok(()),
+            Undo::Gateways(_) => match gateways.take() {
+                Some(created) => {
+                    crate::gateway::release_after_failed_add(host_nl, node, key.id(), &created)
+                        .await
+                }
+                None => Ok(()),
+            },
         };
         if let Err(e) = r {
             log::error!("rollback of a failed ADD: {e}");

@@ -107,7 +107,7 @@ async fn find_pod(
         )));
     }
 
-    let pod_ns = Netns::open(netns_path)?;
+    let pod_ns = Netns::open_pod(netns_path)?;
     let pod_nl = Netlink::connect_in(&pod_ns)?;
     let container = pod_nl.link_by_name(&env.ifname).await?.ok_or_else(|| {
         fail(format!(

@@ -18,7 +18,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnetwork::IpNetwork;
 
 use crate::{
-    bpf::{gateways, NodeId},
+    bpf::{
+        gateways::{self, CreatedDirs},
+        NodeId,
+    },
     cni::{code, CniError},
     netlink::Netlink,
 };
@@ -52,19 +55,22 @@ pub fn of_address(address: IpAddr, gateway: Option<IpAddr>) -> Option<Ipv4Addr> 
     }
 }
 
-/// ADD: attachment `id` uses `gws`; the node holds each on `lo` when this returns.
+/// ADD: attachment `id` uses `gws`; the node holds each on `lo` when this returns. The
+/// record directories it had to create are added to `created`, also when it fails, for
+/// [`release_after_failed_add`].
 pub async fn acquire(
     host_nl: &Netlink,
     node: &NodeId,
     id: u64,
     gws: &[Ipv4Addr],
+    created: &mut CreatedDirs,
 ) -> Result<(), CniError> {
     if gws.is_empty() {
         return Ok(());
     }
     let lock = gateways::GatewayLock::take()?;
     for gw in gws {
-        lock.add_user(node, *gw, id)?;
+        lock.add_user(node, *gw, id, created)?;
         host_nl
             .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
             .await?;
@@ -75,11 +81,25 @@ pub async fn acquire(
 /// DEL, GC and a failed ADD: attachment `id` uses no gateway any more; the ones nobody
 /// uses leave `lo`. Idempotent.
 pub async fn release(host_nl: &Netlink, node: &NodeId, id: u64) -> Result<(), CniError> {
-    if !gateways::in_use(&crate::bpf::PinRoot::from_env(), node) {
+    release_after_failed_add(host_nl, node, id, &CreatedDirs::default()).await
+}
+
+/// A failed ADD: as [`release`], then the record directories its [`acquire`] created go
+/// too while they are empty, under the same lock, so the ADD leaves no empty directory
+/// and never touches what another ADD recorded meanwhile.
+pub async fn release_after_failed_add(
+    host_nl: &Netlink,
+    node: &NodeId,
+    id: u64,
+    created: &CreatedDirs,
+) -> Result<(), CniError> {
+    if created.is_empty() && !gateways::in_use(&crate::bpf::PinRoot::from_env(), node) {
         return Ok(());
     }
     let lock = gateways::GatewayLock::take()?;
-    for gw in lock.remove_user(node, id)? {
+    let unused = lock.remove_user(node, id);
+    lock.remove_created(created);
+    for gw in unused? {
         host_nl
             .delete_address(LOOPBACK_IFINDEX, host_prefix(gw))
             .await?;

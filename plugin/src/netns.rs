@@ -15,7 +15,9 @@ use std::{
 use nix::sched::{setns, CloneFlags};
 
 const NSFS_MAGIC: i64 = 0x6e73_6673;
-const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+/// `ioctl(NS_GET_NSTYPE)` (`_IO(0xb7, 0x3)`, Linux 4.11): the `CLONE_NEW*` type of a
+/// namespace file.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -27,6 +29,8 @@ pub enum NetnsError {
     },
     #[error("{path} is not a network namespace")]
     NotANetns { path: PathBuf },
+    #[error("{path} is the node's own network namespace, not a pod's")]
+    NodeNetns { path: PathBuf },
     #[error("failed to enter network namespace {path}")]
     Enter {
         path: PathBuf,
@@ -60,16 +64,41 @@ impl Netns {
             path: path.to_owned(),
             source: e.into(),
         })?;
-        let magic = st.filesystem_type().0 as i64;
-        if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
-            return Err(NetnsError::NotANetns {
-                path: path.to_owned(),
-            });
+        // Namespace files live on nsfs (procfs only before Linux 3.19, which this plugin
+        // does not run on): anything else in procfs, e.g. a directory or `/proc/version`,
+        // would only fail once ADD had changed the node. nsfs also holds other kinds of
+        // namespace, hence the type check.
+        let not_a_netns = || NetnsError::NotANetns {
+            path: path.to_owned(),
+        };
+        if st.filesystem_type().0 as i64 != NSFS_MAGIC {
+            return Err(not_a_netns());
+        }
+        // SAFETY: an argument-less ioctl on an fd we own.
+        let nstype = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
+        if nstype != libc::CLONE_NEWNET {
+            return Err(not_a_netns());
         }
         Ok(Self {
             file,
             path: path.to_owned(),
         })
+    }
+
+    /// A pod's namespace for ADD: as [`Netns::open`], and not the calling thread's own (the
+    /// node's), where ADD would put the pod's interface, addresses and routes on the node.
+    pub fn open_pod(path: &Path) -> Result<Self, NetnsError> {
+        let ns = Self::open(path)?;
+        let current = Self::current()?;
+        let (a, b) = (ns.file.metadata(), current.file.metadata());
+        if let (Ok(a), Ok(b)) = (a, b) {
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                return Err(NetnsError::NodeNetns {
+                    path: path.to_owned(),
+                });
+            }
+        }
+        Ok(ns)
     }
 
     /// The namespace of the calling thread.
@@ -124,5 +153,41 @@ impl Drop for NetnsGuard {
             log::error!("failed to return to the original network namespace: {e}");
             std::process::abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_network_namespace_files_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        for path in [
+            file.as_path(),
+            tmp.path(),
+            Path::new("/proc/version"),
+            Path::new("/proc"),
+            Path::new("/proc/thread-self/ns/uts"),
+        ] {
+            let err = Netns::open(path).unwrap_err();
+            assert!(
+                matches!(err, NetnsError::NotANetns { .. }),
+                "{}: {err}",
+                path.display()
+            );
+        }
+        let err = Netns::open(&tmp.path().join("missing")).unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        assert!(Netns::open(Path::new("/proc/thread-self/ns/net")).is_ok());
+    }
+
+    #[test]
+    fn the_callers_own_namespace_is_no_pod_namespace() {
+        let err = Netns::open_pod(Path::new("/proc/thread-self/ns/net")).unwrap_err();
+        assert!(matches!(err, NetnsError::NodeNetns { .. }), "{err}");
+        assert!(err.to_string().contains("node's own network namespace"));
     }
 }

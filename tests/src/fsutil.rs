@@ -13,6 +13,33 @@ pub fn list_files(root: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Every directory below `root` (not `root` itself), as paths relative to it, sorted: empty
+/// directories are state too (bpffs records, leftovers of a failed call). A missing `root`
+/// has none.
+pub fn list_dirs(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    walk_dirs(root, root, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+fn walk_dirs(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            let path = entry.path();
+            out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
+            walk_dirs(root, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
 fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,

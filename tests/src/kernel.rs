@@ -223,6 +223,33 @@ pub fn link_addrs(ns: &Netns, name: &str) -> Result<Option<Link>> {
     Ok(addrs(ns)?.into_iter().find(|l| l.ifname == name))
 }
 
+/// Names of the links that carry a `clsact` qdisc (`tc -j qdisc show`), sorted.
+pub fn clsact_links(ns: &Netns) -> Result<Vec<String>> {
+    let out = ns.exec(&["tc", "-j", "qdisc", "show"])?;
+    if !out.status.success() {
+        bail!(
+            "`tc -j qdisc show` in {} failed: {}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let text = if text.trim().is_empty() {
+        "[]"
+    } else {
+        text.trim()
+    };
+    let qdiscs: Vec<serde_json::Value> = serde_json::from_str(text)
+        .with_context(|| format!("parsing `tc -j qdisc show` in {}: {text}", ns.name()))?;
+    let mut v: Vec<String> = qdiscs
+        .iter()
+        .filter(|q| q["kind"] == "clsact")
+        .filter_map(|q| q["dev"].as_str().map(str::to_owned))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
 /// The main routing table of one family.
 pub fn routes(ns: &Netns, family: Family) -> Result<Vec<Route>> {
     let mut routes: Vec<Route> = ip_json(ns, &[family.flag(), "route", "show"])?;

@@ -28,7 +28,7 @@ pub struct Lease {
 }
 
 /// What a failed call must not change: links in the node (and a pod), files in the
-/// dataDir, pinned files.
+/// dataDir, pinned files and directories.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSnapshot {
     pub node_links: BTreeSet<String>,
@@ -37,8 +37,14 @@ pub struct NodeSnapshot {
     /// come and go with their links): a pod's gateway held on `lo` shows here.
     pub node_addrs: BTreeSet<String>,
     pub pod_links: Option<BTreeSet<String>>,
+    /// Node links carrying a `clsact` qdisc: a failed ADD must not leave one on a node
+    /// device (the pods' veths go with the pods).
+    pub node_clsact: BTreeSet<String>,
     pub data_dir_files: Vec<PathBuf>,
     pub pinned_files: Vec<PathBuf>,
+    /// Whether the node's pin root exists, and every directory below it (empty ones too).
+    pub pin_root_exists: bool,
+    pub pinned_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -190,8 +196,14 @@ impl Node {
             node_routes,
             node_addrs,
             pod_links: pod.map(names),
+            node_clsact: kernel::clsact_links(&self.netns)
+                .expect("reading node qdiscs")
+                .into_iter()
+                .collect(),
             data_dir_files: self.data_dir_files(),
             pinned_files: self.pinned_files(),
+            pin_root_exists: self.pin_root.exists(),
+            pinned_dirs: fsutil::list_dirs(&self.pin_root).expect("listing the node's pin root"),
         }
     }
 }

@@ -221,6 +221,12 @@ fn assert_node_clean(node: &Node, what: &str) {
         .filter(|n| n.starts_with("ecni"))
         .collect();
     assert!(veths.is_empty(), "{what}: host veths left: {veths:?}");
+    // These tests' nodes had no qdisc before their first ADD: any clsact is ebpf-cni's.
+    let clsact = kernel::clsact_links(node.netns()).unwrap();
+    assert!(
+        clsact.is_empty(),
+        "{what}: clsact qdiscs left on node links: {clsact:?}"
+    );
 }
 
 /// Kernel ids of everything pinned under the node (programs, maps, links).
@@ -1264,6 +1270,120 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
     assert!(
         !node.pin_root().exists(),
         "pins left after the last DEL ({mode:?})"
+    );
+}
+
+/// Netlink mode (what kernels before 6.6 get for node devices in `auto` mode too): the
+/// last DEL (or GC) removes the `clsact` qdisc ebpf-cni added to a node device, and only
+/// that one.
+/// A `clsact` that was there before the first ADD stays (someone else's, even empty), and
+/// so does ebpf-cni's own when another tc user's filter sits on it by then.
+#[test]
+fn netlink_mode_removes_only_its_own_clsact_on_node_devices() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let tc = |node: &Node, args: &[&str]| {
+        // nsenter, not `ip netns exec`: tc must see the host bpffs to open a pin.
+        let out = node.netns().nsenter(&[&["tc"], args].concat()).unwrap();
+        assert!(
+            out.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // The pods' host veths carry a clsact of their own, which goes with them.
+    let clsact = |node: &Node| -> bool {
+        kernel::clsact_links(node.netns())
+            .unwrap()
+            .iter()
+            .any(|l| l == "up0")
+    };
+    let one_pod_and_del = |node: &Node, between: &dyn Fn()| {
+        let list = dual_list_in(&p, node, "netlink");
+        let pod = add_pod(&p, node, &list);
+        assert_eq!(prog_names(node, "up0"), vec![dp::PROG_FROM_DEV.to_owned()]);
+        assert!(clsact(node), "no clsact on up0 after ADD");
+        between();
+        del_pod(&p, node, &list, &pod);
+        assert!(
+            !node.pin_root().exists(),
+            "pins left after the last DEL: {:?}",
+            fsutil::list_files(node.pin_root())
+        );
+    };
+
+    // (a) ebpf-cni's own clsact goes with the last pod.
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    assert!(!clsact(&node), "a fresh node has no clsact");
+    one_pod_and_del(&node, &|| {});
+    assert_node_clean(&node, "netlink mode, after the last DEL");
+    drop((_ext, node));
+
+    // (a') GC of the last pod goes through the same teardown.
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    let mut conf = p.conf("1.1.0", &node, Stack::Dual);
+    conf["tcAttachMode"] = Value::from("netlink");
+    let list = NetConfList::single(&conf);
+    let _pod = add_pod(&p, &node, &list);
+    assert!(clsact(&node), "no clsact on up0 after ADD");
+    p.runtime
+        .gc(&node, &list, &[])
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+    assert_node_clean(&node, "netlink mode, after GC of the last pod");
+    drop((_pod, _ext, node));
+
+    // (b) A clsact that was there before the first ADD is someone else's: it stays.
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    tc(&node, &["qdisc", "add", "dev", "up0", "clsact"]);
+    one_pod_and_del(&node, &|| {});
+    assert!(clsact(&node), "the pre-existing clsact of up0 was removed");
+    assert!(prog_names(&node, "up0").is_empty(), "device filter left");
+    drop((_ext, node));
+
+    // (c) Another tc user's filter on ebpf-cni's clsact keeps the qdisc and the filter.
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    let foreign = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/ecni-test-foreign-{}",
+        unique_container_id()
+    ));
+    let foreign_id = std::cell::Cell::new(0);
+    one_pod_and_del(&node, &|| {
+        foreign_id.set(bpf::fixture::pin_tc_prog(&foreign).unwrap());
+        let pinned = foreign.to_string_lossy();
+        tc(
+            &node,
+            &[
+                "filter",
+                "add",
+                "dev",
+                "up0",
+                "egress",
+                "bpf",
+                "da",
+                "object-pinned",
+                &pinned,
+            ],
+        );
+        // The filter holds the program now.
+        std::fs::remove_file(&foreign).unwrap();
+    });
+    assert!(
+        clsact(&node),
+        "the clsact holding another tc user's filter was removed"
+    );
+    let left: Vec<u32> = bpf::attached_programs(node.netns(), "up0")
+        .unwrap()
+        .iter()
+        .map(|q| q.prog_id)
+        .collect();
+    assert_eq!(
+        left,
+        vec![foreign_id.get()],
+        "only the foreign filter stays on up0"
     );
 }
 

@@ -445,6 +445,65 @@ fn failed_add_rolls_back_everything() {
     assert!(!node.attachment_pin_dir(NETWORK, &cid, "eth0").exists());
 }
 
+/// A failed ADD whose `CNI_NETNS` is not a usable pod namespace (a regular file, a file
+/// in procfs, a directory, a missing path, the node's own namespace) fails with code 106
+/// and changes nothing: on an empty node no pin directory (not even an empty one) and no
+/// lease appear; on a node with a pod its pin tree, directories included, stays as it was.
+#[test]
+fn add_with_a_bad_netns_fails_with_106_and_leaves_nothing() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    let file = node.scratch_dir().join("not-a-netns");
+    std::fs::write(&file, b"").unwrap();
+    let dir = node.scratch_dir().join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    let cases: [(&str, &Path); 5] = [
+        ("a regular file", &file),
+        ("a file in procfs", Path::new("/proc/version")),
+        ("a directory", &dir),
+        ("a missing path", &node.scratch_dir().join("missing")),
+        ("the node's own netns", node.netns().path()),
+    ];
+    let try_all = |what: &str| {
+        for (kind, netns) in cases {
+            let before = without_lock(node.snapshot(None));
+            let cid = unique_container_id();
+            let env = p.env(&cid, netns, "eth0");
+            let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
+            let err = out.expect_error(106, &format!("ADD with CNI_NETNS {kind} ({what})"));
+            assert!(
+                err.msg.contains(&netns.display().to_string()),
+                "{kind}: the message names the path: {}",
+                err.msg
+            );
+            assert_eq!(
+                without_lock(node.snapshot(None)),
+                before,
+                "ADD with CNI_NETNS {kind} ({what}) changed the node"
+            );
+        }
+    };
+    try_all("empty node");
+    assert!(node.leases(NETWORK).is_empty(), "failed ADDs left leases");
+    assert!(
+        !node.pin_root().exists(),
+        "failed ADDs left {}: {:?}",
+        node.pin_root().display(),
+        ebpf_cni_tests::fsutil::list_dirs(node.pin_root())
+    );
+
+    let pod = node.new_pod().unwrap();
+    let env = p.env(&unique_container_id(), pod.path(), "eth0");
+    p.run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD of a real pod");
+    try_all("node with a pod");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL of the real pod");
+    assert!(!node.pin_root().exists(), "the last DEL left pins");
+}
+
 /// Section 3: "Plugins must handle being executed concurrently across different
 /// containers" — 32 parallel ADDs get 32 distinct addresses and leases, 32 parallel DELs
 /// release them all.

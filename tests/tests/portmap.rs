@@ -18,7 +18,7 @@ use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
+    require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns, Node,
     PluginUnderTest, ResultExpectation,
 };
 use serde_json::{json, Value};
@@ -482,4 +482,88 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
         "nothing pinned after the last DEL (cgroup links included): {:?}",
         node.pinned_files()
     );
+}
+
+/// A cgroup2 mount that mountinfo lists but that is hidden from the plugin (here: a mount
+/// namespace with a fresh sysfs over `/sys`, as `ip netns exec` makes, so the listed
+/// mount point leads to sysfs or nowhere) is skipped: ADD with a host port, which attaches the
+/// socket programs to the cgroup v2 root, still succeeds, CHECK finds the socket programs'
+/// links live, the node's own connections reach the pod, and DEL leaves nothing.
+#[test]
+fn a_hidden_cgroup2_mount_is_skipped() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    // The host's bpffs stays reachable through a bind mount made before /sys is covered.
+    let bpffs = node.scratch_dir().join("bpffs");
+    std::fs::create_dir(&bpffs).unwrap();
+    let wrapper = node.scratch_dir().join("ebpf-cni-hidden-sys");
+    // Runs itself again in a private mount namespace, covers /sys there and checks the
+    // premise (the first cgroup2 line of mountinfo names a path that is hidden now).
+    let script = r#"#!/bin/sh
+if [ -z "$ECNI_TEST_HIDDEN" ]; then
+    ECNI_TEST_HIDDEN=1 exec unshare --mount --propagation private -- "$0"
+fi
+set -e
+mount --bind /sys/fs/bpf "$EBPF_CNI_BPFFS_ROOT"
+mount -t sysfs ecni-fresh-sysfs /sys
+mp=$(awk '/ - cgroup2 / {print $5; exit}' /proc/self/mountinfo)
+case "$mp" in
+/sys/*) ;;
+*) echo "premise: the first cgroup2 mount ($mp) is not under /sys" >&2; exit 1 ;;
+esac
+if [ "$(stat -f -c %T "$mp" 2>/dev/null)" = cgroup2fs ]; then
+    echo "premise: $mp is still a reachable cgroup2" >&2; exit 1
+fi
+exec PLUGIN
+"#;
+    std::fs::write(
+        &wrapper,
+        script.replace("PLUGIN", &format!("'{}'", p.bin.display())),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    // The plugin's fallback mounts its own cgroup2 in the private mount namespace; the
+    // directory it creates for that is on the host's /run, and goes if this test made it.
+    let fallback = std::path::Path::new("/run/ebpf-cni/cgroup2");
+    let fallback_existed = fallback.exists();
+
+    let pod = node.new_pod().unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["runtimeConfig"] = json!({"portMappings": [{"hostPort": 8082, "containerPort": 80}]});
+    let env = p.env(&unique_container_id(), pod.path(), "eth0");
+    let hidden_env = env
+        .clone()
+        .with_env("EBPF_CNI_BPFFS_ROOT", &bpffs.to_string_lossy());
+    let out = node
+        .run(&wrapper, CniCommand::Add, &hidden_env, conf.to_string())
+        .unwrap();
+    let result = out.expect_success("ADD with the cgroup2 mount hidden");
+
+    conf["prevResult"] = result;
+    p.run(&node, CniCommand::Check, &env, conf.to_string())
+        .expect_success("CHECK after ADD with the cgroup2 mount hidden");
+    let _server = PodServer::start(&pod, 80, "hidden");
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8082)).unwrap()),
+        "hidden",
+        "the node's own 127.0.0.1:8082 reaches the pod"
+    );
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL");
+    assert!(
+        !node.pin_root().exists(),
+        "pins left after the last DEL: {:?}",
+        node.pinned_files()
+    );
+    if !fallback_existed {
+        // Fails harmlessly while anything is mounted there or inside.
+        let _ = std::fs::remove_dir(fallback);
+        let _ = fallback.parent().map(std::fs::remove_dir);
+    }
 }

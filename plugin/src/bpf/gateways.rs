@@ -16,6 +16,18 @@ use super::{
     BpfError, NodeId,
 };
 
+/// Directories that recording a gateway use had to create (the node's directory,
+/// `gateways/`, the gateway's own), outermost first. A failed ADD removes them again, if
+/// still empty, so it leaves no empty directory behind; a DEL has none to remove.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreatedDirs(Vec<PathBuf>);
+
+impl CreatedDirs {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The node lock, held while a gateway use and its address change together.
 pub struct GatewayLock {
     _lock: NodeLock,
@@ -56,8 +68,39 @@ impl GatewayLock {
 
     /// Records that attachment `id` uses `gw`. The caller then makes sure the node holds
     /// the address, before it lets go of the lock.
-    pub fn add_user(&self, node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> {
+    /// The directories this had to create are added to `created`: every writer of the node's
+    /// directory holds the lock, so what is missing here is created by this call.
+    pub fn add_user(
+        &self,
+        node: &NodeId,
+        gw: Ipv4Addr,
+        id: u64,
+        created: &mut CreatedDirs,
+    ) -> Result<(), BpfError> {
+        let gateways = self.root.gateways_dir(node);
+        for dir in [
+            self.root.node_dir(node),
+            gateways.join(gw_name(gw)),
+            gateways,
+        ] {
+            if !dir.exists() && !created.0.contains(&dir) {
+                created.0.push(dir);
+            }
+        }
+        created.0.sort_by_key(|d| d.components().count());
         create_dir_all_racy(&user_dir(&self.root, node, gw, id))
+    }
+
+    /// Removes the directories of `created` that are still empty, innermost first. One that
+    /// holds anything now (another ADD's use, the node's maps) stays, with its parents.
+    pub fn remove_created(&self, created: &CreatedDirs) {
+        for dir in created.0.iter().rev() {
+            match fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => log::debug!("keeping {}: {e}", dir.display()),
+            }
+        }
     }
 
     /// Drops every use of attachment `id`; returns the gateways nobody uses any more, whose
@@ -140,6 +183,45 @@ pub fn in_use(root: &PinRoot, node: &NodeId) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn created_dirs_are_listed_outermost_first_and_removed_while_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock = GatewayLock {
+            _lock: NodeLock::take(&PinRoot::new(tmp.path())).unwrap(),
+            root: PinRoot::new(tmp.path()),
+        };
+        let node = NodeId::from_netns_inode(7);
+        let (gw, other) = (Ipv4Addr::new(10, 1, 0, 1), Ipv4Addr::new(10, 2, 0, 1));
+        let mut created = CreatedDirs::default();
+        lock.add_user(&node, gw, 1, &mut created).unwrap();
+        lock.add_user(&node, other, 1, &mut created).unwrap();
+        let root = PinRoot::new(tmp.path());
+        let gws = root.gateways_dir(&node);
+        assert_eq!(
+            created.0,
+            vec![
+                root.node_dir(&node),
+                gws.clone(),
+                gws.join(gw_name(gw)),
+                gws.join(gw_name(other)),
+            ]
+        );
+        // A second user of an existing gateway creates nothing.
+        let mut second = CreatedDirs::default();
+        lock.add_user(&node, gw, 2, &mut second).unwrap();
+        assert!(second.is_empty());
+
+        // The first attachment's ADD fails: its uses go, the second's keep their parents.
+        lock.remove_user(&node, 1).unwrap();
+        lock.remove_created(&created);
+        assert!(user_dir(&root, &node, gw, 2).is_dir());
+        assert!(!gws.join(gw_name(other)).exists());
+        lock.remove_user(&node, 2).unwrap();
+        lock.remove_created(&created);
+        assert!(!root.node_dir(&node).exists(), "all empty now: all gone");
+        assert!(root.layout_dir().is_dir(), "the lock's directory stays");
+    }
 
     #[test]
     fn gateway_names_have_no_dot_and_round_trip() {

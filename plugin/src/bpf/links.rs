@@ -1,5 +1,6 @@
 //! TCX links: attaching a pinned program to a device, pinning the link, checking what a
-//! pinned link is attached to, and removing pins (which detaches).
+//! pinned link is attached to, and removing pins (which detaches); and netlink mode's `bpf`
+//! filters with their records.
 
 use std::{
     fs, io,
@@ -12,7 +13,8 @@ use aya::programs::{
     SchedClassifier,
 };
 
-use super::{error::RemoveFailure, sys, BpfError, Hook};
+use super::{error::RemoveFailure, pin::create_dir_all_racy, sys, BpfError, Hook};
+use crate::netlink::tc;
 
 /// Kernel ids of one attached program and its link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,16 +57,26 @@ pub fn attach(
 
 /// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` as a `bpf` filter
 /// (which the kernel keeps after this process exits) and pins the program at `record`, so
-/// DEL, CHECK and the node teardown know the filter is there.
+/// DEL, CHECK and the node teardown know the filter is there. With `clsact_record` (a node
+/// device, which other tc users share and which outlives the pods), a `clsact` this call
+/// created is recorded there, so the teardown removes that qdisc and never one that was
+/// there before.
 pub fn attach_netlink(
     prog: &mut SchedClassifier,
     hook: Hook,
     ifname: &str,
     record: &Path,
+    clsact_record: Option<&Path>,
 ) -> Result<(), BpfError> {
     let name = hook.program();
-    // EEXIST when a clsact is there already: fine. Any real problem fails the attach below.
-    let _ = aya::programs::tc::qdisc_add_clsact(ifname);
+    // A device that is gone, or a qdisc that cannot be added, fails the attach below.
+    let created = nix::net::if_::if_nametoindex(ifname)
+        .ok()
+        .and_then(|index| tc::add_clsact(index).ok())
+        .unwrap_or(false);
+    if let (true, Some(path)) = (created, clsact_record) {
+        create_dir_all_racy(path)?;
+    }
     let attach_err = |source| BpfError::Attach {
         name,
         ifname: ifname.to_owned(),
@@ -95,6 +107,29 @@ pub fn detach_netlink(hook: Hook, ifname: &str) {
         aya::programs::tc::qdisc_detach_program(ifname, hook.tc_attach_type(), hook.program())
     {
         log::debug!("detaching {} from {ifname}: {e}", hook.program());
+    }
+}
+
+/// Netlink mode, node device `ifname`: removes the device filter, then the `clsact` qdisc
+/// if `clsact_record` says ebpf-cni created it and no filter (of anyone) is left on it:
+/// another tc user's filter keeps the qdisc. Best effort, like [`detach_netlink`]; the
+/// caller removes the records either way.
+pub fn detach_device_netlink(ifname: &str, clsact_record: &Path) {
+    detach_netlink(Hook::FromDev, ifname);
+    if !clsact_record.is_dir() {
+        return;
+    }
+    let Ok(index) = nix::net::if_::if_nametoindex(ifname) else {
+        return;
+    };
+    match tc::clsact_filter_count(index) {
+        Ok(0) => {
+            if let Err(e) = tc::delete_clsact(index) {
+                log::warn!("removing the clsact qdisc of {ifname}: {e}");
+            }
+        }
+        Ok(n) => log::info!("keeping the clsact qdisc of {ifname}: {n} other filters on it"),
+        Err(e) => log::warn!("listing the tc filters of {ifname}: {e}"),
     }
 }
 
@@ -188,6 +223,12 @@ pub fn remove_dir_pins(stop_at: &Path, dir: &Path) -> Result<bool, Vec<RemoveFai
         Ok(entries) => {
             for entry in entries {
                 match entry.map(|e| e.path()) {
+                    // A record kept as an empty directory (`clsact_created`) goes too.
+                    Ok(path) if path.is_dir() => match fs::remove_dir(&path) {
+                        Ok(()) => removed = true,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => fail(&path, e),
+                    },
                     Ok(path) => match fs::remove_file(&path) {
                         Ok(()) => removed = true,
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -238,6 +279,7 @@ mod tests {
             fs::write(d.join("link_from_pod"), b"").unwrap();
         }
         fs::write(a.join("from_a_newer_binary"), b"").unwrap();
+        fs::create_dir(a.join("record_dir")).unwrap();
         assert!(remove_dir_pins(&stop, &a).unwrap());
         assert!(
             !a.exists() && !a.parent().unwrap().exists(),

@@ -10,6 +10,8 @@
 //!     maps/ECNI_ENDPOINTS  maps/ECNI_POD_CNT           node-wide maps
 //!     programs/<revision>/ecni_from_pod|ecni_to_pod|ecni_from_dev
 //!     devices/<ifname>/link_from_dev                    one per node device
+//!     devices/<ifname>/netlink_from_dev  clsact_created/ netlink mode: the filter's record,
+//!                                                       and "our clsact" (empty directory)
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod
 //! ```
@@ -162,6 +164,14 @@ impl PinRoot {
             .join(Hook::FromDev.netlink_record_name())
     }
 
+    /// Netlink mode: the record (an empty directory) that ebpf-cni created node device
+    /// `ifname`'s `clsact` qdisc; without it the qdisc was someone else's and stays.
+    pub fn device_clsact_record(&self, node: &NodeId, ifname: &str) -> PathBuf {
+        self.devices_dir(node)
+            .join(ifname)
+            .join(names::CLSACT_RECORD)
+    }
+
     pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
         AttachmentPins {
             dir: self
@@ -308,6 +318,10 @@ mod tests {
         assert_eq!(
             root.device_link(&node, "eth0"),
             Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/devices/eth0/link_from_dev")
+        );
+        assert_eq!(
+            root.device_clsact_record(&node, "eth0"),
+            Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/devices/eth0/clsact_created")
         );
         assert_eq!(
             root.attachments_dir(&node),

@@ -231,6 +231,7 @@ pub fn add_pod(
                         hook,
                         host_ifname,
                         &pins.netlink_record(hook),
+                        None,
                     )?;
                 }
             }
@@ -428,6 +429,7 @@ fn sync_devices(
                 Hook::FromDev,
                 &dev.name,
                 &record,
+                Some(&root.device_clsact_record(node, &dev.name)),
             )?;
         }
     }
@@ -455,7 +457,7 @@ fn sync_devices(
             let name = e.file_name().to_string_lossy().into_owned();
             if !devices.iter().any(|d| d.name == name) {
                 if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
-                    links::detach_netlink(Hook::FromDev, &name);
+                    links::detach_device_netlink(&name, &root.device_clsact_record(node, &name));
                 }
                 let _ = links::remove_dir_pins(&dir, &e.path());
             }
@@ -492,14 +494,16 @@ fn attachment_count(attachments: &Path) -> usize {
     attachment_dirs(attachments).len()
 }
 
-/// No pod left: the device links (unpinning detaches them; netlink filters are removed),
-/// programs and maps go.
+/// No pod left: the device links (unpinning detaches them; netlink filters are removed,
+/// with the `clsact` qdiscs ebpf-cni created that hold no other filter), programs and maps
+/// go.
 fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.node_dir(node);
     if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
         for e in entries.flatten() {
             if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
-                links::detach_netlink(Hook::FromDev, &e.file_name().to_string_lossy());
+                let name = e.file_name().to_string_lossy().into_owned();
+                links::detach_device_netlink(&name, &root.device_clsact_record(node, &name));
             }
         }
     }

@@ -5,8 +5,7 @@
 //! mapping, removed with the node).
 
 use std::{
-    fs,
-    io::{self, BufRead},
+    fs, io,
     net::IpAddr,
     os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
@@ -375,37 +374,91 @@ pub fn netns_cookie() -> Result<u64, BpfError> {
     super::kernel::socket_netns_cookie().map_err(|source| BpfError::NetnsCookie { source })
 }
 
-/// The root of the cgroup v2 hierarchy (mounted at `/run/ebpf-cni/cgroup2` if the machine
-/// has no cgroup2 mount).
+/// Where ebpf-cni mounts its own cgroup v2 hierarchy when none is reachable.
+const OWN_CGROUP2: &str = "/run/ebpf-cni/cgroup2";
+
+/// The root of the cgroup v2 hierarchy: the first cgroup2 mount of the hierarchy's root
+/// that is reachable from here and really is cgroup2, else ebpf-cni's own mount at
+/// [`OWN_CGROUP2`]. mountinfo can list a mount that is hidden (e.g. in a mount namespace
+/// with a fresh sysfs over `/sys`, as `ip netns exec` makes): its path then leads to
+/// another filesystem or nowhere, so each candidate is checked before it is used.
 fn cgroup2_root() -> Result<PathBuf, BpfError> {
     let err = |path: &str, source| BpfError::Cgroup {
         path: PathBuf::from(path),
         source,
     };
-    let f = fs::File::open("/proc/self/mountinfo").map_err(|e| err("/proc/self/mountinfo", e))?;
-    for line in io::BufReader::new(f).lines().map_while(Result::ok) {
-        // `id parent maj:min root mountpoint options ... - fstype source superoptions`
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let fields: Vec<&str> = left.split(' ').collect();
-        if right.split(' ').next() == Some("cgroup2") && fields.get(3) == Some(&"/") {
-            if let Some(mp) = fields.get(4) {
-                return Ok(PathBuf::from(mp));
-            }
+    let mountinfo =
+        fs::read_to_string("/proc/self/mountinfo").map_err(|e| err("/proc/self/mountinfo", e))?;
+    let own = Path::new(OWN_CGROUP2);
+    for path in cgroup2_candidates(&mountinfo)
+        .into_iter()
+        .chain([own.to_path_buf()])
+    {
+        if is_cgroup2(&path) {
+            return Ok(path);
         }
+        log::debug!("{} is not a reachable cgroup v2 mount", path.display());
     }
-    let dir = Path::new("/run/ebpf-cni/cgroup2");
-    fs::create_dir_all(dir).map_err(|e| err("/run/ebpf-cni/cgroup2", e))?;
+    fs::create_dir_all(own).map_err(|e| err(OWN_CGROUP2, e))?;
     nix::mount::mount(
         Some("cgroup2"),
-        dir,
+        own,
         Some("cgroup2"),
         nix::mount::MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| err("/run/ebpf-cni/cgroup2", io::Error::from(e)))?;
-    Ok(dir.to_path_buf())
+    .map_err(|e| err(OWN_CGROUP2, io::Error::from(e)))?;
+    Ok(own.to_path_buf())
+}
+
+fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+/// The mount points of the cgroup2 mounts of the hierarchy's root listed in `mountinfo`,
+/// in its order (escapes such as `\040` for a space undone).
+fn cgroup2_candidates(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            // `id parent maj:min root mountpoint options ... - fstype source superoptions`
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split(' ').collect();
+            (right.split(' ').next() == Some("cgroup2") && fields.get(3) == Some(&"/"))
+                .then(|| fields.get(4).map(|mp| unescape_mountinfo(mp)))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134`
+/// backslash).
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| {
+                let v = d.iter().fold(0u16, |v, c| v * 8 + u16::from(c - b'0'));
+                u8::try_from(v).ok()
+            });
+        match octal {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// The sockops program pacing limited pods' TCP sockets, and its attach type.
@@ -494,4 +547,52 @@ pub fn check_sock_links(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
         check_sock_link(&dir.join(name), name)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup2_candidates_in_mountinfo_order() {
+        let mountinfo = "\
+24 1 0:22 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate
+36 35 0:31 / /sys/fs/cgroup/unified rw shared:10 - cgroup2 cgroup2 rw
+37 24 0:30 /kubepods /var/lib/sub rw shared:9 - cgroup2 cgroup2 rw
+38 24 0:32 / /sys/fs/cgroup/systemd rw shared:11 - cgroup cgroup rw,name=systemd
+39 24 0:30 / /run/my\\040cgroup rw shared:9 - cgroup2 cgroup2 rw
+40 24 0:33 / /x rw shared:12 opt:1 - cgroup2 none rw
+";
+        assert_eq!(
+            cgroup2_candidates(mountinfo),
+            [
+                "/sys/fs/cgroup",
+                "/sys/fs/cgroup/unified",
+                "/run/my cgroup",
+                "/x"
+            ]
+            .map(PathBuf::from),
+            "cgroup2 mounts of the hierarchy's root only (not a sub-cgroup, not v1), in order"
+        );
+        assert!(cgroup2_candidates("").is_empty());
+        assert!(cgroup2_candidates("garbage without separator\n").is_empty());
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(
+            unescape_mountinfo(r"/a\040b\011c\134d"),
+            PathBuf::from("/a b\tc\\d")
+        );
+        // Not an escape: left as it is.
+        assert_eq!(unescape_mountinfo(r"/a\9b\04"), PathBuf::from(r"/a\9b\04"));
+        assert_eq!(unescape_mountinfo(r"/a\777"), PathBuf::from(r"/a\777"));
+    }
+
+    #[test]
+    fn a_missing_or_other_filesystem_is_not_cgroup2() {
+        assert!(!is_cgroup2(Path::new("/nonexistent/cgroup")));
+        assert!(!is_cgroup2(Path::new("/proc")));
+    }
 }

@@ -1,4 +1,5 @@
-//! Typed netlink calls (links, addresses, routes) over rtnetlink, one socket per namespace.
+//! Typed netlink calls (links, addresses, routes) over rtnetlink, one socket per namespace;
+//! the node's addresses and `clsact` qdiscs also synchronously (`addrs`, `tc`).
 //!
 //! A socket belongs to the namespace it was created in, so `Netlink::connect_in` enters the
 //! target namespace only for the socket's creation. Every request asks for an ACK; deleting
@@ -21,6 +22,7 @@ use rtnetlink::{
 use crate::netns::{Netns, NetnsError};
 
 pub mod addrs;
+pub mod tc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
