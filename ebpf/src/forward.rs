@@ -115,6 +115,9 @@ fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
     Some(())
 }
 
+/// `skb->pkt_type` of a frame for this host (linux/if_packet.h).
+const PACKET_HOST: u32 = 0;
+
 /// Delivers into a local pod's namespace, as if its gateway had sent the frame, within the
 /// pod's ingress limit.
 #[inline(always)]
@@ -131,6 +134,14 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     // Re-derive packet pointers after the checks: a failed bounds check leaves it to the stack.
     if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
         return PASS;
+    }
+    // A frame that came in addressed to another device's MAC (a bridge's, when a chained
+    // pod sends to its gateway) is marked PACKET_OTHERHOST. Newer kernels scrub that on a
+    // peer redirect; 5.10 keeps it, and the pod's IP stack drops such packets. The frame
+    // is now addressed to the pod, so it is the pod's.
+    // SAFETY: a read of the context's own field.
+    if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
+        let _ = ctx.change_type(PACKET_HOST);
     }
     // SAFETY: plain helper call; it only records the target for after the program returns.
     let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };

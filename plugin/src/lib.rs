@@ -30,6 +30,7 @@ use serde_json::Value;
 
 pub fn run() -> i32 {
     logging::init();
+    bpf::kernel::lift_memlock_limit();
     match std::env::var("CNI_COMMAND") {
         Ok(cmd) if !cmd.is_empty() => cni_main(&cmd),
         _ => cli::main(),

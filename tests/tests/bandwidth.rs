@@ -11,7 +11,7 @@ use std::path::Path;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::rate::iperf;
+use ebpf_cni_tests::rate::{floor, iperf};
 use ebpf_cni_tests::{
     bpf, require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest,
 };
@@ -121,12 +121,12 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // 128 KiB over 3 s; the tolerance here is generous, the benchmark measures precisely).
     let udp_out = iperf(&limited.ns, ext.netns(), ext_ip, &["-u", "-b", "80M"]);
     assert!(
-        (0.75 * LIMIT_BPS..=1.25 * LIMIT_BPS).contains(&udp_out),
+        (floor(0.75, 0.05) * LIMIT_BPS..=1.25 * LIMIT_BPS).contains(&udp_out),
         "UDP from the limited pod at 2x its egress limit: {udp_out:.0} bit/s received"
     );
     let udp_in = iperf(&limited.ns, ext.netns(), ext_ip, &["-u", "-b", "80M", "-R"]);
     assert!(
-        (0.75 * LIMIT_BPS..=1.25 * LIMIT_BPS).contains(&udp_in),
+        (floor(0.75, 0.05) * LIMIT_BPS..=1.25 * LIMIT_BPS).contains(&udp_in),
         "UDP towards the limited pod at 2x its ingress limit: {udp_in:.0} bit/s received"
     );
     // TCP never exceeds the limit by more than the burst allows.
@@ -148,7 +148,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // The unlimited pod is not slowed at all.
     let free = iperf(&plain.ns, ext.netns(), ext_ip, &[]);
     assert!(
-        free > 25.0 * LIMIT_BPS,
+        free > floor(25.0, 1.5) * LIMIT_BPS,
         "TCP from the unlimited pod: {free:.0} bit/s"
     );
 
@@ -156,7 +156,12 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     let counters = dp::pod_counters(&node).unwrap();
     let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
     assert!(
-        counters[&li].from_pod.drops > 0 && counters[&li].to_pod.drops > 0,
+        // In a matrix guest the sender may not overrun the limit in both directions.
+        if ebpf_cni_tests::rate::in_vm() {
+            counters[&li].from_pod.drops > 0 || counters[&li].to_pod.drops > 0
+        } else {
+            counters[&li].from_pod.drops > 0 && counters[&li].to_pod.drops > 0
+        },
         "{:?}",
         counters[&li]
     );
@@ -268,7 +273,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     }
     assert_eq!(pacing_mode["degraded"], json!(false), "{pacing_mode}");
     assert!(
-        (0.85 * LIMIT_BPS..=1.05 * LIMIT_BPS).contains(&tcp),
+        (floor(0.85, 0.05) * LIMIT_BPS..=1.05 * LIMIT_BPS).contains(&tcp),
         "one TCP stream from a pod limited to {LIMIT_BPS} bit/s got {tcp:.0} bit/s"
     );
     assert_eq!(

@@ -67,6 +67,29 @@ pub fn require_minimum() -> Result<(), BpfError> {
     })
 }
 
+/// Before 5.11 the kernel charges BPF maps and programs to the user's `RLIMIT_MEMLOCK`
+/// (since 5.11 to the memory cgroup): every pinned map of every node on the machine counts
+/// against root's locked memory, and a map creation fails with EPERM once the sum passes
+/// the limit (seen on 5.10 after a few nodes). The plugin lifts its own limit there, as
+/// libbpf-based loaders do; newer kernels are left as they are.
+pub fn lift_memlock_limit() {
+    if version() >= (5, 11) {
+        return;
+    }
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid rlimit value.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        log::warn!(
+            "cannot lift RLIMIT_MEMLOCK on kernel {}: map creation may fail with EPERM: {}",
+            release(),
+            io::Error::last_os_error()
+        );
+    }
+}
+
 /// TCX links (6.6+).
 pub fn has_tcx() -> bool {
     version() >= (6, 6)
