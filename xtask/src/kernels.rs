@@ -111,6 +111,14 @@ Pin-Priority: 50
 /// virtme-ng, from PyPI: the version this recipe was verified with.
 const VIRTME_NG: &str = "virtme-ng==1.42";
 
+/// The Python environment virtme-ng is installed in (`~/.cache/ebpf-cni/virtme-ng`): its
+/// own venv, so whichever `python3` comes first on PATH (pyenv's, or Debian's, which
+/// refuses `pip install` into the system) the runner is the same.
+pub fn virtme_python() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache/ebpf-cni/virtme-ng/bin/python"))
+}
+
 /// Installs QEMU, virtme-ng and the three kernels, each only if missing.
 pub fn install() -> Result<String> {
     let mut done = Vec::new();
@@ -152,8 +160,14 @@ pub fn install() -> Result<String> {
         }
         done.extend(packages);
     }
-    if !cmd::succeeds(Command::new("python3").args(["-c", "import virtme_ng"])) {
-        cmd::run(Command::new("python3").args(["-m", "pip", "install", "-q", VIRTME_NG]))?;
+    let python = virtme_python()?;
+    if !cmd::succeeds(Command::new(&python).args(["-c", "import virtme_ng"])) {
+        let venv = python
+            .parent()
+            .and_then(Path::parent)
+            .expect("bin/python lives two levels below the venv");
+        cmd::run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+        cmd::run(Command::new(&python).args(["-m", "pip", "install", "-q", VIRTME_NG]))?;
         done.push(VIRTME_NG.to_string());
     }
     Ok(if done.is_empty() {

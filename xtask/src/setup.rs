@@ -36,6 +36,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
     "busybox-static",
+    // The kernel matrix: virtme-ng lives in a venv of its own (Debian's python3 needs this
+    // package for `python3 -m venv`; QEMU and the kernels are installed by `kernels`).
+    "python3-venv",
 ];
 
 pub fn setup() -> Result<()> {

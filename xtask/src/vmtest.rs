@@ -143,8 +143,8 @@ pub fn run(args: &VmArgs, plugin: &Path) -> Result<()> {
             .with_context(|| format!("--kernel {s}: not one of 5.10, 6.1, 6.12, all"))?],
     };
     let binaries = test_binaries()?;
-    let accel = accelerator(&kernels[0])?;
     let root = build::target_dir()?.join("vmtest");
+    let accel = accelerator(&kernels[0], &root)?;
     // The kernels boot side by side: much of a test's time is waiting (traffic of a fixed
     // duration, polling), so three guests share two cores better than one after another.
     let results: Vec<(Kernel, Result<Tally>)> = std::thread::scope(|s| {
@@ -218,20 +218,30 @@ enum Accel {
 
 /// KVM where a guest really comes up with it; QEMU's TCG otherwise (on these machines
 /// `/dev/kvm` exists but a KVM guest hangs after the boot loader).
-fn accelerator(kernel: &Kernel) -> Result<Accel> {
+fn accelerator(kernel: &Kernel, root: &Path) -> Result<Accel> {
     if !Path::new("/dev/kvm").exists() {
         return Ok(Accel::Tcg);
     }
     let image = installed(kernel)?.image;
+    // The guest leaves a file behind: vng's own exit code is not the command's when the
+    // guest has no virtio-serial channel for it (these kernels).
+    let dir = root.join("kvm-probe");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let marker = dir.join("booted");
     let mut probe = vng();
     probe
         .arg("--run")
         .arg(&image)
-        .args(["--cpus", "1", "--memory", "512M", "--exec", "true"])
+        .args(["--cpus", "1", "--memory", "512M", "--rwdir"])
+        .arg(&dir)
+        .arg("--exec")
+        .arg(format!("touch {}", marker.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let ok = run_with_timeout(&mut probe, KVM_PROBE_TIMEOUT)?.is_some_and(|s| s.success());
+    run_with_timeout(&mut probe, KVM_PROBE_TIMEOUT)?;
+    let ok = marker.is_file();
     let accel = if ok { Accel::Kvm } else { Accel::Tcg };
     eprintln!("vmtest: guests run under {accel:?}");
     Ok(accel)
@@ -246,9 +256,11 @@ fn installed(kernel: &Kernel) -> Result<crate::kernels::Installed> {
     })
 }
 
-/// virtme-ng's runner, through the Python module (its `vng` script may not be on PATH).
+/// virtme-ng's runner, through the Python module in its own venv (see
+/// [`crate::kernels::virtme_python`]).
 fn vng() -> Command {
-    let mut c = Command::new("python3");
+    let python = crate::kernels::virtme_python().unwrap_or_else(|_| "python3".into());
+    let mut c = Command::new(python);
     c.args([
         "-c",
         "import sys; from virtme_ng.run import main; sys.argv[0] = 'vng'; sys.exit(main())",
