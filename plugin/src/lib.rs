@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod gc;
 pub mod ipam;
 pub mod logging;
+pub mod metrics;
 pub mod netlink;
 pub mod netns;
 pub mod portmap;
