@@ -690,3 +690,64 @@ fn log_file_and_level_from_the_config() {
     let env_text = std::fs::read_to_string(&env_log).unwrap_or_default();
     assert!(!env_text.contains("DEBUG"), "{env_text}");
 }
+
+/// Issue 18: reading every map of a node of many pods must stay fast (target: 1,000 pods in
+/// under 100 ms). A measurement, not a check of this machine's speed: it prints the time of
+/// `metrics` with `EBPF_CNI_METRICS_PODS` pods (default 1,000), each with a host port and
+/// half with limits, and asserts only that every pod is in the exposition. Run by hand:
+/// `cargo test -p ebpf-cni-tests --test metrics -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement of a minute or two; run by hand"]
+fn read_time_with_many_pods() {
+    require_root();
+    let n: usize = std::env::var("EBPF_CNI_METRICS_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut conf =
+        ebpf_cni_tests::config::with_v4_subnet(p.conf("1.0.0", &node, Stack::V4), "10.64.0.0/16");
+    conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
+    let l = NetConfList::single(&conf);
+    let mut atts = Vec::new();
+    let mut namespaces = Vec::new();
+    for i in 0..n {
+        let ns = node.new_pod().unwrap();
+        let mut att = Attachment::new(&unique_container_id(), ns.path(), "eth0").with_capability(
+            "portMappings",
+            json!([{"hostPort": 10_000 + i, "containerPort": 80, "protocol": "tcp"}]),
+        );
+        if i % 2 == 0 {
+            att = att.with_capability(
+                "bandwidth",
+                json!({"ingressRate": RATE_BPS, "ingressBurst": BURST_BITS,
+                       "egressRate": RATE_BPS, "egressBurst": BURST_BITS}),
+            );
+        }
+        let result = p
+            .runtime
+            .add(&node, &l, &att)
+            .unwrap_or_else(|e| panic!("ADD {i}: {e}"));
+        atts.push((att, result));
+        namespaces.push(ns);
+    }
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        let text = metrics(&p.bin, &node, &[]);
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+        let scrape = parse(&text);
+        assert_eq!(one(&scrape, "ebpf_cni_attachments", &[]), n as f64);
+        let read = one(&scrape, "ebpf_cni_metrics_read_seconds", &[]) * 1e3;
+        eprintln!("{n} pods: metrics read the maps in {read:.1} ms");
+    }
+    times.sort_by(f64::total_cmp);
+    eprintln!(
+        "{n} pods: whole `ebpf-cni metrics` process {:.1} ms median (min {:.1}, max {:.1})",
+        times[2], times[0], times[4]
+    );
+    for (att, result) in &atts {
+        p.runtime.del(&node, &l, att, Some(result)).unwrap();
+    }
+}
