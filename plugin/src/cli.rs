@@ -141,6 +141,12 @@ fn metrics(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let node = node_of(netns)?;
     if let Some(addr) = listen {
+        // A scraper that goes away mid-answer must cost one failed write, not the server
+        // (main() set SIGPIPE to its default, which ends the process).
+        // SAFETY: changing a signal's disposition before any connection thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         let scrape = move || exposition(&node).map_err(|e| chain(&e));
         crate::metrics::http::serve(addr, std::sync::Arc::new(scrape), |bound| {
             eprintln!("serving the metrics of {node} at http://{bound}/metrics");

@@ -121,7 +121,7 @@ pub fn render(r: &NodeReport, read_seconds: f64) -> String {
         ),
         (
             "ebpf_cni_pod_errors_total",
-            "Packets of the pod the dataplane failed to handle (redirect or rewrite failed), by direction.",
+            "Packets of the pod whose redirect or FIB lookup failed in the kernel helper, by direction.",
             |c| c.errors,
         ),
         (
