@@ -426,6 +426,26 @@ fn raw(addr: SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// SO_LINGER 0: closing sends a reset instead of a FIN.
+fn reset_on_close(c: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live `linger` of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}
+
 fn status(response: &str) -> Option<u16> {
     let line = response.lines().next()?;
     let mut it = line.split(' ');
@@ -520,6 +540,15 @@ fn listen_serves_scrapes_and_survives_garbage() {
             ),
         }
     }
+    // Clients that reset the connection before the answer is written: the write fails
+    // (EPIPE), which must not end the server (as SIGPIPE would).
+    for _ in 0..5 {
+        let c = TcpStream::connect_timeout(&server.addr, Duration::from_secs(5)).unwrap();
+        (&c).write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        reset_on_close(&c);
+        drop(c);
+    }
+    std::thread::sleep(Duration::from_millis(500));
     // HEAD: the head of a 200, no body.
     let head = raw(server.addr, b"HEAD /metrics HTTP/1.1\r\n\r\n");
     assert_eq!(status(&head), Some(200), "{head}");
@@ -689,6 +718,47 @@ fn log_file_and_level_from_the_config() {
     assert_eq!(std::fs::read_to_string(&log).unwrap(), before);
     let env_text = std::fs::read_to_string(&env_log).unwrap_or_default();
     assert!(!env_text.contains("DEBUG"), "{env_text}");
+}
+
+/// Chained mode (after Debian's `bridge`): `logLevel`/`logFile` in ebpf-cni's entry are
+/// accepted and steer its log, as in a plain configuration.
+#[test]
+fn log_file_from_a_chained_config() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("chained.log");
+    let mut bridge = p.conf("1.0.0", &node, Stack::V4);
+    bridge["type"] = json!("bridge");
+    bridge["bridge"] = json!("cni-mlog0");
+    bridge["isGateway"] = json!(true);
+    let ebpf = json!({
+        "type": p.plugin_type,
+        "capabilities": {"portMappings": true},
+        "logLevel": "debug",
+        "logFile": log.to_string_lossy(),
+    });
+    let l = NetConfList::chain(&bridge, vec![ebpf]);
+    let netns = node.new_pod().unwrap();
+    let cid = unique_container_id();
+    let att = Attachment::new(&cid, netns.path(), "eth0").with_capability(
+        "portMappings",
+        json!([{"hostPort": 9292, "containerPort": 80, "protocol": "tcp"}]),
+    );
+    let result = p
+        .runtime
+        .add(&node, &l, &att)
+        .unwrap_or_else(|e| panic!("chained ADD: {e}"));
+    p.runtime.del(&node, &l, &att, Some(&result)).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" DEBUG ADD ") && l.contains(&cid)),
+        "no debug line of the chained ADD:\n{text}"
+    );
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
 }
 
 /// Issue 18: reading every map of a node of many pods must stay fast (target: 1,000 pods in
