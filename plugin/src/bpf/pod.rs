@@ -642,13 +642,27 @@ pub struct GatewayReport {
     pub users: Vec<String>,
 }
 
-fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
+/// Program names by id: every pod runs the same few programs, so each name costs its
+/// syscalls once per `inspect`, not once per link.
+#[derive(Default)]
+struct ProgNames(std::collections::HashMap<u32, String>);
+
+impl ProgNames {
+    fn get(&mut self, id: u32) -> String {
+        self.0
+            .entry(id)
+            .or_insert_with(|| super::sys::prog_name(id).unwrap_or_default())
+            .clone()
+    }
+}
+
+fn link_report(names: &mut ProgNames, hook: Hook, path: &Path) -> Option<LinkReport> {
     let info = links::describe(path).ok()?;
     Some(LinkReport {
         hook: hook.label(),
         mode: "tcx",
         attached: info.ifindex != 0,
-        program: super::sys::prog_name(info.prog_id).unwrap_or_default(),
+        program: names.get(info.prog_id),
         program_id: info.prog_id,
         link_id: info.id,
         ifindex: info.ifindex,
@@ -657,14 +671,19 @@ fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
 
 /// A netlink filter's record (the pinned program) as a report; `attached` stays false
 /// until the caller has seen the filter on `ifindex`.
-fn netlink_report(hook: Hook, record: &Path, ifindex: Option<u32>) -> Option<LinkReport> {
+fn netlink_report(
+    names: &mut ProgNames,
+    hook: Hook,
+    record: &Path,
+    ifindex: Option<u32>,
+) -> Option<LinkReport> {
     let fd = super::sys::obj_get(record).ok()?;
     let program_id = super::sys::prog_id(fd.as_fd()).ok()?;
     Some(LinkReport {
         hook: hook.label(),
         mode: "netlink",
         attached: false,
-        program: super::sys::prog_name(program_id).unwrap_or_default(),
+        program: names.get(program_id),
         program_id,
         link_id: 0,
         ifindex: ifindex.unwrap_or(0),
@@ -707,11 +726,18 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         v.sort();
         v
     };
+    let mut prog_names = ProgNames::default();
     let devices = list(&root.devices_dir(node))
         .into_iter()
         .map(|name| {
-            let link = link_report(Hook::FromDev, &root.device_link(node, &name)).or_else(|| {
+            let link = link_report(
+                &mut prog_names,
+                Hook::FromDev,
+                &root.device_link(node, &name),
+            )
+            .or_else(|| {
                 netlink_report(
+                    &mut prog_names,
                     Hook::FromDev,
                     &root.device_netlink_record(node, &name),
                     None,
@@ -741,7 +767,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         let pins = root.attachment(node, &key);
         let mut links: Vec<LinkReport> = Hook::ANY_POD
             .iter()
-            .filter_map(|h| link_report(*h, &pins.link(*h)))
+            .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h)))
             .collect();
         let mut entries = by_attachment.remove(&key.id()).unwrap_or_default();
         entries.sort_by_key(|(ip, _)| *ip);
@@ -749,11 +775,9 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             .first()
             .map(|(_, e)| e.host_ifindex)
             .or_else(|| links.first().map(|l| l.ifindex));
-        links.extend(
-            Hook::ANY_POD
-                .iter()
-                .filter_map(|h| netlink_report(*h, &pins.netlink_record(*h), host_ifindex)),
-        );
+        links.extend(Hook::ANY_POD.iter().filter_map(|h| {
+            netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
+        }));
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {
