@@ -38,6 +38,21 @@ pub const CONFIG_MAP: &str = "ECNI_CONFIG";
 /// cookie (`u64`) → [`Pacing`]. The sockops program caps each TCP socket of such a pod at
 /// the rate, so TCP sends at the limit instead of bouncing off the policer.
 pub const PACING_MAP: &str = "ECNI_PACING";
+/// Every node-wide map, pinned under the node's `maps/` directory: the load pins these and
+/// `inspect`/`metrics` report each one's use against its size.
+pub const NODE_MAPS: [&str; 11] = [
+    ENDPOINTS_MAP,
+    POD_COUNTERS_MAP,
+    TRACE_MAP,
+    RATE_LIMITS_MAP,
+    PORTMAP_MAP,
+    PORTMAP_HITS_MAP,
+    NAT_REV_MAP,
+    SOCK_REV_MAP,
+    NODE_ADDRS_MAP,
+    CONFIG_MAP,
+    PACING_MAP,
+];
 /// Sockops program (cgroup v2 root) setting `SO_MAX_PACING_RATE` on limited pods' sockets.
 pub const PROG_SOCKOPS: &str = "ecni_sockops";
 /// Capacity of [`PORTMAP_MAP`] and [`PORTMAP_HITS_MAP`].

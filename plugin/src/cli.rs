@@ -49,6 +49,21 @@ enum Cmd {
         #[arg(long, value_name = "PATH")]
         netns: Option<PathBuf>,
     },
+    /// Print the node's counters and gauges in the Prometheus text format; or write them
+    /// atomically to a file (node_exporter's textfile collector); or serve them at
+    /// /metrics over HTTP, read anew for each scrape.
+    Metrics {
+        /// Read the node whose network namespace this is (default: the current one). The
+        /// HTTP listener stays in the namespace the command runs in.
+        #[arg(long, value_name = "PATH")]
+        netns: Option<PathBuf>,
+        /// Write to this file (a temporary file beside it, then renamed over it).
+        #[arg(long, value_name = "FILE", conflicts_with = "listen")]
+        output: Option<PathBuf>,
+        /// Serve GET /metrics on this address in the foreground.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<std::net::SocketAddr>,
+    },
 }
 
 pub fn main() -> i32 {
@@ -88,7 +103,62 @@ pub fn main() -> i32 {
                 1
             }
         },
+        Cmd::Metrics {
+            netns,
+            output,
+            listen,
+        } => match metrics(netns, output, listen) {
+            Ok(()) => 0,
+            Err(e) => {
+                // The cause (e.g. "Address already in use") follows the context that names
+                // the address or file: our errors never repeat their source.
+                eprintln!("ebpf-cni metrics: {}", chain(e.as_ref()));
+                1
+            }
+        },
     }
+}
+
+/// An error with its causes, one after the other.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::once(e.to_string())
+        .chain(crate::cni::error::source_lines(e))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// One exposition of `node`, read from its pins now.
+fn exposition(node: &NodeId) -> Result<String, bpf::BpfError> {
+    let t = std::time::Instant::now();
+    let report = bpf::inspect(node)?;
+    Ok(crate::metrics::render(&report, t.elapsed().as_secs_f64()))
+}
+
+fn metrics(
+    netns: Option<PathBuf>,
+    output: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let node = node_of(netns)?;
+    if let Some(addr) = listen {
+        // A scraper that goes away mid-answer must cost one failed write, not the server
+        // (main() set SIGPIPE to its default, which ends the process).
+        // SAFETY: changing a signal's disposition before any connection thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+        let scrape = move || exposition(&node).map_err(|e| chain(&e));
+        crate::metrics::http::serve(addr, std::sync::Arc::new(scrape), |bound| {
+            eprintln!("serving the metrics of {node} at http://{bound}/metrics");
+        })?;
+        return Ok(());
+    }
+    let text = exposition(&node)?;
+    match output {
+        Some(path) => crate::metrics::output::write_atomically(&path, &text)?,
+        None => print!("{text}"),
+    }
+    Ok(())
 }
 
 fn node_of(netns: Option<PathBuf>) -> Result<NodeId, Box<dyn std::error::Error>> {

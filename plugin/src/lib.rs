@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod gc;
 pub mod ipam;
 pub mod logging;
+pub mod metrics;
 pub mod netlink;
 pub mod netns;
 pub mod portmap;
@@ -40,7 +41,10 @@ pub fn run() -> i32 {
 fn cni_main(command: &str) -> i32 {
     let mut stdin = Vec::new();
     let outcome = match std::io::stdin().read_to_end(&mut stdin) {
-        Ok(_) => execute(command, &stdin),
+        Ok(_) => {
+            logging::configure_from_config(&stdin);
+            execute(command, &stdin)
+        }
         Err(e) => Err(CniError::new(
             code::IO_FAILURE,
             "failed to read the network configuration from stdin",

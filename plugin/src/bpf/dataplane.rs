@@ -15,9 +15,8 @@ use aya::{
     EbpfLoader,
 };
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, CONFIG_MAP, ENDPOINTS_MAP,
-    EP_FLAGS_NONE, NAT_REV_MAP, NODE_ADDRS_MAP, PACING_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP,
-    PORTMAP_MAP, PROG_SOCKOPS, RATE_LIMITS_MAP, SOCK_REV_MAP, TRACE_MAP,
+    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ENDPOINTS_MAP, EP_FLAGS_NONE,
+    PACING_MAP, POD_COUNTERS_MAP, PROG_SOCKOPS, RATE_LIMITS_MAP,
 };
 
 use super::{
@@ -187,29 +186,16 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         .expect("maps live in a directory")
         .to_path_buf();
     create_dir_all_racy(&maps_dir)?;
-    let (ep_path, cnt_path) = (
-        root.map(node, ENDPOINTS_MAP),
-        root.map(node, POD_COUNTERS_MAP),
-    );
     // No target BTF: the programs use no CO-RE relocations, and parsing the kernel's BTF
     // would cost the load about 25 ms for nothing.
-    let mut ebpf = EbpfLoader::new()
-        .btf(None)
-        .map_pin_path(ENDPOINTS_MAP, &ep_path)
-        .map_pin_path(POD_COUNTERS_MAP, &cnt_path)
-        .map_pin_path(TRACE_MAP, root.map(node, TRACE_MAP))
-        .map_pin_path(RATE_LIMITS_MAP, root.map(node, RATE_LIMITS_MAP))
-        .map_pin_path(PORTMAP_MAP, root.map(node, PORTMAP_MAP))
-        .map_pin_path(PORTMAP_HITS_MAP, root.map(node, PORTMAP_HITS_MAP))
-        .map_pin_path(NAT_REV_MAP, root.map(node, NAT_REV_MAP))
-        .map_pin_path(SOCK_REV_MAP, root.map(node, SOCK_REV_MAP))
-        .map_pin_path(NODE_ADDRS_MAP, root.map(node, NODE_ADDRS_MAP))
-        .map_pin_path(CONFIG_MAP, root.map(node, CONFIG_MAP))
-        .map_pin_path(PACING_MAP, root.map(node, PACING_MAP))
-        .load(PROGRAMS)
-        .map_err(|source| BpfError::Load {
-            source: Box::new(source),
-        })?;
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    for name in ebpf_cni_maps::NODE_MAPS {
+        loader.map_pin_path(name, root.map(node, name));
+    }
+    let mut ebpf = loader.load(PROGRAMS).map_err(|source| BpfError::Load {
+        source: Box::new(source),
+    })?;
     let dir = root.programs_dir(node).join(rev);
     create_dir_all_racy(&dir)?;
     macro_rules! load_and_pin_as {
@@ -389,6 +375,33 @@ impl Maps {
             .collect()
     }
 
+    /// Every entry, grouped by attachment: one walk of the map for a whole node, where
+    /// [`Maps::entries_of`] per pod would walk it once per pod.
+    pub fn entries_by_attachment(
+        &self,
+    ) -> std::collections::HashMap<u64, Vec<(IpAddr, EndpointInfo)>> {
+        let mut out: std::collections::HashMap<u64, Vec<_>> = std::collections::HashMap::new();
+        for (k, v) in self.endpoints.iter().filter_map(Result::ok) {
+            out.entry(v.attachment_id)
+                .or_default()
+                .push((key_ip(&k), v));
+        }
+        out
+    }
+
+    /// Pacing rate (bytes/s) by attachment, in one walk of the pacing map.
+    pub fn pacing_by_attachment(&self) -> std::collections::HashMap<u64, u32> {
+        self.pacing
+            .as_ref()
+            .map(|m| {
+                m.iter()
+                    .filter_map(Result::ok)
+                    .map(|(_, v)| (v.attachment_id, v.rate_bytes))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn endpoint_count(&self) -> usize {
         self.endpoints.keys().filter_map(Result::ok).count()
     }
@@ -478,16 +491,6 @@ impl Maps {
             }
         }
         Ok(())
-    }
-
-    /// The pacing rate of the attachment's pod (bytes/s), if it has one.
-    pub fn pacing_of(&self, attachment_id: u64) -> Option<u32> {
-        self.pacing
-            .as_ref()?
-            .iter()
-            .filter_map(Result::ok)
-            .find(|(_, v)| v.attachment_id == attachment_id)
-            .map(|(_, v)| v.rate_bytes)
     }
 
     /// CHECK: the pod's namespace has exactly the expected pacing (or none).

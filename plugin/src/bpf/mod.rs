@@ -48,7 +48,8 @@ pub use error::{BpfError, RemoveFailure};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, AttachmentReport,
-    Counts, DeviceReport, LimitReport, LinkReport, NodeReport, PodSpec, PortMappingReport,
+    Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport, NodeReport, PodSpec,
+    PortMappingReport,
 };
 pub use ports::netns_cookie_of;
 pub use survey::{network_attachments, readiness, Unready};

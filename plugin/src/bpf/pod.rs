@@ -588,6 +588,13 @@ pub struct PortMappingReport {
     /// `0.0.0.0:8080/tcp` (`0.0.0.0` / `[::]`: every node address of the family).
     pub host: String,
     pub pod: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: &'static str,
+    /// The host address (`0.0.0.0` / `::`: every node address of the family).
+    pub host_ip: IpAddr,
+    pub host_port: u16,
+    pub pod_address: IpAddr,
+    pub pod_port: u16,
     pub host_ifindex: u32,
     /// `<network>/<container id>/<ifname>` when the attachment is known.
     pub attachment: Option<String>,
@@ -596,6 +603,15 @@ pub struct PortMappingReport {
     pub bytes: u64,
     /// Connections and datagrams of the node's own processes translated at the socket.
     pub socket: u64,
+}
+
+/// How full one node map is. Arrays count as full; LRU maps fill up by design and then
+/// evict their oldest entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapUsageReport {
+    pub name: &'static str,
+    pub entries: u32,
+    pub max_entries: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -607,6 +623,8 @@ pub struct NodeReport {
     pub pin_dir: String,
     pub revisions: Vec<String>,
     pub endpoints: usize,
+    /// Each pinned node map's use against its size (absent maps are left out).
+    pub maps: Vec<MapUsageReport>,
     pub devices: Vec<DeviceReport>,
     pub attachments: Vec<AttachmentReport>,
     /// Addresses wildcard host ports answer on.
@@ -624,13 +642,27 @@ pub struct GatewayReport {
     pub users: Vec<String>,
 }
 
-fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
+/// Program names by id: every pod runs the same few programs, so each name costs its
+/// syscalls once per `inspect`, not once per link.
+#[derive(Default)]
+struct ProgNames(std::collections::HashMap<u32, String>);
+
+impl ProgNames {
+    fn get(&mut self, id: u32) -> String {
+        self.0
+            .entry(id)
+            .or_insert_with(|| super::sys::prog_name(id).unwrap_or_default())
+            .clone()
+    }
+}
+
+fn link_report(names: &mut ProgNames, hook: Hook, path: &Path) -> Option<LinkReport> {
     let info = links::describe(path).ok()?;
     Some(LinkReport {
         hook: hook.label(),
         mode: "tcx",
         attached: info.ifindex != 0,
-        program: super::sys::prog_name(info.prog_id).unwrap_or_default(),
+        program: names.get(info.prog_id),
         program_id: info.prog_id,
         link_id: info.id,
         ifindex: info.ifindex,
@@ -639,18 +671,44 @@ fn link_report(hook: Hook, path: &Path) -> Option<LinkReport> {
 
 /// A netlink filter's record (the pinned program) as a report; `attached` stays false
 /// until the caller has seen the filter on `ifindex`.
-fn netlink_report(hook: Hook, record: &Path, ifindex: Option<u32>) -> Option<LinkReport> {
+fn netlink_report(
+    names: &mut ProgNames,
+    hook: Hook,
+    record: &Path,
+    ifindex: Option<u32>,
+) -> Option<LinkReport> {
     let fd = super::sys::obj_get(record).ok()?;
     let program_id = super::sys::prog_id(fd.as_fd()).ok()?;
     Some(LinkReport {
         hook: hook.label(),
         mode: "netlink",
         attached: false,
-        program: super::sys::prog_name(program_id).unwrap_or_default(),
+        program: names.get(program_id),
         program_id,
         link_id: 0,
         ifindex: ifindex.unwrap_or(0),
     })
+}
+
+/// Use against size of each node map that is pinned.
+fn map_usage(root: &PinRoot, node: &NodeId) -> Vec<MapUsageReport> {
+    ebpf_cni_maps::NODE_MAPS
+        .into_iter()
+        .filter_map(|name| {
+            let fd = super::sys::obj_get(&root.map(node, name)).ok()?;
+            match super::sys::map_usage(fd.as_fd()) {
+                Ok((entries, max_entries)) => Some(MapUsageReport {
+                    name,
+                    entries,
+                    max_entries,
+                }),
+                Err(e) => {
+                    log::warn!("reading the use of map {name}: {e}");
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 /// Everything this node has pinned, with the kernel's view of each link and the counters.
@@ -668,11 +726,18 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         v.sort();
         v
     };
+    let mut prog_names = ProgNames::default();
     let devices = list(&root.devices_dir(node))
         .into_iter()
         .map(|name| {
-            let link = link_report(Hook::FromDev, &root.device_link(node, &name)).or_else(|| {
+            let link = link_report(
+                &mut prog_names,
+                Hook::FromDev,
+                &root.device_link(node, &name),
+            )
+            .or_else(|| {
                 netlink_report(
+                    &mut prog_names,
                     Hook::FromDev,
                     &root.device_netlink_record(node, &name),
                     None,
@@ -683,6 +748,15 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         .collect();
     let mut attachments = Vec::new();
     let mut names = std::collections::HashMap::new();
+    // One walk of each map for the whole node: per-pod walks cost O(pods²) syscalls.
+    let mut by_attachment = maps
+        .as_ref()
+        .map(Maps::entries_by_attachment)
+        .unwrap_or_default();
+    let pacing = maps
+        .as_ref()
+        .map(Maps::pacing_by_attachment)
+        .unwrap_or_default();
     for (network, container_id, ifname) in attachment_dirs(&root.attachments_dir(node)) {
         let key = AttachmentKey {
             network: &network,
@@ -693,21 +767,17 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         let pins = root.attachment(node, &key);
         let mut links: Vec<LinkReport> = Hook::ANY_POD
             .iter()
-            .filter_map(|h| link_report(*h, &pins.link(*h)))
+            .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h)))
             .collect();
-        let entries = maps
-            .as_ref()
-            .map(|m| m.entries_of(key.id()))
-            .unwrap_or_default();
+        let mut entries = by_attachment.remove(&key.id()).unwrap_or_default();
+        entries.sort_by_key(|(ip, _)| *ip);
         let host_ifindex = entries
             .first()
             .map(|(_, e)| e.host_ifindex)
             .or_else(|| links.first().map(|l| l.ifindex));
-        links.extend(
-            Hook::ANY_POD
-                .iter()
-                .filter_map(|h| netlink_report(*h, &pins.netlink_record(*h), host_ifindex)),
-        );
+        links.extend(Hook::ANY_POD.iter().filter_map(|h| {
+            netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
+        }));
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {
@@ -724,7 +794,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
-            tcp_pacing_bytes: maps.as_ref().and_then(|m| m.pacing_of(key.id())),
+            tcp_pacing_bytes: pacing.get(&key.id()).copied(),
             network,
             container_id,
             ifname,
@@ -738,8 +808,20 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             let pod = super::dataplane::key_ip(&ebpf_cni_maps::EndpointKey {
                 addr: m.target.pod_addr,
             });
+            let host_ip = match m.key.addr {
+                a if a == ebpf_cni_maps::PortKey::WILDCARD_V6 => {
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                }
+                addr => super::dataplane::key_ip(&ebpf_cni_maps::EndpointKey { addr }),
+            };
             port_mappings.push(PortMappingReport {
                 host: ports::describe_key(&m.key),
+                protocol: crate::portmap::Protocol::from_number(m.key.proto)
+                    .map_or("unknown", crate::portmap::Protocol::as_str),
+                host_ip,
+                host_port: m.key.port,
+                pod_address: pod,
+                pod_port: m.target.pod_port,
                 pod: if pod.is_ipv6() {
                     format!("[{pod}]:{}", m.target.pod_port)
                 } else {
@@ -760,6 +842,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         pin_dir: root.node_dir(node).display().to_string(),
         revisions: list(&root.programs_dir(node)),
         endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
+        maps: map_usage(&root, node),
         devices,
         attachments,
         node_addresses,

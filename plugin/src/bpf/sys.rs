@@ -373,3 +373,58 @@ pub(crate) fn array_map_set<T: Copy>(fd: BorrowedFd<'_>, index: u32, value: &T) 
     // of the sizes the map was created with (the caller's contract for `T`).
     unsafe { sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
 }
+
+const BPF_MAP_GET_NEXT_KEY: libc::c_int = 4;
+/// `enum bpf_map_type` (with [`BPF_MAP_TYPE_ARRAY`]): arrays hold every index from
+/// creation on.
+const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+
+#[repr(C)]
+struct MapNextKeyAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    next_key: u64,
+}
+
+/// How full the map behind `fd` is: `(entries, max_entries)`. The kernel keeps no count a
+/// user can read for hash maps, so their keys are walked (`BPF_MAP_GET_NEXT_KEY`, one call
+/// per entry, no values copied); an array counts as full.
+pub(crate) fn map_usage(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
+    let mut raw = RawMapInfo::default();
+    // SAFETY: `RawMapInfo` is a prefix of `bpf_map_info`, integers only.
+    unsafe { obj_info(fd, &mut raw) }?;
+    if matches!(raw.map_type, BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY) {
+        return Ok((raw.max_entries, raw.max_entries));
+    }
+    let size = raw.key_size as usize;
+    let (mut key, mut next) = (vec![0u8; size], vec![0u8; size]);
+    let mut count = 0u32;
+    let mut first = true;
+    loop {
+        let mut attr = MapNextKeyAttr {
+            map_fd: fd.as_raw_fd() as u32,
+            _pad: 0,
+            // A null key asks for the first one.
+            key: if first { 0 } else { key.as_ptr() as u64 },
+            next_key: next.as_mut_ptr() as u64,
+        };
+        // SAFETY: `attr` is the BPF_MAP_*_ELEM prefix; both buffers are `key_size` bytes and
+        // outlive the call.
+        match unsafe { sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) } {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                return Ok((count, raw.max_entries))
+            }
+            Err(e) => return Err(e),
+        }
+        count += 1;
+        first = false;
+        std::mem::swap(&mut key, &mut next);
+        if count > raw.max_entries {
+            // Entries deleted while we walk can restart the walk at the first key: a
+            // concurrent churn never makes this loop forever.
+            return Ok((raw.max_entries, raw.max_entries));
+        }
+    }
+}
