@@ -28,6 +28,8 @@ pub const LINK_TO_POD: &str = "link_to_pod";
 pub const LINK_FROM_DEV: &str = "link_from_dev";
 /// A node device's record in netlink mode: the device program, pinned.
 pub const NETLINK_FROM_DEV: &str = "netlink_from_dev";
+/// A chained pod's record of its ingress filter in netlink mode.
+pub const NETLINK_FROM_CHAIN: &str = "netlink_from_chain";
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
 pub const LINK_FROM_CHAIN: &str = "link_from_chain";
 

@@ -258,9 +258,14 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
     p.runtime
         .check(&node, &l, &a.att, &a.result)
         .unwrap_or_else(|e| panic!("CHECK of the chain: {e}"));
+    // The link's pin, or on a kernel without TCX the filter's record.
     let pin = node
         .attachment_pin_dir(&l.name, &a.att.container_id, "eth0")
-        .join(dp::LINK_FROM_CHAIN);
+        .join(if ebpf_cni_tests::bpf::kernel_has_tcx() {
+            dp::LINK_FROM_CHAIN
+        } else {
+            dp::NETLINK_FROM_CHAIN
+        });
     assert!(pin.exists(), "{}", pin.display());
     std::fs::remove_file(&pin).unwrap();
     let err = p
