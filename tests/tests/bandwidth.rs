@@ -281,10 +281,12 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
         .unwrap_or_else(|| panic!("inspect names the pacing mode: {report:#}"));
     if !bpf::kernel_paces_tcp() {
         // Before 5.15 the kernel refuses the pacing program: the policer alone holds the
-        // limit (TCP backs off below it), inspect says so, and nothing is paced.
+        // limit (TCP backs off below it), inspect says so, and nothing is paced. The bucket
+        // lets its burst (128 KiB) through on top of the rate: 9% of 4 Mbit/s over the 3 s
+        // of a matrix guest's measurement, as in the policed checks above.
         assert!(
-            tcp <= 1.05 * limit_bps(),
-            "policed TCP above the limit: {tcp:.0}"
+            tcp <= 1.3 * limit_bps(),
+            "policed TCP above the limit and its burst: {tcp:.0}"
         );
         assert_eq!(pacing_mode["degraded"], json!(true), "{pacing_mode}");
         assert_eq!(a["tcp_pacing_bytes"], Value::Null, "{a}");
