@@ -1,5 +1,6 @@
 //! Forwarding decisions. A packet is either delivered into a local pod
-//! (`bpf_redirect_peer`), forwarded by the FIB's answer (`bpf_redirect_neigh`), or handed to
+//! (`bpf_redirect_peer`; through its host veth's egress and `fq` with `bpf_redirect` when
+//! traffic towards it is paced), forwarded by the FIB's answer (`bpf_redirect_neigh`), or handed to
 //! the stack unchanged (`TCX_NEXT`), which is also what happens to anything malformed,
 //! unusual or out of reach of these programs.
 
@@ -19,7 +20,7 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED};
 use aya_log_ebpf::debug;
 
 use crate::{
-    limit::{police, Verdict, Way},
+    limit::{pace, paced, police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
     nat::{self, Nat},
     packet::{
@@ -119,10 +120,22 @@ fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
 const PACKET_HOST: u32 = 0;
 
 /// Delivers into a local pod's namespace, as if its gateway had sent the frame, within the
-/// pod's ingress limit.
+/// pod's ingress limit: straight in, or, when traffic towards it is paced, through its host
+/// veth's egress, where `to_pod` stamps and counts the packet and the veth's `fq` holds it.
 #[inline(always)]
 fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     let len = ctx.len();
+    if paced(ep.host_ifindex) {
+        if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
+            return PASS;
+        }
+        // SAFETY: plain helper call; egress of the pod's host veth.
+        let rc = unsafe { bpf_redirect(ep.host_ifindex, 0) };
+        if rc == TC_ACT_SHOT {
+            count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
+        }
+        return rc as i32;
+    }
     match police(ctx, ep.host_ifindex, Way::Ingress) {
         Verdict::Drop => {
             count(ep.host_ifindex, Dir::ToPod, Event::Drop, len);
@@ -271,12 +284,13 @@ fn answer_arp(ctx: &TcContext, me: u32) -> Option<i32> {
     Some(unsafe { bpf_redirect(me, 0) } as i32)
 }
 
-/// Host veth egress: what the stack sends into the pod (redirected packets never come this
-/// way): counted, and held to the pod's ingress limit.
+/// Host veth egress: what the stack sends into the pod, and what `deliver` sends to a paced
+/// pod (packets redirected into the pod never come this way): counted, and held to the
+/// pod's ingress limit.
 #[inline(always)]
 pub fn to_pod(ctx: &TcContext) -> i32 {
     let (me, len) = (ifindex(ctx), ctx.len());
-    match police(ctx, me, Way::Ingress) {
+    match pace(ctx, me) {
         Verdict::Drop => {
             count(me, Dir::ToPod, Event::Drop, len);
             return TC_ACT_SHOT as i32;

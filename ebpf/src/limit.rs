@@ -1,14 +1,22 @@
-//! Per-pod rate limits: a token bucket per pod and direction, checked by the program that
-//! sees the packet (the pod's host veth ingress for egress; the delivering program or the
-//! host veth egress for ingress, since `bpf_redirect_peer` skips the latter).
+//! Per-pod rate limits, checked by the program that sees the packet: the pod's host veth
+//! ingress for egress (from the pod); for ingress (towards the pod) the delivering program
+//! or the host veth egress, since `bpf_redirect_peer` skips the latter.
 //!
-//! This kernel has no `sch_fq`, so there is no queue to pace into (EDT): the bucket polices.
-//! Packets beyond the burst are dropped; while the bucket runs low, ECN-capable packets are
-//! marked CE first, so ECN-aware TCP slows down before it loses packets. Updates from two
-//! CPUs may race; the error is a few packets' worth of tokens, not a leak.
+//! Two ways to hold a limit (`Bucket::mode`):
+//! - Police: a token bucket drops what exceeds rate and burst; while it runs low,
+//!   ECN-capable packets are marked CE first, so ECN-aware TCP slows down before it loses
+//!   packets. Egress limits, and ingress limits where the kernel has no `sch_fq`.
+//! - Pace (EDT): towards a pod whose host veth has an `fq` qdisc, every packet goes through
+//!   that veth's egress, where `pace` gives it a departure time (`skb->tstamp`) that keeps
+//!   the pod's traffic at the rate; fq releases it then. A sender that is not ours (a host
+//!   behind the node, another pod) sees delay instead of loss, as behind a real link of that
+//!   rate, and gets the rate. Packets beyond the horizon are dropped, bounding the queue.
+//!
+//! Updates from two CPUs may race; the error is a few packets' worth of tokens or time, not
+//! a leak.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_cni_maps::Bucket;
+use ebpf_cni_maps::{edt_horizon_ns, Bucket, LIMIT_EDT};
 
 use crate::{
     maps::ECNI_RATES,
@@ -32,12 +40,10 @@ pub enum Way {
 
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 
-/// Applies the limit of the pod behind host veth `ifindex` in direction `way`.
+/// The limit of the pod behind host veth `ifindex` in direction `way`, if it has one.
 #[inline(always)]
-pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
-    let Some(limit) = ECNI_RATES.get_ptr_mut(&ifindex) else {
-        return Verdict::Pass;
-    };
+fn bucket(ifindex: u32, way: Way) -> Option<&'static mut Bucket> {
+    let limit = ECNI_RATES.get_ptr_mut(&ifindex)?;
     // SAFETY: a map value pointer, valid during the run; concurrent CPUs may race on the
     // plain fields, which costs accuracy, never safety.
     let b: &mut Bucket = unsafe {
@@ -46,7 +52,24 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
             Way::Egress => &mut (*limit).egress,
         }
     };
-    if b.rate_bytes == 0 {
+    (b.rate_bytes != 0).then_some(b)
+}
+
+/// Whether traffic towards the pod behind `ifindex` is paced: it must then be delivered
+/// through the host veth's egress (its `fq`), not straight into the pod.
+#[inline(always)]
+pub fn paced(ifindex: u32) -> bool {
+    bucket(ifindex, Way::Ingress).is_some_and(|b| b.mode == LIMIT_EDT)
+}
+
+/// Applies the limit of the pod behind host veth `ifindex` in direction `way` by policing;
+/// an ingress limit that is paced is left to [`pace`] at the host veth egress.
+#[inline(always)]
+pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
+    let Some(b) = bucket(ifindex, way) else {
+        return Verdict::Pass;
+    };
+    if b.mode == LIMIT_EDT {
         return Verdict::Pass;
     }
     // SAFETY: plain helper call.
@@ -55,7 +78,7 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
     let elapsed = now.saturating_sub(b.last_ns).min(NSEC_PER_SEC);
     let refill = elapsed * b.rate_bytes / NSEC_PER_SEC;
     if refill > 0 {
-        b.tokens = (b.tokens + refill).min(b.burst_bytes);
+        b.tokens = (b.tokens + refill).min(u64::from(b.burst_bytes));
         b.last_ns = now;
     }
     let len = u64::from(ctx.len());
@@ -63,9 +86,45 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
         return Verdict::Drop;
     }
     b.tokens -= len;
-    if b.tokens < b.burst_bytes / 4 && mark_ce(ctx) {
+    if b.tokens < u64::from(b.burst_bytes) / 4 && mark_ce(ctx) {
         return Verdict::Mark;
     }
+    Verdict::Pass
+}
+
+/// At the host veth egress of the pod behind `ifindex`: when its ingress limit is paced,
+/// stamps the packet with its departure time, `max(last departure, now - burst / rate) +
+/// len / rate`, or drops it when that lies beyond the horizon. Anything else passes as is
+/// (a policed limit was applied where the packet was delivered, or is applied by `police`).
+#[inline(always)]
+pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
+    let Some(b) = bucket(ifindex, Way::Ingress) else {
+        return Verdict::Pass;
+    };
+    if b.mode != LIMIT_EDT {
+        return police(ctx, ifindex, Way::Ingress);
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let rate = b.rate_bytes;
+    // Checked again on the value in hand, so no division can panic (the verifier refuses a
+    // program with a panic path).
+    if rate == 0 {
+        return Verdict::Pass;
+    }
+    let cost = u64::from(ctx.len()) * NSEC_PER_SEC / rate;
+    // After an idle time the pod may take its burst at once, no more.
+    let credit = u64::from(b.burst_bytes) * NSEC_PER_SEC / rate;
+    let start = b.last_ns.max(now.saturating_sub(credit));
+    let depart = start + cost;
+    if depart > now && depart - now > edt_horizon_ns(rate) {
+        return Verdict::Drop;
+    }
+    b.last_ns = depart;
+    // A departure in the past leaves now. Writing it always also replaces whatever the
+    // packet carried (a receive timestamp would look like the far future to fq).
+    // SAFETY: tc programs may write `tstamp` of their own context.
+    unsafe { (*ctx.skb.skb).tstamp = depart };
     Verdict::Pass
 }
 

@@ -227,21 +227,71 @@ pub struct PodCounters {
 
 const _: () = assert!(core::mem::size_of::<PodCounters>() == 128);
 
-/// A token bucket. `rate_bytes` 0: no limit in this direction.
+/// One direction's limit. `rate_bytes` 0: no limit in this direction.
+///
+/// `mode` says how the programs hold it ([`LIMIT_POLICE`] and its variants, or
+/// [`LIMIT_EDT`]). Releases before it had a `u64` burst here; bursts are below 4 GiB, so on
+/// little-endian machines their entries read as a burst with mode 0 (police), which is what
+/// they did.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bucket {
-    /// Refill rate in bytes per second.
+    /// Rate in bytes per second.
     pub rate_bytes: u64,
-    /// Bucket size in bytes (the burst).
-    pub burst_bytes: u64,
-    /// Bytes that may pass now (updated by the programs).
+    /// The burst in bytes: the policer's bucket size, or how far the pacer may fall behind
+    /// "now" after an idle time (burst / rate).
+    pub burst_bytes: u32,
+    /// `LIMIT_*`.
+    pub mode: u32,
+    /// Policer: bytes that may pass now (updated by the programs). Pacer: unused.
     pub tokens: u64,
-    /// `bpf_ktime_get_ns()` of the last refill (updated by the programs).
+    /// `bpf_ktime_get_ns()`: the policer's last refill, or the pacer's last departure time
+    /// (updated by the programs).
     pub last_ns: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<Bucket>() == 32);
+const _: () = assert!(core::mem::offset_of!(Bucket, mode) == 12);
+const _: () = assert!(core::mem::offset_of!(Bucket, tokens) == 16);
+
+/// [`Bucket::mode`]: a token bucket at the packet's path drops what exceeds rate and burst
+/// (the egress limit's mode; the ingress limit's where no pacing is possible).
+pub const LIMIT_POLICE: u32 = 0;
+/// An ingress limit that is policed because the kernel has no `sch_fq`.
+pub const LIMIT_POLICE_NO_FQ: u32 = 2;
+/// An ingress limit that is policed because the pod's host veth carries a root qdisc of
+/// another kind (chained mode: the first plugin's or an operator's), which ebpf-cni leaves
+/// alone.
+pub const LIMIT_POLICE_FOREIGN_QDISC: u32 = 3;
+/// An ingress limit paced: packets towards the pod go through its host veth's egress, where
+/// `ecni_to_pod` stamps each with its departure time (EDT) and the veth's `fq` qdisc
+/// releases it then. Packets whose departure lies beyond the horizon are dropped.
+pub const LIMIT_EDT: u32 = 1;
+/// Root qdisc handle (`ecf0:`) of the `fq` ebpf-cni adds to a paced pod's host veth: how
+/// CHECK and DEL tell it from one another plugin or the operator added.
+pub const EDT_QDISC_HANDLE: u32 = 0xecf0_0000;
+/// The pacer's horizon: at least this long...
+pub const EDT_HORIZON_MIN_NS: u64 = 20_000_000;
+/// ...and at least the time two of the largest GSO packets (64 KiB) take at the rate, so
+/// one always fits behind another.
+pub const EDT_HORIZON_GSO_BYTES: u64 = 2 * 65_536;
+
+/// How far ahead of "now" the pacer may schedule a packet towards a pod paced at
+/// `rate_bytes` (bytes/s > 0); a packet that would leave later is dropped, which bounds the
+/// queue (and the delay it adds) to this time.
+#[inline(always)]
+pub const fn edt_horizon_ns(rate_bytes: u64) -> u64 {
+    // No panicking division: the verifier rejects a program with a panic path.
+    let gso = match (EDT_HORIZON_GSO_BYTES * 1_000_000_000).checked_div(rate_bytes) {
+        Some(t) => t,
+        None => 0,
+    };
+    if gso > EDT_HORIZON_MIN_NS {
+        gso
+    } else {
+        EDT_HORIZON_MIN_NS
+    }
+}
 
 /// Value of [`RATE_LIMITS_MAP`]: "ingress" is traffic towards the pod, "egress" from it (the
 /// CNI bandwidth convention).

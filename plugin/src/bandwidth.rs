@@ -9,7 +9,7 @@
 //! that means "not set", and the default burst applies, so the rate holds from the first
 //! second instead of letting ~4 Gbit through first.
 
-use ebpf_cni_maps::{Bucket, RateLimit};
+use ebpf_cni_maps::{Bucket, RateLimit, LIMIT_POLICE};
 use serde_json::{Map, Value};
 
 use crate::cni::{code, config::get_ci, config::NetConf, CniError};
@@ -48,11 +48,18 @@ impl Limits {
             return None;
         }
         let bucket = |l: Option<Limit>| {
-            l.map_or(Bucket::default(), |l| Bucket {
-                rate_bytes: l.rate_bytes,
-                burst_bytes: l.burst_bytes,
-                tokens: l.burst_bytes,
-                last_ns: 0,
+            l.map_or(Bucket::default(), |l| {
+                // Validation keeps a set burst below 4 GiB; only a default burst (20 ms) of
+                // a rate above 1.6 Tbit/s would not fit.
+                let burst = u32::try_from(l.burst_bytes).unwrap_or(u32::MAX);
+                Bucket {
+                    rate_bytes: l.rate_bytes,
+                    burst_bytes: burst,
+                    // ADD decides whether an ingress limit can be paced (`bpf::queue`).
+                    mode: LIMIT_POLICE,
+                    tokens: u64::from(burst),
+                    last_ns: 0,
+                }
             })
         };
         Some(RateLimit {

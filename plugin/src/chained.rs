@@ -250,7 +250,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         true,
         cookie,
     )
-    .map_err(|e| check_failed(format!("eBPF dataplane: {e}")))?;
+    .map_err(crate::check::dataplane_failed)?;
     if mode == AttachMode::Netlink {
         crate::check::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;
     }

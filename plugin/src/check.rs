@@ -19,6 +19,13 @@ fn failed(msg: String) -> CniError {
     CniError::new(code::CHECK_FAILED, msg)
 }
 
+/// CHECK found the dataplane unlike ADD left it: code 105 whatever the `BpfError`'s own code,
+/// its causes (a netlink or syscall error) in the details.
+pub fn dataplane_failed(e: bpf::BpfError) -> CniError {
+    failed(format!("eBPF dataplane: {e}"))
+        .with_details(crate::cni::error::source_lines(&e).join(": "))
+}
+
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
     if crate::chained::is_chained(conf) {
         return crate::chained::check(env, conf).await;
@@ -207,7 +214,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     bpf::check_pod(
         &node, &key, host.index, &endpoints, limits, &ports, mode, false, cookie,
     )
-    .map_err(|e| failed(format!("eBPF dataplane: {e}")))?;
+    .map_err(dataplane_failed)?;
     if mode == AttachMode::Netlink {
         netlink_filters(&host_nl, &host, Hook::pod(false)).await?;
     }

@@ -344,7 +344,12 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         }
         let limit = |l: &Option<bpf::LimitReport>| {
             l.as_ref().map_or("unlimited".to_owned(), |l| {
-                format!("{} bit/s, burst {} B", l.rate_bytes * 8, l.burst_bytes)
+                format!(
+                    "{} bit/s, burst {} B, {}",
+                    l.rate_bytes * 8,
+                    l.burst_bytes,
+                    l.mode
+                )
             })
         };
         if a.ingress_limit.is_some() || a.egress_limit.is_some() {

@@ -255,6 +255,20 @@ pub fn kernel_has_so_netns_cookie() -> bool {
     rc == 0
 }
 
+/// Whether the kernel has the `fq` qdisc (built in, loaded, or loadable now): ebpf-cni then
+/// paces traffic towards a pod with an ingress limit instead of policing it. Debian's
+/// kernels ship it as a module; this machine's 6.18 has none.
+pub fn kernel_has_sch_fq() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        Path::new("/sys/module/sch_fq").exists()
+            || std::process::Command::new("modprobe")
+                .args(["-q", "sch_fq"])
+                .status()
+                .is_ok_and(|s| s.success())
+    })
+}
+
 /// `bpf_get_netns_cookie` in sock_ops programs (5.15+), which ebpf-cni's TCP pacing needs;
 /// without it a pod's egress limit is held by the policer alone.
 pub fn kernel_paces_tcp() -> bool {

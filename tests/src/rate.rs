@@ -27,16 +27,29 @@ pub fn floor(host: f64, vm: f64) -> f64 {
     }
 }
 
+/// Held for the length of each measurement: the tests of one binary run in parallel, and two
+/// streams at once on a two-core machine take CPU from each other, so a sender that is
+/// short of CPU falls below a limit it should reach (33.9 of 40 Mbit/s in one CI run).
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs one iperf3 test from `client` to a one-off server in `server` at `addr`; returns
-/// what the receiver got, in bit/s.
+/// what the receiver got, in bit/s. Measurements of one test binary never overlap.
 pub fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f64 {
+    iperf_for(client, server, addr, 3, extra)
+}
+
+/// [`iperf`] for `secs` seconds.
+pub fn iperf_for(client: &Netns, server: &Netns, addr: IpAddr, secs: u32, extra: &[&str]) -> f64 {
+    // A test that panicked while measuring leaves the lock poisoned, not the next one wrong.
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let a = addr.to_string();
     let out = server
         .exec(&["iperf3", "-s", "-1", "-D", "-B", &a])
         .unwrap();
     assert!(out.status.success(), "iperf3 server: {out:?}");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let mut args = vec!["iperf3", "-c", &a, "-t", "3", "-J"];
+    let secs = secs.to_string();
+    let mut args = vec!["iperf3", "-c", &a, "-t", &secs, "-J"];
     args.extend_from_slice(extra);
     let out = client.exec(&args).unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -62,4 +75,25 @@ pub fn received_bps(v: &Value, udp: bool) -> f64 {
             .as_f64()
             .unwrap_or_else(|| panic!("TCP rate in {v}"))
     }
+}
+
+/// The median round-trip time of `count` pings from `from` to `addr`, 0.2 s apart, in ms.
+pub fn ping_median_ms(from: &Netns, addr: IpAddr, count: u32) -> f64 {
+    let (a, n) = (addr.to_string(), count.to_string());
+    let out = from
+        .exec(&["ping", "-n", "-c", &n, "-i", "0.2", "-W", "2", &a])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "64 bytes from …: icmp_seq=1 ttl=63 time=0.052 ms"
+    let mut rtts: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        rtts.len() * 2 > count as usize,
+        "ping {addr}: fewer than half of {count} answered: {text}"
+    );
+    rtts.sort_by(f64::total_cmp);
+    rtts[rtts.len() / 2]
 }

@@ -168,7 +168,19 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("failed to {what} of host veth ifindex {ifindex}")]
+    Qdisc {
+        what: &'static str,
+        ifindex: u32,
+        #[source]
+        source: io::Error,
+    },
+
     // CHECK: the attachment is missing or differs from what ADD set up.
+    #[error("host veth ifindex {ifindex} of a pod whose ingress limit is paced has root qdisc {found}, not the fq that releases the paced packets")]
+    PacingQdiscMissing { ifindex: u32, found: String },
+    #[error("host veth ifindex {ifindex} of a pod without an ingress limit still has ebpf-cni's fq qdisc")]
+    PacingQdiscLeft { ifindex: u32 },
     #[error("rate limiter of host veth ifindex {ifindex} holds {actual}, the config asks for {expected}")]
     LimitMismatch {
         ifindex: u32,
@@ -329,6 +341,8 @@ impl BpfError {
             | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
             | Self::LimitMismatch { .. }
+            | Self::PacingQdiscMissing { .. }
+            | Self::PacingQdiscLeft { .. }
             | Self::EndpointStale { .. }
             | Self::PortMappingMissing { .. }
             | Self::PortMappingStale { .. }

@@ -37,6 +37,7 @@ mod links;
 pub mod pin;
 mod pod;
 mod ports;
+mod queue;
 mod survey;
 mod sys;
 mod trace;

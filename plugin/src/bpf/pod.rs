@@ -10,7 +10,7 @@ use super::{
     kernel, links,
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
-    AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
+    queue, AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
@@ -152,9 +152,13 @@ pub fn add_pod(
         key.id(),
         &endpoints.iter().map(|e| e.ip).collect::<Vec<_>>(),
     )?;
+    let mut fq_created = false;
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
+        let mut limits = limits;
+        let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
+        fq_created = queue::prepare(host_ifindex, &mut limits, &pod_name)?;
         maps.set_limits(host_ifindex, limits)?;
         if let Some(rate) = pacing_rate(limits) {
             if netns_cookie != 0 && Programs::pacing_available(&root, node) {
@@ -253,6 +257,9 @@ pub fn add_pod(
         let _ = remove_ports(&root, node, &pins, key.id());
         let _ = links::remove_dir_pins(&stop_at, pins.dir());
         let _ = maps.remove_attachment(key.id());
+        if fq_created {
+            let _ = queue::remove(host_ifindex);
+        }
     }
     res
 }
@@ -293,18 +300,24 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     if !errors.is_empty() {
         return Err(errors.remove(0));
     }
-    // Netlink mode on a device that outlives the pod (chained mode: the previous plugin's
-    // veth): the filters go first, found through the endpoint entries' host ifindex.
+    // On a device that outlives the pod (chained mode: the previous plugin's veth), the
+    // netlink filters and the fq go first, found through the endpoint entries' host ifindex.
+    let host_ifindex = Maps::open(&root, node)
+        .ok()
+        .flatten()
+        .and_then(|m| m.entries_of(key.id()).first().map(|(_, e)| e.host_ifindex));
+    if let Some(i) = host_ifindex {
+        match queue::remove(i) {
+            Ok(r) => removed |= r,
+            Err(e) => errors.push(e),
+        }
+    }
     let recorded: Vec<Hook> = Hook::ANY_POD
         .into_iter()
         .filter(|h| pins.netlink_record(*h).exists())
         .collect();
     if !recorded.is_empty() {
-        let host = Maps::open(&root, node)
-            .ok()
-            .flatten()
-            .and_then(|m| m.entries_of(key.id()).first().map(|(_, e)| e.host_ifindex))
-            .and_then(|i| nix::net::if_::if_indextoname(i).ok());
+        let host = host_ifindex.and_then(|i| nix::net::if_::if_indextoname(i).ok());
         if let Some(ifname) = host {
             for hook in recorded {
                 links::detach_netlink(hook, &ifname.to_string_lossy());
@@ -375,6 +388,7 @@ pub fn check_pod(
     })?;
     maps.check_pod(key.id(), endpoints)?;
     maps.check_limits(host_ifindex, limits)?;
+    queue::check(host_ifindex, maps.limits(host_ifindex))?;
     // As ADD decided: no pacing where the kernel refused the program.
     let pacing = pacing_rate(limits)
         .filter(|_| netns_cookie != 0 && Programs::pacing_available(&root, node));
@@ -541,6 +555,12 @@ impl From<&ebpf_cni_maps::DirCounters> for Counts {
 pub struct LimitReport {
     pub rate_bytes: u64,
     pub burst_bytes: u64,
+    /// How the limit is held: `edt+fq` (paced) or `policer`, with why where pacing was not
+    /// possible (`policer (no sch_fq)`).
+    pub mode: &'static str,
+    /// Paced: the longest a packet waits before it is dropped instead (ns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub horizon_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -781,9 +801,12 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {
-            (b.rate_bytes > 0).then_some(LimitReport {
+            (b.rate_bytes > 0).then(|| LimitReport {
                 rate_bytes: b.rate_bytes,
-                burst_bytes: b.burst_bytes,
+                burst_bytes: u64::from(b.burst_bytes),
+                mode: queue::mode_label(b.mode),
+                horizon_ns: (b.mode == ebpf_cni_maps::LIMIT_EDT)
+                    .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
             })
         };
         attachments.push(AttachmentReport {

@@ -1,5 +1,7 @@
-//! The `clsact` qdisc of a device over one synchronous netlink request each: adding it while
-//! telling whether it was there already, counting the filters on its two hooks, deleting it.
+//! Qdiscs over one synchronous netlink request each. The `clsact` qdisc of a device: adding
+//! it while telling whether it was there already, counting the filters on its two hooks,
+//! deleting it. The root `fq` of a paced pod's host veth: adding it with ebpf-cni's handle,
+//! reading a device's root qdisc, deleting the `fq` with that handle.
 //!
 //! A node device's `clsact` is shared with every other tc user of the node, so ebpf-cni
 //! only ever removes one it created itself and that holds no filter of anyone. That check
@@ -17,10 +19,12 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const RTM_NEWQDISC: u16 = 36;
 const RTM_DELQDISC: u16 = 37;
+const RTM_GETQDISC: u16 = 38;
 const RTM_NEWTFILTER: u16 = 44;
 const RTM_GETTFILTER: u16 = 46;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
+const NLM_F_ECHO: u16 = 0x8;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_DUMP: u16 = 0x300;
@@ -32,7 +36,10 @@ const CLSACT_HANDLE: u32 = 0xffff_0000;
 /// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS)`: the parents of its filters.
 const CLSACT_INGRESS: u32 = 0xffff_fff2;
 const CLSACT_EGRESS: u32 = 0xffff_fff3;
-const KIND: &[u8] = b"clsact\0";
+const CLSACT: &[u8] = b"clsact\0";
+const FQ: &[u8] = b"fq\0";
+/// `TC_H_ROOT`: the parent of a device's root qdisc.
+const TC_H_ROOT: u32 = 0xffff_ffff;
 
 const fn align4(n: usize) -> usize {
     (n + 3) & !3
@@ -47,7 +54,7 @@ pub fn add_clsact(ifindex: u32) -> io::Result<bool> {
         ifindex,
         CLSACT_HANDLE,
         TC_H_CLSACT,
-        true,
+        Some(CLSACT),
     );
     match request(&msg, |_, _| {}) {
         Ok(()) => Ok(true),
@@ -61,7 +68,7 @@ pub fn add_clsact(ifindex: u32) -> io::Result<bool> {
 pub fn clsact_filter_count(ifindex: u32) -> io::Result<usize> {
     let mut n = 0;
     for parent in [CLSACT_INGRESS, CLSACT_EGRESS] {
-        let msg = message(RTM_GETTFILTER, NLM_F_DUMP, ifindex, 0, parent, false);
+        let msg = message(RTM_GETTFILTER, NLM_F_DUMP, ifindex, 0, parent, None);
         request(&msg, |kind, _| n += usize::from(kind == RTM_NEWTFILTER))?;
     }
     Ok(n)
@@ -76,7 +83,7 @@ pub fn delete_clsact(ifindex: u32) -> io::Result<bool> {
         ifindex,
         CLSACT_HANDLE,
         TC_H_CLSACT,
-        true,
+        Some(CLSACT),
     );
     match request(&msg, |_, _| {}) {
         Ok(()) => Ok(true),
@@ -85,7 +92,112 @@ pub fn delete_clsact(ifindex: u32) -> io::Result<bool> {
     }
 }
 
-/// One `tcmsg` request, with `TCA_KIND "clsact"` when `kind` is set (the kernel then
+/// What adding a root `fq` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FqAdded {
+    Created,
+    /// The device has a root qdisc already (not the default `noqueue`/`pfifo_fast`); it is
+    /// left as it is.
+    Occupied,
+    /// The kernel has no `fq` (`sch_fq` neither built in nor loadable).
+    Unsupported,
+}
+
+/// Adds an `fq` qdisc with default parameters as the root qdisc of link `ifindex`, with
+/// handle `handle`.
+pub fn add_root_fq(ifindex: u32, handle: u32) -> io::Result<FqAdded> {
+    let msg = message(
+        RTM_NEWQDISC,
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        ifindex,
+        handle,
+        TC_H_ROOT,
+        Some(FQ),
+    );
+    match request(&msg, |_, _| {}) {
+        Ok(()) => Ok(FqAdded::Created),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(FqAdded::Occupied),
+        // "Specified qdisc kind is unknown" once the module could not be loaded.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EOPNOTSUPP)) => {
+            Ok(FqAdded::Unsupported)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What [`root_qdisc`] says of a device that has its built-in default.
+pub const DEFAULT_QDISC: &str = "(default)";
+
+/// The root qdisc of link `ifindex`: its kind and handle; [`DEFAULT_QDISC`] and 0 for the
+/// built-in `noqueue` a veth starts with.
+pub fn root_qdisc(ifindex: u32) -> io::Result<(String, u32)> {
+    // The kernel answers a qdisc get as a notification, sent to the asker only with ECHO;
+    // with an ACK asked for, the answer ends with it (a plain get has no NLMSG_DONE).
+    let msg = message(
+        RTM_GETQDISC,
+        NLM_F_ACK | NLM_F_ECHO,
+        ifindex,
+        0,
+        TC_H_ROOT,
+        None,
+    );
+    let mut found = None;
+    let res = request(&msg, |kind, body| {
+        if kind != RTM_NEWQDISC || body.len() < TCMSG_LEN {
+            return;
+        }
+        let handle = u32::from_ne_bytes(body[8..12].try_into().expect("4 bytes"));
+        let mut attrs = &body[TCMSG_LEN..];
+        while attrs.len() >= 4 {
+            let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+            let ty = u16::from_ne_bytes([attrs[2], attrs[3]]);
+            if len < 4 || len > attrs.len() {
+                break;
+            }
+            if ty == TCA_KIND {
+                let v = &attrs[4..len];
+                let name = v.split(|b| *b == 0).next().unwrap_or_default();
+                found = Some((String::from_utf8_lossy(name).into_owned(), handle));
+            }
+            attrs = &attrs[align4(len).min(attrs.len())..];
+        }
+    });
+    match res {
+        Ok(()) => Ok(found.unwrap_or_else(|| (DEFAULT_QDISC.to_owned(), 0))),
+        // The kernel does not report built-in qdiscs: some versions answer with nothing but
+        // the ACK, older ones refuse the request so.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((DEFAULT_QDISC.to_owned(), 0)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the root `fq` of link `ifindex` if its handle is `handle`. `Ok(false)`: the link
+/// has no such qdisc (or no longer exists).
+pub fn delete_root_fq(ifindex: u32, handle: u32) -> io::Result<bool> {
+    match root_qdisc(ifindex) {
+        Ok((kind, h)) if kind == "fq" && h == handle => {}
+        Ok(_) => return Ok(false),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENOENT)) => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    }
+    let msg = message(
+        RTM_DELQDISC,
+        NLM_F_ACK,
+        ifindex,
+        handle,
+        TC_H_ROOT,
+        Some(FQ),
+    );
+    match request(&msg, |_, _| {}) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// One `tcmsg` request, with `TCA_KIND` when `kind` is set (NUL-terminated; the kernel then
 /// refuses to act on a qdisc of another kind).
 fn message(
     msg_type: u16,
@@ -93,7 +205,7 @@ fn message(
     ifindex: u32,
     handle: u32,
     parent: u32,
-    kind: bool,
+    kind: Option<&[u8]>,
 ) -> Vec<u8> {
     let mut m = vec![0u8; NLMSG_HDRLEN + TCMSG_LEN];
     m[4..6].copy_from_slice(&msg_type.to_ne_bytes());
@@ -104,10 +216,10 @@ fn message(
     m[t + 4..t + 8].copy_from_slice(&ifindex.to_ne_bytes());
     m[t + 8..t + 12].copy_from_slice(&handle.to_ne_bytes());
     m[t + 12..t + 16].copy_from_slice(&parent.to_ne_bytes());
-    if kind {
-        m.extend_from_slice(&((4 + KIND.len()) as u16).to_ne_bytes());
+    if let Some(kind) = kind {
+        m.extend_from_slice(&((4 + kind.len()) as u16).to_ne_bytes());
         m.extend_from_slice(&TCA_KIND.to_ne_bytes());
-        m.extend_from_slice(KIND);
+        m.extend_from_slice(kind);
         m.resize(align4(m.len()), 0);
     }
     let len = m.len() as u32;
@@ -189,7 +301,14 @@ mod tests {
 
     #[test]
     fn qdisc_request_names_clsact_and_its_handle() {
-        let m = message(RTM_DELQDISC, NLM_F_ACK, 7, CLSACT_HANDLE, TC_H_CLSACT, true);
+        let m = message(
+            RTM_DELQDISC,
+            NLM_F_ACK,
+            7,
+            CLSACT_HANDLE,
+            TC_H_CLSACT,
+            Some(CLSACT),
+        );
         assert_eq!(m.len(), NLMSG_HDRLEN + TCMSG_LEN + 12);
         assert_eq!(
             u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize,
