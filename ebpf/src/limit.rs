@@ -112,7 +112,7 @@ pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
     if rate == 0 {
         return Verdict::Pass;
     }
-    let cost = u64::from(ctx.len()) * NSEC_PER_SEC / rate;
+    let cost = wire_len(ctx) * NSEC_PER_SEC / rate;
     // After an idle time the pod may take its burst at once, no more.
     let credit = u64::from(b.burst_bytes) * NSEC_PER_SEC / rate;
     let start = b.last_ns.max(now.saturating_sub(credit));
@@ -126,6 +126,55 @@ pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
     // SAFETY: tc programs may write `tstamp` of their own context.
     unsafe { (*ctx.skb.skb).tstamp = depart };
     Verdict::Pass
+}
+
+/// The bytes the packet takes as Ethernet frames, as a limit counts them (and tbf does): a
+/// GSO packet becomes `gso_segs` frames, each with its own headers, where `len` counts one
+/// set. Headers it cannot read count as IPv4 + TCP with timestamps (66 bytes).
+#[inline(always)]
+fn wire_len(ctx: &TcContext) -> u64 {
+    let len = u64::from(ctx.len());
+    // SAFETY: a read of the context's own field.
+    let segs = u64::from(unsafe { (*ctx.skb.skb).gso_segs });
+    if segs <= 1 {
+        return len;
+    }
+    len + (segs - 1) * header_len(ctx).unwrap_or(66)
+}
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+
+/// Ethernet, IP and TCP/UDP header bytes of a frame (IPv6: without extension headers).
+#[inline(always)]
+fn header_len(ctx: &TcContext) -> Option<u64> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let (l3, proto) = match u16::from_be_bytes(unsafe { (*eth).proto }) {
+        ETH_P_IP => {
+            let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            let ip = unsafe { &*ip };
+            (usize::from(ip.ver_ihl & 0x0f) * 4, ip.protocol)
+        }
+        ETH_P_IPV6 => {
+            let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            (40, unsafe { (*ip).nexthdr })
+        }
+        _ => return None,
+    };
+    let l4 = match proto {
+        IPPROTO_TCP => {
+            // The data offset: the high nibble of the TCP header's byte 12.
+            let off = ptr_at::<u8>(ctx, ETH_HLEN + l3 + 12)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            usize::from(unsafe { *off } >> 4) * 4
+        }
+        IPPROTO_UDP => 8,
+        _ => return None,
+    };
+    Some((ETH_HLEN + l3 + l4) as u64)
 }
 
 /// Sets ECN CE on an ECN-capable IP packet; false if it is not one.

@@ -97,3 +97,13 @@ pub fn ping_median_ms(from: &Netns, addr: IpAddr, count: u32) -> f64 {
     rtts.sort_by(f64::total_cmp);
     rtts[rtts.len() / 2]
 }
+
+/// The rate on the wire (Ethernet frames, as limits count them) of a measured goodput at
+/// MTU 1500: TCP segments carry 1448 bytes in 1514 (IPv4, timestamps); UDP datagrams of
+/// `udp_payload` bytes take 42 more (Ethernet 14, IPv4 20, UDP 8).
+pub fn on_the_wire(goodput_bps: f64, udp_payload: Option<u32>) -> f64 {
+    match udp_payload {
+        Some(l) => goodput_bps * f64::from(l + 42) / f64::from(l),
+        None => goodput_bps * 1514.0 / 1448.0,
+    }
+}

@@ -11,7 +11,7 @@ use std::path::Path;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::rate::{floor, iperf, iperf_for, ping_median_ms};
+use ebpf_cni_tests::rate::{floor, iperf, iperf_for, on_the_wire, ping_median_ms};
 use ebpf_cni_tests::{
     bpf, require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest,
 };
@@ -256,11 +256,13 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     .expect_success("DEL plain");
 }
 
-/// TCP from a limited pod paces itself at the limit: this kernel has no fq, so without
-/// help a single stream bounces off the policer far below the rate. ebpf-cni's sockops
-/// program gives the pod's TCP sockets `SO_MAX_PACING_RATE` (99% of the limit) and the
-/// stream then runs at the limit. The pacing entry is the pod's, CHECK proves it, DEL
-/// removes it.
+/// TCP from a limited pod paces itself at the limit: without help a single stream bounces
+/// off the policer far below the rate. ebpf-cni's sockops program gives the pod's TCP
+/// sockets `SO_MAX_PACING_RATE` (the payload share of the limit: 1448 of 1514 bytes) and
+/// the stream then runs at the limit on the wire: never more than 2% above it (issue 15).
+/// Below it, a busy machine costs a few percent: TCP's pacing timer fires late and the time
+/// is not made up (0.93–1.00 over runs here; the benchmark reports medians). The pacing
+/// entry is the pod's, CHECK proves it, DEL removes it.
 #[test]
 fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     require_root();
@@ -272,7 +274,14 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     let pod = add(&p, &node, &conf);
     let ext_ip = IpAddr::V4(ext.v4);
 
-    let tcp = iperf(&pod.ns, ext.netns(), ext_ip, &[]);
+    let tcp = on_the_wire(
+        iperf_for(&pod.ns, ext.netns(), ext_ip, 5, &["-O", "1"]),
+        None,
+    );
+    eprintln!(
+        "egress TCP on the wire: {:.4} of the limit",
+        tcp / limit_bps()
+    );
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     let a = dp::inspect_attachment(&report, &pod.cid).expect("pod in inspect");
     let pacing_mode = report["modes"]
@@ -303,13 +312,13 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     }
     assert_eq!(pacing_mode["degraded"], json!(false), "{pacing_mode}");
     assert!(
-        (floor(0.85, 0.05) * limit_bps()..=1.05 * limit_bps()).contains(&tcp),
-        "one TCP stream from a pod limited to {} bit/s got {tcp:.0} bit/s",
+        (floor(0.9, 0.05) * limit_bps()..=1.02 * limit_bps()).contains(&tcp),
+        "one TCP stream from a pod limited to {} bit/s got {tcp:.0} bit/s on the wire",
         limit_bps()
     );
     assert_eq!(
         a["tcp_pacing_bytes"],
-        json!(limit_bps() as u64 / 8 / 100 * 99),
+        json!(limit_bps() as u64 / 8 * 1448 / 1514),
         "{a}"
     );
 
@@ -430,10 +439,11 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
             "the unlimited pod's veth got a qdisc"
         );
 
-        let within = |what: &str, got: f64| {
+        let within = |what: &str, goodput: f64, udp_payload: Option<u32>| {
+            let got = on_the_wire(goodput, udp_payload);
             assert!(
                 (0.95 * limit..=1.05 * limit).contains(&got),
-                "{what} towards a pod limited to {limit} bit/s: {got:.0} bit/s ({:.3} of the limit)",
+                "{what} towards a pod limited to {limit} bit/s: {got:.0} bit/s on the wire ({:.3} of the limit)",
                 got / limit
             );
             eprintln!("{what}, limit {limit}: {:.4} of the limit", got / limit);
@@ -441,10 +451,12 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         within(
             "one TCP stream from a host behind the node",
             iperf_for(&pod.ns, ext.netns(), ext_ip, 10, &["-R"]),
+            None,
         );
         within(
             "one TCP stream from another pod",
             iperf_for(&plain.ns, &pod.ns, pod.ip, 10, &[]),
+            None,
         );
         if limit <= 10e6 {
             // UDP at twice the limit: an emulated sender in a matrix guest offers 20
@@ -456,8 +468,9 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
                     ext.netns(),
                     ext_ip,
                     10,
-                    &["-u", "-b", &format!("{}", 2.0 * limit), "-R"],
+                    &["-u", "-l", "1400", "-b", &format!("{}", 2.0 * limit), "-R"],
                 ),
+                Some(1400),
             );
             // While a stream fills the queue, a ping waits at most the horizon; a pod
             // without a limit on the same node does not wait for it.

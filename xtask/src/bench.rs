@@ -17,6 +17,7 @@ mod bandwidth;
 mod charts;
 mod cleanup;
 mod exec;
+mod guest;
 mod lifecycle;
 mod load;
 mod machine;
@@ -54,6 +55,13 @@ pub struct BenchArgs {
     /// Run only these sections (comma-separated); the others are reported as not run.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
+    /// Where the bandwidth section runs: `host`, or a guest booting Debian's kernel 5.10,
+    /// 6.1 or 6.12 [default: 6.12 when this machine's kernel has no sch_fq, else host].
+    #[arg(long, value_name = "KERNEL")]
+    pub bandwidth_kernel: Option<String>,
+    /// Inside such a guest: run the bandwidth section alone and write its output here.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub guest_output: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -65,6 +73,8 @@ impl BenchArgs {
             out: None,
             plugin: Some(plugin.to_path_buf()),
             only: Vec::new(),
+            bandwidth_kernel: None,
+            guest_output: None,
         }
     }
 }
@@ -197,6 +207,23 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
     progress("starting");
     cmd::require_root("cargo xtask bench")?;
+    let params = if args.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
+    if let Some(file) = &args.guest_output {
+        let plugin = args
+            .plugin
+            .as_deref()
+            .context("--guest-output needs --plugin")?;
+        return guest::serve(&params, plugin, file);
+    }
+    let bandwidth_kernel = match args.bandwidth_kernel.as_deref() {
+        Some("host") => None,
+        Some(k) => Some(k.to_owned()),
+        None => (!guest::host_has_fq()).then(|| "6.12".to_owned()),
+    };
     setup::setup()?;
     let plugin = match &args.plugin {
         Some(p) => p
@@ -218,11 +245,6 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     };
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
-    let params = if args.quick {
-        Params::quick()
-    } else {
-        Params::full()
-    };
     let bins = topo::Binaries {
         ebpf_cni: plugin.clone(),
     };
@@ -261,7 +283,13 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             Section::Lifecycle => run.lifecycle = Some(lifecycle::run(&params, &bins)),
             Section::Traffic => run.traffic = Some(traffic::run(&params, &bins)),
             Section::Scale => run.scale = Some(scale::run(&params, &bins)),
-            Section::Bandwidth => run.bandwidth = Some(bandwidth::run(&params, &bins)),
+            Section::Bandwidth => {
+                run.bandwidth = Some(match &bandwidth_kernel {
+                    None => bandwidth::run(&params, &bins),
+                    Some(series) => guest::bandwidth(series, &params, &plugin)
+                        .unwrap_or_else(|e| panic!("bandwidth in a guest: {e:#}")),
+                })
+            }
             Section::Cleanup => run.cleanup = Some(cleanup::run(&bins)),
         }));
         if let Err(panic) = outcome {

@@ -212,7 +212,7 @@ impl Tally {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Accel {
+pub(crate) enum Accel {
     Kvm,
     Tcg,
 }
@@ -321,31 +321,8 @@ fn run_kernel(
         };
         runs.push((suite.test, exe.clone(), libtest_args(suite, filter)));
     }
-    let script = dir.join("guest.sh");
-    fs::write(&script, guest_script(dir, plugin, &runs))
-        .with_context(|| format!("writing {}", script.display()))?;
-
     let started = Instant::now();
-    eprintln!(
-        "vmtest {}: booting {} under {accel:?}",
-        kernel.series,
-        image.image.display()
-    );
-    let console = fs::File::create(dir.join("console.log"))?;
-    let mut vm = vng();
-    vm.arg("--run").arg(&image.image).arg("-v");
-    if accel == Accel::Tcg {
-        vm.arg("--disable-kvm");
-    }
-    vm.args(["--cpus", "2", "--memory", "4G"])
-        .arg("--rwdir")
-        .arg(dir)
-        .arg("--exec")
-        .arg(format!("/bin/bash {}", script.display()))
-        .stdin(Stdio::null())
-        .stdout(console.try_clone()?)
-        .stderr(console);
-    let status = run_with_timeout(&mut vm, VM_TIMEOUT)?;
+    let booted = boot(kernel, accel, dir, &guest_script(plugin, &runs), VM_TIMEOUT);
     let secs = started.elapsed().as_secs_f64();
 
     let mut tally = Tally::default();
@@ -373,25 +350,83 @@ fn run_kernel(
             );
         }
     }
-    let guest_done = dir.join("done").is_file();
     println!(
         "vmtest {} ({}, {accel:?}, {secs:.0}s):\n{report}",
         kernel.series, image.release
     );
-    if !guest_done {
-        let console = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
-        let tail: Vec<&str> = console.lines().rev().take(40).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!(
-            "the guest did not finish its script ({}); the console's last lines:\n{}",
-            match status {
-                Some(s) => format!("vng exited with {s}"),
-                None => format!("killed after {}s", VM_TIMEOUT.as_secs()),
-            },
-            tail.join("\n")
-        );
-    }
+    booted?;
     Ok(tally)
+}
+
+/// Boots `kernel` under `accel` and runs `script` (shell, as root) in the guest with `dir`
+/// writable, after the common set-up (`PATH`, bpffs, `$out` = `dir`); waits up to `limit`.
+/// Fails, with the console's last lines, when the guest did not get to the script's end.
+pub(crate) fn boot(
+    kernel: Kernel,
+    accel: Accel,
+    dir: &Path,
+    script: &str,
+    limit: Duration,
+) -> Result<()> {
+    let image = installed(&kernel)?;
+    let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut text =
+        String::from("#!/bin/bash\n# Written by `cargo xtask`; runs inside the guest.\nset -u\n");
+    let _ = writeln!(text, "out={}", q(&dir.to_string_lossy()));
+    text.push_str(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n\
+         uname -r > \"$out/uname\"\n",
+    );
+    text.push_str(script);
+    text.push_str("touch \"$out/done\"\n");
+    let path = dir.join("guest.sh");
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    let _ = fs::remove_file(dir.join("done"));
+
+    eprintln!(
+        "vm {}: booting {} under {accel:?}",
+        kernel.series,
+        image.image.display()
+    );
+    let console = fs::File::create(dir.join("console.log"))?;
+    let mut vm = vng();
+    vm.arg("--run").arg(&image.image).arg("-v");
+    if accel == Accel::Tcg {
+        vm.arg("--disable-kvm");
+    }
+    vm.args(["--cpus", "2", "--memory", "4G"])
+        .arg("--rwdir")
+        .arg(dir)
+        .arg("--exec")
+        .arg(format!("/bin/bash {}", path.display()))
+        .stdin(Stdio::null())
+        .stdout(console.try_clone()?)
+        .stderr(console);
+    let status = run_with_timeout(&mut vm, limit)?;
+    if dir.join("done").is_file() {
+        return Ok(());
+    }
+    let console = fs::read_to_string(dir.join("console.log")).unwrap_or_default();
+    let tail: Vec<&str> = console.lines().rev().take(40).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    bail!(
+        "the guest did not finish its script ({}); the console's last lines:\n{}",
+        match status {
+            Some(s) => format!("vng exited with {s}"),
+            None => format!("killed after {}s", limit.as_secs()),
+        },
+        tail.join("\n")
+    )
+}
+
+/// The kernel of `series` and the accelerator its guest runs under, for a one-off guest
+/// (the benchmark's); the probe's files go under `root`.
+pub(crate) fn guest(series: &str, root: &Path) -> Result<(Kernel, Accel)> {
+    let kernel = Kernel::by_series(series)
+        .with_context(|| format!("kernel {series}: not one of 5.10, 6.1, 6.12"))?;
+    let accel = accelerator(&kernel, root)?;
+    Ok((kernel, accel))
 }
 
 /// libtest's arguments for one suite: its planned filters, narrowed by the user's.
@@ -428,20 +463,11 @@ fn libtest_result(log: &str) -> Option<(u32, u32)> {
     Some((count("passed")?, count("failed")?))
 }
 
-/// The script the guest runs as root: bpffs mounted as a node would have it, then each
-/// suite from the tests' package directory (as cargo runs them), its output and exit code
-/// left in `dir`.
-fn guest_script(dir: &Path, plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String {
+/// The suites' part of the guest's script: each suite from the tests' package directory
+/// (as cargo runs them), its output and exit code left in `$out`.
+fn guest_script(plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String {
     let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
-    let mut s = String::from(
-        "#!/bin/bash\n# Written by `cargo xtask vmtest`; runs inside the guest.\nset -u\n",
-    );
-    let _ = writeln!(s, "out={}", q(&dir.to_string_lossy()));
-    s.push_str(
-        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
-         mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n\
-         uname -r > \"$out/uname\"\n",
-    );
+    let mut s = String::new();
     let _ = writeln!(s, "export EBPF_CNI_BIN={}", q(&plugin.to_string_lossy()));
     // Tells the tests they run under emulation (`ebpf_cni_tests::rate::VM_ENV`).
     let _ = writeln!(s, "export {}=1", ebpf_cni_tests::rate::VM_ENV);
@@ -460,7 +486,6 @@ fn guest_script(dir: &Path, plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]
             args.join(" ")
         );
     }
-    s.push_str("touch \"$out/done\"\n");
     s
 }
 

@@ -29,6 +29,15 @@ const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_DUMP: u16 = 0x300;
 const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
+const NLA_F_NESTED: u16 = 0x8000;
+/// fq's `TCA_FQ_PLIMIT` and `TCA_FQ_FLOW_PLIMIT`: its packet limits, total and per flow.
+const TCA_FQ_PLIMIT: u16 = 1;
+const TCA_FQ_FLOW_PLIMIT: u16 = 2;
+/// The packet limits of ebpf-cni's fq, total and per flow. The pacer's horizon is what
+/// bounds the queue; fq's own per-flow limit (100 by default) would drop packets the pacer
+/// has already given a departure slot, and each such slot would go unused.
+const FQ_PACKET_LIMIT: u32 = 10_000;
 /// `TC_H_CLSACT` (the same value as `TC_H_INGRESS`): the parent of the clsact qdisc.
 const TC_H_CLSACT: u32 = 0xffff_fff1;
 /// The clsact qdisc's own handle, `ffff:`.
@@ -106,7 +115,7 @@ pub enum FqAdded {
 /// Adds an `fq` qdisc with default parameters as the root qdisc of link `ifindex`, with
 /// handle `handle`.
 pub fn add_root_fq(ifindex: u32, handle: u32) -> io::Result<FqAdded> {
-    let msg = message(
+    let mut msg = message(
         RTM_NEWQDISC,
         NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         ifindex,
@@ -114,6 +123,11 @@ pub fn add_root_fq(ifindex: u32, handle: u32) -> io::Result<FqAdded> {
         TC_H_ROOT,
         Some(FQ),
     );
+    let mut options = attr(TCA_FQ_PLIMIT, &FQ_PACKET_LIMIT.to_ne_bytes());
+    options.extend(attr(TCA_FQ_FLOW_PLIMIT, &FQ_PACKET_LIMIT.to_ne_bytes()));
+    msg.extend(attr(TCA_OPTIONS | NLA_F_NESTED, &options));
+    let len = msg.len() as u32;
+    msg[0..4].copy_from_slice(&len.to_ne_bytes());
     match request(&msg, |_, _| {}) {
         Ok(()) => Ok(FqAdded::Created),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(FqAdded::Occupied),
@@ -197,6 +211,16 @@ pub fn delete_root_fq(ifindex: u32, handle: u32) -> io::Result<bool> {
     }
 }
 
+/// One netlink attribute, padded to 4 bytes.
+fn attr(ty: u16, payload: &[u8]) -> Vec<u8> {
+    let mut a = Vec::with_capacity(align4(4 + payload.len()));
+    a.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+    a.extend_from_slice(&ty.to_ne_bytes());
+    a.extend_from_slice(payload);
+    a.resize(align4(a.len()), 0);
+    a
+}
+
 /// One `tcmsg` request, with `TCA_KIND` when `kind` is set (NUL-terminated; the kernel then
 /// refuses to act on a qdisc of another kind).
 fn message(
@@ -217,10 +241,7 @@ fn message(
     m[t + 8..t + 12].copy_from_slice(&handle.to_ne_bytes());
     m[t + 12..t + 16].copy_from_slice(&parent.to_ne_bytes());
     if let Some(kind) = kind {
-        m.extend_from_slice(&((4 + kind.len()) as u16).to_ne_bytes());
-        m.extend_from_slice(&TCA_KIND.to_ne_bytes());
-        m.extend_from_slice(kind);
-        m.resize(align4(m.len()), 0);
+        m.extend(attr(TCA_KIND, kind));
     }
     let len = m.len() as u32;
     m[0..4].copy_from_slice(&len.to_ne_bytes());

@@ -37,6 +37,7 @@ impl Dir {
     }
 }
 
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Output {
     pub table: Table,
     /// Whether each CNI subject enforced limits, and what the probe measured.

@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What is measured. Declaration order is the report's column order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Subject {
     /// Debian's ptp + host-local + portmap + bandwidth.
@@ -41,7 +41,7 @@ impl Subject {
 }
 
 /// Median and range of one figure over the repeats (or over samples, where the row says so).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Summary {
     pub n: usize,
     pub median: f64,
@@ -49,7 +49,7 @@ pub struct Summary {
     pub max: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum Cell {
     Value(Summary),
@@ -96,7 +96,7 @@ impl Cell {
 }
 
 /// Which way is better for a figure (decides nothing but the wording of ratios).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Better {
     Lower,
@@ -105,7 +105,7 @@ pub enum Better {
 }
 
 /// One line of a table: a figure and each subject's cell.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     pub metric: String,
     pub unit: String,
@@ -144,7 +144,7 @@ impl Row {
 }
 
 /// A titled table with notes that explain how its figures were taken.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Table {
     pub title: String,
     /// What one cell is, e.g. "median [min–max] over 3 repeats".
