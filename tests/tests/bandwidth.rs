@@ -274,10 +274,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     let pod = add(&p, &node, &conf);
     let ext_ip = IpAddr::V4(ext.v4);
 
-    let tcp = on_the_wire(
-        iperf_for(&pod.ns, ext.netns(), ext_ip, 5, &["-O", "1"]),
-        None,
-    );
+    let tcp = on_the_wire(iperf_for(&pod.ns, ext.netns(), ext_ip, 5, &[]), None);
     eprintln!(
         "egress TCP on the wire: {:.4} of the limit",
         tcp / limit_bps()
