@@ -188,7 +188,8 @@ pub enum Event {
     Drop,
     /// Marked ECN CE by the rate limiter.
     Mark,
-    /// A helper failed; the packet went to the stack.
+    /// A helper or a translation failed: a refused redirect or a failed host-port
+    /// rewrite drops the packet; a failed FIB lookup leaves it to the stack unchanged.
     Error,
 }
 

@@ -205,7 +205,8 @@ pub struct DirCounters {
     pub bytes: u64,
     /// Packets the dataplane dropped on purpose (the rate limiter).
     pub drops: u64,
-    /// Packets a helper failed on; they went to the stack unchanged.
+    /// Packets a helper or a translation failed on: dropped when a redirect was refused or
+    /// a host-port rewrite failed; left to the stack unchanged when the FIB lookup failed.
     pub errors: u64,
     /// Packets the rate limiter marked ECN CE instead of dropping.
     pub marks: u64,
@@ -442,36 +443,34 @@ pub struct NodeConfig {
 
 const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
 
-// SAFETY: `repr(C)`, integer and byte-array fields only, no implicit padding (sizes asserted
-// above), so every bit pattern is a valid value.
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for EndpointKey {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for EndpointInfo {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for DirCounters {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for PodCounters {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for RateLimit {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for PortKey {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for PortTarget {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for PortHits {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for NatKey {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for NatOrig {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for SockKey {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for SockOrig {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for NodeConfig {}
-#[cfg(feature = "user")]
-unsafe impl aya::Pod for Pacing {}
+/// `aya::Pod` for the map types, so user space reads and writes them as plain bytes.
+macro_rules! plain_old_data {
+    ($($t:ty),* $(,)?) => {
+        $(
+            // SAFETY: `repr(C)`, integer and byte-array fields only, no implicit padding
+            // (sizes asserted above), so every bit pattern is a valid value.
+            #[cfg(feature = "user")]
+            unsafe impl aya::Pod for $t {}
+        )*
+    };
+}
+
+plain_old_data!(
+    EndpointKey,
+    EndpointInfo,
+    DirCounters,
+    PodCounters,
+    RateLimit,
+    PortKey,
+    PortTarget,
+    PortHits,
+    NatKey,
+    NatOrig,
+    SockKey,
+    SockOrig,
+    NodeConfig,
+    Pacing,
+);
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
 /// longer name would show up cut in bpftool and in the program info that CHECK compares.

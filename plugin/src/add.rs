@@ -3,7 +3,8 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    bpf::{self, AttachMode, AttachModes, AttachmentKey, Device, NodeId, PodEndpoint, PodSpec},
+    attachment::{PodAddr, Wanted},
+    bpf::{self, AttachmentKey, NodeId},
     cni::{
         code,
         config::{parse_mac, NetConf, TcAttachMode},
@@ -16,10 +17,6 @@ use crate::{
     netns::Netns,
     veth::{self, PodAddress},
 };
-
-/// Test hook: `EBPF_CNI_FAILPOINT=before-result` fails ADD after every step succeeded, so
-/// tests can prove the rollback undoes all of them.
-const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
 
 enum Undo {
     Ipam,
@@ -36,9 +33,6 @@ pub async fn add(
     conf: &NetConf,
     stdin: &[u8],
 ) -> Result<serde_json::Value, CniError> {
-    if crate::chained::is_chained(conf) {
-        return crate::chained::add(env, conf).await;
-    }
     // Everything that can be validated is, before anything changes.
     let ipam = Ipam::from_conf(conf)?.expect("a config with ipam is not chained");
     if conf.prev_result.is_some() {
@@ -76,11 +70,7 @@ pub async fn add(
             ),
         ));
     }
-    let key = AttachmentKey {
-        network: &conf.name,
-        container_id: &env.container_id,
-        ifname: &env.ifname,
-    };
+    let key = crate::attachment::key(conf, env);
     let host_name = veth::host_veth_name(&key);
     if host_nl.link_by_name(&host_name).await?.is_some() {
         return Err(CniError::new(
@@ -92,50 +82,78 @@ pub async fn add(
         ));
     }
 
-    let mut undo = Vec::new();
-    let res = setup(
+    let cx = Request {
         env,
         conf,
         stdin,
-        &ipam,
+        ipam: &ipam,
+        host_nl: &host_nl,
+        node: &node,
+        key: &key,
+    };
+    let pod = NewPod {
         mac,
-        &limits,
-        &port_mappings,
-        &pod_ns,
-        &host_nl,
-        &pod_nl,
-        &host_name,
-        &node,
-        &key,
-        &mut undo,
-    )
-    .await;
-    match res {
+        limits: &limits,
+        port_mappings: &port_mappings,
+        pod_ns: &pod_ns,
+        pod_nl: &pod_nl,
+        host_name: &host_name,
+    };
+    let mut undo = Vec::new();
+    match setup(cx, pod, &mut undo).await {
         Ok(v) => Ok(v),
         Err(e) => {
-            rollback(undo, env, conf, stdin, &ipam, &host_nl, &node, &key).await;
+            rollback(undo, cx).await;
             Err(e)
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn setup(
-    env: &CniEnv,
-    conf: &NetConf,
-    stdin: &[u8],
-    ipam: &Ipam,
+/// The request and the node-side handles every step of ADD, and its undo, works with.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    env: &'a CniEnv,
+    conf: &'a NetConf,
+    stdin: &'a [u8],
+    ipam: &'a Ipam,
+    host_nl: &'a Netlink,
+    node: &'a NodeId,
+    key: &'a AttachmentKey<'a>,
+}
+
+/// What ADD validated about the new pod before changing anything.
+#[derive(Clone, Copy)]
+struct NewPod<'a> {
     mac: Option<[u8; 6]>,
-    limits: &crate::bandwidth::Limits,
-    port_mappings: &[crate::portmap::PortMapping],
-    pod_ns: &Netns,
-    host_nl: &Netlink,
-    pod_nl: &Netlink,
-    host_name: &str,
-    node: &NodeId,
-    key: &AttachmentKey<'_>,
+    limits: &'a crate::bandwidth::Limits,
+    port_mappings: &'a [crate::portmap::PortMapping],
+    pod_ns: &'a Netns,
+    pod_nl: &'a Netlink,
+    host_name: &'a str,
+}
+
+async fn setup(
+    cx: Request<'_>,
+    pod: NewPod<'_>,
     undo: &mut Vec<Undo>,
 ) -> Result<serde_json::Value, CniError> {
+    let Request {
+        env,
+        conf,
+        stdin,
+        ipam,
+        host_nl,
+        node,
+        key,
+    } = cx;
+    let NewPod {
+        mac,
+        limits,
+        port_mappings,
+        pod_ns,
+        pod_nl,
+        host_name,
+    } = pod;
     let t = std::time::Instant::now();
     let step =
         |what: &str| log::debug!("ADD step {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
@@ -161,11 +179,21 @@ async fn setup(
         key,
         &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>(),
     )?;
-    let ports = crate::portmap::entries(
+    let pod_addrs: Vec<PodAddr> = addrs
+        .iter()
+        .map(|a| PodAddr {
+            ip: a.address.ip(),
+            gateway: a.gateway,
+            gateway4: crate::gateway::of_address(a.address.ip(), a.gateway),
+        })
+        .collect();
+    // The host ports against the pod's addresses, before anything changes (a family the
+    // pod has no address of is refused here); `Wanted::build` makes them again below.
+    crate::portmap::entries(
         port_mappings,
-        &addrs
+        &pod_addrs
             .iter()
-            .map(|a| (a.address.ip(), a.gateway))
+            .map(|a| (a.ip, a.gateway))
             .collect::<Vec<_>>(),
     )?;
 
@@ -211,43 +239,29 @@ async fn setup(
         write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
 
-    let (host_mac, pod_mac) = match (pair.host.mac, pair.container.mac) {
-        (Some(h), Some(p)) => (h, p),
-        _ => {
-            return Err(CniError::new(
-                code::KERNEL,
-                format!("veth pair {host_name} has no MAC address"),
-            ))
-        }
-    };
-    let endpoints: Vec<PodEndpoint> = addrs
-        .iter()
-        .map(|a| PodEndpoint {
-            ip: a.address.ip(),
-            host_ifindex: pair.host.index,
-            host_mac,
-            pod_mac,
-            chained: false,
-            gateway4: crate::gateway::of_address(a.address.ip(), a.gateway),
-        })
-        .collect();
+    let wanted = Wanted::build(
+        limits,
+        port_mappings,
+        &pair.host,
+        &pair.container,
+        &pod_addrs,
+        pod_ns,
+        false,
+    )?;
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
-    let (devices, node_addrs) = node_devices(host_nl, conf, &gateways).await?;
+    let (devices, node_addrs) = crate::node::node_devices(host_nl, conf, &gateways).await?;
     step("devices listed");
     undo.push(Undo::Programs);
-    let spec = PodSpec {
-        host_ifname: host_name,
-        host_ifindex: pair.host.index,
-        endpoints: &endpoints,
-        limits: limits.to_map_value(),
-        ports: &ports,
-        node_addrs: &node_addrs,
-        chained: false,
-        netns_cookie: pacing_cookie(limits, pod_ns)?,
-    };
-    bpf::add_pod(node, key, &spec, &devices, attach_modes(conf, false))?;
+    let spec = wanted.spec(&pair.host, &node_addrs);
+    bpf::add_pod(
+        node,
+        key,
+        &spec,
+        &devices,
+        crate::node::attach_modes(conf, false),
+    )?;
     step("eBPF attached");
-    failpoint()?;
+    crate::node::failpoint()?;
 
     result.interfaces = vec![
         Interface {
@@ -285,17 +299,16 @@ async fn setup(
     Ok(result.to_json(conf.cni_version.as_str(), conf.cni_version.format()))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn rollback(
-    undo: Vec<Undo>,
-    env: &CniEnv,
-    conf: &NetConf,
-    stdin: &[u8],
-    ipam: &Ipam,
-    host_nl: &Netlink,
-    node: &NodeId,
-    key: &AttachmentKey<'_>,
-) {
+async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
+    let Request {
+        env,
+        conf,
+        stdin,
+        ipam,
+        host_nl,
+        node,
+        key,
+    } = cx;
     // The gateway records live in the node's pin directory, which `del_pod` removes with
     // the node's last attachment: they are released first, as DEL does.
     let mut gateways = undo.iter().find_map(|u| match u {
@@ -331,155 +344,6 @@ async fn rollback(
         };
         if let Err(e) = r {
             log::error!("rollback of a failed ADD: {e}");
-        }
-    }
-}
-
-/// The node devices that get the device program: the `devices` of the config, or else
-/// every device holding a global address that is not a pod's host veth (or loopback).
-/// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
-/// Also returns every global address of the node (what wildcard host ports answer on).
-///
-/// One address dump finds them; links are then looked up one by one, only those holding an
-/// address other than a pod gateway (`gateways`) and other than `lo` (which holds the IPv4
-/// gateways): host veths hold nothing else, so ADD does not parse one link message per pod
-/// on a busy node.
-pub(crate) async fn node_devices(
-    host_nl: &Netlink,
-    conf: &NetConf,
-    gateways: &[std::net::IpAddr],
-) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
-    // The calling thread is in the node's namespace, as `host_nl` is.
-    let global = crate::netlink::addrs::global_addresses()
-        .map_err(crate::netlink::NetlinkError::Addresses)?;
-    let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
-    node_addrs.sort();
-    node_addrs.dedup();
-    let mut out = Vec::new();
-    if let Some(names) = &conf.devices {
-        for name in names {
-            match host_nl.link_by_name(name).await? {
-                Some(l) => out.push(Device {
-                    name: l.name,
-                    ifindex: l.index,
-                }),
-                None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
-            }
-        }
-        return Ok((out, node_addrs));
-    }
-    let mut candidates: Vec<u32> = global
-        .iter()
-        .filter(|(i, ip)| *i != crate::gateway::LOOPBACK_IFINDEX && !gateways.contains(ip))
-        .map(|(i, _)| *i)
-        .collect();
-    candidates.sort_unstable();
-    candidates.dedup();
-    for index in candidates {
-        if let Some(l) = host_nl.link_by_index(index).await? {
-            if l.name != "lo" && !veth::is_host_veth(&l) {
-                out.push(Device {
-                    name: l.name,
-                    ifindex: l.index,
-                });
-            }
-        }
-    }
-    Ok((out, node_addrs))
-}
-
-/// The pod's netns cookie when its egress limit makes its TCP sockets paced (the pacing
-/// map's key), else 0: reading it costs a thread, which pods without limits are spared.
-pub(crate) fn pacing_cookie(
-    limits: &crate::bandwidth::Limits,
-    pod_ns: &Netns,
-) -> Result<u64, CniError> {
-    if bpf::pacing_rate(limits.to_map_value()).is_none() || !bpf::kernel::has_netns_cookie() {
-        return Ok(0);
-    }
-    Ok(bpf::netns_cookie_of(pod_ns)?)
-}
-
-/// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
-pub(crate) fn failpoint() -> Result<(), CniError> {
-    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
-        return Err(CniError::new(
-            code::INTERNAL,
-            format!("failpoint {FAILPOINT_ENV}=before-result"),
-        ));
-    }
-    Ok(())
-}
-
-/// How the programs attach. `tcAttachMode` `tcx` or `netlink` forces one mode everywhere.
-/// `auto` (the default) puts netlink filters on the host veths ebpf-cni creates and TCX
-/// links everywhere else where the kernel has TCX: on the node's devices, which other tc
-/// users share and which outlive every pod, and on a chained pod's veth, which belongs to
-/// the previous plugin. A TCX attach waits out two RCU grace periods while it holds the
-/// machine-wide RTNL lock (`kernel/bpf/tcx.c`: `tcx_entry_sync()`, then
-/// `bpf_mprog_commit()`), about 25 ms for a pod's two hooks here, during which every
-/// netlink request of the machine waits too; a `bpf` filter on a fresh `clsact` needs no
-/// such wait. The veth is ebpf-cni's alone from creation to deletion, and its filters go
-/// with it, so the links' ownership buys nothing there (README, "Attach modes").
-pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
-    let one = |mode| AttachModes {
-        pod: mode,
-        devices: mode,
-    };
-    match conf.tc_attach_mode {
-        TcAttachMode::Auto => AttachModes {
-            pod: if chained {
-                AttachMode::auto()
-            } else {
-                AttachMode::Netlink
-            },
-            devices: AttachMode::auto(),
-        },
-        TcAttachMode::Tcx => one(AttachMode::Tcx),
-        TcAttachMode::Netlink => one(AttachMode::Netlink),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn modes(mode: Option<&str>, chained: bool) -> AttachModes {
-        let mut raw = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni"});
-        if let Some(m) = mode {
-            raw["tcAttachMode"] = serde_json::Value::from(m);
-        }
-        attach_modes(&NetConf::parse(raw).unwrap(), chained)
-    }
-
-    #[test]
-    fn auto_puts_filters_on_own_veths_and_links_elsewhere() {
-        let kernel = AttachMode::auto();
-        assert_eq!(
-            modes(None, false),
-            AttachModes {
-                pod: AttachMode::Netlink,
-                devices: kernel
-            }
-        );
-        assert_eq!(modes(Some("auto"), false), modes(None, false));
-        assert_eq!(
-            modes(None, true),
-            AttachModes {
-                pod: kernel,
-                devices: kernel
-            }
-        );
-        for chained in [false, true] {
-            for (m, want) in [("tcx", AttachMode::Tcx), ("netlink", AttachMode::Netlink)] {
-                assert_eq!(
-                    modes(Some(m), chained),
-                    AttachModes {
-                        pod: want,
-                        devices: want
-                    }
-                );
-            }
         }
     }
 }

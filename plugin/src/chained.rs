@@ -15,16 +15,12 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use crate::{
-    bpf::{self, AttachMode, AttachmentKey, Hook, NodeId, PodEndpoint, PodSpec},
+    attachment::{PodAddr, Wanted},
+    bpf::{self, AttachMode, Hook, NodeId},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     netlink::{Link, Netlink},
     netns::Netns,
 };
-
-/// Whether `conf` puts ebpf-cni in chained mode (see the module doc).
-pub fn is_chained(conf: &NetConf) -> bool {
-    conf.ipam.is_none()
-}
 
 /// The pod as the plugin before ebpf-cni left it.
 struct ChainedPod {
@@ -36,25 +32,16 @@ struct ChainedPod {
 }
 
 impl ChainedPod {
-    fn endpoints(&self) -> Result<Vec<PodEndpoint>, String> {
-        let (Some(host_mac), Some(pod_mac)) = (self.host.mac, self.container.mac) else {
-            return Err(format!(
-                "veth pair {} / {} has no MAC address",
-                self.host.name, self.container.name
-            ));
-        };
-        Ok(self
-            .addrs
+    fn addrs(&self) -> Vec<PodAddr> {
+        self.addrs
             .iter()
-            .map(|&(ip, _)| PodEndpoint {
+            .map(|&(ip, gateway)| PodAddr {
                 ip,
-                host_ifindex: self.host.index,
-                host_mac,
-                pod_mac,
-                chained: true,
+                gateway,
+                // The previous plugin answers ARP for its gateway.
                 gateway4: None,
             })
-            .collect())
+            .collect()
     }
 
     fn gateways(&self) -> Vec<IpAddr> {
@@ -167,40 +154,32 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
     let host_nl = Netlink::connect()?;
     let pod = find_pod(env, &prev, &host_nl, invalid).await?;
-    let endpoints = pod
-        .endpoints()
-        .map_err(|m| CniError::new(code::KERNEL, m))?;
 
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
-    let key = AttachmentKey {
-        network: &conf.name,
-        container_id: &env.container_id,
-        ifname: &env.ifname,
-    };
+    let key = crate::attachment::key(conf, env);
     let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
     bpf::ensure_addresses_free(&node, &key, &ips)?;
-    let ports = crate::portmap::entries(&port_mappings, &pod.addrs)?;
-    let (devices, node_addrs) = crate::add::node_devices(&host_nl, conf, &pod.gateways()).await?;
-    let spec = PodSpec {
-        host_ifname: &pod.host.name,
-        host_ifindex: pod.host.index,
-        endpoints: &endpoints,
-        limits: limits.to_map_value(),
-        ports: &ports,
-        node_addrs: &node_addrs,
-        chained: true,
-        netns_cookie: crate::add::pacing_cookie(&limits, &pod.ns)?,
-    };
+    let wanted = Wanted::build(
+        &limits,
+        &port_mappings,
+        &pod.host,
+        &pod.container,
+        &pod.addrs(),
+        &pod.ns,
+        true,
+    )?;
+    let (devices, node_addrs) = crate::node::node_devices(&host_nl, conf, &pod.gateways()).await?;
+    let spec = wanted.spec(&pod.host, &node_addrs);
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(
         &node,
         &key,
         &spec,
         &devices,
-        crate::add::attach_modes(conf, true),
+        crate::node::attach_modes(conf, true),
     )?;
-    if let Err(e) = crate::add::failpoint() {
+    if let Err(e) = crate::node::failpoint() {
         if let Err(undo) = bpf::del_pod(&node, &key) {
             log::error!("rollback of a failed ADD: {undo}");
         }
@@ -226,33 +205,23 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let prev = SuccessResult::from_json(prev, "prevResult")?;
     let host_nl = Netlink::connect()?;
     let pod = find_pod(env, &prev, &host_nl, check_failed).await?;
-    let endpoints = pod.endpoints().map_err(check_failed)?;
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
-    let key = AttachmentKey {
-        network: &conf.name,
-        container_id: &env.container_id,
-        ifname: &env.ifname,
-    };
-    let mode = crate::add::attach_modes(conf, true).pod;
-    let bw = crate::bandwidth::limits(conf)?;
-    let cookie = crate::add::pacing_cookie(&bw, &pod.ns)?;
-    let limits = bw.to_map_value();
-    let ports = crate::portmap::entries(&crate::portmap::mappings(conf)?, &pod.addrs)?;
-    bpf::check_pod(
-        &node,
-        &key,
-        pod.host.index,
-        &endpoints,
-        limits,
-        &ports,
-        mode,
+    let key = crate::attachment::key(conf, env);
+    let mode = crate::node::attach_modes(conf, true).pod;
+    let wanted = Wanted::build(
+        &crate::bandwidth::limits(conf)?,
+        &crate::portmap::mappings(conf)?,
+        &pod.host,
+        &pod.container,
+        &pod.addrs(),
+        &pod.ns,
         true,
-        cookie,
-    )
-    .map_err(crate::check::dataplane_failed)?;
+    )?;
+    bpf::check_pod(&node, &key, &wanted.spec(&pod.host, &[]), mode)
+        .map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
-        crate::check::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;
+        crate::attachment::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;
     }
     Ok(())
 }

@@ -7,10 +7,11 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    bpf::{self, AttachMode, AttachmentKey, Hook, NodeId, PodEndpoint},
+    attachment::{PodAddr, Wanted},
+    bpf::{self, AttachMode, Hook, NodeId},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
-    netlink::{format_mac, Link, Netlink, RouteEntry},
+    netlink::{format_mac, Netlink, RouteEntry},
     netns::Netns,
     veth,
 };
@@ -19,17 +20,7 @@ fn failed(msg: String) -> CniError {
     CniError::new(code::CHECK_FAILED, msg)
 }
 
-/// CHECK found the dataplane unlike ADD left it: code 105 whatever the `BpfError`'s own code,
-/// its causes (a netlink or syscall error) in the details.
-pub fn dataplane_failed(e: bpf::BpfError) -> CniError {
-    failed(format!("eBPF dataplane: {e}"))
-        .with_details(crate::cni::error::source_lines(&e).join(": "))
-}
-
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
-    if crate::chained::is_chained(conf) {
-        return crate::chained::check(env, conf).await;
-    }
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         CniError::new(
             code::INVALID_CONFIG,
@@ -56,11 +47,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     let expected_cont = &prev.interfaces[cont_idx];
 
     let host_nl = Netlink::connect()?;
-    let key = AttachmentKey {
-        network: &conf.name,
-        container_id: &env.container_id,
-        ifname: &env.ifname,
-    };
+    let key = crate::attachment::key(conf, env);
     let host_name = veth::host_veth_name(&key);
     let host = host_nl
         .link_by_name(&host_name)
@@ -188,56 +175,28 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
 
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
-    let (Some(host_mac), Some(pod_mac)) = (host.mac, cont.mac) else {
-        return Err(failed(format!("veth pair {host_name} has no MAC address")));
-    };
-    let endpoints: Vec<PodEndpoint> = ips
+    let addrs: Vec<PodAddr> = ips
         .iter()
-        .map(|i| PodEndpoint {
+        .map(|i| PodAddr {
             ip: i.address.ip(),
-            host_ifindex: host.index,
-            host_mac,
-            pod_mac,
-            chained: false,
+            gateway: i.gateway,
             gateway4: gateway4(i),
         })
         .collect();
-    let mode = crate::add::attach_modes(conf, false).pod;
-    let limits = crate::bandwidth::limits(conf)?.to_map_value();
-    let ports = crate::portmap::entries(
+    let wanted = Wanted::build(
+        &crate::bandwidth::limits(conf)?,
         &crate::portmap::mappings(conf)?,
-        &ips.iter()
-            .map(|i| (i.address.ip(), i.gateway))
-            .collect::<Vec<_>>(),
+        &host,
+        &cont,
+        &addrs,
+        &pod_ns,
+        false,
     )?;
-    let cookie = crate::add::pacing_cookie(&crate::bandwidth::limits(conf)?, &pod_ns)?;
-    bpf::check_pod(
-        &node, &key, host.index, &endpoints, limits, &ports, mode, false, cookie,
-    )
-    .map_err(dataplane_failed)?;
+    let mode = crate::node::attach_modes(conf, false).pod;
+    bpf::check_pod(&node, &key, &wanted.spec(&host, &[]), mode)
+        .map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
-        netlink_filters(&host_nl, &host, Hook::pod(false)).await?;
-    }
-    Ok(())
-}
-
-/// Netlink mode: each of `hooks` has its program's filter on `host`.
-pub(crate) async fn netlink_filters(
-    host_nl: &Netlink,
-    host: &Link,
-    hooks: [Hook; 2],
-) -> Result<(), CniError> {
-    for hook in hooks {
-        let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
-        let filters = host_nl.bpf_filters(host.index, ingress).await?;
-        if !filters.iter().any(|f| f == hook.program()) {
-            return Err(failed(format!(
-                "eBPF dataplane: no {} filter of program {} on {} (netlink mode)",
-                if ingress { "ingress" } else { "egress" },
-                hook.program(),
-                host.name
-            )));
-        }
+        crate::attachment::netlink_filters(&host_nl, &host, Hook::pod(false)).await?;
     }
     Ok(())
 }

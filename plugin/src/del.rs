@@ -26,7 +26,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
     if let Some(path) = env
         .netns
         .as_ref()
-        .filter(|_| !crate::chained::is_chained(conf))
+        .filter(|_| !crate::attachment::is_chained(conf))
     {
         match Netns::open(path) {
             Ok(ns) => {

@@ -1,9 +1,12 @@
-//! ebpf-cni: a CNI interface plugin whose dataplane runs as TC/XDP eBPF programs.
+//! ebpf-cni: a CNI interface plugin whose dataplane runs as eBPF programs (TC on the pods'
+//! veths and the node's devices; cgroup socket-address and sock_ops programs for the node's
+//! own host-port connections and TCP pacing).
 //!
 //! With `CNI_COMMAND` set the binary speaks the CNI protocol (stdin: config, stdout: result
 //! or error JSON); without it, it is an operator CLI.
 
 pub mod add;
+pub mod attachment;
 pub mod bandwidth;
 pub mod bpf;
 pub mod chained;
@@ -19,6 +22,7 @@ pub mod logging;
 pub mod metrics;
 pub mod netlink;
 pub mod netns;
+pub mod node;
 pub mod portmap;
 pub mod status;
 pub mod version;
@@ -105,8 +109,14 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     let conf = config::NetConf::parse(config::decode(stdin)?)?;
     runtime()?.block_on(async {
         match command {
+            Command::Add if attachment::is_chained(&conf) => {
+                chained::add(&env, &conf).await.map(Some)
+            }
             Command::Add => add::add(&env, &conf, stdin).await.map(Some),
             Command::Del => del::del(&env, &conf, stdin).await.map(|()| None),
+            Command::Check if attachment::is_chained(&conf) => {
+                chained::check(&env, &conf).await.map(|()| None)
+            }
             Command::Check => check::check(&env, &conf, stdin).await.map(|()| None),
             Command::Version | Command::Gc | Command::Status => unreachable!("handled above"),
         }

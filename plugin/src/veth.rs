@@ -48,7 +48,10 @@ fn host_prefix(ip: IpAddr) -> IpNetwork {
 /// Creates the pair with the container side named `ifname` directly inside `pod_ns`. With
 /// `ipv6` false (the pod gets no IPv6 address), the host side has IPv6 turned off: on a
 /// node of thousands of pods that makes each new veth's link-up several times cheaper.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the two namespaces' handles and the pair's names and settings: one call site, each argument used once"
+)]
 pub async fn create(
     host_nl: &Netlink,
     pod_nl: &Netlink,

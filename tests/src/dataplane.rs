@@ -4,7 +4,7 @@
 //!
 //! The layouts decoded here are the contract of `maps/` (little-endian integers):
 //! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
-//! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], pad [4]`;
+//! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], gateway4 [4]`;
 //! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 128 bytes:
 //! `from_pod {packets, bytes, drops, errors, marks, spare[3]}` then `to_pod {…}`, all u64.
 

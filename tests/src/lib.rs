@@ -57,6 +57,11 @@ pub const REFERENCE_HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 /// Root of every pin ebpf-cni makes (one directory per node netns below it).
 pub const BPF_PIN_BASE: &str = "/sys/fs/bpf/ebpf-cni/v1";
 
+/// The pin directory ebpf-cni uses for the network namespace with inode `ino`.
+pub fn pin_root_for(ino: u64) -> std::path::PathBuf {
+    std::path::Path::new(BPF_PIN_BASE).join(format!("netns-{ino}"))
+}
+
 /// Environment variable carrying the path of the plugin binary under test.
 pub const PLUGIN_BIN_ENV: &str = "EBPF_CNI_BIN";
 

@@ -248,7 +248,7 @@ pub fn reap_stale() {
             continue;
         }
         if let Ok(ino) = netns_inode(&entry.path()) {
-            let _ = crate::fsutil::remove_tree(&crate::node::pin_root_for(ino));
+            let _ = crate::fsutil::remove_tree(&crate::pin_root_for(ino));
         }
         let _ = delete_named(&name);
     }

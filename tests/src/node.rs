@@ -11,12 +11,7 @@ use tempfile::TempDir;
 
 use crate::netns::Netns;
 use crate::plugin::{run_plugin, CniCommand, ContainerEnv, PluginOutput};
-use crate::{fsutil, kernel, BPF_PIN_BASE};
-
-/// The pin directory ebpf-cni uses for the network namespace with inode `ino`.
-pub fn pin_root_for(ino: u64) -> PathBuf {
-    Path::new(BPF_PIN_BASE).join(format!("netns-{ino}"))
-}
+use crate::{fsutil, kernel, pin_root_for};
 
 /// One IP reservation in host-local's on-disk format: a file named after the IP whose
 /// content is `<containerID>\r\n<ifname>` (the ifname line is absent in old formats).

@@ -35,10 +35,7 @@ const HOST_VETH_PREFIX: &str = "ecni";
 /// pod-a's host port (to its port 80).
 const HOST_PORT: u16 = 8080;
 
-#[derive(Debug, clap::Args)]
-pub struct DemoArgs {}
-
-pub fn demo(_args: &DemoArgs) -> Result<()> {
+pub fn demo() -> Result<()> {
     cmd::require_root("cargo xtask demo")?;
     setup::setup()?;
     let plugin = build::stage("under-test")?;

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod build;
 pub mod cmd;
 pub mod demo;
+pub mod imports;
 pub mod kernels;
 pub mod setup;
 pub mod test;

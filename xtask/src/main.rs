@@ -26,7 +26,7 @@ enum Task {
     },
     /// Install what is missing, build, then run two pods in network namespaces and show
     /// ADD, connectivity, CHECK and DEL working (needs root).
-    Demo(xtask::demo::DemoArgs),
+    Demo,
     /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
     /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
     Vmtest(xtask::vmtest::VmArgs),
@@ -52,7 +52,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Test { cargo_test_args } => xtask::test::test(&cargo_test_args),
-        Task::Demo(args) => xtask::demo::demo(&args),
+        Task::Demo => xtask::demo::demo(),
         Task::Vmtest(args) => xtask::vmtest::vmtest(&args),
         Task::Bench(args) => xtask::bench::bench(&args),
     }

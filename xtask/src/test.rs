@@ -2,7 +2,8 @@
 //! missing, builds the real plugin with its eBPF programs, then runs every test: unit tests
 //! of pure logic and the integration tests that drive the real binary against this
 //! machine's kernel, then the kernel matrix (the integration suites in VMs booting the
-//! kernels nodes run, see `vmtest`).
+//! kernels nodes run, see `vmtest`). clippy runs first, with the workspace's lints and
+//! `-D warnings`: a warning fails the run.
 
 use anyhow::Result;
 
@@ -13,6 +14,16 @@ pub fn test(extra: &[String]) -> Result<()> {
     setup::setup()?;
     let plugin = build::stage("under-test")?;
     println!("plugin under test: {}", plugin.display());
+    println!("clippy (the workspace's lints, -D warnings)");
+    let mut clippy = cmd::cargo();
+    clippy.current_dir(build::workspace_root()).args([
+        "clippy",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    let lints = cmd::run(&mut clippy).map_err(|e| e.context("clippy found warnings"));
     let mut c = cmd::cargo();
     // Every test binary runs even when one fails, so one run shows all failures.
     c.arg("test")
@@ -29,6 +40,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let bench = crate::bench::bench(&crate::bench::BenchArgs::quick_for_ci(&plugin));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
+    lints?;
     tests?;
     demo?;
     bench

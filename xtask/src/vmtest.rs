@@ -490,13 +490,17 @@ fn guest_script(plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String 
 }
 
 /// Runs `cmd` until it exits or `limit` passes (then kills it): the exit status, or None
-/// when it was killed.
+/// when it was killed. The command runs in a process group of its own, and a timeout kills
+/// the whole group: killing virtme-ng's Python alone left its QEMU running (a hung KVM probe
+/// guest kept half a core busy for the rest of the run, and after it).
 fn run_with_timeout(
     cmd: &mut Command,
     limit: Duration,
 ) -> Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::CommandExt as _;
     let line = cmd::display(cmd);
     let mut child = cmd
+        .process_group(0)
         .spawn()
         .with_context(|| format!("failed to start `{line}`"))?;
     let started = Instant::now();
@@ -505,7 +509,9 @@ fn run_with_timeout(
             return Ok(Some(status));
         }
         if started.elapsed() > limit {
-            let _ = child.kill();
+            let pgid = i32::try_from(child.id()).expect("pids fit in i32");
+            // SAFETY: kill(2) on the process group this function created; no memory involved.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
             let _ = child.wait();
             return Ok(None);
         }

@@ -21,8 +21,7 @@ use ebpf_cni_maps::{
 
 use super::{
     pin::{create_dir_all_racy, NodeId, PinRoot},
-    ports::SOCK_PROGRAMS,
-    revision, BpfError, Hook, PROGRAMS,
+    revision, BpfError, Hook, PROGRAMS, SOCK_PROGRAMS,
 };
 
 /// One address of a pod and where it lives, as the endpoint map records it.
@@ -93,7 +92,7 @@ impl NodeLock {
     }
 }
 
-/// The three programs of this binary's revision, pinned on the node.
+/// The programs of this binary's revision, pinned on the node.
 pub struct Programs {
     paths: Vec<PathBuf>,
     fds: Vec<Option<OwnedFd>>,

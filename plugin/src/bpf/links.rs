@@ -16,13 +16,6 @@ use aya::programs::{
 use super::{error::RemoveFailure, pin::create_dir_all_racy, sys, BpfError, Hook};
 use crate::netlink::tc;
 
-/// Kernel ids of one attached program and its link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttachedLink {
-    pub program_id: u32,
-    pub link_id: u32,
-}
-
 /// Attaches the program `prog` (an fd of a pinned program) to device `ifindex` at `hook`
 /// through a TCX link after the programs already there, and pins the link at `path`, so it
 /// stays when this process exits.
@@ -32,7 +25,7 @@ pub fn attach(
     ifname: &str,
     ifindex: u32,
     path: &Path,
-) -> Result<AttachedLink, BpfError> {
+) -> Result<(), BpfError> {
     let link = sys::link_create_tcx(prog, ifindex, hook.tcx_attach_type()).map_err(|source| {
         BpfError::AttachTcx {
             name: hook.program(),
@@ -44,14 +37,6 @@ pub fn attach(
     sys::obj_pin(link.as_fd(), path).map_err(|source| BpfError::PinTcxLink {
         path: path.to_path_buf(),
         source,
-    })?;
-    let info = sys::link_info(link.as_fd()).map_err(|source| BpfError::PinInfo {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(AttachedLink {
-        program_id: info.prog_id,
-        link_id: info.id,
     })
 }
 

@@ -77,6 +77,24 @@ pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
 static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
 
+/// The socket-address programs and the hooks they attach to.
+pub const SOCK_PROGRAMS: [(&str, u32); 8] = [
+    (ebpf_cni_maps::PROG_CONNECT4, sys::BPF_CGROUP_INET4_CONNECT),
+    (ebpf_cni_maps::PROG_CONNECT6, sys::BPF_CGROUP_INET6_CONNECT),
+    (ebpf_cni_maps::PROG_SENDMSG4, sys::BPF_CGROUP_UDP4_SENDMSG),
+    (ebpf_cni_maps::PROG_SENDMSG6, sys::BPF_CGROUP_UDP6_SENDMSG),
+    (ebpf_cni_maps::PROG_RECVMSG4, sys::BPF_CGROUP_UDP4_RECVMSG),
+    (ebpf_cni_maps::PROG_RECVMSG6, sys::BPF_CGROUP_UDP6_RECVMSG),
+    (
+        ebpf_cni_maps::PROG_PEERNAME4,
+        sys::BPF_CGROUP_INET4_GETPEERNAME,
+    ),
+    (
+        ebpf_cni_maps::PROG_PEERNAME6,
+        sys::BPF_CGROUP_INET6_GETPEERNAME,
+    ),
+];
+
 /// Identifies the embedded object: programs pinned by a binary with other programs are
 /// never reused by this one (it loads and pins its own next to them). `build.rs` computes
 /// it ([`fnv1a`] of the object) once at build time.

@@ -358,21 +358,25 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
 }
 
-/// CHECK: both links live on `host_ifindex` with our programs (netlink mode: the records
-/// are there; the caller checks the filters themselves), and the endpoint map holds each
-/// address with the right host veth and MACs.
-#[allow(clippy::too_many_arguments)]
+/// CHECK: the kernel holds what `pod` describes (as ADD installed it): both links live on
+/// its host veth with our programs (netlink mode: the records are there; the caller checks
+/// the filters themselves), the endpoint map holds each address with the right host veth
+/// and MACs, and the limits, pacing and host ports are the described ones.
 pub fn check_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
-    host_ifindex: u32,
-    endpoints: &[PodEndpoint],
-    limits: Option<RateLimit>,
-    port_entries: &[PortEntry],
+    pod: &PodSpec<'_>,
     mode: AttachMode,
-    chained: bool,
-    netns_cookie: u64,
 ) -> Result<(), BpfError> {
+    let PodSpec {
+        host_ifindex,
+        endpoints,
+        limits,
+        ports: port_entries,
+        chained,
+        netns_cookie,
+        ..
+    } = *pod;
     key.validate()?;
     let root = PinRoot::from_env();
     let pins = root.attachment(node, key);

@@ -20,27 +20,9 @@ use ebpf_cni_maps::{
 use super::{
     dataplane::{endpoint_key, is_not_found, key_ip, open_pinned},
     pin::{create_dir_all_racy, NodeId, PinRoot},
-    sys, BpfError,
+    sys, BpfError, SOCK_PROGRAMS,
 };
 use crate::portmap::{PortEntry, Protocol};
-
-/// The socket-address programs and the hooks they attach to.
-pub const SOCK_PROGRAMS: [(&str, u32); 8] = [
-    (ebpf_cni_maps::PROG_CONNECT4, sys::BPF_CGROUP_INET4_CONNECT),
-    (ebpf_cni_maps::PROG_CONNECT6, sys::BPF_CGROUP_INET6_CONNECT),
-    (ebpf_cni_maps::PROG_SENDMSG4, sys::BPF_CGROUP_UDP4_SENDMSG),
-    (ebpf_cni_maps::PROG_SENDMSG6, sys::BPF_CGROUP_UDP6_SENDMSG),
-    (ebpf_cni_maps::PROG_RECVMSG4, sys::BPF_CGROUP_UDP4_RECVMSG),
-    (ebpf_cni_maps::PROG_RECVMSG6, sys::BPF_CGROUP_UDP6_RECVMSG),
-    (
-        ebpf_cni_maps::PROG_PEERNAME4,
-        sys::BPF_CGROUP_INET4_GETPEERNAME,
-    ),
-    (
-        ebpf_cni_maps::PROG_PEERNAME6,
-        sys::BPF_CGROUP_INET6_GETPEERNAME,
-    ),
-];
 
 pub fn port_key(e: &PortEntry) -> PortKey {
     let addr = match e.host {

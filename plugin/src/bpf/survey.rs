@@ -16,8 +16,7 @@ use ebpf_cni_maps::{
 use super::{
     dataplane::Maps,
     pin::{is_bpffs, NodeId, PinRoot},
-    ports::SOCK_PROGRAMS,
-    revision, BpfError, Hook, PROGRAMS,
+    revision, BpfError, Hook, PROGRAMS, SOCK_PROGRAMS,
 };
 
 /// The node's hash maps, shrunk for the load probe (each preallocates its full size, tens

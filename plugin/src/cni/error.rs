@@ -121,8 +121,6 @@ impl std::fmt::Display for CniError {
 
 impl std::error::Error for CniError {}
 
-pub type CniResult<T> = Result<T, CniError>;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,4 +7,4 @@ pub mod gc;
 pub mod types;
 pub mod version;
 
-pub use error::{code, CniError, CniResult};
+pub use error::{code, CniError};

@@ -187,16 +187,6 @@ impl Netlink {
         }
     }
 
-    /// Every link of the namespace.
-    pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
-        let mut s = self.handle.link().get().execute();
-        let mut out = Vec::new();
-        while let Some(m) = s.try_next().await.map_err(req("list links"))? {
-            out.push(Link::from_msg(&m));
-        }
-        Ok(out)
-    }
-
     /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
     pub async fn bpf_filters(
         &self,

@@ -316,7 +316,7 @@ fn wire_factor(udp: bool) -> f64 {
 /// configuration that has no figure gets that configuration's cell instead.
 fn deviation_row(t: &Table) -> Row {
     let mut row = Row::new(
-        crate::bench::report::DEVIATION_ROW,
+        crate::bench::model::DEVIATION_ROW,
         "% of limit",
         Better::Lower,
     );

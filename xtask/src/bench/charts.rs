@@ -353,7 +353,7 @@ pub fn bandwidth(dir: &Path, table: &Table) -> Result<PathBuf> {
     let rows: Vec<&Row> = table
         .rows
         .iter()
-        .filter(|r| r.unit == "% of limit" && r.metric != crate::bench::report::DEVIATION_ROW)
+        .filter(|r| r.unit == "% of limit" && r.metric != crate::bench::model::DEVIATION_ROW)
         .collect();
     let width = (320 + rows.len() as u32 * 130).max(900);
     let root = SVGBackend::new(&path, (width, 520)).into_drawing_area();

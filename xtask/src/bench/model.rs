@@ -49,6 +49,25 @@ pub struct Summary {
     pub max: f64,
 }
 
+impl Summary {
+    /// Median and range of the finite `values`; `None` when there is nothing to summarize.
+    pub fn of(values: &[f64]) -> Option<Summary> {
+        let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        Some(Summary {
+            n: v.len(),
+            median: crate::bench::stats::median(&v),
+            min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
+    }
+}
+
+/// The bandwidth table's summary row: the worst deviation from the limit of a subject.
+pub const DEVIATION_ROW: &str = "largest deviation from the limit, any configuration";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum Cell {
@@ -196,7 +215,7 @@ impl Repeats {
     pub fn cell(&self, subject: Subject) -> Cell {
         match self.instead.get(&subject) {
             Some(c @ Cell::Failed { .. }) => c.clone(),
-            other => match crate::bench::stats::summarize(self.values(subject)) {
+            other => match Summary::of(self.values(subject)) {
                 Some(s) => Cell::Value(s),
                 None => other.cloned().unwrap_or(Cell::NotApplicable),
             },
@@ -226,4 +245,16 @@ pub fn first_line(s: &str) -> String {
         line.push('…');
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_has_range() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.n, s.median, s.min, s.max), (3, 2.0, 1.0, 3.0));
+        assert!(Summary::of(&[f64::NAN]).is_none());
+    }
 }

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::bench::charts::{self, short_num};
 use crate::bench::cleanup::{self, Scenario};
-use crate::bench::model::{Better, Cell, Row, Subject, Summary, Table};
+use crate::bench::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
 use crate::bench::scale::{self, thousands};
 use crate::bench::{progress, Run, Section};
 
@@ -322,8 +322,6 @@ pub fn headline(run: &Run) -> Table {
     t.rows = rows.into_iter().flatten().collect();
     t
 }
-
-pub const DEVIATION_ROW: &str = "largest deviation from the limit, any configuration";
 
 fn cleanup_row(c: &cleanup::Output) -> Row {
     let mut row = Row::new("left after the 4 DEL scenarios", "objects", Better::Lower);

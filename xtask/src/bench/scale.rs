@@ -22,7 +22,7 @@ use anyhow::{Context as _, Result};
 
 use crate::bench::load::{self, EchoServer};
 use crate::bench::model::{first_line, Better, Cell, Row, Subject, Summary, Table};
-use crate::bench::stats::{median, percentile, summarize};
+use crate::bench::stats::{median, percentile};
 use crate::bench::topo::{self, BenchNode, Binaries, Pod};
 use crate::bench::{progress, Params};
 
@@ -232,9 +232,9 @@ impl Run {
             pods: self.background.len(),
             connect_us,
             connect_newest_us,
-            add_ms: summarize(&adds).expect("at least one extra ADD"),
-            control_add_ms: summarize(&control_adds).expect("at least one control ADD"),
-            del_ms: summarize(&dels).expect("at least one extra DEL"),
+            add_ms: Summary::of(&adds).expect("at least one extra ADD"),
+            control_add_ms: Summary::of(&control_adds).expect("at least one control ADD"),
+            del_ms: Summary::of(&dels).expect("at least one extra DEL"),
             install_s: self.install.as_secs_f64(),
         })
     }

@@ -1,7 +1,5 @@
-//! Percentiles and summaries. Percentiles interpolate linearly between the two nearest
-//! ranks, so p50 of an even count is the mean of the middle two.
-
-use crate::bench::model::Summary;
+//! Percentiles. They interpolate linearly between the two nearest ranks, so p50 of an even
+//! count is the mean of the middle two.
 
 /// The `p`-th percentile (0–100) of `values` (any order); NaN when empty.
 pub fn percentile(values: &[f64], p: f64) -> f64 {
@@ -20,20 +18,6 @@ pub fn median(values: &[f64]) -> f64 {
     percentile(values, 50.0)
 }
 
-/// Median and range; `None` when there is nothing to summarize.
-pub fn summarize(values: &[f64]) -> Option<Summary> {
-    let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    Some(Summary {
-        n: v.len(),
-        median: median(&v),
-        min: v.iter().copied().fold(f64::INFINITY, f64::min),
-        max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,12 +30,5 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), 4.0);
         assert!((percentile(&[1.0, 2.0, 3.0, 4.0, 5.0], 95.0) - 4.8).abs() < 1e-9);
         assert!(median(&[]).is_nan());
-    }
-
-    #[test]
-    fn summary_has_range() {
-        let s = summarize(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((s.n, s.median, s.min, s.max), (3, 2.0, 1.0, 3.0));
-        assert!(summarize(&[f64::NAN]).is_none());
     }
 }

@@ -15,7 +15,7 @@ use ebpf_cni_tests::Netns;
 
 use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::stats::{percentile, summarize};
+use crate::bench::stats::percentile;
 use crate::bench::topo::{self, BenchNode, Binaries, Pod, VethPair};
 use crate::bench::{progress, Params};
 
@@ -357,7 +357,7 @@ fn percent_of_veth(r: &Repeats) -> Option<Row> {
         let v = r.values(s);
         let cell = if !v.is_empty() && v.len() == veth.len() {
             let ratios: Vec<f64> = v.iter().zip(veth).map(|(a, b)| a / b * 100.0).collect();
-            summarize(&ratios).map_or(Cell::NotApplicable, Cell::Value)
+            Summary::of(&ratios).map_or(Cell::NotApplicable, Cell::Value)
         } else {
             match r.cell(s) {
                 Cell::Value(x) => Cell::Value(Summary {

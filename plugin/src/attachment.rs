@@ -1,0 +1,148 @@
+//! One attachment, `(network, container id, ifname)`, as the commands see it: its key, the
+//! mode its config puts it in (ebpf-cni makes the pod's interface, or is chained after the
+//! plugin that did), and what CHECK reports about its dataplane.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::{
+    bandwidth::Limits,
+    bpf::{self, AttachmentKey, BpfError, Hook, PodEndpoint, PodSpec},
+    cni::{code, config::NetConf, env::CniEnv, CniError},
+    netlink::{Link, Netlink},
+    netns::Netns,
+    portmap::{PortEntry, PortMapping},
+};
+
+/// The attachment `env` names in the network of `conf`.
+pub fn key<'a>(conf: &'a NetConf, env: &'a CniEnv) -> AttachmentKey<'a> {
+    AttachmentKey {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+    }
+}
+
+/// One address of the pod's interface: the address, its gateway (from IPAM or the previous
+/// plugin) and the IPv4 gateway the programs answer ARP for, if any.
+#[derive(Clone, Copy, Debug)]
+pub struct PodAddr {
+    pub ip: IpAddr,
+    pub gateway: Option<IpAddr>,
+    pub gateway4: Option<Ipv4Addr>,
+}
+
+/// What one pod's dataplane holds: its endpoints, limits, host ports and the cookie its
+/// paced sockets are known by. ADD installs it and CHECK compares the kernel with it, in
+/// both modes, built by this one function from the config's parsed limits and mappings and
+/// the pod's veth pair.
+#[derive(Debug)]
+pub struct Wanted {
+    pub endpoints: Vec<PodEndpoint>,
+    pub limits: Option<ebpf_cni_maps::RateLimit>,
+    pub ports: Vec<PortEntry>,
+    pub netns_cookie: u64,
+    pub chained: bool,
+}
+
+impl Wanted {
+    /// `host` and `pod`: the two ends of the pod's veth pair.
+    pub fn build(
+        limits: &Limits,
+        mappings: &[PortMapping],
+        host: &Link,
+        pod: &Link,
+        addrs: &[PodAddr],
+        pod_ns: &Netns,
+        chained: bool,
+    ) -> Result<Wanted, CniError> {
+        let (Some(host_mac), Some(pod_mac)) = (host.mac, pod.mac) else {
+            return Err(CniError::new(
+                code::KERNEL,
+                format!("veth pair {} / {} has no MAC address", host.name, pod.name),
+            ));
+        };
+        let endpoints = addrs
+            .iter()
+            .map(|a| PodEndpoint {
+                ip: a.ip,
+                host_ifindex: host.index,
+                host_mac,
+                pod_mac,
+                chained,
+                gateway4: a.gateway4,
+            })
+            .collect();
+        let gateways: Vec<(IpAddr, Option<IpAddr>)> =
+            addrs.iter().map(|a| (a.ip, a.gateway)).collect();
+        Ok(Wanted {
+            endpoints,
+            limits: limits.to_map_value(),
+            ports: crate::portmap::entries(mappings, &gateways)?,
+            netns_cookie: pacing_cookie(limits, pod_ns)?,
+            chained,
+        })
+    }
+
+    /// The description as the dataplane takes it, for the pod behind `host`; `node_addrs`
+    /// (what wildcard host ports answer on) matters to ADD only.
+    pub fn spec<'a>(&'a self, host: &'a Link, node_addrs: &'a [IpAddr]) -> PodSpec<'a> {
+        PodSpec {
+            host_ifname: &host.name,
+            host_ifindex: host.index,
+            endpoints: &self.endpoints,
+            limits: self.limits,
+            ports: &self.ports,
+            node_addrs,
+            chained: self.chained,
+            netns_cookie: self.netns_cookie,
+        }
+    }
+}
+
+/// Whether `conf` puts ebpf-cni in chained mode: a config without `ipam` (ebpf-cni cannot
+/// address a pod without one), so DEL, CHECK and GC know it without `prevResult`. See
+/// `chained`.
+pub fn is_chained(conf: &NetConf) -> bool {
+    conf.ipam.is_none()
+}
+
+/// The pod's netns cookie when its egress limit makes its TCP sockets paced (the pacing
+/// map's key), else 0: reading it costs a thread, which pods without limits are spared.
+pub fn pacing_cookie(limits: &Limits, pod_ns: &Netns) -> Result<u64, CniError> {
+    if bpf::pacing_rate(limits.to_map_value()).is_none() || !bpf::kernel::has_netns_cookie() {
+        return Ok(0);
+    }
+    Ok(bpf::netns_cookie_of(pod_ns)?)
+}
+
+fn failed(msg: String) -> CniError {
+    CniError::new(code::CHECK_FAILED, msg)
+}
+
+/// CHECK found the dataplane unlike ADD left it: code 105 whatever the `BpfError`'s own code,
+/// its causes (a netlink or syscall error) in the details.
+pub fn dataplane_failed(e: BpfError) -> CniError {
+    failed(format!("eBPF dataplane: {e}"))
+        .with_details(crate::cni::error::source_lines(&e).join(": "))
+}
+
+/// Netlink mode: each of `hooks` has its program's filter on `host`.
+pub async fn netlink_filters(
+    host_nl: &Netlink,
+    host: &Link,
+    hooks: [Hook; 2],
+) -> Result<(), CniError> {
+    for hook in hooks {
+        let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
+        let filters = host_nl.bpf_filters(host.index, ingress).await?;
+        if !filters.iter().any(|f| f == hook.program()) {
+            return Err(failed(format!(
+                "eBPF dataplane: no {} filter of program {} on {} (netlink mode)",
+                if ingress { "ingress" } else { "egress" },
+                hook.program(),
+                host.name
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! The node as every command sees it: its devices and addresses (what the device program
+//! attaches to, what wildcard host ports answer on), how programs attach there, and the
+//! test hook that fails an ADD after all its steps.
+
+use crate::{
+    bpf::{AttachMode, AttachModes, Device},
+    cni::{
+        code,
+        config::{NetConf, TcAttachMode},
+        CniError,
+    },
+    netlink::Netlink,
+    veth,
+};
+
+/// Test hook: `EBPF_CNI_FAILPOINT=before-result` fails ADD after every step succeeded, so
+/// tests can prove the rollback undoes all of them.
+const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
+
+/// The node devices that get the device program: the `devices` of the config, or else
+/// every device holding a global address that is not a pod's host veth (or loopback).
+/// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
+/// Also returns every global address of the node (what wildcard host ports answer on).
+///
+/// One address dump finds them; links are then looked up one by one, only those holding an
+/// address other than a pod gateway (`gateways`) and other than `lo` (which holds the IPv4
+/// gateways): host veths hold nothing else, so ADD does not parse one link message per pod
+/// on a busy node.
+pub async fn node_devices(
+    host_nl: &Netlink,
+    conf: &NetConf,
+    gateways: &[std::net::IpAddr],
+) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
+    // The calling thread is in the node's namespace, as `host_nl` is.
+    let global = crate::netlink::addrs::global_addresses()
+        .map_err(crate::netlink::NetlinkError::Addresses)?;
+    let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
+    node_addrs.sort();
+    node_addrs.dedup();
+    let mut out = Vec::new();
+    if let Some(names) = &conf.devices {
+        for name in names {
+            match host_nl.link_by_name(name).await? {
+                Some(l) => out.push(Device {
+                    name: l.name,
+                    ifindex: l.index,
+                }),
+                None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
+            }
+        }
+        return Ok((out, node_addrs));
+    }
+    let mut candidates: Vec<u32> = global
+        .iter()
+        .filter(|(i, ip)| *i != crate::gateway::LOOPBACK_IFINDEX && !gateways.contains(ip))
+        .map(|(i, _)| *i)
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    for index in candidates {
+        if let Some(l) = host_nl.link_by_index(index).await? {
+            if l.name != "lo" && !veth::is_host_veth(&l) {
+                out.push(Device {
+                    name: l.name,
+                    ifindex: l.index,
+                });
+            }
+        }
+    }
+    Ok((out, node_addrs))
+}
+
+/// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
+pub fn failpoint() -> Result<(), CniError> {
+    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
+        return Err(CniError::new(
+            code::INTERNAL,
+            format!("failpoint {FAILPOINT_ENV}=before-result"),
+        ));
+    }
+    Ok(())
+}
+
+/// How the programs attach. `tcAttachMode` `tcx` or `netlink` forces one mode everywhere.
+/// `auto` (the default) puts netlink filters on the host veths ebpf-cni creates and TCX
+/// links everywhere else where the kernel has TCX: on the node's devices, which other tc
+/// users share and which outlive every pod, and on a chained pod's veth, which belongs to
+/// the previous plugin. A TCX attach waits out two RCU grace periods while it holds the
+/// machine-wide RTNL lock (`kernel/bpf/tcx.c`: `tcx_entry_sync()`, then
+/// `bpf_mprog_commit()`), about 25 ms for a pod's two hooks here, during which every
+/// netlink request of the machine waits too; a `bpf` filter on a fresh `clsact` needs no
+/// such wait. The veth is ebpf-cni's alone from creation to deletion, and its filters go
+/// with it, so the links' ownership buys nothing there (README, "Attach modes").
+pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
+    let one = |mode| AttachModes {
+        pod: mode,
+        devices: mode,
+    };
+    match conf.tc_attach_mode {
+        TcAttachMode::Auto => AttachModes {
+            pod: if chained {
+                AttachMode::auto()
+            } else {
+                AttachMode::Netlink
+            },
+            devices: AttachMode::auto(),
+        },
+        TcAttachMode::Tcx => one(AttachMode::Tcx),
+        TcAttachMode::Netlink => one(AttachMode::Netlink),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modes(mode: Option<&str>, chained: bool) -> AttachModes {
+        let mut raw = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni"});
+        if let Some(m) = mode {
+            raw["tcAttachMode"] = serde_json::Value::from(m);
+        }
+        attach_modes(&NetConf::parse(raw).unwrap(), chained)
+    }
+
+    #[test]
+    fn auto_puts_filters_on_own_veths_and_links_elsewhere() {
+        let kernel = AttachMode::auto();
+        assert_eq!(
+            modes(None, false),
+            AttachModes {
+                pod: AttachMode::Netlink,
+                devices: kernel
+            }
+        );
+        assert_eq!(modes(Some("auto"), false), modes(None, false));
+        assert_eq!(
+            modes(None, true),
+            AttachModes {
+                pod: kernel,
+                devices: kernel
+            }
+        );
+        for chained in [false, true] {
+            for (m, want) in [("tcx", AttachMode::Tcx), ("netlink", AttachMode::Netlink)] {
+                assert_eq!(
+                    modes(Some(m), chained),
+                    AttachModes {
+                        pod: want,
+                        devices: want
+                    }
+                );
+            }
+        }
+    }
+}
