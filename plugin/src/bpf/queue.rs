@@ -44,9 +44,13 @@ pub fn prepare(
         ifindex: host_ifindex,
         source,
     };
-    let (mode, created) = match tc::add_root_fq(host_ifindex, EDT_QDISC_HANDLE)
-        .map_err(|e| qdisc_err("add the fq qdisc", e))?
-    {
+    let added = if fq_possible() {
+        tc::add_root_fq(host_ifindex, EDT_QDISC_HANDLE)
+            .map_err(|e| qdisc_err("add the fq qdisc", e))?
+    } else {
+        FqAdded::Unsupported
+    };
+    let (mode, created) = match added {
         FqAdded::Created => (LIMIT_EDT, true),
         FqAdded::Occupied => {
             let (kind, _) =
@@ -70,6 +74,16 @@ pub fn prepare(
     };
     l.ingress.mode = mode;
     Ok(created)
+}
+
+/// Whether asking for an fq can succeed: `sch_fq` is loaded, or the kernel has a module
+/// tree to load it from. Asking a kernel that has neither makes it run `modprobe` (a
+/// user-mode helper) on every ADD of a limited pod, for nothing.
+fn fq_possible() -> bool {
+    std::path::Path::new("/sys/module/sch_fq").exists()
+        || std::path::Path::new("/lib/modules")
+            .join(kernel::release())
+            .exists()
 }
 
 /// CHECK: a paced pod's veth has an fq at its root; a pod without an ingress limit has not
