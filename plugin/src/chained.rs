@@ -32,8 +32,14 @@ struct ChainedPod {
 }
 
 impl ChainedPod {
-    fn addrs(&self) -> Vec<PodAddr> {
-        self.addrs
+    /// What the pod's dataplane holds in chained mode, for ADD and CHECK alike.
+    fn wanted(
+        &self,
+        limits: &crate::bandwidth::Limits,
+        mappings: &[crate::portmap::PortMapping],
+    ) -> Result<Wanted, CniError> {
+        let addrs: Vec<PodAddr> = self
+            .addrs
             .iter()
             .map(|&(ip, gateway)| PodAddr {
                 ip,
@@ -41,7 +47,16 @@ impl ChainedPod {
                 // The previous plugin answers ARP for its gateway.
                 gateway4: None,
             })
-            .collect()
+            .collect();
+        Wanted::build(
+            limits,
+            mappings,
+            &self.host,
+            &self.container,
+            &addrs,
+            &self.ns,
+            true,
+        )
     }
 
     fn gateways(&self) -> Vec<IpAddr> {
@@ -160,15 +175,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     let key = crate::attachment::key(conf, env);
     let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
     bpf::ensure_addresses_free(&node, &key, &ips)?;
-    let wanted = Wanted::build(
-        &limits,
-        &port_mappings,
-        &pod.host,
-        &pod.container,
-        &pod.addrs(),
-        &pod.ns,
-        true,
-    )?;
+    let wanted = pod.wanted(&limits, &port_mappings)?;
     let (devices, node_addrs) = crate::node::node_devices(&host_nl, conf, &pod.gateways()).await?;
     let spec = wanted.spec(&pod.host, &node_addrs);
     // add_pod leaves nothing of the pod behind when it fails.
@@ -209,14 +216,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let node = NodeId::current()?;
     let key = crate::attachment::key(conf, env);
     let mode = crate::node::attach_modes(conf, true).pod;
-    let wanted = Wanted::build(
+    let wanted = pod.wanted(
         &crate::bandwidth::limits(conf)?,
         &crate::portmap::mappings(conf)?,
-        &pod.host,
-        &pod.container,
-        &pod.addrs(),
-        &pod.ns,
-        true,
     )?;
     bpf::check_pod(&node, &key, &wanted.spec(&pod.host, &[]), mode)
         .map_err(crate::attachment::dataplane_failed)?;
