@@ -22,6 +22,7 @@ use aya_log_ebpf::debug;
 use crate::{
     limit::{pace, paced, police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
+    masq::{self, Reply, Want},
     nat::{self, Nat},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
@@ -226,7 +227,18 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         {
             deliver(ctx, proto, &ep)
         }
-        Some((proto, Dest::Other)) => route(ctx, proto, me),
+        Some((proto, Dest::Other)) => {
+            let masq = if CHAINED || nat != Nat::None {
+                Want::No
+            } else {
+                masq::wanted(ctx)
+            };
+            if masq == Want::Untranslatable {
+                count(me, Dir::FromPod, Event::Drop, len);
+                return TC_ACT_SHOT as i32;
+            }
+            route(ctx, proto, me, masq == Want::Yes)
+        }
         _ => {
             if tracing() {
                 debug!(ctx, "if {}: from pod, to the stack", me);
@@ -305,7 +317,11 @@ pub fn to_pod(ctx: &TcContext) -> i32 {
 /// Node device ingress.
 #[inline(always)]
 pub fn from_dev(ctx: &TcContext) -> i32 {
-    let nat = nat::forward(ctx, 0);
+    let nat = match masq::reply(ctx) {
+        Reply::Done => Nat::Done,
+        Reply::Failed => Nat::Failed,
+        Reply::None => nat::forward(ctx, 0),
+    };
     if nat == Nat::Failed {
         return TC_ACT_SHOT as i32;
     }
@@ -330,11 +346,16 @@ fn trace_fib(ctx: &TcContext, me: u32, rc: i64, out: u32) {
     }
 }
 
-/// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter).
+/// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
+/// use on the route (what masquerade takes).
+const FIB_LOOKUP_SRC: u32 = 1 << 4;
+
+/// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
+/// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
 /// Local destinations, unreachable ones, those needing fragmentation and everything the
 /// FIB does not resolve go to the stack, which knows how to answer them.
 #[inline(always)]
-fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
+fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
     // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     fib.ifindex = me;
@@ -367,15 +388,24 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
             fib.__bindgen_anon_4.ipv6_dst = core::ptr::read_unaligned(ip.daddr.as_ptr().cast());
         }
     }
-    // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut fib,
-            core::mem::size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
+    let lookup = |fib: &mut bpf_fib_lookup, flags: u32| {
+        // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
+        unsafe {
+            fib_lookup(
+                ctx.as_ptr(),
+                fib,
+                core::mem::size_of::<bpf_fib_lookup>() as i32,
+                flags,
+            )
+        }
     };
+    let mut src_known = masq;
+    let mut rc = lookup(&mut fib, if masq { FIB_LOOKUP_SRC } else { 0 });
+    if rc < 0 && masq {
+        // A kernel before 6.8 refuses the flag (before reading anything else).
+        src_known = false;
+        rc = lookup(&mut fib, 0);
+    }
     trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());
@@ -384,6 +414,23 @@ fn route(ctx: &TcContext, proto: u16, me: u32) -> i32 {
     let rc = rc as u32;
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || fib.ifindex == me {
         return PASS;
+    }
+    if masq {
+        let mut src = [0u8; 16];
+        // SAFETY: union fields of plain integers, written by the lookup for this family.
+        unsafe {
+            if proto == ETH_P_IP {
+                src[10] = 0xff;
+                src[11] = 0xff;
+                src[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
+            } else {
+                src = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
+            }
+        }
+        if !masq::snat(ctx, fib.ifindex, src_known.then_some(&src)) {
+            count(me, Dir::FromPod, Event::Drop, ctx.len());
+            return TC_ACT_SHOT as i32;
+        }
     }
     if hop(ctx, proto).is_none() {
         return PASS;

@@ -24,9 +24,11 @@
 mod forward;
 mod limit;
 mod maps;
+mod masq;
 mod nat;
 mod pace;
 mod packet;
+mod rewrite;
 mod sock;
 
 use aya_ebpf::{

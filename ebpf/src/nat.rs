@@ -17,13 +17,7 @@
 //! SCTP's CRC32c covers the ports but is not updated here: a port-changing SCTP mapping
 //! relies on the CRC being computed after us (checksum offload, as on veth).
 
-use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::bpf_csum_diff,
-    macros::map,
-    maps::PerCpuArray,
-    programs::TcContext,
-};
+use aya_ebpf::{macros::map, maps::PerCpuArray, programs::TcContext};
 use ebpf_cni_maps::{
     NatKey, NatOrig, PortKey, PortTarget, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, NAT_FLAG_HAIRPIN,
 };
@@ -31,16 +25,8 @@ use ebpf_cni_maps::{
 use crate::{
     maps::{count_hit, is_node_addr, port_target, portmap_enabled, ECNI_NAT_REV},
     packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+    rewrite::{self, End},
 };
-
-const IPV4_L4_OFF: usize = ETH_HLEN + 20;
-const IPV6_L4_OFF: usize = ETH_HLEN + 40;
-/// Offsets of the addresses from the start of the IP header.
-const IPV4_SRC: usize = 12;
-const IPV4_DST: usize = 16;
-const IPV4_CHECK: usize = 10;
-const IPV6_SRC: usize = 8;
-const IPV6_DST: usize = 24;
 
 /// The parts of a packet a translation reads, and the map keys and values it builds. They
 /// live in a per-CPU scratch slot: on the BPF stack (512 bytes for the whole call chain)
@@ -67,14 +53,9 @@ pub struct Scratch {
 
 const _: () = assert!(core::mem::size_of::<Scratch>() == 48 + 16 * 4 + 20 + 40 + 24 + 12);
 
-/// Where the transport header starts (constant per family, which the verifier needs).
 #[inline(always)]
 fn l4_off(f: &Scratch) -> usize {
-    if f.v4 == 1 {
-        IPV4_L4_OFF
-    } else {
-        IPV6_L4_OFF
-    }
+    rewrite::l4_off(f.v4 == 1)
 }
 
 #[map]
@@ -148,111 +129,27 @@ fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
     true
 }
 
-/// Offset of the L4 checksum, if the protocol has an Internet checksum.
-#[inline(always)]
-fn l4_check(f: &Scratch) -> Option<(usize, u64)> {
-    match f.proto {
-        IPPROTO_TCP => Some((l4_off(f) + 16, 0)),
-        // A zero UDP checksum (IPv4) means "none" and must stay zero.
-        IPPROTO_UDP => Some((l4_off(f) + 6, u64::from(BPF_F_MARK_MANGLED_0))),
-        _ => None,
-    }
-}
-
-#[derive(Clone, Copy)]
-enum End {
-    Src,
-    Dst,
-}
-
-/// Rewrites one address from `f.csum_from` to `f.csum_to`, patching the IPv4 header
-/// checksum and the L4 checksum's pseudo header.
+/// Rewrites one address from `f.csum_from` to `f.csum_to` (a subprogram, so its locals
+/// get their own stack frame).
 #[inline(never)]
 fn set_addr(ctx: &TcContext, f: &mut Scratch, end: End) -> bool {
-    let (old, new) = (&f.csum_from, &f.csum_to);
-    if f.v4 == 1 {
-        let off = ETH_HLEN
-            + match end {
-                End::Src => IPV4_SRC,
-                End::Dst => IPV4_DST,
-            };
-        let from = u32::from_ne_bytes([old[12], old[13], old[14], old[15]]);
-        let to_bytes = [new[12], new[13], new[14], new[15]];
-        let to = u32::from_ne_bytes(to_bytes);
-        if ctx
-            .l3_csum_replace(ETH_HLEN + IPV4_CHECK, u64::from(from), u64::from(to), 4)
-            .is_err()
-        {
-            return false;
-        }
-        if let Some((check, flags)) = l4_check(f) {
-            if ctx
-                .l4_csum_replace(
-                    check,
-                    u64::from(from),
-                    u64::from(to),
-                    flags | u64::from(BPF_F_PSEUDO_HDR) | 4,
-                )
-                .is_err()
-            {
-                return false;
-            }
-        }
-        ctx.store(off, &to_bytes, 0).is_ok()
-    } else {
-        let off = ETH_HLEN
-            + match end {
-                End::Src => IPV6_SRC,
-                End::Dst => IPV6_DST,
-            };
-        if let Some((check, flags)) = l4_check(f) {
-            // SAFETY: both buffers are 16 bytes of the scratch map value.
-            let diff = unsafe {
-                bpf_csum_diff(
-                    f.csum_from.as_mut_ptr().cast(),
-                    16,
-                    f.csum_to.as_mut_ptr().cast(),
-                    16,
-                    0,
-                )
-            };
-            if diff < 0
-                || ctx
-                    .l4_csum_replace(check, 0, diff as u64, flags | u64::from(BPF_F_PSEUDO_HDR))
-                    .is_err()
-            {
-                return false;
-            }
-        }
-        ctx.store(off, &f.csum_to, 0).is_ok()
-    }
+    rewrite::set_addr(
+        ctx,
+        f.v4 == 1,
+        f.proto,
+        end,
+        &mut f.csum_from,
+        &mut f.csum_to,
+    )
 }
 
 #[inline(always)]
 fn set_port(ctx: &TcContext, f: &Scratch, end: End, old: u16, new: u16) -> bool {
-    if old == new {
-        return true;
-    }
-    let off = l4_off(f)
-        + match end {
-            End::Src => 0,
-            End::Dst => 2,
-        };
-    let (from, to) = (old.to_be_bytes(), new.to_be_bytes());
-    if let Some((check, flags)) = l4_check(f) {
-        if ctx
-            .l4_csum_replace(
-                check,
-                u64::from(u16::from_ne_bytes(from)),
-                u64::from(u16::from_ne_bytes(to)),
-                flags | 2,
-            )
-            .is_err()
-        {
-            return false;
-        }
-    }
-    ctx.store(off, &to, 0).is_ok()
+    let field = match end {
+        End::Src => rewrite::SPORT,
+        End::Dst => rewrite::DPORT,
+    };
+    rewrite::set_l4_u16(ctx, f.v4 == 1, f.proto, field, old, new)
 }
 
 /// What a translation did.

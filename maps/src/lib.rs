@@ -40,7 +40,7 @@ pub const CONFIG_MAP: &str = "ECNI_CONFIG";
 pub const PACING_MAP: &str = "ECNI_PACING";
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these and
 /// `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [&str; 11] = [
+pub const NODE_MAPS: [&str; 16] = [
     ENDPOINTS_MAP,
     POD_COUNTERS_MAP,
     TRACE_MAP,
@@ -52,7 +52,59 @@ pub const NODE_MAPS: [&str; 11] = [
     NODE_ADDRS_MAP,
     CONFIG_MAP,
     PACING_MAP,
+    MASQ_FWD_MAP,
+    MASQ_REV_MAP,
+    MASQ_SKIP_MAP,
+    MASQ_SRC_MAP,
+    MASQ_STATS_MAP,
 ];
+
+/// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
+/// address and port (ICMP echo: identifier) → [`MasqFlow`] with the node's address and the
+/// port it took. Entries are never evicted by the kernel: a flow goes when it has been idle
+/// past its timeout and its port is wanted again, when its pod is deleted, or at GC.
+pub const MASQ_FWD_MAP: &str = "ECNI_MASQ_FWD";
+/// Node-wide hash of the same flows as replies carry them: [`MasqKey`] with the node's
+/// address and port → [`MasqFlow`] with the pod's.
+pub const MASQ_REV_MAP: &str = "ECNI_MASQ_REV";
+/// Node-wide LPM trie of destinations never masqueraded (the masquerading networks' own
+/// ranges and their `ipMasqExclude`): an LPM key of a 16-byte address (IPv4 mapped into
+/// IPv6, its prefix length counting the 96 bits before it) → `u32` (unused, 1).
+pub const MASQ_SKIP_MAP: &str = "ECNI_MASQ_SKIP";
+/// Node-wide hash of each device's source address for masquerade, for kernels whose FIB
+/// lookup cannot tell it (`BPF_FIB_LOOKUP_SRC` is 6.8+): [`masq_src_key`] → [`EndpointKey`].
+pub const MASQ_SRC_MAP: &str = "ECNI_MASQ_SRC";
+/// Node-wide per-CPU array with one [`MasqStats`].
+pub const MASQ_STATS_MAP: &str = "ECNI_MASQ_STAT";
+/// Capacity of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`] (allocated as flows come).
+pub const MAX_MASQ_FLOWS: u32 = 262_144;
+/// Capacity of [`MASQ_SKIP_MAP`].
+pub const MAX_MASQ_SKIP: u32 = 4_096;
+/// The masquerade port range when the node config names none: above Linux's default
+/// ephemeral range (32768-60999), and reserved in the node's `ip_local_reserved_ports`
+/// while a masquerading pod exists, so the node's own sockets are never handed these ports.
+pub const MASQ_PORT_MIN: u16 = 61_000;
+pub const MASQ_PORT_MAX: u16 = 65_535;
+/// How many ports a new flow tries (from a start hashed from the flow) before it is dropped
+/// as exhausted.
+pub const MASQ_PROBES: u32 = 32;
+/// Timeouts of idle masqueraded flows, nanoseconds: a TCP flow that was reset or closed in
+/// both directions, one never answered, one established; UDP; ICMP echo.
+pub const MASQ_TCP_CLOSED_NS: u64 = 10_000_000_000;
+pub const MASQ_TCP_OPENING_NS: u64 = 60_000_000_000;
+pub const MASQ_TCP_OPEN_NS: u64 = 7_200_000_000_000;
+pub const MASQ_UDP_NS: u64 = 120_000_000_000;
+pub const MASQ_ICMP_NS: u64 = 30_000_000_000;
+/// [`MasqFlow::state`] bits.
+pub const MASQ_FIN_OUT: u16 = 1;
+pub const MASQ_FIN_IN: u16 = 2;
+pub const MASQ_RST: u16 = 4;
+pub const MASQ_REPLIED: u16 = 8;
+
+/// The [`MASQ_SRC_MAP`] key of a device's address of one family.
+pub const fn masq_src_key(ifindex: u32, v4: bool) -> u64 {
+    ((ifindex as u64) << 1) | v4 as u64
+}
 /// Sockops program (cgroup v2 root) setting `SO_MAX_PACING_RATE` on limited pods' sockets.
 pub const PROG_SOCKOPS: &str = "ecni_sockops";
 /// Capacity of [`PORTMAP_MAP`] and [`PORTMAP_HITS_MAP`].
@@ -97,6 +149,8 @@ pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// [`NatOrig::flags`]: the flow is a pod reaching its own host port; its source was
 /// rewritten to the pod's gateway, so the reply's destination goes back to the pod.
@@ -112,6 +166,12 @@ pub const EP_FLAGS_NONE: u32 = 0;
 /// (chained mode). The programs deliver into such a pod only packets they translated for a
 /// host port; everything else for it takes the stack, as that plugin set it up.
 pub const EP_FLAG_CHAINED: u32 = 1;
+/// [`EndpointInfo::flags`]: the pod's traffic to destinations outside the skip trie is
+/// masqueraded (`ipMasq`).
+pub const EP_FLAG_MASQ: u32 = 2;
+/// [`NodeConfig::flags`]: some pod on the node masquerades, so the device program looks
+/// replies up in the masquerade table.
+pub const NODE_FLAG_MASQ: u32 = 2;
 
 /// Names of the directories and files under the bpffs mount point. The plugin's `bpf::pin`
 /// module assembles them into paths; nothing else spells them out.
@@ -438,10 +498,69 @@ pub struct NodeConfig {
     pub netns_cookie: u64,
     /// `NODE_FLAG_*`.
     pub flags: u32,
-    pub _pad: u32,
+    /// The masquerade port range (0, 0: [`MASQ_PORT_MIN`]..=[`MASQ_PORT_MAX`]).
+    pub masq_port_min: u16,
+    pub masq_port_max: u16,
 }
 
 const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
+
+/// Key of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`]: one end of a flow (the pod's, or the
+/// node's after translation) and the remote end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MasqKey {
+    pub local: [u8; 16],
+    pub remote: [u8; 16],
+    /// Host byte order; ICMP echo: the identifier, and 0 for the remote.
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+const _: () = assert!(core::mem::size_of::<MasqKey>() == 40);
+
+/// Value of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`]: the other side of the translation, and
+/// what each direction last saw.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MasqFlow {
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    /// `MASQ_FIN_OUT`, `MASQ_FIN_IN`, `MASQ_RST`, `MASQ_REPLIED`.
+    pub state: u16,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns` of the last packet this direction translated (updated at most
+    /// once a second, or when the state changes).
+    pub last_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MasqFlow>() == 32);
+
+/// Value of [`MASQ_STATS_MAP`] (per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MasqStats {
+    /// Packets translated leaving (to the node's address) and returning (to the pod's).
+    pub out_packets: u64,
+    pub in_packets: u64,
+    /// Flows given a port.
+    pub flows: u64,
+    /// Idle flows whose port a new flow took.
+    pub reclaimed: u64,
+    /// New flows dropped: every probed port was taken (towards one destination).
+    pub exhausted: u64,
+    /// New flows dropped: the table was full.
+    pub table_full: u64,
+    /// Packets to masquerade that could not be (no source address, fragments, IP options,
+    /// protocols other than TCP, UDP and ICMP echo, a helper failing): dropped.
+    pub untranslatable: u64,
+    pub _spare: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MasqStats>() == 64);
 
 /// `aya::Pod` for the map types, so user space reads and writes them as plain bytes.
 macro_rules! plain_old_data {
@@ -470,6 +589,9 @@ plain_old_data!(
     SockOrig,
     NodeConfig,
     Pacing,
+    MasqKey,
+    MasqFlow,
+    MasqStats,
 );
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
@@ -494,6 +616,11 @@ const _: () = assert!(fits_bpf_obj_name(NODE_ADDRS_MAP));
 const _: () = assert!(fits_bpf_obj_name(CONFIG_MAP));
 const _: () = assert!(fits_bpf_obj_name(PACING_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_SOCKOPS));
+const _: () = assert!(fits_bpf_obj_name(MASQ_FWD_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_REV_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_SKIP_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT6));

@@ -239,7 +239,7 @@ async fn setup(
         write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
 
-    let wanted = Wanted::build(
+    let mut wanted = Wanted::build(
         limits,
         port_mappings,
         &pair.host,
@@ -248,6 +248,10 @@ async fn setup(
         pod_ns,
         false,
     )?;
+    let networks: Vec<_> = addrs.iter().map(|a| a.address).collect();
+    if let Some(masq) = crate::attachment::masq_spec(conf, &networks)? {
+        wanted = wanted.with_masq(masq);
+    }
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let (devices, node_addrs) = crate::node::node_devices(host_nl, conf, &gateways).await?;
     step("devices listed");

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::{
     bandwidth::Limits,
-    bpf::{self, AttachmentKey, BpfError, Hook, PodEndpoint, PodSpec},
+    bpf::{self, AttachmentKey, BpfError, Hook, MasqSpec, PodEndpoint, PodSpec},
     cni::{code, config::NetConf, env::CniEnv, CniError},
     netlink::{Link, Netlink},
     netns::Netns,
@@ -42,6 +42,8 @@ pub struct Wanted {
     pub ports: Vec<PortEntry>,
     pub netns_cookie: u64,
     pub chained: bool,
+    /// `ipMasq`: see [`Wanted::with_masq`].
+    pub masq: Option<MasqSpec>,
 }
 
 impl Wanted {
@@ -70,6 +72,7 @@ impl Wanted {
                 pod_mac,
                 chained,
                 gateway4: a.gateway4,
+                masq: false,
             })
             .collect();
         let gateways: Vec<(IpAddr, Option<IpAddr>)> =
@@ -80,7 +83,18 @@ impl Wanted {
             ports: crate::portmap::entries(mappings, &gateways)?,
             netns_cookie: pacing_cookie(limits, pod_ns)?,
             chained,
+            masq: None,
         })
+    }
+
+    /// The pod masquerades (`ipMasq`): its endpoints carry the flag, and the node gets
+    /// what `masq` lists.
+    pub fn with_masq(mut self, masq: MasqSpec) -> Self {
+        for ep in &mut self.endpoints {
+            ep.masq = true;
+        }
+        self.masq = Some(masq);
+        self
     }
 
     /// The description as the dataplane takes it, for the pod behind `host`; `node_addrs`
@@ -95,8 +109,34 @@ impl Wanted {
             node_addrs,
             chained: self.chained,
             netns_cookie: self.netns_cookie,
+            masq: self.masq.as_ref(),
         }
     }
+}
+
+/// What `ipMasq` asks of the node for a pod with addresses `addrs`: the subnets of those
+/// addresses (the pod network's ranges) and `ipMasqExclude` keep the pod's address, and
+/// the node's devices' addresses are what masqueraded flows leave with. `None` without
+/// `ipMasq`.
+pub fn masq_spec(
+    conf: &NetConf,
+    addrs: &[ipnetwork::IpNetwork],
+) -> Result<Option<MasqSpec>, CniError> {
+    let Some(m) = &conf.masq else {
+        return Ok(None);
+    };
+    let mut skip: Vec<ipnetwork::IpNetwork> = addrs
+        .iter()
+        .map(|a| ipnetwork::IpNetwork::new(a.network(), a.prefix()).expect("prefix is valid"))
+        .chain(m.exclude.iter().copied())
+        .collect();
+    skip.sort();
+    skip.dedup();
+    Ok(Some(MasqSpec {
+        skip,
+        sources: crate::node::masq_sources()?,
+        ports: m.ports,
+    }))
 }
 
 /// Whether `conf` puts ebpf-cni in chained mode: a config without `ipam` (ebpf-cni cannot

@@ -163,6 +163,12 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
                 .to_owned(),
         )
     })?;
+    if conf.masq.is_some() {
+        return Err(invalid(
+            "ipMasq is not supported in chained mode (no ipam): the interface plugin before ebpf-cni masquerades there; set ipMasq on it, or leave ebpf-cni unchained"
+                .to_owned(),
+        ));
+    }
     crate::bpf::kernel::require_for(conf.tc_attach_mode == crate::cni::config::TcAttachMode::Tcx)?;
     let limits = crate::bandwidth::limits(conf)?;
     let port_mappings = crate::portmap::mappings(conf)?;

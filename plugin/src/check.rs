@@ -183,7 +183,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             gateway4: gateway4(i),
         })
         .collect();
-    let wanted = Wanted::build(
+    let mut wanted = Wanted::build(
         &crate::bandwidth::limits(conf)?,
         &crate::portmap::mappings(conf)?,
         &host,
@@ -192,6 +192,10 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         &pod_ns,
         false,
     )?;
+    let networks: Vec<IpNetwork> = ips.iter().map(|i| i.address).collect();
+    if let Some(masq) = crate::attachment::masq_spec(conf, &networks)? {
+        wanted = wanted.with_masq(masq);
+    }
     let mode = crate::node::attach_modes(conf, false).pod;
     bpf::check_pod(&node, &key, &wanted.spec(&host, &[]), mode)
         .map_err(crate::attachment::dataplane_failed)?;

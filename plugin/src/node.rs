@@ -70,6 +70,18 @@ pub async fn node_devices(
     Ok((out, node_addrs))
 }
 
+/// Every global address of the node's devices but `lo` (which holds the pods' IPv4
+/// gateways), as `(ifindex, address)` in the kernel's order: a device's first address of a
+/// family is the one its masqueraded flows take where the FIB lookup cannot tell.
+pub fn masq_sources() -> Result<Vec<(u32, std::net::IpAddr)>, CniError> {
+    let global = crate::netlink::addrs::global_addresses()
+        .map_err(crate::netlink::NetlinkError::Addresses)?;
+    Ok(global
+        .into_iter()
+        .filter(|(i, _)| *i != crate::gateway::LOOPBACK_IFINDEX)
+        .collect())
+}
+
 /// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
 pub fn failpoint() -> Result<(), CniError> {
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {

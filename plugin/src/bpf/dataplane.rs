@@ -35,15 +35,20 @@ pub struct PodEndpoint {
     pub chained: bool,
     /// The IPv4 gateway the programs answer ARP for (see [`EndpointInfo::gateway4`]).
     pub gateway4: Option<std::net::Ipv4Addr>,
+    /// The pod masquerades (see [`ebpf_cni_maps::EP_FLAG_MASQ`]).
+    pub masq: bool,
 }
 
 impl PodEndpoint {
     fn flags(&self) -> u32 {
+        let mut flags = EP_FLAGS_NONE;
         if self.chained {
-            ebpf_cni_maps::EP_FLAG_CHAINED
-        } else {
-            EP_FLAGS_NONE
+            flags |= ebpf_cni_maps::EP_FLAG_CHAINED;
         }
+        if self.masq {
+            flags |= ebpf_cni_maps::EP_FLAG_MASQ;
+        }
+        flags
     }
 }
 
@@ -399,6 +404,14 @@ impl Maps {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Whether any pod on the node masquerades.
+    pub fn any_masq(&self) -> bool {
+        self.endpoints
+            .iter()
+            .filter_map(Result::ok)
+            .any(|(_, v)| v.flags & ebpf_cni_maps::EP_FLAG_MASQ != 0)
     }
 
     pub fn endpoint_count(&self) -> usize {

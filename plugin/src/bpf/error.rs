@@ -318,6 +318,19 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("ipMasqPortRange {asked} differs from the range the node's masquerading pods use, {current}: the range is node-wide and changes only when no masquerading pod is left")]
+    MasqPortRange { asked: String, current: String },
+
+    #[error("masquerade state of the node is incomplete: {missing}")]
+    MasqMissing { missing: String },
+
+    #[error("failed to update the node's reserved ports at {path}")]
+    ReservedPorts {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error(
         "the link pinned at {path} is not a live cgroup link of {expected:?} (program {actual:?})"
     )]
@@ -347,8 +360,11 @@ impl BpfError {
             | Self::PortMappingMissing { .. }
             | Self::PortMappingStale { .. }
             | Self::PacingStale { .. }
-            | Self::SockLinkStale { .. } => code::CHECK_FAILED,
-            Self::AddressInUse { .. } | Self::NoTcx { .. } => code::INVALID_CONFIG,
+            | Self::SockLinkStale { .. }
+            | Self::MasqMissing { .. } => code::CHECK_FAILED,
+            Self::AddressInUse { .. } | Self::NoTcx { .. } | Self::MasqPortRange { .. } => {
+                code::INVALID_CONFIG
+            }
             Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,

@@ -34,6 +34,7 @@ mod error;
 pub mod gateways;
 pub mod kernel;
 mod links;
+mod masq;
 pub mod pin;
 mod pod;
 mod ports;
@@ -46,6 +47,7 @@ use aya::programs::TcAttachType;
 pub use dataplane::{Device, PodEndpoint};
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
+pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, AttachmentReport,
@@ -356,6 +358,7 @@ mod tests {
                 node_addrs: &[],
                 chained: false,
                 netns_cookie: 0,
+                masq: None,
             },
             &[],
             AttachModes {

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::{
     dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
     kernel, links,
+    masq::{MasqMaps, MasqReport, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
     queue, AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
@@ -33,6 +34,8 @@ pub struct PodSpec<'a> {
     /// The cookie of the pod's network namespace: with an egress limit, its TCP sockets
     /// are paced (`ecni_sockops`).
     pub netns_cookie: u64,
+    /// `ipMasq`: what the node needs for the pod's masquerade (its endpoints carry the flag).
+    pub masq: Option<&'a MasqSpec>,
 }
 
 /// The pacing rate for an egress limit, in payload bytes: TCP paces the payload it sends,
@@ -112,6 +115,7 @@ pub fn add_pod(
         node_addrs,
         chained,
         netns_cookie,
+        masq,
     } = *pod;
     let [from_hook, to_hook] = Hook::pod(chained);
     key.validate()?;
@@ -179,6 +183,14 @@ pub fn add_pod(
             }
         }
         step("endpoints");
+        if let Some(spec) = masq {
+            let mut m = MasqMaps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
+                what: "masquerade maps (programs of an older revision: reload them)",
+                path: root.map(node, ebpf_cni_maps::MASQ_FWD_MAP),
+            })?;
+            m.install(spec)?;
+            step("masquerade");
+        }
         if !port_entries.is_empty() {
             add_ports(
                 &root,
@@ -259,6 +271,12 @@ pub fn add_pod(
         let _ = remove_ports(&root, node, &pins, key.id());
         let _ = links::remove_dir_pins(&stop_at, pins.dir());
         let _ = maps.remove_attachment(key.id());
+        if masq.is_some() {
+            let ips: Vec<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
+            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
+                log::warn!("masquerade after a failed ADD: {e}");
+            }
+        }
         if fq_created {
             let _ = queue::remove(host_ifindex);
         }
@@ -304,10 +322,12 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
     // On a device that outlives the pod (chained mode: the previous plugin's veth), the
     // netlink filters and the fq go first, found through the endpoint entries' host ifindex.
-    let host_ifindex = Maps::open(&root, node)
+    let entries = Maps::open(&root, node)
         .ok()
         .flatten()
-        .and_then(|m| m.entries_of(key.id()).first().map(|(_, e)| e.host_ifindex));
+        .map(|m| m.entries_of(key.id()))
+        .unwrap_or_default();
+    let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex);
     if let Some(i) = host_ifindex {
         match queue::remove(i) {
             Ok(r) => removed |= r,
@@ -337,10 +357,17 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
         }
     };
     match Maps::open(&root, node) {
-        Ok(Some(mut maps)) => match maps.remove_attachment(key.id()) {
-            Ok(n) => removed |= n > 0,
-            Err(e) => errors.push(e),
-        },
+        Ok(Some(mut maps)) => {
+            match maps.remove_attachment(key.id()) {
+                Ok(n) => removed |= n > 0,
+                Err(e) => errors.push(e),
+            }
+            // Its flows go with it, so a pod that gets the address next inherits none.
+            let ips: Vec<IpAddr> = entries.iter().map(|(ip, _)| *ip).collect();
+            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
+                errors.push(e);
+            }
+        }
         Ok(None) => {}
         Err(e) => errors.push(e),
     }
@@ -356,6 +383,27 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
         None => Ok(removed),
         Some(e) => Err(e),
     }
+}
+
+/// After pods left (their addresses `gone`): their masqueraded flows are removed, and when
+/// no masquerading pod is left the node stops masquerading (see [`MasqMaps::release`]).
+fn settle_masq(
+    root: &PinRoot,
+    node: &NodeId,
+    maps: &Maps,
+    gone: &[IpAddr],
+) -> Result<(), BpfError> {
+    let Some(mut m) = MasqMaps::open(root, node)? else {
+        return Ok(());
+    };
+    let n = m.remove_flows(gone);
+    if n > 0 {
+        log::debug!("removed {n} masqueraded flows of {gone:?}");
+    }
+    if !maps.any_masq() {
+        m.release()?;
+    }
+    Ok(())
 }
 
 /// CHECK: the kernel holds what `pod` describes (as ADD installed it): both links live on
@@ -375,6 +423,7 @@ pub fn check_pod(
         ports: port_entries,
         chained,
         netns_cookie,
+        masq,
         ..
     } = *pod;
     key.validate()?;
@@ -393,6 +442,14 @@ pub fn check_pod(
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     maps.check_pod(key.id(), endpoints)?;
+    if let Some(spec) = masq {
+        MasqMaps::open(&root, node)?
+            .ok_or_else(|| BpfError::PinMissing {
+                what: "masquerade maps",
+                path: root.map(node, ebpf_cni_maps::MASQ_FWD_MAP),
+            })?
+            .check(spec)?;
+    }
     maps.check_limits(host_ifindex, limits)?;
     queue::check(host_ifindex, maps.limits(host_ifindex))?;
     // As ADD decided: no pacing where the kernel refused the program.
@@ -658,6 +715,9 @@ pub struct NodeReport {
     pub port_mappings: Vec<PortMappingReport>,
     /// The pods' IPv4 gateways the node holds on `lo`, and who uses each.
     pub gateways: Vec<GatewayReport>,
+    /// Masquerade: the port range, flows per pod, allocation failures (`None` on a node
+    /// whose maps predate it).
+    pub masquerade: Option<MasqReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -891,5 +951,6 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
                     .collect(),
             })
             .collect(),
+        masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
     })
 }

@@ -254,12 +254,13 @@ impl PortMaps {
     /// Turns the programs' port-mapping lookups on, with the node's netns cookie for the
     /// socket programs.
     pub fn enable(&mut self, netns_cookie: u64) -> Result<(), BpfError> {
+        let have = self.config.get(&0, 0).unwrap_or_default();
         let want = NodeConfig {
             netns_cookie,
-            flags: NODE_FLAG_PORTMAP,
-            _pad: 0,
+            flags: have.flags | NODE_FLAG_PORTMAP,
+            ..have
         };
-        if self.config.get(&0, 0).ok() == Some(want) {
+        if have == want {
             return Ok(());
         }
         self.config

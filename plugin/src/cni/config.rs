@@ -30,6 +30,52 @@ pub struct NetConf {
     pub devices: Option<Vec<String>>,
     /// `tcAttachMode`: "tcx", "netlink", or "auto" (the default: TCX on kernels that have it).
     pub tc_attach_mode: TcAttachMode,
+    /// `ipMasq: true`, with its `ipMasqExclude`.
+    pub masq: Option<MasqConf>,
+}
+
+/// What `ipMasq: true` asks for: the pod's traffic to destinations outside the pod
+/// network's ranges and `exclude` leaves with the node's address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MasqConf {
+    /// `ipMasqExclude`: more destinations that keep the pod's address.
+    pub exclude: Vec<ipnetwork::IpNetwork>,
+    /// `ipMasqPortRange` ("61000-65535"): the node's masquerade ports (node-wide: the first
+    /// masquerading pod sets it, later ones must agree). `None`: the default.
+    pub ports: Option<(u16, u16)>,
+}
+
+/// `"lo-hi"` with 1 <= lo <= hi.
+fn parse_port_range(v: &Value, field: &str) -> Result<(u16, u16), CniError> {
+    v.as_str()
+        .and_then(|s| s.split_once('-'))
+        .and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)))
+        .filter(|&(lo, hi)| lo >= 1 && lo <= hi)
+        .ok_or_else(|| {
+            invalid(format!(
+                "{field} {v} is invalid: expected \"first-last\", ports from 1 to 65535"
+            ))
+        })
+}
+
+/// A list of CIDRs (`field` names it in errors).
+fn parse_cidr_list(v: &Value, field: &str) -> Result<Vec<ipnetwork::IpNetwork>, CniError> {
+    let Some(items) = v.as_array() else {
+        return Err(invalid(format!(
+            "{field} {v} must be a list of CIDRs (\"10.0.0.0/8\")"
+        )));
+    };
+    items
+        .iter()
+        .map(|item| {
+            item.as_str()
+                .and_then(|s| s.parse::<ipnetwork::IpNetwork>().ok())
+                .map(|n| {
+                    ipnetwork::IpNetwork::new(n.network(), n.prefix()).expect("prefix is valid")
+                })
+                .ok_or_else(|| invalid(format!("{field} entry {item} is not a CIDR")))
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -138,14 +184,20 @@ impl NetConf {
             },
         };
 
-        if let Some(v) = obj.get("ipMasq") {
-            if v.as_bool() == Some(true) {
-                return Err(CniError::new(
-                    code::UNSUPPORTED_FIELD,
-                    "unsupported field ipMasq=true: ebpf-cni does not masquerade pod traffic",
-                ));
-            }
-        }
+        let masq = match obj.get("ipMasq") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) => Some(MasqConf {
+                exclude: match obj.get("ipMasqExclude") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(v) => parse_cidr_list(v, "ipMasqExclude")?,
+                },
+                ports: match obj.get("ipMasqPortRange") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(parse_port_range(v, "ipMasqPortRange")?),
+                },
+            }),
+            Some(other) => return Err(invalid(format!("ipMasq {other} must be true or false"))),
+        };
 
         let (ipam, ipam_type) = match obj.get("ipam") {
             None | Some(Value::Null) => (None, None),
@@ -232,6 +284,7 @@ impl NetConf {
         };
 
         Ok(NetConf {
+            masq,
             tc_attach_mode,
             devices,
             cni_version,
@@ -347,6 +400,30 @@ mod tests {
     }
 
     #[test]
+    fn ip_masq_and_its_exclusions() {
+        let c = parse(json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqExclude":["10.96.0.0/12","fd00:96::1/64"]})).unwrap();
+        let m = c.masq.expect("ipMasq: true");
+        assert_eq!(m.ports, None);
+        assert_eq!(
+            m.exclude,
+            vec![
+                "10.96.0.0/12".parse().unwrap(),
+                "fd00:96::/64".parse().unwrap()
+            ],
+            "host bits are cleared"
+        );
+        let c = parse(
+            json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqPortRange":"40000-40031"}),
+        )
+        .unwrap();
+        assert_eq!(c.masq.unwrap().ports, Some((40000, 40031)));
+        for off in [json!(false), json!(null)] {
+            let c = parse(json!({"cniVersion":"1.0.0","name":"n","ipMasq":off})).unwrap();
+            assert!(c.masq.is_none());
+        }
+    }
+
+    #[test]
     fn args_cni_ips() {
         let c = parse(json!({"cniVersion":"0.4.0","name":"n","args":{"cni":{"ips":["10.1.0.7"]}}}))
             .unwrap();
@@ -383,9 +460,24 @@ mod tests {
                 "ipam.type",
             ),
             (
-                json!({"cniVersion":"1.0.0","name":"n","ipMasq":true}),
-                code::UNSUPPORTED_FIELD,
-                "ipMasq",
+                json!({"cniVersion":"1.0.0","name":"n","ipMasq":"yes"}),
+                code::INVALID_CONFIG,
+                "ipMasq \"yes\"",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqExclude":["10.0.0.0/8","10.300.0.0/16"]}),
+                code::INVALID_CONFIG,
+                "ipMasqExclude entry \"10.300.0.0/16\"",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqPortRange":"9-3"}),
+                code::INVALID_CONFIG,
+                "ipMasqPortRange \"9-3\"",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqExclude":"10.0.0.0/8"}),
+                code::INVALID_CONFIG,
+                "ipMasqExclude \"10.0.0.0/8\" must be a list",
             ),
             (
                 json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ips":["x"]}}),

@@ -348,6 +348,7 @@ mod tests {
             node_addresses: vec![],
             port_mappings: vec![],
             gateways: vec![],
+            masquerade: None,
         };
         let text = render(&r, 0.001);
         for family in [

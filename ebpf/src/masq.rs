@@ -1,0 +1,640 @@
+//! Masquerade (`ipMasq`): what a masquerading pod sends to a destination outside the skip
+//! trie leaves with the node's address on the egress device and a port from the masquerade
+//! range (ICMP echo: an identifier), and the replies are translated back at the device's
+//! ingress and delivered straight into the pod. Nothing of it passes netfilter.
+//!
+//! Each flow has two entries, the pod's view (`ECNI_MASQ_FWD`) and the node's
+//! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
+//! broken to make room. A new flow probes `MASQ_PROBES` ports from a start hashed from the
+//! flow; a port is free when no flow holds it towards the same remote end, or when the
+//! flow holding it has been idle past its timeout (it is then reclaimed). Host ports are
+//! never taken. When every probe fails, or the table is full, the new flow's packet is
+//! dropped and counted, and established flows go on.
+//!
+//! Only plain headers are translated: IPv4 without options or fragments, IPv6 with TCP, UDP
+//! or ICMPv6 right after the fixed header, and of ICMP only echo requests and replies.
+//! Anything else a masquerading pod sends out of its network is dropped and counted: it
+//! would otherwise leave with the pod's address.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{lpm_trie::Key, HashMap, LpmTrie, PerCpuArray},
+    programs::TcContext,
+};
+use ebpf_cni_maps::{
+    masq_src_key, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey, EP_FLAG_MASQ,
+    IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN, MASQ_FIN_OUT,
+    MASQ_ICMP_NS, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
+    MASQ_TCP_CLOSED_NS, MASQ_TCP_OPENING_NS, MASQ_TCP_OPEN_NS, MASQ_UDP_NS, MAX_MASQ_FLOWS,
+    MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
+};
+
+use crate::{
+    maps::{endpoint, is_v4_mapped, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
+    packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+    rewrite::{self, End},
+};
+
+#[map]
+pub static ECNI_MASQ_FWD: HashMap<MasqKey, MasqFlow> =
+    HashMap::with_max_entries(MAX_MASQ_FLOWS, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static ECNI_MASQ_REV: HashMap<MasqKey, MasqFlow> =
+    HashMap::with_max_entries(MAX_MASQ_FLOWS, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static ECNI_MASQ_SKIP: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_MASQ_SKIP, 0);
+
+#[map]
+pub static ECNI_MASQ_SRC: HashMap<u64, EndpointKey> = HashMap::with_max_entries(MAX_NODE_ADDRS, 0);
+
+#[map]
+pub static ECNI_MASQ_STAT: PerCpuArray<MasqStats> = PerCpuArray::with_max_entries(1, 0);
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_FWD_MAP,
+    stringify!(ECNI_MASQ_FWD)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_REV_MAP,
+    stringify!(ECNI_MASQ_REV)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_SKIP_MAP,
+    stringify!(ECNI_MASQ_SKIP)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_SRC_MAP,
+    stringify!(ECNI_MASQ_SRC)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_STATS_MAP,
+    stringify!(ECNI_MASQ_STAT)
+));
+
+const ICMP_ECHO_REQUEST: u8 = 8;
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMPV6_ECHO_REQUEST: u8 = 128;
+const ICMPV6_ECHO_REPLY: u8 = 129;
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// A direction's `last_ns` is refreshed at most this often (fewer writes to shared lines).
+const REFRESH_NS: u64 = 1_000_000_000;
+
+/// One packet's flow and the entries built from it, in a per-CPU slot (the BPF stack is
+/// too small for these keys and their copies).
+#[repr(C)]
+pub struct Scratch {
+    /// The pod's view of the flow (leaving), or the node's (replies).
+    fwd: MasqKey,
+    /// The node's view of a new flow, or an older flow's pod view when its port is reclaimed.
+    rev: MasqKey,
+    other: MasqKey,
+    val: MasqFlow,
+    port_key: PortKey,
+    csum_from: [u8; 16],
+    csum_to: [u8; 16],
+    skip: Key<[u8; 16]>,
+    v4: u8,
+    proto: u8,
+    tcp_flags: u8,
+    _pad: u8,
+}
+
+#[map]
+static ECNI_MASQ_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `wanted` found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Not masqueraded: route it as it is.
+    No,
+    /// Masquerade it after the route lookup (`snat`).
+    Yes,
+    /// It must be masqueraded and cannot be: drop it.
+    Untranslatable,
+}
+
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    let f = ECNI_MASQ_TMP.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch slot, ours for the program run (bottom halves are off).
+    Some(unsafe { &mut *f })
+}
+
+#[derive(Clone, Copy)]
+enum Stat {
+    Out,
+    In,
+    Flow,
+    Reclaimed,
+    Exhausted,
+    TableFull,
+    Untranslatable,
+}
+
+#[inline(always)]
+fn count(stat: Stat) {
+    let Some(s) = ECNI_MASQ_STAT.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array.
+    let s = unsafe { &mut *s };
+    let c = match stat {
+        Stat::Out => &mut s.out_packets,
+        Stat::In => &mut s.in_packets,
+        Stat::Flow => &mut s.flows,
+        Stat::Reclaimed => &mut s.reclaimed,
+        Stat::Exhausted => &mut s.exhausted,
+        Stat::TableFull => &mut s.table_full,
+        Stat::Untranslatable => &mut s.untranslatable,
+    };
+    *c = c.wrapping_add(1);
+}
+
+/// Whether some pod on the node masquerades.
+#[inline(always)]
+fn enabled() -> bool {
+    ECNI_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & NODE_FLAG_MASQ != 0)
+}
+
+#[inline(always)]
+fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
+    // SAFETY: both are valid 16-byte arrays; a read and a write of a whole array.
+    unsafe { core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src)) };
+}
+
+/// Reads the addresses into `f.fwd.local` (source) and `f.fwd.remote` (destination), and
+/// `f.v4`, `f.proto`. False if the IP header is not there; `plain` tells whether the
+/// transport header directly follows a fixed-size, unfragmented IP header.
+#[inline(always)]
+fn parse_ip(ctx: &TcContext, f: &mut Scratch, plain: &mut bool) -> bool {
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let ethertype = u16::from_be_bytes(unsafe { (*eth).proto });
+    if ethertype == ETH_P_IP {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        *plain = ip.ver_ihl == 0x45 && u16::from_be_bytes(ip.frag_off) & 0x3fff == 0;
+        f.v4 = 1;
+        f.proto = ip.protocol;
+        f.fwd.local = EndpointKey::v4(ip.saddr).addr;
+        f.fwd.remote = EndpointKey::v4(ip.daddr).addr;
+    } else if ethertype == ETH_P_IPV6 {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        *plain = true;
+        f.v4 = 0;
+        f.proto = ip.nexthdr;
+        copy16(&mut f.fwd.local, &ip.saddr);
+        copy16(&mut f.fwd.remote, &ip.daddr);
+    } else {
+        return false;
+    }
+    true
+}
+
+#[repr(C)]
+struct L4Head {
+    /// Ports, or ICMP type, code and checksum.
+    a: [u8; 2],
+    b: [u8; 2],
+    /// ICMP echo: identifier.
+    c: [u8; 2],
+    _d: [u8; 6],
+    /// TCP: data offset, flags.
+    _off: u8,
+    flags: u8,
+}
+
+/// Reads the ports (ICMP echo: the identifier as the local port, 0 remote) into `f.fwd`,
+/// with `echo` the ICMP type that may pass (request leaving, reply returning). False if
+/// the transport is not one that is translated.
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, f: &mut Scratch, leaving: bool) -> bool {
+    let v4 = f.v4 == 1;
+    let off = rewrite::l4_off(v4);
+    f.tcp_flags = 0;
+    match f.proto {
+        IPPROTO_TCP => {
+            let Some(h) = ptr_at::<L4Head>(ctx, off) else {
+                return false;
+            };
+            // SAFETY: bounds checked by `ptr_at`.
+            let h = unsafe { &*h };
+            f.fwd.local_port = u16::from_be_bytes(if leaving { h.a } else { h.b });
+            f.fwd.remote_port = u16::from_be_bytes(if leaving { h.b } else { h.a });
+            f.tcp_flags = h.flags;
+        }
+        IPPROTO_UDP => {
+            let Some(h) = ptr_at::<[[u8; 2]; 4]>(ctx, off) else {
+                return false;
+            };
+            // SAFETY: bounds checked by `ptr_at`.
+            let h = unsafe { &*h };
+            f.fwd.local_port = u16::from_be_bytes(if leaving { h[0] } else { h[1] });
+            f.fwd.remote_port = u16::from_be_bytes(if leaving { h[1] } else { h[0] });
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            if (f.proto == IPPROTO_ICMP) != v4 {
+                return false;
+            }
+            let Some(h) = ptr_at::<[[u8; 2]; 4]>(ctx, off) else {
+                return false;
+            };
+            // SAFETY: bounds checked by `ptr_at`.
+            let h = unsafe { &*h };
+            let want = match (v4, leaving) {
+                (true, true) => ICMP_ECHO_REQUEST,
+                (true, false) => ICMP_ECHO_REPLY,
+                (false, true) => ICMPV6_ECHO_REQUEST,
+                (false, false) => ICMPV6_ECHO_REPLY,
+            };
+            if h[0][0] != want || h[0][1] != 0 {
+                return false;
+            }
+            f.fwd.local_port = u16::from_be_bytes(h[2]);
+            f.fwd.remote_port = 0;
+        }
+        _ => return false,
+    }
+    f.fwd.proto = f.proto;
+    f.fwd._pad = [0; 3];
+    true
+}
+
+/// The transport field that carries the local port: where the pod's port is rewritten
+/// leaving (source port, echo identifier) and the node's returning (destination port).
+#[inline(always)]
+fn local_port_field(proto: u8, leaving: bool) -> usize {
+    match proto {
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => rewrite::ECHO_ID,
+        _ if leaving => rewrite::SPORT,
+        _ => rewrite::DPORT,
+    }
+}
+
+/// A packet a pod sends to a destination that is not a local pod: whether it is to be
+/// masqueraded (its pod masquerades, the destination is outside the skip trie), and if so
+/// whether it can be. The flow is left in the scratch slot for `snat`.
+#[inline(never)]
+pub fn wanted(ctx: &TcContext) -> Want {
+    if !enabled() {
+        return Want::No;
+    }
+    let Some(f) = scratch() else {
+        return Want::No;
+    };
+    let mut plain = false;
+    if !parse_ip(ctx, f, &mut plain) {
+        return Want::No;
+    }
+    match endpoint(&EndpointKey { addr: f.fwd.local }) {
+        Some(ep) if ep.flags & EP_FLAG_MASQ != 0 => {}
+        _ => return Want::No,
+    }
+    f.skip.prefix_len = 128;
+    copy16(&mut f.skip.data, &f.fwd.remote);
+    if ECNI_MASQ_SKIP.get(&f.skip).is_some() {
+        return Want::No;
+    }
+    if !plain || !parse_l4(ctx, f, true) {
+        count(Stat::Untranslatable);
+        return Want::Untranslatable;
+    }
+    Want::Yes
+}
+
+/// The state bits a TCP segment adds, in the direction `fin` names.
+#[inline(always)]
+fn tcp_state(f: &Scratch, fin: u16) -> u16 {
+    let mut s = 0;
+    if f.tcp_flags & TCP_FIN != 0 {
+        s |= fin;
+    }
+    if f.tcp_flags & TCP_RST != 0 {
+        s |= MASQ_RST;
+    }
+    s
+}
+
+/// Notes a packet of a known flow in its entry of this direction.
+#[inline(always)]
+fn touch(v: &mut MasqFlow, state: u16, now: u64) {
+    if v.state | state != v.state || now.wrapping_sub(v.last_ns) > REFRESH_NS {
+        v.state |= state;
+        v.last_ns = now;
+    }
+}
+
+/// Whether a flow whose two entries are `a` and `b` has been idle past its timeout.
+#[inline(always)]
+fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
+    let last = if a.last_ns > b.last_ns {
+        a.last_ns
+    } else {
+        b.last_ns
+    };
+    let state = a.state | b.state;
+    let timeout = match proto {
+        IPPROTO_TCP => {
+            if state & MASQ_RST != 0
+                || state & (MASQ_FIN_IN | MASQ_FIN_OUT) == MASQ_FIN_IN | MASQ_FIN_OUT
+            {
+                MASQ_TCP_CLOSED_NS
+            } else if state & MASQ_REPLIED == 0 {
+                MASQ_TCP_OPENING_NS
+            } else {
+                MASQ_TCP_OPEN_NS
+            }
+        }
+        IPPROTO_UDP => MASQ_UDP_NS,
+        _ => MASQ_ICMP_NS,
+    };
+    now.saturating_sub(last) > timeout
+}
+
+const TAKEN: u32 = 0;
+const GOT: u32 = 1;
+const FULL: u32 = 2;
+
+/// Whether `port` of the node's address `f.rev.local` is a host port.
+#[inline(always)]
+fn host_port(f: &mut Scratch, port: u16) -> bool {
+    if !portmap_enabled() || f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
+        return false;
+    }
+    copy16(&mut f.port_key.addr, &f.rev.local);
+    f.port_key.port = port;
+    f.port_key.proto = f.proto;
+    f.port_key._pad = 0;
+    // SAFETY: only presence is read.
+    if unsafe { ECNI_PORTMAP.get(&f.port_key) }.is_some() {
+        return true;
+    }
+    f.port_key.addr = if is_v4_mapped(&f.rev.local) {
+        PortKey::WILDCARD_V4
+    } else {
+        PortKey::WILDCARD_V6
+    };
+    // SAFETY: as above.
+    unsafe { ECNI_PORTMAP.get(&f.port_key) }.is_some()
+}
+
+/// Tries to give the new flow `port`: `f.rev` (its node view, port aside) and `f.val` (the
+/// pod's end) are filled in.
+#[inline(never)]
+fn try_port(f: &mut Scratch, port: u16, now: u64) -> u32 {
+    if host_port(f, port) {
+        return TAKEN;
+    }
+    f.rev.local_port = port;
+    if ECNI_MASQ_REV
+        .insert(&f.rev, &f.val, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        return GOT;
+    }
+    let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
+        // Not there, yet not inserted: the table is full.
+        return FULL;
+    };
+    // SAFETY: a map value; read at once.
+    let held = unsafe { &*held };
+    copy16(&mut f.other.local, &held.addr);
+    copy16(&mut f.other.remote, &f.rev.remote);
+    f.other.local_port = held.port;
+    f.other.remote_port = f.rev.remote_port;
+    f.other.proto = f.rev.proto;
+    f.other._pad = [0; 3];
+    // SAFETY: read at once.
+    let idle = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
+        Some(fwd) => expired(f.proto, fwd, held, now),
+        None => true,
+    };
+    if !idle {
+        return TAKEN;
+    }
+    let _ = ECNI_MASQ_FWD.remove(&f.other);
+    if ECNI_MASQ_REV
+        .insert(&f.rev, &f.val, u64::from(BPF_ANY))
+        .is_err()
+    {
+        return FULL;
+    }
+    count(Stat::Reclaimed);
+    GOT
+}
+
+/// The flow's start in the port range.
+#[inline(always)]
+fn flow_hash(k: &MasqKey) -> u32 {
+    let a = u32::from_ne_bytes([k.local[12], k.local[13], k.local[14], k.local[15]]);
+    let b = u32::from_ne_bytes([k.remote[12], k.remote[13], k.remote[14], k.remote[15]]);
+    let c = u32::from(k.local[11]) ^ (u32::from(k.local[7]) << 8) ^ (u32::from(k.local[3]) << 16);
+    let mut h =
+        a ^ b.rotate_left(16) ^ c ^ (u32::from(k.local_port) << 16 | u32::from(k.remote_port));
+    h = h.wrapping_add(u32::from(k.proto));
+    h = h.wrapping_mul(0x9e37_79b1);
+    h ^ (h >> 15)
+}
+
+/// Finds a port for the flow in `f.fwd` from the node's address `node`; records both
+/// entries. Returns the port, or `None` (counted) when the flow cannot have one.
+#[inline(always)]
+fn allocate(f: &mut Scratch, node: &[u8; 16], now: u64) -> Option<u16> {
+    copy16(&mut f.rev.local, node);
+    copy16(&mut f.rev.remote, &f.fwd.remote);
+    f.rev.remote_port = f.fwd.remote_port;
+    f.rev.proto = f.fwd.proto;
+    f.rev._pad = [0; 3];
+    copy16(&mut f.val.addr, &f.fwd.local);
+    f.val.port = f.fwd.local_port;
+    f.val.state = 0;
+    f.val._pad = 0;
+    f.val.last_ns = now;
+    let (mut lo, mut hi) = (MASQ_PORT_MIN, MASQ_PORT_MAX);
+    if let Some(c) = ECNI_CONFIG.get(0) {
+        if c.masq_port_min != 0 && c.masq_port_min <= c.masq_port_max {
+            (lo, hi) = (c.masq_port_min, c.masq_port_max);
+        }
+    }
+    let span = u32::from(hi - lo) + 1;
+    let start = flow_hash(&f.fwd) % span;
+    let mut got = None;
+    for i in 0..MASQ_PROBES {
+        if i >= span {
+            break;
+        }
+        let port = lo + ((start + i) % span) as u16;
+        match try_port(f, port, now) {
+            GOT => {
+                got = Some(port);
+                break;
+            }
+            FULL => {
+                count(Stat::TableFull);
+                return None;
+            }
+            _ => {}
+        }
+    }
+    let Some(port) = got else {
+        count(Stat::Exhausted);
+        return None;
+    };
+    // The pod's view: the node's end.
+    copy16(&mut f.val.addr, node);
+    f.val.port = port;
+    if ECNI_MASQ_FWD
+        .insert(&f.fwd, &f.val, u64::from(BPF_ANY))
+        .is_err()
+    {
+        f.rev.local_port = port;
+        let _ = ECNI_MASQ_REV.remove(&f.rev);
+        count(Stat::TableFull);
+        return None;
+    }
+    count(Stat::Flow);
+    Some(port)
+}
+
+/// The node's address for a new flow leaving by `out_ifindex`: what the FIB chose
+/// (`fib_src`, when the kernel tells it), else the device's address user space recorded.
+#[inline(always)]
+fn source(f: &mut Scratch, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bool {
+    if let Some(src) = fib_src {
+        copy16(&mut f.csum_to, src);
+        return true;
+    }
+    // SAFETY: copied out at once.
+    match unsafe { ECNI_MASQ_SRC.get(&masq_src_key(out_ifindex, f.v4 == 1)) } {
+        Some(a) => {
+            copy16(&mut f.csum_to, &a.addr);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Masquerades the packet `wanted` accepted, leaving by `out_ifindex`. False (counted) if
+/// it cannot be: the caller drops it.
+#[inline(never)]
+pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bool {
+    let Some(f) = scratch() else {
+        return false;
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match ECNI_MASQ_FWD.get_ptr_mut(&f.fwd) {
+        Some(v) => {
+            // SAFETY: a map value; written in place, as every CPU does for its flows.
+            let v = unsafe { &mut *v };
+            touch(v, tcp_state(f, MASQ_FIN_OUT), now);
+            copy16(&mut f.csum_to, &v.addr);
+            v.port
+        }
+        None => {
+            if !source(f, out_ifindex, fib_src) {
+                count(Stat::Untranslatable);
+                return false;
+            }
+            let mut node = [0u8; 16];
+            copy16(&mut node, &f.csum_to);
+            match allocate(f, &node, now) {
+                Some(p) => p,
+                None => return false,
+            }
+        }
+    };
+    copy16(&mut f.csum_from, &f.fwd.local);
+    let v4 = f.v4 == 1;
+    if !rewrite::set_addr(ctx, v4, f.proto, End::Src, &mut f.csum_from, &mut f.csum_to)
+        || !rewrite::set_l4_u16(
+            ctx,
+            v4,
+            f.proto,
+            local_port_field(f.proto, true),
+            f.fwd.local_port,
+            port,
+        )
+    {
+        count(Stat::Untranslatable);
+        return false;
+    }
+    count(Stat::Out);
+    true
+}
+
+/// What `reply` did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Not a reply in a masqueraded flow.
+    None,
+    /// Translated back: the packet is now addressed to the pod.
+    Done,
+    /// A helper failed half-way: the packet is unusable.
+    Failed,
+}
+
+/// A packet arriving at a node device: if it answers a masqueraded flow, its destination
+/// becomes the pod's address and port again.
+#[inline(never)]
+pub fn reply(ctx: &TcContext) -> Reply {
+    if !enabled() {
+        return Reply::None;
+    }
+    let Some(f) = scratch() else {
+        return Reply::None;
+    };
+    let mut plain = false;
+    if !parse_ip(ctx, f, &mut plain) || !plain {
+        return Reply::None;
+    }
+    // Seen from the node: the local end is the destination.
+    let (src, dst) = (f.fwd.local, f.fwd.remote);
+    f.fwd.local = dst;
+    f.fwd.remote = src;
+    if !parse_l4(ctx, f, false) {
+        return Reply::None;
+    }
+    let Some(v) = ECNI_MASQ_REV.get_ptr_mut(&f.fwd) else {
+        return Reply::None;
+    };
+    // SAFETY: a map value; written in place.
+    let v = unsafe { &mut *v };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    touch(v, tcp_state(f, MASQ_FIN_IN) | MASQ_REPLIED, now);
+    copy16(&mut f.csum_to, &v.addr);
+    let pod_port = v.port;
+    copy16(&mut f.csum_from, &f.fwd.local);
+    let v4 = f.v4 == 1;
+    if !rewrite::set_addr(ctx, v4, f.proto, End::Dst, &mut f.csum_from, &mut f.csum_to)
+        || !rewrite::set_l4_u16(
+            ctx,
+            v4,
+            f.proto,
+            local_port_field(f.proto, false),
+            f.fwd.local_port,
+            pod_port,
+        )
+    {
+        return Reply::Failed;
+    }
+    count(Stat::In);
+    Reply::Done
+}

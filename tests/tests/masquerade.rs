@@ -1,0 +1,385 @@
+//! Masquerade in eBPF (issue 16, `ipMasq` as ptp and bridge spell it): a pod reaches a host
+//! beyond the node that has no route to the pod network, over TCP, UDP and ICMP echo, IPv4
+//! and IPv6, and that host sees the node's address and a port of the masquerade range.
+//! Nothing of it touches netfilter: the node's FORWARD policy is DROP throughout, its
+//! rulesets are unchanged, and its conntrack table holds none of these flows. A pod without
+//! `ipMasq` on the same node is not reached back (so the test fails without the feature).
+//! DEL removes the pod's flows and gives back the reserved ports; chained mode refuses it.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ebpf_cni_tests::config::Stack;
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo};
+use ebpf_cni_tests::{require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest};
+use serde_json::{json, Value};
+
+/// The masquerade port range when the config names none (`ebpf_cni_maps::MASQ_PORT_MIN`).
+const PORTS: std::ops::RangeInclusive<u16> = 61_000..=65_535;
+
+struct Pod {
+    ns: Netns,
+    cid: String,
+    ips: Vec<IpAddr>,
+    result: Value,
+}
+
+fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
+    let ns = node.new_pod().unwrap();
+    let cid = unique_container_id();
+    let out = p.run(
+        node,
+        CniCommand::Add,
+        &p.env(&cid, ns.path(), "eth0"),
+        conf.to_string(),
+    );
+    out.expect_success("ADD");
+    let result = out.json.clone().expect("ADD result");
+    let ips = result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            i["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    Pod {
+        ns,
+        cid,
+        ips,
+        result,
+    }
+}
+
+/// What the node's netfilter holds: both rulesets, and conntrack's table (empty when the
+/// module is not loaded).
+fn netfilter(node: &Node) -> (String, String) {
+    let save = |cmd: &str| {
+        let out = node.netns().exec(&[cmd]).unwrap();
+        assert!(out.status.success(), "{cmd}: {out:?}");
+        // Comment lines carry the time of the dump.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let rules = format!("{}\n{}", save("iptables-save"), save("ip6tables-save"));
+    let conntrack = node
+        .netns()
+        .exec(&["cat", "/proc/net/nf_conntrack"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    (rules, conntrack)
+}
+
+fn reserved_ports(node: &Node) -> String {
+    let out = node
+        .netns()
+        .exec(&["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"])
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn ping_ok(from: &Netns, to: IpAddr) -> bool {
+    from.exec(&[
+        "ping",
+        "-n",
+        "-c",
+        "2",
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        &to.to_string(),
+    ])
+    .unwrap()
+    .status
+    .success()
+}
+
+#[test]
+fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 81).unwrap();
+    // The host beyond the node knows its own link and nothing of the pods.
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    ext.netns()
+        .ip_ok(&["-6", "route", "del", "default"])
+        .unwrap();
+    for cmd in ["iptables", "ip6tables"] {
+        let out = node.netns().exec(&[cmd, "-P", "FORWARD", "DROP"]).unwrap();
+        assert!(out.status.success(), "{cmd}: {out:?}");
+    }
+    let before = netfilter(&node);
+    let reserved_before = reserved_ports(&node);
+
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
+    assert_eq!(pod.ips.len(), 2, "{}", pod.result);
+    let plain = add(&p, &node, &p.conf("1.0.0", &node, Stack::Dual));
+    assert!(
+        reserved_ports(&node).contains("61000-65535"),
+        "the masquerade range is reserved for the node's sockets: {:?}",
+        reserved_ports(&node)
+    );
+
+    for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
+        let dst = ext.addr_like(node_addr);
+        let tcp = tcp_echo(&pod.ns, ext.netns(), dst, 0)
+            .unwrap_or_else(|e| panic!("TCP from the masquerading pod to {dst}: {e:#}"));
+        assert_eq!(tcp.client_addr.ip(), node_addr, "TCP source seen by {dst}");
+        assert!(PORTS.contains(&tcp.client_addr.port()), "{tcp:?}");
+        let udp = udp_echo(&pod.ns, ext.netns(), dst, 0)
+            .unwrap_or_else(|e| panic!("UDP from the masquerading pod to {dst}: {e:#}"));
+        assert_eq!(udp.client_addr.ip(), node_addr, "UDP source seen by {dst}");
+        assert!(PORTS.contains(&udp.client_addr.port()), "{udp:?}");
+        assert!(
+            ping_ok(&pod.ns, dst),
+            "ICMP echo from the masquerading pod to {dst}"
+        );
+
+        // Without ipMasq the host cannot answer: the pod's address is not routable there.
+        assert!(
+            tcp_echo_with(&plain.ns, ext.netns(), dst, 0, Duration::from_secs(3)).is_err(),
+            "a pod without ipMasq reached {dst}, which has no route to it"
+        );
+    }
+
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let m = &report["masquerade"];
+    assert_eq!(m["enabled"], json!(true), "{m}");
+    assert_eq!(m["ports"], json!("61000-65535"), "{m}");
+    for ip in &pod.ips {
+        assert!(
+            m["flows_by_pod"][ip.to_string()].as_u64().unwrap_or(0) >= 3,
+            "TCP, UDP and ICMP flows of {ip}: {m}"
+        );
+    }
+    assert!(m["in_packets"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["exhausted"], json!(0), "{m}");
+    assert_eq!(m["table_full"], json!(0), "{m}");
+
+    // CHECK proves the pod's masquerade state.
+    let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+    let mut check_conf = conf.clone();
+    check_conf["prevResult"] = pod.result.clone();
+    p.run(&node, CniCommand::Check, &env, check_conf.to_string())
+        .expect_success("CHECK of a masquerading pod");
+
+    let after = netfilter(&node);
+    assert_eq!(before.0, after.0, "the node's rulesets changed");
+    let ours: Vec<&str> = after
+        .1
+        .lines()
+        .filter(|l| l.contains(&ext.v4.to_string()) || l.contains(&ext.v6.to_string()))
+        .collect();
+    assert!(ours.is_empty(), "netfilter conntrack tracked: {ours:?}");
+
+    // DEL takes the pod's flows, and the last masquerading pod the reserved range.
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL");
+    assert!(
+        dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().is_empty(),
+        "flows left after DEL"
+    );
+    assert!(dp::map_entries(&node, "ECNI_MASQ_REV").unwrap().is_empty());
+    assert_eq!(reserved_ports(&node), reserved_before);
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("a repeated DEL");
+    let plain_env = p.env(&plain.cid, plain.ns.path(), "eth0");
+    p.run(
+        &node,
+        CniCommand::Del,
+        &plain_env,
+        p.conf("1.0.0", &node, Stack::Dual).to_string(),
+    )
+    .expect_success("DEL of the plain pod");
+}
+
+#[test]
+fn chained_mode_refuses_ip_masq() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ns = node.new_pod().unwrap();
+    let cid = unique_container_id();
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf.as_object_mut().unwrap().remove("ipam");
+    conf["ipMasq"] = json!(true);
+    conf["prevResult"] = json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
+        "ips": [{"address": "10.10.0.9/24", "interface": 0}]
+    });
+    let err = p
+        .run(
+            &node,
+            CniCommand::Add,
+            &p.env(&cid, ns.path(), "eth0"),
+            conf.to_string(),
+        )
+        .expect_error(7, "ADD of a chained config with ipMasq");
+    assert!(err.msg.contains("ipMasq"), "{err:?}");
+}
+
+/// The masquerade range inside the node's own ephemeral range, so that without the
+/// reservation the node's sockets would take masquerade ports: with the node holding 40
+/// connections to a server and a host port inside the range, every pod flow to the same
+/// server gets its own port (never the host port), the node's connections all work, and
+/// the flow that finds every port taken fails alone and is counted.
+#[test]
+fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 82).unwrap();
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    let out = node
+        .netns()
+        .exec(&["sysctl", "-w", "net.ipv4.ip_local_port_range=40000 40063"])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    const HOST_PORT: u16 = 40_005;
+    let range = 40_000..=40_015u16;
+
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    conf["ipMasqPortRange"] = json!("40000-40015");
+    let pod = add(&p, &node, &conf);
+    let mut mapped_conf = conf.clone();
+    mapped_conf["runtimeConfig"] = json!({"portMappings": [
+        {"hostPort": HOST_PORT, "containerPort": 80, "protocol": "tcp"}
+    ]});
+    let mapped = add(&p, &node, &mapped_conf);
+
+    // A different range while masquerading pods exist is refused, naming both.
+    let mut other = conf.clone();
+    other["ipMasqPortRange"] = json!("50000-50010");
+    let ns = node.new_pod().unwrap();
+    let err = p
+        .run(
+            &node,
+            CniCommand::Add,
+            &p.env(&unique_container_id(), ns.path(), "eth0"),
+            other.to_string(),
+        )
+        .expect_error(7, "ADD with another port range");
+    assert!(
+        err.msg.contains("50000-50010") && err.msg.contains("40000-40015"),
+        "{err:?}"
+    );
+
+    let server_addr = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::TcpListener::bind(server_addr))
+        .unwrap()
+        .unwrap();
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let acc = accepted.clone();
+    let serving = listener.try_clone().unwrap();
+    // Records each peer and echoes what each connection sends.
+    std::thread::spawn(move || {
+        while let Ok((mut s, peer)) = serving.accept() {
+            acc.lock().unwrap().push(peer);
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut b = [0u8; 16];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 || s.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let connect = |ns: &Netns| {
+        ns.run_in(|| std::net::TcpStream::connect_timeout(&server_addr, Duration::from_secs(3)))
+            .unwrap()
+    };
+    let node_conns: Vec<_> = (0..40)
+        .map(|i| connect(node.netns()).unwrap_or_else(|e| panic!("node connection {i}: {e}")))
+        .collect();
+    for c in &node_conns {
+        let port = c.local_addr().unwrap().port();
+        assert!(
+            !range.contains(&port),
+            "the node's kernel handed out masquerade port {port}"
+        );
+    }
+    // 16 ports, one of them a host port: 15 flows towards the one server.
+    let pod_conns: Vec<_> = (0..15)
+        .map(|i| connect(&pod.ns).unwrap_or_else(|e| panic!("pod flow {i}: {e}")))
+        .collect();
+    assert!(
+        connect(&pod.ns).is_err(),
+        "a 16th flow found a port in a range of 15"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let node_ip = IpAddr::V4(ext.node_v4);
+    let seen: Vec<u16> = accepted
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|peer| {
+            assert_eq!(peer.ip(), node_ip);
+            peer.port()
+        })
+        .collect();
+    let masq_ports: std::collections::BTreeSet<u16> =
+        seen.iter().copied().filter(|p| range.contains(p)).collect();
+    assert_eq!(masq_ports.len(), 15, "each pod flow its own port: {seen:?}");
+    assert!(
+        !masq_ports.contains(&HOST_PORT),
+        "a pod flow took the host port"
+    );
+    assert_eq!(
+        seen.len(),
+        55,
+        "every node connection and pod flow arrived: {seen:?}"
+    );
+
+    // Every connection still carries data both ways.
+    for (i, mut c) in node_conns.into_iter().chain(pod_conns).enumerate() {
+        use std::io::{Read, Write};
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut b = [0u8; 1];
+        let echoed = c.write_all(b"x").and_then(|()| c.read_exact(&mut b));
+        assert!(
+            echoed.is_ok() && b == *b"x",
+            "connection {i} (40 node, then pod): {echoed:?}"
+        );
+    }
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let m = &report["masquerade"];
+    assert_eq!(m["ports"], json!("40000-40015"), "{m}");
+    assert!(m["exhausted"].as_u64().unwrap() >= 1, "{m}");
+
+    for (pod, conf) in [(&pod, &conf), (&mapped, &mapped_conf)] {
+        p.run(
+            &node,
+            CniCommand::Del,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            conf.to_string(),
+        )
+        .expect_success("DEL");
+    }
+}
