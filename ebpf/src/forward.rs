@@ -20,7 +20,7 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED};
 use aya_log_ebpf::debug;
 
 use crate::{
-    limit::{pace, paced, police, Verdict, Way},
+    limit::{header_len, pace, paced, police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
     masq::{self, Reply, Want},
     nat::{self, Nat},
@@ -346,6 +346,23 @@ fn trace_fib(ctx: &TcContext, me: u32, rc: i64, out: u32) {
     }
 }
 
+/// The IP length the FIB checks against the egress device's MTU: a GSO packet's segments'
+/// (its header length says the whole packet's, which the FIB would answer "fragmentation
+/// needed" for, sending every GSO packet through the stack). 0, "let the kernel judge the
+/// packet", when the headers cannot be read.
+#[inline(always)]
+fn fib_len(ctx: &TcContext, ip_len: u16) -> u16 {
+    // SAFETY: a read of the context's own field.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    if gso_size == 0 {
+        return ip_len;
+    }
+    match header_len(ctx) {
+        Some(h) => (h - ETH_HLEN as u64 + u64::from(gso_size)).min(u64::from(ip_len)) as u16,
+        None => 0,
+    }
+}
+
 /// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
 /// use on the route (what masquerade takes).
 const FIB_LOOKUP_SRC: u32 = 1 << 4;
@@ -367,7 +384,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         let ip = unsafe { &*ip };
         fib.family = AF_INET;
         fib.l4_protocol = ip.protocol;
-        fib.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.tot_len);
+        fib.__bindgen_anon_1.tot_len = fib_len(ctx, u16::from_be_bytes(ip.tot_len));
         fib.__bindgen_anon_2.tos = ip.tos;
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
         fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
@@ -379,7 +396,8 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         let ip = unsafe { &*ip };
         fib.family = AF_INET6;
         fib.l4_protocol = ip.nexthdr;
-        fib.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.payload_len).wrapping_add(40);
+        fib.__bindgen_anon_1.tot_len =
+            fib_len(ctx, u16::from_be_bytes(ip.payload_len).wrapping_add(40));
         fib.__bindgen_anon_2.flowinfo =
             u32::from_ne_bytes(ip.ver_tc_flow) & u32::from_ne_bytes([0x0f, 0xff, 0xff, 0xff]);
         // SAFETY: [u8; 16] and [u32; 4] have the same size; unaligned reads copy them.

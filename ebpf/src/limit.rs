@@ -147,7 +147,7 @@ const IPPROTO_UDP: u8 = 17;
 
 /// Ethernet, IP and TCP/UDP header bytes of a frame (IPv6: without extension headers).
 #[inline(always)]
-fn header_len(ctx: &TcContext) -> Option<u64> {
+pub fn header_len(ctx: &TcContext) -> Option<u64> {
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
     // SAFETY: bounds checked by `ptr_at`.
     let (l3, proto) = match u16::from_be_bytes(unsafe { (*eth).proto }) {

@@ -101,7 +101,8 @@ pub struct Scratch {
     v4: u8,
     proto: u8,
     tcp_flags: u8,
-    _pad: u8,
+    /// 1: the packet is an ICMP error the pod sends about a packet of one of its flows.
+    icmp_err: u8,
 }
 
 #[map]
@@ -310,6 +311,17 @@ pub fn wanted(ctx: &TcContext) -> Want {
     copy16(&mut f.skip.data, &f.fwd.remote);
     if ECNI_MASQ_SKIP.get(&f.skip).is_some() {
         return Want::No;
+    }
+    f.icmp_err = 0;
+    if plain && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
+        let v4 = f.v4 == 1;
+        if let Some(h) = ptr_at::<[u8; 2]>(ctx, rewrite::l4_off(v4)) {
+            // SAFETY: bounds checked by `ptr_at`.
+            if icmp_is_error(v4, unsafe { (*h)[0] }) {
+                f.icmp_err = 1;
+                return Want::Yes;
+            }
+        }
     }
     if !plain || !parse_l4(ctx, f, true) {
         count(Stat::Untranslatable);
@@ -537,6 +549,13 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bo
     let Some(f) = scratch() else {
         return false;
     };
+    if f.icmp_err == 1 {
+        let done = icmp_error_out(ctx, f);
+        if !done {
+            count(Stat::Untranslatable);
+        }
+        return done;
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match ECNI_MASQ_FWD.get_ptr_mut(&f.fwd) {
@@ -609,6 +628,9 @@ pub fn reply(ctx: &TcContext) -> Reply {
     f.fwd.local = dst;
     f.fwd.remote = src;
     if !parse_l4(ctx, f, false) {
+        if f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
+            return icmp_error(ctx, f);
+        }
         return Reply::None;
     }
     let Some(v) = ECNI_MASQ_REV.get_ptr_mut(&f.fwd) else {
@@ -637,4 +659,243 @@ pub fn reply(ctx: &TcContext) -> Reply {
     }
     count(Stat::In);
     Reply::Done
+}
+
+/// Whether an ICMP type is an error that quotes the packet it is about.
+#[inline(always)]
+fn icmp_is_error(v4: bool, t: u8) -> bool {
+    if v4 {
+        // Destination unreachable (fragmentation needed among them), time exceeded,
+        // parameter problem.
+        t == 3 || t == 11 || t == 12
+    } else {
+        // Destination unreachable, packet too big, time exceeded, parameter problem.
+        (1..=4).contains(&t)
+    }
+}
+
+/// An ICMP error arriving for a masqueraded flow (fragmentation needed, packet too big,
+/// port unreachable...): it is addressed to the node and quotes the packet as it left, from
+/// the node's address and port. Both become the pod's again, so the pod's stack learns the
+/// path MTU or the error of its own flow. The IPv4 quote's header checksum is patched with
+/// its address (which leaves the ICMP checksum's sum over it unchanged); the quoted
+/// transport checksum is left as it is (the pod's stack does not verify a quote's).
+#[inline(never)]
+fn icmp_error(ctx: &TcContext, f: &mut Scratch) -> Reply {
+    let v4 = f.v4 == 1;
+    let off = rewrite::l4_off(v4);
+    let Some(h) = ptr_at::<[u8; 2]>(ctx, off) else {
+        return Reply::None;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    if !icmp_is_error(v4, unsafe { (*h)[0] }) {
+        return Reply::None;
+    }
+    // The outer destination (the node's address), for the rewrite below.
+    copy16(&mut f.csum_from, &f.fwd.local);
+    let outer_proto = f.proto;
+    let inner = off + 8;
+    let inner_l4 = if v4 { inner + 20 } else { inner + 40 };
+    if v4 {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, inner) else {
+            return Reply::None;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        if ip.ver_ihl != 0x45 {
+            return Reply::None;
+        }
+        f.fwd.proto = ip.protocol;
+        f.fwd.local = EndpointKey::v4(ip.saddr).addr;
+        f.fwd.remote = EndpointKey::v4(ip.daddr).addr;
+    } else {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, inner) else {
+            return Reply::None;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        f.fwd.proto = ip.nexthdr;
+        copy16(&mut f.fwd.local, &ip.saddr);
+        copy16(&mut f.fwd.remote, &ip.daddr);
+    }
+    let Some(q) = ptr_at::<[[u8; 2]; 4]>(ctx, inner_l4) else {
+        return Reply::None;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let q = unsafe { &*q };
+    let field = match f.fwd.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            f.fwd.local_port = u16::from_be_bytes(q[0]);
+            f.fwd.remote_port = u16::from_be_bytes(q[1]);
+            rewrite::SPORT
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            f.fwd.local_port = u16::from_be_bytes(q[2]);
+            f.fwd.remote_port = 0;
+            rewrite::ECHO_ID
+        }
+        _ => return Reply::None,
+    };
+    f.fwd._pad = [0; 3];
+    // SAFETY: copied out at once.
+    let Some(v) = (unsafe { ECNI_MASQ_REV.get(&f.fwd) }) else {
+        return Reply::None;
+    };
+    copy16(&mut f.csum_to, &v.addr);
+    let pod_port = v.port;
+    // The outer destination: the node's address becomes the pod's.
+    if !rewrite::set_addr(
+        ctx,
+        v4,
+        outer_proto,
+        End::Dst,
+        &mut f.csum_from,
+        &mut f.csum_to,
+    ) {
+        return Reply::Failed;
+    }
+    // The quote's source and port (or echo identifier), likewise.
+    if !rewrite_quote(ctx, f, inner, End::Src, inner_l4 + field, pod_port) {
+        return Reply::Failed;
+    }
+    count(Stat::In);
+    Reply::Done
+}
+
+/// Rewrites the quoted packet of an ICMP error at `inner`: its `end` address from
+/// `f.fwd.local` to `f.csum_to`, and the 16-bit field at `port_at` from `f.fwd.local_port`
+/// to `port`. The IPv4 quote's header checksum is patched with its address (which leaves
+/// the ICMP checksum's sum over it unchanged); otherwise the ICMP checksum follows every
+/// byte changed. The quoted transport checksum is left as it is (stacks do not verify a
+/// quote's).
+#[inline(always)]
+fn rewrite_quote(
+    ctx: &TcContext,
+    f: &mut Scratch,
+    inner: usize,
+    end: End,
+    port_at: usize,
+    port: u16,
+) -> bool {
+    let v4 = f.v4 == 1;
+    let icmp_check = rewrite::l4_off(v4) + 2;
+    if v4 {
+        let at = inner
+            + match end {
+                End::Src => 12,
+                End::Dst => 16,
+            };
+        let l = &f.fwd.local;
+        let old = u32::from_ne_bytes([l[12], l[13], l[14], l[15]]);
+        let new_bytes = [f.csum_to[12], f.csum_to[13], f.csum_to[14], f.csum_to[15]];
+        let new = u32::from_ne_bytes(new_bytes);
+        if ctx
+            .l3_csum_replace(inner + 10, u64::from(old), u64::from(new), 4)
+            .is_err()
+            || ctx.store(at, &new_bytes, 0).is_err()
+        {
+            return false;
+        }
+    } else {
+        let at = inner
+            + match end {
+                End::Src => 8,
+                End::Dst => 24,
+            };
+        // SAFETY: both buffers are 16 bytes of the scratch slot.
+        let diff = unsafe {
+            aya_ebpf::helpers::bpf_csum_diff(
+                f.fwd.local.as_mut_ptr().cast(),
+                16,
+                f.csum_to.as_mut_ptr().cast(),
+                16,
+                0,
+            )
+        };
+        if diff < 0
+            || ctx.l4_csum_replace(icmp_check, 0, diff as u64, 0).is_err()
+            || ctx.store(at, &f.csum_to, 0).is_err()
+        {
+            return false;
+        }
+    }
+    let (from, to) = (f.fwd.local_port.to_be_bytes(), port.to_be_bytes());
+    ctx.l4_csum_replace(
+        icmp_check,
+        u64::from(u16::from_ne_bytes(from)),
+        u64::from(u16::from_ne_bytes(to)),
+        2,
+    )
+    .is_ok()
+        && ctx.store(port_at, &to, 0).is_ok()
+}
+
+/// An ICMP error a masquerading pod sends about a packet of one of its flows (port
+/// unreachable for a late reply, say): it leaves from the node's address, and the packet
+/// it quotes, which the pod received translated, is quoted as it arrived (to the node's
+/// address and port). False if it is not about a masqueraded flow.
+#[inline(never)]
+fn icmp_error_out(ctx: &TcContext, f: &mut Scratch) -> bool {
+    let v4 = f.v4 == 1;
+    let off = rewrite::l4_off(v4);
+    let inner = off + 8;
+    let inner_l4 = if v4 { inner + 20 } else { inner + 40 };
+    // The outer source (the pod's address), for the rewrite below.
+    copy16(&mut f.csum_from, &f.fwd.local);
+    let outer_proto = f.proto;
+    // The quote runs from the remote end to the pod: its destination is the pod's end.
+    if v4 {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, inner) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        if ip.ver_ihl != 0x45 {
+            return false;
+        }
+        f.fwd.proto = ip.protocol;
+        f.fwd.local = EndpointKey::v4(ip.daddr).addr;
+        f.fwd.remote = EndpointKey::v4(ip.saddr).addr;
+    } else {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, inner) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        f.fwd.proto = ip.nexthdr;
+        copy16(&mut f.fwd.local, &ip.daddr);
+        copy16(&mut f.fwd.remote, &ip.saddr);
+    }
+    if f.fwd.proto != IPPROTO_TCP && f.fwd.proto != IPPROTO_UDP {
+        return false;
+    }
+    let Some(q) = ptr_at::<[[u8; 2]; 2]>(ctx, inner_l4) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let q = unsafe { &*q };
+    f.fwd.local_port = u16::from_be_bytes(q[1]);
+    f.fwd.remote_port = u16::from_be_bytes(q[0]);
+    f.fwd._pad = [0; 3];
+    // SAFETY: copied out at once.
+    let Some(v) = (unsafe { ECNI_MASQ_FWD.get(&f.fwd) }) else {
+        return false;
+    };
+    copy16(&mut f.csum_to, &v.addr);
+    let node_port = v.port;
+    rewrite::set_addr(
+        ctx,
+        v4,
+        outer_proto,
+        End::Src,
+        &mut f.csum_from,
+        &mut f.csum_to,
+    ) && rewrite_quote(
+        ctx,
+        f,
+        inner,
+        End::Dst,
+        inner_l4 + rewrite::DPORT,
+        node_port,
+    )
 }

@@ -383,3 +383,185 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
         .expect_success("DEL");
     }
 }
+
+/// Path MTU discovery through masquerade: a link beyond the node's uplink carries 1000
+/// bytes, the far host advertises a 1460-byte MSS, so the pod's full-size segments meet a
+/// router that answers "fragmentation needed" to the node's address. Translated back (the
+/// quoted packet's source and port become the pod's), it reaches the pod's stack, which
+/// lowers its segments: the transfer completes. Left untranslated it would be a black hole.
+#[test]
+fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 83).unwrap();
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    // The far host, behind the external host (a router) on a link of MTU 1000 on the
+    // router's side.
+    let far = Netns::create("p").unwrap();
+    ext.netns()
+        .ip_ok(&[
+            "link",
+            "add",
+            "r1",
+            "mtu",
+            "1000",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            far.name(),
+        ])
+        .unwrap();
+    ext.netns()
+        .ip_ok(&["addr", "add", "172.31.83.1/24", "dev", "r1"])
+        .unwrap();
+    ext.netns().ip_ok(&["link", "set", "r1", "up"]).unwrap();
+    far.ip_ok(&["addr", "add", "172.31.83.2/24", "dev", "eth0"])
+        .unwrap();
+    far.ip_ok(&["link", "set", "eth0", "up"]).unwrap();
+    far.ip_ok(&["link", "set", "lo", "up"]).unwrap();
+    far.ip_ok(&["route", "add", "default", "via", "172.31.83.1"])
+        .unwrap();
+    let fwd = ext
+        .netns()
+        .exec(&["sysctl", "-w", "net.ipv4.ip_forward=1"])
+        .unwrap();
+    assert!(fwd.status.success(), "{fwd:?}");
+    node.netns()
+        .ip_ok(&["route", "add", "172.31.83.0/24", "via", &ext.v4.to_string()])
+        .unwrap();
+
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
+
+    let server = std::net::SocketAddr::from(([172, 31, 83, 2], 7001));
+    let listener = far
+        .run_in(|| std::net::TcpListener::bind(server))
+        .unwrap()
+        .unwrap();
+    const SIZE: usize = 2 << 20;
+    let receiver = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, peer) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) => panic!("far host reading after {got} bytes: {e}"),
+            }
+        }
+        s.write_all(&(got as u64).to_be_bytes()).unwrap();
+        (peer, got)
+    });
+    let sent = pod
+        .ns
+        .run_in(|| -> std::io::Result<u64> {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(3))?;
+            c.set_write_timeout(Some(Duration::from_secs(15)))?;
+            c.set_read_timeout(Some(Duration::from_secs(15)))?;
+            c.write_all(&vec![7u8; SIZE])?;
+            c.shutdown(std::net::Shutdown::Write)?;
+            let mut n = [0u8; 8];
+            c.read_exact(&mut n)?;
+            Ok(u64::from_be_bytes(n))
+        })
+        .unwrap();
+    let (peer, got) = receiver.join().unwrap();
+    assert_eq!(
+        peer.ip(),
+        IpAddr::V4(ext.node_v4),
+        "the far host saw the node's address"
+    );
+    assert_eq!(got, SIZE);
+    assert_eq!(
+        sent.unwrap_or_else(|e| panic!("the pod's transfer: {e}")),
+        SIZE as u64
+    );
+    // The pod's stack learnt the path's MTU from the translated error.
+    let route = pod.ns.exec(&["ip", "route", "get", "172.31.83.2"]).unwrap();
+    let route = String::from_utf8_lossy(&route.stdout);
+    assert!(route.contains("mtu 1000"), "the pod's route cache: {route}");
+
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&pod.cid, pod.ns.path(), "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL");
+}
+
+/// ICMP errors the pod sends about a masqueraded flow leave translated too: a reply that
+/// reaches the pod after its UDP socket closed draws "port unreachable", which must reach
+/// the remote end quoting what it sent (to the node's address and port), so its connected
+/// socket sees ECONNREFUSED, over IPv4 and IPv6.
+#[test]
+fn the_pods_port_unreachable_reaches_the_remote_end() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 84).unwrap();
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    ext.netns()
+        .ip_ok(&["-6", "route", "del", "default"])
+        .unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
+
+    for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
+        let remote = std::net::SocketAddr::new(ext.addr_like(node_addr), 7002);
+        let server = ext
+            .netns()
+            .run_in(|| std::net::UdpSocket::bind(remote))
+            .unwrap()
+            .unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        pod.ns
+            .run_in(|| {
+                let unspecified: IpAddr = if remote.is_ipv4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                };
+                let s = std::net::UdpSocket::bind((unspecified, 0)).unwrap();
+                s.send_to(b"hello", remote).unwrap();
+                // Closed at once: what comes back finds no socket.
+            })
+            .unwrap();
+        let mut buf = [0u8; 16];
+        let (_, peer) = server.recv_from(&mut buf).unwrap();
+        assert_eq!(peer.ip(), node_addr);
+        server.connect(peer).unwrap();
+        server.send(b"late reply").unwrap();
+        let err = server
+            .recv(&mut buf)
+            .expect_err("the pod's port unreachable should fail the remote's socket");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "towards {peer}: {err}"
+        );
+    }
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&pod.cid, pod.ns.path(), "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL");
+}

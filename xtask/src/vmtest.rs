@@ -114,7 +114,11 @@ const PLAN: &[Suite] = &[
     },
     Suite {
         test: "masquerade",
-        only: &["pods_reach_a_host_without_a_route_back_through_the_node_address"],
+        only: &[
+            "pods_reach_a_host_without_a_route_back_through_the_node_address",
+            "fragmentation_needed_reaches_the_pod_and_a_transfer_completes",
+            "the_pods_port_unreachable_reaches_the_remote_end",
+        ],
     },
     Suite {
         test: "dataplane",
