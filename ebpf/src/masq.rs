@@ -24,11 +24,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_cni_maps::{
-    masq_src_key, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey, EP_FLAG_MASQ,
-    IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN, MASQ_FIN_OUT,
-    MASQ_ICMP_NS, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
-    MASQ_TCP_CLOSED_NS, MASQ_TCP_OPENING_NS, MASQ_TCP_OPEN_NS, MASQ_UDP_NS, MAX_MASQ_FLOWS,
-    MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
+    masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey,
+    EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN,
+    MASQ_FIN_OUT, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
+    MAX_MASQ_FLOWS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
 };
 
 use crate::{
@@ -360,23 +359,7 @@ fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
     } else {
         b.last_ns
     };
-    let state = a.state | b.state;
-    let timeout = match proto {
-        IPPROTO_TCP => {
-            if state & MASQ_RST != 0
-                || state & (MASQ_FIN_IN | MASQ_FIN_OUT) == MASQ_FIN_IN | MASQ_FIN_OUT
-            {
-                MASQ_TCP_CLOSED_NS
-            } else if state & MASQ_REPLIED == 0 {
-                MASQ_TCP_OPENING_NS
-            } else {
-                MASQ_TCP_OPEN_NS
-            }
-        }
-        IPPROTO_UDP => MASQ_UDP_NS,
-        _ => MASQ_ICMP_NS,
-    };
-    now.saturating_sub(last) > timeout
+    now.saturating_sub(last) > masq_timeout_ns(proto, a.state | b.state)
 }
 
 const TAKEN: u32 = 0;

@@ -101,6 +101,27 @@ pub const MASQ_FIN_IN: u16 = 2;
 pub const MASQ_RST: u16 = 4;
 pub const MASQ_REPLIED: u16 = 8;
 
+/// How long a masqueraded flow may stay idle before its port may go to another flow, by
+/// protocol and the state bits both directions saw (the programs reclaim by it, GC sweeps
+/// by it).
+pub const fn masq_timeout_ns(proto: u8, state: u16) -> u64 {
+    match proto {
+        IPPROTO_TCP => {
+            if state & MASQ_RST != 0
+                || state & (MASQ_FIN_IN | MASQ_FIN_OUT) == MASQ_FIN_IN | MASQ_FIN_OUT
+            {
+                MASQ_TCP_CLOSED_NS
+            } else if state & MASQ_REPLIED == 0 {
+                MASQ_TCP_OPENING_NS
+            } else {
+                MASQ_TCP_OPEN_NS
+            }
+        }
+        IPPROTO_UDP => MASQ_UDP_NS,
+        _ => MASQ_ICMP_NS,
+    }
+}
+
 /// The [`MASQ_SRC_MAP`] key of a device's address of one family.
 pub const fn masq_src_key(ifindex: u32, v4: bool) -> u64 {
     ((ifindex as u64) << 1) | v4 as u64

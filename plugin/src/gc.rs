@@ -66,6 +66,11 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
         }
     }
 
+    match NodeId::current().and_then(|node| bpf::sweep_masq(&node)) {
+        Ok(0) => {}
+        Ok(n) => log::info!("GC: removed {n} idle or orphaned masqueraded flows"),
+        Err(e) => errors.push(e.into()),
+    }
     if let Some(ipam) = &ipam {
         if let Err(e) = ipam.gc(conf, &env.path, &valid, stdin) {
             errors.push(e);

@@ -565,3 +565,68 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
     )
     .expect_success("DEL");
 }
+
+/// A flow entry as the maps hold it (`ebpf_cni_maps::MasqKey`, `MasqFlow`).
+fn flow_entry(local: IpAddr, remote: IpAddr, port: u16, last_ns: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut key = dp::endpoint_key(local).to_vec();
+    key.extend(dp::endpoint_key(remote));
+    key.extend(port.to_ne_bytes());
+    key.extend(53u16.to_ne_bytes());
+    key.extend([17, 0, 0, 0]);
+    let mut value = dp::endpoint_key("192.0.2.1".parse().unwrap()).to_vec();
+    value.extend(61_999u16.to_ne_bytes());
+    value.extend([0u8; 6]);
+    value.extend(last_ns.to_ne_bytes());
+    (key, value)
+}
+
+/// CNI GC sweeps the flow table: a flow idle past its timeout and one of an address no pod
+/// holds go, the live flow of the pod stays.
+#[test]
+fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 85).unwrap();
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    let mut conf = p.conf("1.1.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
+    // UDP: its two minutes of idle time outlast the test (a closed TCP flow's ten seconds
+    // might not, on a slow machine).
+    udp_echo(&pod.ns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
+    let live = dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len();
+    assert_eq!(live, 1, "the pod's UDP flow");
+    let remote: IpAddr = "198.51.100.7".parse().unwrap();
+    let (idle_key, idle_value) = flow_entry(pod.ips[0], remote, 5000, 0);
+    dp::update_raw(&node, "ECNI_MASQ_FWD", &idle_key, &idle_value).unwrap();
+    let (orphan_key, orphan_value) =
+        flow_entry("10.10.0.250".parse().unwrap(), remote, 5001, u64::MAX / 2);
+    dp::update_raw(&node, "ECNI_MASQ_FWD", &orphan_key, &orphan_value).unwrap();
+    assert_eq!(dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len(), 3);
+
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": pod.cid, "ifname": "eth0"}]);
+    let env = ebpf_cni_tests::ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env());
+    p.run(&node, CniCommand::Gc, &env, gc.to_string())
+        .expect_success("GC");
+    let left = dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap();
+    assert_eq!(left.len(), 1, "GC left {left:?}");
+    let key = dp::hex_bytes(&left[0]["key"]).unwrap();
+    assert_eq!(
+        &key[..16],
+        &dp::endpoint_key(pod.ips[0])[..],
+        "the live flow stays"
+    );
+    assert_ne!(key, idle_key);
+
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&pod.cid, pod.ns.path(), "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL");
+}

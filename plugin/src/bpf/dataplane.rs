@@ -406,6 +406,15 @@ impl Maps {
             .unwrap_or_default()
     }
 
+    /// Every pod address on the node.
+    pub fn endpoint_ips(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.endpoints
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| key_ip(&k))
+            .collect()
+    }
+
     /// Whether any pod on the node masquerades.
     pub fn any_masq(&self) -> bool {
         self.endpoints

@@ -324,6 +324,12 @@ pub enum BpfError {
     #[error("masquerade state of the node is incomplete: {missing}")]
     MasqMissing { missing: String },
 
+    #[error("failed to read CLOCK_MONOTONIC (the programs' clock)")]
+    Clock {
+        #[source]
+        source: io::Error,
+    },
+
     #[error("failed to update the node's reserved ports at {path}")]
     ReservedPorts {
         path: PathBuf,

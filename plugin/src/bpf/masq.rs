@@ -246,6 +246,36 @@ impl MasqMaps {
         flows.len()
     }
 
+    /// GC: removes the flows idle past their timeout (by the programs' clock,
+    /// `CLOCK_MONOTONIC`) and those of addresses no pod holds (`live`); returns how many.
+    /// The programs reclaim an idle flow's port when they need it; this frees the table.
+    pub fn sweep(&mut self, live: &BTreeSet<IpAddr>) -> Result<usize, BpfError> {
+        let now = monotonic_ns()?;
+        let live: BTreeSet<[u8; 16]> = live.iter().map(|ip| endpoint_key(*ip).addr).collect();
+        let flows: Vec<(MasqKey, MasqFlow)> = self.fwd.iter().filter_map(Result::ok).collect();
+        let mut gone = 0;
+        for (k, v) in flows {
+            let rev = MasqKey {
+                local: v.addr,
+                remote: k.remote,
+                local_port: v.port,
+                remote_port: k.remote_port,
+                proto: k.proto,
+                _pad: [0; 3],
+            };
+            let back = self.rev.get(&rev, 0).ok();
+            let last = back.map_or(v.last_ns, |b| b.last_ns.max(v.last_ns));
+            let state = back.map_or(v.state, |b| b.state | v.state);
+            let idle = now.saturating_sub(last) > ebpf_cni_maps::masq_timeout_ns(k.proto, state);
+            if idle || !live.contains(&k.local) {
+                let _ = self.rev.remove(&rev);
+                let _ = self.fwd.remove(&k);
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    }
+
     /// The node's last masquerading pod went: the flag off, the skip ranges and sources
     /// emptied, the reserved ports given back.
     pub fn release(&mut self) -> Result<(), BpfError> {
@@ -325,6 +355,21 @@ pub struct MasqReport {
     /// New flows dropped because the table was full.
     pub table_full: u64,
     pub untranslatable: u64,
+}
+
+/// `bpf_ktime_get_ns`'s clock, as user space reads it.
+fn monotonic_ns() -> Result<u64, BpfError> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return Err(BpfError::Clock {
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// `ip_local_reserved_ports` as ranges (`"1,5-7"` → `[(1,1),(5,7)]`).

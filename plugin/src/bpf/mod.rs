@@ -50,9 +50,9 @@ pub use error::{BpfError, RemoveFailure};
 pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, AttachmentReport,
-    Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport, NodeReport, PodSpec,
-    PortMappingReport,
+    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, sweep_masq,
+    AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport, NodeReport,
+    PodSpec, PortMappingReport,
 };
 pub use ports::netns_cookie_of;
 pub use survey::{network_attachments, readiness, Unready};

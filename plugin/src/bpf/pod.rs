@@ -406,6 +406,21 @@ fn settle_masq(
     Ok(())
 }
 
+/// GC: the masqueraded flows idle past their timeout, or of addresses no pod of the node
+/// holds, are removed (see [`MasqMaps::sweep`]); returns how many.
+pub fn sweep_masq(node: &NodeId) -> Result<usize, BpfError> {
+    let root = PinRoot::from_env();
+    if !root.node_dir(node).exists() {
+        return Ok(0);
+    }
+    let _lock = NodeLock::take(&root)?;
+    let (Some(maps), Some(mut m)) = (Maps::open(&root, node)?, MasqMaps::open(&root, node)?) else {
+        return Ok(0);
+    };
+    let live = maps.endpoint_ips();
+    m.sweep(&live)
+}
+
 /// CHECK: the kernel holds what `pod` describes (as ADD installed it): both links live on
 /// its host veth with our programs (netlink mode: the records are there; the caller checks
 /// the filters themselves), the endpoint map holds each address with the right host veth
