@@ -15,14 +15,14 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED};
+use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 
 use aya_log_ebpf::debug;
 
 use crate::{
     limit::{header_len, pace, paced, police, Verdict, Way},
     maps::{count, endpoint, tracing, Dir, Event},
-    masq::{self, Reply, Want},
+    masq::{self, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
@@ -326,7 +326,12 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT as i32;
     }
     match classify(ctx) {
-        Some((proto, Dest::Pod(ep))) if ours(&ep, nat) => deliver(ctx, proto, &ep),
+        Some((proto, Dest::Pod(ep))) if ours(&ep, nat) => {
+            if nat == Nat::None && ep.flags & EP_FLAG_MASQ != 0 {
+                masq::inbound(ctx);
+            }
+            deliver(ctx, proto, &ep)
+        }
         _ => PASS,
     }
 }
@@ -445,7 +450,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
                 src = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
             }
         }
-        if !masq::snat(ctx, fib.ifindex, src_known.then_some(&src)) {
+        if masq::snat(ctx, fib.ifindex, src_known.then_some(&src)) == Snat::Drop {
             count(me, Dir::FromPod, Event::Drop, ctx.len());
             return TC_ACT_SHOT as i32;
         }

@@ -26,7 +26,7 @@ use aya_ebpf::{
 use ebpf_cni_maps::{
     masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey,
     EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN,
-    MASQ_FIN_OUT, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
+    MASQ_FIN_OUT, MASQ_INBOUND, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
     MAX_MASQ_FLOWS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
 };
 
@@ -79,7 +79,9 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
 const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
 /// A direction's `last_ns` is refreshed at most this often (fewer writes to shared lines).
 const REFRESH_NS: u64 = 1_000_000_000;
 
@@ -316,9 +318,14 @@ pub fn wanted(ctx: &TcContext) -> Want {
         let v4 = f.v4 == 1;
         if let Some(h) = ptr_at::<[u8; 2]>(ctx, rewrite::l4_off(v4)) {
             // SAFETY: bounds checked by `ptr_at`.
-            if icmp_is_error(v4, unsafe { (*h)[0] }) {
+            let t = unsafe { (*h)[0] };
+            if icmp_is_error(v4, t) {
                 f.icmp_err = 1;
                 return Want::Yes;
+            }
+            // An echo reply answers a ping to the pod's own address: it keeps it.
+            if t == ICMP_ECHO_REPLY && v4 || t == ICMPV6_ECHO_REPLY && !v4 {
+                return Want::No;
             }
         }
     }
@@ -525,19 +532,29 @@ fn source(f: &mut Scratch, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bool
     }
 }
 
-/// Masquerades the packet `wanted` accepted, leaving by `out_ifindex`. False (counted) if
-/// it cannot be: the caller drops it.
+/// What `snat` did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Snat {
+    /// Masqueraded.
+    Done,
+    /// Left as it is: a reply in a flow the remote end opened to the pod's address.
+    Keep,
+    /// It cannot be masqueraded (counted): the caller drops it.
+    Drop,
+}
+
+/// Masquerades the packet `wanted` accepted, leaving by `out_ifindex`.
 #[inline(never)]
-pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bool {
+pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Snat {
     let Some(f) = scratch() else {
-        return false;
+        return Snat::Drop;
     };
     if f.icmp_err == 1 {
-        let done = icmp_error_out(ctx, f);
-        if !done {
-            count(Stat::Untranslatable);
+        if icmp_error_out(ctx, f) {
+            return Snat::Done;
         }
-        return done;
+        count(Stat::Untranslatable);
+        return Snat::Drop;
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -546,19 +563,27 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bo
             // SAFETY: a map value; written in place, as every CPU does for its flows.
             let v = unsafe { &mut *v };
             touch(v, tcp_state(f, MASQ_FIN_OUT), now);
+            if v.state & MASQ_INBOUND != 0 {
+                return Snat::Keep;
+            }
             copy16(&mut f.csum_to, &v.addr);
             v.port
         }
         None => {
+            // Only a SYN opens a TCP flow: any other segment without a flow belongs to a
+            // connection the remote end opened to the pod's address.
+            if f.proto == IPPROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+                return Snat::Keep;
+            }
             if !source(f, out_ifindex, fib_src) {
                 count(Stat::Untranslatable);
-                return false;
+                return Snat::Drop;
             }
             let mut node = [0u8; 16];
             copy16(&mut node, &f.csum_to);
             match allocate(f, &node, now) {
                 Some(p) => p,
-                None => return false,
+                None => return Snat::Drop,
             }
         }
     };
@@ -575,10 +600,50 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> bo
         )
     {
         count(Stat::Untranslatable);
-        return false;
+        return Snat::Drop;
     }
     count(Stat::Out);
-    true
+    Snat::Done
+}
+
+/// A UDP packet arriving from a node device for a masquerading pod's own address, outside
+/// any masqueraded flow: the flow is recorded as the remote end's, so the pod's replies
+/// keep the pod's address (TCP needs no record: only a SYN opens a masqueraded flow; ICMP
+/// echo replies are never masqueraded).
+#[inline(never)]
+pub fn inbound(ctx: &TcContext) {
+    let Some(f) = scratch() else {
+        return;
+    };
+    let mut plain = false;
+    if !parse_ip(ctx, f, &mut plain) || !plain || f.proto != IPPROTO_UDP {
+        return;
+    }
+    // Seen from the pod: the local end is the destination.
+    let src = f.fwd.local;
+    copy16(&mut f.fwd.local, &f.fwd.remote);
+    f.fwd.remote = src;
+    if !parse_l4(ctx, f, false) {
+        return;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(v) = ECNI_MASQ_FWD.get_ptr_mut(&f.fwd) {
+        // SAFETY: a map value; written in place.
+        touch(unsafe { &mut *v }, 0, now);
+        return;
+    }
+    copy16(&mut f.val.addr, &f.fwd.local);
+    f.val.port = f.fwd.local_port;
+    f.val.state = MASQ_INBOUND;
+    f.val._pad = 0;
+    f.val.last_ns = now;
+    if ECNI_MASQ_FWD
+        .insert(&f.fwd, &f.val, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        count(Stat::TableFull);
+    }
 }
 
 /// What `reply` did.

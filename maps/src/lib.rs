@@ -100,6 +100,9 @@ pub const MASQ_FIN_OUT: u16 = 1;
 pub const MASQ_FIN_IN: u16 = 2;
 pub const MASQ_RST: u16 = 4;
 pub const MASQ_REPLIED: u16 = 8;
+/// A flow the remote end opened towards the pod's own address (a UDP flow seen arriving
+/// from a node device first): the pod's replies in it keep the pod's address.
+pub const MASQ_INBOUND: u16 = 16;
 
 /// How long a masqueraded flow may stay idle before its port may go to another flow, by
 /// protocol and the state bits both directions saw (the programs reclaim by it, GC sweeps

@@ -3,7 +3,8 @@
 //! and IPv6, and that host sees the node's address and a port of the masquerade range.
 //! Nothing of it touches netfilter: the node's FORWARD policy is DROP throughout, its
 //! rulesets are unchanged, and its conntrack table holds none of these flows. A pod without
-//! `ipMasq` on the same node is not reached back (so the test fails without the feature).
+//! `ipMasq` on the same node is not reached back (so the test fails without the feature),
+//! and a host that routes to the pods still reaches the masquerading pod's own address.
 //! DEL removes the pod's flows and gives back the reserved ports; chained mode refuses it.
 
 use std::net::IpAddr;
@@ -114,6 +115,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let ext = ExternalHost::attach(node.netns(), "up0", 81).unwrap();
+    let routed = ExternalHost::attach(node.netns(), "up1", 86).unwrap();
     // The host beyond the node knows its own link and nothing of the pods.
     ext.netns()
         .ip_ok(&["-4", "route", "del", "default"])
@@ -158,6 +160,23 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
         assert!(
             tcp_echo_with(&plain.ns, ext.netns(), dst, 0, Duration::from_secs(3)).is_err(),
             "a pod without ipMasq reached {dst}, which has no route to it"
+        );
+    }
+
+    // A host that routes to the pod network opens flows to the pod's own address: the
+    // pod's replies keep it (TCP: only a SYN opens a masqueraded flow; UDP: the flow is
+    // recorded arriving; ICMP: echo replies are never masqueraded).
+    for ip in &pod.ips {
+        let from = routed.addr_like(*ip);
+        let tcp = tcp_echo(routed.netns(), &pod.ns, *ip, 0)
+            .unwrap_or_else(|e| panic!("TCP from {from} to the pod's {ip}: {e:#}"));
+        assert_eq!(tcp.client_addr.ip(), from);
+        let udp = udp_echo(routed.netns(), &pod.ns, *ip, 0)
+            .unwrap_or_else(|e| panic!("UDP from {from} to the pod's {ip}: {e:#}"));
+        assert_eq!(udp.client_addr.ip(), from);
+        assert!(
+            ping_ok(routed.netns(), *ip),
+            "ICMP echo from {from} to the pod's {ip}"
         );
     }
 
