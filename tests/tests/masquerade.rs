@@ -193,6 +193,27 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     assert!(m["in_packets"].as_u64().unwrap() > 0, "{m}");
     assert_eq!(m["exhausted"], json!(0), "{m}");
     assert_eq!(m["table_full"], json!(0), "{m}");
+    // The same in the Prometheus exposition.
+    let out = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .arg("metrics")
+        .arg("--netns")
+        .arg(node.netns().path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for ip in &pod.ips {
+        let sample = format!("ebpf_cni_masquerade_flows{{pod_address=\"{ip}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&sample));
+        let n: u64 = line
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{sample} missing from the metrics:\n{text}"));
+        assert!(n >= 3, "{line:?}");
+    }
+    assert!(
+        text.contains("ebpf_cni_masquerade_failures_total{reason=\"exhausted\"} 0"),
+        "{text}"
+    );
 
     // CHECK proves the pod's masquerade state.
     let env = p.env(&pod.cid, pod.ns.path(), "eth0");

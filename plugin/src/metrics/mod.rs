@@ -241,6 +241,53 @@ pub fn render(r: &NodeReport, read_seconds: f64) -> String {
         }
     }
 
+    // Masquerade: node-wide (the flow tables' use and size are in ebpf_cni_map_entries).
+    let m = r.masquerade.as_ref();
+    let name = "ebpf_cni_masquerade_flows";
+    e.family(
+        name,
+        "gauge",
+        "Masqueraded flows held, by pod address (flows the remote end opened to the pod's own address included).",
+    );
+    for (pod, n) in m.map(|m| &m.flows_by_pod).into_iter().flatten() {
+        e.sample(name, &[("pod_address", pod.to_string().as_str())], n);
+    }
+    let name = "ebpf_cni_masquerade_packets_total";
+    e.family(
+        name,
+        "counter",
+        "Packets translated by masquerade, by direction (egress: leaving with the node's address).",
+    );
+    for (dir, v) in [
+        ("egress", m.map_or(0, |m| m.out_packets)),
+        ("ingress", m.map_or(0, |m| m.in_packets)),
+    ] {
+        e.sample(name, &[("direction", dir)], v);
+    }
+    let name = "ebpf_cni_masquerade_flows_created_total";
+    e.family(name, "counter", "Masqueraded flows given a port.");
+    e.sample(name, &[], m.map_or(0, |m| m.flows_created));
+    let name = "ebpf_cni_masquerade_ports_reclaimed_total";
+    e.family(
+        name,
+        "counter",
+        "Ports of flows idle past their timeout given to new flows.",
+    );
+    e.sample(name, &[], m.map_or(0, |m| m.reclaimed));
+    let name = "ebpf_cni_masquerade_failures_total";
+    e.family(
+        name,
+        "counter",
+        "Packets dropped by masquerade, by reason: exhausted (every probed port towards the destination taken), table_full, untranslatable (fragments, IP options, other protocols, no source address).",
+    );
+    for (reason, v) in [
+        ("exhausted", m.map_or(0, |m| m.exhausted)),
+        ("table_full", m.map_or(0, |m| m.table_full)),
+        ("untranslatable", m.map_or(0, |m| m.untranslatable)),
+    ] {
+        e.sample(name, &[("reason", reason)], v);
+    }
+
     for (name, help, v) in [
         (
             "ebpf_cni_attachments",
@@ -357,6 +404,8 @@ mod tests {
             "ebpf_cni_port_mappings 0",
             "# TYPE ebpf_cni_pod_bytes_total counter",
             "ebpf_cni_kernel_part_degraded{part=\"egress TCP pacing\"} 0",
+            "ebpf_cni_masquerade_failures_total{reason=\"table_full\"} 0",
+            "# TYPE ebpf_cni_masquerade_flows gauge",
         ] {
             assert!(text.contains(family), "{family} missing from:\n{text}");
         }
