@@ -88,11 +88,16 @@ impl Containerd {
         for sub in [&bin_dir, &conf_dir, &calls] {
             fs::create_dir(sub).with_context(|| format!("creating {}", sub.display()))?;
         }
-        fs::copy(
-            Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join("loopback"),
-            bin_dir.join("loopback"),
-        )
-        .context("copying Debian's loopback plugin (containernetworking-plugins)")?;
+        // loopback for every sandbox; portmap for containerd's default conflist.
+        for name in ["loopback", "portmap"] {
+            fs::copy(
+                Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(name),
+                bin_dir.join(name),
+            )
+            .with_context(|| {
+                format!("copying Debian's {name} plugin (containernetworking-plugins)")
+            })?;
+        }
         write_executable(
             &bin_dir.join("ebpf-cni"),
             &recording_wrapper(plugin, &calls),

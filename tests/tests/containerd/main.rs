@@ -348,6 +348,130 @@ fn containerd_cri_pod_gets_host_port_and_bandwidth_and_leaves_nothing() {
     eprintln!("test body took {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// containerd's default network (`10-containerd-net.conflist`, as containerd ships it) with
+/// `"type": "ebpf-cni"` in place of `bridge` — its `bridge`, `isGateway` and `promiscMode`
+/// keys are ignored, its `ipMasq: true` is honoured — and the reference `portmap` after it:
+/// a pod reaches, by IP address, a host outside the node that has no route to the pod
+/// network, which sees the node's address; the sandbox then goes without leaving anything.
+#[test]
+fn containerd_default_conflist_with_ebpf_cni_masquerades_pods() {
+    require_root();
+    let plugin = ebpf_cni_bin();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 43).unwrap();
+    ext.netns()
+        .ip_ok(&["-4", "route", "del", "default"])
+        .unwrap();
+    let cgroups = CgroupParent::new();
+    let conflist = json!({
+        "cniVersion": "1.0.0",
+        "name": "containerd-net",
+        "plugins": [
+            {
+                "type": "ebpf-cni",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": true,
+                "promiscMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [
+                        [{"subnet": "10.88.0.0/16"}],
+                        [{"subnet": "2001:4860:4860::/64"}]
+                    ],
+                    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+                    // The test's own lease directory (containerd's file has none).
+                    "dataDir": node.data_dir().to_string_lossy()
+                }
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    });
+    let ctrd = Containerd::start(&node, &plugin, &conflist, IMAGE).unwrap();
+    let tar = image::busybox_image(&ctrd.dir().join("image"), IMAGE).unwrap();
+    ctrd.import_image(&tar).unwrap();
+    let mut cri = ctrd.cri().unwrap();
+    let sandbox_config = v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: "client".into(),
+            uid: unique_container_id()[..32].to_owned(),
+            namespace: "ecni-test".into(),
+            attempt: 0,
+        }),
+        hostname: "client".into(),
+        log_directory: ctrd.dir().join("pod-logs").to_string_lossy().into_owned(),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            cgroup_parent: cgroups.name().to_owned(),
+        }),
+        ..Default::default()
+    };
+    let sandbox = cri.run_pod_sandbox(&sandbox_config).unwrap_or_else(|e| {
+        panic!(
+            "RunPodSandbox: {e:#}\nplugin calls: {:#?}",
+            ctrd.plugin_calls()
+        )
+    });
+    let status = cri.pod_sandbox_status(&sandbox).unwrap();
+    let info: Value = serde_json::from_str(status.info.get("info").expect("verbose info"))
+        .expect("verbose info is JSON");
+    let netns_path = sandbox_netns_path(&info);
+    let pod_netns = ctrd.path_in_mount_ns(&netns_path);
+
+    // The host outside: a TCP server that reports who connected.
+    let server = SocketAddr::new(IpAddr::V4(ext.v4), 7100);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::TcpListener::bind(server))
+        .unwrap()
+        .unwrap();
+    let accepted = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        peer
+    });
+    let echoed = std::thread::scope(|sc| {
+        sc.spawn(|| -> Result<[u8; 5]> {
+            let ns = std::fs::File::open(&pod_netns)?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let mut c = TcpStream::connect_timeout(&server, Duration::from_secs(5))?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            c.write_all(b"hello")?;
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b)?;
+            Ok(b)
+        })
+        .join()
+        .expect("the client thread")
+    });
+    assert_eq!(
+        &echoed.unwrap_or_else(|e| panic!("the pod's connection to {server}: {e:#}")),
+        b"hello"
+    );
+    let peer = accepted.join().unwrap();
+    assert_eq!(
+        peer.ip(),
+        IpAddr::V4(ext.node_v4),
+        "the outside host saw the node's address"
+    );
+
+    cri.stop_pod_sandbox(&sandbox)
+        .unwrap_or_else(|e| panic!("StopPodSandbox: {e:#}\n{}", ctrd.log_text()));
+    cri.remove_pod_sandbox(&sandbox)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e:#}\n{}", ctrd.log_text()));
+    let calls = ctrd.plugin_calls();
+    let failed: Vec<&PluginCall> = calls.iter().filter(|c| c.exit_code != 0).collect();
+    assert!(failed.is_empty(), "failed plugin calls: {failed:#?}");
+    assert_eq!(node.leases("containerd-net"), vec![], "leases left");
+    assert_eq!(
+        node.pinned_files(),
+        Vec::<PathBuf>::new(),
+        "pins left under {}",
+        node.pin_root().display()
+    );
+}
+
 /// The sandbox's network namespace path from CRI's verbose status
 /// (`info.runtimeSpec.linux.namespaces[type=network].path`).
 fn sandbox_netns_path(info: &Value) -> String {
