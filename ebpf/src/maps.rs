@@ -126,7 +126,10 @@ pub fn port_target(
 
 #[inline(always)]
 pub fn is_v4_mapped(a: &[u8; 16]) -> bool {
-    a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff
+    // Word compares: a slice compare becomes memset and bcmp calls, byte loops the
+    // verifier walks one byte at a time on every path that reaches them.
+    u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) == 0
+        && u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) == u32::from_ne_bytes([0, 0, 0xff, 0xff])
 }
 
 /// Counts a translation on the mapping `key`.

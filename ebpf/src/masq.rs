@@ -6,8 +6,8 @@
 //! Each flow has two entries, the pod's view (`ECNI_MASQ_FWD`) and the node's
 //! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
 //! broken to make room. A new flow probes `MASQ_PROBES` ports from a start hashed from the
-//! flow; a port is free when no flow holds it towards the same remote end, or when the
-//! flow holding it has been idle past its timeout (it is then reclaimed). Host ports are
+//! flow for one no flow holds towards the same remote end; failing that, it takes the first
+//! one if the flow holding it has been idle past its timeout. Host ports are
 //! never taken. When every probe fails, or the table is full, the new flow's packet is
 //! dropped and counted, and established flows go on.
 //!
@@ -31,7 +31,7 @@ use ebpf_cni_maps::{
 };
 
 use crate::{
-    maps::{endpoint, is_v4_mapped, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
+    maps::{endpoint, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
     packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
     rewrite::{self, End},
 };
@@ -387,7 +387,7 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
     if unsafe { ECNI_PORTMAP.get(&f.port_key) }.is_some() {
         return true;
     }
-    f.port_key.addr = if is_v4_mapped(&f.rev.local) {
+    f.port_key.addr = if f.v4 == 1 {
         PortKey::WILDCARD_V4
     } else {
         PortKey::WILDCARD_V6
@@ -396,10 +396,11 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
     unsafe { ECNI_PORTMAP.get(&f.port_key) }.is_some()
 }
 
-/// Tries to give the new flow `port`: `f.rev` (its node view, port aside) and `f.val` (the
-/// pod's end) are filled in.
+/// Tries to give the new flow `port` (`f.rev`, its node view, and `f.val`, the pod's end,
+/// are filled in): a port no flow holds towards the same remote end. Small, because the
+/// verifier walks it once per probe.
 #[inline(never)]
-fn try_port(f: &mut Scratch, port: u16, now: u64) -> u32 {
+fn claim(f: &mut Scratch, port: u16) -> u32 {
     if host_port(f, port) {
         return TAKEN;
     }
@@ -410,9 +411,23 @@ fn try_port(f: &mut Scratch, port: u16, now: u64) -> u32 {
     {
         return GOT;
     }
-    let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
+    // SAFETY: only presence is read.
+    if unsafe { ECNI_MASQ_REV.get(&f.rev) }.is_none() {
         // Not there, yet not inserted: the table is full.
         return FULL;
+    }
+    TAKEN
+}
+
+/// Gives the new flow `port` if the flow holding it has been idle past its timeout.
+#[inline(never)]
+fn reclaim(f: &mut Scratch, port: u16, now: u64) -> u32 {
+    if host_port(f, port) {
+        return TAKEN;
+    }
+    f.rev.local_port = port;
+    let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
+        return TAKEN;
     };
     // SAFETY: a map value; read at once.
     let held = unsafe { &*held };
@@ -454,11 +469,13 @@ fn flow_hash(k: &MasqKey) -> u32 {
     h ^ (h >> 15)
 }
 
-/// Finds a port for the flow in `f.fwd` from the node's address `node`; records both
-/// entries. Returns the port, or `None` (counted) when the flow cannot have one.
-#[inline(always)]
-fn allocate(f: &mut Scratch, node: &[u8; 16], now: u64) -> Option<u16> {
-    copy16(&mut f.rev.local, node);
+/// Finds a port for the flow in `f.fwd` from the node's address in `f.csum_to`; records
+/// both entries and leaves the port in `f.val.port`. False (counted) when the flow cannot
+/// have one. A subprogram returning a bare verdict: the verifier then walks the rest of the
+/// program once, not once for each probe the loops below may leave from.
+#[inline(never)]
+fn allocate(f: &mut Scratch, now: u64) -> bool {
+    copy16(&mut f.rev.local, &f.csum_to);
     copy16(&mut f.rev.remote, &f.fwd.remote);
     f.rev.remote_port = f.fwd.remote_port;
     f.rev.proto = f.fwd.proto;
@@ -482,24 +499,38 @@ fn allocate(f: &mut Scratch, node: &[u8; 16], now: u64) -> Option<u16> {
             break;
         }
         let port = lo + ((start + i) % span) as u16;
-        match try_port(f, port, now) {
+        match claim(f, port) {
             GOT => {
                 got = Some(port);
                 break;
             }
             FULL => {
                 count(Stat::TableFull);
-                return None;
+                return false;
+            }
+            _ => {}
+        }
+    }
+    // Every probed port is held: the first one's flow gives it up if it is idle. (One try:
+    // each try costs the verifier more than a whole probe, and the programs' load time with
+    // it; GC sweeps idle flows besides.)
+    if got.is_none() {
+        let port = lo + start as u16;
+        match reclaim(f, port, now) {
+            GOT => got = Some(port),
+            FULL => {
+                count(Stat::TableFull);
+                return false;
             }
             _ => {}
         }
     }
     let Some(port) = got else {
         count(Stat::Exhausted);
-        return None;
+        return false;
     };
     // The pod's view: the node's end.
-    copy16(&mut f.val.addr, node);
+    copy16(&mut f.val.addr, &f.csum_to);
     f.val.port = port;
     if ECNI_MASQ_FWD
         .insert(&f.fwd, &f.val, u64::from(BPF_ANY))
@@ -508,10 +539,10 @@ fn allocate(f: &mut Scratch, node: &[u8; 16], now: u64) -> Option<u16> {
         f.rev.local_port = port;
         let _ = ECNI_MASQ_REV.remove(&f.rev);
         count(Stat::TableFull);
-        return None;
+        return false;
     }
     count(Stat::Flow);
-    Some(port)
+    true
 }
 
 /// The node's address for a new flow leaving by `out_ifindex`: what the FIB chose
@@ -579,12 +610,10 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Sn
                 count(Stat::Untranslatable);
                 return Snat::Drop;
             }
-            let mut node = [0u8; 16];
-            copy16(&mut node, &f.csum_to);
-            match allocate(f, &node, now) {
-                Some(p) => p,
-                None => return Snat::Drop,
+            if !allocate(f, now) {
+                return Snat::Drop;
             }
+            f.val.port
         }
     };
     copy16(&mut f.csum_from, &f.fwd.local);

@@ -85,8 +85,10 @@ pub const MAX_MASQ_SKIP: u32 = 4_096;
 /// while a masquerading pod exists, so the node's own sockets are never handed these ports.
 pub const MASQ_PORT_MIN: u16 = 61_000;
 pub const MASQ_PORT_MAX: u16 = 65_535;
-/// How many ports a new flow tries (from a start hashed from the flow) before it is dropped
-/// as exhausted.
+/// How many ports a new flow tries (from a start hashed from the flow) for one no flow
+/// holds towards the same remote end; then it may take the first one from a flow idle past
+/// its timeout, else it is dropped as exhausted. (The verifier walks every probe: this
+/// bounds the programs' load time.)
 pub const MASQ_PROBES: u32 = 32;
 /// Timeouts of idle masqueraded flows, nanoseconds: a TCP flow that was reset or closed in
 /// both directions, one never answered, one established; UDP; ICMP echo.
