@@ -5,9 +5,9 @@
 //!
 //! Each flow has two entries, the pod's view (`ECNI_MASQ_FWD`) and the node's
 //! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
-//! broken to make room. A new flow probes `MASQ_PROBES` ports from a start hashed from the
-//! flow for one no flow holds towards the same remote end; failing that, it takes the first
-//! one if the flow holding it has been idle past its timeout. Host ports are
+//! broken to make room. A new flow probes `MASQ_PROBES` ports from this CPU's cursor (ports
+//! are handed out in turn) for one no flow holds towards the same remote end; failing
+//! that, it takes the first one if the flow holding it has been idle past its timeout. Host ports are
 //! never taken. When every probe fails, or the table is full, the new flow's packet is
 //! dropped and counted, and established flows go on.
 //!
@@ -104,6 +104,11 @@ pub struct Scratch {
     tcp_flags: u8,
     /// 1: the packet is an ICMP error the pod sends about a packet of one of its flows.
     icmp_err: u8,
+    /// Where this CPU's next allocation starts in the port range (kept across packets:
+    /// the slot is per CPU and never cleared). Ports are handed out in turn, so the next
+    /// one is the one this CPU gave out longest ago, the likeliest to be free or idle.
+    cursor: u32,
+    _pad: u32,
 }
 
 #[map]
@@ -456,19 +461,6 @@ fn reclaim(f: &mut Scratch, port: u16, now: u64) -> u32 {
     GOT
 }
 
-/// The flow's start in the port range.
-#[inline(always)]
-fn flow_hash(k: &MasqKey) -> u32 {
-    let a = u32::from_ne_bytes([k.local[12], k.local[13], k.local[14], k.local[15]]);
-    let b = u32::from_ne_bytes([k.remote[12], k.remote[13], k.remote[14], k.remote[15]]);
-    let c = u32::from(k.local[11]) ^ (u32::from(k.local[7]) << 8) ^ (u32::from(k.local[3]) << 16);
-    let mut h =
-        a ^ b.rotate_left(16) ^ c ^ (u32::from(k.local_port) << 16 | u32::from(k.remote_port));
-    h = h.wrapping_add(u32::from(k.proto));
-    h = h.wrapping_mul(0x9e37_79b1);
-    h ^ (h >> 15)
-}
-
 /// Finds a port for the flow in `f.fwd` from the node's address in `f.csum_to`; records
 /// both entries and leaves the port in `f.val.port`. False (counted) when the flow cannot
 /// have one. A subprogram returning a bare verdict: the verifier then walks the rest of the
@@ -492,7 +484,7 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
         }
     }
     let span = u32::from(hi - lo) + 1;
-    let start = flow_hash(&f.fwd) % span;
+    let start = f.cursor % span;
     let mut got = None;
     for i in 0..MASQ_PROBES {
         if i >= span {
@@ -511,7 +503,8 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
             _ => {}
         }
     }
-    // Every probed port is held: the first one's flow gives it up if it is idle. (One try:
+    // Every probed port is held: the first one's flow, the oldest this CPU gave out, gives
+    // it up if it is idle. (One try:
     // each try costs the verifier more than a whole probe, and the programs' load time with
     // it; GC sweeps idle flows besides.)
     if got.is_none() {
@@ -529,6 +522,7 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
         count(Stat::Exhausted);
         return false;
     };
+    f.cursor = u32::from(port - lo) + 1;
     // The pod's view: the node's end.
     copy16(&mut f.val.addr, &f.csum_to);
     f.val.port = port;

@@ -85,14 +85,16 @@ pub const MAX_MASQ_SKIP: u32 = 4_096;
 /// while a masquerading pod exists, so the node's own sockets are never handed these ports.
 pub const MASQ_PORT_MIN: u16 = 61_000;
 pub const MASQ_PORT_MAX: u16 = 65_535;
-/// How many ports a new flow tries (from a start hashed from the flow) for one no flow
+/// How many ports a new flow tries (from where the CPU's last allocation left off) for one no flow
 /// holds towards the same remote end; then it may take the first one from a flow idle past
 /// its timeout, else it is dropped as exhausted. (The verifier walks every probe: at 32 the
 /// programs took 2.5 times as long to load as without masquerade, 1.5 times at 8.)
 pub const MASQ_PROBES: u32 = 8;
 /// Timeouts of idle masqueraded flows, nanoseconds: a TCP flow that was reset or closed in
-/// both directions, one never answered, one established; UDP; ICMP echo.
-pub const MASQ_TCP_CLOSED_NS: u64 = 10_000_000_000;
+/// both directions (its last ACK is long through after 100 ms; the remote end's TIME_WAIT
+/// takes the next SYN on the port, whose timestamps are newer: the pod's stack keeps one
+/// timestamp clock per address pair), one never answered, one established; UDP; ICMP echo.
+pub const MASQ_TCP_CLOSED_NS: u64 = 100_000_000;
 pub const MASQ_TCP_OPENING_NS: u64 = 60_000_000_000;
 pub const MASQ_TCP_OPEN_NS: u64 = 7_200_000_000_000;
 pub const MASQ_UDP_NS: u64 = 120_000_000_000;

@@ -3,7 +3,8 @@
 //! a runtime drives CNI plugins, from inside test-made node namespaces.
 //!
 //! Sections: lifecycle (ADD/CHECK/DEL latency, cost of one ADD, concurrency), traffic
-//! (throughput, TCP_RR, TCP_CRR), port-map scale, bandwidth accuracy and cleanup. Subjects
+//! (throughput, TCP_RR, TCP_CRR), port-map scale, bandwidth accuracy, cleanup and
+//! masquerade (pod → a host without a route back: throughput, TCP_CRR, flows held). Subjects
 //! alternate within every repeat so the noise of this shared machine hits all of them, and
 //! every figure is a median with its range. A feature a subject lacks is found by a probe
 //! and reported as "not implemented" instead of a number, so the bench grows with the
@@ -21,6 +22,7 @@ mod guest;
 mod lifecycle;
 mod load;
 mod machine;
+mod masquerade;
 mod model;
 mod report;
 mod scale;
@@ -87,15 +89,17 @@ pub enum Section {
     Scale,
     Bandwidth,
     Cleanup,
+    Masquerade,
 }
 
 impl Section {
-    const ALL: [Section; 5] = [
+    const ALL: [Section; 6] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
         Section::Bandwidth,
         Section::Cleanup,
+        Section::Masquerade,
     ];
 }
 
@@ -103,7 +107,7 @@ impl Section {
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
     pub quick: bool,
-    /// Repeats of the lifecycle and traffic sections.
+    /// Repeats of the lifecycle, traffic and masquerade sections.
     pub repeats: usize,
     /// Sequential, coexisting pods per subject and repeat.
     pub pods: usize,
@@ -128,6 +132,11 @@ pub struct Params {
     pub bw_rates: Vec<u64>,
     pub bw_secs: u32,
     pub bw_repeats: usize,
+    /// UDP flows one pod opens at once in the masquerade section.
+    pub masq_flows: usize,
+    /// TCP_CRR connections per slice in the masquerade section (the quick run stays below
+    /// the 4,536 ports of the default range, so CI never depends on port reuse timing).
+    pub masq_crr_max: usize,
 }
 
 impl Params {
@@ -152,6 +161,8 @@ impl Params {
             bw_rates: vec![10_000_000, 100_000_000, 1_000_000_000],
             bw_secs: 5,
             bw_repeats: 2,
+            masq_flows: 100_000,
+            masq_crr_max: usize::MAX,
         }
     }
 
@@ -176,6 +187,8 @@ impl Params {
             bw_rates: vec![100_000_000],
             bw_secs: 2,
             bw_repeats: 1,
+            masq_flows: 2_000,
+            masq_crr_max: 500,
         }
     }
 }
@@ -197,6 +210,7 @@ pub struct Run {
     pub scale: Option<scale::Output>,
     pub bandwidth: Option<bandwidth::Output>,
     pub cleanup: Option<cleanup::Output>,
+    pub masquerade: Option<masquerade::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -252,6 +266,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if args.quick {
         command.push_str(" --quick");
     }
+    if !args.only.is_empty() {
+        let names: Vec<String> = args
+            .only
+            .iter()
+            .map(|s| format!("{s:?}").to_lowercase())
+            .collect();
+        command.push_str(&format!(" --only {}", names.join(",")));
+    }
     let mut run = Run {
         machine: machine::collect(&plugin),
         params: params.clone(),
@@ -261,6 +283,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         scale: None,
         bandwidth: None,
         cleanup: None,
+        masquerade: None,
         skipped: Vec::new(),
         section_secs: Vec::new(),
         total: Duration::ZERO,
@@ -291,6 +314,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
                 })
             }
             Section::Cleanup => run.cleanup = Some(cleanup::run(&bins)),
+            Section::Masquerade => run.masquerade = Some(masquerade::run(&params, &bins)),
         }));
         if let Err(panic) = outcome {
             let msg = panic

@@ -298,6 +298,9 @@ pub struct CrrResult {
     pub connect_us: Vec<f64>,
 }
 
+/// Untimed connections [`tcp_crr`] opens before it measures.
+pub const CRR_WARMUP: usize = 20;
+
 pub fn tcp_crr(
     ns: &Netns,
     target: SocketAddr,
@@ -320,13 +323,20 @@ pub fn tcp_crr(
             let _ = s.read(&mut b);
             Ok(connect)
         };
-        for _ in 0..20 {
-            one()?;
+        for i in 0..CRR_WARMUP {
+            one().with_context(|| format!("warm-up connection {} failed", i + 1))?;
         }
         let mut connect_us = Vec::new();
         let started = Instant::now();
         while started.elapsed() < duration && connect_us.len() < max_connections {
-            connect_us.push(one()?);
+            let at = started.elapsed().as_secs_f64();
+            let connect = one().with_context(|| {
+                format!(
+                    "connection {} after the warm-up ({at:.2} s in) failed",
+                    connect_us.len() + 1
+                )
+            })?;
+            connect_us.push(connect);
         }
         Ok(CrrResult {
             secs: started.elapsed().as_secs_f64(),

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use crate::bench::charts::{self, short_num};
 use crate::bench::cleanup::{self, Scenario};
+use crate::bench::masquerade;
 use crate::bench::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
 use crate::bench::scale::{self, thousands};
 use crate::bench::{progress, Run, Section};
@@ -318,6 +319,23 @@ pub fn headline(run: &Run) -> Table {
     }
     if let Some(c) = &run.cleanup {
         rows.push(Some(cleanup_row(c)));
+    }
+    if let Some(m) = &run.masquerade {
+        rows.push(renamed(
+            find(Some(&m.traffic), masquerade::THROUGHPUT_ROW),
+            "TCP throughput pod → external host, masqueraded",
+        ));
+        rows.push(renamed(
+            find(Some(&m.traffic), masquerade::CRR_ROW),
+            "TCP_CRR pod → external host, masqueraded",
+        ));
+        rows.push(renamed(
+            find(Some(&m.flows), masquerade::HELD_ROW),
+            &format!(
+                "masqueraded UDP flows held, of {} opened at once",
+                thousands(p.masq_flows)
+            ),
+        ));
     }
     t.rows = rows.into_iter().flatten().collect();
     t
@@ -673,14 +691,15 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     };
     let _ = writeln!(
         s,
-        "| reference chain | `ptp` (ipMasq off, MTU 1500, host-local IPAM) → `portmap` \
+        "| reference chain | `ptp` (ipMasq off but in the masquerade section, MTU 1500, \
+         host-local IPAM) → `portmap` \
          (capability portMappings, snat on) → `bandwidth` (capability bandwidth) | {} | {} |",
         hp(Subject::Reference),
         bwp(Subject::Reference)
     );
     let _ = writeln!(
         s,
-        "| ebpf-cni | `ebpf-cni` alone (same IPAM and MTU, capabilities portMappings and \
+        "| ebpf-cni | `ebpf-cni` alone (same IPAM, MTU and ipMasq, capabilities portMappings and \
          bandwidth, so it receives the same runtimeConfig) | {} | {} |",
         hp(Subject::EbpfCni),
         bwp(Subject::EbpfCni)
@@ -694,7 +713,9 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         "Both lists use cniVersion 1.0.0 and the IPv4 range {} (plus {} for the dual-stack \
          rows), and receive runtimeConfig in containerd's spelling (`HostPort`, `IngressRate`, …). Every node \
          has an uplink veth to an \"external\" client namespace (node 192.168.77.1, client \
-         192.168.77.2) before its first pod.\n",
+         192.168.77.2) before its first pod. The masquerade section alone sets `ipMasq: true` \
+         on both lists (ptp's and ebpf-cni's) and gives the external client no route to the \
+         pods.\n",
         crate::bench::topo::POD_SUBNET_V4,
         crate::bench::topo::POD_SUBNET_V6
     );
@@ -759,6 +780,15 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         "Cleanup: one node per subject, a warm-up pod added and deleted, then a resident \
          pod; four DEL scenarios, each on a fresh pod with a hostPort and a 100 Mbit/s limit."
             .into(),
+        format!(
+            "Masquerade: {} repeat(s); iperf3 -t {} -O {}; TCP_CRR {} s per figure; {} UDP \
+             flows from one pod.",
+            p.repeats,
+            p.iperf_secs,
+            p.iperf_omit,
+            p.rr_secs,
+            thousands(p.masq_flows)
+        ),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -815,6 +845,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     }
     s.extend(skipped(Section::Cleanup));
 
+    let _ = writeln!(s, "## 6. Masquerade\n");
+    if let Some(m) = &run.masquerade {
+        s.push_str(&masquerade_md(run, m));
+    }
+    s.extend(skipped(Section::Masquerade));
+
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
     for t in all_tables(run) {
@@ -869,6 +905,47 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
             .collect();
         v.join(", ")
     });
+    s
+}
+
+fn masquerade_md(run: &Run, m: &masquerade::Output) -> String {
+    let p = &run.params;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Method: both CNI subjects with `ipMasq: true` (the reference chain's ptp, so \
+         iptables MASQUERADE and netfilter conntrack, then portmap and bandwidth; ebpf-cni's \
+         eBPF source NAT, no iptables, no conntrack), on one masquerading node each, in the \
+         same run. The node's uplink veth leads to an external host ({ext}) that has no \
+         route to the pod network ({pods}), so a pod's traffic works only if it leaves with \
+         the node's address ({node}); a probe checks that the external host sees a TCP \
+         connection and a UDP datagram of a pod come from {node} before anything is \
+         measured, and a subject that fails it has no figures. Measured from a pod to the \
+         external host: single-stream TCP throughput (iperf3) and TCP_CRR (connections per \
+         second, each a new connection, one 1-byte exchange, close), subjects alternating \
+         within each of {repeats} repeat(s), medians with their range; then, on a fresh node \
+         per subject, how many of {flows} UDP flows opened at once from one pod the node's \
+         flow table holds, and how many new flows it dropped (ebpf-cni: its masquerade \
+         table; the reference: the node's conntrack table, nf_conntrack_max at its \
+         default).\n",
+        ext = crate::bench::topo::EXT_IP,
+        pods = crate::bench::topo::POD_SUBNET_V4,
+        node = crate::bench::topo::NODE_UPLINK_IP,
+        repeats = p.repeats,
+        flows = thousands(p.masq_flows),
+    );
+    let _ = writeln!(s, "Probe (what the external host saw):\n");
+    for subj in Subject::CNI {
+        let text = match m.probe.get(&subj) {
+            Some(Ok(seen)) => seen.clone(),
+            Some(Err(e)) => format!("**failed**: {e}"),
+            None => "not probed".to_owned(),
+        };
+        let _ = writeln!(s, "- {}: {}", subj.label(), escape(&text));
+    }
+    s.push('\n');
+    s.push_str(&md_table(&m.traffic, "###"));
+    s.push_str(&md_table(&m.flows, "###"));
     s
 }
 
@@ -955,6 +1032,9 @@ fn all_tables(run: &Run) -> Vec<&Table> {
     if let Some(b) = &run.bandwidth {
         v.push(&b.table);
     }
+    if let Some(m) = &run.masquerade {
+        v.extend([&m.traffic, &m.flows]);
+    }
     v
 }
 
@@ -1007,6 +1087,7 @@ pub fn results_json(run: &Run) -> Value {
         "cleanup": run.cleanup,
         "hostport_probe": run.traffic.as_ref().map(|t| &t.hostport),
         "bandwidth_enforced": run.bandwidth.as_ref().map(|b| &b.enforced),
+        "masquerade_probe": run.masquerade.as_ref().map(|m| &m.probe),
         "skipped_sections": run.skipped,
         "section_seconds": run.section_secs,
         "total_seconds": run.total.as_secs_f64(),

@@ -44,10 +44,23 @@ pub struct Binaries {
     pub ebpf_cni: PathBuf,
 }
 
+/// What happens to pod traffic leaving the pod network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Egress {
+    /// It keeps the pod's address (ipMasq off on both subjects): every section but one. The
+    /// external client routes the pod network via the node.
+    Routed,
+    /// `ipMasq: true` on both subjects (ptp's iptables MASQUERADE; ebpf-cni's eBPF source
+    /// NAT), and the external client has no route to the pod network: only the node's
+    /// address gets answers.
+    Masquerade,
+}
+
 /// The conflist of a CNI subject, as a node would configure it: same IPAM, MTU and routes
-/// for both; ipMasq off for the reference (ebpf-cni does not masquerade, and masquerading
-/// would add rules only one side pays for).
-pub fn conflist(subject: Subject, data_dir: &Path, stack: Stack) -> NetConfList {
+/// for both; ipMasq the same on both, off unless `egress` asks for masquerade (masquerading
+/// adds rules and conntrack state a section not about it would measure too).
+pub fn conflist(subject: Subject, data_dir: &Path, stack: Stack, egress: Egress) -> NetConfList {
+    let masq = egress == Egress::Masquerade;
     let (ranges, routes) = match stack {
         Stack::V4 => (
             json!([[{ "subnet": POD_SUBNET_V4 }]]),
@@ -66,16 +79,22 @@ pub fn conflist(subject: Subject, data_dir: &Path, stack: Stack) -> NetConfList 
     });
     let plugins = match subject {
         Subject::Reference => vec![
-            json!({ "type": "ptp", "mtu": MTU, "ipMasq": false, "ipam": ipam }),
+            json!({ "type": "ptp", "mtu": MTU, "ipMasq": masq, "ipam": ipam }),
             json!({ "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }),
             json!({ "type": "bandwidth", "capabilities": { "bandwidth": true } }),
         ],
-        Subject::EbpfCni => vec![json!({
-            "type": "ebpf-cni",
-            "mtu": MTU,
-            "ipam": ipam,
-            "capabilities": { "portMappings": true, "bandwidth": true },
-        })],
+        Subject::EbpfCni => {
+            let mut conf = json!({
+                "type": "ebpf-cni",
+                "mtu": MTU,
+                "ipam": ipam,
+                "capabilities": { "portMappings": true, "bandwidth": true },
+            });
+            if masq {
+                conf["ipMasq"] = json!(true);
+            }
+            vec![conf]
+        }
         Subject::Veth => unreachable!("the veth pair has no conflist"),
     };
     NetConfList {
@@ -129,7 +148,8 @@ pub fn caps(mappings: &[(u16, u16)], rate_bps: Option<u64>) -> Map<String, Value
 pub struct BenchNode {
     pub subject: Subject,
     pub chain: Chain,
-    /// The external client: 192.168.77.2, routes the pod subnet via the node.
+    /// The external client: 192.168.77.2; routes the pod subnet via the node unless the
+    /// node masquerades ([`Egress::Masquerade`]).
     pub ext: Netns,
     pub node: Node,
 }
@@ -140,6 +160,15 @@ impl BenchNode {
     }
 
     pub fn with_stack(subject: Subject, bins: &Binaries, stack: Stack) -> Result<Self> {
+        Self::with_egress(subject, bins, stack, Egress::Routed)
+    }
+
+    pub fn with_egress(
+        subject: Subject,
+        bins: &Binaries,
+        stack: Stack,
+        egress: Egress,
+    ) -> Result<Self> {
         let node = Node::new().context("creating the node namespace")?;
         let ext = Netns::create("p").context("creating the external client namespace")?;
         let n = node.netns();
@@ -165,19 +194,25 @@ impl BenchNode {
         n.ip_ok(&["link", "set", UPLINK_DEV, "up"])?;
         ext.ip_ok(&["addr", "add", &format!("{EXT_IP}/24"), "dev", "eth0"])?;
         ext.ip_ok(&["link", "set", "eth0", "up"])?;
-        ext.ip_ok(&[
-            "route",
-            "add",
-            POD_SUBNET_V4,
-            "via",
-            &NODE_UPLINK_IP.to_string(),
-        ])?;
+        if egress == Egress::Routed {
+            ext.ip_ok(&[
+                "route",
+                "add",
+                POD_SUBNET_V4,
+                "via",
+                &NODE_UPLINK_IP.to_string(),
+            ])?;
+        }
         let runtime = match subject {
             Subject::Reference => CniRuntime::reference(),
             Subject::EbpfCni => CniRuntime::with_plugin(&bins.ebpf_cni),
             Subject::Veth => bail!("the veth pair is not a node"),
         };
-        let chain = Chain::new(conflist(subject, node.data_dir(), stack), runtime, n.path())?;
+        let chain = Chain::new(
+            conflist(subject, node.data_dir(), stack, egress),
+            runtime,
+            n.path(),
+        )?;
         Ok(Self {
             subject,
             chain,
