@@ -262,6 +262,19 @@ pub struct Maps {
     pacing: Option<HashMap<MapData, u64, Pacing>>,
 }
 
+/// The error of a pinned map that did not open as the type its user expects.
+pub(super) fn open_map_err(
+    root: &PinRoot,
+    node: &NodeId,
+    name: &'static str,
+) -> impl FnOnce(aya::maps::MapError) -> BpfError {
+    let path = root.map(node, name);
+    move |source| BpfError::OpenMap {
+        path,
+        source: Box::new(source),
+    }
+}
+
 pub(super) fn open_pinned(
     root: &PinRoot,
     node: &NodeId,
@@ -300,13 +313,7 @@ impl Maps {
         ) else {
             return Ok(None);
         };
-        let conv = |name: &'static str| {
-            let path = root.map(node, name);
-            move |source| BpfError::OpenMap {
-                path,
-                source: Box::new(source),
-            }
-        };
+        let conv = |name| open_map_err(root, node, name);
         Ok(Some(Self {
             endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
             counters: PerCpuHashMap::try_from(cnt).map_err(conv(POD_COUNTERS_MAP))?,

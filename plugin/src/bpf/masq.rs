@@ -23,8 +23,9 @@ use ipnetwork::IpNetwork;
 use serde::Serialize;
 
 use super::{
-    dataplane::{endpoint_key, is_not_found, key_ip, open_pinned},
+    dataplane::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
     pin::{NodeId, PinRoot},
+    ports::update_err,
     BpfError,
 };
 
@@ -56,11 +57,16 @@ fn skip_key(net: &IpNetwork) -> Key<[u8; 16]> {
     Key::new(bits, base)
 }
 
-fn update_err(map: &'static str, what: String) -> impl FnOnce(aya::maps::MapError) -> BpfError {
-    move |source| BpfError::MapUpdate {
-        map,
-        what,
-        source: Box::new(source),
+/// The `ECNI_MASQ_REV` key of the flow whose `ECNI_MASQ_FWD` entry is `(k, v)`: the same
+/// remote end, seen from the node's address and port.
+fn node_view(k: &MasqKey, v: &MasqFlow) -> MasqKey {
+    MasqKey {
+        local: v.addr,
+        remote: k.remote,
+        local_port: v.port,
+        remote_port: k.remote_port,
+        proto: k.proto,
+        _pad: [0; 3],
     }
 }
 
@@ -89,13 +95,7 @@ impl MasqMaps {
         ) else {
             return Ok(None);
         };
-        let conv = |name: &'static str| {
-            let path = root.map(node, name);
-            move |source| BpfError::OpenMap {
-                path,
-                source: Box::new(source),
-            }
-        };
+        let conv = |name| open_map_err(root, node, name);
         Ok(Some(Self {
             fwd: HashMap::try_from(fwd).map_err(conv(MASQ_FWD_MAP))?,
             rev: HashMap::try_from(rev).map_err(conv(MASQ_REV_MAP))?,
@@ -104,6 +104,15 @@ impl MasqMaps {
             stats: PerCpuArray::try_from(stats).map_err(conv(MASQ_STATS_MAP))?,
             config: Array::try_from(config).map_err(conv(CONFIG_MAP))?,
         }))
+    }
+
+    /// The skip trie's keys, as `(prefix length, address)`.
+    fn skip_ranges(&self) -> BTreeSet<(u32, [u8; 16])> {
+        self.skip
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| (k.prefix_len(), k.data()))
+            .collect()
     }
 
     fn node_config(&self) -> NodeConfig {
@@ -131,12 +140,7 @@ impl MasqMaps {
     /// (brought up to date: a device's new address serves new flows from now on), the
     /// reserved ports and the programs' flag. The node lock is held.
     pub fn install(&mut self, spec: &MasqSpec) -> Result<(), BpfError> {
-        let present: BTreeSet<(u32, [u8; 16])> = self
-            .skip
-            .keys()
-            .filter_map(Result::ok)
-            .map(|k| (k.prefix_len(), k.data()))
-            .collect();
+        let present = self.skip_ranges();
         for net in &spec.skip {
             let key = skip_key(net);
             if !present.contains(&(key.prefix_len(), key.data())) {
@@ -202,12 +206,7 @@ impl MasqMaps {
                 missing: "the programs' masquerade flag is off".to_owned(),
             });
         }
-        let present: BTreeSet<(u32, [u8; 16])> = self
-            .skip
-            .keys()
-            .filter_map(Result::ok)
-            .map(|k| (k.prefix_len(), k.data()))
-            .collect();
+        let present = self.skip_ranges();
         for net in &spec.skip {
             let key = skip_key(net);
             if !present.contains(&(key.prefix_len(), key.data())) {
@@ -229,14 +228,7 @@ impl MasqMaps {
             .filter(|(k, _)| locals.contains(&k.local))
             .collect();
         for (k, v) in &flows {
-            let rev = MasqKey {
-                local: v.addr,
-                remote: k.remote,
-                local_port: v.port,
-                remote_port: k.remote_port,
-                proto: k.proto,
-                _pad: [0; 3],
-            };
+            let rev = node_view(k, v);
             match self.rev.remove(&rev) {
                 Err(e) if !is_not_found(&e) => log::warn!("removing a masquerade flow: {e}"),
                 _ => {}
@@ -255,14 +247,7 @@ impl MasqMaps {
         let flows: Vec<(MasqKey, MasqFlow)> = self.fwd.iter().filter_map(Result::ok).collect();
         let mut gone = 0;
         for (k, v) in flows {
-            let rev = MasqKey {
-                local: v.addr,
-                remote: k.remote,
-                local_port: v.port,
-                remote_port: k.remote_port,
-                proto: k.proto,
-                _pad: [0; 3],
-            };
+            let rev = node_view(&k, &v);
             let back = self.rev.get(&rev, 0).ok();
             let last = back.map_or(v.last_ns, |b| b.last_ns.max(v.last_ns));
             let state = back.map_or(v.state, |b| b.state | v.state);

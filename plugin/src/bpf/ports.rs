@@ -18,7 +18,7 @@ use ebpf_cni_maps::{
 };
 
 use super::{
-    dataplane::{endpoint_key, is_not_found, key_ip, open_pinned},
+    dataplane::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
     pin::{create_dir_all_racy, NodeId, PinRoot},
     sys, BpfError, SOCK_PROGRAMS,
 };
@@ -71,7 +71,10 @@ fn open(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Map, BpfErr
     })
 }
 
-fn update_err(map: &'static str, what: String) -> impl FnOnce(aya::maps::MapError) -> BpfError {
+pub(super) fn update_err(
+    map: &'static str,
+    what: String,
+) -> impl FnOnce(aya::maps::MapError) -> BpfError {
     move |source| BpfError::MapUpdate {
         map,
         what,
@@ -97,13 +100,7 @@ pub struct InstalledMapping {
 
 impl PortMaps {
     pub fn open(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
-        let conv = |name: &'static str| {
-            let path = root.map(node, name);
-            move |source| BpfError::OpenMap {
-                path,
-                source: Box::new(source),
-            }
-        };
+        let conv = |name| open_map_err(root, node, name);
         Ok(Self {
             mappings: HashMap::try_from(open(root, node, PORTMAP_MAP)?)
                 .map_err(conv(PORTMAP_MAP))?,
