@@ -62,6 +62,29 @@ fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
     }
 }
 
+/// DEL of `pod` with the config it was added with.
+fn del(p: &PluginUnderTest, node: &Node, pod: &Pod, conf: &Value) {
+    p.run(
+        node,
+        CniCommand::Del,
+        &p.env(&pod.cid, pod.ns.path(), "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL");
+}
+
+/// External host number `n` behind the node's `up0`: it knows its own link and nothing of
+/// the pods (no default route, either family), so only the node's address gets answers.
+fn unrouted_host(node: &Node, n: u8) -> ExternalHost {
+    let ext = ExternalHost::attach(node.netns(), "up0", n).unwrap();
+    for family in ["-4", "-6"] {
+        ext.netns()
+            .ip_ok(&[family, "route", "del", "default"])
+            .unwrap();
+    }
+    ext
+}
+
 /// What the node's netfilter holds: both rulesets, and conntrack's table (empty when the
 /// module is not loaded).
 fn netfilter(node: &Node) -> (String, String) {
@@ -114,15 +137,8 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
-    let ext = ExternalHost::attach(node.netns(), "up0", 81).unwrap();
+    let ext = unrouted_host(&node, 81);
     let routed = ExternalHost::attach(node.netns(), "up1", 86).unwrap();
-    // The host beyond the node knows its own link and nothing of the pods.
-    ext.netns()
-        .ip_ok(&["-4", "route", "del", "default"])
-        .unwrap();
-    ext.netns()
-        .ip_ok(&["-6", "route", "del", "default"])
-        .unwrap();
     for cmd in ["iptables", "ip6tables"] {
         let out = node.netns().exec(&[cmd, "-P", "FORWARD", "DROP"]).unwrap();
         assert!(out.status.success(), "{cmd}: {out:?}");
@@ -288,10 +304,7 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
-    let ext = ExternalHost::attach(node.netns(), "up0", 82).unwrap();
-    ext.netns()
-        .ip_ok(&["-4", "route", "del", "default"])
-        .unwrap();
+    let ext = unrouted_host(&node, 82);
     let out = node
         .netns()
         .exec(&["sysctl", "-w", "net.ipv4.ip_local_port_range=40000 40063"])
@@ -414,13 +427,7 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
     assert!(m["exhausted"].as_u64().unwrap() >= 1, "{m}");
 
     for (pod, conf) in [(&pod, &conf), (&mapped, &mapped_conf)] {
-        p.run(
-            &node,
-            CniCommand::Del,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            conf.to_string(),
-        )
-        .expect_success("DEL");
+        del(&p, &node, pod, conf);
     }
 }
 
@@ -434,10 +441,7 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
-    let ext = ExternalHost::attach(node.netns(), "up0", 83).unwrap();
-    ext.netns()
-        .ip_ok(&["-4", "route", "del", "default"])
-        .unwrap();
+    let ext = unrouted_host(&node, 83);
     // The far host, behind the external host (a router) on a link of MTU 1000 on the
     // router's side.
     let far = Netns::create("p").unwrap();
@@ -532,13 +536,7 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
     let route = String::from_utf8_lossy(&route.stdout);
     assert!(route.contains("mtu 1000"), "the pod's route cache: {route}");
 
-    p.run(
-        &node,
-        CniCommand::Del,
-        &p.env(&pod.cid, pod.ns.path(), "eth0"),
-        conf.to_string(),
-    )
-    .expect_success("DEL");
+    del(&p, &node, &pod, &conf);
 }
 
 /// ICMP errors the pod sends about a masqueraded flow leave translated too: a reply that
@@ -550,13 +548,7 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
-    let ext = ExternalHost::attach(node.netns(), "up0", 84).unwrap();
-    ext.netns()
-        .ip_ok(&["-4", "route", "del", "default"])
-        .unwrap();
-    ext.netns()
-        .ip_ok(&["-6", "route", "del", "default"])
-        .unwrap();
+    let ext = unrouted_host(&node, 84);
     let mut conf = p.conf("1.0.0", &node, Stack::Dual);
     conf["ipMasq"] = json!(true);
     let pod = add(&p, &node, &conf);
@@ -597,13 +589,7 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
             "towards {peer}: {err}"
         );
     }
-    p.run(
-        &node,
-        CniCommand::Del,
-        &p.env(&pod.cid, pod.ns.path(), "eth0"),
-        conf.to_string(),
-    )
-    .expect_success("DEL");
+    del(&p, &node, &pod, &conf);
 }
 
 /// A flow entry as the maps hold it (`ebpf_cni_maps::MasqKey`, `MasqFlow`).
@@ -627,10 +613,7 @@ fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
-    let ext = ExternalHost::attach(node.netns(), "up0", 85).unwrap();
-    ext.netns()
-        .ip_ok(&["-4", "route", "del", "default"])
-        .unwrap();
+    let ext = unrouted_host(&node, 85);
     let mut conf = p.conf("1.1.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
     let pod = add(&p, &node, &conf);
@@ -662,11 +645,50 @@ fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
     );
     assert_ne!(key, idle_key);
 
-    p.run(
-        &node,
-        CniCommand::Del,
-        &p.env(&pod.cid, pod.ns.path(), "eth0"),
-        conf.to_string(),
-    )
-    .expect_success("DEL");
+    del(&p, &node, &pod, &conf);
+}
+
+/// A masquerading pod's ADD that fails after every step (the failpoint) leaves the node as
+/// it was: the reserved ports given back, the programs' switch off, no flow; DEL of it then
+/// succeeds twice, with an empty CNI_NETNS and no prevResult, as containerd sends it.
+#[test]
+fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let _ext = unrouted_host(&node, 87);
+    // A pod without ipMasq keeps the node's maps, so their state can be read afterwards.
+    let plain_conf = p.conf("1.0.0", &node, Stack::V4);
+    let plain = add(&p, &node, &plain_conf);
+    let reserved_before = reserved_ports(&node);
+
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let ns = node.new_pod().unwrap();
+    let cid = unique_container_id();
+    let env = p
+        .env(&cid, ns.path(), "eth0")
+        .with_env("EBPF_CNI_FAILPOINT", "before-result");
+    let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
+    assert!(
+        !out.success() && out.error().is_some(),
+        "failpoint ADD must fail with an error result\n{}",
+        out.describe()
+    );
+    assert_eq!(
+        reserved_ports(&node),
+        reserved_before,
+        "reserved ports left"
+    );
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    assert_eq!(report["masquerade"]["enabled"], json!(false), "{report}");
+    assert!(dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().is_empty());
+    assert!(dp::map_entries(&node, "ECNI_MASQ_SKIP").unwrap().is_empty());
+
+    let late = p.env(&cid, "", "eth0");
+    for what in ["DEL after the failed ADD", "a repeated DEL"] {
+        p.run(&node, CniCommand::Del, &late, conf.to_string())
+            .expect_success(what);
+    }
+    del(&p, &node, &plain, &plain_conf);
 }
