@@ -2,6 +2,8 @@
 //! benchmark measures precisely).
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -32,6 +34,41 @@ pub fn floor(host: f64, vm: f64) -> f64 {
 /// short of CPU falls below a limit it should reach (33.9 of 40 Mbit/s in one CI run).
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Holds off every other measurement of this test binary until dropped.
+pub fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    // A test that panicked while measuring leaves the lock poisoned, not the next one wrong.
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts a one-off iperf3 server in `server` on `addr`:`port` and returns once it
+/// listens (a fixed pause was too short on a loaded machine: the client found no server).
+pub fn iperf_server(server: &Netns, addr: IpAddr, port: u16) {
+    let (a, p) = (addr.to_string(), port.to_string());
+    let out = server
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &a, "-p", &p])
+        .unwrap();
+    assert!(out.status.success(), "iperf3 server: {out:?}");
+    let filter = format!("sport = :{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = server.exec(&["ss", "-Hltn", &filter]).unwrap();
+        if !out.stdout.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "iperf3 server on {a} port {port} not listening after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A port for the next one-off server: one that exited may hold its port for a moment.
+pub fn next_port() -> u16 {
+    static PORT: AtomicU16 = AtomicU16::new(5201);
+    PORT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Runs one iperf3 test from `client` to a one-off server in `server` at `addr`; returns
 /// what the receiver got, in bit/s. Measurements of one test binary never overlap.
 pub fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f64 {
@@ -40,24 +77,28 @@ pub fn iperf(client: &Netns, server: &Netns, addr: IpAddr, extra: &[&str]) -> f6
 
 /// [`iperf`] for `secs` seconds.
 pub fn iperf_for(client: &Netns, server: &Netns, addr: IpAddr, secs: u32, extra: &[&str]) -> f64 {
-    // A test that panicked while measuring leaves the lock poisoned, not the next one wrong.
-    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-    let a = addr.to_string();
-    let out = server
-        .exec(&["iperf3", "-s", "-1", "-D", "-B", &a])
-        .unwrap();
-    assert!(out.status.success(), "iperf3 server: {out:?}");
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let secs = secs.to_string();
-    let mut args = vec!["iperf3", "-c", &a, "-t", &secs, "-J"];
+    let _one_at_a_time = measuring();
+    let port = next_port();
+    iperf_server(server, addr, port);
+    let (a, p, secs) = (addr.to_string(), port.to_string(), secs.to_string());
+    let mut args = vec!["iperf3", "-c", &a, "-p", &p, "-t", &secs, "-J"];
     args.extend_from_slice(extra);
     let out = client.exec(&args).unwrap();
+    parse_report(&out, extra)
+}
+
+/// What the receiver got, bit/s, from the `-J` output of an iperf3 client run with `extra`.
+pub fn parse_report(out: &std::process::Output, extra: &[&str]) -> f64 {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
-            "iperf3 {extra:?}: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
+            "iperf3 {extra:?}: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         )
     });
+    if let Some(e) = v["error"].as_str() {
+        panic!("iperf3 {extra:?}: {e}");
+    }
     received_bps(&v, extra.contains(&"-u"))
 }
 
