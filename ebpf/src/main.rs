@@ -30,6 +30,7 @@ mod pace;
 mod packet;
 mod rewrite;
 mod sock;
+mod tcp_ts;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier, sock_ops},

@@ -27,13 +27,14 @@ use ebpf_cni_maps::{
     masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey,
     EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN,
     MASQ_FIN_OUT, MASQ_INBOUND, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
-    MAX_MASQ_FLOWS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
+    MASQ_TS_LAST, MAX_MASQ_FLOWS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
 };
 
 use crate::{
     maps::{endpoint, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
     packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
     rewrite::{self, End},
+    tcp_ts,
 };
 
 #[map]
@@ -108,6 +109,9 @@ pub struct Scratch {
     /// the slot is per CPU and never cleared). Ports are handed out in turn, so the next
     /// one is the one this CPU gave out longest ago, the likeliest to be free or idle.
     cursor: u32,
+    /// A new TCP flow's SYN: where its timestamp value lies (0: it has none), and the value.
+    syn_ts_at: u32,
+    syn_ts: u32,
     _pad: u32,
 }
 
@@ -363,6 +367,18 @@ fn touch(v: &mut MasqFlow, state: u16, now: u64) {
     }
 }
 
+/// A new entry: the other side's `addr` and `port`, no timestamp shift.
+#[inline(always)]
+fn fresh(v: &mut MasqFlow, addr: &[u8; 16], port: u16, state: u16, now: u64) {
+    copy16(&mut v.addr, addr);
+    v.port = port;
+    v.state = state;
+    v.ts_shift = 0;
+    v.last_ns = now;
+    v.ts_last = 0;
+    v._pad = 0;
+}
+
 /// Whether a flow whose two entries are `a` and `b` has been idle past its timeout.
 #[inline(always)]
 fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
@@ -443,12 +459,23 @@ fn reclaim(f: &mut Scratch, port: u16, now: u64) -> u32 {
     f.other.proto = f.rev.proto;
     f.other._pad = [0; 3];
     // SAFETY: read at once.
-    let idle = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
-        Some(fwd) => expired(f.proto, fwd, held, now),
-        None => true,
+    let (idle, last) = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
+        Some(fwd) => (
+            expired(f.proto, fwd, held, now),
+            (fwd.state & MASQ_TS_LAST != 0).then_some(fwd.ts_last),
+        ),
+        None => (true, None),
     };
     if !idle {
         return TAKEN;
+    }
+    // The remote end may still hold the old flow in TIME_WAIT: the new SYN's timestamp
+    // must be newer than the last one the old flow sent.
+    if let Some(last) = last {
+        let behind = last.wrapping_sub(f.syn_ts);
+        if f.syn_ts_at != 0 && behind as i32 >= 0 {
+            f.val.ts_shift = behind.wrapping_add(1);
+        }
     }
     let _ = ECNI_MASQ_FWD.remove(&f.other);
     if ECNI_MASQ_REV
@@ -472,11 +499,7 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     f.rev.remote_port = f.fwd.remote_port;
     f.rev.proto = f.fwd.proto;
     f.rev._pad = [0; 3];
-    copy16(&mut f.val.addr, &f.fwd.local);
-    f.val.port = f.fwd.local_port;
-    f.val.state = 0;
-    f.val._pad = 0;
-    f.val.last_ns = now;
+    fresh(&mut f.val, &f.fwd.local, f.fwd.local_port, 0, now);
     let (mut lo, mut hi) = (MASQ_PORT_MIN, MASQ_PORT_MAX);
     if let Some(c) = ECNI_CONFIG.get(0) {
         if c.masq_port_min != 0 && c.masq_port_min <= c.masq_port_max {
@@ -539,6 +562,47 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     true
 }
 
+/// A segment the pod sends in a known flow (node-side entry `v`): its timestamp moves by
+/// the flow's shift, and a closing one's is recorded for the port's next flow. False if the
+/// rewrite failed half-way.
+#[inline(never)]
+fn stamp_out(ctx: &TcContext, v4: bool, v: &mut MasqFlow) -> bool {
+    let closing = v.state & MASQ_FIN_OUT != 0;
+    if v.ts_shift == 0 && !closing {
+        return true;
+    }
+    let at = tcp_ts::value_at(ctx, v4);
+    if at == 0 {
+        return true;
+    }
+    let Some(ts) = tcp_ts::read(ctx, at) else {
+        return true;
+    };
+    let shifted = ts.wrapping_add(v.ts_shift);
+    if !tcp_ts::write(ctx, v4, at, ts, shifted) {
+        return false;
+    }
+    if closing {
+        v.ts_last = shifted;
+        v.state |= MASQ_TS_LAST;
+    }
+    true
+}
+
+/// A segment the remote end sends in a flow whose pod-side clock is shifted by `shift`:
+/// the value it echoes goes back to the pod's own clock. False if the rewrite failed.
+#[inline(never)]
+fn unstamp_in(ctx: &TcContext, v4: bool, shift: u32) -> bool {
+    let at = tcp_ts::value_at(ctx, v4);
+    if at == 0 {
+        return true;
+    }
+    match tcp_ts::read(ctx, at + 4) {
+        Some(echo) if echo != 0 => tcp_ts::write(ctx, v4, at + 4, echo, echo.wrapping_sub(shift)),
+        _ => true,
+    }
+}
+
 /// The node's address for a new flow leaving by `out_ifindex`: what the FIB chose
 /// (`fib_src`, when the kernel tells it), else the device's address user space recorded.
 #[inline(always)]
@@ -591,6 +655,10 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Sn
             if v.state & MASQ_INBOUND != 0 {
                 return Snat::Keep;
             }
+            if f.proto == IPPROTO_TCP && !stamp_out(ctx, f.v4 == 1, v) {
+                count(Stat::Untranslatable);
+                return Snat::Drop;
+            }
             copy16(&mut f.csum_to, &v.addr);
             v.port
         }
@@ -604,8 +672,23 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Sn
                 count(Stat::Untranslatable);
                 return Snat::Drop;
             }
+            f.syn_ts_at = 0;
+            f.syn_ts = 0;
+            if f.proto == IPPROTO_TCP {
+                let at = tcp_ts::value_at(ctx, f.v4 == 1);
+                if let Some(ts) = tcp_ts::read(ctx, at).filter(|_| at != 0) {
+                    (f.syn_ts_at, f.syn_ts) = (at, ts);
+                }
+            }
             if !allocate(f, now) {
                 return Snat::Drop;
+            }
+            if f.val.ts_shift != 0 {
+                let shifted = f.syn_ts.wrapping_add(f.val.ts_shift);
+                if !tcp_ts::write(ctx, f.v4 == 1, f.syn_ts_at, f.syn_ts, shifted) {
+                    count(Stat::Untranslatable);
+                    return Snat::Drop;
+                }
             }
             f.val.port
         }
@@ -656,11 +739,13 @@ pub fn inbound(ctx: &TcContext) {
         touch(unsafe { &mut *v }, 0, now);
         return;
     }
-    copy16(&mut f.val.addr, &f.fwd.local);
-    f.val.port = f.fwd.local_port;
-    f.val.state = MASQ_INBOUND;
-    f.val._pad = 0;
-    f.val.last_ns = now;
+    fresh(
+        &mut f.val,
+        &f.fwd.local,
+        f.fwd.local_port,
+        MASQ_INBOUND,
+        now,
+    );
     if ECNI_MASQ_FWD
         .insert(&f.fwd, &f.val, u64::from(BPF_NOEXIST))
         .is_err()
@@ -712,6 +797,13 @@ pub fn reply(ctx: &TcContext) -> Reply {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     touch(v, tcp_state(f, MASQ_FIN_IN) | MASQ_REPLIED, now);
+    if f.proto == IPPROTO_TCP
+        && v.ts_shift != 0
+        && f.tcp_flags & TCP_ACK != 0
+        && !unstamp_in(ctx, f.v4 == 1, v.ts_shift)
+    {
+        return Reply::Failed;
+    }
     copy16(&mut f.csum_to, &v.addr);
     let pod_port = v.port;
     copy16(&mut f.csum_from, &f.fwd.local);

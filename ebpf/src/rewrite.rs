@@ -52,7 +52,7 @@ struct Sum {
 #[inline(always)]
 fn l4_sum(v4: bool, proto: u8) -> Sum {
     let (present, pseudo, off, flags) = match proto {
-        IPPROTO_TCP => (true, true, 16, 0),
+        IPPROTO_TCP => (true, true, TCP_CHECK, 0),
         // A zero UDP checksum (IPv4) means "none" and must stay zero.
         IPPROTO_UDP => (true, true, 6, u64::from(BPF_F_MARK_MANGLED_0)),
         IPPROTO_ICMP if v4 => (true, false, 2, 0),
@@ -165,5 +165,7 @@ pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, 
 /// Offset of the source and destination ports in a TCP, UDP or SCTP header.
 pub const SPORT: usize = 0;
 pub const DPORT: usize = 2;
+/// Offset of the checksum in a TCP header.
+pub const TCP_CHECK: usize = 16;
 /// Offset of an ICMP echo's identifier.
 pub const ECHO_ID: usize = 4;

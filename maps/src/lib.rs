@@ -92,8 +92,8 @@ pub const MASQ_PORT_MAX: u16 = 65_535;
 pub const MASQ_PROBES: u32 = 8;
 /// Timeouts of idle masqueraded flows, nanoseconds: a TCP flow that was reset or closed in
 /// both directions (its last ACK is long through after 100 ms; the remote end's TIME_WAIT
-/// takes the next SYN on the port, whose timestamps are newer: the pod's stack keeps one
-/// timestamp clock per address pair), one never answered, one established; UDP; ICMP echo.
+/// takes the next SYN on the port, whose timestamps are made newer: [`MASQ_TS_LAST`]), one
+/// never answered, one established; UDP; ICMP echo.
 pub const MASQ_TCP_CLOSED_NS: u64 = 100_000_000;
 pub const MASQ_TCP_OPENING_NS: u64 = 60_000_000_000;
 pub const MASQ_TCP_OPEN_NS: u64 = 7_200_000_000_000;
@@ -107,6 +107,12 @@ pub const MASQ_REPLIED: u16 = 8;
 /// A flow the remote end opened towards the pod's own address (a UDP flow seen arriving
 /// from a node device first): the pod's replies in it keep the pod's address.
 pub const MASQ_INBOUND: u16 = 16;
+/// [`MasqFlow::ts_last`] holds the timestamp of the pod's closing segments. When the port
+/// goes to a new flow towards the same remote end within the remote end's TIME_WAIT, that
+/// end accepts the new SYN only if its timestamp is newer (PAWS, RFC 7323); the pod's stack
+/// keeps a timestamp clock per 4-tuple (Linux 6.18; per address pair before), so a new
+/// pod port's clock may be behind: the new flow's [`MasqFlow::ts_shift`] moves it ahead.
+pub const MASQ_TS_LAST: u16 = 32;
 
 /// How long a masqueraded flow may stay idle before its port may go to another flow, by
 /// protocol and the state bits both directions saw (the programs reclaim by it, GC sweeps
@@ -557,15 +563,23 @@ pub struct MasqFlow {
     pub addr: [u8; 16],
     /// Host byte order.
     pub port: u16,
-    /// `MASQ_FIN_OUT`, `MASQ_FIN_IN`, `MASQ_RST`, `MASQ_REPLIED`.
+    /// `MASQ_FIN_OUT`, `MASQ_FIN_IN`, `MASQ_RST`, `MASQ_REPLIED`, `MASQ_INBOUND`,
+    /// `MASQ_TS_LAST`.
     pub state: u16,
-    pub _pad: u32,
+    /// TCP: added to the timestamp value of each segment the pod sends in the flow, and
+    /// taken from the echoed value of each segment it gets (the same in both entries; 0
+    /// for most flows). See [`MASQ_TS_LAST`].
+    pub ts_shift: u32,
     /// `bpf_ktime_get_ns` of the last packet this direction translated (updated at most
     /// once a second, or when the state changes).
     pub last_ns: u64,
+    /// Node-side entry only: the timestamp value the pod's last closing segment carried
+    /// as the remote end saw it (valid with `MASQ_TS_LAST`).
+    pub ts_last: u32,
+    pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<MasqFlow>() == 32);
+const _: () = assert!(core::mem::size_of::<MasqFlow>() == 40);
 
 /// Value of [`MASQ_STATS_MAP`] (per CPU).
 #[repr(C)]

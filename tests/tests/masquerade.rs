@@ -601,8 +601,11 @@ fn flow_entry(local: IpAddr, remote: IpAddr, port: u16, last_ns: u64) -> (Vec<u8
     key.extend([17, 0, 0, 0]);
     let mut value = dp::endpoint_key("192.0.2.1".parse().unwrap()).to_vec();
     value.extend(61_999u16.to_ne_bytes());
+    // state, ts_shift
     value.extend([0u8; 6]);
     value.extend(last_ns.to_ne_bytes());
+    // ts_last, padding
+    value.extend([0u8; 8]);
     (key, value)
 }
 
@@ -691,4 +694,89 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
             .expect_success(what);
     }
     del(&p, &node, &plain, &plain_conf);
+}
+
+/// A counter of the kernel's TCP statistics (`nstat` names: `TcpOutRsts`,
+/// `TcpExtPAWSTimewait`) in `ns`, absolute (a test's namespace starts at zero).
+fn tcp_counter(ns: &Netns, name: &str) -> u64 {
+    let out = ns.exec(&["nstat", "-asz", name]).unwrap();
+    assert!(out.status.success(), "nstat: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(name)).then(|| w.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {name} in nstat's output: {out:?}"))
+}
+
+/// Short connections to one server that closes first (so it holds each in TIME_WAIT),
+/// three times as many as the masquerade range has ports: every port goes to new flows
+/// towards the same server while that server still holds the last one. The server takes
+/// each new SYN (its timestamp is made newer than the old flow's last, RFC 7323's PAWS
+/// check in TIME_WAIT), the pod never resets one, and each connection succeeds at once.
+/// (On a kernel whose TCP keeps a timestamp clock per 4-tuple — 6.18 — a third of the SYNs
+/// met the old TIME_WAIT's ACK without the shift, and waited for the pod's 1 s retransmit.)
+#[test]
+fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, 84);
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    conf["ipMasqPortRange"] = json!("40000-40499");
+    let pod = add(&p, &node, &conf);
+    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::TcpListener::bind(server))
+        .unwrap()
+        .unwrap();
+    // Echoes one byte and closes first.
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        while let Ok((mut s, _)) = listener.accept() {
+            let mut b = [0u8; 1];
+            if s.read_exact(&mut b).is_ok() {
+                let _ = s.write_all(&b);
+            }
+        }
+    });
+    const CONNECTIONS: usize = 1500;
+    pod.ns
+        .run_in(|| {
+            use std::io::{Read, Write};
+            for i in 0..CONNECTIONS {
+                let mut c = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(5))
+                    .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut b = [0u8; 1];
+                c.write_all(b"x").unwrap();
+                c.read_exact(&mut b)
+                    .unwrap_or_else(|e| panic!("connection {i}: no echo: {e}"));
+                // The server's FIN: the pod closes second.
+                let _ = c.read(&mut b);
+            }
+        })
+        .unwrap();
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let m = &report["masquerade"];
+    eprintln!("after {CONNECTIONS} connections: {m}");
+    assert!(
+        m["reclaimed"].as_u64().unwrap() >= (CONNECTIONS - 500) as u64 / 2,
+        "ports were reused: {m}"
+    );
+    assert_eq!(
+        tcp_counter(ext.netns(), "TcpExtPAWSTimewait"),
+        0,
+        "SYNs the server's TIME_WAIT refused for an old timestamp"
+    );
+    assert_eq!(tcp_counter(&pod.ns, "TcpOutRsts"), 0, "resets the pod sent");
+    assert_eq!(
+        tcp_counter(&pod.ns, "TcpExtPAWSActive"),
+        0,
+        "SYN-ACKs the pod refused for their echoed timestamp"
+    );
+    del(&p, &node, &pod, &conf);
 }
