@@ -5,10 +5,11 @@
 //!
 //! Each flow has two entries, the pod's view (`ECNI_MASQ_FWD`) and the node's
 //! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
-//! broken to make room. A new flow probes `MASQ_PROBES` ports from this CPU's cursor (ports
+//! broken to make room. A new flow probes `MASQ_PROBES` ports from the node's cursor (ports
 //! are handed out in turn) for one no flow holds towards the same remote end; failing
-//! that, it takes the first one if the flow holding it has been idle past its timeout. Host ports are
-//! never taken. When every probe fails, or the table is full, the new flow's packet is
+//! that, it takes the first one if the flow holding it has been idle past its timeout. Host
+//! ports are never taken. A flow that takes a port from an old one towards the same remote
+//! end gets its TCP timestamps shifted past the old flow's (`MASQ_TS_LAST`). When every probe fails, or the table is full, the new flow's packet is
 //! dropped and counted, and established flows go on.
 //!
 //! Only plain headers are translated: IPv4 without options or fragments, IPv6 with TCP, UDP
@@ -20,7 +21,7 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
     macros::map,
-    maps::{lpm_trie::Key, HashMap, LpmTrie, PerCpuArray},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray},
     programs::TcContext,
 };
 use ebpf_cni_maps::{
@@ -105,15 +106,19 @@ pub struct Scratch {
     tcp_flags: u8,
     /// 1: the packet is an ICMP error the pod sends about a packet of one of its flows.
     icmp_err: u8,
-    /// Where this CPU's next allocation starts in the port range (kept across packets:
-    /// the slot is per CPU and never cleared). Ports are handed out in turn, so the next
-    /// one is the one this CPU gave out longest ago, the likeliest to be free or idle.
-    cursor: u32,
     /// A new TCP flow's SYN: where its timestamp value lies (0: it has none), and the value.
     syn_ts_at: u32,
     syn_ts: u32,
     _pad: u32,
 }
+
+/// Where the next allocation starts in the port range, for the whole node: ports are handed
+/// out in turn, so the first one tried is the one given out longest ago, the likeliest to
+/// be free or idle past its timeout. (A cursor per CPU pointed each CPU at ports the other
+/// had just given out: a new flow found none idle and was dropped.) Two CPUs that read the
+/// same value race for the same port; the map insert decides, and the loser probes on.
+#[map]
+static ECNI_MASQ_NEXT: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static ECNI_MASQ_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -507,7 +512,7 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
         }
     }
     let span = u32::from(hi - lo) + 1;
-    let start = f.cursor % span;
+    let start = ECNI_MASQ_NEXT.get(0).copied().unwrap_or(0) % span;
     let mut got = None;
     for i in 0..MASQ_PROBES {
         if i >= span {
@@ -545,7 +550,10 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
         count(Stat::Exhausted);
         return false;
     };
-    f.cursor = u32::from(port - lo) + 1;
+    if let Some(next) = ECNI_MASQ_NEXT.get_ptr_mut(0) {
+        // SAFETY: the map's one value; a racing CPU's write only moves the hint.
+        unsafe { *next = u32::from(port - lo) + 1 };
+    }
     // The pod's view: the node's end.
     copy16(&mut f.val.addr, &f.csum_to);
     f.val.port = port;
@@ -560,6 +568,24 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     }
     count(Stat::Flow);
     true
+}
+
+/// A SYN on a known flow (node-side entry `v`): the pod opens a new connection on the same
+/// 4-tuple, its last one there closed. Both entries start over, or the new connection would
+/// keep the closed one's 100 ms timeout and lose its port to the next new flow.
+#[inline(never)]
+fn reopen(f: &mut Scratch, v: &mut MasqFlow) {
+    v.state &= MASQ_TS_LAST;
+    copy16(&mut f.rev.local, &v.addr);
+    copy16(&mut f.rev.remote, &f.fwd.remote);
+    f.rev.local_port = v.port;
+    f.rev.remote_port = f.fwd.remote_port;
+    f.rev.proto = f.fwd.proto;
+    f.rev._pad = [0; 3];
+    if let Some(r) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) {
+        // SAFETY: a map value; written in place.
+        unsafe { (*r).state = 0 };
+    }
 }
 
 /// A segment the pod sends in a known flow (node-side entry `v`): its timestamp moves by
@@ -651,6 +677,9 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Sn
         Some(v) => {
             // SAFETY: a map value; written in place, as every CPU does for its flows.
             let v = unsafe { &mut *v };
+            if f.proto == IPPROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+                reopen(f, v);
+            }
             touch(v, tcp_state(f, MASQ_FIN_OUT), now);
             if v.state & MASQ_INBOUND != 0 {
                 return Snat::Keep;

@@ -780,3 +780,102 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
     );
     del(&p, &node, &pod, &conf);
 }
+
+/// A connection the pod opens on the 4-tuple of one that closed (same pod port, same
+/// server) reuses that flow's entries and its node port; it is a live connection again, not
+/// the closed one's leftovers: idle past the closed flow's 100 ms, it keeps its port when
+/// new flows want every port of the range.
+#[test]
+fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
+    use std::io::{Read, Write};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, 85);
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    conf["ipMasqPortRange"] = json!("40000-40001");
+    let pod = add(&p, &node, &conf);
+    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::TcpListener::bind(server))
+        .unwrap()
+        .unwrap();
+    // Echoes each byte; closes first after a "q".
+    std::thread::spawn(move || {
+        while let Ok((mut s, _)) = listener.accept() {
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() && b != *b"q" {}
+            });
+        }
+    });
+    // A client socket bound to the pod's port 33333.
+    let connect_from_33333 = || -> std::io::Result<std::net::TcpStream> {
+        use nix::sys::socket::{
+            bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType,
+            SockaddrIn,
+        };
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        let IpAddr::V4(pod_v4) = pod.ips[0] else {
+            unreachable!("an IPv4 pod")
+        };
+        bind(
+            fd.as_raw_fd(),
+            &SockaddrIn::from(std::net::SocketAddrV4::new(pod_v4, 33_333)),
+        )?;
+        let std::net::SocketAddr::V4(to) = server else {
+            unreachable!()
+        };
+        connect(fd.as_raw_fd(), &SockaddrIn::from(to))?;
+        let s = std::net::TcpStream::from(fd);
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(s)
+    };
+    let echo = |s: &mut std::net::TcpStream, b: u8| -> std::io::Result<()> {
+        let mut got = [0u8; 1];
+        s.write_all(&[b])?;
+        s.read_exact(&mut got)?;
+        assert_eq!(got[0], b);
+        Ok(())
+    };
+    use std::os::fd::AsRawFd;
+    let reopened = pod
+        .ns
+        .run_in(|| {
+            // The first connection: the server closes it, then the pod.
+            let mut first = connect_from_33333().expect("the first connection");
+            echo(&mut first, b'q').unwrap();
+            let mut rest = Vec::new();
+            first.read_to_end(&mut rest).unwrap();
+            drop(first);
+            std::thread::sleep(Duration::from_millis(50));
+            let mut again = connect_from_33333().expect("the connection on the same 4-tuple");
+            echo(&mut again, b'a').unwrap();
+            again
+        })
+        .unwrap();
+    // Idle past the closed flow's timeout; then new flows want both ports of the range.
+    std::thread::sleep(Duration::from_millis(300));
+    let newcomers: Vec<_> = (0..2)
+        .map(|_| {
+            pod.ns
+                .run_in(|| std::net::TcpStream::connect_timeout(&server, Duration::from_secs(1)))
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        newcomers.iter().any(Result::is_err),
+        "two new flows found ports in a range of two, one held by a live connection: {newcomers:?}"
+    );
+    let mut reopened = reopened;
+    echo(&mut reopened, b'b').expect("the reopened connection after new flows wanted its port");
+    del(&p, &node, &pod, &conf);
+}
