@@ -423,10 +423,11 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
 }
 
 /// Tries to give the new flow `port` (`f.rev`, its node view, and `f.val`, the pod's end,
-/// are filled in): a port no flow holds towards the same remote end. Small, because the
-/// verifier walks it once per probe.
+/// are filled in): a port no flow holds towards the same remote end, or one whose flow has
+/// been idle past its timeout (that flow's entries go). Every probe may reclaim: with only
+/// the first, a port a reopened connection had touched out of turn stopped a new flow.
 #[inline(never)]
-fn claim(f: &mut Scratch, port: u16) -> u32 {
+fn take(f: &mut Scratch, port: u16, now: u64) -> u32 {
     if host_port(f, port) {
         return TAKEN;
     }
@@ -437,23 +438,9 @@ fn claim(f: &mut Scratch, port: u16) -> u32 {
     {
         return GOT;
     }
-    // SAFETY: only presence is read.
-    if unsafe { ECNI_MASQ_REV.get(&f.rev) }.is_none() {
+    let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
         // Not there, yet not inserted: the table is full.
         return FULL;
-    }
-    TAKEN
-}
-
-/// Gives the new flow `port` if the flow holding it has been idle past its timeout.
-#[inline(never)]
-fn reclaim(f: &mut Scratch, port: u16, now: u64) -> u32 {
-    if host_port(f, port) {
-        return TAKEN;
-    }
-    f.rev.local_port = port;
-    let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
-        return TAKEN;
     };
     // SAFETY: a map value; read at once.
     let held = unsafe { &*held };
@@ -476,6 +463,7 @@ fn reclaim(f: &mut Scratch, port: u16, now: u64) -> u32 {
     }
     // The remote end may still hold the old flow in TIME_WAIT: the new SYN's timestamp
     // must be newer than the last one the old flow sent.
+    f.val.ts_shift = 0;
     if let Some(last) = last {
         let behind = last.wrapping_sub(f.syn_ts);
         if f.syn_ts_at != 0 && behind as i32 >= 0 {
@@ -519,26 +507,11 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
             break;
         }
         let port = lo + ((start + i) % span) as u16;
-        match claim(f, port) {
+        match take(f, port, now) {
             GOT => {
                 got = Some(port);
                 break;
             }
-            FULL => {
-                count(Stat::TableFull);
-                return false;
-            }
-            _ => {}
-        }
-    }
-    // Every probed port is held: the first one's flow, the oldest this CPU gave out, gives
-    // it up if it is idle. (One try:
-    // each try costs the verifier more than a whole probe, and the programs' load time with
-    // it; GC sweeps idle flows besides.)
-    if got.is_none() {
-        let port = lo + start as u16;
-        match reclaim(f, port, now) {
-            GOT => got = Some(port),
             FULL => {
                 count(Stat::TableFull);
                 return false;
