@@ -696,18 +696,27 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
     del(&p, &node, &plain, &plain_conf);
 }
 
-/// A counter of the kernel's TCP statistics (`nstat` names: `TcpOutRsts`,
-/// `TcpExtPAWSTimewait`) in `ns`, absolute (a test's namespace starts at zero).
+/// A counter of the kernel's statistics in `ns`, by `nstat`'s name (`TcpOutRsts`,
+/// `TcpExtPAWSTimewait`: the table's prefix and the field), read from /proc/net/snmp and
+/// /proc/net/netstat (a test's namespace starts at zero).
 fn tcp_counter(ns: &Netns, name: &str) -> u64 {
-    let out = ns.exec(&["nstat", "-asz", name]).unwrap();
-    assert!(out.status.success(), "nstat: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some(name)).then(|| w.next()?.parse().ok())?
+    let out = ns
+        .exec(&["cat", "/proc/net/snmp", "/proc/net/netstat"])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    // Each table is two lines: "Prefix: names…" and "Prefix: values…".
+    lines
+        .chunks(2)
+        .find_map(|pair| {
+            let (names, values) = (pair.first()?, pair.get(1)?);
+            let (prefix, names) = names.split_once(": ")?;
+            let field = name.strip_prefix(prefix)?;
+            let i = names.split_whitespace().position(|n| n == field)?;
+            values.split_whitespace().nth(i + 1)?.parse().ok()
         })
-        .unwrap_or_else(|| panic!("no {name} in nstat's output: {out:?}"))
+        .unwrap_or_else(|| panic!("no {name} in /proc/net/snmp or /proc/net/netstat"))
 }
 
 /// Short connections to one server that closes first (so it holds each in TIME_WAIT),

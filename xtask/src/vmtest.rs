@@ -118,6 +118,8 @@ const PLAN: &[Suite] = &[
             "pods_reach_a_host_without_a_route_back_through_the_node_address",
             "fragmentation_needed_reaches_the_pod_and_a_transfer_completes",
             "the_pods_port_unreachable_reaches_the_remote_end",
+            "ports_reused_towards_a_server_in_time_wait_connect_at_once",
+            "a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port",
         ],
     },
     Suite {
