@@ -708,15 +708,13 @@ fn tcp_counter(ns: &Netns, name: &str) -> Option<u64> {
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     // Each table is two lines: "Prefix: names…" and "Prefix: values…".
-    lines
-        .windows(2)
-        .find_map(|pair| {
-            let (prefix, names) = pair[0].split_once(": ")?;
-            let (again, values) = pair[1].split_once(": ")?;
-            let field = name.strip_prefix(prefix).filter(|_| again == prefix)?;
-            let i = names.split_whitespace().position(|n| n == field)?;
-            values.split_whitespace().nth(i)?.parse().ok()
-        })
+    lines.windows(2).find_map(|pair| {
+        let (prefix, names) = pair[0].split_once(": ")?;
+        let (again, values) = pair[1].split_once(": ")?;
+        let field = name.strip_prefix(prefix).filter(|_| again == prefix)?;
+        let i = names.split_whitespace().position(|n| n == field)?;
+        values.split_whitespace().nth(i)?.parse().ok()
+    })
 }
 
 /// Short connections to one server that closes first (so it holds each in TIME_WAIT),
@@ -778,9 +776,16 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
     );
     // What the server refused shows first as the pod's resets (its answer to the server's
     // ACK), on every kernel; 6.16+ count the refusals too.
-    assert_eq!(tcp_counter(&pod.ns, "TcpOutRsts"), Some(0), "resets the pod sent");
+    assert_eq!(
+        tcp_counter(&pod.ns, "TcpOutRsts"),
+        Some(0),
+        "resets the pod sent"
+    );
     assert!(
-        matches!(tcp_counter(ext.netns(), "TcpExtPAWSTimewait"), None | Some(0)),
+        matches!(
+            tcp_counter(ext.netns(), "TcpExtPAWSTimewait"),
+            None | Some(0)
+        ),
         "SYNs the server's TIME_WAIT refused for an old timestamp"
     );
     assert_eq!(

@@ -137,6 +137,15 @@ const PLAN: &[Suite] = &[
 const VM_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// A suite still running then is killed (a hung test must not eat CI's time).
 const SUITE_TIMEOUT: Duration = Duration::from_secs(12 * 60);
+/// A guest that has not started its script by then hangs in its boot (seen under TCG with
+/// four guests on two cores: RCU stalls from 26 s on, for good): it is killed and booted
+/// again, once. A normal boot takes 35–90 s here.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+const BOOT_ATTEMPTS: u32 = 2;
+/// A guest whose script started but that finished no suite for this long hangs (each suite
+/// is killed in the guest after `SUITE_TIMEOUT`): it is killed, not waited for until
+/// `VM_TIMEOUT`.
+const STALL_TIMEOUT: Duration = Duration::from_secs(SUITE_TIMEOUT.as_secs() + 3 * 60);
 /// How long a KVM guest may take to run `true` before TCG is used instead.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
 
@@ -252,7 +261,7 @@ fn accelerator(kernel: &Kernel, root: &Path) -> Result<Accel> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    run_with_timeout(&mut probe, KVM_PROBE_TIMEOUT)?;
+    run_with_timeout(&mut probe, KVM_PROBE_TIMEOUT, &mut || None)?;
     let ok = marker.is_file();
     let accel = if ok { Accel::Kvm } else { Accel::Tcg };
     eprintln!("vmtest: guests run under {accel:?}");
@@ -333,7 +342,8 @@ fn run_kernel(
         runs.push((suite.test, exe.clone(), libtest_args(suite, filter)));
     }
     let started = Instant::now();
-    let booted = boot(kernel, accel, dir, &guest_script(plugin, &runs), VM_TIMEOUT);
+    let script = guest_script(plugin, &runs);
+    let booted = boot(kernel, accel, dir, &script, VM_TIMEOUT, Some(STALL_TIMEOUT));
     let secs = started.elapsed().as_secs_f64();
 
     let mut tally = Tally::default();
@@ -378,6 +388,7 @@ pub(crate) fn boot(
     dir: &Path,
     script: &str,
     limit: Duration,
+    stall: Option<Duration>,
 ) -> Result<()> {
     let image = installed(&kernel)?;
     let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
@@ -400,21 +411,42 @@ pub(crate) fn boot(
         kernel.series,
         image.image.display()
     );
-    let console = fs::File::create(dir.join("console.log"))?;
-    let mut vm = vng();
-    vm.arg("--run").arg(&image.image).arg("-v");
-    if accel == Accel::Tcg {
-        vm.arg("--disable-kvm");
-    }
-    vm.args(["--cpus", "2", "--memory", "4G"])
-        .arg("--rwdir")
-        .arg(dir)
-        .arg("--exec")
-        .arg(format!("/bin/bash {}", path.display()))
-        .stdin(Stdio::null())
-        .stdout(console.try_clone()?)
-        .stderr(console);
-    let status = run_with_timeout(&mut vm, limit)?;
+    let mut attempt = 1;
+    let status = loop {
+        let _ = fs::remove_file(dir.join("uname"));
+        let console = fs::File::create(dir.join("console.log"))?;
+        let mut vm = vng();
+        vm.arg("--run").arg(&image.image).arg("-v");
+        if accel == Accel::Tcg {
+            vm.arg("--disable-kvm");
+        }
+        vm.args(["--cpus", "2", "--memory", "4G"])
+            .arg("--rwdir")
+            .arg(dir)
+            .arg("--exec")
+            .arg(format!("/bin/bash {}", path.display()))
+            .stdin(Stdio::null())
+            .stdout(console.try_clone()?)
+            .stderr(console);
+        let started = Instant::now();
+        let mut hung = None;
+        let status = run_with_timeout(&mut vm, limit, &mut || {
+            hung = guest_hangs(dir, started.elapsed(), stall);
+            hung.clone()
+        })?;
+        match hung {
+            Some(why) if attempt < BOOT_ATTEMPTS && !dir.join("uname").is_file() => {
+                eprintln!("vm {}: {why}: killed, booting again", kernel.series);
+                let _ = fs::rename(
+                    dir.join("console.log"),
+                    dir.join(format!("console-{attempt}.log")),
+                );
+                attempt += 1;
+            }
+            Some(why) => break Err(why),
+            None => break Ok(status),
+        }
+    };
     if dir.join("done").is_file() {
         return Ok(());
     }
@@ -424,11 +456,36 @@ pub(crate) fn boot(
     bail!(
         "the guest did not finish its script ({}); the console's last lines:\n{}",
         match status {
-            Some(s) => format!("vng exited with {s}"),
-            None => format!("killed after {}s", limit.as_secs()),
+            Ok(Some(s)) => format!("vng exited with {s}"),
+            Ok(None) => format!("killed after {}s", limit.as_secs()),
+            Err(why) => format!("killed: {why}"),
         },
         tail.join("\n")
     )
+}
+
+/// Why a guest started `elapsed` ago and writing its results to `dir` is to be killed as
+/// hung, if it is: no script started after `BOOT_TIMEOUT`, or (with `stall`) no step of the
+/// script finished (its `.rc` file) for that long.
+fn guest_hangs(dir: &Path, elapsed: Duration, stall: Option<Duration>) -> Option<String> {
+    let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+    let booted = modified(&dir.join("uname"));
+    let (Some(booted), Some(stall)) = (booted, stall) else {
+        return (booted.is_none() && elapsed > BOOT_TIMEOUT).then(|| {
+            format!(
+                "its script had not started after {} s (a hung boot)",
+                BOOT_TIMEOUT.as_secs()
+            )
+        });
+    };
+    let last = fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "rc"))
+        .filter_map(|e| modified(&e.path()))
+        .fold(booted, std::cmp::max);
+    let idle = last.elapsed().unwrap_or_default();
+    (idle > stall).then(|| format!("no suite finished in {} s (a hung guest)", stall.as_secs()))
 }
 
 /// The kernel of `series` and the accelerator its guest runs under, for a one-off guest
@@ -500,13 +557,14 @@ fn guest_script(plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String 
     s
 }
 
-/// Runs `cmd` until it exits or `limit` passes (then kills it): the exit status, or None
-/// when it was killed. The command runs in a process group of its own, and a timeout kills
+/// Runs `cmd` until it exits, `limit` passes or `hung` (asked every 200 ms) says why it
+/// should stop (then kills it): the exit status, or None when it was killed. The command runs in a process group of its own, and a timeout kills
 /// the whole group: killing virtme-ng's Python alone left its QEMU running (a hung KVM probe
 /// guest kept half a core busy for the rest of the run, and after it).
 fn run_with_timeout(
     cmd: &mut Command,
     limit: Duration,
+    hung: &mut dyn FnMut() -> Option<String>,
 ) -> Result<Option<std::process::ExitStatus>> {
     use std::os::unix::process::CommandExt as _;
     let line = cmd::display(cmd);
@@ -519,7 +577,7 @@ fn run_with_timeout(
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
         }
-        if started.elapsed() > limit {
+        if started.elapsed() > limit || hung().is_some() {
             let pgid = i32::try_from(child.id()).expect("pids fit in i32");
             // SAFETY: kill(2) on the process group this function created; no memory involved.
             unsafe { libc::kill(-pgid, libc::SIGKILL) };
@@ -533,6 +591,27 @@ fn run_with_timeout(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hung_guests_are_told_apart_from_slow_ones() {
+        let dir = std::env::temp_dir().join(format!("ecni-vmtest-hangs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let minute = Duration::from_secs(60);
+        // Booting: hung only after BOOT_TIMEOUT without the script's first file.
+        assert_eq!(guest_hangs(&dir, minute, Some(minute)), None);
+        assert!(guest_hangs(&dir, BOOT_TIMEOUT + minute, None).is_some());
+        // Running: hung when neither the start nor any suite's `.rc` is newer than `stall`.
+        let uname = fs::File::create(dir.join("uname")).unwrap();
+        assert_eq!(guest_hangs(&dir, BOOT_TIMEOUT * 2, Some(minute)), None);
+        uname
+            .set_modified(std::time::SystemTime::now() - 2 * minute)
+            .unwrap();
+        assert!(guest_hangs(&dir, BOOT_TIMEOUT * 2, Some(minute)).is_some());
+        assert_eq!(guest_hangs(&dir, BOOT_TIMEOUT * 2, None), None);
+        fs::write(dir.join("ebpf.rc"), "0").unwrap();
+        assert_eq!(guest_hangs(&dir, BOOT_TIMEOUT * 2, Some(minute)), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn reads_libtest_results() {

@@ -81,7 +81,7 @@ pub fn bandwidth(series: &str, params: &Params, plugin: &Path) -> Result<bandwid
         if params.quick { " --quick" } else { "" }
     );
     progress(&format!("bandwidth: in a guest booting kernel {series}"));
-    let booted = vmtest::boot(kernel, accel, &dir, &script, GUEST_TIMEOUT);
+    let booted = vmtest::boot(kernel, accel, &dir, &script, GUEST_TIMEOUT, None);
     let log = fs::read_to_string(dir.join("bench.log")).unwrap_or_default();
     let text = booted
         .and_then(|()| fs::read_to_string(&file).context("reading the guest's results"))
