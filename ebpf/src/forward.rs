@@ -6,8 +6,8 @@
 
 use aya_ebpf::{
     bindings::{
-        bpf_fib_lookup, bpf_redir_neigh, tcx_action_base::TCX_NEXT, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup, bpf_redir_neigh, tcx_action_base::TCX_NEXT, BPF_FIB_LKUP_RET_FRAG_NEEDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
     },
     helpers::generated::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
@@ -368,6 +368,9 @@ fn fib_len(ctx: &TcContext, ip_len: u16) -> u16 {
     }
 }
 
+/// The IPv4 "don't fragment" flag, in the host-order flags and offset field.
+const IP_DF: u16 = 0x4000;
+
 /// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
 /// use on the route (what masquerade takes).
 const FIB_LOOKUP_SRC: u32 = 1 << 4;
@@ -375,12 +378,15 @@ const FIB_LOOKUP_SRC: u32 = 1 << 4;
 /// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
 /// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
 /// Local destinations, unreachable ones, those needing fragmentation and everything the
-/// FIB does not resolve go to the stack, which knows how to answer them.
+/// FIB does not resolve go to the stack, which knows how to answer them; but a masqueraded
+/// IPv4 packet that the stack would fragment is dropped and counted.
 #[inline(always)]
 fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
     // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     fib.ifindex = me;
+    // IPv6 is never fragmented on the way.
+    let mut may_fragment = false;
     if proto == ETH_P_IP {
         let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
             return PASS;
@@ -389,6 +395,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         let ip = unsafe { &*ip };
         fib.family = AF_INET;
         fib.l4_protocol = ip.protocol;
+        may_fragment = u16::from_be_bytes(ip.frag_off) & IP_DF == 0;
         fib.__bindgen_anon_1.tot_len = fib_len(ctx, u16::from_be_bytes(ip.tot_len));
         fib.__bindgen_anon_2.tos = ip.tos;
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
@@ -435,6 +442,13 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         return PASS;
     }
     let rc = rc as u32;
+    if masq && may_fragment && rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        // The stack would fragment it and forward the fragments with the pod's address
+        // (fragments are not translated). Without DF it gets no ICMP error either way.
+        masq::untranslatable();
+        count(me, Dir::FromPod, Event::Drop, ctx.len());
+        return TC_ACT_SHOT as i32;
+    }
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || fib.ifindex == me {
         return PASS;
     }

@@ -602,6 +602,12 @@ fn unstamp_in(ctx: &TcContext, v4: bool, shift: u32) -> bool {
     }
 }
 
+/// Counts a packet that must be masqueraded and cannot be, which the caller drops.
+#[inline(always)]
+pub fn untranslatable() {
+    count(Stat::Untranslatable);
+}
+
 /// The node's address for a new flow leaving by `out_ifindex`: what the FIB chose
 /// (`fib_src`, when the kernel tells it), else the device's address user space recorded.
 #[inline(always)]

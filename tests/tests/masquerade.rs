@@ -696,6 +696,82 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
     del(&p, &node, &plain, &plain_conf);
 }
 
+/// A datagram without DF larger than the node's uplink MTU: the node's stack would
+/// fragment it and forward the fragments with the pod's address, where masquerade does not
+/// reach (fragments are not translated). It is dropped and counted instead; a datagram
+/// that fits leaves masqueraded.
+#[test]
+fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, 86);
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
+    // After the ADD, so the pod keeps MTU 1500 and sends the datagram whole (with the
+    // device's MTU at ADD, the pod would fragment it itself, and fragments are dropped).
+    node.netns()
+        .ip_ok(&["link", "set", "up0", "mtu", "1000"])
+        .unwrap();
+    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7002);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::UdpSocket::bind(server))
+        .unwrap()
+        .unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let send = |len: usize| {
+        pod.ns
+            .run_in(|| {
+                use std::os::fd::AsRawFd;
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                // No DF: the kernel sends it whole and a router may fragment it.
+                let dont: libc::c_int = libc::IP_PMTUDISC_DONT;
+                // SAFETY: setsockopt(2) on an open socket with an int option it reads.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_IP,
+                        libc::IP_MTU_DISCOVER,
+                        (&dont as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(rc, 0, "IP_MTU_DISCOVER");
+                s.send_to(&vec![b'x'; len], server).unwrap();
+            })
+            .unwrap()
+    };
+    // 1,328 bytes of IP: within the pod's MTU (1,400 in these tests), beyond the uplink's.
+    send(1300);
+    let mut buf = [0u8; 2048];
+    match listener.recv_from(&mut buf) {
+        Ok((n, from)) => panic!("{n} bytes of the oversize datagram arrived, from {from}"),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        ),
+    }
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    assert!(
+        report["masquerade"]["untranslatable"].as_u64().unwrap() >= 1,
+        "{}",
+        report["masquerade"]
+    );
+    send(500);
+    let (n, from) = listener
+        .recv_from(&mut buf)
+        .expect("the datagram that fits");
+    assert_eq!((n, from.ip()), (500, IpAddr::V4(ext.node_v4)));
+    del(&p, &node, &pod, &conf);
+}
+
 /// A counter of the kernel's statistics in `ns`, by `nstat`'s name (`TcpOutRsts`,
 /// `TcpExtPAWSTimewait`: the table's prefix and the field), read from /proc/net/snmp and
 /// /proc/net/netstat (a test's namespace starts at zero); None where the kernel has no such

@@ -120,6 +120,7 @@ const PLAN: &[Suite] = &[
             "the_pods_port_unreachable_reaches_the_remote_end",
             "ports_reused_towards_a_server_in_time_wait_connect_at_once",
             "a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port",
+            "a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address",
         ],
     },
     Suite {
