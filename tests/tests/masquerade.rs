@@ -85,6 +85,35 @@ fn unrouted_host(node: &Node, n: u8) -> ExternalHost {
     ext
 }
 
+/// A node with external host `n` behind it (see `unrouted_host`) and one masquerading IPv4
+/// pod, with the masquerade range `ports` when given; the config the pod was added with.
+fn masquerading_pod(
+    p: &PluginUnderTest,
+    n: u8,
+    ports: Option<&str>,
+) -> (Node, ExternalHost, Value, Pod) {
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, n);
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    if let Some(ports) = ports {
+        conf["ipMasqPortRange"] = json!(ports);
+    }
+    let pod = add(p, &node, &conf);
+    (node, ext, conf, pod)
+}
+
+/// A TCP listener of `ext` on `port` of its IPv4 address.
+fn tcp_server(ext: &ExternalHost, port: u16) -> (std::net::SocketAddr, std::net::TcpListener) {
+    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), port);
+    let listener = ext
+        .netns()
+        .run_in(|| std::net::TcpListener::bind(server))
+        .unwrap()
+        .unwrap();
+    (server, listener)
+}
+
 /// What the node's netfilter holds: both rulesets, and conntrack's table (empty when the
 /// module is not loaded).
 fn netfilter(node: &Node) -> (String, String) {
@@ -340,12 +369,7 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
         "{err:?}"
     );
 
-    let server_addr = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
-    let listener = ext
-        .netns()
-        .run_in(|| std::net::TcpListener::bind(server_addr))
-        .unwrap()
-        .unwrap();
+    let (server_addr, listener) = tcp_server(&ext, 7000);
     let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let acc = accepted.clone();
     let serving = listener.try_clone().unwrap();
@@ -704,11 +728,7 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
 fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let node = Node::new().unwrap();
-    let ext = unrouted_host(&node, 86);
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
-    conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
+    let (node, ext, conf, pod) = masquerading_pod(&p, 86, None);
     // After the ADD, so the pod keeps MTU 1500 and sends the datagram whole (with the
     // device's MTU at ADD, the pod would fragment it itself, and fragments are dropped).
     node.netns()
@@ -804,18 +824,8 @@ fn tcp_counter(ns: &Netns, name: &str) -> Option<u64> {
 fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let node = Node::new().unwrap();
-    let ext = unrouted_host(&node, 84);
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
-    conf["ipMasq"] = json!(true);
-    conf["ipMasqPortRange"] = json!("40000-40499");
-    let pod = add(&p, &node, &conf);
-    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
-    let listener = ext
-        .netns()
-        .run_in(|| std::net::TcpListener::bind(server))
-        .unwrap()
-        .unwrap();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 84, Some("40000-40499"));
+    let (server, listener) = tcp_server(&ext, 7000);
     // Echoes one byte and closes first.
     std::thread::spawn(move || {
         use std::io::{Read, Write};
@@ -881,18 +891,8 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     use std::io::{Read, Write};
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let node = Node::new().unwrap();
-    let ext = unrouted_host(&node, 85);
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
-    conf["ipMasq"] = json!(true);
-    conf["ipMasqPortRange"] = json!("40000-40001");
-    let pod = add(&p, &node, &conf);
-    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7000);
-    let listener = ext
-        .netns()
-        .run_in(|| std::net::TcpListener::bind(server))
-        .unwrap()
-        .unwrap();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 85, Some("40000-40001"));
+    let (server, listener) = tcp_server(&ext, 7000);
     // Echoes each byte; closes first after a "q".
     std::thread::spawn(move || {
         while let Ok((mut s, _)) = listener.accept() {
