@@ -372,6 +372,18 @@ fn touch(v: &mut MasqFlow, state: u16, now: u64) {
     }
 }
 
+/// The key of the other entry of the flow whose key is `key`: its local end `addr` and
+/// `port` (what `key`'s entry holds), the same remote end and protocol.
+#[inline(always)]
+fn counterpart(other: &mut MasqKey, addr: &[u8; 16], port: u16, key: &MasqKey) {
+    copy16(&mut other.local, addr);
+    copy16(&mut other.remote, &key.remote);
+    other.local_port = port;
+    other.remote_port = key.remote_port;
+    other.proto = key.proto;
+    other._pad = [0; 3];
+}
+
 /// A new entry: the other side's `addr` and `port`, no timestamp shift.
 #[inline(always)]
 fn fresh(v: &mut MasqFlow, addr: &[u8; 16], port: u16, state: u16, now: u64) {
@@ -444,12 +456,7 @@ fn take(f: &mut Scratch, port: u16, now: u64) -> u32 {
     };
     // SAFETY: a map value; read at once.
     let held = unsafe { &*held };
-    copy16(&mut f.other.local, &held.addr);
-    copy16(&mut f.other.remote, &f.rev.remote);
-    f.other.local_port = held.port;
-    f.other.remote_port = f.rev.remote_port;
-    f.other.proto = f.rev.proto;
-    f.other._pad = [0; 3];
+    counterpart(&mut f.other, &held.addr, held.port, &f.rev);
     // SAFETY: read at once.
     let (idle, last) = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
         Some(fwd) => (
@@ -549,12 +556,7 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
 #[inline(never)]
 fn reopen(f: &mut Scratch, v: &mut MasqFlow) {
     v.state &= MASQ_TS_LAST;
-    copy16(&mut f.rev.local, &v.addr);
-    copy16(&mut f.rev.remote, &f.fwd.remote);
-    f.rev.local_port = v.port;
-    f.rev.remote_port = f.fwd.remote_port;
-    f.rev.proto = f.fwd.proto;
-    f.rev._pad = [0; 3];
+    counterpart(&mut f.rev, &v.addr, v.port, &f.fwd);
     if let Some(r) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) {
         // SAFETY: a map value; written in place.
         unsafe { (*r).state = 0 };
