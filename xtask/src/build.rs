@@ -19,6 +19,9 @@ const EBPF_BIN: &str = "ebpf-cni-programs";
 const BPF_TARGET: &str = "bpfel-unknown-none";
 /// BTF lets the kernel and bpftool show the programs' types and source lines.
 const BPF_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
+/// The eBPF functions the linker keeps global (it makes every other one static): the
+/// verifier checks a global function once, not at each call (see ebpf/src/masq.rs).
+const BPF_GLOBAL_FUNCTIONS: &[&str] = &["ecni_masq_snat", "ecni_masq_take"];
 
 const PLUGIN_PACKAGE: &str = "ebpf-cni";
 const PLUGIN_BIN: &str = "ebpf-cni";
@@ -57,6 +60,13 @@ pub fn target_dir() -> Result<PathBuf> {
     }
 }
 
+fn bpf_rustflags() -> String {
+    format!(
+        "{BPF_RUSTFLAGS} -C link-arg=--export={}",
+        BPF_GLOBAL_FUNCTIONS.join(",")
+    )
+}
+
 /// Builds the eBPF object and returns its absolute path.
 pub fn build_ebpf(target_dir: &Path) -> Result<PathBuf> {
     let started = Instant::now();
@@ -65,7 +75,7 @@ pub fn build_ebpf(target_dir: &Path) -> Result<PathBuf> {
         .current_dir(workspace_root())
         .args(["build", "--package", EBPF_PACKAGE, "--release"])
         .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
-        .env("RUSTFLAGS", BPF_RUSTFLAGS)
+        .env("RUSTFLAGS", bpf_rustflags())
         // Either of these would override or add to RUSTFLAGS above.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
@@ -138,4 +148,37 @@ pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
     }
     eprintln!("plugin built in {:.1}s", started.elapsed().as_secs_f64());
     Ok(plugin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `#[no_mangle]` function of the eBPF crate is exported, and only those: one the
+    /// list missed would silently turn static (and cost the verifier again at each call).
+    #[test]
+    fn the_global_functions_are_the_no_mangle_ones() {
+        let mut found = Vec::new();
+        let src = workspace_root().join("ebpf/src");
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let mut lines = text.lines();
+            while let Some(line) = lines.next() {
+                if line.trim() != "#[no_mangle]" {
+                    continue;
+                }
+                let decl = lines
+                    .by_ref()
+                    .find(|l| l.contains("fn "))
+                    .expect("#[no_mangle] before a function");
+                let name = decl.split("fn ").nth(1).unwrap().split('(').next().unwrap();
+                found.push(name.to_string());
+            }
+        }
+        found.sort();
+        let mut listed: Vec<String> = BPF_GLOBAL_FUNCTIONS.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(found, listed);
+        assert!(bpf_rustflags().contains("--export=ecni_masq_snat,ecni_masq_take"));
+    }
 }

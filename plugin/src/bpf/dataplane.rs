@@ -7,6 +7,7 @@ use std::{
     net::IpAddr,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::PathBuf,
+    time::Instant,
 };
 
 use aya::{
@@ -197,15 +198,28 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     for name in ebpf_cni_maps::NODE_MAPS {
         loader.map_pin_path(name, root.map(node, name));
     }
+    let started = Instant::now();
     let mut ebpf = loader.load(PROGRAMS).map_err(|source| BpfError::Load {
         source: Box::new(source),
     })?;
+    log::debug!("maps created in {:.1} ms", ms(started));
     let dir = root.programs_dir(node).join(rev);
     create_dir_all_racy(&dir)?;
     macro_rules! load_and_pin_as {
         ($ty:ty, $name:expr) => {{
             let name: &'static str = $name;
+            let started = Instant::now();
             let prog = load_program!(ebpf, $ty, name);
+            // The kernel counts them from 5.16 on.
+            let insns = prog
+                .info()
+                .ok()
+                .and_then(|i| i.verified_instruction_count());
+            log::debug!(
+                "{name} verified in {:.1} ms ({} instructions)",
+                ms(started),
+                insns.map_or_else(|| "?".to_string(), |n| n.to_string())
+            );
             let path = dir.join(name);
             prog.pin(&path).map_err(|source| BpfError::PinProgram {
                 path,
@@ -243,6 +257,10 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
     }
     log::info!("loaded and pinned eBPF programs revision {rev} for {node}");
     Ok(())
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 pub(super) fn is_not_found(e: &aya::maps::MapError) -> bool {
