@@ -860,12 +860,18 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
         m["reclaimed"].as_u64().unwrap() >= (CONNECTIONS - 500) as u64 / 2,
         "ports were reused: {m}"
     );
-    // What the server refused shows first as the pod's resets (its answer to the server's
-    // ACK), on every kernel; 6.16+ count the refusals too.
-    assert_eq!(
+    // A SYN the server's TIME_WAIT refused costs the pod a reset (its answer to the
+    // server's ACK) and a SYN retransmitted 1 s later, on every kernel; 6.16+ count the
+    // refusals too. Without the shift, 6.18 retransmitted about 500 SYNs here. A few are
+    // allowed: under emulation a SYN-ACK can be late (and a FIN retransmitted after the
+    // pod closed draws a reset of its own, seen once on 6.1 under TCG).
+    let retransmitted = tcp_counter(&pod.ns, "TcpExtTCPSynRetrans").unwrap();
+    assert!(
+        retransmitted <= (CONNECTIONS / 100) as u64,
+        "SYNs the pod retransmitted: {retransmitted}; its resets: {:?}, the server's \
+         retransmitted segments: {:?}",
         tcp_counter(&pod.ns, "TcpOutRsts"),
-        Some(0),
-        "resets the pod sent"
+        tcp_counter(ext.netns(), "TcpRetransSegs"),
     );
     assert!(
         matches!(

@@ -45,6 +45,9 @@ const MASQ_FWD_MAP: &str = "ECNI_MASQ_FWD";
 
 pub const THROUGHPUT_ROW: &str = "TCP throughput, pod → external host";
 pub const CRR_ROW: &str = "TCP_CRR, pod → external host";
+/// The control: the same path with ipMasq off and a route back on the external host.
+pub const CRR_ROUTED_ROW: &str =
+    "TCP_CRR, pod → external host, not translated (the host routes to the pods)";
 pub const HELD_ROW: &str = "held / offered";
 
 /// What the external host saw of each subject's probe (the source of the TCP connection
@@ -67,8 +70,17 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(subject: Subject, bins: &Binaries) -> Result<(Self, String)> {
-        let (node, pod, seen) = masquerading_pod(subject, bins, "masq-client")?;
+    /// With `Egress::Routed` (the control: the same path without translation) the
+    /// external host routes the pod network via the node, and nothing is probed.
+    fn new(subject: Subject, bins: &Binaries, egress: Egress) -> Result<(Self, String)> {
+        let (node, pod, seen) = match egress {
+            Egress::Masquerade => masquerading_pod(subject, bins, "masq-client")?,
+            Egress::Routed => {
+                let node = BenchNode::with_egress(subject, bins, Stack::V4, Egress::Routed)?;
+                let (pod, _) = node.add_pod("routed-client", Map::new())?;
+                (node, pod, String::new())
+            }
+        };
         let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
         let echo = EchoServer::start(&node.ext, ECHO_PORT)?;
         load::probe_echo(&pod.netns, SocketAddr::from((topo::EXT_IP, ECHO_PORT)))
@@ -167,8 +179,19 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut crr_drops = Repeats::default();
     let mut probe = Probe::new();
 
+    let mut crr_routed = Repeats::default();
+    let mut routed: Vec<(Subject, Setup)> = Vec::new();
     for s in Subject::CNI {
-        match Setup::new(s, bins) {
+        match Setup::new(s, bins, Egress::Routed) {
+            Ok((setup, _)) => routed.push((s, setup)),
+            Err(e) => {
+                progress(&format!("masquerade: {} routed: {e:#}", s.label()));
+                crr_routed.set_instead(s, Cell::failed(&e));
+            }
+        }
+    }
+    for s in Subject::CNI {
+        match Setup::new(s, bins, Egress::Masquerade) {
             Ok((setup, seen)) => {
                 probe.insert(s, Ok(seen));
                 setups.push((s, setup));
@@ -244,7 +267,14 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 crr.push(s, n as f64 / secs);
             }
         }
+        for (s, setup) in &routed {
+            match load::tcp_crr(&setup.pod.netns, echo_target, slice, p.masq_crr_max) {
+                Ok(c) => crr_routed.push(*s, c.connect_us.len() as f64 / c.secs),
+                Err(e) => crr_routed.set_instead(*s, Cell::failed(&e)),
+            }
+        }
     }
+    drop(routed);
     for (s, setup) in &setups {
         let drops = match (&drops_before[s], dropped_flows(bins, &setup.node)) {
             (Ok(a), Ok(b)) => Ok(b.since(a)),
@@ -283,6 +313,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     traffic
         .rows
         .push(crr.row(CRR_ROW, "conn/s", Better::Higher));
+    traffic
+        .rows
+        .push(crr_routed.row(CRR_ROUTED_ROW, "conn/s", Better::Higher));
     traffic.rows.push(crr_drops.row(
         "new flows the node dropped (all throughput and TCP_CRR runs)",
         "flows",
@@ -311,6 +344,14 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             load::rr_cpu(),
             p.rr_secs,
             topo::EXT_IP
+        ),
+        format!(
+            "The control row: each subject on a second node with ipMasq off, whose external \
+             host routes the pod network via the node, measured once per repeat after the \
+             masqueraded slices ({} s each): the same path, pod → node → external host, \
+             without translation (the reference's ptp adds no MASQUERADE rule there): what \
+             each dataplane's path costs before any source NAT.",
+            p.rr_secs / f64::from(RR_SLICES)
         ),
         "Dropped new flows: ebpf-cni's `exhausted` + `table_full` counters (`ebpf-cni \
          inspect`), the reference's conntrack `drop` + `early_drop` + `insert_failed` \

@@ -330,6 +330,10 @@ pub fn headline(run: &Run) -> Table {
             "TCP_CRR pod → external host, masqueraded",
         ));
         rows.push(renamed(
+            find(Some(&m.traffic), masquerade::CRR_ROUTED_ROW),
+            "TCP_CRR pod → external host, routed back (control)",
+        ));
+        rows.push(renamed(
             find(Some(&m.flows), masquerade::HELD_ROW),
             &format!(
                 "masqueraded UDP flows held, of {} opened at once",
