@@ -11,12 +11,24 @@
 //!   the pod's traffic at the rate; fq releases it then. A sender that is not ours (a host
 //!   behind the node, another pod) sees delay instead of loss, as behind a real link of that
 //!   rate, and gets the rate. Packets beyond the horizon are dropped, bounding the queue.
+//!   A sparse flow's packet (its flow has nothing waiting in the queue: a ping, a DNS
+//!   query, the ACKs of an upload) is charged to the pod's clock like any other but leaves
+//!   at once instead of behind the other flows' backlog, as fq_codel serves sparse flows
+//!   first. fq keeps each flow's packets in departure order, so a flow is never reordered:
+//!   its packets count as waiting until the pod's clock after its last one has passed. The
+//!   rate holds, since every packet is charged and none may push the clock past the
+//!   horizon.
 //!
 //! Updates from two CPUs may race; the error is a few packets' worth of tokens or time, not
 //! a leak.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_cni_maps::{edt_horizon_ns, Bucket, LIMIT_EDT};
+use aya_ebpf::{
+    helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns},
+    macros::map,
+    maps::LruHashMap,
+    programs::TcContext,
+};
+use ebpf_cni_maps::{edt_horizon_ns, Bucket, PaceFlowKey, LIMIT_EDT, MAX_PACE_FLOWS};
 
 use crate::{
     maps::ECNI_RATES,
@@ -39,6 +51,14 @@ pub enum Way {
 }
 
 const NSEC_PER_SEC: u64 = 1_000_000_000;
+/// The largest packet of a sparse flow that leaves at once: a ping, a DNS query, a TCP
+/// segment without data or with little.
+const SPARSE_BYTES: u64 = 256;
+
+/// The pacer's flows (see the module's doc); the programs' own, so not pinned.
+#[map]
+static ECNI_PACE_FLOW: LruHashMap<PaceFlowKey, u64> =
+    LruHashMap::with_max_entries(MAX_PACE_FLOWS, 0);
 
 /// The limit of the pod behind host veth `ifindex` in direction `way`, if it has one.
 #[inline(always)]
@@ -121,11 +141,45 @@ pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
         return Verdict::Drop;
     }
     b.last_ns = depart;
+    // Every packet keeps its flow's state; only a small one may leave at once.
+    let idle = sparse(ctx, ifindex, now, depart);
+    let stamp = if idle && u64::from(ctx.len()) <= SPARSE_BYTES {
+        now
+    } else {
+        depart
+    };
     // A departure in the past leaves now. Writing it always also replaces whatever the
     // packet carried (a receive timestamp would look like the far future to fq).
     // SAFETY: tc programs may write `tstamp` of their own context.
-    unsafe { (*ctx.skb.skb).tstamp = depart };
+    unsafe { (*ctx.skb.skb).tstamp = stamp };
     Verdict::Pass
+}
+
+/// Whether the packet's flow has nothing waiting in the queue of the pod behind `ifindex`
+/// (see the module's doc); `clock` is the pod's clock after this packet, which the flow's
+/// next packet is compared with.
+#[inline(always)]
+fn sparse(ctx: &TcContext, ifindex: u32, now: u64, clock: u64) -> bool {
+    let key = PaceFlowKey {
+        ifindex,
+        // SAFETY: plain helper call on our own context.
+        hash: unsafe { bpf_get_hash_recalc(ctx.skb.skb) },
+    };
+    match ECNI_PACE_FLOW.get_ptr_mut(&key) {
+        Some(last) => {
+            // SAFETY: a map value pointer, valid during the run; a race between two CPUs
+            // costs one packet its place, never safety.
+            unsafe {
+                let idle = *last <= now;
+                *last = clock;
+                idle
+            }
+        }
+        None => {
+            let _ = ECNI_PACE_FLOW.insert(&key, &clock, 0);
+            true
+        }
+    }
 }
 
 /// The bytes the packet takes as Ethernet frames, as a limit counts them (and tbf does): a

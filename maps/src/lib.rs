@@ -371,6 +371,21 @@ pub const EDT_HORIZON_MIN_NS: u64 = 20_000_000;
 /// one always fits behind another.
 pub const EDT_HORIZON_GSO_BYTES: u64 = 2 * 65_536;
 
+/// Key of the pacer's flow table (the programs' own, not pinned): the host veth of a paced
+/// pod and a flow's hash (`skb->hash`). The value is the pod's clock (ns) after that flow's
+/// last packet: until it has passed, the flow has packets waiting in the queue.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PaceFlowKey {
+    pub ifindex: u32,
+    pub hash: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PaceFlowKey>() == 8);
+
+/// Flows the pacer remembers, on the whole node (LRU: the least recently seen goes).
+pub const MAX_PACE_FLOWS: u32 = 65_536;
+
 /// How far ahead of "now" the pacer may schedule a packet towards a pod paced at
 /// `rate_bytes` (bytes/s > 0); a packet that would leave later is dropped, which bounds the
 /// queue (and the delay it adds) to this time.

@@ -362,6 +362,27 @@ fn root_qdisc(node: &Node, dev: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// The largest backlog (bytes) of `dev`'s root qdisc in `samples` looks 100 ms apart.
+fn largest_backlog(node: &Node, dev: &str, samples: u32) -> u64 {
+    (0..samples)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let out = node
+                .netns()
+                .exec(&["tc", "-s", "qdisc", "show", "dev", dev, "root"])
+                .unwrap();
+            // " backlog 12345b 9p requeues 0"
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .skip_while(|w| *w != "backlog")
+                .nth(1)
+                .and_then(|b| b.strip_suffix('b')?.parse().ok())
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 fn host_veth(pod: &Pod) -> &str {
     pod.result["interfaces"][0]["name"].as_str().unwrap()
 }
@@ -370,8 +391,8 @@ fn host_veth(pod: &Pod) -> &str {
 /// veth gets an `fq` (handle `ecf0:`, nothing else), deliveries to it go through that veth,
 /// and `ecni_to_pod` stamps each packet with its departure time: a single TCP stream from a
 /// host behind the node, or from another pod, gets the limit (±5%), as does UDP offered at
-/// twice the limit; the queue is bounded by the pacer's horizon (ping), and a pod without a
-/// limit is not slowed by it and gets no qdisc. CHECK sees a missing fq; DEL leaves nothing.
+/// twice the limit; a ping (a sparse flow) does not wait behind the stream's queue, and a
+/// pod without a limit is not slowed by it and gets no qdisc. CHECK sees a missing fq; DEL leaves nothing.
 /// Where the kernel has no `sch_fq` (this machine's), the limit is policed instead, and
 /// inspect and the log say so; the accuracy is proven in the kernel matrix's guests.
 #[test]
@@ -477,26 +498,37 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
                 ),
                 Some(1400),
             );
-            // While a stream fills the queue, a ping waits at most the horizon; a pod
-            // without a limit on the same node does not wait for it.
-            let (limited_rtt, plain_rtt) = std::thread::scope(|s| {
+            // While a stream keeps the paced pod's queue filled, a ping (a sparse flow) is
+            // charged to the pod like any packet but does not wait behind the stream: it
+            // leaves at once. (Before sparse flows it waited about half the horizon: 47 ms
+            // at 10 Mbit/s in the benchmark's guest, where the reference's tbf gives 33.)
+            // The queue's backlog, sampled meanwhile, proves the stream filled it.
+            let (limited_rtt, plain_rtt, backlog) = std::thread::scope(|s| {
                 let stream = s.spawn(|| iperf_for(&pod.ns, ext.netns(), ext_ip, 8, &["-R"]));
                 std::thread::sleep(std::time::Duration::from_secs(3));
+                let backlog = s.spawn(|| largest_backlog(&node, host_veth(&pod), 20));
                 let limited_rtt = ping_median_ms(ext.netns(), pod.ip, 10);
                 let plain_rtt = ping_median_ms(ext.netns(), plain.ip, 10);
+                let backlog = backlog.join().unwrap();
                 stream.join().unwrap();
-                (limited_rtt, plain_rtt)
+                (limited_rtt, plain_rtt, backlog)
             });
             eprintln!(
-                "ping during the stream: limited pod {limited_rtt:.1} ms (horizon {horizon_ms:.0} ms), unlimited pod {plain_rtt:.1} ms"
+                "ping during the stream: limited pod {limited_rtt:.1} ms (horizon {horizon_ms:.0} ms, \
+                 fq backlog up to {backlog} bytes), unlimited pod {plain_rtt:.1} ms"
             );
             assert!(
-                limited_rtt <= horizon_ms + 25.0,
-                "ping to the paced pod waited {limited_rtt:.1} ms, beyond the horizon of {horizon_ms:.0} ms"
+                backlog >= 3_000,
+                "the stream kept no queue in the paced pod's fq (largest backlog {backlog} bytes)"
             );
             assert!(
-                plain_rtt < 25.0 && plain_rtt < limited_rtt,
-                "ping to the unlimited pod: {plain_rtt:.1} ms (paced pod: {limited_rtt:.1} ms)"
+                limited_rtt < 25.0 && limited_rtt < horizon_ms / 4.0,
+                "ping to the paced pod waited {limited_rtt:.1} ms behind a queue of up to \
+                 {backlog} bytes (horizon {horizon_ms:.0} ms)"
+            );
+            assert!(
+                plain_rtt < 25.0,
+                "ping to the unlimited pod: {plain_rtt:.1} ms"
             );
         }
 
