@@ -11,10 +11,11 @@
 //!   the pod's traffic at the rate; fq releases it then. A sender that is not ours (a host
 //!   behind the node, another pod) sees delay instead of loss, as behind a real link of that
 //!   rate, and gets the rate. Packets beyond the horizon are dropped, bounding the queue.
-//!   A sparse flow's packet (its flow has nothing waiting in the queue: a ping, a DNS
-//!   query, the ACKs of an upload) is charged to the pod's clock like any other but leaves
-//!   at once instead of behind the other flows' backlog, as fq_codel serves sparse flows
-//!   first. fq keeps each flow's packets in departure order, so a flow is never reordered:
+//!   A sparse flow's small packet (at most `SPARSE_BYTES`, its flow has nothing waiting in
+//!   the queue: a ping, a DNS query, the ACKs of an upload) is charged to the pod's clock
+//!   like any other but leaves at once instead of behind the other flows' backlog, as
+//!   fq_codel serves sparse flows first; every packet, small or not, updates its flow's
+//!   state (one LRU lookup per paced packet). fq keeps each flow's packets in departure order, so a flow is never reordered:
 //!   its packets count as waiting until the pod's clock after its last one has passed. The
 //!   rate holds, since every packet is charged and none may push the clock past the
 //!   horizon.
