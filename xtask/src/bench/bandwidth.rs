@@ -121,7 +121,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             rep + 1,
             p.bw_repeats,
             configs.len(),
-            secs + p.iperf_omit
+            secs + p.bw_omit
         ));
         for (s, setup) in &setups {
             if instead.contains_key(s) {
@@ -157,7 +157,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                             &pod.netns,
                             target,
                             secs,
-                            p.iperf_omit,
+                            p.bw_omit,
                             dir == Dir::Ingress,
                             proto,
                         )
@@ -166,7 +166,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                         None
                     } else {
                         std::thread::sleep(Duration::from_millis(
-                            u64::from(p.iperf_omit) * 1000 + 500,
+                            u64::from(p.bw_omit) * 1000 + 500,
                         ));
                         let count = (secs.saturating_sub(1) * 10).max(5);
                         Some(load::ping(
@@ -273,7 +273,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
              max(rate × 20 ms, 128 kbit); iperf3 -t {secs} -O {} between the pod and the \
              external client (ingress: the client sends, iperf3 -R; egress: the pod sends); \
              UDP datagrams of {} bytes with 8 MiB socket buffers.",
-            p.iperf_omit,
+            p.bw_omit,
             load::UDP_PAYLOAD
         ),
         format!(

@@ -779,7 +779,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
             p.bw_repeats,
             rates.join(", "),
             p.bw_secs,
-            p.iperf_omit
+            p.bw_omit
         ),
         "Cleanup: one node per subject, a warm-up pod added and deleted, then a resident \
          pod; four DEL scenarios, each on a fresh pod with a hostPort and a 100 Mbit/s limit."
