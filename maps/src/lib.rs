@@ -227,6 +227,11 @@ pub mod pin {
     pub const LINK_FROM_DEV: &str = "link_from_dev";
     /// The pinned TCX link of [`PROG_FROM_CHAIN`](super::PROG_FROM_CHAIN) (chained mode).
     pub const LINK_FROM_CHAIN: &str = "link_from_chain";
+    /// A node device's record in netlink mode (no TCX): the device program, pinned in the
+    /// device's directory, stands for the `clsact` filter that runs it.
+    pub const NETLINK_FROM_DEV: &str = "netlink_from_dev";
+    /// A chained pod's record of its ingress filter in netlink mode.
+    pub const NETLINK_FROM_CHAIN: &str = "netlink_from_chain";
     /// Directory of the node-wide maps, each pinned under its map name.
     pub const MAPS_DIR: &str = "maps";
     /// Directory of the loaded programs, one sub-directory per object revision (a hash of

@@ -18,40 +18,36 @@ use serde_json::Value;
 
 use crate::node::Node;
 
-pub const ENDPOINTS_MAP: &str = "ECNI_ENDPOINTS";
-pub const POD_COUNTERS_MAP: &str = "ECNI_POD_CNT";
-pub const PROG_FROM_POD: &str = "ecni_from_pod";
-pub const PROG_TO_POD: &str = "ecni_to_pod";
-pub const PROG_FROM_DEV: &str = "ecni_from_dev";
-pub const LINK_FROM_POD: &str = "link_from_pod";
-pub const LINK_TO_POD: &str = "link_to_pod";
-pub const LINK_FROM_DEV: &str = "link_from_dev";
-/// A node device's record in netlink mode: the device program, pinned.
-pub const NETLINK_FROM_DEV: &str = "netlink_from_dev";
-/// A chained pod's record of its ingress filter in netlink mode.
-pub const NETLINK_FROM_CHAIN: &str = "netlink_from_chain";
-pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
-pub const LINK_FROM_CHAIN: &str = "link_from_chain";
+// Names are maps/'s, the contract both sides of the dataplane compile against.
+pub use ebpf_cni_maps::pin::{
+    ATTACHMENTS_DIR, DEVICES_DIR, GATEWAYS_DIR, LINK_FROM_CHAIN, LINK_FROM_DEV, LINK_FROM_POD,
+    LINK_TO_POD, MAPS_DIR, NETLINK_FROM_CHAIN, NETLINK_FROM_DEV, PROGRAMS_DIR,
+};
+pub use ebpf_cni_maps::{
+    CONFIG_MAP, ENDPOINTS_MAP, MASQ_FWD_MAP, MASQ_REV_MAP, PACING_MAP, POD_COUNTERS_MAP,
+    PORTMAP_MAP, PROG_FROM_CHAIN, PROG_FROM_DEV, PROG_FROM_POD, PROG_TO_POD, RATE_LIMITS_MAP,
+    TRACE_MAP,
+};
 
 /// `<node pin root>/maps/<name>`.
 pub fn map_pin(node: &Node, name: &str) -> PathBuf {
-    node.pin_root().join("maps").join(name)
+    node.pin_root().join(MAPS_DIR).join(name)
 }
 
 /// `<node pin root>/devices/<dev>/link_from_dev`.
 pub fn device_link_pin(node: &Node, dev: &str) -> PathBuf {
     node.pin_root()
-        .join("devices")
+        .join(DEVICES_DIR)
         .join(dev)
         .join(LINK_FROM_DEV)
 }
 
 /// Every pinned program of the node: `programs/<revision>/<name>`.
 pub fn pinned_programs(node: &Node) -> Vec<PathBuf> {
-    crate::fsutil::list_files(&node.pin_root().join("programs"))
+    crate::fsutil::list_files(&node.pin_root().join(PROGRAMS_DIR))
         .expect("listing the node's programs")
         .into_iter()
-        .map(|p| node.pin_root().join("programs").join(p))
+        .map(|p| node.pin_root().join(PROGRAMS_DIR).join(p))
         .collect()
 }
 
@@ -396,8 +392,7 @@ mod tests {
     }
 }
 
-/// The node-wide host port map (issue 4), read independently of the plugin.
-pub const PORTMAP_MAP: &str = "ECNI_PORTMAP";
+// The node-wide host port map (issue 4), read independently of the plugin.
 
 /// One entry of [`PORTMAP_MAP`]: key `addr(16) port(u16 LE) proto(u8) pad`, value
 /// `attachment_id(u64) pod_addr(16) gateway(16) host_ifindex(u32) pod_port(u16) pad(2)`.

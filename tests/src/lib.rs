@@ -56,10 +56,23 @@ pub const REFERENCE_HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
 /// Root of every pin ebpf-cni makes (one directory per node netns below it).
 pub const BPF_PIN_BASE: &str = "/sys/fs/bpf/ebpf-cni/v1";
+const _: () = assert!(ebpf_cni_maps::str_eq(
+    BPF_PIN_BASE,
+    // The bpffs mount point, then maps/'s project and layout directories.
+    concat!("/sys/fs/bpf/", "ebpf-cni", "/", "v1")
+));
+const _: () = assert!(ebpf_cni_maps::str_eq(
+    ebpf_cni_maps::pin::PROJECT_DIR,
+    "ebpf-cni"
+));
+const _: () = assert!(ebpf_cni_maps::str_eq(
+    ebpf_cni_maps::pin::LAYOUT_VERSION_DIR,
+    "v1"
+));
 
 /// The pin directory ebpf-cni uses for the network namespace with inode `ino`.
 pub fn pin_root_for(ino: u64) -> std::path::PathBuf {
-    std::path::Path::new(BPF_PIN_BASE).join(format!("netns-{ino}"))
+    std::path::Path::new(BPF_PIN_BASE).join(format!("{}{ino}", ebpf_cni_maps::pin::NODE_DIR_PREFIX))
 }
 
 /// Environment variable carrying the path of the plugin binary under test.

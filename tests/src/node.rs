@@ -94,7 +94,7 @@ impl Node {
     /// Where ebpf-cni pins the programs of one attachment.
     pub fn attachment_pin_dir(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
         self.pin_root
-            .join("attachments")
+            .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
             .join(network)
             .join(container_id)
             .join(ifname)

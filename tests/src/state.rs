@@ -183,7 +183,7 @@ pub fn leftover_problems(
     }
     let pins = node
         .pin_root()
-        .join("attachments")
+        .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
         .join(network)
         .join(container_id);
     if pins.exists() {

@@ -245,7 +245,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     .expect_success("DEL");
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     assert!(dp::inspect_attachment(&report, &limited.cid).is_none());
-    let rates = dp::map_entries(&node, "ECNI_RATES").unwrap();
+    let rates = dp::map_entries(&node, dp::RATE_LIMITS_MAP).unwrap();
     assert_eq!(rates.len(), 0, "limiter entries left: {rates:?}");
     p.run(
         &node,
@@ -298,7 +298,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
         );
         assert_eq!(pacing_mode["degraded"], json!(true), "{pacing_mode}");
         assert_eq!(a["tcp_pacing_bytes"], Value::Null, "{a}");
-        assert!(dp::map_entries(&node, "ECNI_PACING").unwrap().is_empty());
+        assert!(dp::map_entries(&node, dp::PACING_MAP).unwrap().is_empty());
         let env = p.env(&pod.cid, pod.ns.path(), "eth0");
         let mut check_conf = conf.clone();
         check_conf["prevResult"] = pod.result.clone();
@@ -327,11 +327,11 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     check_conf["prevResult"] = pod.result.clone();
     p.run(&node, CniCommand::Check, &env, check_conf.to_string())
         .expect_success("CHECK");
-    let entries = dp::map_entries(&node, "ECNI_PACING").unwrap();
+    let entries = dp::map_entries(&node, dp::PACING_MAP).unwrap();
     assert_eq!(entries.len(), 1, "{entries:?}");
     dp::delete_raw(
         &node,
-        "ECNI_PACING",
+        dp::PACING_MAP,
         &dp::hex_bytes(&entries[0]["key"]).unwrap(),
     )
     .unwrap();
@@ -549,7 +549,9 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         assert!(err.msg.contains("fq"), "{err:?}");
         p.run(&node, CniCommand::Del, &env, conf.to_string())
             .expect_success("DEL");
-        assert!(dp::map_entries(&node, "ECNI_RATES").unwrap().is_empty());
+        assert!(dp::map_entries(&node, dp::RATE_LIMITS_MAP)
+            .unwrap()
+            .is_empty());
     }
     p.run(
         &node,

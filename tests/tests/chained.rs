@@ -562,7 +562,7 @@ fn netlink_mode_del_takes_the_filters_off_the_bridges_veth() {
     };
     assert_eq!(
         names("after ADD"),
-        vec!["ecni_from_chain", "ecni_to_pod"],
+        vec![dp::PROG_FROM_CHAIN, dp::PROG_TO_POD],
         "netlink filters on the bridge's veth"
     );
     assert!(tcx_programs(node.netns(), &veth).unwrap().is_empty());

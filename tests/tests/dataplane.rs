@@ -1038,7 +1038,7 @@ fn device_programs_follow_the_node_devices_and_the_config() {
         "up0 is not in devices but got {:?}",
         prog_names(&node, "up0")
     );
-    let dirs = std::fs::read_dir(node.pin_root().join("devices"))
+    let dirs = std::fs::read_dir(node.pin_root().join(dp::DEVICES_DIR))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect::<Vec<_>>();
@@ -1193,10 +1193,10 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
     for (dev, names, mechanism) in [
         (
             a.r.host_ifname.as_str(),
-            &["ecni_from_pod", "ecni_to_pod"][..],
+            &[dp::PROG_FROM_POD, dp::PROG_TO_POD][..],
             Mechanism::NetlinkTc,
         ),
-        ("up0", &["ecni_from_dev"][..], dev_mechanism),
+        ("up0", &[dp::PROG_FROM_DEV][..], dev_mechanism),
     ] {
         let progs = bpf::attached_programs(node.netns(), dev).unwrap();
         let mut got: Vec<(&str, Mechanism)> = progs
@@ -1241,7 +1241,7 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
     let link = |prog: &str, attached: bool| (prog.to_owned(), "netlink".to_owned(), attached);
     assert_eq!(
         inspect_links(),
-        vec![link("ecni_from_pod", true), link("ecni_to_pod", true)]
+        vec![link(dp::PROG_FROM_POD, true), link(dp::PROG_TO_POD, true)]
     );
 
     let check = |pod: &Pod| p.runtime.check(&node, &list, &pod.att, &pod.result);
@@ -1250,10 +1250,10 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
         .exec(&["tc", "filter", "del", "dev", &a.r.host_ifname, "egress"])
         .unwrap();
     let err = check(&a).expect_err("CHECK after removing the egress filter");
-    assert!(err.to_string().contains("ecni_to_pod"), "{err}");
+    assert!(err.to_string().contains(dp::PROG_TO_POD), "{err}");
     assert_eq!(
         inspect_links(),
-        vec![link("ecni_from_pod", true), link("ecni_to_pod", false)],
+        vec![link(dp::PROG_FROM_POD, true), link(dp::PROG_TO_POD, false)],
         "inspect after removing the egress filter"
     );
     check(&b).unwrap_or_else(|e| panic!("CHECK b: {e}"));
@@ -1423,7 +1423,7 @@ fn trace_streams_decisions_only_while_it_runs() {
         )),
         "no redirect line for pod b in the trace:\n{text}"
     );
-    let flag = dp::map_entries(&node, "ECNI_TRACE").unwrap();
+    let flag = dp::map_entries(&node, dp::TRACE_MAP).unwrap();
     let value = &flag[0]["value"];
     assert!(
         value
@@ -1732,7 +1732,7 @@ fn a_pod_of_the_earlier_gateway_layout_still_checks_and_deletes() {
     node.netns()
         .ip_ok(&["addr", "del", &host_gw, "dev", "lo"])
         .unwrap();
-    fsutil::remove_tree(&node.pin_root().join("gateways")).unwrap();
+    fsutil::remove_tree(&node.pin_root().join(dp::GATEWAYS_DIR)).unwrap();
     ep.gateway4 = [0; 4];
     dp::update_endpoint(&node, ip, &ep.encode()).unwrap();
 

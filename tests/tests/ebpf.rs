@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 
 use ebpf_cni_tests::bpf::{self, Mechanism, PinnedObject};
 use ebpf_cni_tests::config::{Stack, NETWORK};
+use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::{
     fsutil, require_root, unique_container_id, AddResult, Attachment, ListError, NetConfList,
@@ -29,7 +30,7 @@ fn attachment_bpf_problems(node: &Node, cid: &str, r: &AddResult, want: Mechanis
     };
     let mut names: Vec<&str> = progs.iter().map(|q| q.name.as_str()).collect();
     names.sort();
-    if names != ["ecni_from_pod", "ecni_to_pod"] {
+    if names != [dp::PROG_FROM_POD, dp::PROG_TO_POD] {
         p.push(format!(
             "host veth {} carries {names:?}, not ecni_from_pod and ecni_to_pod",
             r.host_ifname
@@ -167,7 +168,7 @@ fn attached_and_pinned(mode: Option<&str>) {
     let dev = bpf::attached_programs(node.netns(), "up0").unwrap();
     let dev_want = bpf::device_mechanism(mode);
     assert!(
-        dev.len() == 1 && dev[0].name == "ecni_from_dev" && dev[0].mechanism == dev_want,
+        dev.len() == 1 && dev[0].name == dp::PROG_FROM_DEV && dev[0].mechanism == dev_want,
         "the node device's program is not one {dev_want:?} attachment ({mode:?}): {dev:?}"
     );
     let prog_ids_b: BTreeSet<u32> = bpf::attached_programs(node.netns(), &b.host_ifname)
@@ -188,7 +189,7 @@ fn attached_and_pinned(mode: Option<&str>) {
     assert!(
         !node
             .pin_root()
-            .join("attachments")
+            .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
             .join(NETWORK)
             .join(&att_a.container_id)
             .exists(),
@@ -213,7 +214,8 @@ fn attached_and_pinned(mode: Option<&str>) {
     p.runtime
         .del(&node, &list, &att_b, Some(&res_b))
         .unwrap_or_else(|e| panic!("DEL b: {e}"));
-    let left = fsutil::list_files(&node.pin_root().join("attachments")).unwrap();
+    let left =
+        fsutil::list_files(&node.pin_root().join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)).unwrap();
     assert!(
         left.is_empty(),
         "attachment pins left after the last DEL: {left:?}"

@@ -233,6 +233,8 @@ fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
         ),
         65536.0
     );
+    // The `map` label's values are spelled out: they are what operators' queries and
+    // dashboards name, so a renamed map must fail here rather than follow silently.
     for map in [
         "ECNI_ENDPOINTS",
         "ECNI_POD_CNT",

@@ -238,8 +238,8 @@ impl Hook {
         match self {
             Self::FromPod => "netlink_from_pod",
             Self::ToPod => "netlink_to_pod",
-            Self::FromDev => "netlink_from_dev",
-            Self::FromChain => "netlink_from_chain",
+            Self::FromDev => ebpf_cni_maps::pin::NETLINK_FROM_DEV,
+            Self::FromChain => ebpf_cni_maps::pin::NETLINK_FROM_CHAIN,
         }
     }
 
