@@ -96,6 +96,22 @@ pub enum BpfError {
         failures: Vec<RemoveFailure>,
     },
 
+    /// A teardown (DEL of an attachment) that went on past its failures: every one, in
+    /// order, each with its causes (there is no single source).
+    #[error("{what} failed in {} steps: {}", failures.len(), Chains(failures))]
+    Incomplete {
+        what: &'static str,
+        failures: Vec<BpfError>,
+    },
+
+    /// ADD failed (`error`), and undoing what it had done failed too (`undo`): the error
+    /// with its causes, then every failure of the undo with its causes.
+    #[error("{}; undoing the ADD failed too: {}", Chain(error), Chains(undo))]
+    AddUndone {
+        error: Box<BpfError>,
+        undo: Vec<BpfError>,
+    },
+
     #[error("failed to count the possible CPUs")]
     Cpus {
         #[source]
@@ -374,8 +390,60 @@ impl BpfError {
             Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
+            // As `del::collect` reports several failures: under the first one's code.
+            Self::Incomplete { failures, .. } => {
+                failures.first().map_or(code::BPF, BpfError::cni_code)
+            }
+            Self::AddUndone { error, .. } => error.cni_code(),
             _ => code::BPF,
         }
+    }
+}
+
+/// The failures of a teardown: none is `Ok`, one is itself, more are
+/// [`BpfError::Incomplete`]. Each is logged here, with its causes, as it is the teardown's
+/// record of what was left behind.
+pub fn collect(what: &'static str, mut failures: Vec<BpfError>) -> Result<(), BpfError> {
+    log_each(what, &failures);
+    match failures.len() {
+        0 => Ok(()),
+        1 => Err(failures.remove(0)),
+        _ => Err(BpfError::Incomplete { what, failures }),
+    }
+}
+
+/// Logs each failure of `what` with its causes.
+pub fn log_each(what: &str, failures: &[BpfError]) {
+    for f in failures {
+        log::warn!("{what}: {}", Chain(f));
+    }
+}
+
+/// An error with its causes on one line (`msg: cause: cause`).
+struct Chain<'a>(&'a BpfError);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        for line in crate::cni::error::source_lines(self.0) {
+            write!(f, ": {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Several errors, each with its causes, separated by `; `.
+struct Chains<'a>(&'a [BpfError]);
+
+impl fmt::Display for Chains<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", Chain(e))?;
+        }
+        Ok(())
     }
 }
 

@@ -365,6 +365,55 @@ mod tests {
     }
 
     #[test]
+    fn a_teardown_reports_every_failure_with_its_causes() {
+        use crate::cni::code;
+        assert!(error::collect("DEL", Vec::new()).is_ok());
+        let open = || BpfError::OpenPin {
+            path: "/p/ports".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        // One failure is itself.
+        let one = error::collect("DEL", vec![open()]).unwrap_err();
+        assert!(matches!(one, BpfError::OpenPin { .. }), "{one}");
+        let all = error::collect(
+            "DEL",
+            vec![
+                BpfError::PortInUse {
+                    mapping: "0.0.0.0:80/tcp".into(),
+                    pod: "10.0.0.2".parse().unwrap(),
+                    pod_port: 8,
+                    host_ifindex: 3,
+                },
+                open(),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            all.cni_code(),
+            code::PORT_IN_USE,
+            "the first failure's code"
+        );
+        let msg = all.to_string();
+        assert!(
+            msg.starts_with("DEL failed in 2 steps: hostPort 0.0.0.0:80/tcp"),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("; failed to open the pinned object at /p/ports: No such file or directory (os error 2)"),
+            "each failure with its cause: {msg}"
+        );
+        let undone = BpfError::AddUndone {
+            error: Box::new(BpfError::NotBuilt),
+            undo: vec![open()],
+        };
+        assert_eq!(undone.cni_code(), code::BPF);
+        assert!(
+            undone.to_string().contains("; undoing the ADD failed too: failed to open the pinned object at /p/ports: No such"),
+            "{undone}"
+        );
+    }
+
+    #[test]
     fn errors_map_to_cni_codes() {
         use crate::cni::code;
         assert_eq!(BpfError::NotBuilt.cni_code(), code::BPF);

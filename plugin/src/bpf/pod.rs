@@ -7,6 +7,7 @@ use std::{fs, net::IpAddr, os::fd::AsFd};
 use super::{
     cgroup, cookie,
     dataplane::{Device, Maps, NodeLock, PodEndpoint},
+    error::{collect, log_each},
     kernel, links,
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
@@ -256,31 +257,52 @@ pub fn add_pod(
         step("attached");
         Ok(())
     })();
-    if res.is_err() {
-        let _relock = if lock.is_none() {
-            NodeLock::take(&root).ok()
-        } else {
-            None
-        };
-        if mode == AttachMode::Netlink {
-            for hook in Hook::pod(chained) {
-                links::detach_netlink(hook, host_ifname);
-            }
-        }
-        let _ = remove_ports(&root, node, &pins, key.id());
-        let _ = links::remove_dir_pins(&stop_at, pins.dir());
-        let _ = maps.remove_attachment(key.id());
-        if masq.is_some() {
-            let ips: Vec<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
-            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
-                log::warn!("masquerade after a failed ADD: {e}");
-            }
-        }
-        if fq_created {
-            let _ = queue::remove(host_ifindex);
+    let Err(error) = res else {
+        return Ok(());
+    };
+    // Undo: every step is tried, past the failures of the others.
+    let mut undo = Vec::new();
+    let _relock = if lock.is_none() {
+        NodeLock::take(&root).map_err(|e| undo.push(e)).ok()
+    } else {
+        None
+    };
+    if mode == AttachMode::Netlink {
+        for hook in Hook::pod(chained) {
+            links::detach_netlink(hook, host_ifname);
         }
     }
-    res
+    if let Err(e) = remove_ports(&root, node, &pins, key.id()) {
+        undo.push(e);
+    }
+    if let Err(failures) = links::remove_dir_pins(&stop_at, pins.dir()) {
+        undo.push(BpfError::Detach {
+            dir: pins.dir().into(),
+            failures,
+        });
+    }
+    if let Err(e) = maps.remove_attachment(key.id()) {
+        undo.push(e);
+    }
+    if masq.is_some() {
+        let ips: Vec<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
+        if let Err(e) = settle_masq(&root, node, &maps, &ips) {
+            undo.push(e);
+        }
+    }
+    if fq_created {
+        if let Err(e) = queue::remove(host_ifindex) {
+            undo.push(e);
+        }
+    }
+    if undo.is_empty() {
+        return Err(error);
+    }
+    log_each("undoing a failed ADD", &undo);
+    Err(BpfError::AddUndone {
+        error: Box::new(error),
+        undo,
+    })
 }
 
 /// Before ADD changes anything for these addresses: none may belong to another live
@@ -299,7 +321,9 @@ pub fn ensure_addresses_free(
 
 /// Detaches a pod: its links (unpinning detaches them) and its endpoint entries and
 /// counters. Idempotent: `Ok(false)` when nothing was there. The last pod of a node takes
-/// the node's device links, programs and maps with it.
+/// the node's device links, programs and maps with it. Every step is tried, past the
+/// failures of the others; the failures are logged and returned together (see
+/// [`collect`]), and the node stays while any is left.
 pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
@@ -309,28 +333,36 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
     let _lock = NodeLock::take(&root)?;
     let pins = root.attachment(node, key);
-    let mut errors = Vec::new();
+    let mut failures = Vec::new();
     let mut removed = false;
-    match remove_ports(&root, node, &pins, key.id()) {
-        Ok(n) => removed |= n > 0,
-        Err(e) => errors.push(e),
-    }
-    // Without its port list the attachment's pins stay, so a later DEL can retry.
-    if !errors.is_empty() {
-        return Err(errors.remove(0));
-    }
+    let ports_left = match remove_ports(&root, node, &pins, key.id()) {
+        Ok(n) => {
+            removed |= n > 0;
+            false
+        }
+        Err(e) => {
+            failures.push(e);
+            true
+        }
+    };
+    let mut maps = match Maps::open(&root, node) {
+        Ok(maps) => maps,
+        Err(e) => {
+            failures.push(e);
+            None
+        }
+    };
     // On a device that outlives the pod (chained mode: the previous plugin's veth), the
     // netlink filters and the fq go first, found through the endpoint entries' host ifindex.
-    let entries = Maps::open(&root, node)
-        .ok()
-        .flatten()
+    let entries = maps
+        .as_ref()
         .map(|m| m.entries_of(key.id()))
         .unwrap_or_default();
     let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex);
     if let Some(i) = host_ifindex {
         match queue::remove(i) {
             Ok(r) => removed |= r,
-            Err(e) => errors.push(e),
+            Err(e) => failures.push(e),
         }
     }
     let recorded: Vec<Hook> = Hook::ANY_POD
@@ -345,43 +377,42 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
             }
         }
     }
-    removed |= match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
-        Ok(r) => r,
-        Err(failures) => {
-            errors.push(BpfError::Detach {
+    // Without its port list the attachment's pins stay, so a later DEL can retry what the
+    // failure above left.
+    if !ports_left {
+        match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
+            Ok(r) => removed |= r,
+            Err(failures_here) => failures.push(BpfError::Detach {
                 dir: pins.dir().into(),
-                failures,
-            });
-            false
+                failures: failures_here,
+            }),
         }
-    };
-    match Maps::open(&root, node) {
-        Ok(Some(mut maps)) => {
-            match maps.remove_attachment(key.id()) {
-                Ok(n) => removed |= n > 0,
-                Err(e) => errors.push(e),
-            }
-            // Its flows go with it, so a pod that gets the address next inherits none.
-            let ips: Vec<IpAddr> = entries.iter().map(|(ip, _)| *ip).collect();
-            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
-                errors.push(e);
-            }
+    }
+    if let Some(maps) = maps.as_mut() {
+        match maps.remove_attachment(key.id()) {
+            Ok(n) => removed |= n > 0,
+            Err(e) => failures.push(e),
         }
-        Ok(None) => {}
-        Err(e) => errors.push(e),
+        // Its flows go with it, so a pod that gets the address next inherits none.
+        let ips: Vec<IpAddr> = entries.iter().map(|(ip, _)| *ip).collect();
+        if let Err(e) = settle_masq(&root, node, maps, &ips) {
+            failures.push(e);
+        }
     }
     // An ADD records its gateway use before its attachment directory exists: a recorded
     // gateway is a user of the node as much as an attachment is.
-    if errors.is_empty()
-        && tree::attachments(&root, node).is_ok_and(|all| all.is_empty())
-        && !super::gateways::in_use(&root, node)
-    {
-        teardown_node(&root, node)?;
+    if failures.is_empty() && !super::gateways::in_use(&root, node) {
+        match tree::attachments(&root, node) {
+            Ok(left) if left.is_empty() => {
+                if let Err(e) = teardown_node(&root, node) {
+                    failures.push(e);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
     }
-    match errors.into_iter().next() {
-        None => Ok(removed),
-        Some(e) => Err(e),
-    }
+    collect("DEL of the attachment's eBPF state", failures).map(|()| removed)
 }
 
 /// After pods left (their addresses `gone`): their masqueraded flows are removed, and when
