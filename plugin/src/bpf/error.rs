@@ -89,7 +89,7 @@ pub enum BpfError {
     #[error(
         "failed to remove {} entries of the attachment at {dir}: {}",
         failures.len(),
-        RemoveFailures(failures)
+        Joined(failures, std::convert::identity)
     )]
     Detach {
         dir: PathBuf,
@@ -98,7 +98,7 @@ pub enum BpfError {
 
     /// A teardown (DEL of an attachment) that went on past its failures: every one, in
     /// order, each with its causes (there is no single source).
-    #[error("{what} failed in {} steps: {}", failures.len(), Chains(failures))]
+    #[error("{what} failed in {} steps: {}", failures.len(), Joined(failures, Chain))]
     Incomplete {
         what: &'static str,
         failures: Vec<BpfError>,
@@ -106,7 +106,11 @@ pub enum BpfError {
 
     /// ADD failed (`error`), and undoing what it had done failed too (`undo`): the error
     /// with its causes, then every failure of the undo with its causes.
-    #[error("{}; undoing the ADD failed too: {}", Chain(error), Chains(undo))]
+    #[error(
+        "{}; undoing the ADD failed too: {}",
+        Chain(error),
+        Joined(undo, Chain)
+    )]
     AddUndone {
         error: Box<BpfError>,
         undo: Vec<BpfError>,
@@ -432,16 +436,16 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
-/// Several errors, each with its causes, separated by `; `.
-struct Chains<'a>(&'a [BpfError]);
+/// The items of a list, each shown through the function, separated by `; `.
+struct Joined<'a, T, D>(&'a [T], fn(&'a T) -> D);
 
-impl fmt::Display for Chains<'_> {
+impl<'a, T, D: fmt::Display> fmt::Display for Joined<'a, T, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
+        for (i, item) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
             }
-            write!(f, "{}", Chain(e))?;
+            write!(f, "{}", (self.1)(item))?;
         }
         Ok(())
     }
@@ -457,19 +461,5 @@ pub struct RemoveFailure {
 impl fmt::Display for RemoveFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path.display(), self.source)
-    }
-}
-
-struct RemoveFailures<'a>(&'a [RemoveFailure]);
-
-impl fmt::Display for RemoveFailures<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, failure) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{failure}")?;
-        }
-        Ok(())
     }
 }
