@@ -38,25 +38,44 @@ pub const CONFIG_MAP: &str = "ECNI_CONFIG";
 /// cookie (`u64`) → [`Pacing`]. The sockops program caps each TCP socket of such a pod at
 /// the rate, so TCP sends at the limit instead of bouncing off the policer.
 pub const PACING_MAP: &str = "ECNI_PACING";
-/// Every node-wide map, pinned under the node's `maps/` directory: the load pins these and
-/// `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [&str; 16] = [
-    ENDPOINTS_MAP,
-    POD_COUNTERS_MAP,
-    TRACE_MAP,
-    RATE_LIMITS_MAP,
-    PORTMAP_MAP,
-    PORTMAP_HITS_MAP,
-    NAT_REV_MAP,
-    SOCK_REV_MAP,
-    NODE_ADDRS_MAP,
-    CONFIG_MAP,
-    PACING_MAP,
-    MASQ_FWD_MAP,
-    MASQ_REV_MAP,
-    MASQ_SKIP_MAP,
-    MASQ_SRC_MAP,
-    MASQ_STATS_MAP,
+/// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeMap {
+    pub name: &'static str,
+    /// An array, which the programs index by constant: it keeps its size where user space
+    /// shrinks the others (the load probe loads into throw-away maps of a few entries).
+    pub array: bool,
+}
+
+impl NodeMap {
+    const fn keyed(name: &'static str) -> Self {
+        Self { name, array: false }
+    }
+
+    const fn array(name: &'static str) -> Self {
+        Self { name, array: true }
+    }
+}
+
+/// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
+/// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
+pub const NODE_MAPS: [NodeMap; 16] = [
+    NodeMap::keyed(ENDPOINTS_MAP),
+    NodeMap::keyed(POD_COUNTERS_MAP),
+    NodeMap::array(TRACE_MAP),
+    NodeMap::keyed(RATE_LIMITS_MAP),
+    NodeMap::keyed(PORTMAP_MAP),
+    NodeMap::keyed(PORTMAP_HITS_MAP),
+    NodeMap::keyed(NAT_REV_MAP),
+    NodeMap::keyed(SOCK_REV_MAP),
+    NodeMap::keyed(NODE_ADDRS_MAP),
+    NodeMap::array(CONFIG_MAP),
+    NodeMap::keyed(PACING_MAP),
+    NodeMap::keyed(MASQ_FWD_MAP),
+    NodeMap::keyed(MASQ_REV_MAP),
+    NodeMap::keyed(MASQ_SKIP_MAP),
+    NodeMap::keyed(MASQ_SRC_MAP),
+    NodeMap::array(MASQ_STATS_MAP),
 ];
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's

@@ -2,7 +2,7 @@
 
 use crate::{
     bpf::BpfError,
-    cni::{code, CniError},
+    cni::{args::ArgsError, code, env::EnvError, CniError},
     netlink::NetlinkError,
     netns::NetnsError,
 };
@@ -23,11 +23,18 @@ impl From<NetnsError> for CniError {
     }
 }
 
-impl From<BpfError> for CniError {
-    fn from(e: BpfError) -> Self {
-        CniError::from_error(e.cni_code(), &e)
-    }
+/// The library errors that say their own code (`cni_code()`).
+macro_rules! by_their_code {
+    ($($t:ty),*) => {$(
+        impl From<$t> for CniError {
+            fn from(e: $t) -> Self {
+                CniError::from_error(e.cni_code(), &e)
+            }
+        }
+    )*};
 }
+
+by_their_code!(BpfError, EnvError, ArgsError);
 
 impl From<std::io::Error> for CniError {
     fn from(e: std::io::Error) -> Self {

@@ -484,6 +484,67 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
     );
 }
 
+/// Teardown goes on past a failure (issue 17): when the pod's pinned port list cannot be
+/// read, DEL still removes the pod's endpoint entries, reports the failure naming the list,
+/// and keeps the attachment's pins (the list among them) for a retry; the DEL after the
+/// repair removes the mappings and, the node's last pod gone, everything pinned.
+#[test]
+fn a_del_that_cannot_read_the_port_list_removes_the_rest_and_says_so() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
+    let suffix = format!("{}/eth0/ecni_att_ports", a.att.container_id);
+    let port_list = node.pin_root().join(
+        node.pinned_files()
+            .into_iter()
+            .find(|f| f.ends_with(&suffix))
+            .expect("the attachment's port list is pinned"),
+    );
+    // bpffs takes renames and symlinks: the list moves aside, and a symlink to nowhere,
+    // which opens as no map, takes its place.
+    let aside = port_list.with_file_name("aside");
+    std::fs::rename(&port_list, &aside).unwrap();
+    std::os::unix::fs::symlink("/nonexistent", &port_list).unwrap();
+
+    let msg = p
+        .runtime
+        .del(&node, &l, &a.att, Some(&a.result))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&*port_list.to_string_lossy()),
+        "DEL names the port list it could not read: {msg}"
+    );
+    let eps = dp::endpoints(&node).unwrap();
+    assert!(
+        !eps.contains_key(&a.v4()) && !eps.contains_key(&a.v6()),
+        "the pod's endpoint entries went despite the failure: {eps:?}"
+    );
+    assert_eq!(
+        dp::port_mappings(&node).unwrap().len(),
+        2,
+        "the mappings wait for the retry"
+    );
+
+    std::fs::remove_file(&port_list).unwrap();
+    std::fs::rename(&aside, &port_list).unwrap();
+    p.runtime
+        .del(&node, &l, &a.att, Some(&a.result))
+        .expect("DEL after the repair");
+    assert!(
+        node.pinned_files().is_empty(),
+        "nothing pinned after the retry: {:?}",
+        node.pinned_files()
+    );
+}
+
 /// A cgroup2 mount that mountinfo lists but that is hidden from the plugin (here: a mount
 /// namespace with a fresh sysfs over `/sys`, as `ip netns exec` makes, so the listed
 /// mount point leads to sysfs or nowhere) is skipped: ADD with a host port, which attaches the

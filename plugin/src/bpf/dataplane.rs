@@ -1,28 +1,22 @@
-//! The node-wide part of the dataplane: the lock, the programs (loaded once per node and
-//! revision, then reused from their pins), and the maps (endpoints, per-pod counters).
+//! The node-wide part of the dataplane: the lock, and the maps (endpoints, per-pod
+//! counters, limits, pacing). The programs are `programs.rs`'s.
 
 use std::{
-    fs::{self, File},
+    fs::File,
     io,
     net::IpAddr,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-    path::PathBuf,
-    time::Instant,
+    os::fd::{AsFd, AsRawFd},
 };
 
-use aya::{
-    maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
-    programs::{CgroupSockAddr, SchedClassifier, SockOps},
-    EbpfLoader,
-};
+use aya::maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues};
 use ebpf_cni_maps::{
     EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ENDPOINTS_MAP, EP_FLAGS_NONE,
-    PACING_MAP, POD_COUNTERS_MAP, PROG_SOCKOPS, RATE_LIMITS_MAP,
+    PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP,
 };
 
 use super::{
     pin::{create_dir_all_racy, NodeId, PinRoot},
-    revision, BpfError, Hook, PROGRAMS, SOCK_PROGRAMS,
+    BpfError,
 };
 
 /// One address of a pod and where it lives, as the endpoint map records it.
@@ -96,171 +90,6 @@ impl NodeLock {
         }
         Ok(Self { _file: file })
     }
-}
-
-/// The programs of this binary's revision, pinned on the node.
-pub struct Programs {
-    paths: Vec<PathBuf>,
-    fds: Vec<Option<OwnedFd>>,
-    classifiers: Vec<Option<SchedClassifier>>,
-}
-
-impl Programs {
-    fn index(hook: Hook) -> usize {
-        Hook::ALL
-            .iter()
-            .position(|h| *h == hook)
-            .expect("every hook has a program")
-    }
-
-    /// The program's fd, opened from its pin with one syscall (TCX attach path).
-    pub fn fd(&mut self, hook: Hook) -> Result<BorrowedFd<'_>, BpfError> {
-        let i = Self::index(hook);
-        if self.fds[i].is_none() {
-            let path = &self.paths[i];
-            let fd = super::sys::obj_get(path).map_err(|source| BpfError::OpenPin {
-                path: path.clone(),
-                source,
-            })?;
-            self.fds[i] = Some(fd);
-        }
-        Ok(self.fds[i].as_ref().expect("opened above").as_fd())
-    }
-
-    /// The program as an aya classifier (netlink attach path; costs aya's feature probes).
-    pub fn classifier(&mut self, hook: Hook) -> Result<&mut SchedClassifier, BpfError> {
-        let i = Self::index(hook);
-        if self.classifiers[i].is_none() {
-            let path = self.paths[i].clone();
-            let prog =
-                SchedClassifier::from_pin(&path).map_err(|source| BpfError::OpenProgram {
-                    path,
-                    source: Box::new(source),
-                })?;
-            self.classifiers[i] = Some(prog);
-        }
-        Ok(self.classifiers[i].as_mut().expect("opened above"))
-    }
-
-    /// A socket-address program's fd, opened from its pin.
-    pub fn sock_fd(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<OwnedFd, BpfError> {
-        let path = root.program(node, revision(), name);
-        super::sys::obj_get(&path).map_err(|source| BpfError::OpenPin { path, source })
-    }
-
-    /// This revision's pinned programs, loaded (verified) and pinned first if this node has
-    /// none yet, which also creates the node-wide maps or reuses their pins.
-    pub fn open_or_load(root: &PinRoot, node: &NodeId) -> Result<Self, BpfError> {
-        let rev = revision();
-        let paths: Vec<PathBuf> = Hook::ALL
-            .iter()
-            .map(|h| root.program(node, rev, h.program()))
-            .collect();
-        // The pacing program is not required: a kernel without `bpf_get_netns_cookie` in
-        // sock_ops refuses it, and the node runs without pacing (see `pacing_available`).
-        let complete = paths.iter().all(|p| p.exists())
-            && SOCK_PROGRAMS
-                .iter()
-                .all(|(name, _)| root.program(node, rev, name).exists());
-        if !complete {
-            load_and_pin(root, node, rev)?;
-        }
-        Ok(Self {
-            fds: paths.iter().map(|_| None).collect(),
-            classifiers: paths.iter().map(|_| None).collect(),
-            paths,
-        })
-    }
-
-    /// Whether this node's programs include the pacing program (`ecni_sockops`): the
-    /// kernel refused it at the node's first load when it lacks `bpf_get_netns_cookie` in
-    /// sock_ops programs (before 5.15), and egress limits are then policed only.
-    pub fn pacing_available(root: &PinRoot, node: &NodeId) -> bool {
-        root.program(node, revision(), PROG_SOCKOPS).exists()
-    }
-}
-
-fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError> {
-    if PROGRAMS.is_empty() {
-        return Err(BpfError::NotBuilt);
-    }
-    super::kernel::require_minimum()?;
-    let maps_dir = root
-        .map(node, ENDPOINTS_MAP)
-        .parent()
-        .expect("maps live in a directory")
-        .to_path_buf();
-    create_dir_all_racy(&maps_dir)?;
-    // No target BTF: the programs use no CO-RE relocations, and parsing the kernel's BTF
-    // would cost the load about 25 ms for nothing.
-    let mut loader = EbpfLoader::new();
-    loader.btf(None);
-    for name in ebpf_cni_maps::NODE_MAPS {
-        loader.map_pin_path(name, root.map(node, name));
-    }
-    let started = Instant::now();
-    let mut ebpf = loader.load(PROGRAMS).map_err(|source| BpfError::Load {
-        source: Box::new(source),
-    })?;
-    log::debug!("maps created in {:.1} ms", ms(started));
-    let dir = root.programs_dir(node).join(rev);
-    create_dir_all_racy(&dir)?;
-    macro_rules! load_and_pin_as {
-        ($ty:ty, $name:expr) => {{
-            let name: &'static str = $name;
-            let started = Instant::now();
-            let prog = load_program!(ebpf, $ty, name);
-            // The kernel counts them from 5.16 on.
-            let insns = prog
-                .info()
-                .ok()
-                .and_then(|i| i.verified_instruction_count());
-            log::debug!(
-                "{name} verified in {:.1} ms ({} instructions)",
-                ms(started),
-                insns.map_or_else(|| "?".to_string(), |n| n.to_string())
-            );
-            let path = dir.join(name);
-            prog.pin(&path).map_err(|source| BpfError::PinProgram {
-                path,
-                name,
-                source: Box::new(source),
-            })?;
-        }};
-    }
-    for hook in Hook::ALL {
-        load_and_pin_as!(SchedClassifier, hook.program());
-    }
-    for (name, _) in SOCK_PROGRAMS {
-        load_and_pin_as!(CgroupSockAddr, name);
-    }
-    // Optional: every other part works without it (see `pacing_available`).
-    let pacing = (|| -> Result<(), BpfError> {
-        load_and_pin_as!(SockOps, PROG_SOCKOPS);
-        Ok(())
-    })();
-    if let Err(e) = pacing {
-        log::warn!(
-            "TCP pacing is unavailable on kernel {}, egress limits are policed only: {}",
-            super::kernel::release(),
-            crate::cni::error::source_lines(&e).join(": ")
-        );
-    }
-    // Programs of other revisions stay alive as long as links use them; their pins only
-    // served new attachments, which from now on get this revision.
-    if let Ok(entries) = fs::read_dir(root.programs_dir(node)) {
-        for e in entries.flatten() {
-            if e.file_name() != rev {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    }
-    log::info!("loaded and pinned eBPF programs revision {rev} for {node}");
-    Ok(())
-}
-
-fn ms(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64() * 1e3
 }
 
 pub(super) fn is_not_found(e: &aya::maps::MapError) -> bool {

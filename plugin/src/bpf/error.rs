@@ -89,11 +89,31 @@ pub enum BpfError {
     #[error(
         "failed to remove {} entries of the attachment at {dir}: {}",
         failures.len(),
-        RemoveFailures(failures)
+        Joined(failures, std::convert::identity)
     )]
     Detach {
         dir: PathBuf,
         failures: Vec<RemoveFailure>,
+    },
+
+    /// A teardown (DEL of an attachment) that went on past its failures: every one, in
+    /// order, each with its causes (there is no single source).
+    #[error("{what} failed in {} steps: {}", failures.len(), Joined(failures, Chain))]
+    Incomplete {
+        what: &'static str,
+        failures: Vec<BpfError>,
+    },
+
+    /// ADD failed (`error`), and undoing what it had done failed too (`undo`): the error
+    /// with its causes, then every failure of the undo with its causes.
+    #[error(
+        "{}; undoing the ADD failed too: {}",
+        Chain(error),
+        Joined(undo, Chain)
+    )]
+    AddUndone {
+        error: Box<BpfError>,
+        undo: Vec<BpfError>,
     },
 
     #[error("failed to count the possible CPUs")]
@@ -374,8 +394,60 @@ impl BpfError {
             Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
+            // As `del::collect` reports several failures: under the first one's code.
+            Self::Incomplete { failures, .. } => {
+                failures.first().map_or(code::BPF, BpfError::cni_code)
+            }
+            Self::AddUndone { error, .. } => error.cni_code(),
             _ => code::BPF,
         }
+    }
+}
+
+/// The failures of a teardown: none is `Ok`, one is itself, more are
+/// [`BpfError::Incomplete`]. Each is logged here, with its causes, as it is the teardown's
+/// record of what was left behind.
+pub fn collect(what: &'static str, mut failures: Vec<BpfError>) -> Result<(), BpfError> {
+    log_each(what, &failures);
+    match failures.len() {
+        0 => Ok(()),
+        1 => Err(failures.remove(0)),
+        _ => Err(BpfError::Incomplete { what, failures }),
+    }
+}
+
+/// Logs each failure of `what` with its causes.
+pub fn log_each(what: &str, failures: &[BpfError]) {
+    for f in failures {
+        log::warn!("{what}: {}", Chain(f));
+    }
+}
+
+/// An error with its causes on one line (`msg: cause: cause`).
+struct Chain<'a>(&'a BpfError);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        for line in crate::cni::error::source_lines(self.0) {
+            write!(f, ": {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The items of a list, each shown through the function, separated by `; `.
+struct Joined<'a, T, D>(&'a [T], fn(&'a T) -> D);
+
+impl<'a, T, D: fmt::Display> fmt::Display for Joined<'a, T, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, item) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", (self.1)(item))?;
+        }
+        Ok(())
     }
 }
 
@@ -389,19 +461,5 @@ pub struct RemoveFailure {
 impl fmt::Display for RemoveFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path.display(), self.source)
-    }
-}
-
-struct RemoveFailures<'a>(&'a [RemoveFailure]);
-
-impl fmt::Display for RemoveFailures<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, failure) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{failure}")?;
-        }
-        Ok(())
     }
 }

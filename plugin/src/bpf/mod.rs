@@ -9,54 +9,42 @@
 //! A process-wide lock (flock on the layout directory) serialises these steps between
 //! concurrent plugin runs; it is held for milliseconds.
 
-/// Loads (verifies) the program `$name` of `$ebpf` as an aya `$ty` and evaluates to it;
-/// returns the error (a `BpfError`) from the enclosing function. aya has no trait for
-/// `load`, so one macro serves every program type.
-macro_rules! load_program {
-    ($ebpf:expr, $ty:ty, $name:expr) => {{
-        let name: &'static str = $name;
-        let err = |source| BpfError::Program {
-            name,
-            source: Box::new(source),
-        };
-        let prog: &mut $ty = $ebpf
-            .program_mut(name)
-            .ok_or(BpfError::MissingProgram { name })?
-            .try_into()
-            .map_err(err)?;
-        prog.load().map_err(err)?;
-        prog
-    }};
-}
-
+mod cgroup;
+mod cookie;
 mod dataplane;
 mod error;
 pub mod gateways;
+mod inspect;
 pub mod kernel;
 mod links;
 mod masq;
 pub mod pin;
 mod pod;
 mod ports;
+mod programs;
 mod queue;
 mod survey;
 mod sys;
 mod trace;
+mod tree;
 
 use aya::programs::TcAttachType;
+pub use cookie::netns_cookie_of;
 pub use dataplane::{Device, PodEndpoint};
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
+pub use inspect::{
+    inspect, AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport,
+    NodeReport, PortMappingReport,
+};
 pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, inspect, pacing_rate, sweep_masq,
-    AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport, NodeReport,
-    PodSpec, PortMappingReport,
+    add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, PodSpec,
 };
-pub use ports::netns_cookie_of;
-pub use survey::{network_attachments, readiness, Unready};
+pub use survey::{readiness, Unready};
 pub use trace::trace;
+pub use tree::network_attachments;
 
 /// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
 /// TCP pacing runs is the verifier's answer at the node's first load; on a node without
@@ -67,7 +55,7 @@ pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
         .program(node, revision(), Hook::FromPod.program())
         .exists();
     let pacing = if loaded {
-        dataplane::Programs::pacing_available(&root, node)
+        programs::Programs::pacing_available(&root, node)
     } else {
         kernel::version() >= (5, 15)
     };
@@ -78,24 +66,6 @@ pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
 /// `cargo xtask build`.
 static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
-
-/// The socket-address programs and the hooks they attach to.
-pub const SOCK_PROGRAMS: [(&str, u32); 8] = [
-    (ebpf_cni_maps::PROG_CONNECT4, sys::BPF_CGROUP_INET4_CONNECT),
-    (ebpf_cni_maps::PROG_CONNECT6, sys::BPF_CGROUP_INET6_CONNECT),
-    (ebpf_cni_maps::PROG_SENDMSG4, sys::BPF_CGROUP_UDP4_SENDMSG),
-    (ebpf_cni_maps::PROG_SENDMSG6, sys::BPF_CGROUP_UDP6_SENDMSG),
-    (ebpf_cni_maps::PROG_RECVMSG4, sys::BPF_CGROUP_UDP4_RECVMSG),
-    (ebpf_cni_maps::PROG_RECVMSG6, sys::BPF_CGROUP_UDP6_RECVMSG),
-    (
-        ebpf_cni_maps::PROG_PEERNAME4,
-        sys::BPF_CGROUP_INET4_GETPEERNAME,
-    ),
-    (
-        ebpf_cni_maps::PROG_PEERNAME6,
-        sys::BPF_CGROUP_INET6_GETPEERNAME,
-    ),
-];
 
 /// Identifies the embedded object: programs pinned by a binary with other programs are
 /// never reused by this one (it loads and pins its own next to them). `build.rs` computes
@@ -392,6 +362,55 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("; /p: "), "{msg}");
+    }
+
+    #[test]
+    fn a_teardown_reports_every_failure_with_its_causes() {
+        use crate::cni::code;
+        assert!(error::collect("DEL", Vec::new()).is_ok());
+        let open = || BpfError::OpenPin {
+            path: "/p/ports".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        // One failure is itself.
+        let one = error::collect("DEL", vec![open()]).unwrap_err();
+        assert!(matches!(one, BpfError::OpenPin { .. }), "{one}");
+        let all = error::collect(
+            "DEL",
+            vec![
+                BpfError::PortInUse {
+                    mapping: "0.0.0.0:80/tcp".into(),
+                    pod: "10.0.0.2".parse().unwrap(),
+                    pod_port: 8,
+                    host_ifindex: 3,
+                },
+                open(),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            all.cni_code(),
+            code::PORT_IN_USE,
+            "the first failure's code"
+        );
+        let msg = all.to_string();
+        assert!(
+            msg.starts_with("DEL failed in 2 steps: hostPort 0.0.0.0:80/tcp"),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("; failed to open the pinned object at /p/ports: No such file or directory (os error 2)"),
+            "each failure with its cause: {msg}"
+        );
+        let undone = BpfError::AddUndone {
+            error: Box::new(BpfError::NotBuilt),
+            undo: vec![open()],
+        };
+        assert_eq!(undone.cni_code(), code::BPF);
+        assert!(
+            undone.to_string().contains("; undoing the ADD failed too: failed to open the pinned object at /p/ports: No such"),
+            "{undone}"
+        );
     }
 
     #[test]

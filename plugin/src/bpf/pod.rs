@@ -1,17 +1,19 @@
-//! What ADD, DEL, CHECK and `inspect` do with the dataplane: a pod's links and endpoint
-//! entries, the node's device links, and the node's teardown when its last pod goes.
+//! What ADD, DEL and CHECK do with the dataplane: a pod's links, endpoint entries, limits,
+//! pacing, masquerade and host ports, the node's device links, and the node's teardown
+//! when its last pod goes. `inspect.rs` reports what they left.
 
-use std::{fs, net::IpAddr, os::fd::AsFd, path::Path};
-
-use serde::Serialize;
+use std::{fs, net::IpAddr, os::fd::AsFd};
 
 use super::{
-    dataplane::{Device, Maps, NodeLock, PodEndpoint, Programs},
+    cgroup, cookie,
+    dataplane::{Device, Maps, NodeLock, PodEndpoint},
+    error::{collect, log_each},
     kernel, links,
-    masq::{MasqMaps, MasqReport, MasqSpec},
+    masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
-    queue, AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
+    programs::Programs,
+    queue, tree, AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
@@ -81,8 +83,8 @@ fn add_ports(
     // other namespace's: they stay off, and the node's own processes reach host ports
     // through the stack (the TC programs serve everyone else as always).
     let cookie = if kernel::has_netns_cookie() {
-        ports::ensure_sock_links(root, node, |name| Programs::sock_fd(root, node, name))?;
-        ports::netns_cookie()?
+        cgroup::ensure_sock_links(root, node)?;
+        cookie::netns_cookie()?
     } else {
         0
     };
@@ -169,9 +171,7 @@ pub fn add_pod(
         if let Some(rate) = pacing_rate(limits) {
             if netns_cookie != 0 && Programs::pacing_available(&root, node) {
                 maps.set_pacing(netns_cookie, key.id(), rate)?;
-                ports::ensure_pacing_link(&root, node, |name| {
-                    Programs::sock_fd(&root, node, name)
-                })?;
+                cgroup::ensure_pacing_link(&root, node)?;
             } else {
                 log::warn!(
                     "kernel {} cannot pace TCP (needs 5.15): the egress limit of {}/{}/{} is policed only",
@@ -257,31 +257,52 @@ pub fn add_pod(
         step("attached");
         Ok(())
     })();
-    if res.is_err() {
-        let _relock = if lock.is_none() {
-            NodeLock::take(&root).ok()
-        } else {
-            None
-        };
-        if mode == AttachMode::Netlink {
-            for hook in Hook::pod(chained) {
-                links::detach_netlink(hook, host_ifname);
-            }
-        }
-        let _ = remove_ports(&root, node, &pins, key.id());
-        let _ = links::remove_dir_pins(&stop_at, pins.dir());
-        let _ = maps.remove_attachment(key.id());
-        if masq.is_some() {
-            let ips: Vec<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
-            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
-                log::warn!("masquerade after a failed ADD: {e}");
-            }
-        }
-        if fq_created {
-            let _ = queue::remove(host_ifindex);
+    let Err(error) = res else {
+        return Ok(());
+    };
+    // Undo: every step is tried, past the failures of the others.
+    let mut undo = Vec::new();
+    let _relock = if lock.is_none() {
+        NodeLock::take(&root).map_err(|e| undo.push(e)).ok()
+    } else {
+        None
+    };
+    if mode == AttachMode::Netlink {
+        for hook in Hook::pod(chained) {
+            links::detach_netlink(hook, host_ifname);
         }
     }
-    res
+    if let Err(e) = remove_ports(&root, node, &pins, key.id()) {
+        undo.push(e);
+    }
+    if let Err(failures) = links::remove_dir_pins(&stop_at, pins.dir()) {
+        undo.push(BpfError::Detach {
+            dir: pins.dir().into(),
+            failures,
+        });
+    }
+    if let Err(e) = maps.remove_attachment(key.id()) {
+        undo.push(e);
+    }
+    if masq.is_some() {
+        let ips: Vec<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
+        if let Err(e) = settle_masq(&root, node, &maps, &ips) {
+            undo.push(e);
+        }
+    }
+    if fq_created {
+        if let Err(e) = queue::remove(host_ifindex) {
+            undo.push(e);
+        }
+    }
+    if undo.is_empty() {
+        return Err(error);
+    }
+    log_each("undoing a failed ADD", &undo);
+    Err(BpfError::AddUndone {
+        error: Box::new(error),
+        undo,
+    })
 }
 
 /// Before ADD changes anything for these addresses: none may belong to another live
@@ -300,7 +321,9 @@ pub fn ensure_addresses_free(
 
 /// Detaches a pod: its links (unpinning detaches them) and its endpoint entries and
 /// counters. Idempotent: `Ok(false)` when nothing was there. The last pod of a node takes
-/// the node's device links, programs and maps with it.
+/// the node's device links, programs and maps with it. Every step is tried, past the
+/// failures of the others; the failures are logged and returned together (see
+/// [`collect`]), and the node stays while any is left.
 pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
@@ -310,28 +333,36 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     }
     let _lock = NodeLock::take(&root)?;
     let pins = root.attachment(node, key);
-    let mut errors = Vec::new();
+    let mut failures = Vec::new();
     let mut removed = false;
-    match remove_ports(&root, node, &pins, key.id()) {
-        Ok(n) => removed |= n > 0,
-        Err(e) => errors.push(e),
-    }
-    // Without its port list the attachment's pins stay, so a later DEL can retry.
-    if !errors.is_empty() {
-        return Err(errors.remove(0));
-    }
+    let ports_left = match remove_ports(&root, node, &pins, key.id()) {
+        Ok(n) => {
+            removed |= n > 0;
+            false
+        }
+        Err(e) => {
+            failures.push(e);
+            true
+        }
+    };
+    let mut maps = match Maps::open(&root, node) {
+        Ok(maps) => maps,
+        Err(e) => {
+            failures.push(e);
+            None
+        }
+    };
     // On a device that outlives the pod (chained mode: the previous plugin's veth), the
     // netlink filters and the fq go first, found through the endpoint entries' host ifindex.
-    let entries = Maps::open(&root, node)
-        .ok()
-        .flatten()
+    let entries = maps
+        .as_ref()
         .map(|m| m.entries_of(key.id()))
         .unwrap_or_default();
     let host_ifindex = entries.first().map(|(_, e)| e.host_ifindex);
     if let Some(i) = host_ifindex {
         match queue::remove(i) {
             Ok(r) => removed |= r,
-            Err(e) => errors.push(e),
+            Err(e) => failures.push(e),
         }
     }
     let recorded: Vec<Hook> = Hook::ANY_POD
@@ -346,43 +377,42 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
             }
         }
     }
-    removed |= match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
-        Ok(r) => r,
-        Err(failures) => {
-            errors.push(BpfError::Detach {
+    // Without its port list the attachment's pins stay, so a later DEL can retry what the
+    // failure above left.
+    if !ports_left {
+        match links::remove_dir_pins(&root.attachments_dir(node), pins.dir()) {
+            Ok(r) => removed |= r,
+            Err(failures_here) => failures.push(BpfError::Detach {
                 dir: pins.dir().into(),
-                failures,
-            });
-            false
+                failures: failures_here,
+            }),
         }
-    };
-    match Maps::open(&root, node) {
-        Ok(Some(mut maps)) => {
-            match maps.remove_attachment(key.id()) {
-                Ok(n) => removed |= n > 0,
-                Err(e) => errors.push(e),
-            }
-            // Its flows go with it, so a pod that gets the address next inherits none.
-            let ips: Vec<IpAddr> = entries.iter().map(|(ip, _)| *ip).collect();
-            if let Err(e) = settle_masq(&root, node, &maps, &ips) {
-                errors.push(e);
-            }
+    }
+    if let Some(maps) = maps.as_mut() {
+        match maps.remove_attachment(key.id()) {
+            Ok(n) => removed |= n > 0,
+            Err(e) => failures.push(e),
         }
-        Ok(None) => {}
-        Err(e) => errors.push(e),
+        // Its flows go with it, so a pod that gets the address next inherits none.
+        let ips: Vec<IpAddr> = entries.iter().map(|(ip, _)| *ip).collect();
+        if let Err(e) = settle_masq(&root, node, maps, &ips) {
+            failures.push(e);
+        }
     }
     // An ADD records its gateway use before its attachment directory exists: a recorded
     // gateway is a user of the node as much as an attachment is.
-    if errors.is_empty()
-        && attachment_count(&root.attachments_dir(node)) == 0
-        && !super::gateways::in_use(&root, node)
-    {
-        teardown_node(&root, node)?;
+    if failures.is_empty() && !super::gateways::in_use(&root, node) {
+        match tree::attachments(&root, node) {
+            Ok(left) if left.is_empty() => {
+                if let Err(e) = teardown_node(&root, node) {
+                    failures.push(e);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
     }
-    match errors.into_iter().next() {
-        None => Ok(removed),
-        Some(e) => Err(e),
-    }
+    collect("DEL of the attachment's eBPF state", failures).map(|()| removed)
 }
 
 /// After pods left (their addresses `gone`): their masqueraded flows are removed, and when
@@ -472,7 +502,7 @@ pub fn check_pod(
         .filter(|_| netns_cookie != 0 && Programs::pacing_available(&root, node));
     maps.check_pacing(netns_cookie, key.id(), pacing)?;
     if pacing.is_some() {
-        ports::check_pacing_link(&root, node)?;
+        cgroup::check_pacing_link(&root, node)?;
     }
     if !port_entries.is_empty() {
         let pm = PortMaps::open(&root, node)?;
@@ -493,7 +523,7 @@ pub fn check_pod(
             });
         }
         if kernel::has_netns_cookie() {
-            ports::check_sock_links(&root, node)?;
+            cgroup::check_sock_links(&root, node)?;
         }
     }
     Ok(())
@@ -558,34 +588,6 @@ fn sync_devices(
     Ok(())
 }
 
-/// Attachment directories (`<network>/<container>/<ifname>`) below `attachments/`.
-fn attachment_dirs(attachments: &Path) -> Vec<(String, String, String)> {
-    let names = |p: &Path| -> Vec<String> {
-        fs::read_dir(p)
-            .map(|es| {
-                es.flatten()
-                    .filter(|e| e.path().is_dir())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut out = Vec::new();
-    for net in names(attachments) {
-        for cid in names(&attachments.join(&net)) {
-            for ifname in names(&attachments.join(&net).join(&cid)) {
-                out.push((net.clone(), cid.clone(), ifname));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-fn attachment_count(attachments: &Path) -> usize {
-    attachment_dirs(attachments).len()
-}
-
 /// No pod left: the device links (unpinning detaches them; netlink filters are removed,
 /// with the `clsact` qdiscs ebpf-cni created that hold no other filter), programs and maps
 /// go.
@@ -605,367 +607,4 @@ fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(BpfError::NodeTeardown { path: dir, source }),
     }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Counts {
-    pub packets: u64,
-    pub bytes: u64,
-    pub drops: u64,
-    pub errors: u64,
-    pub marks: u64,
-}
-
-impl From<&ebpf_cni_maps::DirCounters> for Counts {
-    fn from(d: &ebpf_cni_maps::DirCounters) -> Self {
-        Self {
-            packets: d.packets,
-            bytes: d.bytes,
-            drops: d.drops,
-            errors: d.errors,
-            marks: d.marks,
-        }
-    }
-}
-
-/// A pod's configured limits (bytes/s and bytes; absent: unlimited).
-#[derive(Debug, Clone, Serialize)]
-pub struct LimitReport {
-    pub rate_bytes: u64,
-    pub burst_bytes: u64,
-    /// How the limit is held: `edt+fq` (paced) or `policer`, with why where pacing was not
-    /// possible (`policer (no sch_fq)`).
-    pub mode: &'static str,
-    /// Paced: the longest a packet waits before it is dropped instead (ns).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub horizon_ns: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct LinkReport {
-    pub hook: &'static str,
-    /// `tcx` (a pinned link) or `netlink` (a `bpf` filter; its program pinned as a record).
-    pub mode: &'static str,
-    /// TCX: the link still holds a device. Netlink: the filter is on the device (set by
-    /// the caller, which asks the kernel; the record alone says nothing about it).
-    pub attached: bool,
-    pub program: String,
-    pub program_id: u32,
-    /// 0 for a netlink filter.
-    pub link_id: u32,
-    pub ifindex: u32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct AttachmentReport {
-    pub network: String,
-    pub container_id: String,
-    pub ifname: String,
-    pub host_ifindex: Option<u32>,
-    pub addresses: Vec<IpAddr>,
-    pub links: Vec<LinkReport>,
-    pub from_pod: Option<Counts>,
-    pub to_pod: Option<Counts>,
-    /// Limit of traffic towards the pod.
-    pub ingress_limit: Option<LimitReport>,
-    /// Limit of traffic from the pod.
-    pub egress_limit: Option<LimitReport>,
-    /// `SO_MAX_PACING_RATE` given to the pod's TCP sockets, bytes per second.
-    pub tcp_pacing_bytes: Option<u32>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceReport {
-    pub name: String,
-    pub link: Option<LinkReport>,
-}
-
-/// One host port mapping with its hit counters.
-#[derive(Debug, Clone, Serialize)]
-pub struct PortMappingReport {
-    /// `0.0.0.0:8080/tcp` (`0.0.0.0` / `[::]`: every node address of the family).
-    pub host: String,
-    pub pod: String,
-    /// `tcp`, `udp` or `sctp`.
-    pub protocol: &'static str,
-    /// The host address (`0.0.0.0` / `::`: every node address of the family).
-    pub host_ip: IpAddr,
-    pub host_port: u16,
-    pub pod_address: IpAddr,
-    pub pod_port: u16,
-    pub host_ifindex: u32,
-    /// `<network>/<container id>/<ifname>` when the attachment is known.
-    pub attachment: Option<String>,
-    /// Packets translated by the TC programs (and their bytes).
-    pub packets: u64,
-    pub bytes: u64,
-    /// Connections and datagrams of the node's own processes translated at the socket.
-    pub socket: u64,
-}
-
-/// How full one node map is. Arrays count as full; LRU maps fill up by design and then
-/// evict their oldest entries.
-#[derive(Debug, Clone, Serialize)]
-pub struct MapUsageReport {
-    pub name: &'static str,
-    pub entries: u32,
-    pub max_entries: u32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct NodeReport {
-    pub node: String,
-    /// `uname -r`, and how each part of the dataplane runs on it.
-    pub kernel: String,
-    pub modes: Vec<kernel::PartMode>,
-    pub pin_dir: String,
-    pub revisions: Vec<String>,
-    pub endpoints: usize,
-    /// Each pinned node map's use against its size (absent maps are left out).
-    pub maps: Vec<MapUsageReport>,
-    pub devices: Vec<DeviceReport>,
-    pub attachments: Vec<AttachmentReport>,
-    /// Addresses wildcard host ports answer on.
-    pub node_addresses: Vec<IpAddr>,
-    pub port_mappings: Vec<PortMappingReport>,
-    /// The pods' IPv4 gateways the node holds on `lo`, and who uses each.
-    pub gateways: Vec<GatewayReport>,
-    /// Masquerade: the port range, flows per pod, allocation failures (`None` on a node
-    /// whose maps predate it).
-    pub masquerade: Option<MasqReport>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct GatewayReport {
-    pub address: std::net::Ipv4Addr,
-    /// `<network>/<container id>/<ifname>` of each attachment using it (the attachment id
-    /// in hex when its directory is gone).
-    pub users: Vec<String>,
-}
-
-/// Program names by id: every pod runs the same few programs, so each name costs its
-/// syscalls once per `inspect`, not once per link.
-#[derive(Default)]
-struct ProgNames(std::collections::HashMap<u32, String>);
-
-impl ProgNames {
-    fn get(&mut self, id: u32) -> String {
-        self.0
-            .entry(id)
-            .or_insert_with(|| super::sys::prog_name(id).unwrap_or_default())
-            .clone()
-    }
-}
-
-fn link_report(names: &mut ProgNames, hook: Hook, path: &Path) -> Option<LinkReport> {
-    let info = links::describe(path).ok()?;
-    Some(LinkReport {
-        hook: hook.label(),
-        mode: "tcx",
-        attached: info.ifindex != 0,
-        program: names.get(info.prog_id),
-        program_id: info.prog_id,
-        link_id: info.id,
-        ifindex: info.ifindex,
-    })
-}
-
-/// A netlink filter's record (the pinned program) as a report; `attached` stays false
-/// until the caller has seen the filter on `ifindex`.
-fn netlink_report(
-    names: &mut ProgNames,
-    hook: Hook,
-    record: &Path,
-    ifindex: Option<u32>,
-) -> Option<LinkReport> {
-    let fd = super::sys::obj_get(record).ok()?;
-    let program_id = super::sys::prog_id(fd.as_fd()).ok()?;
-    Some(LinkReport {
-        hook: hook.label(),
-        mode: "netlink",
-        attached: false,
-        program: names.get(program_id),
-        program_id,
-        link_id: 0,
-        ifindex: ifindex.unwrap_or(0),
-    })
-}
-
-/// Use against size of each node map that is pinned.
-fn map_usage(root: &PinRoot, node: &NodeId) -> Vec<MapUsageReport> {
-    ebpf_cni_maps::NODE_MAPS
-        .into_iter()
-        .filter_map(|name| {
-            let fd = super::sys::obj_get(&root.map(node, name)).ok()?;
-            match super::sys::map_usage(fd.as_fd()) {
-                Ok((entries, max_entries)) => Some(MapUsageReport {
-                    name,
-                    entries,
-                    max_entries,
-                }),
-                Err(e) => {
-                    log::warn!("reading the use of map {name}: {e}");
-                    None
-                }
-            }
-        })
-        .collect()
-}
-
-/// Everything this node has pinned, with the kernel's view of each link and the counters.
-pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
-    let root = PinRoot::from_env();
-    let maps = Maps::open(&root, node)?;
-    let list = |p: &Path| -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(p)
-            .map(|es| {
-                es.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    let mut prog_names = ProgNames::default();
-    let devices = list(&root.devices_dir(node))
-        .into_iter()
-        .map(|name| {
-            let link = link_report(
-                &mut prog_names,
-                Hook::FromDev,
-                &root.device_link(node, &name),
-            )
-            .or_else(|| {
-                netlink_report(
-                    &mut prog_names,
-                    Hook::FromDev,
-                    &root.device_netlink_record(node, &name),
-                    None,
-                )
-            });
-            DeviceReport { name, link }
-        })
-        .collect();
-    let mut attachments = Vec::new();
-    let mut names = std::collections::HashMap::new();
-    // One walk of each map for the whole node: per-pod walks cost O(pods²) syscalls.
-    let mut by_attachment = maps
-        .as_ref()
-        .map(Maps::entries_by_attachment)
-        .unwrap_or_default();
-    let pacing = maps
-        .as_ref()
-        .map(Maps::pacing_by_attachment)
-        .unwrap_or_default();
-    for (network, container_id, ifname) in attachment_dirs(&root.attachments_dir(node)) {
-        let key = AttachmentKey {
-            network: &network,
-            container_id: &container_id,
-            ifname: &ifname,
-        };
-        names.insert(key.id(), format!("{network}/{container_id}/{ifname}"));
-        let pins = root.attachment(node, &key);
-        let mut links: Vec<LinkReport> = Hook::ANY_POD
-            .iter()
-            .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h)))
-            .collect();
-        let mut entries = by_attachment.remove(&key.id()).unwrap_or_default();
-        entries.sort_by_key(|(ip, _)| *ip);
-        let host_ifindex = entries
-            .first()
-            .map(|(_, e)| e.host_ifindex)
-            .or_else(|| links.first().map(|l| l.ifindex));
-        links.extend(Hook::ANY_POD.iter().filter_map(|h| {
-            netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
-        }));
-        let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
-        let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
-        let report = |b: ebpf_cni_maps::Bucket| {
-            (b.rate_bytes > 0).then(|| LimitReport {
-                rate_bytes: b.rate_bytes,
-                burst_bytes: u64::from(b.burst_bytes),
-                mode: queue::mode_label(b.mode),
-                horizon_ns: (b.mode == ebpf_cni_maps::LIMIT_EDT)
-                    .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
-            })
-        };
-        attachments.push(AttachmentReport {
-            addresses: entries.iter().map(|(ip, _)| *ip).collect(),
-            host_ifindex,
-            links,
-            from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
-            to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
-            ingress_limit: limits.and_then(|l| report(l.ingress)),
-            egress_limit: limits.and_then(|l| report(l.egress)),
-            tcp_pacing_bytes: pacing.get(&key.id()).copied(),
-            network,
-            container_id,
-            ifname,
-        });
-    }
-    let (mut node_addresses, mut port_mappings) = (Vec::new(), Vec::new());
-    if maps.is_some() && root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
-        let pm = PortMaps::open(&root, node)?;
-        node_addresses = pm.node_addrs();
-        for m in pm.list() {
-            let pod = super::dataplane::key_ip(&ebpf_cni_maps::EndpointKey {
-                addr: m.target.pod_addr,
-            });
-            let host_ip = match m.key.addr {
-                a if a == ebpf_cni_maps::PortKey::WILDCARD_V6 => {
-                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
-                }
-                addr => super::dataplane::key_ip(&ebpf_cni_maps::EndpointKey { addr }),
-            };
-            port_mappings.push(PortMappingReport {
-                host: ports::describe_key(&m.key),
-                protocol: crate::portmap::Protocol::from_number(m.key.proto)
-                    .map_or("unknown", crate::portmap::Protocol::as_str),
-                host_ip,
-                host_port: m.key.port,
-                pod_address: pod,
-                pod_port: m.target.pod_port,
-                pod: if pod.is_ipv6() {
-                    format!("[{pod}]:{}", m.target.pod_port)
-                } else {
-                    format!("{pod}:{}", m.target.pod_port)
-                },
-                host_ifindex: m.target.host_ifindex,
-                attachment: names.get(&m.target.attachment_id).cloned(),
-                packets: m.hits.packets,
-                bytes: m.hits.bytes,
-                socket: m.hits.socket,
-            });
-        }
-    }
-    Ok(NodeReport {
-        node: node.to_string(),
-        kernel: kernel::release().to_owned(),
-        modes: super::part_modes(node),
-        pin_dir: root.node_dir(node).display().to_string(),
-        revisions: list(&root.programs_dir(node)),
-        endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
-        maps: map_usage(&root, node),
-        devices,
-        attachments,
-        node_addresses,
-        port_mappings,
-        gateways: super::gateways::list(node)
-            .into_iter()
-            .map(|(address, ids)| GatewayReport {
-                address,
-                users: ids
-                    .iter()
-                    .map(|id| {
-                        names
-                            .get(id)
-                            .cloned()
-                            .unwrap_or_else(|| format!("{id:016x}"))
-                    })
-                    .collect(),
-            })
-            .collect(),
-        masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
-    })
 }

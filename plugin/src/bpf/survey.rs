@@ -1,91 +1,17 @@
-//! What a node's eBPF state holds and whether it can take another pod, read without
-//! changing anything: the attachments pinned for one network (GC's inventory) and the
-//! node's readiness (STATUS).
+//! Whether the node can take another pod (STATUS), read without changing anything: the
+//! programs in the binary, bpffs, the node's pins, and a load probe of the programs.
 
-use std::{fs, io, path::Path};
-
-use aya::{
-    programs::{CgroupSockAddr, SchedClassifier},
-    EbpfLoader,
-};
-use ebpf_cni_maps::{
-    ENDPOINTS_MAP, NAT_REV_MAP, NODE_ADDRS_MAP, POD_COUNTERS_MAP, PORTMAP_HITS_MAP, PORTMAP_MAP,
-    RATE_LIMITS_MAP, SOCK_REV_MAP,
-};
+use aya::EbpfLoader;
 
 use super::{
     dataplane::Maps,
     pin::{is_bpffs, NodeId, PinRoot},
-    revision, BpfError, Hook, PROGRAMS, SOCK_PROGRAMS,
+    programs, revision, tree, BpfError, PROGRAMS,
 };
 
-/// The node's hash maps, shrunk for the load probe (each preallocates its full size, tens
-/// of MiB together). Arrays keep their size: the programs index them by constant.
-const PROBE_SHRUNK_MAPS: [&str; 9] = [
-    ENDPOINTS_MAP,
-    POD_COUNTERS_MAP,
-    RATE_LIMITS_MAP,
-    PORTMAP_MAP,
-    PORTMAP_HITS_MAP,
-    NAT_REV_MAP,
-    SOCK_REV_MAP,
-    NODE_ADDRS_MAP,
-    ebpf_cni_maps::PACING_MAP,
-];
+/// Entries of each node map (but the arrays, see [`ebpf_cni_maps::NodeMap::array`]) in the
+/// load probe: the hash maps preallocate their full size, tens of MiB together.
 const PROBE_MAP_ENTRIES: u32 = 64;
-
-/// `(container id, ifname)` of every attachment of `network` pinned on `node`, sorted.
-/// Empty when the node or the network has none (or bpffs is not mounted).
-pub fn network_attachments(
-    node: &NodeId,
-    network: &str,
-) -> Result<Vec<(String, String)>, BpfError> {
-    let dir = PinRoot::from_env().network_attachments_dir(node, network);
-    let mut out = Vec::new();
-    for cid in subdirs(&dir)? {
-        for ifname in subdirs(&dir.join(&cid))? {
-            out.push((cid.clone(), ifname));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Names of the directories in `dir`; none when `dir` does not exist. Names that are not
-/// UTF-8 cannot be ours and are skipped.
-fn subdirs(dir: &Path) -> Result<Vec<String>, BpfError> {
-    let err = |source| BpfError::ReadPinDir {
-        path: dir.into(),
-        source,
-    };
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(err(e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(err)?;
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            if let Ok(name) = entry.file_name().into_string() {
-                out.push(name);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Every attachment directory of the node, all networks.
-fn node_attachment_count(root: &PinRoot, node: &NodeId) -> Result<usize, BpfError> {
-    let dir = root.attachments_dir(node);
-    let mut n = 0;
-    for net in subdirs(&dir)? {
-        for cid in subdirs(&dir.join(&net))? {
-            n += subdirs(&dir.join(&net).join(&cid))?.len();
-        }
-    }
-    Ok(n)
-}
 
 /// One reason the node cannot serve ADD.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,8 +78,8 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
     }
 
     let mut problems = Vec::new();
-    let attachments = match node_attachment_count(&root, node) {
-        Ok(n) => n,
+    let attachments = match tree::attachments(&root, node) {
+        Ok(all) => all.len(),
         Err(e) => {
             problems.push(Unready::from_error(&e, false));
             0
@@ -162,11 +88,7 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
     let rev = revision();
     // As `Programs::open_or_load` decides whether ADD loads them (the pacing program is
     // optional there).
-    let programs_pinned = Hook::ALL
-        .iter()
-        .map(|h| h.program())
-        .chain(SOCK_PROGRAMS.iter().map(|(name, _)| *name))
-        .all(|name| root.program(node, rev, name).exists());
+    let programs_pinned = programs::required_pinned(&root, node, rev);
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
         Ok(None) if attachments > 0 => problems.push(Unready::new(
@@ -200,24 +122,18 @@ fn probe_load() -> Result<(), Unready> {
     super::kernel::require_minimum().map_err(fail)?;
     let mut loader = EbpfLoader::new();
     loader.btf(None);
-    for name in PROBE_SHRUNK_MAPS {
-        loader.map_max_entries(name, PROBE_MAP_ENTRIES);
+    for map in ebpf_cni_maps::NODE_MAPS.iter().filter(|m| !m.array) {
+        loader.map_max_entries(map.name, PROBE_MAP_ENTRIES);
     }
     let mut ebpf = loader.load(PROGRAMS).map_err(|source| {
         fail(BpfError::Load {
             source: Box::new(source),
         })
     })?;
-    let mut load_all = || -> Result<(), BpfError> {
-        for hook in Hook::ALL {
-            load_program!(ebpf, SchedClassifier, hook.program());
-        }
-        for (name, _) in SOCK_PROGRAMS {
-            load_program!(ebpf, CgroupSockAddr, name);
-        }
-        Ok(())
-    };
-    load_all().map_err(fail)
+    for p in programs::TABLE.iter().filter(|p| p.required()) {
+        programs::load(&mut ebpf, p).map_err(fail)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -228,7 +144,7 @@ mod tests {
     fn unready_reasons_carry_the_cause() {
         let e = BpfError::ReadPinDir {
             path: "/p".into(),
-            source: io::Error::from_raw_os_error(libc::EACCES),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
         };
         let u = Unready::from_error(&e, true);
         assert!(
@@ -239,14 +155,5 @@ mod tests {
         );
         assert!(u.reason.contains("denied"), "{}", u.reason);
         assert!(u.pods_affected);
-    }
-
-    #[test]
-    fn subdirs_of_a_missing_directory_are_none() {
-        let tmp = tempfile::tempdir().unwrap();
-        assert!(subdirs(&tmp.path().join("nope")).unwrap().is_empty());
-        fs::create_dir_all(tmp.path().join("a/eth0")).unwrap();
-        fs::write(tmp.path().join("file"), b"").unwrap();
-        assert_eq!(subdirs(tmp.path()).unwrap(), ["a"]);
     }
 }

@@ -5,7 +5,26 @@
 
 use std::net::IpAddr;
 
-use super::{code, CniError};
+use super::code;
+
+/// A `CNI_ARGS` that cannot be used; each names the pair and value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("CNI_ARGS: invalid pair {0:?}: expected KEY=VALUE")]
+    NotAPair(String),
+    #[error("CNI_ARGS: invalid pair {0:?}: empty key")]
+    EmptyKey(String),
+    #[error("CNI_ARGS: IP={value:?}: {ip:?} is not an IP address")]
+    NotAnIp { value: String, ip: String },
+    #[error("CNI_ARGS: unknown key {key:?} (value {value:?}); add IgnoreUnknown=1 to ignore unknown keys")]
+    UnknownKey { key: String, value: String },
+}
+
+impl ArgsError {
+    pub fn cni_code(&self) -> u32 {
+        code::INVALID_ENV
+    }
+}
 
 /// Keys we act on, or know to be harmless metadata from Kubernetes runtimes.
 const KNOWN_KEYS: &[&str] = &[
@@ -28,15 +47,14 @@ pub struct CniArgs {
 }
 
 impl CniArgs {
-    pub fn parse(raw: &str) -> Result<Self, CniError> {
-        let bad = |what: String| CniError::new(code::INVALID_ENV, format!("CNI_ARGS: {what}"));
+    pub fn parse(raw: &str) -> Result<Self, ArgsError> {
         let mut out = CniArgs::default();
         for item in raw.split(';').filter(|s| !s.is_empty()) {
             let Some((k, v)) = item.split_once('=') else {
-                return Err(bad(format!("invalid pair {item:?}: expected KEY=VALUE")));
+                return Err(ArgsError::NotAPair(item.to_owned()));
             };
             if k.is_empty() {
-                return Err(bad(format!("invalid pair {item:?}: empty key")));
+                return Err(ArgsError::EmptyKey(item.to_owned()));
             }
             out.pairs.push((k.to_owned(), v.to_owned()));
         }
@@ -49,9 +67,10 @@ impl CniArgs {
                     for ip in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                         // Accept "10.0.0.5" and "10.0.0.5/24" alike.
                         let addr = ip.split('/').next().unwrap_or(ip);
-                        let parsed: IpAddr = addr
-                            .parse()
-                            .map_err(|_| bad(format!("IP={v:?}: {ip:?} is not an IP address")))?;
+                        let parsed: IpAddr = addr.parse().map_err(|_| ArgsError::NotAnIp {
+                            value: v.clone(),
+                            ip: ip.to_owned(),
+                        })?;
                         out.ips.push(parsed);
                     }
                 }
@@ -59,9 +78,10 @@ impl CniArgs {
                 _ if KNOWN_KEYS.contains(&k.as_str()) => {}
                 _ if ignore_unknown => {}
                 _ => {
-                    return Err(bad(format!(
-                    "unknown key {k:?} (value {v:?}); add IgnoreUnknown=1 to ignore unknown keys"
-                )))
+                    return Err(ArgsError::UnknownKey {
+                        key: k.clone(),
+                        value: v.clone(),
+                    })
                 }
             }
         }
@@ -107,8 +127,8 @@ mod tests {
     #[test]
     fn unknown_key_needs_ignore_unknown() {
         let e = CniArgs::parse("FOO=bar").unwrap_err();
-        assert_eq!(e.code, code::INVALID_ENV);
-        assert!(e.msg.contains("FOO"), "{}", e.msg);
+        assert_eq!(e.cni_code(), code::INVALID_ENV);
+        assert!(e.to_string().contains("FOO"), "{e}");
         assert!(CniArgs::parse("FOO=bar;IgnoreUnknown=1").is_ok());
         assert!(CniArgs::parse("IgnoreUnknown=true;FOO=bar").is_ok());
     }
@@ -117,8 +137,8 @@ mod tests {
     fn malformed() {
         for raw in ["foo", "=x", "IP=notanip"] {
             let e = CniArgs::parse(raw).unwrap_err();
-            assert_eq!(e.code, code::INVALID_ENV, "{raw}");
-            assert!(e.msg.starts_with("CNI_ARGS"), "{}", e.msg);
+            assert_eq!(e.cni_code(), code::INVALID_ENV, "{raw}");
+            assert!(e.to_string().starts_with("CNI_ARGS"), "{e}");
         }
         assert_eq!(CniArgs::parse("").unwrap(), CniArgs::default());
     }

@@ -2,7 +2,36 @@
 
 use std::path::PathBuf;
 
-use super::{args::CniArgs, code, CniError};
+use super::{
+    args::{ArgsError, CniArgs},
+    code,
+};
+
+/// A `CNI_*` environment that cannot be used; each names the variable and value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error("CNI_COMMAND {0:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS")]
+    UnknownCommand(String),
+    #[error("required environment variable {0} is missing or empty")]
+    Missing(&'static str),
+    #[error("CNI_NETNS {0:?} must be an absolute path")]
+    RelativeNetns(String),
+    #[error("CNI_CONTAINERID {0:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'")]
+    InvalidContainerId(String),
+    #[error("CNI_IFNAME {name:?} is invalid: {why}")]
+    InvalidIfname { name: String, why: &'static str },
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+}
+
+impl EnvError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::Args(e) => e.cni_code(),
+            _ => code::INVALID_ENV,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -15,7 +44,7 @@ pub enum Command {
 }
 
 impl Command {
-    pub fn parse(s: &str) -> Result<Self, CniError> {
+    pub fn parse(s: &str) -> Result<Self, EnvError> {
         Ok(match s {
             "ADD" => Self::Add,
             "DEL" => Self::Del,
@@ -23,14 +52,7 @@ impl Command {
             "VERSION" => Self::Version,
             "GC" => Self::Gc,
             "STATUS" => Self::Status,
-            other => {
-                return Err(CniError::new(
-                    code::INVALID_ENV,
-                    format!(
-                        "CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"
-                    ),
-                ))
-            }
+            other => return Err(EnvError::UnknownCommand(other.to_owned())),
         })
     }
 
@@ -89,13 +111,8 @@ fn cni_path(get: &impl Fn(&str) -> Option<String>) -> Vec<PathBuf> {
 pub fn from_lookup(
     command: Command,
     get: impl Fn(&str) -> Option<String>,
-) -> Result<CniEnv, CniError> {
-    let missing = |var: &str| {
-        CniError::new(
-            code::INVALID_ENV,
-            format!("required environment variable {var} is missing or empty"),
-        )
-    };
+) -> Result<CniEnv, EnvError> {
+    let missing = EnvError::Missing;
     let non_empty = |var: &str| get(var).filter(|v| !v.is_empty());
 
     let container_id = non_empty("CNI_CONTAINERID").ok_or_else(|| missing("CNI_CONTAINERID"))?;
@@ -110,13 +127,7 @@ pub fn from_lookup(
     }
     if let Some(ns) = &netns {
         if !ns.is_absolute() {
-            return Err(CniError::new(
-                code::INVALID_ENV,
-                format!(
-                    "CNI_NETNS {:?} must be an absolute path",
-                    ns.display().to_string()
-                ),
-            ));
+            return Err(EnvError::RelativeNetns(ns.display().to_string()));
         }
     }
 
@@ -140,21 +151,16 @@ pub fn is_valid_id(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
-pub fn validate_container_id(id: &str) -> Result<(), CniError> {
+pub fn validate_container_id(id: &str) -> Result<(), EnvError> {
     if is_valid_id(id) {
         Ok(())
     } else {
-        Err(CniError::new(
-            code::INVALID_ENV,
-            format!(
-                "CNI_CONTAINERID {id:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
-            ),
-        ))
+        Err(EnvError::InvalidContainerId(id.to_owned()))
     }
 }
 
 /// Linux interface names: 1..=15 bytes, not "." or "..", no '/', ':' or whitespace.
-pub fn validate_ifname(name: &str) -> Result<(), CniError> {
+pub fn validate_ifname(name: &str) -> Result<(), EnvError> {
     let why = if name.len() > 15 {
         Some("longer than 15 characters")
     } else if name == "." || name == ".." {
@@ -169,10 +175,10 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
     };
     match why {
         None => Ok(()),
-        Some(why) => Err(CniError::new(
-            code::INVALID_ENV,
-            format!("CNI_IFNAME {name:?} is invalid: {why}"),
-        )),
+        Some(why) => Err(EnvError::InvalidIfname {
+            name: name.to_owned(),
+            why,
+        }),
     }
 }
 
@@ -181,12 +187,13 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(pairs: &[(&str, &str)], cmd: Command) -> Result<CniEnv, CniError> {
+    /// As the runtime sees it: through the edge's conversion.
+    fn env(pairs: &[(&str, &str)], cmd: Command) -> Result<CniEnv, crate::cni::CniError> {
         let m: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        from_lookup(cmd, |k| m.get(k).cloned())
+        Ok(from_lookup(cmd, |k| m.get(k).cloned())?)
     }
 
     const OK: &[(&str, &str)] = &[
@@ -251,7 +258,7 @@ mod tests {
     fn bad_ids_and_ifnames() {
         for id in ["-abc", "a/b", "../x", "a b", "_x"] {
             assert_eq!(
-                validate_container_id(id).unwrap_err().code,
+                validate_container_id(id).unwrap_err().cni_code(),
                 code::INVALID_ENV,
                 "{id}"
             );
@@ -265,7 +272,7 @@ mod tests {
         }
         for name in ["0123456789abcdef", "a/b", ".", "..", "a b", "eth:0"] {
             let e = validate_ifname(name).unwrap_err();
-            assert!(e.msg.contains("CNI_IFNAME"), "{}", e.msg);
+            assert!(e.to_string().contains("CNI_IFNAME"), "{e}");
         }
         validate_ifname("eth0").unwrap();
         validate_ifname("0123456789abcde").unwrap();
