@@ -96,6 +96,32 @@ pub fn ebpf_cni_bin() -> PathBuf {
     }
 }
 
+/// Environment variable carrying the path of the previous release's plugin binary, for the
+/// upgrade test (`cargo xtask build-previous` builds it; `cargo xtask test` sets it).
+pub const PREVIOUS_BIN_ENV: &str = "EBPF_CNI_PREVIOUS_BIN";
+
+/// The previous release's ebpf-cni binary, from `EBPF_CNI_PREVIOUS_BIN`: panics with a hint
+/// when unset (an upgrade test without the old build would check nothing).
+pub fn previous_ebpf_cni_bin() -> PathBuf {
+    match std::env::var_os(PREVIOUS_BIN_ENV) {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            assert!(
+                p.is_file(),
+                "{PREVIOUS_BIN_ENV}={} does not name a file; `cargo xtask build-previous` \
+                 builds it and prints its path",
+                p.display()
+            );
+            p
+        }
+        _ => panic!(
+            "{PREVIOUS_BIN_ENV} is not set: it must name the previous release's ebpf-cni \
+             binary. `cargo xtask build-previous` builds it (once) and prints its path; \
+             `cargo xtask test` builds it and sets the variable"
+        ),
+    }
+}
+
 /// The conflist `type` naming a plugin binary: its file name.
 pub fn plugin_type(bin: &std::path::Path) -> String {
     bin.file_name()
@@ -128,6 +154,12 @@ impl PluginUnderTest {
     /// ebpf-cni from `EBPF_CNI_BIN` (panics with a hint when unset).
     pub fn ebpf_cni() -> Self {
         Self::at(ebpf_cni_bin())
+    }
+
+    /// The previous release's ebpf-cni from `EBPF_CNI_PREVIOUS_BIN` (panics with a hint
+    /// when unset).
+    pub fn previous_ebpf_cni() -> Self {
+        Self::at(previous_ebpf_cni_bin())
     }
 
     /// Debian's ptp (with host-local beside it).
