@@ -79,21 +79,11 @@ pub fn require_root() {
 
 /// The ebpf-cni binary under test, from `EBPF_CNI_BIN`.
 pub fn ebpf_cni_bin() -> PathBuf {
-    match std::env::var_os(PLUGIN_BIN_ENV) {
-        Some(p) if !p.is_empty() => {
-            let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "{PLUGIN_BIN_ENV}={} does not name a file; run `cargo xtask test`",
-                p.display()
-            );
-            p
-        }
-        _ => panic!(
-            "{PLUGIN_BIN_ENV} is not set: it must name the ebpf-cni binary. \
-             Run the tests with `cargo xtask test`, which builds the plugin and sets it"
-        ),
-    }
+    bin_from_env(
+        PLUGIN_BIN_ENV,
+        "the ebpf-cni binary",
+        "Run the tests with `cargo xtask test`, which builds the plugin and sets it",
+    )
 }
 
 /// Environment variable carrying the path of the previous release's plugin binary, for the
@@ -103,22 +93,27 @@ pub const PREVIOUS_BIN_ENV: &str = "EBPF_CNI_PREVIOUS_BIN";
 /// The previous release's ebpf-cni binary, from `EBPF_CNI_PREVIOUS_BIN`: panics with a hint
 /// when unset (an upgrade test without the old build would check nothing).
 pub fn previous_ebpf_cni_bin() -> PathBuf {
-    match std::env::var_os(PREVIOUS_BIN_ENV) {
+    bin_from_env(
+        PREVIOUS_BIN_ENV,
+        "the previous release's ebpf-cni binary",
+        "`cargo xtask build-previous` builds it (once) and prints its path; \
+         `cargo xtask test` builds it and sets the variable",
+    )
+}
+
+/// The file `var` names; panics saying it must name `what`, and `hint`, when it does not.
+fn bin_from_env(var: &str, what: &str, hint: &str) -> PathBuf {
+    match std::env::var_os(var) {
         Some(p) if !p.is_empty() => {
             let p = PathBuf::from(p);
             assert!(
                 p.is_file(),
-                "{PREVIOUS_BIN_ENV}={} does not name a file; `cargo xtask build-previous` \
-                 builds it and prints its path",
+                "{var}={} does not name a file: it must name {what}. {hint}",
                 p.display()
             );
             p
         }
-        _ => panic!(
-            "{PREVIOUS_BIN_ENV} is not set: it must name the previous release's ebpf-cni \
-             binary. `cargo xtask build-previous` builds it (once) and prints its path; \
-             `cargo xtask test` builds it and sets the variable"
-        ),
+        _ => panic!("{var} is not set: it must name {what}. {hint}"),
     }
 }
 

@@ -45,8 +45,10 @@ use ebpf_cni_tests::{
 };
 use serde_json::{json, Value};
 
-/// The limited pod's rate, both directions.
-const LIMIT_BPS: u64 = 40_000_000;
+/// The limited pods' rates towards them and from them: different, so a build that reads
+/// one direction's limit for the other fails.
+const INGRESS_BPS: u64 = 40_000_000;
+const EGRESS_BPS: u64 = 20_000_000;
 /// The masquerade port range when the config names none.
 const MASQ_PORTS: std::ops::RangeInclusive<u16> = 61_000..=65_535;
 
@@ -182,19 +184,23 @@ fn masquerades(pod: &Pod, ext: &ExternalHost) {
     }
 }
 
-/// UDP at twice the limit from `from` to the limited pod, and from it back: about the limit
-/// arrives each way (the bandwidth suite's tolerance).
+/// UDP at twice the limit towards the limited pod (from `from`) and from it: about the
+/// direction's limit arrives each way (the bandwidth suite's tolerance).
 fn limited(from: &Pod, pod: &Pod) {
-    let limit = LIMIT_BPS as f64;
-    let twice = format!("{}", 2 * LIMIT_BPS);
-    for (what, client, server, addr) in [
-        ("towards", &from.netns, &pod.netns, pod.v4()),
-        ("from", &pod.netns, &from.netns, from.v4()),
+    for (what, limit, client, server, addr) in [
+        ("towards", INGRESS_BPS, &from.netns, &pod.netns, pod.v4()),
+        ("from", EGRESS_BPS, &pod.netns, &from.netns, from.v4()),
     ] {
-        let got = iperf(client, server, addr, &["-u", "-b", &twice]);
+        let got = iperf(
+            client,
+            server,
+            addr,
+            &["-u", "-b", &format!("{}", 2 * limit)],
+        );
+        let limit = limit as f64;
         assert!(
             (floor(0.75, 0.05) * limit..=1.25 * limit).contains(&got),
-            "UDP {what} {} at twice its limit: {got:.0} bit/s arrived",
+            "UDP {what} {} at twice its limit of {limit:.0} bit/s: {got:.0} bit/s arrived",
             pod.what
         );
     }
@@ -248,14 +254,6 @@ impl Conn {
     }
 }
 
-fn reserved_ports(node: &Node) -> String {
-    let out = node
-        .netns()
-        .exec(&["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"])
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// inspect's attachment of `pod`.
 fn inspected<'a>(report: &'a Value, pod: &Pod) -> &'a Value {
     dp::inspect_attachment(report, &pod.att.container_id)
@@ -282,11 +280,11 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
             .unwrap();
     }
     let before = node.snapshot(None);
-    let reserved_before = reserved_ports(&node);
+    let reserved_before = node.reserved_ports();
     let plain = list(&old, &node, false);
     let masq = list(&old, &node, true);
-    let limit = json!({"ingressRate": LIMIT_BPS, "ingressBurst": 4294967295u64,
-                       "egressRate": LIMIT_BPS, "egressBurst": 4294967295u64});
+    let limit = json!({"ingressRate": INGRESS_BPS, "ingressBurst": 4294967295u64,
+                       "egressRate": EGRESS_BPS, "egressBurst": 4294967295u64});
     let mapping = |port: u16| {
         json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"},
                {"hostPort": port, "containerPort": 80, "protocol": "udp"}])
@@ -359,10 +357,10 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     }
     for pod in [&c, &f] {
         let att = inspected(&report, pod);
-        for dir in ["ingress_limit", "egress_limit"] {
+        for (dir, bps) in [("ingress_limit", INGRESS_BPS), ("egress_limit", EGRESS_BPS)] {
             assert_eq!(
                 att[dir]["rate_bytes"],
-                json!(LIMIT_BPS / 8),
+                json!(bps / 8),
                 "{} {dir}: {att}",
                 pod.what
             );
@@ -397,7 +395,13 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
 
     // The current build DELs every other pod; the node is left as it was.
     drop(conn);
-    for (pod, l) in [(&a, &plain), (&b, &plain), (&c, &plain), (&d, &masq), (&e, &plain)] {
+    for (pod, l) in [
+        (&a, &plain),
+        (&b, &plain),
+        (&c, &plain),
+        (&d, &masq),
+        (&e, &plain),
+    ] {
         del(&new, &node, l, pod, "current");
     }
     assert_node_clean(&node, "after the last DEL");
@@ -405,6 +409,14 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     assert_eq!(after.node_links, before.node_links, "links left");
     assert_eq!(after.node_addrs, before.node_addrs, "addresses left");
     assert_eq!(after.node_routes, before.node_routes, "routes left");
-    assert!(node.leases(NETWORK).is_empty(), "{:?}", node.leases(NETWORK));
-    assert_eq!(reserved_ports(&node), reserved_before, "reserved ports left");
+    assert!(
+        node.leases(NETWORK).is_empty(),
+        "{:?}",
+        node.leases(NETWORK)
+    );
+    assert_eq!(
+        node.reserved_ports(),
+        reserved_before,
+        "reserved ports left"
+    );
 }

@@ -129,7 +129,12 @@ fn extract(repo: &Path, commit: &str, dest: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
     let archive = dest.join(".archive.tar");
-    cmd::run(git(repo).args(["archive", "--format=tar", "-o"]).arg(&archive).arg(commit))?;
+    cmd::run(
+        git(repo)
+            .args(["archive", "--format=tar", "-o"])
+            .arg(&archive)
+            .arg(commit),
+    )?;
     cmd::run(
         Command::new("tar")
             .arg("-xf")
