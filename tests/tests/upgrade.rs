@@ -7,7 +7,7 @@
 //! keep their traffic flowing as configured (connections opened before the upgrade
 //! included), ADD a new pod beside them that works with the old ones, read the node with
 //! `inspect`, and DEL every pod, old and new, leaving nothing behind. A rollback too: the
-//! previous binary CHECKs and DELs a pod the current one ADDed.
+//! previous binary CHECKs and DELs pods the current one ADDed.
 //!
 //! What it catches, and how:
 //! - A pin renamed (a map, a program, a link, a directory of the layout): the current
@@ -389,8 +389,11 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
         "the masquerading pod's flows: {m}"
     );
 
-    // A rollback: the previous build CHECKs and DELs a pod the current one ADDed.
-    check(&old, &node, &plain, &f, "previous");
+    // A rollback: the previous build CHECKs and DELs pods the current one ADDed. Not CHECK
+    // of the limited one: 167c4dc's CHECK expects no TCP pacing unless its own revision of
+    // the programs is pinned (fixed since, `Programs::pacing_available`); check `f` too once
+    // PREVIOUS_RELEASE has the fix.
+    check(&old, &node, &plain, &e, "previous");
     del(&old, &node, &plain, &f, "previous");
 
     // The current build DELs every other pod; the node is left as it was.
