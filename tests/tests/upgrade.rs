@@ -1,7 +1,8 @@
 //! An upgrade (issue 17, "a node attached by the previous release keeps working"): the
 //! previous release's binary (`EBPF_CNI_PREVIOUS_BIN`, see `cargo xtask build-previous`)
-//! attaches pods to a node with every kind of state it pins — plain routing, host ports, a
-//! bandwidth limit, masquerade, and the node-wide state they share (maps, programs, the
+//! attaches pods to a node with every kind of state it pins — plain routing (the pods'
+//! programs as netlink filters, the default, and as TCX links), host ports, a bandwidth
+//! limit, masquerade, and the node-wide state they share (maps, programs, the
 //! device program on the uplink, the pods' gateway on `lo`, the socket programs) — then the
 //! binary is replaced by the current build (`EBPF_CNI_BIN`), which must CHECK those pods,
 //! keep their traffic flowing as configured (connections opened before the upgrade
@@ -32,6 +33,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use ebpf_cni_tests::bpf;
 use ebpf_cni_tests::config::{Stack, NETWORK};
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
@@ -72,7 +74,16 @@ impl Pod {
 /// The network's list: dual-stack, host ports and limits as capabilities, masquerade when
 /// `masq`. Both binaries are named `ebpf-cni`, so one list serves both.
 fn list(p: &PluginUnderTest, node: &Node, masq: bool) -> NetConfList {
+    list_in(p, node, masq, None)
+}
+
+/// [`list`] with `tcAttachMode` (`"tcx"`: the pods' programs as pinned TCX links, where
+/// the default puts netlink filters with pinned records).
+fn list_in(p: &PluginUnderTest, node: &Node, masq: bool, mode: Option<&str>) -> NetConfList {
     let mut conf = p.conf("1.0.0", node, Stack::Dual);
+    if let Some(mode) = mode {
+        conf["tcAttachMode"] = json!(mode);
+    }
     conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
     if masq {
         conf["ipMasq"] = json!(true);
@@ -283,6 +294,17 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     let reserved_before = node.reserved_ports();
     let plain = list(&old, &node, false);
     let masq = list(&old, &node, true);
+    // TCX links where the kernel has them (6.6+), else netlink filters as the default.
+    let tcx = list_in(
+        &old,
+        &node,
+        false,
+        Some(if bpf::kernel_has_tcx() {
+            "tcx"
+        } else {
+            "netlink"
+        }),
+    );
     let limit = json!({"ingressRate": INGRESS_BPS, "ingressBurst": 4294967295u64,
                        "egressRate": EGRESS_BPS, "egressBurst": 4294967295u64});
     let mapping = |port: u16| {
@@ -307,6 +329,7 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
         &[("bandwidth", limit.clone())],
     );
     let d = add(&old, &node, &masq, "old masquerading pod", &[]);
+    let g = add(&old, &node, &tcx, "old pod in tcx mode", &[]);
     let _b_server = PodServer::start(&b.netns, 80, "old-b");
     // Control: the checks below pass on the previous release's own node.
     pods_talk(&a, &b);
@@ -315,7 +338,13 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     let conn = Conn::open(&d, &ext);
 
     // The binary is replaced: the current build CHECKs the old pods and ADDs new ones.
-    for (pod, l) in [(&a, &plain), (&b, &plain), (&c, &plain), (&d, &masq)] {
+    for (pod, l) in [
+        (&a, &plain),
+        (&b, &plain),
+        (&c, &plain),
+        (&d, &masq),
+        (&g, &tcx),
+    ] {
         check(&new, &node, l, pod, "current");
     }
     let e = add(
@@ -345,6 +374,7 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     pods_talk(&a, &e);
     pods_talk(&b, &e);
     pods_talk(&d, &e);
+    pods_talk(&g, &e);
     host_port_serves(&ext, &e, 8080, "old-b");
     host_port_serves(&ext, &a, 8081, "new-e");
     masquerades(&d, &ext);
@@ -352,7 +382,7 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
 
     // inspect (current) reads the old node, and reads back what each pod was given.
     let report = dp::inspect(&new.bin, &node).unwrap();
-    for pod in [&a, &b, &c, &d, &e, &f] {
+    for pod in [&a, &b, &c, &d, &e, &f, &g] {
         inspected(&report, pod);
     }
     for pod in [&c, &f] {
@@ -404,6 +434,7 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
         (&c, &plain),
         (&d, &masq),
         (&e, &plain),
+        (&g, &tcx),
     ] {
         del(&new, &node, l, pod, "current");
     }
