@@ -92,20 +92,41 @@ pub fn require_root() {
 
 /// The ebpf-cni binary under test, from `EBPF_CNI_BIN`.
 pub fn ebpf_cni_bin() -> PathBuf {
-    match std::env::var_os(PLUGIN_BIN_ENV) {
+    bin_from_env(
+        PLUGIN_BIN_ENV,
+        "the ebpf-cni binary",
+        "Run the tests with `cargo xtask test`, which builds the plugin and sets it",
+    )
+}
+
+/// Environment variable carrying the path of the previous release's plugin binary, for the
+/// upgrade test (`cargo xtask build-previous` builds it; `cargo xtask test` sets it).
+pub const PREVIOUS_BIN_ENV: &str = "EBPF_CNI_PREVIOUS_BIN";
+
+/// The previous release's ebpf-cni binary, from `EBPF_CNI_PREVIOUS_BIN`: panics with a hint
+/// when unset (an upgrade test without the old build would check nothing).
+pub fn previous_ebpf_cni_bin() -> PathBuf {
+    bin_from_env(
+        PREVIOUS_BIN_ENV,
+        "the previous release's ebpf-cni binary",
+        "`cargo xtask build-previous` builds it (once) and prints its path; \
+         `cargo xtask test` builds it and sets the variable",
+    )
+}
+
+/// The file `var` names; panics saying it must name `what`, and `hint`, when it does not.
+fn bin_from_env(var: &str, what: &str, hint: &str) -> PathBuf {
+    match std::env::var_os(var) {
         Some(p) if !p.is_empty() => {
             let p = PathBuf::from(p);
             assert!(
                 p.is_file(),
-                "{PLUGIN_BIN_ENV}={} does not name a file; run `cargo xtask test`",
+                "{var}={} does not name a file: it must name {what}. {hint}",
                 p.display()
             );
             p
         }
-        _ => panic!(
-            "{PLUGIN_BIN_ENV} is not set: it must name the ebpf-cni binary. \
-             Run the tests with `cargo xtask test`, which builds the plugin and sets it"
-        ),
+        _ => panic!("{var} is not set: it must name {what}. {hint}"),
     }
 }
 
@@ -141,6 +162,12 @@ impl PluginUnderTest {
     /// ebpf-cni from `EBPF_CNI_BIN` (panics with a hint when unset).
     pub fn ebpf_cni() -> Self {
         Self::at(ebpf_cni_bin())
+    }
+
+    /// The previous release's ebpf-cni from `EBPF_CNI_PREVIOUS_BIN` (panics with a hint
+    /// when unset).
+    pub fn previous_ebpf_cni() -> Self {
+        Self::at(previous_ebpf_cni_bin())
     }
 
     /// Debian's ptp (with host-local beside it).

@@ -160,6 +160,16 @@ impl Node {
         out
     }
 
+    /// The node's `net.ipv4.ip_local_reserved_ports` (masquerade reserves its port range
+    /// there; the last DEL gives it back).
+    pub fn reserved_ports(&self) -> String {
+        let out = self
+            .netns
+            .exec(&["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"])
+            .expect("reading ip_local_reserved_ports");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// The state a failing call must leave exactly as it was. `pod` adds the pod's links.
     pub fn snapshot(&self, pod: Option<&Netns>) -> NodeSnapshot {
         let names = |ns: &Netns| -> BTreeSet<String> {

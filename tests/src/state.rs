@@ -1,13 +1,17 @@
 //! Whole-attachment checks on kernel and disk state: what a ptp-style ADD must have set up
 //! (container interface, addresses, routes; host veth and host routes; forwarding), and
-//! that nothing of an attachment is left after DEL or a failed ADD.
+//! that nothing of an attachment (or, after the last DEL, of the node's dataplane) is left
+//! after DEL or a failed ADD.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use crate::kernel::{self, Family};
 use crate::netns::Netns;
 use crate::node::Node;
 use crate::result::{in_subnet, AddResult};
+use crate::{bpf, fsutil};
 
 /// Problems with the state an ADD should have left. `mtu` and `mac` are checked when
 /// given (the configured MTU, a requested container MAC).
@@ -208,5 +212,62 @@ pub fn assert_gone(
         p.is_empty(),
         "{what}: attachment not fully removed:\n  - {}",
         p.join("\n  - ")
+    );
+}
+
+/// How long the kernel gets to release links and programs whose last pin went (it may do
+/// so from deferred work, after the unlink returns; here it is usually done at once).
+pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// Polls `f` every 20 ms until it holds (true) or `bound` passes (false).
+pub fn eventually(bound: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Nothing of ebpf-cni remains on the node: no pin directory, no TC/TCX program on any
+/// of its links (issue 3: "nothing of the pods remains pinned or attached").
+pub fn assert_node_clean(node: &Node, what: &str) {
+    assert!(
+        !node.pin_root().exists(),
+        "{what}: the node's pin directory {} is still there: {:?}",
+        node.pin_root().display(),
+        fsutil::list_files(node.pin_root())
+    );
+    let links = kernel::links(node.netns()).unwrap();
+    let mut left = BTreeMap::new();
+    let clean = eventually(RELEASE_BOUND, || {
+        left.clear();
+        for l in &links {
+            let progs = bpf::attached_programs(node.netns(), &l.ifname).unwrap();
+            if !progs.is_empty() {
+                left.insert(l.ifname.clone(), progs);
+            }
+        }
+        left.is_empty()
+    });
+    assert!(
+        clean,
+        "{what}: programs still attached after {RELEASE_BOUND:?}: {left:?}"
+    );
+    let veths: Vec<&str> = links
+        .iter()
+        .map(|l| l.ifname.as_str())
+        .filter(|n| n.starts_with("ecni"))
+        .collect();
+    assert!(veths.is_empty(), "{what}: host veths left: {veths:?}");
+    // These tests' nodes had no qdisc before their first ADD: any clsact is ebpf-cni's.
+    let clsact = kernel::clsact_links(node.netns()).unwrap();
+    assert!(
+        clsact.is_empty(),
+        "{what}: clsact qdiscs left on node links: {clsact:?}"
     );
 }

@@ -9,10 +9,9 @@
 //! pinned maps, BPF_PROG_QUERY on each device, iptables counters), and every negative
 //! check has a positive control next to it, so a test cannot pass by accident.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ebpf_cni_tests::bpf::{self, Direction, Mechanism, ObjectKind, PinnedObject};
 use ebpf_cni_tests::config::{Stack, NETWORK};
@@ -20,6 +19,7 @@ use ebpf_cni_tests::dataplane::{self as dp, DirCounts};
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::kernel::{self, Family};
 use ebpf_cni_tests::net::{self, tcp_echo, tcp_echo_with};
+use ebpf_cni_tests::state::{assert_node_clean, eventually, RELEASE_BOUND};
 use ebpf_cni_tests::{
     fsutil, netfilter, require_root, unique_container_id, AddResult, Attachment, CniCommand,
     ListError, NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
@@ -28,9 +28,6 @@ use serde_json::Value;
 
 /// How long a connection that must fail is given (the node drops silently).
 const BLOCKED_BOUND: Duration = Duration::from_millis(1500);
-/// How long the kernel gets to release links and programs whose last pin went (it may do
-/// so from deferred work, after the unlink returns; here it is usually done at once).
-const RELEASE_BOUND: Duration = Duration::from_secs(5);
 
 /// One pod attached through the runtime, with what it needs later.
 struct Pod {
@@ -107,20 +104,6 @@ fn dual_list_in(p: &PluginUnderTest, node: &Node, mode: &str) -> NetConfList {
     NetConfList::single(&conf)
 }
 
-/// Polls `f` every 20 ms until it holds (true) or `bound` passes (false).
-fn eventually(bound: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Names of the TCX programs on `dev` in the node, e.g. `["ecni_from_dev"]`.
 fn tcx_names(node: &Node, dev: &str) -> Vec<String> {
     sorted_names(bpf::tcx_programs(node.netns(), dev), dev)
@@ -188,45 +171,6 @@ fn assert_device_program(node: &Node, dev: &str) {
         }
         other => panic!("{} is not a pinned link: {other:?}", pin.display()),
     }
-}
-
-/// Nothing of ebpf-cni remains on the node: no pin directory, no TC/TCX program on any
-/// of its links (issue 3: "nothing of the pods remains pinned or attached").
-fn assert_node_clean(node: &Node, what: &str) {
-    assert!(
-        !node.pin_root().exists(),
-        "{what}: the node's pin directory {} is still there: {:?}",
-        node.pin_root().display(),
-        fsutil::list_files(node.pin_root())
-    );
-    let links = kernel::links(node.netns()).unwrap();
-    let mut left = BTreeMap::new();
-    let clean = eventually(RELEASE_BOUND, || {
-        left.clear();
-        for l in &links {
-            let progs = bpf::attached_programs(node.netns(), &l.ifname).unwrap();
-            if !progs.is_empty() {
-                left.insert(l.ifname.clone(), progs);
-            }
-        }
-        left.is_empty()
-    });
-    assert!(
-        clean,
-        "{what}: programs still attached after {RELEASE_BOUND:?}: {left:?}"
-    );
-    let veths: Vec<&str> = links
-        .iter()
-        .map(|l| l.ifname.as_str())
-        .filter(|n| n.starts_with("ecni"))
-        .collect();
-    assert!(veths.is_empty(), "{what}: host veths left: {veths:?}");
-    // These tests' nodes had no qdisc before their first ADD: any clsact is ebpf-cni's.
-    let clsact = kernel::clsact_links(node.netns()).unwrap();
-    assert!(
-        clsact.is_empty(),
-        "{what}: clsact qdiscs left on node links: {clsact:?}"
-    );
 }
 
 /// Kernel ids of everything pinned under the node (programs, maps, links).

@@ -136,14 +136,6 @@ fn netfilter(node: &Node) -> (String, String) {
     (rules, conntrack)
 }
 
-fn reserved_ports(node: &Node) -> String {
-    let out = node
-        .netns()
-        .exec(&["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"])
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 fn ping_ok(from: &Netns, to: IpAddr) -> bool {
     from.exec(&[
         "ping",
@@ -173,7 +165,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
         assert!(out.status.success(), "{cmd}: {out:?}");
     }
     let before = netfilter(&node);
-    let reserved_before = reserved_ports(&node);
+    let reserved_before = node.reserved_ports();
 
     let mut conf = p.conf("1.0.0", &node, Stack::Dual);
     conf["ipMasq"] = json!(true);
@@ -181,9 +173,9 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     assert_eq!(pod.ips.len(), 2, "{}", pod.result);
     let plain = add(&p, &node, &p.conf("1.0.0", &node, Stack::Dual));
     assert!(
-        reserved_ports(&node).contains("61000-65535"),
+        node.reserved_ports().contains("61000-65535"),
         "the masquerade range is reserved for the node's sockets: {:?}",
-        reserved_ports(&node)
+        node.reserved_ports()
     );
 
     for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
@@ -284,7 +276,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
         "flows left after DEL"
     );
     assert!(dp::map_entries(&node, "ECNI_MASQ_REV").unwrap().is_empty());
-    assert_eq!(reserved_ports(&node), reserved_before);
+    assert_eq!(node.reserved_ports(), reserved_before);
     p.run(&node, CniCommand::Del, &env, conf.to_string())
         .expect_success("a repeated DEL");
     let plain_env = p.env(&plain.cid, plain.ns.path(), "eth0");
@@ -687,7 +679,7 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
     // A pod without ipMasq keeps the node's maps, so their state can be read afterwards.
     let plain_conf = p.conf("1.0.0", &node, Stack::V4);
     let plain = add(&p, &node, &plain_conf);
-    let reserved_before = reserved_ports(&node);
+    let reserved_before = node.reserved_ports();
 
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
@@ -703,7 +695,7 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
         out.describe()
     );
     assert_eq!(
-        reserved_ports(&node),
+        node.reserved_ports(),
         reserved_before,
         "reserved ports left"
     );

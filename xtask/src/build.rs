@@ -60,22 +60,85 @@ pub fn target_dir() -> Result<PathBuf> {
     }
 }
 
-fn bpf_rustflags() -> String {
-    format!(
-        "{BPF_RUSTFLAGS} -C link-arg=--export={}",
-        BPF_GLOBAL_FUNCTIONS.join(",")
-    )
+/// The eBPF build's RUSTFLAGS, keeping `globals` global.
+fn bpf_rustflags(globals: &[impl AsRef<str>]) -> String {
+    if globals.is_empty() {
+        return BPF_RUSTFLAGS.to_string();
+    }
+    let names: Vec<&str> = globals.iter().map(AsRef::as_ref).collect();
+    format!("{BPF_RUSTFLAGS} -C link-arg=--export={}", names.join(","))
+}
+
+/// The `#[no_mangle]` functions of the eBPF crate whose sources are in `src` (its
+/// `ebpf/src`): the ones its build must keep global.
+pub fn no_mangle_functions(src: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let entries = std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))?;
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "#[no_mangle]" {
+                continue;
+            }
+            let Some(decl) = lines.by_ref().find(|l| l.contains("fn ")) else {
+                bail!("{}: #[no_mangle] before no function", path.display());
+            };
+            let name = decl
+                .split("fn ")
+                .nth(1)
+                .and_then(|rest| rest.split('(').next())
+                .unwrap_or_default();
+            found.push(name.to_string());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Which workspace a build reads and where it writes: this one ([`Tree::current`]), or the
+/// sources of another revision with a target directory of their own (`previous`).
+#[derive(Clone, Debug)]
+pub struct Tree {
+    /// The workspace root (its root Cargo.toml).
+    pub root: PathBuf,
+    /// The cargo target directory the build writes to.
+    pub target_dir: PathBuf,
+    /// The eBPF functions the linker must keep global.
+    pub bpf_globals: Vec<String>,
+}
+
+impl Tree {
+    /// This workspace, its target directory as cargo resolves it.
+    pub fn current() -> Result<Self> {
+        Ok(Self {
+            root: workspace_root(),
+            target_dir: target_dir()?,
+            bpf_globals: BPF_GLOBAL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
+        })
+    }
 }
 
 /// Builds the eBPF object and returns its absolute path.
-pub fn build_ebpf(target_dir: &Path) -> Result<PathBuf> {
+pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
+    let Tree {
+        root,
+        target_dir,
+        bpf_globals,
+    } = tree;
     let started = Instant::now();
     let mut build = cmd::nightly("cargo");
     build
-        .current_dir(workspace_root())
+        .current_dir(root)
         .args(["build", "--package", EBPF_PACKAGE, "--release"])
         .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
-        .env("RUSTFLAGS", bpf_rustflags())
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUSTFLAGS", bpf_rustflags(bpf_globals))
         // Either of these would override or add to RUSTFLAGS above.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
@@ -121,8 +184,13 @@ pub fn stage(dir: &str) -> Result<PathBuf> {
 /// Builds the eBPF object, then the plugin with the object embedded; returns the plugin
 /// binary's path.
 pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
-    let target_dir = target_dir()?;
-    let obj = build_ebpf(&target_dir)?;
+    build_tree(&Tree::current()?, opts)
+}
+
+/// [`build`] of `tree`.
+pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
+    let target_dir = &tree.target_dir;
+    let obj = build_ebpf(tree)?;
     let obj = obj
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", obj.display()))?;
@@ -130,8 +198,9 @@ pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
     let started = Instant::now();
     let mut build = cmd::cargo();
     build
-        .current_dir(workspace_root())
+        .current_dir(&tree.root)
         .args(["build", "--package", PLUGIN_PACKAGE, "--bin", PLUGIN_BIN])
+        .env("CARGO_TARGET_DIR", target_dir)
         .env(OBJ_ENV, &obj);
     if !opts.debug_plugin {
         build.arg("--release");
@@ -158,27 +227,11 @@ mod tests {
     /// list missed would silently turn static (and cost the verifier again at each call).
     #[test]
     fn the_global_functions_are_the_no_mangle_ones() {
-        let mut found = Vec::new();
-        let src = workspace_root().join("ebpf/src");
-        for entry in std::fs::read_dir(&src).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-            let mut lines = text.lines();
-            while let Some(line) = lines.next() {
-                if line.trim() != "#[no_mangle]" {
-                    continue;
-                }
-                let decl = lines
-                    .by_ref()
-                    .find(|l| l.contains("fn "))
-                    .expect("#[no_mangle] before a function");
-                let name = decl.split("fn ").nth(1).unwrap().split('(').next().unwrap();
-                found.push(name.to_string());
-            }
-        }
-        found.sort();
+        let found = no_mangle_functions(&workspace_root().join("ebpf/src")).unwrap();
         let mut listed: Vec<String> = BPF_GLOBAL_FUNCTIONS.iter().map(|s| s.to_string()).collect();
         listed.sort();
         assert_eq!(found, listed);
-        assert!(bpf_rustflags().contains("--export=ecni_masq_snat,ecni_masq_take"));
+        assert!(bpf_rustflags(&listed).contains("--export=ecni_masq_snat,ecni_masq_take"));
+        assert_eq!(bpf_rustflags(&[] as &[&str]), BPF_RUSTFLAGS);
     }
 }

@@ -7,6 +7,7 @@ pub mod cmd;
 pub mod demo;
 pub mod imports;
 pub mod kernels;
+pub mod previous;
 pub mod setup;
 pub mod test;
 pub mod vmtest;

@@ -18,6 +18,9 @@ enum Task {
     Setup,
     /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
     Build(BuildArgs),
+    /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
+    /// is built already; prints the binary's path.
+    BuildPrevious,
     /// Install what is missing, build, then run every test (unit and real-kernel
     /// integration tests; needs root). Arguments after `--` go to `cargo test`.
     Test {
@@ -48,6 +51,11 @@ fn main() -> Result<()> {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,
             })?;
+            println!("{}", plugin.display());
+            Ok(())
+        }
+        Task::BuildPrevious => {
+            let plugin = xtask::previous::build()?;
             println!("{}", plugin.display());
             Ok(())
         }

@@ -1,19 +1,26 @@
 //! `cargo xtask test`: the README's test command and what CI runs. Installs what is
-//! missing, builds the real plugin with its eBPF programs, then runs every test: unit tests
-//! of pure logic and the integration tests that drive the real binary against this
-//! machine's kernel, then the kernel matrix (the integration suites in VMs booting the
-//! kernels nodes run, see `vmtest`). clippy runs first, with the workspace's lints and
-//! `-D warnings`: a warning fails the run.
+//! missing, builds the real plugin with its eBPF programs (and the previous release's, for
+//! the upgrade test: see `previous`), then runs every test: unit tests of pure logic and the
+//! integration tests that drive the real binary against this machine's kernel, then the
+//! kernel matrix (the integration suites in VMs booting the kernels nodes run, see
+//! `vmtest`). clippy runs first, with the workspace's lints and `-D warnings`: a warning
+//! fails the run.
 
 use anyhow::Result;
 
-use crate::{build, cmd, setup, vmtest};
+use crate::{build, cmd, previous, setup, vmtest};
 
 pub fn test(extra: &[String]) -> Result<()> {
     cmd::require_root("cargo xtask test")?;
     setup::setup()?;
     let plugin = build::stage("under-test")?;
     println!("plugin under test: {}", plugin.display());
+    // Without it the other tests still run; the upgrade test then fails for want of it.
+    let previous = previous::build().map_err(|e| e.context("the previous release's build failed"));
+    match &previous {
+        Ok(bin) => println!("previous release: {}", bin.display()),
+        Err(e) => eprintln!("{e:#}"),
+    }
     println!("clippy (the workspace's lints, -D warnings)");
     let mut clippy = cmd::cargo();
     clippy.current_dir(build::workspace_root()).args([
@@ -30,6 +37,10 @@ pub fn test(extra: &[String]) -> Result<()> {
         .arg("--no-fail-fast")
         .args(extra)
         .env("EBPF_CNI_BIN", &plugin);
+    match &previous {
+        Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),
+        Err(_) => c.env_remove(previous::PREVIOUS_BIN_ENV),
+    };
     let tests = cmd::run(&mut c);
     // The README's first command: its checks against the same binary (under a second).
     println!("demo (the README's first command, its checks only)");
@@ -41,6 +52,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     lints?;
+    previous?;
     tests?;
     demo?;
     bench

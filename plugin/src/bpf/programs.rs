@@ -215,8 +215,18 @@ impl Programs {
     /// Whether this node's programs include the pacing program (`ecni_sockops`): the
     /// kernel refused it at the node's first load when it lacks `bpf_get_netns_cookie` in
     /// sock_ops programs (before 5.15), and egress limits are then policed only.
+    ///
+    /// Of any revision pinned: the kernel's answer does not depend on the build, and on a
+    /// node whose binary was replaced, until the next ADD loads this revision, only the
+    /// previous build's programs are pinned, its pods paced (CHECK of them failed with
+    /// "TCP pacing ... expected none" when this looked at this revision only).
     pub fn pacing_available(root: &PinRoot, node: &NodeId) -> bool {
-        root.program(node, revision(), PACING.name).exists()
+        let Ok(revisions) = fs::read_dir(root.programs_dir(node)) else {
+            return false;
+        };
+        revisions
+            .flatten()
+            .any(|rev| rev.path().join(PACING.name).exists())
     }
 }
 
