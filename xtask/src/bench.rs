@@ -4,7 +4,8 @@
 //!
 //! Sections: lifecycle (ADD/CHECK/DEL latency, cost of one ADD, concurrency), traffic
 //! (throughput, TCP_RR, TCP_CRR), port-map scale, bandwidth accuracy, cleanup and
-//! masquerade (pod → a host without a route back: throughput, TCP_CRR, flows held). Subjects
+//! masquerade (pod → a host without a route back: throughput, TCP_CRR, flows held) and
+//! metrics (`ebpf-cni metrics` on a node of 1,000 pods). Subjects
 //! alternate within every repeat so the noise of this shared machine hits all of them, and
 //! every figure is a median with its range. A feature a subject lacks is found by a probe
 //! and reported as "not implemented" instead of a number, so the bench grows with the
@@ -23,6 +24,7 @@ mod lifecycle;
 mod load;
 mod machine;
 mod masquerade;
+mod metrics;
 mod model;
 mod report;
 mod scale;
@@ -90,16 +92,18 @@ pub enum Section {
     Bandwidth,
     Cleanup,
     Masquerade,
+    Metrics,
 }
 
 impl Section {
-    const ALL: [Section; 6] = [
+    const ALL: [Section; 7] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
         Section::Bandwidth,
         Section::Cleanup,
         Section::Masquerade,
+        Section::Metrics,
     ];
 }
 
@@ -137,6 +141,9 @@ pub struct Params {
     /// TCP_CRR connections per slice in the masquerade section (the quick run stays below
     /// the 4,536 ports of the default range, so CI never depends on port reuse timing).
     pub masq_crr_max: usize,
+    /// Pods on the node `ebpf-cni metrics` reads, and its timed runs.
+    pub metrics_pods: usize,
+    pub metrics_runs: usize,
 }
 
 impl Params {
@@ -163,6 +170,8 @@ impl Params {
             bw_repeats: 2,
             masq_flows: 100_000,
             masq_crr_max: usize::MAX,
+            metrics_pods: 1_000,
+            metrics_runs: 10,
         }
     }
 
@@ -189,6 +198,8 @@ impl Params {
             bw_repeats: 1,
             masq_flows: 2_000,
             masq_crr_max: 500,
+            metrics_pods: 100,
+            metrics_runs: 5,
         }
     }
 }
@@ -211,6 +222,7 @@ pub struct Run {
     pub bandwidth: Option<bandwidth::Output>,
     pub cleanup: Option<cleanup::Output>,
     pub masquerade: Option<masquerade::Output>,
+    pub metrics: Option<metrics::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -284,6 +296,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         bandwidth: None,
         cleanup: None,
         masquerade: None,
+        metrics: None,
         skipped: Vec::new(),
         section_secs: Vec::new(),
         total: Duration::ZERO,
@@ -315,6 +328,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             }
             Section::Cleanup => run.cleanup = Some(cleanup::run(&bins)),
             Section::Masquerade => run.masquerade = Some(masquerade::run(&params, &bins)),
+            Section::Metrics => run.metrics = Some(metrics::run(&params, &bins)),
         }));
         if let Err(panic) = outcome {
             let msg = panic

@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 
 use crate::bench::charts::{self, short_num};
 use crate::bench::cleanup::{self, Scenario};
-use crate::bench::masquerade;
 use crate::bench::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
 use crate::bench::scale::{self, thousands};
+use crate::bench::{masquerade, metrics};
 use crate::bench::{progress, Run, Section};
 
 /// (title, file name) of each chart written.
@@ -341,6 +341,9 @@ pub fn headline(run: &Run) -> Table {
             ),
         ));
     }
+    if let Some(m) = &run.metrics {
+        rows.push(m.table.rows.first().cloned());
+    }
     t.rows = rows.into_iter().flatten().collect();
     t
 }
@@ -589,6 +592,40 @@ fn targets(run: &Run) -> Vec<Target> {
         },
     });
 
+    let read = run.metrics.as_ref().map(|m| {
+        let v = m
+            .table
+            .rows
+            .first()
+            .map(|r| r.cell(Subject::EbpfCni))
+            .unwrap_or(Cell::NotApplicable);
+        (m.pods, v)
+    });
+    out.push(Target {
+        goal: "`ebpf-cni metrics` reads all maps of a node of 1,000 pods in < 100 ms",
+        source: "18",
+        ebpf: match &read {
+            Some((pods, Cell::Value(v))) => format!(
+                "{} ms (median, {} pods)",
+                short_num(v.median),
+                thousands(*pods)
+            ),
+            Some((_, c)) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
+            None => "section not run".into(),
+        },
+        reference: "— (no counters to export)".into(),
+        status: match &read {
+            Some((pods, Cell::Value(v))) if *pods >= metrics::TARGET_PODS => {
+                status(v.median < metrics::TARGET_MS)
+            }
+            Some((pods, Cell::Value(_))) => format!(
+                "not measurable in this run ({} pods only)",
+                thousands(*pods)
+            ),
+            _ => not_yet(),
+        },
+    });
+
     if let Some(c) = &run.cleanup {
         let row = cleanup_row(c);
         let v = |s| match row.cell(s) {
@@ -654,7 +691,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
 
     s.push_str(&md_table(&headline(run), "##"));
 
-    let _ = writeln!(s, "## Targets (issue 6, with issues 3–5)\n");
+    let _ = writeln!(s, "## Targets (issue 6, with issues 3–5 and 18)\n");
     let _ = writeln!(s, "| goal | issue | ebpf-cni | reference chain | status |");
     let _ = writeln!(s, "|---|---|---|---|---|");
     for t in targets(run) {
@@ -793,6 +830,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
             p.rr_secs,
             thousands(p.masq_flows)
         ),
+        format!(
+            "Metrics: {} pods on one ebpf-cni node, `ebpf-cni metrics` run {} time(s) after \
+             one warm-up run.",
+            thousands(p.metrics_pods),
+            p.metrics_runs
+        ),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -854,6 +897,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         s.push_str(&masquerade_md(run, m));
     }
     s.extend(skipped(Section::Masquerade));
+
+    let _ = writeln!(s, "## 7. Metrics\n");
+    if let Some(m) = &run.metrics {
+        s.push_str(&md_table(&m.table, "###"));
+    }
+    s.extend(skipped(Section::Metrics));
 
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
@@ -1038,6 +1087,9 @@ fn all_tables(run: &Run) -> Vec<&Table> {
     }
     if let Some(m) = &run.masquerade {
         v.extend([&m.traffic, &m.flows]);
+    }
+    if let Some(m) = &run.metrics {
+        v.push(&m.table);
     }
     v
 }
