@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::bench::load::{self, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::stats::median;
-use crate::bench::topo::{self, BenchNode, Binaries, Pod};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod};
+use crate::stats::median;
 
 const IPERF_PORT: u16 = 5301;
 
@@ -315,11 +316,7 @@ fn wire_factor(udp: bool) -> f64 {
 /// The worst |median − 100%| over every configuration, per subject; a subject with a
 /// configuration that has no figure gets that configuration's cell instead.
 fn deviation_row(t: &Table) -> Row {
-    let mut row = Row::new(
-        crate::bench::model::DEVIATION_ROW,
-        "% of limit",
-        Better::Lower,
-    );
+    let mut row = Row::new(crate::model::DEVIATION_ROW, "% of limit", Better::Lower);
     for s in Subject::CNI {
         let mut worst: Option<f64> = None;
         let mut instead = None;

@@ -4,23 +4,68 @@
 //! a figure say why in a short word, and the reasons follow the table. Ratios are ebpf-cni's
 //! median over the reference chain's.
 
+pub mod charts;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::fs;
 use std::path::Path;
+
+use anyhow::{bail, Context as _};
 
 use serde_json::{json, Value};
 
-use crate::bench::charts::{self, short_num};
-use crate::bench::cleanup::{self, Scenario};
-use crate::bench::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
-use crate::bench::scale::{self, thousands};
-use crate::bench::{masquerade, metrics};
-use crate::bench::{progress, Run, Section};
+use crate::format::short_num;
+use crate::format::thousands;
+use crate::log::progress;
+use crate::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
+use crate::params::Section;
+use crate::run::Run;
+use crate::sections::cleanup::{self, Scenario};
+use crate::sections::scale;
+use crate::sections::{masquerade, metrics};
+
+/// Writes REPORT.md, results.json and the charts of `run` to `out_dir` and prints the
+/// headline table; then fails when a measurement failed (not when the reference chain's
+/// own behaviour did).
+pub fn write(run: &Run, out_dir: &Path) -> anyhow::Result<()> {
+    let charts = draw_charts(run, out_dir);
+    let text = markdown(run, &charts);
+    let report_path = out_dir.join("REPORT.md");
+    fs::write(&report_path, text).with_context(|| format!("writing {}", report_path.display()))?;
+    let json = serde_json::to_string_pretty(&results_json(run))?;
+    fs::write(out_dir.join("results.json"), json + "\n")?;
+
+    println!("{}", headline_text(run));
+    println!(
+        "report: {} ({} charts), took {:.0} s",
+        report_path.display(),
+        charts.len(),
+        run.total.as_secs_f64()
+    );
+    for f in failures(run, true) {
+        println!("note: the reference chain failed (its own behaviour, see the report): {f}");
+    }
+    let failures = failures(run, false);
+    if !failures.is_empty() {
+        let mut shown: Vec<String> = failures.iter().take(8).cloned().collect();
+        if failures.len() > shown.len() {
+            shown.push(format!("… and {} more", failures.len() - shown.len()));
+        }
+        bail!(
+            "{} measurement(s) failed (see {}):\n  - {}",
+            failures.len(),
+            report_path.display(),
+            shown.join("\n  - ")
+        );
+    }
+    Ok(())
+}
 
 /// (title, file name) of each chart written.
 pub type Charts = Vec<(String, String)>;
 
-pub fn charts(run: &Run, dir: &Path) -> Charts {
+fn draw_charts(run: &Run, dir: &Path) -> Charts {
     let mut out = Vec::new();
     let mut keep = |title: &str, r: anyhow::Result<std::path::PathBuf>| match r {
         Ok(p) => out.push((
@@ -493,14 +538,15 @@ fn targets(run: &Run) -> Vec<Target> {
         (
             "connect latency through a hostPort flat (±20%) from K = 0 to 10,000 (the worse of \
              the first and the newest pod's hostPort)",
-            (|p: &crate::bench::scale::Point| p.connect_us.median.max(p.connect_newest_us.median))
-                as fn(&_) -> f64,
+            (|p: &crate::sections::scale::Point| {
+                p.connect_us.median.max(p.connect_newest_us.median)
+            }) as fn(&_) -> f64,
             "µs",
         ),
         (
             "one more ADD flat (±20%) from K = 0 to 10,000, as a multiple of the same ADD on \
              the subject's K = 0 control node at the same time",
-            |p: &crate::bench::scale::Point| p.add_ms.median / p.control_add_ms.median,
+            |p: &crate::sections::scale::Point| p.add_ms.median / p.control_add_ms.median,
             "× control",
         ),
     ] {
@@ -757,8 +803,8 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
          192.168.77.2) before its first pod. The masquerade section alone sets `ipMasq: true` \
          on both lists (ptp's and ebpf-cni's) and gives the external client no route to the \
          pods.\n",
-        crate::bench::topo::POD_SUBNET_V4,
-        crate::bench::topo::POD_SUBNET_V6
+        crate::rig::topo::POD_SUBNET_V4,
+        crate::rig::topo::POD_SUBNET_V6
     );
 
     let _ = writeln!(s, "## Machine and versions\n");
@@ -938,8 +984,9 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         "Subjects alternate within each repeat (reference, ebpf-cni, veth; pod by pod in \
          the lifecycle section), so the noise of this shared 2-core machine hits all of them; \
          tables give medians with the range over repeats, never a single best run.",
-        "The TCP_RR/TCP_CRR clients and echo server run inside the xtask binary (built in \
-         cargo's dev profile, as `cargo xtask` runs it); they cost every subject the same. \
+        "The TCP_RR/TCP_CRR clients and echo server run inside the benchmark's binary (built \
+         in cargo's dev profile, as `cargo xtask bench` runs it); they cost every subject the \
+         same. \
          Bulk throughput uses iperf3.",
         "Nothing here asserts a timing: `cargo xtask bench` fails only when a measurement \
          fails (a plugin error, a broken path).",
@@ -981,9 +1028,9 @@ fn masquerade_md(run: &Run, m: &masquerade::Output) -> String {
          flow table holds, and how many new flows it dropped (ebpf-cni: its masquerade \
          table; the reference: the node's conntrack table, nf_conntrack_max at its \
          default).\n",
-        ext = crate::bench::topo::EXT_IP,
-        pods = crate::bench::topo::POD_SUBNET_V4,
-        node = crate::bench::topo::NODE_UPLINK_IP,
+        ext = crate::rig::topo::EXT_IP,
+        pods = crate::rig::topo::POD_SUBNET_V4,
+        node = crate::rig::topo::NODE_UPLINK_IP,
         repeats = p.repeats,
         flows = thousands(p.masq_flows),
     );

@@ -10,8 +10,8 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use ebpf_cni_tests::{AddResult, Attachment, CniRuntime, NetConfList, Netns, Node};
 use serde_json::{json, Map, Value};
 
-use crate::bench::exec::{Chain, OpCost};
-use crate::bench::model::Subject;
+use crate::model::Subject;
+use crate::rig::exec::{Chain, OpCost};
 
 pub const NETWORK: &str = "benchnet";
 pub const CNI_VERSION: &str = "1.0.0";

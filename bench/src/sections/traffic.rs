@@ -13,11 +13,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use ebpf_cni_tests::Netns;
 
-use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::stats::percentile;
-use crate::bench::topo::{self, BenchNode, Binaries, Pod, VethPair};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, VethPair};
+use crate::stats::percentile;
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -190,7 +191,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                     (Subject::Veth, _) => Cell::NotApplicable,
                     (_, Some(Err(e))) => Cell::not_implemented(&format!(
                         "hostPort not provided (issue 4); probe from the external client: {}",
-                        crate::bench::model::first_line(e)
+                        crate::model::first_line(e)
                     )),
                     _ => Cell::NotApplicable,
                 };

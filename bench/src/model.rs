@@ -58,7 +58,7 @@ impl Summary {
         }
         Some(Summary {
             n: v.len(),
-            median: crate::bench::stats::median(&v),
+            median: crate::stats::median(&v),
             min: v.iter().copied().fold(f64::INFINITY, f64::min),
             max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         })

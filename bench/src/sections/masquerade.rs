@@ -22,10 +22,11 @@ use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use ebpf_cni_tests::Netns;
 use serde_json::{Map, Value};
 
-use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -680,7 +681,7 @@ fn flows_table(p: &Params, bins: &Binaries, probe: &mut Probe) -> Table {
     let mut t = Table::new(
         &format!(
             "Concurrent flows held: {} UDP flows from one pod",
-            crate::bench::scale::thousands(p.masq_flows)
+            crate::format::thousands(p.masq_flows)
         ),
         "one measurement per subject, on a fresh node",
     );
@@ -748,7 +749,7 @@ fn flows_table(p: &Params, bins: &Binaries, probe: &mut Probe) -> Table {
              pauses: every (source port, destination port) pair is a new flow. The tables \
              are read 0.2 s after the last datagram, well within both idle timeouts \
              (conntrack's unreplied UDP: 30 s; ebpf-cni's UDP: 120 s).",
-            crate::bench::scale::thousands(p.masq_flows.div_ceil(FLOW_SOCKETS))
+            crate::format::thousands(p.masq_flows.div_ceil(FLOW_SOCKETS))
         ),
         "Held: ebpf-cni's flows of the pod (`masquerade.flows_by_pod` of `ebpf-cni inspect`, \
          less those of the probe); the reference's UDP conntrack entries of the node from \

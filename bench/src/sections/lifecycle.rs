@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::bench::exec::OpCost;
-use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
-use crate::bench::stats::{median, percentile};
-use crate::bench::topo::{self, BenchNode, Binaries, Pod, Stack};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::model::{Better, Cell, Repeats, Subject, Table};
+use crate::params::Params;
+use crate::rig::exec::OpCost;
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, Stack};
+use crate::stats::{median, percentile};
 
 /// The bandwidth limit every lifecycle pod carries (both directions).
 const POD_RATE_BPS: u64 = 100_000_000;

@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use ebpf_cni_tests::{Attachment, CniRuntime, NetConfList};
 use serde_json::Value;
 
-use crate::bench::model::first_line;
+use crate::model::first_line;
 
 /// A plugin that hangs is killed after this long and the operation fails.
 const PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);

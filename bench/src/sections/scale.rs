@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
-use crate::bench::load::{self, EchoServer};
-use crate::bench::model::{first_line, Better, Cell, Row, Subject, Summary, Table};
-use crate::bench::stats::{median, percentile};
-use crate::bench::topo::{self, BenchNode, Binaries, Pod};
-use crate::bench::{progress, Params};
+use crate::format::thousands;
+use crate::log::progress;
+use crate::model::{first_line, Better, Cell, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod};
+use crate::stats::{median, percentile};
 
 const TARGET_HOST_PORT: u16 = 40_000;
 const TARGET_PORT: u16 = 7000;
@@ -201,7 +203,7 @@ impl Run {
         let mut adds = Vec::new();
         let mut control_adds = Vec::new();
         let mut dels = Vec::new();
-        crate::bench::machine::settle(Duration::from_secs(10));
+        crate::rig::machine::settle(Duration::from_secs(10));
         for e in 0..p.scale_extra_adds {
             let first = FIRST_EXTRA_HOST_PORT as usize + e * p.scale_extra_ports;
             let maps: Vec<(u16, u16)> = (0..p.scale_extra_ports)
@@ -459,17 +461,4 @@ fn series(
         curves.insert(*s, run.points.clone());
     }
     (table, curves)
-}
-
-/// 10000 → "10,000".
-pub fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::bench::exec;
-use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
-use crate::bench::scale::thousands;
-use crate::bench::topo::{self, BenchNode, Binaries};
-use crate::bench::{progress, Params};
+use crate::format::thousands;
+use crate::log::progress;
+use crate::model::{Better, Cell, Repeats, Subject, Table};
+use crate::params::Params;
+use crate::rig::exec;
+use crate::rig::topo::{self, BenchNode, Binaries};
 
 /// Issue 18's target for reading all maps of a node of 1,000 pods.
 pub const TARGET_MS: f64 = 100.0;
@@ -143,7 +144,7 @@ fn measure(
         }
     }
     let netns = node.node.netns().path();
-    crate::bench::machine::settle(Duration::from_secs(10));
+    crate::rig::machine::settle(Duration::from_secs(10));
     // A warm-up run: the binary's pages and the maps' first walk, not counted.
     scrape(&bins.ebpf_cni, netns, pods.len())?;
     for _ in 0..p.metrics_runs {
@@ -153,7 +154,7 @@ fn measure(
         f.cpu.push(Subject::EbpfCni, ms(s.cpu));
         *exposition = Some(s.bytes);
     }
-    let p50 = |r: &Repeats| crate::bench::stats::median(r.values(Subject::EbpfCni));
+    let p50 = |r: &Repeats| crate::stats::median(r.values(Subject::EbpfCni));
     progress(&format!(
         "metrics: {} pods: reading the maps p50 {:.1} ms, process p50 {:.1} ms (CPU {:.1} ms)",
         pods.len(),
