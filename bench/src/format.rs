@@ -32,3 +32,12 @@ pub fn short_num(v: f64) -> String {
         format!("{v:.3}")
     }
 }
+
+/// A rate in bit/s: 10000000 → "10 Mbit/s", 1000000000 → "1 Gbit/s".
+pub fn rate(bps: u64) -> String {
+    if bps >= 1_000_000_000 && bps.is_multiple_of(1_000_000_000) {
+        format!("{} Gbit/s", bps / 1_000_000_000)
+    } else {
+        format!("{} Mbit/s", bps / 1_000_000)
+    }
+}

@@ -18,11 +18,12 @@
 
 //! The crate is laid out by what a run does: [`params`] sizes it, [`sections`] measure (on
 //! the namespaces, processes and traffic of [`rig`], built on the test harness's nodes), and
-//! fill the result model of [`model`]; [`run`] runs the
+//! fill the result model of [`model`] with rows of typed [`metric`]s; [`run`] runs the
 //! selected sections and [`report`] writes what they produced.
 
 pub mod format;
 pub mod log;
+pub mod metric;
 pub mod model;
 pub mod params;
 pub mod report;

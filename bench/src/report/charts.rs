@@ -11,6 +11,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::format::short_num;
+use crate::metric::Metric;
 use crate::model::{Cell, Row, Subject, Table};
 use crate::sections::lifecycle::Samples;
 use crate::sections::scale::Point;
@@ -302,14 +303,9 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let tput: Vec<&Row> = throughput
         .rows
         .iter()
-        .filter(|r| r.unit == "Gbit/s")
+        .filter(|r| matches!(r.metric, Metric::Throughput(_)))
         .collect();
-    let short = |r: &Row| {
-        r.metric
-            .replace("external → hostPort → pod", "ext → hostPort")
-            .replace("TCP_RR p50, ", "")
-            .replace("TCP_CRR, ", "")
-    };
+    let short = |r: &Row| r.metric.short_label();
     bar_panel(
         &panels[0],
         "TCP throughput, one stream",
@@ -321,7 +317,7 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let rr_rows: Vec<&Row> = rr
         .rows
         .iter()
-        .filter(|r| r.metric.starts_with("TCP_RR p50"))
+        .filter(|r| matches!(r.metric, Metric::RrP50(_)))
         .collect();
     bar_panel(
         &panels[1],
@@ -334,7 +330,7 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let crr_rows: Vec<&Row> = rr
         .rows
         .iter()
-        .filter(|r| r.metric.starts_with("TCP_CRR"))
+        .filter(|r| matches!(r.metric, Metric::Crr(_)))
         .collect();
     bar_panel(
         &panels[2],
@@ -354,23 +350,12 @@ pub fn bandwidth(dir: &Path, table: &Table) -> Result<PathBuf> {
     let rows: Vec<&Row> = table
         .rows
         .iter()
-        .filter(|r| r.unit == "% of limit" && r.metric != crate::model::DEVIATION_ROW)
+        .filter(|r| matches!(r.metric, Metric::Accuracy { .. }))
         .collect();
     let width = (320 + rows.len() as u32 * 130).max(900);
     let root = SVGBackend::new(&path, (width, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let short = |r: &Row| {
-        r.metric
-            .replace(" limit, ", " ")
-            .replace("ingress", "in")
-            .replace("egress", "out")
-            .replace(" Mbit/s", "M")
-            .replace(" Gbit/s", "G")
-            .split(" sent at")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let short = |r: &Row| r.metric.short_label();
     bar_panel(
         &root,
         "Bandwidth limits: achieved rate on the wire as % of the limit (green band: ±5% goal)",

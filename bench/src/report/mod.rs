@@ -18,12 +18,14 @@ use serde_json::{json, Value};
 use crate::format::short_num;
 use crate::format::thousands;
 use crate::log::progress;
-use crate::model::{Better, Cell, Row, Subject, Summary, Table, DEVIATION_ROW};
+use crate::metric::{
+    Better, Metric, PathKind, ScaleFigure, METRICS_TARGET_MS, METRICS_TARGET_PODS,
+};
+use crate::model::{Cell, Row, Subject, Summary, Table};
 use crate::params::Section;
 use crate::run::Run;
 use crate::sections::cleanup::{self, Scenario};
-use crate::sections::scale;
-use crate::sections::{masquerade, metrics};
+use crate::sections::masquerade;
 
 /// Writes REPORT.md, results.json and the charts of `run` to `out_dir` and prints the
 /// headline table; then fails when a measurement failed (not when the reference chain's
@@ -159,7 +161,7 @@ fn cell_reason(c: &Cell) -> Option<String> {
 fn ratio_text(r: &Row) -> String {
     match r.ratio() {
         Some(x) => {
-            let hint = match r.better {
+            let hint = match r.metric.better() {
                 Better::Lower if x < 1.0 => " (better)",
                 Better::Lower if x > 1.0 => " (worse)",
                 Better::Higher if x > 1.0 => " (better)",
@@ -197,14 +199,14 @@ fn md_table(t: &Table, heading: &str) -> String {
     for r in &t.rows {
         let mut line = format!(
             "| {} | {} | {} | {} | {} |",
-            escape(&r.metric),
-            r.unit,
-            cell_word(&r.cell(Subject::Reference), &r.unit),
-            cell_word(&r.cell(Subject::EbpfCni), &r.unit),
+            escape(&r.metric.name()),
+            r.unit(),
+            cell_word(&r.cell(Subject::Reference), r.unit()),
+            cell_word(&r.cell(Subject::EbpfCni), r.unit()),
             ratio_text(r)
         );
         if show_veth {
-            let _ = write!(line, " {} |", cell_word(&r.cell(Subject::Veth), &r.unit));
+            let _ = write!(line, " {} |", cell_word(&r.cell(Subject::Veth), r.unit()));
         }
         let _ = writeln!(s, "{line}");
         for subj in Subject::ALL {
@@ -237,9 +239,9 @@ fn text_table(t: &Table) -> String {
         "plain veth".into(),
     ]];
     for r in &t.rows {
-        let word = |c: Cell| cell_word(&c, &r.unit).replace("**", "");
+        let word = |c: Cell| cell_word(&c, r.unit()).replace("**", "");
         rows.push([
-            format!("{} ({})", r.metric, r.unit),
+            format!("{} ({})", r.metric.name(), r.unit()),
             word(r.cell(Subject::Reference)),
             word(r.cell(Subject::EbpfCni)),
             r.ratio().map_or("—".into(), |x| format!("{x:.2}×")),
@@ -274,16 +276,9 @@ fn text_table(t: &Table) -> String {
 
 // ---- the headline ----
 
-fn find<'a>(t: Option<&'a Table>, metric: &str) -> Option<&'a Row> {
-    t?.row(metric)
-}
-
-fn renamed(r: Option<&Row>, name: &str) -> Option<Row> {
-    r.map(|r| {
-        let mut r = r.clone();
-        r.metric = name.to_owned();
-        r
-    })
+/// The row of `metric` in `t`, as the headline names it.
+fn pick(t: Option<&Table>, metric: Metric) -> Option<Row> {
+    t?.row(&metric).map(Row::headline)
 }
 
 pub fn headline(run: &Run) -> Table {
@@ -301,44 +296,35 @@ pub fn headline(run: &Run) -> Table {
     );
     let l = run.lifecycle.as_ref();
     let tr = run.traffic.as_ref();
+    let pod_to_pod = PathKind::PodToPod;
     let mut rows: Vec<Option<Row>> = vec![
-        find(l.map(|l| &l.latency), "ADD p50").cloned(),
-        find(l.map(|l| &l.latency), "CHECK p50").cloned(),
-        find(l.map(|l| &l.latency), "DEL p50").cloned(),
-        renamed(
-            find(l.map(|l| &l.cost), "CPU time (user+sys), p50"),
-            "CPU time of one ADD, p50",
+        pick(l.map(|l| &l.latency), Metric::AddP50),
+        pick(l.map(|l| &l.latency), Metric::CheckP50),
+        pick(l.map(|l| &l.latency), Metric::DelP50),
+        pick(l.map(|l| &l.cost), Metric::AddCpu),
+        pick(l.map(|l| &l.cost), Metric::AddPeakRss),
+        pick(
+            l.map(|l| &l.concurrency),
+            Metric::ConcurrentAdds {
+                concurrent: p.concurrent,
+            },
         ),
-        renamed(
-            find(l.map(|l| &l.cost), "peak RSS, p50"),
-            "peak RSS of one ADD, p50",
+        pick(tr.map(|t| &t.throughput), Metric::Throughput(pod_to_pod)),
+        pick(tr.map(|t| &t.throughput), Metric::PodToPodOfVeth),
+        pick(
+            tr.map(|t| &t.throughput),
+            Metric::Throughput(PathKind::NodeToPod),
         ),
-        renamed(
-            find(l.map(|l| &l.concurrency), "wall time of all ADDs"),
-            &format!("{} concurrent ADDs, wall time", p.concurrent),
+        pick(
+            tr.map(|t| &t.throughput),
+            Metric::Throughput(PathKind::ExtToHostPort),
         ),
-        renamed(
-            find(tr.map(|t| &t.throughput), "pod → pod"),
-            "TCP throughput pod → pod",
-        ),
-        renamed(
-            find(tr.map(|t| &t.throughput), "pod → pod, % of plain veth"),
-            "pod → pod as % of plain veth",
-        ),
-        renamed(
-            find(tr.map(|t| &t.throughput), "node → pod"),
-            "TCP throughput node → pod",
-        ),
-        renamed(
-            find(tr.map(|t| &t.throughput), "external → hostPort → pod"),
-            "TCP throughput external → hostPort → pod",
-        ),
-        find(tr.map(|t| &t.rr), "TCP_RR p50, pod → pod").cloned(),
-        find(tr.map(|t| &t.rr), "TCP_CRR, pod → pod").cloned(),
+        pick(tr.map(|t| &t.rr), Metric::RrP50(pod_to_pod)),
+        pick(tr.map(|t| &t.rr), Metric::Crr(pod_to_pod)),
     ];
     if let Some(s) = &run.scale {
-        let k0 = format!("{}, K = {}", scale::CONNECT_FIRST, thousands(0));
-        rows.push(find(Some(&s.table), &k0).cloned());
+        let at = |figure, k| pick(Some(&s.table), Metric::Scale { figure, k });
+        rows.push(at(ScaleFigure::ConnectFirst, 0));
         // The largest K the reference reached.
         if let Some(k) = s
             .curves
@@ -347,54 +333,47 @@ pub fn headline(run: &Run) -> Table {
             .map(|p| p.k)
             .filter(|k| *k > 0)
         {
-            rows.push(
-                find(
-                    Some(&s.table),
-                    &format!("one more ADD, K = {}", thousands(0)),
-                )
-                .cloned(),
-            );
-            for name in [scale::CONNECT_FIRST, scale::CONNECT_NEWEST, "one more ADD"] {
-                rows.push(find(Some(&s.table), &format!("{name}, K = {}", thousands(k))).cloned());
+            rows.push(at(ScaleFigure::OneMoreAdd, 0));
+            for figure in [
+                ScaleFigure::ConnectFirst,
+                ScaleFigure::ConnectNewest,
+                ScaleFigure::OneMoreAdd,
+            ] {
+                rows.push(at(figure, k));
             }
         }
     }
     if let Some(b) = &run.bandwidth {
-        rows.push(find(Some(&b.table), DEVIATION_ROW).cloned());
+        rows.push(pick(Some(&b.table), Metric::WorstDeviation));
     }
     if let Some(c) = &run.cleanup {
-        rows.push(Some(cleanup_row(c)));
+        rows.push(Some(cleanup_row(c).headline()));
     }
     if let Some(m) = &run.masquerade {
-        rows.push(renamed(
-            find(Some(&m.traffic), masquerade::THROUGHPUT_ROW),
-            "TCP throughput pod → external host, masqueraded",
-        ));
-        rows.push(renamed(
-            find(Some(&m.traffic), masquerade::CRR_ROW),
-            "TCP_CRR pod → external host, masqueraded",
-        ));
-        rows.push(renamed(
-            find(Some(&m.traffic), masquerade::CRR_ROUTED_ROW),
-            "TCP_CRR pod → external host, routed back (control)",
-        ));
-        rows.push(renamed(
-            find(Some(&m.flows), masquerade::HELD_ROW),
-            &format!(
-                "masqueraded UDP flows held, of {} opened at once",
-                thousands(p.masq_flows)
-            ),
+        rows.push(pick(Some(&m.traffic), Metric::MasqThroughput));
+        rows.push(pick(Some(&m.traffic), Metric::MasqCrr));
+        rows.push(pick(Some(&m.traffic), Metric::MasqCrrRouted));
+        rows.push(pick(
+            Some(&m.flows),
+            Metric::FlowsHeldShare {
+                flows: p.masq_flows,
+            },
         ));
     }
     if let Some(m) = &run.metrics {
-        rows.push(m.table.rows.first().cloned());
+        rows.push(pick(
+            Some(&m.table),
+            Metric::MetricsRead {
+                pods: p.metrics_pods,
+            },
+        ));
     }
     t.rows = rows.into_iter().flatten().collect();
     t
 }
 
 fn cleanup_row(c: &cleanup::Output) -> Row {
-    let mut row = Row::new("left after the 4 DEL scenarios", "objects", Better::Lower);
+    let mut row = Row::new(Metric::LeftAfterDels);
     for s in Subject::CNI {
         let mut total = 0usize;
         let mut error = None;
@@ -443,7 +422,7 @@ struct Target {
     status: String,
 }
 
-fn median_of(t: Option<&Table>, metric: &str, s: Subject) -> Result<f64, String> {
+fn median_of(t: Option<&Table>, metric: &Metric, s: Subject) -> Result<f64, String> {
     let Some(row) = t.and_then(|t| t.row(metric)) else {
         return Err("section not run".into());
     };
@@ -476,12 +455,30 @@ fn targets(run: &Run) -> Vec<Target> {
     let mut out = Vec::new();
     let lat = run.lifecycle.as_ref().map(|l| &l.latency);
     for (goal, source, metric, limit, issue_ref) in [
-        ("ADD p50 ≤ 10 ms", "3, 6", "ADD p50", 10.0, "issue: ≈ 65 ms"),
-        ("DEL p50 ≤ 10 ms", "6", "DEL p50", 10.0, "issue: ≈ 180 ms"),
-        ("CHECK p50 ≤ 5 ms", "6", "CHECK p50", 5.0, "issue: ≈ 27 ms"),
+        (
+            "ADD p50 ≤ 10 ms",
+            "3, 6",
+            Metric::AddP50,
+            10.0,
+            "issue: ≈ 65 ms",
+        ),
+        (
+            "DEL p50 ≤ 10 ms",
+            "6",
+            Metric::DelP50,
+            10.0,
+            "issue: ≈ 180 ms",
+        ),
+        (
+            "CHECK p50 ≤ 5 ms",
+            "6",
+            Metric::CheckP50,
+            5.0,
+            "issue: ≈ 27 ms",
+        ),
     ] {
-        let e = median_of(lat, metric, Subject::EbpfCni);
-        let r = median_of(lat, metric, Subject::Reference);
+        let e = median_of(lat, &metric, Subject::EbpfCni);
+        let r = median_of(lat, &metric, Subject::Reference);
         out.push(Target {
             goal,
             source,
@@ -501,7 +498,7 @@ fn targets(run: &Run) -> Vec<Target> {
     }
 
     let tput = run.traffic.as_ref().map(|t| &t.throughput);
-    let pct = |s| median_of(tput, "pod → pod, % of plain veth", s);
+    let pct = |s| median_of(tput, &Metric::PodToPodOfVeth, s);
     out.push(Target {
         goal: "pod → pod throughput ≥ 93% of a plain veth pair",
         source: "3, 6",
@@ -517,8 +514,9 @@ fn targets(run: &Run) -> Vec<Target> {
     });
 
     let rr = run.traffic.as_ref().map(|t| &t.rr);
-    let e = median_of(rr, "TCP_RR p50, pod → pod", Subject::EbpfCni);
-    let r = median_of(rr, "TCP_RR p50, pod → pod", Subject::Reference);
+    let rr_p50 = Metric::RrP50(PathKind::PodToPod);
+    let e = median_of(rr, &rr_p50, Subject::EbpfCni);
+    let r = median_of(rr, &rr_p50, Subject::Reference);
     out.push(Target {
         goal: "TCP_RR latency pod → pod lower than the reference chain's",
         source: "3",
@@ -590,8 +588,8 @@ fn targets(run: &Run) -> Vec<Target> {
     }
 
     let bw = run.bandwidth.as_ref().map(|b| &b.table);
-    let e = median_of(bw, DEVIATION_ROW, Subject::EbpfCni);
-    let r = median_of(bw, DEVIATION_ROW, Subject::Reference);
+    let e = median_of(bw, &Metric::WorstDeviation, Subject::EbpfCni);
+    let r = median_of(bw, &Metric::WorstDeviation, Subject::Reference);
     out.push(Target {
         goal: "rate accuracy within ±5% (every rate, direction, TCP and UDP)",
         source: "5, 6",
@@ -610,7 +608,7 @@ fn targets(run: &Run) -> Vec<Target> {
         .map(|t| {
             t.rows
                 .iter()
-                .filter(|r| r.metric.starts_with("ping under"))
+                .filter(|r| matches!(r.metric, Metric::PingUnderLoad { .. }))
                 .collect()
         })
         .unwrap_or_default();
@@ -641,8 +639,7 @@ fn targets(run: &Run) -> Vec<Target> {
     let read = run.metrics.as_ref().map(|m| {
         let v = m
             .table
-            .rows
-            .first()
+            .row(&Metric::MetricsRead { pods: m.pods })
             .map(|r| r.cell(Subject::EbpfCni))
             .unwrap_or(Cell::NotApplicable);
         (m.pods, v)
@@ -661,8 +658,8 @@ fn targets(run: &Run) -> Vec<Target> {
         },
         reference: "— (no counters to export)".into(),
         status: match &read {
-            Some((pods, Cell::Value(v))) if *pods >= metrics::TARGET_PODS => {
-                status(v.median < metrics::TARGET_MS)
+            Some((pods, Cell::Value(v))) if *pods >= METRICS_TARGET_PODS => {
+                status(v.median < METRICS_TARGET_MS)
             }
             Some((pods, Cell::Value(_))) => format!(
                 "not measurable in this run ({} pods only)",
@@ -1151,7 +1148,8 @@ pub fn failures(run: &Run, of_reference: bool) -> Vec<String> {
         for r in &t.rows {
             for (s, c) in r.cells.iter().filter(|(s, _)| wanted(s)) {
                 if let Cell::Failed { error } = c {
-                    let line = format!("{} / {} / {}: {error}", t.title, r.metric, s.label());
+                    let line =
+                        format!("{} / {} / {}: {error}", t.title, r.metric.name(), s.label());
                     out.push(line);
                 }
             }

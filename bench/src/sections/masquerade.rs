@@ -23,7 +23,8 @@ use ebpf_cni_tests::Netns;
 use serde_json::{Map, Value};
 
 use crate::log::progress;
-use crate::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
+use crate::metric::Metric;
+use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
 use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
@@ -43,13 +44,6 @@ const FLOW_BATCH: usize = 512;
 const RR_SLICES: u32 = 4;
 /// ebpf-cni's flow table of the pods' view.
 const MASQ_FWD_MAP: &str = "ECNI_MASQ_FWD";
-
-pub const THROUGHPUT_ROW: &str = "TCP throughput, pod → external host";
-pub const CRR_ROW: &str = "TCP_CRR, pod → external host";
-/// The control: the same path with ipMasq off and a route back on the external host.
-pub const CRR_ROUTED_ROW: &str =
-    "TCP_CRR, pod → external host, not translated (the host routes to the pods)";
-pub const HELD_ROW: &str = "held / offered";
 
 /// What the external host saw of each subject's probe (the source of the TCP connection
 /// and of the UDP datagram), or why the probe failed.
@@ -316,20 +310,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
     let over = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut traffic = Table::new("Pod → external host through masquerade", over);
-    traffic
-        .rows
-        .push(tput.row(THROUGHPUT_ROW, "Gbit/s", Better::Higher));
-    traffic
-        .rows
-        .push(crr.row(CRR_ROW, "conn/s", Better::Higher));
-    traffic
-        .rows
-        .push(crr_routed.row(CRR_ROUTED_ROW, "conn/s", Better::Higher));
-    traffic.rows.push(crr_drops.row(
-        "new flows the node dropped (all throughput and TCP_CRR runs)",
-        "flows",
-        Better::Lower,
-    ));
+    traffic.rows.push(tput.row(Metric::MasqThroughput));
+    traffic.rows.push(crr.row(Metric::MasqCrr));
+    traffic.rows.push(crr_routed.row(Metric::MasqCrrRouted));
+    traffic.rows.push(crr_drops.row(Metric::MasqDroppedFlows));
     traffic.notes = vec![
         format!(
             "Both subjects with `ipMasq: true`: the reference chain's ptp masquerades with \
@@ -685,23 +669,18 @@ fn flows_table(p: &Params, bins: &Binaries, probe: &mut Probe) -> Table {
         ),
         "one measurement per subject, on a fresh node",
     );
-    let metrics: [(&str, &str, Better); 7] = [
-        ("flows offered", "flows", Better::Neither),
-        (
-            "flows held by the node's flow table",
-            "flows",
-            Better::Higher,
-        ),
-        (HELD_ROW, "%", Better::Higher),
-        ("new flows dropped", "flows", Better::Lower),
-        ("flow table entries after", "entries", Better::Neither),
-        ("flow table capacity", "entries", Better::Higher),
-        ("time to send the datagrams", "s", Better::Lower),
+    let metrics = [
+        Metric::FlowsOffered,
+        Metric::FlowsHeld,
+        Metric::FlowsHeldShare {
+            flows: p.masq_flows,
+        },
+        Metric::FlowsDropped,
+        Metric::FlowTableEntries,
+        Metric::FlowTableCapacity,
+        Metric::FlowSendTime,
     ];
-    let mut rows: Vec<Row> = metrics
-        .iter()
-        .map(|(m, u, b)| Row::new(*m, u, *b))
-        .collect();
+    let mut rows: Vec<Row> = metrics.into_iter().map(Row::new).collect();
     let mut notes = Vec::new();
     for s in Subject::CNI {
         match measure_flows(p, bins, s) {

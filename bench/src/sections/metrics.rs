@@ -18,25 +18,17 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::format::thousands;
 use crate::log::progress;
-use crate::model::{Better, Cell, Repeats, Subject, Table};
+use crate::metric::Metric;
+use crate::model::{Cell, Repeats, Subject, Table};
 use crate::params::Params;
 use crate::rig::exec;
 use crate::rig::topo::{self, BenchNode, Binaries};
 
-/// Issue 18's target for reading all maps of a node of 1,000 pods.
-pub const TARGET_MS: f64 = 100.0;
-/// The pod count the target is stated for.
-pub const TARGET_PODS: usize = 1_000;
 /// The limit every second pod carries (both directions), as the ignored test in
 /// tests/tests/metrics.rs sets it.
 const RATE_BPS: u64 = 1_000_000_000;
 const FIRST_HOST_PORT: usize = 10_000;
 const CONTAINER_PORT: u16 = 80;
-
-/// The rows' names (the pod count follows); the read time is the first row.
-pub const READ_ROW: &str = "reading the maps (ebpf_cni_metrics_read_seconds)";
-pub const PROCESS_ROW: &str = "`ebpf-cni metrics` process, wall time";
-pub const CPU_ROW: &str = "`ebpf-cni metrics` process, CPU time (user+sys)";
 
 pub struct Output {
     pub table: Table,
@@ -54,14 +46,6 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         }
     }
     let pods = thousands(p.metrics_pods);
-    let target = if p.metrics_pods == TARGET_PODS {
-        format!("target < {TARGET_MS:.0} ms")
-    } else {
-        format!(
-            "target < {TARGET_MS:.0} ms at {} pods",
-            thousands(TARGET_PODS)
-        )
-    };
     let mut table = Table::new(
         &format!("`ebpf-cni metrics` on a node of {pods} pods"),
         format!(
@@ -69,16 +53,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.metrics_runs
         ),
     );
+    let n = p.metrics_pods;
     table.rows = vec![
-        f.read.row(
-            format!("{READ_ROW}, {pods} pods; {target}"),
-            "ms",
-            Better::Lower,
-        ),
-        f.wall
-            .row(format!("{PROCESS_ROW}, {pods} pods"), "ms", Better::Lower),
-        f.cpu
-            .row(format!("{CPU_ROW}, {pods} pods"), "ms", Better::Lower),
+        f.read.row(Metric::MetricsRead { pods: n }),
+        f.wall.row(Metric::MetricsProcessWall { pods: n }),
+        f.cpu.row(Metric::MetricsProcessCpu { pods: n }),
     ];
     table.notes = vec![
         format!(
