@@ -39,7 +39,7 @@ struct Setup {
 impl Setup {
     fn new(subject: Subject, bins: &Binaries, rates: &[u64]) -> Result<Self> {
         let node = BenchNode::new(subject, bins)?;
-        let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
+        let iperf = Iperf3Server::start(node.ext(), topo::EXT_IP, IPERF_PORT)?;
         let mut pods = BTreeMap::new();
         for &rate in rates {
             let (pod, _) = node.add_pod(
@@ -126,7 +126,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 let target = SocketAddr::from((topo::EXT_IP, IPERF_PORT));
                 // Ping from the sending side, so the probes queue behind the data.
                 let (ping_ns, ping_to) = match dir {
-                    Dir::Ingress => (&setup.node.ext, *pod_ip),
+                    Dir::Ingress => (setup.node.ext(), *pod_ip),
                     Dir::Egress => (&pod.netns, topo::EXT_IP),
                 };
                 let (res, rtt) = std::thread::scope(|sc| {

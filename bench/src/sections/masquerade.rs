@@ -76,8 +76,8 @@ impl Setup {
                 (node, pod, String::new())
             }
         };
-        let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
-        let echo = EchoServer::start(&node.ext, ECHO_PORT)?;
+        let iperf = Iperf3Server::start(node.ext(), topo::EXT_IP, IPERF_PORT)?;
+        let echo = EchoServer::start(node.ext(), ECHO_PORT)?;
         load::probe_echo(&pod.netns, SocketAddr::from((topo::EXT_IP, ECHO_PORT)))
             .context("pod → external host echo")?;
         Ok((
@@ -103,7 +103,9 @@ fn masquerading_pod(
     let node = BenchNode::with_egress(subject, bins, Stack::V4, Egress::Masquerade)?;
     let (pod, _) = node.add_pod(name, Map::new())?;
     let pod_ip = pod.ip4()?;
-    let route = node.ext.ip(&["-4", "route", "get", &pod_ip.to_string()])?;
+    let route = node
+        .ext()
+        .ip(&["-4", "route", "get", &pod_ip.to_string()])?;
     if route.status.success() {
         bail!(
             "the external host routes the pod's {pod_ip} ({}): the section needs a host \
@@ -111,7 +113,7 @@ fn masquerading_pod(
             String::from_utf8_lossy(&route.stdout).trim()
         );
     }
-    let seen = probe(&node.ext, &pod.netns).with_context(|| {
+    let seen = probe(node.ext(), &pod.netns).with_context(|| {
         format!(
             "probe pod {pod_ip} → external host {} (no route back: only masquerade makes \
              it work)",

@@ -111,7 +111,7 @@ impl Run {
         )?;
         let echo = EchoServer::start(&target.netns, TARGET_PORT)?;
         load::probe_echo(
-            &node.ext,
+            node.ext(),
             SocketAddr::from((topo::NODE_UPLINK_IP, TARGET_HOST_PORT)),
         )
         .context("hostPort probe")?;
@@ -192,7 +192,7 @@ impl Run {
     /// Connect latency through `host_port` of the node's uplink address.
     fn connect(&self, host_port: u16, count: usize) -> Result<Summary> {
         let target = SocketAddr::from((topo::NODE_UPLINK_IP, host_port));
-        let crr = load::tcp_crr(&self.node.ext, target, Duration::from_secs(10), count)?;
+        let crr = load::tcp_crr(self.node.ext(), target, Duration::from_secs(10), count)?;
         let c = &crr.connect_us;
         Ok(Summary {
             n: c.len(),

@@ -119,7 +119,7 @@ impl Setup {
             )),
             (Setup::Cni(c), PathKind::ExtToHostPort) => c.hostport_ok.then(|| {
                 (
-                    &c.node.ext,
+                    c.node.ext(),
                     (topo::NODE_UPLINK_IP, IPERF_HOST_PORT).into(),
                     (topo::NODE_UPLINK_IP, ECHO_HOST_PORT).into(),
                 )
@@ -145,7 +145,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             Ok(mut setup) => {
                 if let Setup::Cni(c) = &mut setup {
                     let target = SocketAddr::from((topo::NODE_UPLINK_IP, ECHO_HOST_PORT));
-                    let probe = load::probe_echo(&c.node.ext, target);
+                    let probe = load::probe_echo(c.node.ext(), target);
                     c.hostport_ok = probe.is_ok();
                     hostport.insert(s, probe.map_err(|e| e.root_cause().to_string()));
                 }
