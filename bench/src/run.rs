@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::log::progress;
-use crate::model::first_line;
+use crate::model::{first_line, Cell, Subject, Table};
 use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
@@ -103,5 +103,70 @@ impl Run {
         }
         run.total = started.elapsed();
         run
+    }
+}
+
+impl Run {
+    /// Every table the sections produced, in the report's order.
+    pub fn tables(&self) -> Vec<&Table> {
+        let run = self;
+        let mut v = Vec::new();
+        if let Some(l) = &run.lifecycle {
+            v.extend([&l.latency, &l.dual_stack, &l.cost, &l.concurrency]);
+        }
+        if let Some(t) = &run.traffic {
+            v.extend([&t.throughput, &t.rr]);
+        }
+        if let Some(s) = &run.scale {
+            v.push(&s.table);
+            v.extend(s.density.as_ref());
+        }
+        if let Some(b) = &run.bandwidth {
+            v.push(&b.table);
+        }
+        if let Some(m) = &run.masquerade {
+            v.extend([&m.traffic, &m.flows]);
+        }
+        if let Some(m) = &run.metrics {
+            v.push(&m.table);
+        }
+        v
+    }
+
+    /// Measurements that failed (not "not implemented"). With `of_reference`, only the
+    /// reference chain's (which are its behaviour, reported but not fatal); otherwise every
+    /// other failure, which makes the run exit non-zero.
+    pub fn failures(&self, of_reference: bool) -> Vec<String> {
+        let run = self;
+        let mut out = Vec::new();
+        let wanted = |s: &Subject| (*s == Subject::Reference) == of_reference;
+        for t in run.tables() {
+            for r in &t.rows {
+                for (s, c) in r.cells.iter().filter(|(s, _)| wanted(s)) {
+                    if let Cell::Failed { error } = c {
+                        let line =
+                            format!("{} / {} / {}: {error}", t.title, r.metric.name(), s.label());
+                        out.push(line);
+                    }
+                }
+            }
+        }
+        if let Some(c) = &run.cleanup {
+            for (sc, per) in &c.outcomes {
+                for (s, o) in per.iter().filter(|(s, _)| wanted(s)) {
+                    if let Some(e) = &o.error {
+                        out.push(format!("cleanup / {} / {}: {e}", sc.label(), s.label()));
+                    }
+                }
+            }
+        }
+        if !of_reference {
+            for (sec, why) in &run.skipped {
+                if why.starts_with("failed") {
+                    out.push(format!("section {sec:?}: {why}"));
+                }
+            }
+        }
+        out
     }
 }
