@@ -78,11 +78,17 @@ pub fn pin_root_for(ino: u64) -> std::path::PathBuf {
 /// Environment variable carrying the path of the plugin binary under test.
 pub const PLUGIN_BIN_ENV: &str = "EBPF_CNI_BIN";
 
+/// The effective user id. The tests, the demo, the benchmark and the kernel matrix all need
+/// root (namespaces, veths, bpffs pins); this is the one place that asks.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Panics unless running as root: these tests create namespaces and veths, and a test that
 /// silently skips would pass without checking anything.
 pub fn require_root() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = euid();
     assert!(
         euid == 0,
         "these tests create network namespaces and must run as root (euid is {euid}); \

@@ -75,13 +75,3 @@ pub fn nightly(program: impl AsRef<OsStr>) -> Command {
     cmd.args(["run", "nightly"]).arg(program);
     cmd
 }
-
-/// Fails unless running as root: `what` creates network namespaces, veth pairs and bpffs
-/// pins.
-pub fn require_root(what: &str) -> Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("{what} needs root: it creates network namespaces, veth pairs and bpffs pins");
-    }
-    Ok(())
-}

@@ -24,7 +24,7 @@ use ebpf_cni_tests::{
 };
 use serde_json::Value;
 
-use crate::{build, cmd, setup};
+use crate::{cmd, prepare};
 
 /// The network name: it names the IPAM directory and the pins' subtree.
 const NETWORK: &str = "demonet";
@@ -36,9 +36,7 @@ const HOST_VETH_PREFIX: &str = "ecni";
 const HOST_PORT: u16 = 8080;
 
 pub fn demo() -> Result<()> {
-    cmd::require_root("cargo xtask demo")?;
-    setup::setup()?;
-    let plugin = build::stage("under-test")?;
+    let plugin = prepare::prepare("cargo xtask demo", prepare::UNDER_TEST, None)?;
     let started = Instant::now();
     run(&plugin).context("the demo failed (everything it created has been removed)")?;
     println!(

@@ -1,5 +1,6 @@
 //! Developer tasks behind `cargo xtask`, as a library so tasks can call each other (`test`,
-//! `demo` and `bench` all start with [`build::build`]).
+//! `demo` and `vmtest` all start with [`prepare::prepare`]) and the benchmark crate
+//! (`bench/`, which `bench` runs) can use them too.
 
 pub mod bench;
 pub mod build;
@@ -7,6 +8,7 @@ pub mod cmd;
 pub mod demo;
 pub mod imports;
 pub mod kernels;
+pub mod prepare;
 pub mod previous;
 pub mod setup;
 pub mod test;

@@ -33,8 +33,13 @@ enum Task {
     /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
     /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
     Vmtest(xtask::vmtest::VmArgs),
-    /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root).
-    Bench(xtask::bench::BenchArgs),
+    /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root). The
+    /// arguments go to the benchmark (bench/): `cargo xtask bench --help` lists them.
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -62,6 +67,6 @@ fn main() -> Result<()> {
         Task::Test { cargo_test_args } => xtask::test::test(&cargo_test_args),
         Task::Demo => xtask::demo::demo(),
         Task::Vmtest(args) => xtask::vmtest::vmtest(&args),
-        Task::Bench(args) => xtask::bench::bench(&args),
+        Task::Bench { args } => xtask::bench::run(&args),
     }
 }

@@ -8,12 +8,10 @@
 
 use anyhow::Result;
 
-use crate::{build, cmd, previous, setup, vmtest};
+use crate::{bench, build, cmd, prepare, previous, vmtest};
 
 pub fn test(extra: &[String]) -> Result<()> {
-    cmd::require_root("cargo xtask test")?;
-    setup::setup()?;
-    let plugin = build::stage("under-test")?;
+    let plugin = prepare::prepare("cargo xtask test", prepare::UNDER_TEST, None)?;
     println!("plugin under test: {}", plugin.display());
     // Without it the other tests still run; the upgrade test then fails for want of it.
     let previous = previous::build().map_err(|e| e.context("the previous release's build failed"));
@@ -48,7 +46,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     // The quick benchmark runs too, so it cannot rot: it must complete and write its report.
     // It asserts no timing.
     println!("quick benchmark (checks that it runs and reports; asserts no timing)");
-    let bench = crate::bench::bench(&crate::bench::BenchArgs::quick_for_ci(&plugin));
+    let bench = bench::run(&bench::quick_for_ci(&plugin));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     lints?;

@@ -25,7 +25,7 @@ use anyhow::{bail, Context as _, Result};
 use crate::{
     build, cmd,
     kernels::{Kernel, KERNELS},
-    setup,
+    prepare,
 };
 
 #[derive(Debug, clap::Args)]
@@ -153,9 +153,7 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(SUITE_TIMEOUT.as_secs() + 3 
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
 
 pub fn vmtest(args: &VmArgs) -> Result<()> {
-    cmd::require_root("cargo xtask vmtest")?;
-    setup::setup()?;
-    let plugin = build::stage("under-test")?;
+    let plugin = prepare::prepare("cargo xtask vmtest", prepare::UNDER_TEST, None)?;
     run(args, &plugin)
 }
 
@@ -235,7 +233,7 @@ impl Tally {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Accel {
+pub enum Accel {
     Kvm,
     Tcg,
 }
@@ -385,7 +383,7 @@ fn run_kernel(
 /// Boots `kernel` under `accel` and runs `script` (shell, as root) in the guest with `dir`
 /// writable, after the common set-up (`PATH`, bpffs, `$out` = `dir`); waits up to `limit`.
 /// Fails, with the console's last lines, when the guest did not get to the script's end.
-pub(crate) fn boot(
+pub fn boot(
     kernel: Kernel,
     accel: Accel,
     dir: &Path,
@@ -493,7 +491,7 @@ fn guest_hangs(dir: &Path, elapsed: Duration, stall: Option<Duration>) -> Option
 
 /// The kernel of `series` and the accelerator its guest runs under, for a one-off guest
 /// (the benchmark's); the probe's files go under `root`.
-pub(crate) fn guest(series: &str, root: &Path) -> Result<(Kernel, Accel)> {
+pub fn guest(series: &str, root: &Path) -> Result<(Kernel, Accel)> {
     let kernel = Kernel::by_series(series)
         .with_context(|| format!("kernel {series}: not one of 5.10, 6.1, 6.12"))?;
     let accel = accelerator(&kernel, root)?;

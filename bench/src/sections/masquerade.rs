@@ -22,10 +22,12 @@ use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use ebpf_cni_tests::Netns;
 use serde_json::{Map, Value};
 
-use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::metric::Metric;
+use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -42,13 +44,6 @@ const FLOW_BATCH: usize = 512;
 const RR_SLICES: u32 = 4;
 /// ebpf-cni's flow table of the pods' view.
 const MASQ_FWD_MAP: &str = "ECNI_MASQ_FWD";
-
-pub const THROUGHPUT_ROW: &str = "TCP throughput, pod → external host";
-pub const CRR_ROW: &str = "TCP_CRR, pod → external host";
-/// The control: the same path with ipMasq off and a route back on the external host.
-pub const CRR_ROUTED_ROW: &str =
-    "TCP_CRR, pod → external host, not translated (the host routes to the pods)";
-pub const HELD_ROW: &str = "held / offered";
 
 /// What the external host saw of each subject's probe (the source of the TCP connection
 /// and of the UDP datagram), or why the probe failed.
@@ -81,8 +76,8 @@ impl Setup {
                 (node, pod, String::new())
             }
         };
-        let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
-        let echo = EchoServer::start(&node.ext, ECHO_PORT)?;
+        let iperf = Iperf3Server::start(node.ext(), topo::EXT_IP, IPERF_PORT)?;
+        let echo = EchoServer::start(node.ext(), ECHO_PORT)?;
         load::probe_echo(&pod.netns, SocketAddr::from((topo::EXT_IP, ECHO_PORT)))
             .context("pod → external host echo")?;
         Ok((
@@ -108,7 +103,9 @@ fn masquerading_pod(
     let node = BenchNode::with_egress(subject, bins, Stack::V4, Egress::Masquerade)?;
     let (pod, _) = node.add_pod(name, Map::new())?;
     let pod_ip = pod.ip4()?;
-    let route = node.ext.ip(&["-4", "route", "get", &pod_ip.to_string()])?;
+    let route = node
+        .ext()
+        .ip(&["-4", "route", "get", &pod_ip.to_string()])?;
     if route.status.success() {
         bail!(
             "the external host routes the pod's {pod_ip} ({}): the section needs a host \
@@ -116,7 +113,7 @@ fn masquerading_pod(
             String::from_utf8_lossy(&route.stdout).trim()
         );
     }
-    let seen = probe(&node.ext, &pod.netns).with_context(|| {
+    let seen = probe(node.ext(), &pod.netns).with_context(|| {
         format!(
             "probe pod {pod_ip} → external host {} (no route back: only masquerade makes \
              it work)",
@@ -315,20 +312,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
     let over = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut traffic = Table::new("Pod → external host through masquerade", over);
-    traffic
-        .rows
-        .push(tput.row(THROUGHPUT_ROW, "Gbit/s", Better::Higher));
-    traffic
-        .rows
-        .push(crr.row(CRR_ROW, "conn/s", Better::Higher));
-    traffic
-        .rows
-        .push(crr_routed.row(CRR_ROUTED_ROW, "conn/s", Better::Higher));
-    traffic.rows.push(crr_drops.row(
-        "new flows the node dropped (all throughput and TCP_CRR runs)",
-        "flows",
-        Better::Lower,
-    ));
+    traffic.rows.push(tput.row(Metric::MasqThroughput));
+    traffic.rows.push(crr.row(Metric::MasqCrr));
+    traffic.rows.push(crr_routed.row(Metric::MasqCrrRouted));
+    traffic.rows.push(crr_drops.row(Metric::MasqDroppedFlows));
     traffic.notes = vec![
         format!(
             "Both subjects with `ipMasq: true`: the reference chain's ptp masquerades with \
@@ -680,27 +667,22 @@ fn flows_table(p: &Params, bins: &Binaries, probe: &mut Probe) -> Table {
     let mut t = Table::new(
         &format!(
             "Concurrent flows held: {} UDP flows from one pod",
-            crate::bench::scale::thousands(p.masq_flows)
+            crate::format::thousands(p.masq_flows)
         ),
         "one measurement per subject, on a fresh node",
     );
-    let metrics: [(&str, &str, Better); 7] = [
-        ("flows offered", "flows", Better::Neither),
-        (
-            "flows held by the node's flow table",
-            "flows",
-            Better::Higher,
-        ),
-        (HELD_ROW, "%", Better::Higher),
-        ("new flows dropped", "flows", Better::Lower),
-        ("flow table entries after", "entries", Better::Neither),
-        ("flow table capacity", "entries", Better::Higher),
-        ("time to send the datagrams", "s", Better::Lower),
+    let metrics = [
+        Metric::FlowsOffered,
+        Metric::FlowsHeld,
+        Metric::FlowsHeldShare {
+            flows: p.masq_flows,
+        },
+        Metric::FlowsDropped,
+        Metric::FlowTableEntries,
+        Metric::FlowTableCapacity,
+        Metric::FlowSendTime,
     ];
-    let mut rows: Vec<Row> = metrics
-        .iter()
-        .map(|(m, u, b)| Row::new(*m, u, *b))
-        .collect();
+    let mut rows: Vec<Row> = metrics.into_iter().map(Row::new).collect();
     let mut notes = Vec::new();
     for s in Subject::CNI {
         match measure_flows(p, bins, s) {
@@ -748,7 +730,7 @@ fn flows_table(p: &Params, bins: &Binaries, probe: &mut Probe) -> Table {
              pauses: every (source port, destination port) pair is a new flow. The tables \
              are read 0.2 s after the last datagram, well within both idle timeouts \
              (conntrack's unreplied UDP: 30 s; ebpf-cni's UDP: 120 s).",
-            crate::bench::scale::thousands(p.masq_flows.div_ceil(FLOW_SOCKETS))
+            crate::format::thousands(p.masq_flows.div_ceil(FLOW_SOCKETS))
         ),
         "Held: ebpf-cni's flows of the pod (`masquerade.flows_by_pod` of `ebpf-cni inspect`, \
          less those of the probe); the reference's UDP conntrack entries of the node from \

@@ -20,11 +20,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
-use crate::bench::load::{self, EchoServer};
-use crate::bench::model::{first_line, Better, Cell, Row, Subject, Summary, Table};
-use crate::bench::stats::{median, percentile};
-use crate::bench::topo::{self, BenchNode, Binaries, Pod};
-use crate::bench::{progress, Params};
+use crate::format::thousands;
+use crate::log::progress;
+use crate::metric::{Metric, ScaleFigure};
+use crate::model::{first_line, Cell, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod};
+use crate::stats::{median, percentile};
 
 const TARGET_HOST_PORT: u16 = 40_000;
 const TARGET_PORT: u16 = 7000;
@@ -55,10 +58,24 @@ pub struct Point {
     pub install_s: f64,
 }
 
-/// Row names the report looks up.
-pub const CONNECT_FIRST: &str = "connect latency via the first pod's hostPort";
-pub const CONNECT_NEWEST: &str = "connect latency via the newest pod's hostPort";
-pub const CONTROL_ADD: &str = "the same ADD on the control node (K = 0), meanwhile";
+impl Point {
+    /// One figure of this K, as a row's cell shows it.
+    pub fn figure(&self, figure: ScaleFigure) -> Summary {
+        match figure {
+            ScaleFigure::ConnectFirst => self.connect_us,
+            ScaleFigure::ConnectNewest => self.connect_newest_us,
+            ScaleFigure::OneMoreAdd => self.add_ms,
+            ScaleFigure::ControlAdd => self.control_add_ms,
+            ScaleFigure::OneMoreDel => self.del_ms,
+            ScaleFigure::Install => Summary {
+                n: 1,
+                median: self.install_s,
+                min: self.install_s,
+                max: self.install_s,
+            },
+        }
+    }
+}
 
 pub struct Output {
     pub table: Table,
@@ -94,7 +111,7 @@ impl Run {
         )?;
         let echo = EchoServer::start(&target.netns, TARGET_PORT)?;
         load::probe_echo(
-            &node.ext,
+            node.ext(),
             SocketAddr::from((topo::NODE_UPLINK_IP, TARGET_HOST_PORT)),
         )
         .context("hostPort probe")?;
@@ -175,7 +192,7 @@ impl Run {
     /// Connect latency through `host_port` of the node's uplink address.
     fn connect(&self, host_port: u16, count: usize) -> Result<Summary> {
         let target = SocketAddr::from((topo::NODE_UPLINK_IP, host_port));
-        let crr = load::tcp_crr(&self.node.ext, target, Duration::from_secs(10), count)?;
+        let crr = load::tcp_crr(self.node.ext(), target, Duration::from_secs(10), count)?;
         let c = &crr.connect_us;
         Ok(Summary {
             n: c.len(),
@@ -201,7 +218,7 @@ impl Run {
         let mut adds = Vec::new();
         let mut control_adds = Vec::new();
         let mut dels = Vec::new();
-        crate::bench::machine::settle(Duration::from_secs(10));
+        crate::rig::machine::settle(Duration::from_secs(10));
         for e in 0..p.scale_extra_adds {
             let first = FIRST_EXTRA_HOST_PORT as usize + e * p.scale_extra_ports;
             let maps: Vec<(u16, u16)> = (0..p.scale_extra_ports)
@@ -384,32 +401,13 @@ fn series(
         ),
     );
     let mut curves = BTreeMap::new();
-    type Pick = fn(&Point) -> Summary;
-    let figures: [(&str, &str, Better, Pick); 6] = [
-        (CONNECT_FIRST, "µs", Better::Lower, |pt| pt.connect_us),
-        (CONNECT_NEWEST, "µs", Better::Lower, |pt| {
-            pt.connect_newest_us
-        }),
-        ("one more ADD", "ms", Better::Lower, |pt| pt.add_ms),
-        (CONTROL_ADD, "ms", Better::Lower, |pt| pt.control_add_ms),
-        ("one more DEL", "ms", Better::Lower, |pt| pt.del_ms),
-        ("install the K mappings (total)", "s", Better::Lower, |pt| {
-            let v = pt.install_s;
-            Summary {
-                n: 1,
-                median: v,
-                min: v,
-                max: v,
-            }
-        }),
-    ];
-    for (name, unit, better, pick) in figures {
+    for figure in ScaleFigure::ALL {
         for &k in ks {
-            let mut row = Row::new(format!("{name}, K = {}", thousands(k)), unit, better);
+            let mut row = Row::new(Metric::Scale { figure, k });
             for s in Subject::CNI {
                 let cell = match runs.get(&s) {
                     Some(run) => match run.points.iter().find(|pt| pt.k == k) {
-                        Some(pt) => Cell::Value(pick(pt)),
+                        Some(pt) => Cell::Value(pt.figure(figure)),
                         None => match (&run.stopped, instead.get(&s)) {
                             (_, Some(c)) => c.clone(),
                             (Some(why), None) => Cell::not_run(why),
@@ -459,17 +457,4 @@ fn series(
         curves.insert(*s, run.points.clone());
     }
     (table, curves)
-}
-
-/// 10000 → "10,000".
-pub fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -5,8 +5,8 @@ use std::process::Command;
 
 use serde::Serialize;
 
-use crate::bench::model::first_line;
-use crate::{build, cmd};
+use crate::model::first_line;
+use xtask::{build, cmd};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {

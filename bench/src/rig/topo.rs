@@ -1,17 +1,19 @@
-//! The topologies every section builds: a node (a network namespace with an uplink to an
-//! "external" client namespace) running one CNI subject's conflist, pods added through it,
-//! and the plain veth pair. Everything is torn down by `Drop` (the harness deletes the
-//! namespaces, the node's pins and its IPAM directory), also when a section fails half-way.
+//! The topologies every section builds: a node (the test harness's [`Node`], with the
+//! harness's [`ExternalHost`] behind an uplink as the "external" client) running one CNI
+//! subject's conflist, pods added through it, and the plain veth pair. Everything is torn
+//! down by `Drop` (the harness deletes the namespaces, the node's pins and its IPAM
+//! directory), also when a section fails half-way.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::{AddResult, Attachment, CniRuntime, NetConfList, Netns, Node};
 use serde_json::{json, Map, Value};
 
-use crate::bench::exec::{Chain, OpCost};
-use crate::bench::model::Subject;
+use crate::model::Subject;
+use crate::rig::exec::{Chain, OpCost};
 
 pub const NETWORK: &str = "benchnet";
 pub const CNI_VERSION: &str = "1.0.0";
@@ -20,9 +22,11 @@ pub const POD_SUBNET_V4: &str = "10.88.0.0/16";
 pub const POD_SUBNET_V6: &str = "fd00:88::/64";
 pub const MTU: u32 = 1500;
 
+/// The external client is the harness's external host of this number: 192.168.77.0/24.
+const UPLINK_NET: u8 = 77;
 /// The node's address on its uplink, and the external client's.
-pub const NODE_UPLINK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
-pub const EXT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+pub const NODE_UPLINK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, UPLINK_NET, 1);
+pub const EXT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, UPLINK_NET, 2);
 const UPLINK_DEV: &str = "uplink0";
 
 /// The veth pair's addresses.
@@ -148,9 +152,10 @@ pub fn caps(mappings: &[(u16, u16)], rate_bps: Option<u64>) -> Map<String, Value
 pub struct BenchNode {
     pub subject: Subject,
     pub chain: Chain,
-    /// The external client: 192.168.77.2; routes the pod subnet via the node unless the
-    /// node masquerades ([`Egress::Masquerade`]).
-    pub ext: Netns,
+    /// The external client: the harness's external host number [`UPLINK_NET`] (192.168.77.2
+    /// behind the node's 192.168.77.1, and IPv6 beside), routing everything via the node
+    /// unless the node masquerades ([`Egress::Masquerade`]).
+    pub external: ExternalHost,
     pub node: Node,
 }
 
@@ -170,39 +175,24 @@ impl BenchNode {
         egress: Egress,
     ) -> Result<Self> {
         let node = Node::new().context("creating the node namespace")?;
-        let ext = Netns::create("p").context("creating the external client namespace")?;
-        let n = node.netns();
-        n.ip_ok(&[
-            "link",
-            "add",
-            UPLINK_DEV,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ext.name(),
-        ])?;
-        n.ip_ok(&[
-            "addr",
-            "add",
-            &format!("{NODE_UPLINK_IP}/24"),
-            "dev",
-            UPLINK_DEV,
-        ])?;
-        n.ip_ok(&["link", "set", UPLINK_DEV, "up"])?;
-        ext.ip_ok(&["addr", "add", &format!("{EXT_IP}/24"), "dev", "eth0"])?;
-        ext.ip_ok(&["link", "set", "eth0", "up"])?;
-        if egress == Egress::Routed {
-            ext.ip_ok(&[
-                "route",
-                "add",
-                POD_SUBNET_V4,
-                "via",
-                &NODE_UPLINK_IP.to_string(),
-            ])?;
+        let external = ExternalHost::attach(node.netns(), UPLINK_DEV, UPLINK_NET)
+            .context("creating the external client")?;
+        ensure!(
+            external.v4 == EXT_IP && external.node_v4 == NODE_UPLINK_IP,
+            "the external client is {} behind {}, not {EXT_IP} behind {NODE_UPLINK_IP}",
+            external.v4,
+            external.node_v4
+        );
+        if egress == Egress::Masquerade {
+            // The harness's host routes everything through the node; this one must not
+            // reach the pods but through the node's address.
+            for family in ["-4", "-6"] {
+                external
+                    .netns()
+                    .ip_ok(&[family, "route", "del", "default"])?;
+            }
         }
+        let n = node.netns();
         let runtime = match subject {
             Subject::Reference => CniRuntime::reference(),
             Subject::EbpfCni => CniRuntime::with_plugin(&bins.ebpf_cni),
@@ -216,9 +206,14 @@ impl BenchNode {
         Ok(Self {
             subject,
             chain,
-            ext,
+            external,
             node,
         })
+    }
+
+    /// The external client's namespace.
+    pub fn ext(&self) -> &Netns {
+        self.external.netns()
     }
 
     /// A new pod namespace and the attachment a runtime would pass for it.

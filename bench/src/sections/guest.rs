@@ -4,8 +4,8 @@
 //! machine's kernel has none (there it polices, and a TCP stream towards the pod gets a
 //! fraction of the limit). So where the host lacks it, the section runs in a guest booting
 //! Debian's kernel (6.12 by default), both subjects in the same guest: the guest runs this
-//! same xtask binary as `bench --guest-output FILE`, which runs the section alone and writes
-//! its output there as JSON for the host's report.
+//! same binary as `ebpf-cni-bench --guest-output FILE`, which runs the section alone and
+//! writes its output there as JSON for the host's report.
 //!
 //! Under QEMU's TCG a guest's veth carries about 1.1 Gbit/s here: rates above
 //! [`GUEST_MAX_RATE`] would measure the emulator, not the limiter, and are left out (the
@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use crate::bench::bandwidth;
-use crate::bench::topo::Binaries;
-use crate::bench::{progress, Params};
-use crate::{build, vmtest};
+use crate::log::progress;
+use crate::params::Params;
+use crate::rig::topo::Binaries;
+use crate::sections::bandwidth;
+use xtask::{build, vmtest};
 
 /// The highest rate measured in a guest: well under what its veth carries, so the
 /// sender can offer more than the limit.
@@ -62,7 +63,7 @@ pub fn bandwidth(series: &str, params: &Params, plugin: &Path) -> Result<bandwid
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let (kernel, accel) = vmtest::guest(series, &root)?;
     let file = dir.join("bandwidth.json");
-    let exe = std::env::current_exe().context("finding the xtask binary")?;
+    let exe = std::env::current_exe().context("finding the benchmark's binary")?;
     let q = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"));
     // The guest's own kernel starts with default socket buffer limits, too small for the
     // section's UDP buffers: it gets the host's.
@@ -73,7 +74,7 @@ pub fn bandwidth(series: &str, params: &Params, plugin: &Path) -> Result<bandwid
         }
     }
     script += &format!(
-        "cd {}\n{} bench --guest-output {} --plugin {}{} > \"$out/bench.log\" 2>&1\n",
+        "cd {}\n{} --guest-output {} --plugin {}{} > \"$out/bench.log\" 2>&1\n",
         q(&build::workspace_root()),
         q(&exe),
         q(&file),

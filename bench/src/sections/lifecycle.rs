@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::bench::exec::OpCost;
-use crate::bench::model::{Better, Cell, Repeats, Subject, Table};
-use crate::bench::stats::{median, percentile};
-use crate::bench::topo::{self, BenchNode, Binaries, Pod, Stack};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::metric::Metric;
+use crate::model::{Cell, Repeats, Subject, Table};
+use crate::params::Params;
+use crate::rig::exec::OpCost;
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, Stack};
+use crate::stats::{median, percentile};
 
 /// The bandwidth limit every lifecycle pod carries (both directions).
 const POD_RATE_BPS: u64 = 100_000_000;
@@ -93,15 +95,14 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let over = format!("median [min–max] over {n} repeat(s) of the per-repeat figure");
     let mut latency = Table::new("ADD, CHECK, DEL latency", over.clone());
     latency.rows = vec![
-        f.add_p50.row("ADD p50", "ms", Better::Lower),
-        f.add_p95.row("ADD p95", "ms", Better::Lower),
-        f.check_p50.row("CHECK p50", "ms", Better::Lower),
-        f.check_p95.row("CHECK p95", "ms", Better::Lower),
-        f.del_p50.row("DEL p50", "ms", Better::Lower),
-        f.del_p95.row("DEL p95", "ms", Better::Lower),
-        f.first_add
-            .row("first ADD on a fresh node", "ms", Better::Lower),
-        f.later_add.row("later ADDs (p50)", "ms", Better::Lower),
+        f.add_p50.row(Metric::AddP50),
+        f.add_p95.row(Metric::AddP95),
+        f.check_p50.row(Metric::CheckP50),
+        f.check_p95.row(Metric::CheckP95),
+        f.del_p50.row(Metric::DelP50),
+        f.del_p95.row(Metric::DelP95),
+        f.first_add.row(Metric::FirstAdd),
+        f.later_add.row(Metric::LaterAdds),
     ];
     latency.notes = vec![
         format!(
@@ -124,17 +125,16 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
     let mut dual_stack = Table::new("Dual-stack pods (IPv4 + IPv6)", over.clone());
     dual_stack.rows = vec![
-        dual.add_p50.row("ADD p50", "ms", Better::Lower),
-        dual.add_p95.row("ADD p95", "ms", Better::Lower),
-        dual.check_p50.row("CHECK p50", "ms", Better::Lower),
-        dual.del_p50.row("DEL p50", "ms", Better::Lower),
-        dual.cpu
-            .row("CPU time of one ADD (user+sys), p50", "ms", Better::Lower),
+        dual.add_p50.row(Metric::AddP50),
+        dual.add_p95.row(Metric::AddP95),
+        dual.check_p50.row(Metric::CheckP50),
+        dual.del_p50.row(Metric::DelP50),
+        dual.cpu.row(Metric::AddCpuDualStack),
     ];
     for (plugin, r) in &dual.per_plugin {
-        dual_stack
-            .rows
-            .push(r.row(format!("ADD: `{plugin}` alone, p50"), "ms", Better::Lower));
+        dual_stack.rows.push(r.row(Metric::PluginAdd {
+            plugin: plugin.clone(),
+        }));
     }
     dual_stack.notes = vec![format!(
         "The same, with an IPv6 range beside the IPv4 one: {} pods per subject and repeat. \
@@ -144,13 +144,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     )];
 
     let mut cost = Table::new("Resources of one ADD", over.clone());
-    cost.rows = vec![
-        f.cpu.row("CPU time (user+sys), p50", "ms", Better::Lower),
-        f.rss.row("peak RSS, p50", "MiB", Better::Lower),
-    ];
+    cost.rows = vec![f.cpu.row(Metric::AddCpu), f.rss.row(Metric::AddPeakRss)];
     for (plugin, r) in &f.per_plugin {
-        cost.rows
-            .push(r.row(format!("ADD: `{plugin}` alone, p50"), "ms", Better::Lower));
+        cost.rows.push(r.row(Metric::PluginAdd {
+            plugin: plugin.clone(),
+        }));
     }
     cost.notes = vec![
         "CPU time and peak RSS come from wait4's rusage of each plugin process, which includes \
@@ -167,11 +165,12 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         over,
     );
     concurrency.rows = vec![
-        f.conc_add.row("wall time of all ADDs", "ms", Better::Lower),
-        f.conc_del.row("wall time of all DELs", "ms", Better::Lower),
-        f.conc_ips
-            .row("distinct IPv4 addresses", "", Better::Higher),
-        f.conc_failed.row("failed operations", "", Better::Lower),
+        f.conc_add.row(Metric::ConcurrentAdds {
+            concurrent: p.concurrent,
+        }),
+        f.conc_del.row(Metric::ConcurrentDels),
+        f.conc_ips.row(Metric::DistinctAddresses),
+        f.conc_failed.row(Metric::FailedOperations),
     ];
     concurrency.notes = vec![format!(
         "{} threads released by one barrier each run the whole list for their own pod \

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 
-use crate::bench::model::{first_line, Subject};
-use crate::bench::progress;
-use crate::bench::topo::{self, BenchNode, Binaries};
-use crate::cmd;
+use crate::log::progress;
+use crate::model::{first_line, Subject};
+use crate::rig::topo::{self, BenchNode, Binaries};
+use xtask::cmd;
 
 const RESIDENT_HOST_PORT: u16 = 45_000;
 const FIRST_HOST_PORT: u16 = 45_001;
@@ -140,7 +140,7 @@ fn scenario(node: &BenchNode, sc: Scenario, host_port: u16) -> Result<Outcome> {
         topo::caps(&[(host_port, 80)], Some(RATE_BPS)),
     )?;
     node.add(&mut pod).context("ADD")?;
-    let result = |r: Result<crate::bench::exec::OpCost>| match r {
+    let result = |r: Result<crate::rig::exec::OpCost>| match r {
         Ok(_) => "ok".to_owned(),
         Err(e) => format!("error: {}", first_line(&format!("{e:#}"))),
     };

@@ -12,30 +12,16 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::bench::load::{self, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::stats::median;
-use crate::bench::topo::{self, BenchNode, Binaries, Pod};
-use crate::bench::{progress, Params};
+use crate::format;
+use crate::log::progress;
+use crate::metric::{Dir, Metric};
+use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod};
+use crate::stats::median;
 
 const IPERF_PORT: u16 = 5301;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Dir {
-    /// Towards the pod (the external client sends).
-    Ingress,
-    /// From the pod.
-    Egress,
-}
-
-impl Dir {
-    fn label(self) -> &'static str {
-        match self {
-            Dir::Ingress => "ingress",
-            Dir::Egress => "egress",
-        }
-    }
-}
 
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Output {
@@ -53,7 +39,7 @@ struct Setup {
 impl Setup {
     fn new(subject: Subject, bins: &Binaries, rates: &[u64]) -> Result<Self> {
         let node = BenchNode::new(subject, bins)?;
-        let iperf = Iperf3Server::start(&node.ext, topo::EXT_IP, IPERF_PORT)?;
+        let iperf = Iperf3Server::start(node.ext(), topo::EXT_IP, IPERF_PORT)?;
         let mut pods = BTreeMap::new();
         for &rate in rates {
             let (pod, _) = node.add_pod(
@@ -68,14 +54,6 @@ impl Setup {
             pods,
             node,
         })
-    }
-}
-
-fn mbit(bps: u64) -> String {
-    if bps >= 1_000_000_000 && bps.is_multiple_of(1_000_000_000) {
-        format!("{} Gbit/s", bps / 1_000_000_000)
-    } else {
-        format!("{} Mbit/s", bps / 1_000_000)
     }
 }
 
@@ -148,7 +126,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 let target = SocketAddr::from((topo::EXT_IP, IPERF_PORT));
                 // Ping from the sending side, so the probes queue behind the data.
                 let (ping_ns, ping_to) = match dir {
-                    Dir::Ingress => (&setup.node.ext, *pod_ip),
+                    Dir::Ingress => (setup.node.ext(), *pod_ip),
                     Dir::Egress => (&pod.netns, topo::EXT_IP),
                 };
                 let (res, rtt) = std::thread::scope(|sc| {
@@ -194,7 +172,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                                 "limit not enforced: {:.0} Mbit/s measured for {} configured \
                                  (issue 5)",
                                 r.receiver_bps / 1e6,
-                                mbit(rate)
+                                format::rate(rate)
                             );
                             progress(&format!("bandwidth: {}: {why}", s.label()));
                             enforced.insert(*s, Err(why.clone()));
@@ -236,34 +214,19 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     for (s, c) in &instead {
         ping_idle.set_instead(*s, c.clone());
     }
-    table
-        .rows
-        .push(ping_idle.row("ping pod → external, idle", "ms", Better::Lower));
+    table.rows.push(ping_idle.row(Metric::PingIdle));
     for &(rate, dir, udp) in &configs {
         let r = accuracy.entry((rate, dir, udp)).or_default();
         for (s, c) in &instead {
             r.set_instead(*s, c.clone());
         }
-        let what = if udp {
-            format!("UDP sent at {}", mbit(2 * rate))
-        } else {
-            "TCP".to_owned()
-        };
-        table.rows.push(r.row(
-            format!("{} {} limit, {what}", mbit(rate), dir.label()),
-            "% of limit",
-            Better::Neither,
-        ));
+        table.rows.push(r.row(Metric::Accuracy { rate, dir, udp }));
         if !udp {
             let r = ping_load.entry((rate, dir)).or_default();
             for (s, c) in &instead {
                 r.set_instead(*s, c.clone());
             }
-            table.rows.push(r.row(
-                format!("ping under that TCP load ({} {})", mbit(rate), dir.label()),
-                "ms",
-                Better::Lower,
-            ));
+            table.rows.push(r.row(Metric::PingUnderLoad { rate, dir }));
         }
     }
     table.rows.insert(1, deviation_row(&table));
@@ -292,7 +255,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         table.notes.push(format!(
             "{} {} UDP ({}): the sender reached only {:.0} Mbit/s on the wire, not twice the \
              limit, so that figure says little about the limiter.",
-            mbit(rate),
+            format::rate(rate),
             dir.label(),
             s.label(),
             sent / 1e6
@@ -315,15 +278,15 @@ fn wire_factor(udp: bool) -> f64 {
 /// The worst |median − 100%| over every configuration, per subject; a subject with a
 /// configuration that has no figure gets that configuration's cell instead.
 fn deviation_row(t: &Table) -> Row {
-    let mut row = Row::new(
-        crate::bench::model::DEVIATION_ROW,
-        "% of limit",
-        Better::Lower,
-    );
+    let mut row = Row::new(Metric::WorstDeviation);
     for s in Subject::CNI {
         let mut worst: Option<f64> = None;
         let mut instead = None;
-        for r in t.rows.iter().filter(|r| r.unit == "% of limit") {
+        for r in t
+            .rows
+            .iter()
+            .filter(|r| matches!(r.metric, Metric::Accuracy { .. }))
+        {
             match r.cell(s) {
                 Cell::Value(v) => {
                     let d = (v.median - 100.0).abs();

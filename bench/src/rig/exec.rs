@@ -8,6 +8,7 @@
 //! includes the host-local it ran, and portmap's the iptables processes it ran. Each plugin
 //! enters only the node's network namespace (setns between fork and exec), like the harness.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -21,7 +22,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use ebpf_cni_tests::{Attachment, CniRuntime, NetConfList};
 use serde_json::Value;
 
-use crate::bench::model::first_line;
+use crate::model::first_line;
 
 /// A plugin that hangs is killed after this long and the operation fails.
 const PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -56,9 +57,20 @@ pub struct Exit {
 /// Runs `bin` in the network namespace at `netns` with `env` and `stdin`; reaps it with
 /// `wait4` for its resource usage.
 pub fn run_in_netns(bin: &Path, netns: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Result<Exit> {
-    let ns = File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
-    let ns_fd = ns.as_raw_fd();
+    run(bin, &[], Some(netns), env, stdin)
+}
+
+/// Runs `bin args…` (in the network namespace at `netns`, else in this process's) with
+/// `env` and `stdin`; reaps it with `wait4` for its resource usage.
+pub fn run(
+    bin: &Path,
+    args: &[&OsStr],
+    netns: Option<&Path>,
+    env: &[(&str, &str)],
+    stdin: &[u8],
+) -> Result<Exit> {
     let mut cmd = Command::new(bin);
+    cmd.args(args);
     for var in CNI_VARS {
         cmd.env_remove(var);
     }
@@ -66,15 +78,23 @@ pub fn run_in_netns(bin: &Path, netns: &Path, env: &[(&str, &str)], stdin: &[u8]
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: runs between fork and exec and makes only the async-signal-safe setns call on
-    // an fd that stays open (in `ns`) until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    let ns = match netns {
+        Some(netns) => {
+            Some(File::open(netns).with_context(|| format!("opening {}", netns.display()))?)
+        }
+        None => None,
+    };
+    if let Some(ns_fd) = ns.as_ref().map(File::as_raw_fd) {
+        // SAFETY: runs between fork and exec and makes only the async-signal-safe setns
+        // call on an fd that stays open (in `ns`) until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
 
     let started = Instant::now();

@@ -1,11 +1,14 @@
 //! The result model every section fills and the report, the charts and `results.json` read:
-//! the subjects, per-repeat summaries, and table rows holding one cell per subject. A cell
-//! is a measured value or says plainly why there is none (not implemented, not applicable,
-//! failed), so a missing figure can never pass for a measured one.
+//! the subjects, per-repeat summaries, and table rows holding one cell per subject for one
+//! [`Metric`]. A cell is a measured value or says plainly why there is none (not
+//! implemented, not applicable, failed), so a missing figure can never pass for a measured
+//! one.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::metric::{Better, Metric};
 
 /// What is measured. Declaration order is the report's column order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -58,15 +61,12 @@ impl Summary {
         }
         Some(Summary {
             n: v.len(),
-            median: crate::bench::stats::median(&v),
+            median: crate::stats::median(&v),
             min: v.iter().copied().fold(f64::INFINITY, f64::min),
             max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         })
     }
 }
-
-/// The bandwidth table's summary row: the worst deviation from the limit of a subject.
-pub const DEVIATION_ROW: &str = "largest deviation from the limit, any configuration";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
@@ -114,31 +114,63 @@ impl Cell {
     }
 }
 
-/// Which way is better for a figure (decides nothing but the wording of ratios).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Better {
-    Lower,
-    Higher,
-    Neither,
-}
-
-/// One line of a table: a figure and each subject's cell.
+/// One line of a table: a figure and each subject's cell. In JSON (results.json, and the
+/// bandwidth section's output from a guest) it carries the metric's name, unit and better
+/// direction as text, and the typed metric as `id`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(into = "RowJson", from = "RowJson")]
 pub struct Row {
-    pub metric: String,
-    pub unit: String,
-    pub better: Better,
+    pub metric: Metric,
     pub cells: BTreeMap<Subject, Cell>,
 }
 
-impl Row {
-    pub fn new(metric: impl Into<String>, unit: &str, better: Better) -> Self {
+#[derive(Serialize, Deserialize)]
+struct RowJson {
+    metric: String,
+    unit: String,
+    better: Better,
+    cells: BTreeMap<Subject, Cell>,
+    id: Metric,
+}
+
+impl From<Row> for RowJson {
+    fn from(r: Row) -> Self {
         Self {
-            metric: metric.into(),
-            unit: unit.to_owned(),
-            better,
+            metric: r.metric.name(),
+            unit: r.metric.unit().to_owned(),
+            better: r.metric.better(),
+            cells: r.cells,
+            id: r.metric,
+        }
+    }
+}
+
+impl From<RowJson> for Row {
+    fn from(r: RowJson) -> Self {
+        Self {
+            metric: r.id,
+            cells: r.cells,
+        }
+    }
+}
+
+impl Row {
+    pub fn new(metric: Metric) -> Self {
+        Self {
+            metric,
             cells: BTreeMap::new(),
+        }
+    }
+
+    pub fn unit(&self) -> &'static str {
+        self.metric.unit()
+    }
+
+    /// The same row as the headline names it.
+    pub fn headline(&self) -> Row {
+        Row {
+            metric: self.metric.clone().headline(),
+            cells: self.cells.clone(),
         }
     }
 
@@ -182,8 +214,8 @@ impl Table {
         }
     }
 
-    pub fn row(&self, metric: &str) -> Option<&Row> {
-        self.rows.iter().find(|r| r.metric == metric)
+    pub fn row(&self, metric: &Metric) -> Option<&Row> {
+        self.rows.iter().find(|r| &r.metric == metric)
     }
 }
 
@@ -222,8 +254,8 @@ impl Repeats {
         }
     }
 
-    pub fn row(&self, metric: impl Into<String>, unit: &str, better: Better) -> Row {
-        let mut row = Row::new(metric, unit, better);
+    pub fn row(&self, metric: Metric) -> Row {
+        let mut row = Row::new(metric);
         for s in Subject::ALL {
             if self.values.contains_key(&s) || self.instead.contains_key(&s) {
                 row.cells.insert(s, self.cell(s));
@@ -256,5 +288,24 @@ mod tests {
         let s = Summary::of(&[3.0, 1.0, 2.0]).unwrap();
         assert_eq!((s.n, s.median, s.min, s.max), (3, 2.0, 1.0, 3.0));
         assert!(Summary::of(&[f64::NAN]).is_none());
+    }
+
+    /// A row's JSON keeps the text fields readers of results.json match on, and comes back
+    /// as the same typed row (the bandwidth section's output crosses from a guest this way).
+    #[test]
+    fn row_json_has_the_names_and_round_trips() {
+        let metric = crate::metric::Metric::Accuracy {
+            rate: 100_000_000,
+            dir: crate::metric::Dir::Egress,
+            udp: false,
+        };
+        let row = Row::new(metric.clone()).with(Subject::EbpfCni, Cell::not_run("x"));
+        let v = serde_json::to_value(&row).unwrap();
+        assert_eq!(v["metric"], "100 Mbit/s egress limit, TCP");
+        assert_eq!(v["unit"], "% of limit");
+        assert_eq!(v["better"], "neither");
+        let back: Row = serde_json::from_value(v).unwrap();
+        assert_eq!(back.metric, metric);
+        assert!(matches!(back.cell(Subject::EbpfCni), Cell::NotRun { .. }));
     }
 }

@@ -13,11 +13,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use ebpf_cni_tests::Netns;
 
-use crate::bench::load::{self, EchoServer, Iperf3Server, Proto};
-use crate::bench::model::{Better, Cell, Repeats, Row, Subject, Summary, Table};
-use crate::bench::stats::percentile;
-use crate::bench::topo::{self, BenchNode, Binaries, Pod, VethPair};
-use crate::bench::{progress, Params};
+use crate::log::progress;
+use crate::metric::{Metric, PathKind};
+use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, VethPair};
+use crate::stats::percentile;
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -25,29 +27,6 @@ const IPERF_HOST_PORT: u16 = 28_080;
 const ECHO_HOST_PORT: u16 = 28_081;
 /// Request/response time per repeat is split into this many alternating slices.
 const RR_SLICES: u32 = 4;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum PathKind {
-    PodToPod,
-    NodeToPod,
-    ExtToHostPort,
-}
-
-impl PathKind {
-    pub const ALL: [PathKind; 3] = [
-        PathKind::PodToPod,
-        PathKind::NodeToPod,
-        PathKind::ExtToHostPort,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            PathKind::PodToPod => "pod → pod",
-            PathKind::NodeToPod => "node → pod",
-            PathKind::ExtToHostPort => "external → hostPort → pod",
-        }
-    }
-}
 
 /// Whether a subject's hostPort worked, with what the probe saw.
 pub type HostPortProbe = BTreeMap<Subject, std::result::Result<(), String>>;
@@ -140,7 +119,7 @@ impl Setup {
             )),
             (Setup::Cni(c), PathKind::ExtToHostPort) => c.hostport_ok.then(|| {
                 (
-                    &c.node.ext,
+                    c.node.ext(),
                     (topo::NODE_UPLINK_IP, IPERF_HOST_PORT).into(),
                     (topo::NODE_UPLINK_IP, ECHO_HOST_PORT).into(),
                 )
@@ -166,7 +145,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             Ok(mut setup) => {
                 if let Setup::Cni(c) = &mut setup {
                     let target = SocketAddr::from((topo::NODE_UPLINK_IP, ECHO_HOST_PORT));
-                    let probe = load::probe_echo(&c.node.ext, target);
+                    let probe = load::probe_echo(c.node.ext(), target);
                     c.hostport_ok = probe.is_ok();
                     hostport.insert(s, probe.map_err(|e| e.root_cause().to_string()));
                 }
@@ -190,7 +169,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                     (Subject::Veth, _) => Cell::NotApplicable,
                     (_, Some(Err(e))) => Cell::not_implemented(&format!(
                         "hostPort not provided (issue 4); probe from the external client: {}",
-                        crate::bench::model::first_line(e)
+                        crate::model::first_line(e)
                     )),
                     _ => Cell::NotApplicable,
                 };
@@ -279,11 +258,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let over = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut throughput = Table::new("TCP throughput, single stream (iperf3)", over.clone());
     for path in PathKind::ALL {
-        throughput.rows.push(tput.entry(path).or_default().row(
-            path.label(),
-            "Gbit/s",
-            Better::Higher,
-        ));
+        throughput
+            .rows
+            .push(tput.entry(path).or_default().row(Metric::Throughput(path)));
     }
     if let Some(row) = percent_of_veth(tput.entry(PathKind::PodToPod).or_default()) {
         throughput.rows.insert(1, row);
@@ -306,21 +283,12 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
     let mut rr = Table::new("Request/response latency and connection rate", over);
     for path in rr_paths {
-        rr.rows.push(rr_p50.entry(path).or_default().row(
-            format!("TCP_RR p50, {}", path.label()),
-            "µs",
-            Better::Lower,
-        ));
-        rr.rows.push(rr_p99.entry(path).or_default().row(
-            format!("TCP_RR p99, {}", path.label()),
-            "µs",
-            Better::Lower,
-        ));
-        rr.rows.push(crr.entry(path).or_default().row(
-            format!("TCP_CRR, {}", path.label()),
-            "conn/s",
-            Better::Higher,
-        ));
+        rr.rows
+            .push(rr_p50.entry(path).or_default().row(Metric::RrP50(path)));
+        rr.rows
+            .push(rr_p99.entry(path).or_default().row(Metric::RrP99(path)));
+        rr.rows
+            .push(crr.entry(path).or_default().row(Metric::Crr(path)));
     }
     rr.notes = vec![
         format!(
@@ -352,7 +320,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 fn percent_of_veth(r: &Repeats) -> Option<Row> {
     let veth = r.values(Subject::Veth);
     let veth_median = r.cell(Subject::Veth).value()?.median;
-    let mut row = Row::new("pod → pod, % of plain veth", "%", Better::Higher);
+    let mut row = Row::new(Metric::PodToPodOfVeth);
     for s in Subject::CNI {
         let v = r.values(s);
         let cell = if !v.is_empty() && v.len() == veth.len() {

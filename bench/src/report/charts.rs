@@ -10,9 +10,11 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::bench::lifecycle::Samples;
-use crate::bench::model::{Cell, Row, Subject, Table};
-use crate::bench::scale::Point;
+use crate::format::short_num;
+use crate::metric::Metric;
+use crate::model::{Cell, Row, Subject, Table};
+use crate::sections::lifecycle::Samples;
+use crate::sections::scale::Point;
 
 const FONT: &str = "sans-serif";
 
@@ -105,7 +107,7 @@ fn ecdf_panel(area: &Area, name: &str, data: &BTreeMap<Subject, Vec<f64>>) -> Re
             pts.push((*x, i as f64 / n));
             pts.push((*x, (i + 1) as f64 / n));
         }
-        let p50 = crate::bench::stats::median(&sorted);
+        let p50 = crate::stats::median(&sorted);
         chart
             .draw_series(LineSeries::new(pts, c.stroke_width(3)))
             .map_err(err)?
@@ -301,14 +303,9 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let tput: Vec<&Row> = throughput
         .rows
         .iter()
-        .filter(|r| r.unit == "Gbit/s")
+        .filter(|r| matches!(r.metric, Metric::Throughput(_)))
         .collect();
-    let short = |r: &Row| {
-        r.metric
-            .replace("external → hostPort → pod", "ext → hostPort")
-            .replace("TCP_RR p50, ", "")
-            .replace("TCP_CRR, ", "")
-    };
+    let short = |r: &Row| r.metric.short_label();
     bar_panel(
         &panels[0],
         "TCP throughput, one stream",
@@ -320,7 +317,7 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let rr_rows: Vec<&Row> = rr
         .rows
         .iter()
-        .filter(|r| r.metric.starts_with("TCP_RR p50"))
+        .filter(|r| matches!(r.metric, Metric::RrP50(_)))
         .collect();
     bar_panel(
         &panels[1],
@@ -333,7 +330,7 @@ pub fn traffic(dir: &Path, throughput: &Table, rr: &Table) -> Result<PathBuf> {
     let crr_rows: Vec<&Row> = rr
         .rows
         .iter()
-        .filter(|r| r.metric.starts_with("TCP_CRR"))
+        .filter(|r| matches!(r.metric, Metric::Crr(_)))
         .collect();
     bar_panel(
         &panels[2],
@@ -353,23 +350,12 @@ pub fn bandwidth(dir: &Path, table: &Table) -> Result<PathBuf> {
     let rows: Vec<&Row> = table
         .rows
         .iter()
-        .filter(|r| r.unit == "% of limit" && r.metric != crate::bench::model::DEVIATION_ROW)
+        .filter(|r| matches!(r.metric, Metric::Accuracy { .. }))
         .collect();
     let width = (320 + rows.len() as u32 * 130).max(900);
     let root = SVGBackend::new(&path, (width, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let short = |r: &Row| {
-        r.metric
-            .replace(" limit, ", " ")
-            .replace("ingress", "in")
-            .replace("egress", "out")
-            .replace(" Mbit/s", "M")
-            .replace(" Gbit/s", "G")
-            .split(" sent at")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let short = |r: &Row| r.metric.short_label();
     bar_panel(
         &root,
         "Bandwidth limits: achieved rate on the wire as % of the limit (green band: ±5% goal)",
@@ -451,7 +437,7 @@ pub fn scale(
             .configure_mesh()
             .x_desc("K (hostPort mappings installed)")
             .y_desc(unit)
-            .x_label_formatter(&|v| crate::bench::scale::thousands(v.round().max(0.0) as usize))
+            .x_label_formatter(&|v| crate::format::thousands(v.round().max(0.0) as usize))
             .y_label_formatter(&|v| axis_num(*v))
             .label_style((FONT, 14))
             .draw()
@@ -546,31 +532,8 @@ fn round_ticks(lo: f64, hi: f64) -> Vec<f64> {
 /// An axis label: whole numbers without decimals.
 fn axis_num(v: f64) -> String {
     if v >= 0.0 && (v - v.round()).abs() < 1e-9 {
-        crate::bench::scale::thousands(v.round() as usize)
+        crate::format::thousands(v.round() as usize)
     } else {
         short_num(v)
-    }
-}
-
-/// 0.0123 → "0.012", 12.34 → "12.3", 12345 → "12,345".
-pub fn short_num(v: f64) -> String {
-    let a = v.abs();
-    if v.fract() == 0.0 && a < 1e15 {
-        let sign = if v < 0.0 { "-" } else { "" };
-        format!("{sign}{}", crate::bench::scale::thousands(a as usize))
-    } else if a >= 1000.0 {
-        let sign = if v < 0.0 { "-" } else { "" };
-        format!(
-            "{sign}{}",
-            crate::bench::scale::thousands(a.round() as usize)
-        )
-    } else if a >= 100.0 || a == 0.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
     }
 }

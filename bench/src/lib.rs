@@ -1,0 +1,146 @@
+//! The benchmark (`cargo xtask bench` runs this crate's binary): ebpf-cni against the
+//! reference chain (Debian's ptp + host-local + portmap + bandwidth) and a plain veth pair,
+//! in one run with identical inputs, driven as a runtime drives CNI plugins, from inside
+//! test-made node namespaces.
+//!
+//! Sections: lifecycle (ADD/CHECK/DEL latency, cost of one ADD, concurrency), traffic
+//! (throughput, TCP_RR, TCP_CRR), port-map scale, bandwidth accuracy, cleanup and
+//! masquerade (pod → a host without a route back: throughput, TCP_CRR, flows held) and
+//! metrics (`ebpf-cni metrics` on a node of 1,000 pods). Subjects
+//! alternate within every repeat so the noise of this shared machine hits all of them, and
+//! every figure is a median with its range. A feature a subject lacks is found by a probe
+//! and reported as "not implemented" instead of a number, so the bench grows with the
+//! plugin without edits. Writes `REPORT.md`, `results.json` and SVG charts to the output
+//! directory and prints the headline table.
+//!
+//! Timing figures are never asserted: the run fails (after writing the report) only when a
+//! measurement itself failed.
+
+//! The crate is laid out by what a run does: [`params`] sizes it, [`sections`] measure (on
+//! the namespaces, processes and traffic of [`rig`], built on the test harness's nodes), and
+//! fill the result model of [`model`] with rows of typed [`metric`]s; [`run`] runs the
+//! selected sections and [`report`] writes what they produced.
+
+pub mod format;
+pub mod log;
+pub mod metric;
+pub mod model;
+pub mod params;
+pub mod report;
+pub mod rig;
+pub mod run;
+pub mod sections;
+pub mod stats;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::log::progress;
+use crate::params::{Params, Section};
+use crate::run::{Plan, Run};
+use crate::sections::guest;
+
+/// The command line of `cargo xtask bench` (which passes its arguments on unchanged).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "ebpf-cni-bench",
+    bin_name = "cargo xtask bench",
+    about = "Build, then benchmark ebpf-cni against the reference plugin chain (needs root)"
+)]
+pub struct BenchArgs {
+    /// A short run (< 3 minutes) that CI uses so the benchmark cannot rot; its figures are
+    /// indicative only.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write REPORT.md, results.json and the charts [default: bench/ at the
+    /// workspace root; with --quick: bench-quick/ in cargo's target directory, so a CI run
+    /// never overwrites the committed report].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Benchmark this ebpf-cni binary instead of building one.
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Run only these sections (comma-separated); the others are reported as not run.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Section>,
+    /// Where the bandwidth section runs: `host`, or a guest booting Debian's kernel 5.10,
+    /// 6.1 or 6.12 [default: 6.12 when this machine's kernel has no sch_fq, else host].
+    #[arg(long, value_name = "KERNEL")]
+    pub bandwidth_kernel: Option<String>,
+    /// Inside such a guest: run the bandwidth section alone and write its output here.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub guest_output: Option<PathBuf>,
+}
+
+/// The task's name in messages (root check, the report's command line).
+const TASK: &str = "cargo xtask bench";
+/// Where the plugin is staged when the bench builds it (see [`xtask::prepare`]).
+const STAGE_DIR: &str = "bench-plugin";
+
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    let started = Instant::now();
+    progress("starting");
+    let params = if args.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
+    if let Some(file) = &args.guest_output {
+        xtask::prepare::require_root(TASK)?;
+        let plugin = args
+            .plugin
+            .as_deref()
+            .context("--guest-output needs --plugin")?;
+        return guest::serve(&params, plugin, file);
+    }
+    let bandwidth_kernel = match args.bandwidth_kernel.as_deref() {
+        Some("host") => None,
+        Some(k) => Some(k.to_owned()),
+        None => (!guest::host_has_fq()).then(|| "6.12".to_owned()),
+    };
+    let plugin = xtask::prepare::prepare(TASK, STAGE_DIR, args.plugin.as_deref())?;
+    for tool in ["ptp", "host-local", "portmap", "bandwidth"] {
+        let p = Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(tool);
+        if !p.is_file() {
+            bail!("the reference plugin {} is missing", p.display());
+        }
+    }
+    ebpf_cni_tests::bpf::ensure_bpffs()?;
+    let out_dir = match &args.out {
+        Some(d) => d.clone(),
+        None if args.quick => xtask::build::target_dir()?.join("bench-quick"),
+        None => xtask::build::workspace_root().join("bench"),
+    };
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+
+    let mut command = String::from(TASK);
+    if args.quick {
+        command.push_str(" --quick");
+    }
+    if !args.only.is_empty() {
+        let names: Vec<String> = args
+            .only
+            .iter()
+            .map(|s| format!("{s:?}").to_lowercase())
+            .collect();
+        command.push_str(&format!(" --only {}", names.join(",")));
+    }
+    let machine = rig::machine::collect(&plugin);
+    progress(&format!(
+        "{} run, plugin {}, report to {}",
+        if args.quick { "quick" } else { "full" },
+        plugin.display(),
+        out_dir.display()
+    ));
+    let plan = Plan {
+        params: &params,
+        plugin: &plugin,
+        only: &args.only,
+        bandwidth_kernel: bandwidth_kernel.as_deref(),
+    };
+    let run = Run::sections(&plan, machine, command, started);
+    report::write(&run, &out_dir)
+}

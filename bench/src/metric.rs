@@ -1,0 +1,446 @@
+//! What a row of the report measures, as a type: every figure any section takes, with the
+//! parameters that tell its rows apart (a path, a rate, a K). Its name, unit and better
+//! direction come from here, so the sections that fill rows and the report, the charts and
+//! the targets that look rows up agree by construction, not by spelling the same string.
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{rate, thousands};
+
+/// Issue 18: reading all maps of a node of [`METRICS_TARGET_PODS`] pods takes less than this.
+pub const METRICS_TARGET_MS: f64 = 100.0;
+pub const METRICS_TARGET_PODS: usize = 1_000;
+
+/// Which way is better for a figure (decides nothing but the wording of ratios).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Better {
+    Lower,
+    Higher,
+    Neither,
+}
+
+/// A path the traffic section measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathKind {
+    PodToPod,
+    NodeToPod,
+    ExtToHostPort,
+}
+
+impl PathKind {
+    pub const ALL: [PathKind; 3] = [
+        PathKind::PodToPod,
+        PathKind::NodeToPod,
+        PathKind::ExtToHostPort,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            PathKind::PodToPod => "pod → pod",
+            PathKind::NodeToPod => "node → pod",
+            PathKind::ExtToHostPort => "external → hostPort → pod",
+        }
+    }
+
+    /// The label under a chart's bars.
+    pub fn short_label(self) -> &'static str {
+        match self {
+            PathKind::ExtToHostPort => "ext → hostPort",
+            p => p.label(),
+        }
+    }
+}
+
+/// The direction of a bandwidth limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dir {
+    /// Towards the pod (the external client sends).
+    Ingress,
+    /// From the pod.
+    Egress,
+}
+
+impl Dir {
+    pub fn label(self) -> &'static str {
+        match self {
+            Dir::Ingress => "ingress",
+            Dir::Egress => "egress",
+        }
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            Dir::Ingress => "in",
+            Dir::Egress => "out",
+        }
+    }
+}
+
+/// The figures of one K of the port-map scale section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScaleFigure {
+    ConnectFirst,
+    ConnectNewest,
+    OneMoreAdd,
+    /// The same ADD on the subject's K = 0 control node, interleaved.
+    ControlAdd,
+    OneMoreDel,
+    /// Total ADD time of the background pods holding the K mappings.
+    Install,
+}
+
+impl ScaleFigure {
+    pub const ALL: [ScaleFigure; 6] = [
+        ScaleFigure::ConnectFirst,
+        ScaleFigure::ConnectNewest,
+        ScaleFigure::OneMoreAdd,
+        ScaleFigure::ControlAdd,
+        ScaleFigure::OneMoreDel,
+        ScaleFigure::Install,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ScaleFigure::ConnectFirst => "connect latency via the first pod's hostPort",
+            ScaleFigure::ConnectNewest => "connect latency via the newest pod's hostPort",
+            ScaleFigure::OneMoreAdd => "one more ADD",
+            ScaleFigure::ControlAdd => "the same ADD on the control node (K = 0), meanwhile",
+            ScaleFigure::OneMoreDel => "one more DEL",
+            ScaleFigure::Install => "install the K mappings (total)",
+        }
+    }
+}
+
+/// One figure of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Metric {
+    // Lifecycle.
+    AddP50,
+    AddP95,
+    CheckP50,
+    CheckP95,
+    DelP50,
+    DelP95,
+    FirstAdd,
+    LaterAdds,
+    /// CPU time of one ADD, in the resources table.
+    AddCpu,
+    /// The same, in the dual-stack table (named in full there).
+    AddCpuDualStack,
+    AddPeakRss,
+    /// One plugin of the list alone.
+    PluginAdd {
+        plugin: String,
+    },
+    /// `concurrent` ADDs at once: the wall time of all.
+    ConcurrentAdds {
+        concurrent: usize,
+    },
+    ConcurrentDels,
+    DistinctAddresses,
+    FailedOperations,
+    // Traffic.
+    Throughput(PathKind),
+    /// pod → pod as a share of the plain veth pair's.
+    PodToPodOfVeth,
+    RrP50(PathKind),
+    RrP99(PathKind),
+    Crr(PathKind),
+    // Port-map scale.
+    Scale {
+        figure: ScaleFigure,
+        k: usize,
+    },
+    // Bandwidth.
+    PingIdle,
+    /// Achieved / configured rate of one configuration.
+    Accuracy {
+        rate: u64,
+        dir: Dir,
+        udp: bool,
+    },
+    PingUnderLoad {
+        rate: u64,
+        dir: Dir,
+    },
+    /// The worst |median − 100%| over every configuration.
+    WorstDeviation,
+    // Cleanup.
+    LeftAfterDels,
+    // Masquerade.
+    MasqThroughput,
+    MasqCrr,
+    /// The control: the same path not translated, the host routing back to the pods.
+    MasqCrrRouted,
+    MasqDroppedFlows,
+    FlowsOffered,
+    FlowsHeld,
+    /// Held / offered, of `flows` opened at once.
+    FlowsHeldShare {
+        flows: usize,
+    },
+    FlowsDropped,
+    FlowTableEntries,
+    FlowTableCapacity,
+    FlowSendTime,
+    // Metrics.
+    MetricsRead {
+        pods: usize,
+    },
+    MetricsProcessWall {
+        pods: usize,
+    },
+    MetricsProcessCpu {
+        pods: usize,
+    },
+    /// A figure as the headline table names it.
+    Headline(Box<Metric>),
+}
+
+impl Metric {
+    /// The row's name in its table.
+    pub fn name(&self) -> String {
+        use Metric::*;
+        match self {
+            AddP50 => "ADD p50".into(),
+            AddP95 => "ADD p95".into(),
+            CheckP50 => "CHECK p50".into(),
+            CheckP95 => "CHECK p95".into(),
+            DelP50 => "DEL p50".into(),
+            DelP95 => "DEL p95".into(),
+            FirstAdd => "first ADD on a fresh node".into(),
+            LaterAdds => "later ADDs (p50)".into(),
+            AddCpu => "CPU time (user+sys), p50".into(),
+            AddCpuDualStack => "CPU time of one ADD (user+sys), p50".into(),
+            AddPeakRss => "peak RSS, p50".into(),
+            PluginAdd { plugin } => format!("ADD: `{plugin}` alone, p50"),
+            ConcurrentAdds { .. } => "wall time of all ADDs".into(),
+            ConcurrentDels => "wall time of all DELs".into(),
+            DistinctAddresses => "distinct IPv4 addresses".into(),
+            FailedOperations => "failed operations".into(),
+            Throughput(p) => p.label().into(),
+            PodToPodOfVeth => "pod → pod, % of plain veth".into(),
+            RrP50(p) => format!("TCP_RR p50, {}", p.label()),
+            RrP99(p) => format!("TCP_RR p99, {}", p.label()),
+            Crr(p) => format!("TCP_CRR, {}", p.label()),
+            Scale { figure, k } => format!("{}, K = {}", figure.label(), thousands(*k)),
+            PingIdle => "ping pod → external, idle".into(),
+            Accuracy {
+                rate: r,
+                dir,
+                udp: true,
+            } => format!(
+                "{} {} limit, UDP sent at {}",
+                rate(*r),
+                dir.label(),
+                rate(2 * r)
+            ),
+            Accuracy {
+                rate: r,
+                dir,
+                udp: false,
+            } => format!("{} {} limit, TCP", rate(*r), dir.label()),
+            PingUnderLoad { rate: r, dir } => {
+                format!("ping under that TCP load ({} {})", rate(*r), dir.label())
+            }
+            WorstDeviation => "largest deviation from the limit, any configuration".into(),
+            LeftAfterDels => "left after the 4 DEL scenarios".into(),
+            MasqThroughput => "TCP throughput, pod → external host".into(),
+            MasqCrr => "TCP_CRR, pod → external host".into(),
+            MasqCrrRouted => {
+                "TCP_CRR, pod → external host, not translated (the host routes to the pods)".into()
+            }
+            MasqDroppedFlows => {
+                "new flows the node dropped (all throughput and TCP_CRR runs)".into()
+            }
+            FlowsOffered => "flows offered".into(),
+            FlowsHeld => "flows held by the node's flow table".into(),
+            FlowsHeldShare { .. } => "held / offered".into(),
+            FlowsDropped => "new flows dropped".into(),
+            FlowTableEntries => "flow table entries after".into(),
+            FlowTableCapacity => "flow table capacity".into(),
+            FlowSendTime => "time to send the datagrams".into(),
+            MetricsRead { pods } => {
+                let target = if *pods == METRICS_TARGET_PODS {
+                    format!("target < {METRICS_TARGET_MS:.0} ms")
+                } else {
+                    format!(
+                        "target < {METRICS_TARGET_MS:.0} ms at {} pods",
+                        thousands(METRICS_TARGET_PODS)
+                    )
+                };
+                format!(
+                    "reading the maps (ebpf_cni_metrics_read_seconds), {} pods; {target}",
+                    thousands(*pods)
+                )
+            }
+            MetricsProcessWall { pods } => format!(
+                "`ebpf-cni metrics` process, wall time, {} pods",
+                thousands(*pods)
+            ),
+            MetricsProcessCpu { pods } => format!(
+                "`ebpf-cni metrics` process, CPU time (user+sys), {} pods",
+                thousands(*pods)
+            ),
+            Headline(m) => m.headline_name(),
+        }
+    }
+
+    /// The name in the headline table, where a row stands without its table's title.
+    fn headline_name(&self) -> String {
+        use Metric::*;
+        match self {
+            AddCpu => "CPU time of one ADD, p50".into(),
+            AddPeakRss => "peak RSS of one ADD, p50".into(),
+            ConcurrentAdds { concurrent } => format!("{concurrent} concurrent ADDs, wall time"),
+            Throughput(p) => format!("TCP throughput {}", p.label()),
+            PodToPodOfVeth => "pod → pod as % of plain veth".into(),
+            MasqThroughput => "TCP throughput pod → external host, masqueraded".into(),
+            MasqCrr => "TCP_CRR pod → external host, masqueraded".into(),
+            MasqCrrRouted => "TCP_CRR pod → external host, routed back (control)".into(),
+            FlowsHeldShare { flows } => format!(
+                "masqueraded UDP flows held, of {} opened at once",
+                thousands(*flows)
+            ),
+            m => m.name(),
+        }
+    }
+
+    pub fn unit(&self) -> &'static str {
+        use Metric::*;
+        match self {
+            AddP50
+            | AddP95
+            | CheckP50
+            | CheckP95
+            | DelP50
+            | DelP95
+            | FirstAdd
+            | LaterAdds
+            | AddCpu
+            | AddCpuDualStack
+            | PluginAdd { .. }
+            | ConcurrentAdds { .. }
+            | ConcurrentDels
+            | PingIdle
+            | PingUnderLoad { .. }
+            | MetricsRead { .. }
+            | MetricsProcessWall { .. }
+            | MetricsProcessCpu { .. } => "ms",
+            AddPeakRss => "MiB",
+            DistinctAddresses | FailedOperations => "",
+            Throughput(_) | MasqThroughput => "Gbit/s",
+            PodToPodOfVeth | FlowsHeldShare { .. } => "%",
+            RrP50(_) | RrP99(_) => "µs",
+            Crr(_) | MasqCrr | MasqCrrRouted => "conn/s",
+            Scale { figure, .. } => match figure {
+                ScaleFigure::ConnectFirst | ScaleFigure::ConnectNewest => "µs",
+                ScaleFigure::OneMoreAdd | ScaleFigure::ControlAdd | ScaleFigure::OneMoreDel => "ms",
+                ScaleFigure::Install => "s",
+            },
+            Accuracy { .. } | WorstDeviation => "% of limit",
+            LeftAfterDels => "objects",
+            MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",
+            FlowTableEntries | FlowTableCapacity => "entries",
+            FlowSendTime => "s",
+            Headline(m) => m.unit(),
+        }
+    }
+
+    pub fn better(&self) -> Better {
+        use Metric::*;
+        match self {
+            DistinctAddresses
+            | Throughput(_)
+            | PodToPodOfVeth
+            | Crr(_)
+            | MasqThroughput
+            | MasqCrr
+            | MasqCrrRouted
+            | FlowsHeld
+            | FlowsHeldShare { .. }
+            | FlowTableCapacity => Better::Higher,
+            Accuracy { .. } | FlowsOffered | FlowTableEntries => Better::Neither,
+            Headline(m) => m.better(),
+            _ => Better::Lower,
+        }
+    }
+
+    /// This figure as the headline names it.
+    pub fn headline(self) -> Metric {
+        match self {
+            h @ Metric::Headline(_) => h,
+            m => Metric::Headline(Box::new(m)),
+        }
+    }
+
+    /// The label under a chart's bar: the path of a traffic figure, the configuration of a
+    /// bandwidth one.
+    pub fn short_label(&self) -> String {
+        match self {
+            Metric::Throughput(p) | Metric::RrP50(p) | Metric::RrP99(p) | Metric::Crr(p) => {
+                p.short_label().to_owned()
+            }
+            Metric::Accuracy { rate: r, dir, udp } => {
+                let short = rate(*r).replace(" Mbit/s", "M").replace(" Gbit/s", "G");
+                format!(
+                    "{short} {} {}",
+                    dir.short(),
+                    if *udp { "UDP" } else { "TCP" }
+                )
+            }
+            m => m.name(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the report has always used (results.json readers match on them).
+    #[test]
+    fn names_and_units() {
+        let acc = |udp| Metric::Accuracy {
+            rate: 10_000_000,
+            dir: Dir::Ingress,
+            udp,
+        };
+        assert_eq!(acc(false).name(), "10 Mbit/s ingress limit, TCP");
+        assert_eq!(
+            acc(true).name(),
+            "10 Mbit/s ingress limit, UDP sent at 20 Mbit/s"
+        );
+        assert_eq!(acc(true).short_label(), "10M in UDP");
+        assert_eq!(acc(true).unit(), "% of limit");
+        let k = Metric::Scale {
+            figure: ScaleFigure::ConnectNewest,
+            k: 10_000,
+        };
+        assert_eq!(
+            k.name(),
+            "connect latency via the newest pod's hostPort, K = 10,000"
+        );
+        assert_eq!(
+            Metric::Throughput(PathKind::ExtToHostPort)
+                .headline()
+                .name(),
+            "TCP throughput external → hostPort → pod"
+        );
+        assert_eq!(
+            Metric::ConcurrentAdds { concurrent: 32 }.headline().name(),
+            "32 concurrent ADDs, wall time"
+        );
+        assert_eq!(Metric::LaterAdds.headline().name(), "later ADDs (p50)");
+        assert_eq!(Metric::Crr(PathKind::PodToPod).better(), Better::Higher);
+        assert_eq!(
+            Metric::MetricsRead { pods: 1_000 }.name(),
+            "reading the maps (ebpf_cni_metrics_read_seconds), 1,000 pods; target < 100 ms"
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! The targets of issues 3–6 and 18: each goal with ebpf-cni's and the reference chain's
+//! figure and whether the goal is met.
+
+use crate::format::{short_num, thousands};
+use crate::metric::{Metric, PathKind, METRICS_TARGET_MS, METRICS_TARGET_PODS};
+use crate::model::{Cell, Row, Subject, Table};
+use crate::run::Run;
+use crate::sections::scale::Point;
+
+use super::headline::cleanup_row;
+use super::table::cell_reason;
+
+/// One goal of the issues, with each subject's figure and whether ebpf-cni meets it.
+pub struct Target {
+    pub goal: &'static str,
+    /// The issues that set it.
+    pub source: &'static str,
+    pub ebpf: String,
+    pub reference: String,
+    pub status: String,
+}
+
+fn median_of(t: Option<&Table>, metric: &Metric, s: Subject) -> Result<f64, String> {
+    let Some(row) = t.and_then(|t| t.row(metric)) else {
+        return Err("section not run".into());
+    };
+    match row.cell(s) {
+        Cell::Value(v) => Ok(v.median),
+        c => Err(brief(
+            &cell_reason(&c).unwrap_or_else(|| "no figure".into()),
+        )),
+    }
+}
+
+/// A reason short enough for a table cell (the full text is under the section's table).
+fn brief(s: &str) -> String {
+    match s.char_indices().nth(90) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+fn status(ok: bool) -> String {
+    if ok { "**met**" } else { "**missed**" }.to_owned()
+}
+
+/// The status of a target ebpf-cni has no figure for; the reason is in its column.
+fn not_yet() -> String {
+    "not measurable yet".to_owned()
+}
+
+pub fn targets(run: &Run) -> Vec<Target> {
+    let mut out = Vec::new();
+    let lat = run.lifecycle.as_ref().map(|l| &l.latency);
+    for (goal, source, metric, limit, issue_ref) in [
+        (
+            "ADD p50 ≤ 10 ms",
+            "3, 6",
+            Metric::AddP50,
+            10.0,
+            "issue: ≈ 65 ms",
+        ),
+        (
+            "DEL p50 ≤ 10 ms",
+            "6",
+            Metric::DelP50,
+            10.0,
+            "issue: ≈ 180 ms",
+        ),
+        (
+            "CHECK p50 ≤ 5 ms",
+            "6",
+            Metric::CheckP50,
+            5.0,
+            "issue: ≈ 27 ms",
+        ),
+    ] {
+        let e = median_of(lat, &metric, Subject::EbpfCni);
+        let r = median_of(lat, &metric, Subject::Reference);
+        out.push(Target {
+            goal,
+            source,
+            ebpf: e
+                .as_ref()
+                .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v))),
+            reference: format!(
+                "{} ({issue_ref})",
+                r.as_ref()
+                    .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v)))
+            ),
+            status: match e {
+                Ok(v) => status(v <= limit),
+                Err(_) => not_yet(),
+            },
+        });
+    }
+
+    let tput = run.traffic.as_ref().map(|t| &t.throughput);
+    let pct = |s| median_of(tput, &Metric::PodToPodOfVeth, s);
+    out.push(Target {
+        goal: "pod → pod throughput ≥ 93% of a plain veth pair",
+        source: "3, 6",
+        ebpf: pct(Subject::EbpfCni).map_or_else(|w| w, |v| format!("{v:.0}%")),
+        reference: format!(
+            "{} (issue: ≈ 80%)",
+            pct(Subject::Reference).map_or_else(|w| w, |v| format!("{v:.0}%"))
+        ),
+        status: match pct(Subject::EbpfCni) {
+            Ok(v) => status(v >= 93.0),
+            Err(_) => not_yet(),
+        },
+    });
+
+    let rr = run.traffic.as_ref().map(|t| &t.rr);
+    let rr_p50 = Metric::RrP50(PathKind::PodToPod);
+    let e = median_of(rr, &rr_p50, Subject::EbpfCni);
+    let r = median_of(rr, &rr_p50, Subject::Reference);
+    out.push(Target {
+        goal: "TCP_RR latency pod → pod lower than the reference chain's",
+        source: "3",
+        ebpf: e
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} µs", short_num(*v))),
+        reference: r
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} µs", short_num(*v))),
+        status: match (&e, &r) {
+            (Ok(e), Ok(r)) => status(e < r),
+            (Err(_), _) | (_, Err(_)) => not_yet(),
+        },
+    });
+
+    for (goal, pick, unit) in [
+        (
+            "connect latency through a hostPort flat (±20%) from K = 0 to 10,000 (the worse of \
+             the first and the newest pod's hostPort)",
+            (|p: &Point| p.connect_us.median.max(p.connect_newest_us.median)) as fn(&_) -> f64,
+            "µs",
+        ),
+        (
+            "one more ADD flat (±20%) from K = 0 to 10,000, as a multiple of the same ADD on \
+             the subject's K = 0 control node at the same time",
+            |p: &Point| p.add_ms.median / p.control_add_ms.median,
+            "× control",
+        ),
+    ] {
+        let curve = |s| run.scale.as_ref().and_then(|sc| sc.curves.get(&s));
+        let growth = |s| -> Result<(f64, f64, usize), String> {
+            let c = curve(s).ok_or_else(|| {
+                run.scale
+                    .as_ref()
+                    .and_then(|sc| sc.table.rows.first())
+                    .and_then(|r| cell_reason(&r.cell(s)))
+                    .map(|w| brief(&w))
+                    .unwrap_or_else(|| "section not run".into())
+            })?;
+            let first = c.iter().find(|p| p.k == 0).ok_or("no K = 0 point")?;
+            let last = c.last().ok_or("no points")?;
+            Ok((pick(first), pick(last), last.k))
+        };
+        let describe = |g: &Result<(f64, f64, usize), String>| match g {
+            Ok((a, b, k)) => format!(
+                "{} → {} {unit} at K = {} (×{:.2})",
+                short_num(*a),
+                short_num(*b),
+                thousands(*k),
+                b / a
+            ),
+            Err(w) => w.clone(),
+        };
+        let e = growth(Subject::EbpfCni);
+        let r = growth(Subject::Reference);
+        out.push(Target {
+            goal,
+            source: "4, 6",
+            ebpf: describe(&e),
+            reference: describe(&r),
+            status: match e {
+                Ok((a, b, 10_000)) => status((b / a - 1.0).abs() <= 0.2),
+                Ok((_, _, k)) => format!("not measurable yet (reached K = {} only)", thousands(k)),
+                Err(_) => not_yet(),
+            },
+        });
+    }
+
+    let bw = run.bandwidth.as_ref().map(|b| &b.table);
+    let e = median_of(bw, &Metric::WorstDeviation, Subject::EbpfCni);
+    let r = median_of(bw, &Metric::WorstDeviation, Subject::Reference);
+    out.push(Target {
+        goal: "rate accuracy within ±5% (every rate, direction, TCP and UDP)",
+        source: "5, 6",
+        ebpf: e
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("worst {v:.1}%")),
+        reference: r
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("worst {v:.1}%")),
+        status: match e {
+            Ok(v) => status(v <= 5.0),
+            Err(_) => not_yet(),
+        },
+    });
+    let loaded: Vec<&Row> = bw
+        .map(|t| {
+            t.rows
+                .iter()
+                .filter(|r| matches!(r.metric, Metric::PingUnderLoad { .. }))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ratios: Vec<f64> = loaded.iter().filter_map(|r| r.ratio()).collect();
+    let why_e = loaded
+        .first()
+        .and_then(|r| cell_reason(&r.cell(Subject::EbpfCni)))
+        .unwrap_or_else(|| "section not run".into());
+    out.push(Target {
+        goal: "ping under TCP load no worse than the reference's tbf + ifb (within 10%)",
+        source: "5",
+        ebpf: if ratios.is_empty() {
+            brief(&why_e)
+        } else {
+            format!(
+                "worst {:.2}× the reference's",
+                ratios.iter().copied().fold(0.0, f64::max)
+            )
+        },
+        reference: "—".into(),
+        status: if ratios.is_empty() || ratios.len() < loaded.len() {
+            not_yet()
+        } else {
+            status(ratios.iter().all(|x| *x <= 1.1))
+        },
+    });
+
+    let read = run.metrics.as_ref().map(|m| {
+        let v = m
+            .table
+            .row(&Metric::MetricsRead { pods: m.pods })
+            .map(|r| r.cell(Subject::EbpfCni))
+            .unwrap_or(Cell::NotApplicable);
+        (m.pods, v)
+    });
+    out.push(Target {
+        goal: "`ebpf-cni metrics` reads all maps of a node of 1,000 pods in < 100 ms",
+        source: "18",
+        ebpf: match &read {
+            Some((pods, Cell::Value(v))) => format!(
+                "{} ms (median, {} pods)",
+                short_num(v.median),
+                thousands(*pods)
+            ),
+            Some((_, c)) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
+            None => "section not run".into(),
+        },
+        reference: "— (no counters to export)".into(),
+        status: match &read {
+            Some((pods, Cell::Value(v))) if *pods >= METRICS_TARGET_PODS => {
+                status(v.median < METRICS_TARGET_MS)
+            }
+            Some((pods, Cell::Value(_))) => format!(
+                "not measurable in this run ({} pods only)",
+                thousands(*pods)
+            ),
+            _ => not_yet(),
+        },
+    });
+
+    if let Some(c) = &run.cleanup {
+        let row = cleanup_row(c);
+        let v = |s| match row.cell(s) {
+            Cell::Value(v) => Ok(v.median),
+            c => Err(cell_reason(&c).unwrap_or_default()),
+        };
+        out.push(Target {
+            goal: "nothing left behind after any DEL scenario",
+            source: "2–5",
+            ebpf: v(Subject::EbpfCni).map_or_else(|w| w, |n| format!("{n:.0} objects")),
+            reference: v(Subject::Reference).map_or_else(|w| w, |n| format!("{n:.0} objects")),
+            status: match v(Subject::EbpfCni) {
+                Ok(n) => status(n == 0.0),
+                Err(_) => not_yet(),
+            },
+        });
+    }
+    out
+}

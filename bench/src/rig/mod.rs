@@ -1,0 +1,8 @@
+//! What the sections measure with: nodes and pods on the test harness's namespaces
+//! ([`topo`]), plugin processes timed with their resource usage ([`exec`]), traffic
+//! generators ([`load`]) and the machine's description and idle wait ([`machine`]).
+
+pub mod exec;
+pub mod load;
+pub mod machine;
+pub mod topo;
