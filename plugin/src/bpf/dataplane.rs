@@ -1,12 +1,8 @@
-//! The node-wide part of the dataplane: the lock, and the maps (endpoints, per-pod
-//! counters, limits, pacing). The programs are `programs.rs`'s.
+//! The node-wide maps of the dataplane (endpoints, per-pod counters, limits, pacing),
+//! opened from their pins. The programs are `programs.rs`'s, the node's lock `lock.rs`'s,
+//! the keys `keys.rs`'s.
 
-use std::{
-    fs::File,
-    io,
-    net::IpAddr,
-    os::fd::{AsFd, AsRawFd},
-};
+use std::{net::IpAddr, os::fd::AsFd};
 
 use aya::maps::{HashMap, Map, MapData, PerCpuHashMap, PerCpuValues};
 use ebpf_cni_maps::{
@@ -14,8 +10,9 @@ use ebpf_cni_maps::{
     PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP,
 };
 
+pub use super::keys::{endpoint_key, key_ip};
 use super::{
-    pin::{create_dir_all_racy, NodeId, PinRoot},
+    pin::{NodeId, PinRoot},
     BpfError,
 };
 
@@ -52,44 +49,6 @@ impl PodEndpoint {
 pub struct Device {
     pub name: String,
     pub ifindex: u32,
-}
-
-pub fn endpoint_key(ip: IpAddr) -> EndpointKey {
-    match ip {
-        IpAddr::V4(v4) => EndpointKey::v4(v4.octets()),
-        IpAddr::V6(v6) => EndpointKey::v6(v6.octets()),
-    }
-}
-
-pub fn key_ip(key: &EndpointKey) -> IpAddr {
-    let v6 = std::net::Ipv6Addr::from(key.addr);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
-
-/// Held while a plugin run changes the node's eBPF state (flock on the layout directory,
-/// which is never removed). Released on drop, or by the kernel if the process dies.
-pub struct NodeLock {
-    _file: File,
-}
-
-impl NodeLock {
-    pub fn take(root: &PinRoot) -> Result<Self, BpfError> {
-        let path = root.layout_dir();
-        create_dir_all_racy(&path)?;
-        let err = |source| BpfError::NodeLock {
-            path: path.clone(),
-            source,
-        };
-        let file = File::open(&path).map_err(err)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(err(io::Error::last_os_error()));
-        }
-        Ok(Self { _file: file })
-    }
 }
 
 pub(super) fn is_not_found(e: &aya::maps::MapError) -> bool {

@@ -11,7 +11,7 @@
 use std::{fs, io, net::Ipv4Addr, path::PathBuf};
 
 use super::{
-    dataplane::NodeLock,
+    lock::NodeLock,
     pin::{create_dir_all_racy, ensure_bpffs_at, PinRoot},
     BpfError, NodeId,
 };

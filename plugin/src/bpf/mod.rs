@@ -16,7 +16,9 @@ mod error;
 pub mod gateways;
 mod inspect;
 pub mod kernel;
+mod keys;
 mod links;
+mod lock;
 mod masq;
 pub mod pin;
 mod pod;
@@ -37,6 +39,7 @@ pub use inspect::{
     inspect, AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport,
     NodeReport, PortMappingReport,
 };
+pub use keys::AttachmentKey;
 pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
@@ -69,61 +72,14 @@ static PROGRAMS: &[u8] =
 
 /// Identifies the embedded object: programs pinned by a binary with other programs are
 /// never reused by this one (it loads and pins its own next to them). `build.rs` computes
-/// it ([`fnv1a`] of the object) once at build time.
+/// it ([`keys::fnv1a`] of the object) once at build time.
 pub const fn revision() -> &'static str {
     env!("EBPF_CNI_REVISION")
-}
-
-/// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.
-fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
-    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
 pub fn programs_embedded() -> bool {
     !PROGRAMS.is_empty()
-}
-
-/// Names one attachment: one interface of one container on one network. The values come
-/// from the CNI request and must already be validated; [`AttachmentKey::validate`] is checked
-/// again before any path is built from them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttachmentKey<'a> {
-    pub network: &'a str,
-    pub container_id: &'a str,
-    pub ifname: &'a str,
-}
-
-impl AttachmentKey<'_> {
-    /// A 64-bit FNV-1a hash of the three values (each followed by a NUL, so ("ab","c") and
-    /// ("a","bc") differ). It tags the attachment's endpoint-map entries and names its host
-    /// veth, so DEL finds both without saved state.
-    pub fn id(&self) -> u64 {
-        fnv1a(
-            [self.network, self.container_id, self.ifname]
-                .into_iter()
-                .flat_map(|p| p.bytes().chain([0])),
-        )
-    }
-
-    /// Each value becomes one path component: non-empty, not `.` or `..`, no `/` or NUL.
-    pub fn validate(&self) -> Result<(), BpfError> {
-        for (field, value) in [
-            ("network", self.network),
-            ("container id", self.container_id),
-            ("ifname", self.ifname),
-        ] {
-            if value.is_empty() || value == "." || value == ".." || value.contains(['/', '\0']) {
-                return Err(BpfError::InvalidKey {
-                    field,
-                    value: value.to_owned(),
-                });
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Which way traffic crosses the host veth, i.e. which program, hook and counter.
@@ -247,7 +203,7 @@ mod tests {
     fn build_time_revision_is_the_objects_hash() {
         assert_eq!(
             revision(),
-            format!("{:016x}", fnv1a(PROGRAMS.iter().copied()))
+            format!("{:016x}", keys::fnv1a(PROGRAMS.iter().copied()))
         );
     }
 

@@ -6,9 +6,10 @@ use std::{fs, net::IpAddr, os::fd::AsFd};
 
 use super::{
     cgroup, cookie,
-    dataplane::{Device, Maps, NodeLock, PodEndpoint},
+    dataplane::{Device, Maps, PodEndpoint},
     error::{collect, log_each},
     kernel, links,
+    lock::NodeLock,
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
