@@ -7,8 +7,8 @@ use std::{collections::HashMap, fs, net::IpAddr, os::fd::AsFd, path::Path};
 use serde::Serialize;
 
 use super::{
-    dataplane::{key_ip, Maps},
     gateways, kernel, links,
+    maps::{key_ip, Maps},
     masq::{MasqMaps, MasqReport},
     pin::{NodeId, PinRoot},
     ports::{self, PortMaps},

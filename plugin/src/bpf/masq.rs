@@ -23,7 +23,7 @@ use ipnetwork::IpNetwork;
 use serde::Serialize;
 
 use super::{
-    dataplane::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
+    maps::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
     pin::{NodeId, PinRoot},
     ports::update_err,
     BpfError,

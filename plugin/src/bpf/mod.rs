@@ -11,7 +11,6 @@
 
 mod cgroup;
 mod cookie;
-mod dataplane;
 mod error;
 pub mod gateways;
 mod inspect;
@@ -19,10 +18,10 @@ pub mod kernel;
 mod keys;
 mod links;
 mod lock;
+mod maps;
 mod masq;
 pub mod pin;
 mod pod;
-mod ports;
 mod programs;
 mod queue;
 mod survey;
@@ -32,7 +31,6 @@ mod tree;
 
 use aya::programs::TcAttachType;
 pub use cookie::netns_cookie_of;
-pub use dataplane::{Device, PodEndpoint};
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use inspect::{
@@ -40,6 +38,8 @@ pub use inspect::{
     NodeReport, PortMappingReport,
 };
 pub use keys::AttachmentKey;
+use maps::ports;
+pub use maps::PodEndpoint;
 pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
@@ -80,6 +80,13 @@ pub const fn revision() -> &'static str {
 /// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
 pub fn programs_embedded() -> bool {
     !PROGRAMS.is_empty()
+}
+
+/// A node device that gets the device program (traffic arriving for pods).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub name: String,
+    pub ifindex: u32,
 }
 
 /// Which way traffic crosses the host veth, i.e. which program, hook and counter.

@@ -6,15 +6,15 @@ use std::{fs, net::IpAddr, os::fd::AsFd};
 
 use super::{
     cgroup, cookie,
-    dataplane::{Device, Maps, PodEndpoint},
     error::{collect, log_each},
     kernel, links,
     lock::NodeLock,
+    maps::{Maps, PodEndpoint},
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
     programs::Programs,
-    queue, tree, AttachMode, AttachModes, AttachmentKey, BpfError, Hook, PROGRAMS,
+    queue, tree, AttachMode, AttachModes, AttachmentKey, BpfError, Device, Hook, PROGRAMS,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;

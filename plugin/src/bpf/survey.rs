@@ -4,7 +4,7 @@
 use aya::EbpfLoader;
 
 use super::{
-    dataplane::Maps,
+    maps::Maps,
     pin::{is_bpffs, NodeId, PinRoot},
     programs, revision, tree, BpfError, PROGRAMS,
 };

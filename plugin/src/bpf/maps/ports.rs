@@ -12,8 +12,8 @@ use ebpf_cni_maps::{
     NODE_ADDRS_MAP, NODE_FLAG_PORTMAP, PORTMAP_HITS_MAP, PORTMAP_MAP,
 };
 
-use super::{
-    dataplane::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
+use super::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned};
+use crate::bpf::{
     pin::{NodeId, PinRoot},
     sys, BpfError,
 };
@@ -66,7 +66,7 @@ fn open(root: &PinRoot, node: &NodeId, name: &'static str) -> Result<Map, BpfErr
     })
 }
 
-pub(super) fn update_err(
+pub(in crate::bpf) fn update_err(
     map: &'static str,
     what: String,
 ) -> impl FnOnce(aya::maps::MapError) -> BpfError {

@@ -1,0 +1,220 @@
+//! The endpoint map: every local pod address, where it lives and how the programs treat
+//! it; ADD inserts a pod's entries, CHECK compares them, DEL removes them.
+
+use std::net::IpAddr;
+
+use aya::maps::PerCpuValues;
+use ebpf_cni_maps::{EndpointInfo, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP};
+
+use super::{endpoint_key, is_not_found, key_ip, Maps};
+use crate::bpf::BpfError;
+
+/// One address of a pod and where it lives, as the endpoint map records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEndpoint {
+    pub ip: IpAddr,
+    pub host_ifindex: u32,
+    pub host_mac: [u8; 6],
+    pub pod_mac: [u8; 6],
+    /// Chained mode (see [`ebpf_cni_maps::EP_FLAG_CHAINED`]).
+    pub chained: bool,
+    /// The IPv4 gateway the programs answer ARP for (see [`EndpointInfo::gateway4`]).
+    pub gateway4: Option<std::net::Ipv4Addr>,
+    /// The pod masquerades (see [`ebpf_cni_maps::EP_FLAG_MASQ`]).
+    pub masq: bool,
+}
+
+impl PodEndpoint {
+    pub(super) fn flags(&self) -> u32 {
+        let mut flags = EP_FLAGS_NONE;
+        if self.chained {
+            flags |= ebpf_cni_maps::EP_FLAG_CHAINED;
+        }
+        if self.masq {
+            flags |= ebpf_cni_maps::EP_FLAG_MASQ;
+        }
+        flags
+    }
+}
+
+impl Maps {
+    /// Refuses an address another live attachment of this node already holds: the map is
+    /// keyed by address alone, so two networks with overlapping subnets on one node would
+    /// silently steal each other's pods. An entry whose host veth is gone is stale (its DEL
+    /// never came) and may be replaced.
+    pub fn ensure_free(&self, attachment_id: u64, ips: &[IpAddr]) -> Result<(), BpfError> {
+        for ip in ips {
+            if let Ok(v) = self.endpoints.get(&endpoint_key(*ip), 0) {
+                if v.attachment_id != attachment_id
+                    && nix::net::if_::if_indextoname(v.host_ifindex).is_ok()
+                {
+                    return Err(BpfError::AddressInUse {
+                        ip: *ip,
+                        host_ifindex: v.host_ifindex,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
+        for ep in eps {
+            let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus])
+                .expect("one value per CPU");
+            self.counters
+                .insert(ep.host_ifindex, zero, 0)
+                .map_err(|source| BpfError::MapUpdate {
+                    map: POD_COUNTERS_MAP,
+                    what: format!("reset counters of ifindex {}", ep.host_ifindex),
+                    source: Box::new(source),
+                })?;
+            let info = EndpointInfo {
+                attachment_id,
+                host_ifindex: ep.host_ifindex,
+                flags: ep.flags(),
+                host_mac: ep.host_mac,
+                pod_mac: ep.pod_mac,
+                gateway4: ep.gateway4.map_or([0; 4], |g| g.octets()),
+            };
+            self.endpoints
+                .insert(endpoint_key(ep.ip), info, 0)
+                .map_err(|source| BpfError::MapUpdate {
+                    map: ENDPOINTS_MAP,
+                    what: format!("insert {}", ep.ip),
+                    source: Box::new(source),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Entries of one attachment: (address, entry).
+    pub fn entries_of(&self, attachment_id: u64) -> Vec<(IpAddr, EndpointInfo)> {
+        self.endpoints
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.attachment_id == attachment_id)
+            .map(|(k, v)| (key_ip(&k), v))
+            .collect()
+    }
+
+    /// Every entry, grouped by attachment: one walk of the map for a whole node, where
+    /// [`Maps::entries_of`] per pod would walk it once per pod.
+    pub fn entries_by_attachment(
+        &self,
+    ) -> std::collections::HashMap<u64, Vec<(IpAddr, EndpointInfo)>> {
+        let mut out: std::collections::HashMap<u64, Vec<_>> = std::collections::HashMap::new();
+        for (k, v) in self.endpoints.iter().filter_map(Result::ok) {
+            out.entry(v.attachment_id)
+                .or_default()
+                .push((key_ip(&k), v));
+        }
+        out
+    }
+
+    /// Every pod address on the node.
+    pub fn endpoint_ips(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.endpoints
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| key_ip(&k))
+            .collect()
+    }
+
+    /// Whether any pod on the node masquerades.
+    pub fn any_masq(&self) -> bool {
+        self.endpoints
+            .iter()
+            .filter_map(Result::ok)
+            .any(|(_, v)| v.flags & ebpf_cni_maps::EP_FLAG_MASQ != 0)
+    }
+
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoints.keys().filter_map(Result::ok).count()
+    }
+
+    /// Removes an attachment's entries and counters; returns how many entries went.
+    /// Entries already gone are fine (a concurrent or repeated DEL).
+    pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
+        let entries = self.entries_of(attachment_id);
+        let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();
+        ifindexes.dedup();
+        for (ip, _) in &entries {
+            match self.endpoints.remove(&endpoint_key(*ip)) {
+                Err(e) if !is_not_found(&e) => {
+                    return Err(BpfError::MapUpdate {
+                        map: ENDPOINTS_MAP,
+                        what: format!("remove {ip}"),
+                        source: Box::new(e),
+                    })
+                }
+                _ => {}
+            }
+        }
+        self.remove_pacing(attachment_id)?;
+        for ifindex in ifindexes {
+            self.set_limits(ifindex, None)?;
+            match self.counters.remove(&ifindex) {
+                Err(e) if !is_not_found(&e) => {
+                    return Err(BpfError::MapUpdate {
+                        map: POD_COUNTERS_MAP,
+                        what: format!("remove counters of ifindex {ifindex}"),
+                        source: Box::new(e),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(entries.len())
+    }
+
+    /// CHECK: each address maps to this attachment's host veth and MACs.
+    pub fn check_pod(&self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
+        let mac = |m: [u8; 6]| crate::netlink::format_mac(&m);
+        for ep in eps {
+            let Ok(v) = self.endpoints.get(&endpoint_key(ep.ip), 0) else {
+                return Err(BpfError::EndpointMissing { ip: ep.ip });
+            };
+            let stale = |field, actual: String, expected: String| BpfError::EndpointStale {
+                ip: ep.ip,
+                field,
+                actual,
+                expected,
+            };
+            if v.attachment_id != attachment_id {
+                return Err(stale(
+                    "attachment",
+                    format!("{:016x}", v.attachment_id),
+                    format!("{attachment_id:016x}"),
+                ));
+            }
+            if v.host_ifindex != ep.host_ifindex {
+                return Err(stale(
+                    "host ifindex",
+                    v.host_ifindex.to_string(),
+                    ep.host_ifindex.to_string(),
+                ));
+            }
+            if v.host_mac != ep.host_mac {
+                return Err(stale("host MAC", mac(v.host_mac), mac(ep.host_mac)));
+            }
+            if v.pod_mac != ep.pod_mac {
+                return Err(stale("pod MAC", mac(v.pod_mac), mac(ep.pod_mac)));
+            }
+            let gw = ep.gateway4.map_or([0; 4], |g| g.octets());
+            if v.gateway4 != gw {
+                let show = |g: [u8; 4]| std::net::Ipv4Addr::from(g).to_string();
+                return Err(stale("gateway", show(v.gateway4), show(gw)));
+            }
+            if v.flags != ep.flags() {
+                return Err(stale(
+                    "flags",
+                    format!("{:#x}", v.flags),
+                    format!("{:#x}", ep.flags()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
