@@ -2,7 +2,9 @@
 
 use crate::{
     bpf::BpfError,
-    cni::{args::ArgsError, code, env::EnvError, CniError},
+    cni::{
+        args::ArgsError, code, config::ConfigError, env::EnvError, version::VersionError, CniError,
+    },
     netlink::NetlinkError,
     netns::NetnsError,
 };
@@ -34,7 +36,7 @@ macro_rules! by_their_code {
     )*};
 }
 
-by_their_code!(BpfError, EnvError, ArgsError);
+by_their_code!(BpfError, EnvError, ArgsError, ConfigError, VersionError);
 
 impl From<std::io::Error> for CniError {
     fn from(e: std::io::Error) -> Self {
