@@ -337,7 +337,7 @@ async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
                 .await
                 .map(|_| ())
                 .map_err(Into::into),
-            Undo::Ipam => ipam.del(conf, env, stdin),
+            Undo::Ipam => ipam.del(conf, env, stdin).map_err(Into::into),
             Undo::Gateways(_) => match gateways.take() {
                 Some(created) => {
                     crate::gateway::release_after_failed_add(host_nl, node, key.id(), &created)

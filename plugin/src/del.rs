@@ -41,7 +41,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
 
     if let Some(ipam @ Ipam::Delegated { .. }) = &ipam {
         if let Err(e) = ipam.del(conf, env, stdin) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     collect("DEL", errors)
@@ -97,7 +97,7 @@ pub async fn remove_attachment(
 
     if let Some(ipam) = ipam {
         if let Err(e) = ipam.release_host_local(conf, container_id, ifname) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     errors

@@ -3,8 +3,10 @@
 use crate::{
     bpf::BpfError,
     cni::{
-        args::ArgsError, code, config::ConfigError, env::EnvError, version::VersionError, CniError,
+        args::ArgsError, code, config::ConfigError, env::EnvError, types::ResultError,
+        version::VersionError, CniError,
     },
+    ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
 };
@@ -36,7 +38,17 @@ macro_rules! by_their_code {
     )*};
 }
 
-by_their_code!(BpfError, EnvError, ArgsError, ConfigError, VersionError);
+by_their_code!(
+    BpfError,
+    EnvError,
+    ArgsError,
+    ConfigError,
+    VersionError,
+    ResultError,
+    IpamError,
+    DelegateError,
+    BackendError
+);
 
 impl From<std::io::Error> for CniError {
     fn from(e: std::io::Error) -> Self {

@@ -46,7 +46,7 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
         }),
     }
 
-    let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err());
+    let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err().map(CniError::from));
     verdict(problems, ipam_err)
 }
 
