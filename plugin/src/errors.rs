@@ -1,6 +1,7 @@
 //! Where typed errors from the library modules become CNI errors (the edge).
 
 use crate::{
+    add::AddError,
     bpf::BpfError,
     cni::{
         args::ArgsError, code, config::ConfigError, env::EnvError, types::ResultError,
@@ -47,7 +48,8 @@ by_their_code!(
     ResultError,
     IpamError,
     DelegateError,
-    BackendError
+    BackendError,
+    AddError
 );
 
 impl From<std::io::Error> for CniError {
