@@ -2,6 +2,7 @@
 
 use crate::{
     add::AddError,
+    bandwidth::BandwidthError,
     bpf::BpfError,
     cni::{
         args::ArgsError, code, config::ConfigError, env::EnvError, types::ResultError,
@@ -10,6 +11,7 @@ use crate::{
     ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
+    portmap::PortmapError,
 };
 
 impl From<NetlinkError> for CniError {
@@ -49,7 +51,9 @@ by_their_code!(
     IpamError,
     DelegateError,
     BackendError,
-    AddError
+    AddError,
+    BandwidthError,
+    PortmapError
 );
 
 impl From<std::io::Error> for CniError {
