@@ -5,9 +5,10 @@ use crate::{
     bandwidth::BandwidthError,
     bpf::BpfError,
     cni::{
-        args::ArgsError, code, config::ConfigError, env::EnvError, types::ResultError,
-        version::VersionError, CniError,
+        args::ArgsError, code, config::ConfigError, env::EnvError, gc::GcListError,
+        types::ResultError, version::VersionError, CniError,
     },
+    gateway::GatewayError,
     ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
@@ -53,7 +54,9 @@ by_their_code!(
     BackendError,
     AddError,
     BandwidthError,
-    PortmapError
+    PortmapError,
+    GcListError,
+    GatewayError
 );
 
 impl From<std::io::Error> for CniError {
