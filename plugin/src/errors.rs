@@ -4,6 +4,7 @@ use crate::{
     add::AddError,
     bandwidth::BandwidthError,
     bpf::BpfError,
+    check::CheckError,
     cni::{
         args::ArgsError, code, config::ConfigError, env::EnvError, gc::GcListError,
         types::ResultError, version::VersionError, CniError,
@@ -56,7 +57,8 @@ by_their_code!(
     BandwidthError,
     PortmapError,
     GcListError,
-    GatewayError
+    GatewayError,
+    CheckError
 );
 
 impl From<std::io::Error> for CniError {
