@@ -4,6 +4,7 @@ use crate::{
     add::AddError,
     bandwidth::BandwidthError,
     bpf::BpfError,
+    chained::ChainedError,
     check::CheckError,
     cni::{
         args::ArgsError, code, config::ConfigError, env::EnvError, gc::GcListError,
@@ -58,7 +59,8 @@ by_their_code!(
     PortmapError,
     GcListError,
     GatewayError,
-    CheckError
+    CheckError,
+    ChainedError
 );
 
 impl From<std::io::Error> for CniError {
