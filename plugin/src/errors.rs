@@ -2,6 +2,7 @@
 
 use crate::{
     add::AddError,
+    attachment::AttachmentError,
     bandwidth::BandwidthError,
     bpf::BpfError,
     chained::ChainedError,
@@ -60,7 +61,8 @@ by_their_code!(
     GcListError,
     GatewayError,
     CheckError,
-    ChainedError
+    ChainedError,
+    AttachmentError
 );
 
 impl From<std::io::Error> for CniError {
