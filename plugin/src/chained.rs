@@ -226,7 +226,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         if let Err(undo) = bpf::del_pod(&node, &key) {
             log::error!("rollback of a failed ADD: {undo}");
         }
-        return Err(e);
+        return Err(e.into());
     }
 
     // The previous plugin's result, unchanged but for the version it is rendered in.

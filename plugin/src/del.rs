@@ -110,6 +110,8 @@ pub fn collect(command: &str, mut errors: Vec<CniError>) -> Result<(), CniError>
         0 => Ok(()),
         1 => Err(errors.remove(0)),
         _ => {
+            // Merges errors already converted at the edge (they come from every module DEL
+            // and GC touch), so it builds the CniError itself.
             let first = errors[0].clone();
             let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
             Err(CniError::new(

@@ -15,6 +15,7 @@ use crate::{
     ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
+    node::Failpoint,
     portmap::PortmapError,
 };
 
@@ -62,7 +63,8 @@ by_their_code!(
     GatewayError,
     CheckError,
     ChainedError,
-    AttachmentError
+    AttachmentError,
+    Failpoint
 );
 
 impl From<std::io::Error> for CniError {
