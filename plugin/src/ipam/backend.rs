@@ -31,11 +31,12 @@ pub enum BackendError {
     /// CHECK through the delegate.
     #[error(transparent)]
     DelegateCheck(DelegateError),
+    /// Boxed: with the path beside it, the IpamError would make every `Result` here large.
     #[error("cannot read the IPAM leases in {}", .dir.display())]
     Leases {
         dir: PathBuf,
         #[source]
-        source: IpamError,
+        source: Box<IpamError>,
     },
     /// STATUS: range sets without a free address (an ADD needs one from each).
     #[error("{}", exhausted(.sets, .dir))]
@@ -292,7 +293,12 @@ impl Ipam {
                 let dir = c.data_dir.join(&conf.name);
                 let full: Vec<SetUsage> = match super::usage(c, &conf.name) {
                     Ok(usage) => usage.into_iter().filter(|u| u.free() == 0).collect(),
-                    Err(source) => return Err(BackendError::Leases { dir, source }),
+                    Err(e) => {
+                        return Err(BackendError::Leases {
+                            dir,
+                            source: Box::new(e),
+                        })
+                    }
                 };
                 if full.is_empty() {
                     Ok(())

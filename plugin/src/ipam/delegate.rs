@@ -37,7 +37,7 @@ pub enum DelegateError {
     #[error("ipam plugin {name} {command} failed ({}): {msg}", outcome(.code, .status))]
     Failed {
         name: String,
-        command: String,
+        command: &'static str,
         status: ExitStatus,
         /// The code in the delegate's error result, when it printed one.
         code: Option<u64>,
@@ -120,7 +120,7 @@ pub fn supports(binary: &Path, version: &str) -> Result<bool, DelegateError> {
 
 /// Runs the delegate with `CNI_COMMAND=command`; returns its stdout on success. A failure
 /// is code 104 naming the delegate, its command and its own code and message.
-pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, DelegateError> {
+pub fn exec(binary: &Path, command: &'static str, stdin: &[u8]) -> Result<Vec<u8>, DelegateError> {
     let name = binary
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -164,7 +164,7 @@ pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, Deleg
         .and_then(|c| c.as_u64());
     Err(DelegateError::Failed {
         name,
-        command: command.to_owned(),
+        command,
         status: out.status,
         code: inner_code,
         msg: msg.to_owned(),
