@@ -18,6 +18,46 @@ use crate::{
     veth::{self, PodAddress},
 };
 
+/// An ADD refused before or after IPAM, for reasons of its own (the steps' errors are
+/// their modules').
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    #[error("ebpf-cni has an ipam section and got a prevResult: with ipam it creates the pod's interface and must come first in the list; after another interface plugin (chained mode), leave ipam out")]
+    IpamWithPrevResult,
+    #[error("interface {ifname:?} already exists in {}", .netns.display())]
+    InterfaceExists {
+        ifname: String,
+        netns: std::path::PathBuf,
+    },
+    #[error("host interface {host} for container {container_id} ifname {ifname} already exists: DEL the attachment first")]
+    HostInterfaceExists {
+        host: String,
+        container_id: String,
+        ifname: String,
+    },
+    #[error("IPAM returned no address for the pod")]
+    NoAddress,
+    /// `why` is serde's account of the value, part of the message (not a chained cause).
+    #[error("dns {dns} is invalid: {why}")]
+    InvalidDns {
+        dns: serde_json::Value,
+        why: serde_json::Error,
+    },
+}
+
+impl AddError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::InterfaceExists { .. } | Self::HostInterfaceExists { .. } => {
+                code::INTERFACE_EXISTS
+            }
+            Self::IpamWithPrevResult | Self::NoAddress | Self::InvalidDns { .. } => {
+                code::INVALID_CONFIG
+            }
+        }
+    }
+}
+
 enum Undo {
     Ipam,
     /// With the record directories the gateways' `acquire` created.
@@ -36,10 +76,7 @@ pub async fn add(
     // Everything that can be validated is, before anything changes.
     let ipam = Ipam::from_conf(conf)?.expect("a config with ipam is not chained");
     if conf.prev_result.is_some() {
-        return Err(CniError::new(
-            code::INVALID_CONFIG,
-            "ebpf-cni has an ipam section and got a prevResult: with ipam it creates the pod's interface and must come first in the list; after another interface plugin (chained mode), leave ipam out",
-        ));
+        return Err(AddError::IpamWithPrevResult.into());
     }
     ipam.validate(env)?;
     bpf::kernel::require_for(conf.tc_attach_mode == TcAttachMode::Tcx)?;
@@ -61,25 +98,21 @@ pub async fn add(
     let host_nl = Netlink::connect()?;
     let pod_nl = Netlink::connect_in(&pod_ns)?;
     if pod_nl.link_by_name(&env.ifname).await?.is_some() {
-        return Err(CniError::new(
-            code::INTERFACE_EXISTS,
-            format!(
-                "interface {:?} already exists in {}",
-                env.ifname,
-                netns_path.display()
-            ),
-        ));
+        return Err(AddError::InterfaceExists {
+            ifname: env.ifname.clone(),
+            netns: netns_path.to_owned(),
+        }
+        .into());
     }
     let key = crate::attachment::key(conf, env);
     let host_name = veth::host_veth_name(&key);
     if host_nl.link_by_name(&host_name).await?.is_some() {
-        return Err(CniError::new(
-            code::INTERFACE_EXISTS,
-            format!(
-                "host interface {host_name} for container {} ifname {} already exists: DEL the attachment first",
-                env.container_id, env.ifname
-            ),
-        ));
+        return Err(AddError::HostInterfaceExists {
+            host: host_name,
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+        }
+        .into());
     }
 
     let cx = Request {
@@ -161,10 +194,7 @@ async fn setup(
     step("ipam");
     undo.push(Undo::Ipam);
     if result.ips.is_empty() {
-        return Err(CniError::new(
-            code::INVALID_CONFIG,
-            "IPAM returned no address for the pod",
-        ));
+        return Err(AddError::NoAddress.into());
     }
     let addrs: Vec<PodAddress> = result
         .ips
@@ -292,11 +322,12 @@ async fn setup(
         match serde_json::from_value::<crate::cni::types::Dns>(dns.clone()) {
             Ok(d) if !d.is_empty() => result.dns = d,
             Ok(_) => {}
-            Err(e) => {
-                return Err(CniError::new(
-                    code::INVALID_CONFIG,
-                    format!("dns {dns} is invalid: {e}"),
-                ))
+            Err(why) => {
+                return Err(AddError::InvalidDns {
+                    dns: dns.clone(),
+                    why,
+                }
+                .into())
             }
         }
     }
@@ -337,7 +368,7 @@ async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
                 .await
                 .map(|_| ())
                 .map_err(Into::into),
-            Undo::Ipam => ipam.del(conf, env, stdin),
+            Undo::Ipam => ipam.del(conf, env, stdin).map_err(Into::into),
             Undo::Gateways(_) => match gateways.take() {
                 Some(created) => {
                     crate::gateway::release_after_failed_add(host_nl, node, key.id(), &created)

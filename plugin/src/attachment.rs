@@ -13,6 +13,50 @@ use crate::{
     portmap::{PortEntry, PortMapping},
 };
 
+/// What is wrong with an attachment's veth pair or, for CHECK, its dataplane.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachmentError {
+    #[error("veth pair {host} / {pod} has no MAC address")]
+    NoMac { host: String, pod: String },
+    /// CHECK found the dataplane unlike ADD left it.
+    #[error(transparent)]
+    Dataplane(DataplaneMismatch),
+    #[error("eBPF dataplane: no {} filter of program {program} on {host} (netlink mode)", if *.ingress { "ingress" } else { "egress" })]
+    NoFilter {
+        ingress: bool,
+        program: &'static str,
+        host: String,
+    },
+}
+
+impl AttachmentError {
+    /// CHECK's findings are 105 whatever the `BpfError`'s own code.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::NoMac { .. } => code::KERNEL,
+            Self::Dataplane(_) | Self::NoFilter { .. } => code::CHECK_FAILED,
+        }
+    }
+}
+
+/// A `BpfError` from CHECK's comparison, said as a finding: its message after "eBPF
+/// dataplane: ", its causes (a netlink or syscall error) as this error's own, so they are
+/// not said twice.
+#[derive(Debug)]
+pub struct DataplaneMismatch(pub BpfError);
+
+impl std::fmt::Display for DataplaneMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "eBPF dataplane: {}", self.0)
+    }
+}
+
+impl std::error::Error for DataplaneMismatch {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
 /// The attachment `env` names in the network of `conf`.
 pub fn key<'a>(conf: &'a NetConf, env: &'a CniEnv) -> AttachmentKey<'a> {
     AttachmentKey {
@@ -58,10 +102,11 @@ impl Wanted {
         chained: bool,
     ) -> Result<Wanted, CniError> {
         let (Some(host_mac), Some(pod_mac)) = (host.mac, pod.mac) else {
-            return Err(CniError::new(
-                code::KERNEL,
-                format!("veth pair {} / {} has no MAC address", host.name, pod.name),
-            ));
+            return Err(AttachmentError::NoMac {
+                host: host.name.clone(),
+                pod: pod.name.clone(),
+            }
+            .into());
         };
         let endpoints = addrs
             .iter()
@@ -155,15 +200,10 @@ pub fn pacing_cookie(limits: &Limits, pod_ns: &Netns) -> Result<u64, CniError> {
     Ok(bpf::netns_cookie_of(pod_ns)?)
 }
 
-fn failed(msg: String) -> CniError {
-    CniError::new(code::CHECK_FAILED, msg)
-}
-
 /// CHECK found the dataplane unlike ADD left it: code 105 whatever the `BpfError`'s own code,
 /// its causes (a netlink or syscall error) in the details.
-pub fn dataplane_failed(e: BpfError) -> CniError {
-    failed(format!("eBPF dataplane: {e}"))
-        .with_details(crate::cni::error::source_lines(&e).join(": "))
+pub fn dataplane_failed(e: BpfError) -> AttachmentError {
+    AttachmentError::Dataplane(DataplaneMismatch(e))
 }
 
 /// Netlink mode: each of `hooks` has its program's filter on `host`.
@@ -176,12 +216,12 @@ pub async fn netlink_filters(
         let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
         let filters = host_nl.bpf_filters(host.index, ingress).await?;
         if !filters.iter().any(|f| f == hook.program()) {
-            return Err(failed(format!(
-                "eBPF dataplane: no {} filter of program {} on {} (netlink mode)",
-                if ingress { "ingress" } else { "egress" },
-                hook.program(),
-                host.name
-            )));
+            return Err(AttachmentError::NoFilter {
+                ingress,
+                program: hook.program(),
+                host: host.name.clone(),
+            }
+            .into());
         }
     }
     Ok(())

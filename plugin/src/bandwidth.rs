@@ -12,7 +12,38 @@
 use ebpf_cni_maps::{Bucket, RateLimit, LIMIT_POLICE};
 use serde_json::{Map, Value};
 
-use crate::cni::{code, config::get_ci, config::NetConf, CniError};
+use crate::cni::{code, config::get_ci, config::NetConf};
+
+/// A bandwidth limit that cannot be used; each names the field and value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BandwidthError {
+    #[error("{field} {value} is invalid: expected a non-negative integer")]
+    NotANumber { field: String, value: Value },
+    #[error("{burst_field} {burst} is set without {rate_field}: set both or neither")]
+    BurstWithoutRate {
+        burst_field: String,
+        burst: u64,
+        rate_field: String,
+    },
+    #[error("{rate_field} {rate} is set without {burst_field}: set both or neither")]
+    RateWithoutBurst {
+        rate_field: String,
+        rate: u64,
+        burst_field: String,
+    },
+    #[error("{field} {rate} is invalid: the rate is in bit/s and must be at least 8")]
+    RateTooLow { field: String, rate: u64 },
+    #[error("{field} {burst} is invalid: a burst cannot be more than 4 GiB")]
+    BurstTooLarge { field: String, burst: u64 },
+    #[error("runtimeConfig.bandwidth {0} must be an object")]
+    NotAnObject(Value),
+}
+
+impl BandwidthError {
+    pub fn cni_code(&self) -> u32 {
+        code::INVALID_CONFIG
+    }
+}
 
 /// What containerd sends for "no burst".
 const UNSET_BURST_BITS: u64 = u32::MAX as u64;
@@ -69,18 +100,15 @@ impl Limits {
     }
 }
 
-fn invalid(msg: String) -> CniError {
-    CniError::new(code::INVALID_CONFIG, msg)
-}
-
-fn number(v: Option<&Value>, field: &str) -> Result<Option<u64>, CniError> {
+fn number(v: Option<&Value>, field: &str) -> Result<Option<u64>, BandwidthError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
             Some(n) => Ok(Some(n)),
-            None => Err(invalid(format!(
-                "{field} {v} is invalid: expected a non-negative integer"
-            ))),
+            None => Err(BandwidthError::NotANumber {
+                field: field.to_owned(),
+                value: v.clone(),
+            }),
         },
     }
 }
@@ -90,26 +118,32 @@ fn direction(
     burst: Option<u64>,
     rate_field: &str,
     burst_field: &str,
-) -> Result<Option<Limit>, CniError> {
+) -> Result<Option<Limit>, BandwidthError> {
     match (rate.unwrap_or(0), burst) {
         (0, None | Some(0) | Some(UNSET_BURST_BITS)) => Ok(None),
-        (0, Some(b)) => Err(invalid(format!(
-            "{burst_field} {b} is set without {rate_field}: set both or neither"
-        ))),
-        (r, None | Some(0)) => Err(invalid(format!(
-            "{rate_field} {r} is set without {burst_field}: set both or neither"
-        ))),
-        (r, _) if r < 8 => Err(invalid(format!(
-            "{rate_field} {r} is invalid: the rate is in bit/s and must be at least 8"
-        ))),
+        (0, Some(b)) => Err(BandwidthError::BurstWithoutRate {
+            burst_field: burst_field.to_owned(),
+            burst: b,
+            rate_field: rate_field.to_owned(),
+        }),
+        (r, None | Some(0)) => Err(BandwidthError::RateWithoutBurst {
+            rate_field: rate_field.to_owned(),
+            rate: r,
+            burst_field: burst_field.to_owned(),
+        }),
+        (r, _) if r < 8 => Err(BandwidthError::RateTooLow {
+            field: rate_field.to_owned(),
+            rate: r,
+        }),
         (r, Some(b)) => {
             let rate_bytes = r / 8;
             let burst_bytes = if b == UNSET_BURST_BITS {
                 (u128::from(rate_bytes) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000) as u64
             } else if b / 8 >= u64::from(u32::MAX) {
-                return Err(invalid(format!(
-                    "{burst_field} {b} is invalid: a burst cannot be more than 4 GiB"
-                )));
+                return Err(BandwidthError::BurstTooLarge {
+                    field: burst_field.to_owned(),
+                    burst: b,
+                });
             } else {
                 b / 8
             };
@@ -127,7 +161,7 @@ fn from_object(
     m: &Map<String, Value>,
     prefix: &str,
     case_insensitive: bool,
-) -> Result<Limits, CniError> {
+) -> Result<Limits, BandwidthError> {
     let get = |k: &str| {
         if case_insensitive {
             get_ci(m, k)
@@ -154,7 +188,7 @@ fn from_object(
 }
 
 /// The pod's limits, validated (error 7 naming the field).
-pub fn limits(conf: &NetConf) -> Result<Limits, CniError> {
+pub fn limits(conf: &NetConf) -> Result<Limits, BandwidthError> {
     let obj = conf.raw.as_object().expect("configs are objects");
     if KEYS
         .iter()
@@ -165,9 +199,7 @@ pub fn limits(conf: &NetConf) -> Result<Limits, CniError> {
     match &conf.runtime.bandwidth {
         None => Ok(Limits::default()),
         Some(Value::Object(m)) => from_object(m, "runtimeConfig.bandwidth.", true),
-        Some(other) => Err(invalid(format!(
-            "runtimeConfig.bandwidth {other} must be an object"
-        ))),
+        Some(other) => Err(BandwidthError::NotAnObject(other.clone())),
     }
 }
 
@@ -176,12 +208,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parse(v: Value) -> Result<Limits, CniError> {
+    fn parse(v: Value) -> Result<Limits, crate::cni::CniError> {
         let mut base = json!({"cniVersion": "1.0.0", "name": "n"});
         for (k, val) in v.as_object().unwrap() {
             base[k] = val.clone();
         }
-        limits(&NetConf::parse(base)?)
+        Ok(limits(&NetConf::parse(base)?)?)
     }
 
     #[test]

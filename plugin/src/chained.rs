@@ -22,6 +22,50 @@ use crate::{
     netns::Netns,
 };
 
+/// Chained mode refused, or the pod not as the previous plugin should have left it.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainedError {
+    #[error("ipam is missing and there is no prevResult: ebpf-cni needs an ipam section to address the pod, or must follow an interface plugin (chained mode)")]
+    NoPrevResult,
+    #[error("ipMasq is not supported in chained mode (no ipam): the interface plugin before ebpf-cni masquerades there; set ipMasq on it, or leave ebpf-cni unchained")]
+    Masq,
+    /// ADD: the config or the previous plugin is wrong (code 7).
+    #[error("{0}")]
+    Add(PodProblem),
+    /// CHECK: the attachment is not as it should be (code 105).
+    #[error("{0}")]
+    Check(PodProblem),
+}
+
+impl ChainedError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::Check(_) => code::CHECK_FAILED,
+            Self::NoPrevResult | Self::Masq | Self::Add(_) => code::INVALID_CONFIG,
+        }
+    }
+}
+
+/// How the pod's interface the previous plugin made cannot be used; `sandbox` is the
+/// container's netns path.
+#[derive(Debug, thiserror::Error)]
+pub enum PodProblem {
+    #[error("chained mode: prevResult lists no interface {ifname:?} in sandbox {sandbox}; ebpf-cni without ipam must follow the plugin that creates the pod's interface")]
+    NotInPrevResult { ifname: String, sandbox: String },
+    #[error("chained mode: prevResult gives interface {ifname:?} no address")]
+    NoAddress { ifname: String },
+    #[error("chained mode: interface {ifname:?} is missing from {sandbox}")]
+    InterfaceMissing { ifname: String, sandbox: String },
+    #[error("chained mode: interface {ifname:?} in {sandbox} is {}, not a veth: there is no host side to attach to", .kind.as_deref().unwrap_or("of unknown kind"))]
+    NotAVeth {
+        ifname: String,
+        sandbox: String,
+        kind: Option<String>,
+    },
+    #[error("chained mode: the host end of {ifname:?} (ifindex {peer}) is not in this namespace")]
+    HostEndMissing { ifname: String, peer: u32 },
+}
+
 /// The pod as the plugin before ebpf-cni left it.
 struct ChainedPod {
     ns: Netns,
@@ -65,14 +109,15 @@ impl ChainedPod {
 }
 
 /// Finds the pod's interface in `prev` and in its namespace, and the host end of its veth.
-/// Every failure is a message for `fail`, which picks the error code (ADD: the config or
-/// previous plugin is wrong; CHECK: the attachment is not as it should be).
+/// Every failure is a [`PodProblem`] for `fail`, which picks the error code (ADD: the
+/// config or previous plugin is wrong; CHECK: the attachment is not as it should be).
 async fn find_pod(
     env: &CniEnv,
     prev: &SuccessResult,
     host_nl: &Netlink,
-    fail: fn(String) -> CniError,
+    fail: fn(PodProblem) -> ChainedError,
 ) -> Result<ChainedPod, CniError> {
+    let ifname = || env.ifname.clone();
     let netns_path = env
         .netns
         .as_deref()
@@ -91,10 +136,10 @@ async fn find_pod(
         .find(|&i| prev.interfaces[i].sandbox == sandbox)
         .or_else(|| (named.len() == 1).then(|| named[0]))
         .ok_or_else(|| {
-            fail(format!(
-                "chained mode: prevResult lists no interface {:?} in sandbox {sandbox}; ebpf-cni without ipam must follow the plugin that creates the pod's interface",
-                env.ifname
-            ))
+            fail(PodProblem::NotInPrevResult {
+                ifname: ifname(),
+                sandbox: sandbox.clone(),
+            })
         })?;
     let addrs: Vec<(IpAddr, Option<IpAddr>)> = prev
         .ips
@@ -103,28 +148,26 @@ async fn find_pod(
         .map(|ip| (ip.address.ip(), ip.gateway))
         .collect();
     if addrs.is_empty() {
-        return Err(fail(format!(
-            "chained mode: prevResult gives interface {:?} no address",
-            env.ifname
-        )));
+        return Err(fail(PodProblem::NoAddress { ifname: ifname() }).into());
     }
 
     let pod_ns = Netns::open_pod(netns_path)?;
     let pod_nl = Netlink::connect_in(&pod_ns)?;
     let container = pod_nl.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        fail(format!(
-            "chained mode: interface {:?} is missing from {sandbox}",
-            env.ifname
-        ))
+        fail(PodProblem::InterfaceMissing {
+            ifname: ifname(),
+            sandbox: sandbox.clone(),
+        })
     })?;
     let peer = match (container.kind.as_deref(), container.peer_index) {
         (Some("veth"), Some(peer)) => peer,
         (kind, _) => {
-            return Err(fail(format!(
-                "chained mode: interface {:?} in {sandbox} is {}, not a veth: there is no host side to attach to",
-                env.ifname,
-                kind.unwrap_or("of unknown kind")
-            )))
+            return Err(fail(PodProblem::NotAVeth {
+                ifname: ifname(),
+                sandbox,
+                kind: kind.map(str::to_owned),
+            })
+            .into())
         }
     };
     // Index numbers are per namespace: the link found must be a veth whose peer is the pod's.
@@ -133,10 +176,10 @@ async fn find_pod(
         .await?
         .filter(|l| l.kind.as_deref() == Some("veth") && l.peer_index == Some(container.index))
         .ok_or_else(|| {
-            fail(format!(
-                "chained mode: the host end of {:?} (ifindex {peer}) is not in this namespace",
-                env.ifname
-            ))
+            fail(PodProblem::HostEndMissing {
+                ifname: ifname(),
+                peer,
+            })
         })?;
     Ok(ChainedPod {
         ns: pod_ns,
@@ -146,35 +189,22 @@ async fn find_pod(
     })
 }
 
-fn invalid(msg: String) -> CniError {
-    CniError::new(code::INVALID_CONFIG, msg)
-}
-
-fn check_failed(msg: String) -> CniError {
-    CniError::new(code::CHECK_FAILED, msg)
-}
-
 /// ADD in chained mode: attaches the programs to the host veth the previous plugin made,
 /// installs the pod's host ports and limits, and passes `prevResult` on as the result.
 pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
-    let prev_raw = conf.prev_result.as_ref().ok_or_else(|| {
-        invalid(
-            "ipam is missing and there is no prevResult: ebpf-cni needs an ipam section to address the pod, or must follow an interface plugin (chained mode)"
-                .to_owned(),
-        )
-    })?;
+    let prev_raw = conf
+        .prev_result
+        .as_ref()
+        .ok_or(ChainedError::NoPrevResult)?;
     if conf.masq.is_some() {
-        return Err(invalid(
-            "ipMasq is not supported in chained mode (no ipam): the interface plugin before ebpf-cni masquerades there; set ipMasq on it, or leave ebpf-cni unchained"
-                .to_owned(),
-        ));
+        return Err(ChainedError::Masq.into());
     }
     crate::bpf::kernel::require_for(conf.tc_attach_mode == crate::cni::config::TcAttachMode::Tcx)?;
     let limits = crate::bandwidth::limits(conf)?;
     let port_mappings = crate::portmap::mappings(conf)?;
     let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
     let host_nl = Netlink::connect()?;
-    let pod = find_pod(env, &prev, &host_nl, invalid).await?;
+    let pod = find_pod(env, &prev, &host_nl, ChainedError::Add).await?;
 
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
@@ -196,7 +226,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         if let Err(undo) = bpf::del_pod(&node, &key) {
             log::error!("rollback of a failed ADD: {undo}");
         }
-        return Err(e);
+        return Err(e.into());
     }
 
     // The previous plugin's result, unchanged but for the version it is rendered in.
@@ -214,10 +244,10 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let prev = conf
         .prev_result
         .as_ref()
-        .ok_or_else(|| invalid("prevResult is required for CHECK (spec: CHECK)".to_owned()))?;
+        .ok_or(crate::check::CheckError::NoPrevResult)?;
     let prev = SuccessResult::from_json(prev, "prevResult")?;
     let host_nl = Netlink::connect()?;
-    let pod = find_pod(env, &prev, &host_nl, check_failed).await?;
+    let pod = find_pod(env, &prev, &host_nl, ChainedError::Check).await?;
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
     let key = crate::attachment::key(conf, env);

@@ -16,17 +16,61 @@ use crate::{
     veth,
 };
 
-fn failed(msg: String) -> CniError {
-    CniError::new(code::CHECK_FAILED, msg)
+/// What CHECK found unlike ADD left it (code 105), or a CHECK without `prevResult`
+/// (code 7). `sandbox` is the container's netns path.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("prevResult is required for CHECK (spec: CHECK)")]
+    NoPrevResult,
+    #[error("prevResult lists no interface {ifname:?} in sandbox {sandbox}")]
+    NotInPrevResult { ifname: String, sandbox: String },
+    #[error("host veth {host} is missing")]
+    HostVethMissing { host: String },
+    #[error("host veth {host} is down")]
+    HostVethDown { host: String },
+    #[error("interface {ifname} is missing from {sandbox}")]
+    InterfaceMissing { ifname: String, sandbox: String },
+    #[error("interface {ifname} has MAC {mac}, prevResult says {expected}")]
+    WrongMac {
+        ifname: String,
+        mac: String,
+        expected: String,
+    },
+    #[error("interface {ifname} in {sandbox} is down")]
+    InterfaceDown { ifname: String, sandbox: String },
+    #[error("address {address} is missing from {ifname} in {sandbox}")]
+    AddressMissing {
+        address: IpNetwork,
+        ifname: String,
+        sandbox: String,
+    },
+    #[error("route to gateway {gw} via {ifname} is missing in {sandbox}")]
+    GatewayRouteMissing {
+        gw: IpAddr,
+        ifname: String,
+        sandbox: String,
+    },
+    #[error("route {dst}{} is missing in {sandbox}", .gw.map(|g| format!(" via {g}")).unwrap_or_default())]
+    RouteMissing {
+        dst: IpNetwork,
+        gw: Option<IpAddr>,
+        sandbox: String,
+    },
+    #[error("host route {dst} dev {host} is missing in the node namespace")]
+    HostRouteMissing { dst: IpNetwork, host: String },
+}
+
+impl CheckError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::NoPrevResult => code::INVALID_CONFIG,
+            _ => code::CHECK_FAILED,
+        }
+    }
 }
 
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
-    let prev = conf.prev_result.as_ref().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_CONFIG,
-            "prevResult is required for CHECK (spec: CHECK)",
-        )
-    })?;
+    let prev = conf.prev_result.as_ref().ok_or(CheckError::NoPrevResult)?;
     let prev = SuccessResult::from_json(prev, "prevResult")?;
     let netns_path = env
         .netns
@@ -38,48 +82,52 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         .interfaces
         .iter()
         .position(|i| i.name == env.ifname && i.sandbox == sandbox)
-        .ok_or_else(|| {
-            failed(format!(
-                "prevResult lists no interface {:?} in sandbox {sandbox}",
-                env.ifname
-            ))
+        .ok_or_else(|| CheckError::NotInPrevResult {
+            ifname: env.ifname.clone(),
+            sandbox: sandbox.clone(),
         })?;
     let expected_cont = &prev.interfaces[cont_idx];
 
     let host_nl = Netlink::connect()?;
     let key = crate::attachment::key(conf, env);
     let host_name = veth::host_veth_name(&key);
-    let host = host_nl
-        .link_by_name(&host_name)
-        .await?
-        .ok_or_else(|| failed(format!("host veth {host_name} is missing")))?;
+    let host =
+        host_nl
+            .link_by_name(&host_name)
+            .await?
+            .ok_or_else(|| CheckError::HostVethMissing {
+                host: host_name.clone(),
+            })?;
     if !host.up {
-        return Err(failed(format!("host veth {host_name} is down")));
+        return Err(CheckError::HostVethDown { host: host_name }.into());
     }
 
     let pod_ns = Netns::open(netns_path)?;
     let pod_nl = Netlink::connect_in(&pod_ns)?;
-    let cont = pod_nl.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        failed(format!(
-            "interface {} is missing from {sandbox}",
-            env.ifname
-        ))
-    })?;
+    let cont =
+        pod_nl
+            .link_by_name(&env.ifname)
+            .await?
+            .ok_or_else(|| CheckError::InterfaceMissing {
+                ifname: env.ifname.clone(),
+                sandbox: sandbox.clone(),
+            })?;
     if let (Some(mac), false) = (cont.mac, expected_cont.mac.is_empty()) {
         if !format_mac(&mac).eq_ignore_ascii_case(&expected_cont.mac) {
-            return Err(failed(format!(
-                "interface {} has MAC {}, prevResult says {}",
-                env.ifname,
-                format_mac(&mac),
-                expected_cont.mac
-            )));
+            return Err(CheckError::WrongMac {
+                ifname: env.ifname.clone(),
+                mac: format_mac(&mac),
+                expected: expected_cont.mac.clone(),
+            }
+            .into());
         }
     }
     if !cont.up {
-        return Err(failed(format!(
-            "interface {} in {sandbox} is down",
-            env.ifname
-        )));
+        return Err(CheckError::InterfaceDown {
+            ifname: env.ifname.clone(),
+            sandbox,
+        }
+        .into());
     }
 
     let have = pod_nl.addresses(cont.index).await?;
@@ -93,10 +141,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             .iter()
             .any(|a| a.ip() == ip.address.ip() && a.prefix() == ip.address.prefix())
         {
-            return Err(failed(format!(
-                "address {} is missing from {} in {sandbox}",
-                ip.address, env.ifname
-            )));
+            return Err(CheckError::AddressMissing {
+                address: ip.address,
+                ifname: env.ifname.clone(),
+                sandbox,
+            }
+            .into());
         }
     }
 
@@ -109,10 +159,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
                 .iter()
                 .any(|r| r.dst == on_link && r.oif == Some(cont.index))
             {
-                return Err(failed(format!(
-                    "route to gateway {gw} via {} is missing in {sandbox}",
-                    env.ifname
-                )));
+                return Err(CheckError::GatewayRouteMissing {
+                    gw,
+                    ifname: env.ifname.clone(),
+                    sandbox,
+                }
+                .into());
             }
         }
     }
@@ -126,11 +178,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             .iter()
             .any(|e: &RouteEntry| same_net(e.dst, r.dst) && (gw.is_none() || e.gw == gw));
         if !found {
-            let via = gw.map(|g| format!(" via {g}")).unwrap_or_default();
-            return Err(failed(format!(
-                "route {}{via} is missing in {sandbox}",
-                r.dst
-            )));
+            return Err(CheckError::RouteMissing {
+                dst: r.dst,
+                gw,
+                sandbox,
+            }
+            .into());
         }
     }
 
@@ -162,9 +215,11 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
             .iter()
             .any(|r| r.dst == dst && r.oif == Some(host.index))
         {
-            return Err(failed(format!(
-                "host route {dst} dev {host_name} is missing in the node namespace"
-            )));
+            return Err(CheckError::HostRouteMissing {
+                dst,
+                host: host_name,
+            }
+            .into());
         }
     }
 

@@ -41,7 +41,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
 
     if let Some(ipam @ Ipam::Delegated { .. }) = &ipam {
         if let Err(e) = ipam.del(conf, env, stdin) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     collect("DEL", errors)
@@ -97,7 +97,7 @@ pub async fn remove_attachment(
 
     if let Some(ipam) = ipam {
         if let Err(e) = ipam.release_host_local(conf, container_id, ifname) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     errors
@@ -110,6 +110,8 @@ pub fn collect(command: &str, mut errors: Vec<CniError>) -> Result<(), CniError>
         0 => Ok(()),
         1 => Err(errors.remove(0)),
         _ => {
+            // Merges errors already converted at the edge (they come from every module DEL
+            // and GC touch), so it builds the CniError itself.
             let first = errors[0].clone();
             let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
             Err(CniError::new(

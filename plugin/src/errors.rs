@@ -1,10 +1,22 @@
 //! Where typed errors from the library modules become CNI errors (the edge).
 
 use crate::{
+    add::AddError,
+    attachment::AttachmentError,
+    bandwidth::BandwidthError,
     bpf::BpfError,
-    cni::{args::ArgsError, code, env::EnvError, CniError},
+    chained::ChainedError,
+    check::CheckError,
+    cni::{
+        args::ArgsError, code, config::ConfigError, env::EnvError, gc::GcListError,
+        types::ResultError, version::VersionError, CniError,
+    },
+    gateway::GatewayError,
+    ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
+    node::Failpoint,
+    portmap::PortmapError,
 };
 
 impl From<NetlinkError> for CniError {
@@ -34,7 +46,26 @@ macro_rules! by_their_code {
     )*};
 }
 
-by_their_code!(BpfError, EnvError, ArgsError);
+by_their_code!(
+    BpfError,
+    EnvError,
+    ArgsError,
+    ConfigError,
+    VersionError,
+    ResultError,
+    IpamError,
+    DelegateError,
+    BackendError,
+    AddError,
+    BandwidthError,
+    PortmapError,
+    GcListError,
+    GatewayError,
+    CheckError,
+    ChainedError,
+    AttachmentError,
+    Failpoint
+);
 
 impl From<std::io::Error> for CniError {
     fn from(e: std::io::Error) -> Self {

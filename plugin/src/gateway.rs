@@ -20,11 +20,31 @@ use ipnetwork::IpNetwork;
 use crate::{
     bpf::{
         gateways::{self, CreatedDirs},
-        NodeId,
+        BpfError, NodeId,
     },
     cni::{code, CniError},
     netlink::Netlink,
 };
+
+/// CHECK found a pod's gateway unlike ADD left it (code 105).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The attachment's use of the gateway is not recorded; the cause says how.
+    #[error("gateway {gw}")]
+    NotRecorded {
+        gw: Ipv4Addr,
+        #[source]
+        source: BpfError,
+    },
+    #[error("the node does not hold the pod's gateway {gw}/32 on lo")]
+    NotOnLo { gw: Ipv4Addr },
+}
+
+impl GatewayError {
+    pub fn cni_code(&self) -> u32 {
+        code::CHECK_FAILED
+    }
+}
 
 /// The kernel gives the loopback device index 1 in every namespace.
 pub const LOOPBACK_IFINDEX: u32 = 1;
@@ -120,12 +140,9 @@ pub async fn check(
     let held = host_nl.addresses(LOOPBACK_IFINDEX).await?;
     for gw in gws {
         gateways::check_user(node, *gw, id)
-            .map_err(|e| CniError::new(code::CHECK_FAILED, format!("gateway {gw}: {e}")))?;
+            .map_err(|source| GatewayError::NotRecorded { gw: *gw, source })?;
         if !held.contains(&host_prefix(*gw)) {
-            return Err(CniError::new(
-                code::CHECK_FAILED,
-                format!("the node does not hold the pod's gateway {gw}/32 on lo"),
-            ));
+            return Err(GatewayError::NotOnLo { gw: *gw }.into());
         }
     }
     Ok(())

@@ -36,7 +36,7 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
     if let Some(ipam) = &ipam {
         match ipam.holders(conf) {
             Ok(holders) => found.extend(holders),
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.into()),
         }
     }
 
@@ -73,7 +73,7 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
     }
     if let Some(ipam) = &ipam {
         if let Err(e) = ipam.gc(conf, &env.path, &valid, stdin) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     del::collect("GC", errors)

@@ -49,6 +49,8 @@ fn cni_main(command: &str) -> i32 {
             logging::configure_from_config(&stdin);
             execute(command, &stdin)
         }
+        // The edge itself (no module below it read stdin): built here, as are the other
+        // two CniErrors of this file (the async runtime; GC and STATUS on an older config).
         Err(e) => Err(CniError::new(
             code::IO_FAILURE,
             "failed to read the network configuration from stdin",
@@ -129,6 +131,7 @@ fn execute_network(command: Command, stdin: &[u8]) -> Result<(), CniError> {
     let env = cni::env::network_from_lookup(command, |k| std::env::var(k).ok());
     let conf = config::NetConf::parse(config::decode(stdin)?)?;
     if !conf.cni_version.has_gc_and_status() {
+        // The command dispatch's own refusal, at the edge (see cni_main).
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             format!(

@@ -82,13 +82,21 @@ pub fn masq_sources() -> Result<Vec<(u32, std::net::IpAddr)>, CniError> {
         .collect())
 }
 
+/// The error the test hook [`FAILPOINT_ENV`] makes ADD fail with (code 199).
+#[derive(Debug, thiserror::Error)]
+#[error("failpoint {}=before-result", FAILPOINT_ENV)]
+pub struct Failpoint;
+
+impl Failpoint {
+    pub fn cni_code(&self) -> u32 {
+        code::INTERNAL
+    }
+}
+
 /// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
-pub fn failpoint() -> Result<(), CniError> {
+pub fn failpoint() -> Result<(), Failpoint> {
     if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
-        return Err(CniError::new(
-            code::INTERNAL,
-            format!("failpoint {FAILPOINT_ENV}=before-result"),
-        ));
+        return Err(Failpoint);
     }
     Ok(())
 }

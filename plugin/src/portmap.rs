@@ -12,7 +12,70 @@ use std::net::IpAddr;
 use ebpf_cni_maps::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use serde_json::Value;
 
-use crate::cni::{code, config::get_ci, config::NetConf, CniError};
+use crate::cni::{code, config::get_ci, config::NetConf};
+
+/// Port mappings that cannot be installed; each names the entry and the value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum PortmapError {
+    #[error("runtimeConfig.portMappings {0} is not a list")]
+    NotAList(Value),
+    #[error("runtimeConfig.portMappings[{index}] {entry}: {problem}")]
+    Entry {
+        index: usize,
+        entry: Value,
+        problem: EntryProblem,
+    },
+    #[error("runtimeConfig.portMappings: hostPort {host_port}/{} on {} needs an {} address, and the pod has none", .protocol.as_str(), shown(.host_ip), if *.ipv4 { "IPv4" } else { "IPv6" })]
+    NoPodAddress {
+        host_port: u16,
+        protocol: Protocol,
+        host_ip: HostIp,
+        /// The family the mapping needs.
+        ipv4: bool,
+    },
+}
+
+/// What is wrong with one `portMappings` entry (part of [`PortmapError::Entry`]'s message).
+#[derive(Debug, thiserror::Error)]
+pub enum EntryProblem {
+    #[error("is not an object")]
+    NotAnObject,
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    #[error("{field} {value} is not a port number (1-65535)")]
+    NotAPort { field: &'static str, value: Value },
+    #[error("protocol {0:?} is not one of tcp, udp, sctp")]
+    UnknownProtocol(String),
+    #[error("protocol {0} is not a string")]
+    ProtocolNotAString(Value),
+    #[error("hostIP {0:?} is a multicast address")]
+    MulticastHostIp(String),
+    #[error("hostIP {0:?} is not an IP address")]
+    HostIpNotAnIp(String),
+    #[error("hostIP {0} is not a string")]
+    HostIpNotAString(Value),
+    #[error("hostPort {host_port}/{} is already mapped to containerPort {container_port} by an earlier entry", .protocol.as_str())]
+    AlreadyMapped {
+        host_port: u16,
+        protocol: Protocol,
+        container_port: u16,
+    },
+}
+
+impl PortmapError {
+    pub fn cni_code(&self) -> u32 {
+        code::INVALID_CONFIG
+    }
+}
+
+fn shown(host_ip: &HostIp) -> String {
+    match host_ip {
+        HostIp::One(ip) => ip.to_string(),
+        HostIp::AnyV4 => "0.0.0.0".to_owned(),
+        HostIp::AnyV6 => "::".to_owned(),
+        HostIp::Any => "any address".to_owned(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
@@ -99,48 +162,49 @@ impl PortEntry {
     }
 }
 
-fn invalid(index: usize, entry: &Value, what: String) -> CniError {
-    CniError::new(
-        code::INVALID_CONFIG,
-        format!("runtimeConfig.portMappings[{index}] {entry}: {what}"),
-    )
+fn invalid(index: usize, entry: &Value, problem: EntryProblem) -> PortmapError {
+    PortmapError::Entry {
+        index,
+        entry: entry.clone(),
+        problem,
+    }
 }
 
 fn port(
     index: usize,
     entry: &Value,
     obj: &serde_json::Map<String, Value>,
-    field: &str,
-) -> Result<u16, CniError> {
+    field: &'static str,
+) -> Result<u16, PortmapError> {
     let v =
-        get_ci(obj, field).ok_or_else(|| invalid(index, entry, format!("{field} is missing")))?;
+        get_ci(obj, field).ok_or_else(|| invalid(index, entry, EntryProblem::Missing(field)))?;
     match v.as_u64() {
         Some(p) if (1..=65535).contains(&p) => Ok(p as u16),
         _ => Err(invalid(
             index,
             entry,
-            format!("{field} {v} is not a port number (1-65535)"),
+            EntryProblem::NotAPort {
+                field,
+                value: v.clone(),
+            },
         )),
     }
 }
 
 /// Parses `runtimeConfig.portMappings` (absent or null: none). Identical entries are merged;
 /// two entries claiming one host port with different targets are refused.
-pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
+pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, PortmapError> {
     let Some(v) = &conf.runtime.port_mappings else {
         return Ok(Vec::new());
     };
-    let list = v.as_array().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_CONFIG,
-            format!("runtimeConfig.portMappings {v} is not a list"),
-        )
-    })?;
+    let list = v
+        .as_array()
+        .ok_or_else(|| PortmapError::NotAList(v.clone()))?;
     let mut out: Vec<PortMapping> = Vec::new();
     for (i, entry) in list.iter().enumerate() {
         let obj = entry
             .as_object()
-            .ok_or_else(|| invalid(i, entry, "is not an object".to_owned()))?;
+            .ok_or_else(|| invalid(i, entry, EntryProblem::NotAnObject))?;
         let host_port = port(i, entry, obj, "hostPort")?;
         let container_port = port(i, entry, obj, "containerPort")?;
         let protocol = match get_ci(obj, "protocol") {
@@ -150,19 +214,13 @@ pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
                 "tcp" => Protocol::Tcp,
                 "udp" => Protocol::Udp,
                 "sctp" => Protocol::Sctp,
-                _ => {
-                    return Err(invalid(
-                        i,
-                        entry,
-                        format!("protocol {s:?} is not one of tcp, udp, sctp"),
-                    ))
-                }
+                _ => return Err(invalid(i, entry, EntryProblem::UnknownProtocol(s.clone()))),
             },
             Some(other) => {
                 return Err(invalid(
                     i,
                     entry,
-                    format!("protocol {other} is not a string"),
+                    EntryProblem::ProtocolNotAString(other.clone()),
                 ))
             }
         };
@@ -173,23 +231,17 @@ pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
                 Ok(ip) if ip.is_unspecified() && ip.is_ipv4() => HostIp::AnyV4,
                 Ok(ip) if ip.is_unspecified() => HostIp::AnyV6,
                 Ok(ip) if ip.is_multicast() => {
-                    return Err(invalid(
-                        i,
-                        entry,
-                        format!("hostIP {s:?} is a multicast address"),
-                    ))
+                    return Err(invalid(i, entry, EntryProblem::MulticastHostIp(s.clone())))
                 }
                 Ok(ip) => HostIp::One(ip),
-                Err(_) => {
-                    return Err(invalid(
-                        i,
-                        entry,
-                        format!("hostIP {s:?} is not an IP address"),
-                    ))
-                }
+                Err(_) => return Err(invalid(i, entry, EntryProblem::HostIpNotAnIp(s.clone()))),
             },
             Some(other) => {
-                return Err(invalid(i, entry, format!("hostIP {other} is not a string")))
+                return Err(invalid(
+                    i,
+                    entry,
+                    EntryProblem::HostIpNotAString(other.clone()),
+                ))
             }
         };
         let m = PortMapping {
@@ -207,12 +259,11 @@ pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
             return Err(invalid(
                 i,
                 entry,
-                format!(
-                    "hostPort {}/{} is already mapped to containerPort {} by an earlier entry",
-                    m.host_port,
-                    m.protocol.as_str(),
-                    prev.container_port
-                ),
+                EntryProblem::AlreadyMapped {
+                    host_port: m.host_port,
+                    protocol: m.protocol,
+                    container_port: prev.container_port,
+                },
             ));
         }
         out.push(m);
@@ -225,7 +276,7 @@ pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, CniError> {
 pub fn entries(
     mappings: &[PortMapping],
     pod: &[(IpAddr, Option<IpAddr>)],
-) -> Result<Vec<PortEntry>, CniError> {
+) -> Result<Vec<PortEntry>, PortmapError> {
     let mut out = Vec::new();
     for m in mappings {
         let families: &[bool] = match m.host_ip {
@@ -260,21 +311,12 @@ pub fn entries(
             });
         }
         if !matched {
-            let family = if families == [true] { "IPv4" } else { "IPv6" };
-            return Err(CniError::new(
-                code::INVALID_CONFIG,
-                format!(
-                    "runtimeConfig.portMappings: hostPort {}/{} on {} needs an {family} address, and the pod has none",
-                    m.host_port,
-                    m.protocol.as_str(),
-                    match m.host_ip {
-                        HostIp::One(ip) => ip.to_string(),
-                        HostIp::AnyV4 => "0.0.0.0".to_owned(),
-                        HostIp::AnyV6 => "::".to_owned(),
-                        HostIp::Any => "any address".to_owned(),
-                    }
-                ),
-            ));
+            return Err(PortmapError::NoPodAddress {
+                host_port: m.host_port,
+                protocol: m.protocol,
+                host_ip: m.host_ip,
+                ipv4: families == [true],
+            });
         }
     }
     Ok(out)
@@ -342,8 +384,8 @@ mod tests {
             ),
         ] {
             let e = mappings(&conf(pm.clone())).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG, "{pm}");
-            assert!(e.msg.contains(needle), "{pm}: {}", e.msg);
+            assert_eq!(e.cni_code(), code::INVALID_CONFIG, "{pm}");
+            assert!(e.to_string().contains(needle), "{pm}: {e}");
         }
     }
 
@@ -378,6 +420,6 @@ mod tests {
         let only6 = entries(&m[..1], &[(v6, None)]).unwrap();
         assert_eq!(only6.len(), 1);
         let e = entries(&m, &[(v6, None)]).unwrap_err();
-        assert!(e.msg.contains("IPv4"), "{}", e.msg);
+        assert!(e.to_string().contains("IPv4"), "{e}");
     }
 }

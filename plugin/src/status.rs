@@ -46,7 +46,7 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
         }),
     }
 
-    let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err());
+    let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err().map(CniError::from));
     verdict(problems, ipam_err)
 }
 
@@ -71,6 +71,8 @@ fn verdict(problems: Vec<Unready>, ipam_err: Option<CniError>) -> Result<(), Cni
         reasons.push(e.msg);
         details = e.details;
     }
+    // The reasons come from several modules, the delegate's as an already converted
+    // CniError (its code is passed on): the one answer is built here, at the edge.
     let msg = match code {
         code::PLUGIN_NOT_AVAILABLE_LIMITED => {
             "plugin not available, existing pods may have limited connectivity"

@@ -8,7 +8,83 @@ use std::net::IpAddr;
 
 use serde_json::{Map, Value};
 
-use super::{code, env::is_valid_id, version::CniVersion, CniError};
+use super::{
+    code,
+    env::is_valid_id,
+    version::{CniVersion, VersionError},
+};
+
+/// A network configuration that cannot be used; each names the field and the value found
+/// there (as JSON), so an operator can fix the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to decode network configuration from stdin")]
+    Decode(#[source] serde_json::Error),
+    #[error("failed to decode network configuration from stdin: expected a JSON object")]
+    NotAnObject,
+    #[error("cniVersion is missing from the network configuration")]
+    MissingVersion,
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    #[error("{field} is missing from the network configuration")]
+    Missing { field: &'static str },
+    /// The value has the wrong JSON type: `expected` says which one it must be.
+    #[error("{field} {value} must be {expected}")]
+    WrongType {
+        field: &'static str,
+        value: Value,
+        expected: &'static str,
+    },
+    #[error("{field} {value} is invalid: {expected}")]
+    Invalid {
+        field: &'static str,
+        value: Value,
+        expected: &'static str,
+    },
+    #[error("ipam.type (missing) is invalid: expected the name of an IPAM plugin")]
+    MissingIpamType,
+    #[error("name {0:?} is invalid: a network name must start with a letter or digit followed by letters, digits, '_', '.' or '-'")]
+    InvalidName(String),
+    #[error("{field} entry {value} is not a CIDR")]
+    NotACidr { field: &'static str, value: Value },
+    #[error("{field}[{index}] {value} is not an IP address")]
+    NotAnIp {
+        field: &'static str,
+        index: usize,
+        value: Value,
+    },
+    #[error("devices[{index}] {value} is not a valid interface name")]
+    NotAnIfname { index: usize, value: Value },
+    #[error("{field} {value:?} is not a valid unicast MAC address")]
+    InvalidMac { field: &'static str, value: String },
+}
+
+impl ConfigError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::Decode(_) | Self::NotAnObject => code::DECODE_FAILURE,
+            Self::MissingVersion => code::INCOMPATIBLE_VERSION,
+            Self::Version(e) => e.cni_code(),
+            _ => code::INVALID_CONFIG,
+        }
+    }
+}
+
+fn wrong_type(field: &'static str, value: &Value, expected: &'static str) -> ConfigError {
+    ConfigError::WrongType {
+        field,
+        value: value.clone(),
+        expected,
+    }
+}
+
+fn invalid(field: &'static str, value: &Value, expected: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        value: value.clone(),
+        expected,
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct NetConf {
@@ -46,24 +122,21 @@ pub struct MasqConf {
 }
 
 /// `"lo-hi"` with 1 <= lo <= hi.
-fn parse_port_range(v: &Value, field: &str) -> Result<(u16, u16), CniError> {
+fn parse_port_range(v: &Value, field: &'static str) -> Result<(u16, u16), ConfigError> {
     v.as_str()
         .and_then(|s| s.split_once('-'))
         .and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)))
         .filter(|&(lo, hi)| lo >= 1 && lo <= hi)
-        .ok_or_else(|| {
-            invalid(format!(
-                "{field} {v} is invalid: expected \"first-last\", ports from 1 to 65535"
-            ))
-        })
+        .ok_or_else(|| invalid(field, v, "expected \"first-last\", ports from 1 to 65535"))
 }
 
 /// A list of CIDRs (`field` names it in errors).
-fn parse_cidr_list(v: &Value, field: &str) -> Result<Vec<ipnetwork::IpNetwork>, CniError> {
+fn parse_cidr_list(
+    v: &Value,
+    field: &'static str,
+) -> Result<Vec<ipnetwork::IpNetwork>, ConfigError> {
     let Some(items) = v.as_array() else {
-        return Err(invalid(format!(
-            "{field} {v} must be a list of CIDRs (\"10.0.0.0/8\")"
-        )));
+        return Err(wrong_type(field, v, "a list of CIDRs (\"10.0.0.0/8\")"));
     };
     items
         .iter()
@@ -73,7 +146,10 @@ fn parse_cidr_list(v: &Value, field: &str) -> Result<Vec<ipnetwork::IpNetwork>, 
                 .map(|n| {
                     ipnetwork::IpNetwork::new(n.network(), n.prefix()).expect("prefix is valid")
                 })
-                .ok_or_else(|| invalid(format!("{field} entry {item} is not a CIDR")))
+                .ok_or_else(|| ConfigError::NotACidr {
+                    field,
+                    value: item.clone(),
+                })
         })
         .collect()
 }
@@ -104,65 +180,43 @@ pub fn get_ci<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     })
 }
 
-fn invalid(msg: String) -> CniError {
-    CniError::new(code::INVALID_CONFIG, msg)
-}
-
 /// Decodes stdin. Malformed JSON is a decoding failure (code 6).
-pub fn decode(stdin: &[u8]) -> Result<Value, CniError> {
-    let v: Value = serde_json::from_slice(stdin).map_err(|e| {
-        CniError::new(
-            code::DECODE_FAILURE,
-            "failed to decode network configuration from stdin",
-        )
-        .with_details(e.to_string())
-    })?;
+pub fn decode(stdin: &[u8]) -> Result<Value, ConfigError> {
+    let v: Value = serde_json::from_slice(stdin).map_err(ConfigError::Decode)?;
     if !v.is_object() {
-        return Err(CniError::new(
-            code::DECODE_FAILURE,
-            "failed to decode network configuration from stdin: expected a JSON object",
-        ));
+        return Err(ConfigError::NotAnObject);
     }
     Ok(v)
 }
 
 /// The `cniVersion` of a decoded config, validated.
-pub fn version_of(raw: &Value) -> Result<CniVersion, CniError> {
+pub fn version_of(raw: &Value) -> Result<CniVersion, ConfigError> {
     match raw.get("cniVersion") {
-        Some(Value::String(v)) => CniVersion::parse(v),
-        None => Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
-            "cniVersion is missing from the network configuration",
-        )),
-        Some(other) => Err(invalid(format!("cniVersion {other} must be a string"))),
+        Some(Value::String(v)) => Ok(CniVersion::parse(v)?),
+        None => Err(ConfigError::MissingVersion),
+        Some(other) => Err(wrong_type("cniVersion", other, "a string")),
     }
 }
 
 /// Validates a network name against the spec's pattern. The name also names IPAM
 /// directories and bpffs pins, so anything else (e.g. "../x") is refused.
-pub fn validate_network_name(name: &str) -> Result<(), CniError> {
+pub fn validate_network_name(name: &str) -> Result<(), ConfigError> {
     if is_valid_id(name) && name.len() <= 200 {
         Ok(())
     } else {
-        Err(invalid(format!(
-            "name {name:?} is invalid: a network name must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
-        )))
+        Err(ConfigError::InvalidName(name.to_owned()))
     }
 }
 
 impl NetConf {
-    pub fn parse(raw: Value) -> Result<Self, CniError> {
+    pub fn parse(raw: Value) -> Result<Self, ConfigError> {
         let cni_version = version_of(&raw)?;
         let obj = raw.as_object().expect("decode() only returns objects");
 
         let name = match obj.get("name") {
             Some(Value::String(s)) => s.clone(),
-            None => {
-                return Err(invalid(
-                    "name is missing from the network configuration".into(),
-                ))
-            }
-            Some(other) => return Err(invalid(format!("name {other} must be a string"))),
+            None => return Err(ConfigError::Missing { field: "name" }),
+            Some(other) => return Err(wrong_type("name", other, "a string")),
         };
         validate_network_name(&name)?;
 
@@ -176,11 +230,7 @@ impl NetConf {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
                 Some(m) if (68..=65535).contains(&m) => Some(m as u32),
-                _ => {
-                    return Err(invalid(format!(
-                        "mtu {v} is invalid: expected an integer from 68 to 65535"
-                    )))
-                }
+                _ => return Err(invalid("mtu", v, "expected an integer from 68 to 65535")),
             },
         };
 
@@ -196,7 +246,7 @@ impl NetConf {
                     Some(v) => Some(parse_port_range(v, "ipMasqPortRange")?),
                 },
             }),
-            Some(other) => return Err(invalid(format!("ipMasq {other} must be true or false"))),
+            Some(other) => return Err(wrong_type("ipMasq", other, "true or false")),
         };
 
         let (ipam, ipam_type) = match obj.get("ipam") {
@@ -208,28 +258,30 @@ impl NetConf {
                     {
                         t.clone()
                     }
-                    other => {
-                        return Err(invalid(format!(
-                            "ipam.type {} is invalid: expected the name of an IPAM plugin",
-                            other.map_or("(missing)".to_owned(), Value::to_string)
-                        )))
+                    Some(other) => {
+                        return Err(invalid(
+                            "ipam.type",
+                            other,
+                            "expected the name of an IPAM plugin",
+                        ))
                     }
+                    None => return Err(ConfigError::MissingIpamType),
                 };
                 (Some(Value::Object(m.clone())), Some(t))
             }
-            Some(other) => return Err(invalid(format!("ipam {other} must be an object"))),
+            Some(other) => return Err(wrong_type("ipam", other, "an object")),
         };
 
         let dns = match obj.get("dns") {
             None | Some(Value::Null) => None,
             Some(v @ Value::Object(_)) => Some(v.clone()),
-            Some(other) => return Err(invalid(format!("dns {other} must be an object"))),
+            Some(other) => return Err(wrong_type("dns", other, "an object")),
         };
 
         let runtime = match obj.get("runtimeConfig") {
             None | Some(Value::Null) => RuntimeConfig::default(),
             Some(Value::Object(m)) => RuntimeConfig::parse(m)?,
-            Some(other) => return Err(invalid(format!("runtimeConfig {other} must be an object"))),
+            Some(other) => return Err(wrong_type("runtimeConfig", other, "an object")),
         };
 
         let args_ips = match obj
@@ -247,7 +299,7 @@ impl NetConf {
         let prev_result = match obj.get("prevResult") {
             None | Some(Value::Null) => None,
             Some(v @ Value::Object(_)) => Some(v.clone()),
-            Some(other) => return Err(invalid(format!("prevResult {other} must be an object"))),
+            Some(other) => return Err(wrong_type("prevResult", other, "an object")),
         };
 
         let devices = match obj.get("devices") {
@@ -258,17 +310,14 @@ impl NetConf {
                     .enumerate()
                     .map(|(i, v)| match v.as_str() {
                         Some(n) if super::env::validate_ifname(n).is_ok() => Ok(n.to_owned()),
-                        _ => Err(invalid(format!(
-                            "devices[{i}] {v} is not a valid interface name"
-                        ))),
+                        _ => Err(ConfigError::NotAnIfname {
+                            index: i,
+                            value: v.clone(),
+                        }),
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
-            Some(other) => {
-                return Err(invalid(format!(
-                    "devices {other} must be a list of interface names"
-                )))
-            }
+            Some(other) => return Err(wrong_type("devices", other, "a list of interface names")),
         };
 
         let tc_attach_mode = match obj.get("tcAttachMode") {
@@ -277,9 +326,11 @@ impl NetConf {
             Some(Value::String(m)) if m == "tcx" => TcAttachMode::Tcx,
             Some(Value::String(m)) if m == "netlink" => TcAttachMode::Netlink,
             Some(other) => {
-                return Err(invalid(format!(
-                    "tcAttachMode {other} is invalid: expected \"auto\", \"tcx\" or \"netlink\""
-                )))
+                return Err(invalid(
+                    "tcAttachMode",
+                    other,
+                    "expected \"auto\", \"tcx\" or \"netlink\"",
+                ))
             }
         };
 
@@ -303,16 +354,12 @@ impl NetConf {
 }
 
 impl RuntimeConfig {
-    fn parse(m: &Map<String, Value>) -> Result<Self, CniError> {
+    fn parse(m: &Map<String, Value>) -> Result<Self, ConfigError> {
         let mac = match get_ci(m, "mac") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => {
-                return Err(invalid(format!(
-                    "runtimeConfig.mac {other} must be a string"
-                )))
-            }
+            Some(other) => return Err(wrong_type("runtimeConfig.mac", other, "a string")),
         };
         let ips = match get_ci(m, "ips") {
             None | Some(Value::Null) => Vec::new(),
@@ -330,11 +377,9 @@ impl RuntimeConfig {
 }
 
 /// A list of addresses, each given plain ("10.0.0.5") or in CIDR form ("10.0.0.5/24").
-fn parse_ip_list(v: &Value, field: &str) -> Result<Vec<IpAddr>, CniError> {
+fn parse_ip_list(v: &Value, field: &'static str) -> Result<Vec<IpAddr>, ConfigError> {
     let Value::Array(items) = v else {
-        return Err(invalid(format!(
-            "{field} {v} must be a list of IP addresses"
-        )));
+        return Err(wrong_type(field, v, "a list of IP addresses"));
     };
     items
         .iter()
@@ -344,15 +389,22 @@ fn parse_ip_list(v: &Value, field: &str) -> Result<Vec<IpAddr>, CniError> {
             s.split('/')
                 .next()
                 .and_then(|a| a.parse::<IpAddr>().ok())
-                .ok_or_else(|| invalid(format!("{field}[{i}] {item} is not an IP address")))
+                .ok_or_else(|| ConfigError::NotAnIp {
+                    field,
+                    index: i,
+                    value: item.clone(),
+                })
         })
         .collect()
 }
 
 /// Parses a MAC address "aa:bb:cc:dd:ee:ff" (also '-' separated), refusing multicast ones.
-pub fn parse_mac(s: &str, field: &str) -> Result<[u8; 6], CniError> {
+pub fn parse_mac(s: &str, field: &'static str) -> Result<[u8; 6], ConfigError> {
     let parts: Vec<&str> = s.split([':', '-']).collect();
-    let bad = || invalid(format!("{field} {s:?} is not a valid unicast MAC address"));
+    let bad = || ConfigError::InvalidMac {
+        field,
+        value: s.to_owned(),
+    };
     if parts.len() != 6 {
         return Err(bad());
     }
@@ -374,7 +426,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parse(v: Value) -> Result<NetConf, CniError> {
+    fn parse(v: Value) -> Result<NetConf, ConfigError> {
         NetConf::parse(v)
     }
 
@@ -487,15 +539,18 @@ mod tests {
         ];
         for (v, c, needle) in cases {
             let e = parse(v.clone()).unwrap_err();
-            assert_eq!(e.code, c, "{v}");
-            assert!(e.msg.contains(needle), "{v}: {}", e.msg);
+            assert_eq!(e.cni_code(), c, "{v}");
+            assert!(e.to_string().contains(needle), "{v}: {e}");
         }
     }
 
     #[test]
     fn decode_errors() {
-        assert_eq!(decode(b"{not json").unwrap_err().code, code::DECODE_FAILURE);
-        assert_eq!(decode(b"[1]").unwrap_err().code, code::DECODE_FAILURE);
+        assert_eq!(
+            decode(b"{not json").unwrap_err().cni_code(),
+            code::DECODE_FAILURE
+        );
+        assert_eq!(decode(b"[1]").unwrap_err().cni_code(), code::DECODE_FAILURE);
     }
 
     #[test]
@@ -511,7 +566,7 @@ mod tests {
             "00:00:00:00:00:00",
         ] {
             assert_eq!(
-                parse_mac(bad, "mac").unwrap_err().code,
+                parse_mac(bad, "mac").unwrap_err().cni_code(),
                 code::INVALID_CONFIG
             );
         }

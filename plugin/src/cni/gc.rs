@@ -8,34 +8,65 @@
 
 use serde_json::Value;
 
-use super::{code, config::get_ci, CniError};
+use super::{code, config::get_ci};
 
 pub const VALID_ATTACHMENTS: &str = "cni.dev/valid-attachments";
 /// The name libcni sent before the spec settled on [`VALID_ATTACHMENTS`]; it still sends both.
 pub const ATTACHMENTS_OLD_NAME: &str = "cni.dev/attachments";
 
-fn invalid(msg: String) -> CniError {
-    CniError::new(code::INVALID_CONFIG, msg)
+/// A GC request whose list of attachments to keep cannot be read; each names the field
+/// (under the name the request used) and the value found there.
+#[derive(Debug, thiserror::Error)]
+pub enum GcListError {
+    #[error(
+        "{} is missing: GC needs the list of attachments to keep",
+        VALID_ATTACHMENTS
+    )]
+    Missing,
+    #[error("{field} {value} must be a list of {{\"containerID\", \"ifname\"}} objects")]
+    NotAList { field: &'static str, value: Value },
+    #[error("{field}[{index}] {value} must be an object with containerID and ifname")]
+    NotAnObject {
+        field: &'static str,
+        index: usize,
+        value: Value,
+    },
+    #[error("{field}[{index}].{key} {value} must be a non-empty string")]
+    NotAString {
+        field: &'static str,
+        index: usize,
+        key: &'static str,
+        value: Value,
+    },
+    #[error("{field}[{index}].{key} is missing")]
+    MissingKey {
+        field: &'static str,
+        index: usize,
+        key: &'static str,
+    },
+}
+
+impl GcListError {
+    pub fn cni_code(&self) -> u32 {
+        code::INVALID_CONFIG
+    }
 }
 
 /// `(container id, ifname)` of every attachment to keep, as listed.
-pub fn valid_attachments(raw: &Value) -> Result<Vec<(String, String)>, CniError> {
+pub fn valid_attachments(raw: &Value) -> Result<Vec<(String, String)>, GcListError> {
     let (field, list) = match (raw.get(VALID_ATTACHMENTS), raw.get(ATTACHMENTS_OLD_NAME)) {
         (Some(v), _) => (VALID_ATTACHMENTS, v),
         (None, Some(v)) => (ATTACHMENTS_OLD_NAME, v),
-        (None, None) => {
-            return Err(invalid(format!(
-                "{VALID_ATTACHMENTS} is missing: GC needs the list of attachments to keep"
-            )))
-        }
+        (None, None) => return Err(GcListError::Missing),
     };
     let items = match list {
         Value::Null => return Ok(Vec::new()),
         Value::Array(items) => items,
         other => {
-            return Err(invalid(format!(
-                "{field} {other} must be a list of {{\"containerID\", \"ifname\"}} objects"
-            )))
+            return Err(GcListError::NotAList {
+                field,
+                value: other.clone(),
+            })
         }
     };
     items
@@ -43,16 +74,25 @@ pub fn valid_attachments(raw: &Value) -> Result<Vec<(String, String)>, CniError>
         .enumerate()
         .map(|(i, item)| {
             let Value::Object(obj) = item else {
-                return Err(invalid(format!(
-                    "{field}[{i}] {item} must be an object with containerID and ifname"
-                )));
+                return Err(GcListError::NotAnObject {
+                    field,
+                    index: i,
+                    value: item.clone(),
+                });
             };
-            let text = |key: &str| match get_ci(obj, key) {
+            let text = |key: &'static str| match get_ci(obj, key) {
                 Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-                Some(other) => Err(invalid(format!(
-                    "{field}[{i}].{key} {other} must be a non-empty string"
-                ))),
-                None => Err(invalid(format!("{field}[{i}].{key} is missing"))),
+                Some(other) => Err(GcListError::NotAString {
+                    field,
+                    index: i,
+                    key,
+                    value: other.clone(),
+                }),
+                None => Err(GcListError::MissingKey {
+                    field,
+                    index: i,
+                    key,
+                }),
             };
             Ok((text("containerID")?, text("ifname")?))
         })
@@ -138,8 +178,8 @@ mod tests {
         ];
         for (v, needle) in cases {
             let e = valid_attachments(&v).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG, "{v}");
-            assert!(e.msg.contains(needle), "{v}: {}", e.msg);
+            assert_eq!(e.cni_code(), code::INVALID_CONFIG, "{v}");
+            assert!(e.to_string().contains(needle), "{v}: {e}");
         }
     }
 }

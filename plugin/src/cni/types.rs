@@ -7,7 +7,23 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{code, version::ResultFormat, CniError};
+use super::{code, version::ResultFormat};
+
+/// A result (a `prevResult` or a delegate's output) that is not one of a version we speak.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to decode {what}")]
+pub struct ResultError {
+    /// What was decoded ("prevResult").
+    pub what: &'static str,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl ResultError {
+    pub fn cni_code(&self) -> u32 {
+        code::DECODE_FAILURE
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Interface {
@@ -97,11 +113,8 @@ impl SuccessResult {
 
     /// Parses a result of any supported version (a `prevResult` or a delegate's output).
     /// `ips[].version` of 0.3.x/0.4.0 is ignored: the address says its family.
-    pub fn from_json(v: &Value, what: &str) -> Result<Self, CniError> {
-        serde_json::from_value(v.clone()).map_err(|e| {
-            CniError::new(code::DECODE_FAILURE, format!("failed to decode {what}"))
-                .with_details(e.to_string())
-        })
+    pub fn from_json(v: &Value, what: &'static str) -> Result<Self, ResultError> {
+        serde_json::from_value(v.clone()).map_err(|source| ResultError { what, source })
     }
 }
 
@@ -182,7 +195,7 @@ mod tests {
         }
         let e = SuccessResult::from_json(&json!({"ips":[{"address":"bogus"}]}), "prevResult")
             .unwrap_err();
-        assert_eq!(e.code, code::DECODE_FAILURE);
-        assert!(e.msg.contains("prevResult"));
+        assert_eq!(e.cni_code(), code::DECODE_FAILURE);
+        assert!(e.to_string().contains("prevResult"));
     }
 }

@@ -1,6 +1,6 @@
 //! Spec versions this plugin speaks, and how each one shapes a result.
 
-use super::{code, CniError};
+use super::code;
 
 /// Versions listed by VERSION. 1.1.0 results have the 1.0.0 layout (its new optional
 /// fields are ones this plugin does not set); it adds the GC and STATUS commands.
@@ -18,23 +18,40 @@ pub enum ResultFormat {
     V1,
 }
 
+/// A cniVersion this plugin does not speak.
+#[derive(Debug, thiserror::Error)]
+#[error("incompatible CNI version: cniVersion {version:?} is not supported")]
+pub struct VersionError {
+    pub version: String,
+    #[source]
+    pub supported: Supported,
+}
+
+/// The versions this plugin speaks: the cause of a [`VersionError`], so that the runtime
+/// reads them in the error's details.
+#[derive(Debug, thiserror::Error)]
+#[error("supported versions: {}", SUPPORTED_VERSIONS.join(", "))]
+pub struct Supported;
+
+impl VersionError {
+    pub fn cni_code(&self) -> u32 {
+        code::INCOMPATIBLE_VERSION
+    }
+}
+
 /// A validated cniVersion string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CniVersion(String);
 
 impl CniVersion {
-    pub fn parse(v: &str) -> Result<Self, CniError> {
+    pub fn parse(v: &str) -> Result<Self, VersionError> {
         if SUPPORTED_VERSIONS.contains(&v) {
             Ok(Self(v.to_owned()))
         } else {
-            Err(CniError::new(
-                code::INCOMPATIBLE_VERSION,
-                format!("incompatible CNI version: cniVersion {v:?} is not supported"),
-            )
-            .with_details(format!(
-                "supported versions: {}",
-                SUPPORTED_VERSIONS.join(", ")
-            )))
+            Err(VersionError {
+                version: v.to_owned(),
+                supported: Supported,
+            })
         }
     }
 
@@ -85,8 +102,13 @@ mod tests {
         }
         for v in ["0.1.0", "0.2.0", "9.9.9", "", "1.0"] {
             let e = CniVersion::parse(v).unwrap_err();
-            assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
-            assert!(e.msg.contains(&format!("{v:?}")), "{}", e.msg);
+            assert_eq!(e.cni_code(), code::INCOMPATIBLE_VERSION);
+            assert!(e.to_string().contains(&format!("{v:?}")), "{e}");
+            assert_eq!(
+                crate::cni::error::source_lines(&e),
+                ["supported versions: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"],
+                "the details list them"
+            );
         }
     }
 

@@ -8,25 +8,90 @@ use crate::cni::{
     config::NetConf,
     env::CniEnv,
     types::{Dns, IpConfig, Route, SuccessResult},
-    CniError,
 };
 
-use super::{delegate, HostLocalConfig, IpamError, IpamRequest};
+use super::{
+    delegate::{self, DelegateError},
+    HostLocalConfig, IpamError, IpamRequest, SetUsage,
+};
+
+/// What the IPAM of a network could not do, with the code each command gives it.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    HostLocal(#[from] IpamError),
+    #[error(transparent)]
+    Delegate(#[from] DelegateError),
+    /// STATUS: the delegate cannot be found or asked, so ADD could not run it.
+    #[error(transparent)]
+    DelegateUnavailable(DelegateError),
+    /// STATUS: the delegate's own answer; its code is passed on (spec 1.1).
+    #[error(transparent)]
+    DelegateStatus(DelegateError),
+    /// CHECK through the delegate.
+    #[error(transparent)]
+    DelegateCheck(DelegateError),
+    /// Boxed: with the path beside it, the IpamError would make every `Result` here large.
+    #[error("cannot read the IPAM leases in {}", .dir.display())]
+    Leases {
+        dir: PathBuf,
+        #[source]
+        source: Box<IpamError>,
+    },
+    /// STATUS: range sets without a free address (an ADD needs one from each).
+    #[error("{}", exhausted(.sets, .dir))]
+    Exhausted { sets: Vec<SetUsage>, dir: PathBuf },
+    #[error("IPAM reservation check failed")]
+    Reservation(#[source] IpamError),
+    #[error("IPAM: address {ip} is not reserved for container {container_id} ifname {ifname} in {}", .dir.display())]
+    NotReserved {
+        ip: IpAddr,
+        container_id: String,
+        ifname: String,
+        dir: PathBuf,
+    },
+}
+
+fn exhausted(sets: &[SetUsage], dir: &std::path::Path) -> String {
+    sets.iter()
+        .map(|u| {
+            format!(
+                "IPAM range set {} ({}) is exhausted: {} of {} addresses leased in {}",
+                u.set,
+                u.ranges,
+                u.leased,
+                u.capacity,
+                dir.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl BackendError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::HostLocal(e) => e.cni_code(),
+            Self::Delegate(e) => e.cni_code(),
+            Self::DelegateUnavailable(_) | Self::Leases { .. } | Self::Exhausted { .. } => {
+                code::PLUGIN_NOT_AVAILABLE
+            }
+            Self::DelegateStatus(e) => e.reported_code().unwrap_or_else(|| e.cni_code()),
+            Self::DelegateCheck(_) | Self::Reservation(_) | Self::NotReserved { .. } => {
+                code::CHECK_FAILED
+            }
+        }
+    }
+}
 
 pub enum Ipam {
     HostLocal(HostLocalConfig),
     Delegated { plugin: String },
 }
 
-impl From<IpamError> for CniError {
-    fn from(e: IpamError) -> Self {
-        CniError::from_error(e.cni_code(), &e)
-    }
-}
-
 impl Ipam {
     /// `None` when the config has no `ipam` section.
-    pub fn from_conf(conf: &NetConf) -> Result<Option<Self>, CniError> {
+    pub fn from_conf(conf: &NetConf) -> Result<Option<Self>, BackendError> {
         let (Some(ipam), Some(kind)) = (&conf.ipam, &conf.ipam_type) else {
             return Ok(None);
         };
@@ -40,14 +105,14 @@ impl Ipam {
         }
     }
 
-    fn delegate_binary(&self, env: &CniEnv) -> Result<Option<PathBuf>, CniError> {
+    fn delegate_binary(&self, env: &CniEnv) -> Result<Option<PathBuf>, BackendError> {
         self.delegate_binary_in(&env.path)
     }
 
-    fn delegate_binary_in(&self, cni_path: &[PathBuf]) -> Result<Option<PathBuf>, CniError> {
+    fn delegate_binary_in(&self, cni_path: &[PathBuf]) -> Result<Option<PathBuf>, BackendError> {
         match self {
             Ipam::HostLocal(_) => Ok(None),
-            Ipam::Delegated { plugin } => delegate::find(plugin, cni_path).map(Some),
+            Ipam::Delegated { plugin } => Ok(Some(delegate::find(plugin, cni_path)?)),
         }
     }
 
@@ -58,7 +123,7 @@ impl Ipam {
         &self,
         conf: &NetConf,
         cni_path: &[PathBuf],
-    ) -> Result<Option<PathBuf>, CniError> {
+    ) -> Result<Option<PathBuf>, BackendError> {
         let Some(bin) = self.delegate_binary_in(cni_path)? else {
             return Ok(None);
         };
@@ -75,7 +140,7 @@ impl Ipam {
     }
 
     /// Checked before ADD changes anything: a delegate that does not exist is a config error.
-    pub fn validate(&self, env: &CniEnv) -> Result<(), CniError> {
+    pub fn validate(&self, env: &CniEnv) -> Result<(), BackendError> {
         self.delegate_binary(env).map(|_| ())
     }
 
@@ -84,7 +149,7 @@ impl Ipam {
         conf: &NetConf,
         env: &CniEnv,
         stdin: &[u8],
-    ) -> Result<SuccessResult, CniError> {
+    ) -> Result<SuccessResult, BackendError> {
         match self {
             Ipam::HostLocal(c) => {
                 let mut requested: Vec<IpAddr> = Vec::new();
@@ -141,12 +206,12 @@ impl Ipam {
             }
             Ipam::Delegated { .. } => {
                 let bin = self.delegate_binary(env)?.expect("delegated has a binary");
-                delegate::add(&bin, stdin)
+                Ok(delegate::add(&bin, stdin)?)
             }
         }
     }
 
-    pub fn del(&self, conf: &NetConf, env: &CniEnv, stdin: &[u8]) -> Result<(), CniError> {
+    pub fn del(&self, conf: &NetConf, env: &CniEnv, stdin: &[u8]) -> Result<(), BackendError> {
         match self {
             Ipam::HostLocal(c) => Ok(super::release(
                 c,
@@ -156,7 +221,8 @@ impl Ipam {
             )?),
             Ipam::Delegated { .. } => {
                 let bin = self.delegate_binary(env)?.expect("delegated has a binary");
-                delegate::exec(&bin, "DEL", stdin).map(|_| ())
+                delegate::exec(&bin, "DEL", stdin)?;
+                Ok(())
             }
         }
     }
@@ -169,7 +235,7 @@ impl Ipam {
         conf: &NetConf,
         container_id: &str,
         ifname: &str,
-    ) -> Result<(), CniError> {
+    ) -> Result<(), BackendError> {
         match self {
             Ipam::HostLocal(c) => Ok(super::release(c, &conf.name, container_id, ifname)?),
             Ipam::Delegated { .. } => Ok(()),
@@ -178,7 +244,7 @@ impl Ipam {
 
     /// The attachments holding host-local leases in this network (GC's inventory); empty for
     /// a delegated IPAM, whose store we cannot read.
-    pub fn holders(&self, conf: &NetConf) -> Result<Vec<(String, String)>, CniError> {
+    pub fn holders(&self, conf: &NetConf) -> Result<Vec<(String, String)>, BackendError> {
         match self {
             Ipam::HostLocal(c) => Ok(super::holders(c, &conf.name)?),
             Ipam::Delegated { .. } => Ok(Vec::new()),
@@ -195,7 +261,7 @@ impl Ipam {
         cni_path: &[PathBuf],
         valid: &[(String, String)],
         stdin: &[u8],
-    ) -> Result<(), CniError> {
+    ) -> Result<(), BackendError> {
         match self {
             Ipam::HostLocal(c) => {
                 let released = super::gc(c, &conf.name, valid)?;
@@ -205,7 +271,10 @@ impl Ipam {
                 Ok(())
             }
             Ipam::Delegated { .. } => match self.delegate_for_1_1(conf, cni_path)? {
-                Some(bin) => delegate::exec(&bin, "GC", stdin).map(|_| ()),
+                Some(bin) => {
+                    delegate::exec(&bin, "GC", stdin)?;
+                    Ok(())
+                }
                 None => Ok(()),
             },
         }
@@ -218,46 +287,36 @@ impl Ipam {
         conf: &NetConf,
         cni_path: &[PathBuf],
         stdin: &[u8],
-    ) -> Result<(), CniError> {
+    ) -> Result<(), BackendError> {
         match self {
             Ipam::HostLocal(c) => {
                 let dir = c.data_dir.join(&conf.name);
-                let full: Vec<String> = super::usage(c, &conf.name)
-                    .map_err(|e| {
-                        CniError::new(
-                            code::PLUGIN_NOT_AVAILABLE,
-                            format!("cannot read the IPAM leases in {}: {e}", dir.display()),
-                        )
-                    })?
-                    .into_iter()
-                    .filter(|u| u.free() == 0)
-                    .map(|u| {
-                        format!(
-                            "IPAM range set {} ({}) is exhausted: {} of {} addresses leased in {}",
-                            u.set,
-                            u.ranges,
-                            u.leased,
-                            u.capacity,
-                            dir.display()
-                        )
-                    })
-                    .collect();
+                let full: Vec<SetUsage> = match super::usage(c, &conf.name) {
+                    Ok(usage) => usage.into_iter().filter(|u| u.free() == 0).collect(),
+                    Err(e) => {
+                        return Err(BackendError::Leases {
+                            dir,
+                            source: Box::new(e),
+                        })
+                    }
+                };
                 if full.is_empty() {
                     Ok(())
                 } else {
-                    Err(CniError::new(code::PLUGIN_NOT_AVAILABLE, full.join("; ")))
+                    Err(BackendError::Exhausted { sets: full, dir })
                 }
             }
             Ipam::Delegated { .. } => {
                 // Not finding or not being able to ask the delegate means ADD cannot run it.
-                let bin = self
-                    .delegate_for_1_1(conf, cni_path)
-                    .map_err(|e| CniError {
-                        code: code::PLUGIN_NOT_AVAILABLE,
-                        ..e
-                    })?;
+                let bin = self.delegate_for_1_1(conf, cni_path).map_err(|e| match e {
+                    BackendError::Delegate(e) => BackendError::DelegateUnavailable(e),
+                    other => other,
+                })?;
                 match bin {
-                    Some(bin) => delegate::exec_keeping_code(&bin, "STATUS", stdin).map(|_| ()),
+                    Some(bin) => match delegate::exec(&bin, "STATUS", stdin) {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(BackendError::DelegateStatus(e)),
+                    },
                     None => Ok(()),
                 }
             }
@@ -271,40 +330,25 @@ impl Ipam {
         env: &CniEnv,
         stdin: &[u8],
         ips: &[IpAddr],
-    ) -> Result<(), CniError> {
+    ) -> Result<(), BackendError> {
         match self {
             Ipam::HostLocal(c) => {
-                let held = super::reserved(c, &conf.name, &env.container_id, &env.ifname).map_err(
-                    |e| {
-                        CniError::new(
-                            code::CHECK_FAILED,
-                            format!("IPAM reservation check failed: {e}"),
-                        )
-                    },
-                )?;
-                for ip in ips {
-                    if !held.contains(ip) {
-                        return Err(CniError::new(
-                            code::CHECK_FAILED,
-                            format!(
-                                "IPAM: address {ip} is not reserved for container {} ifname {} in {}",
-                                env.container_id,
-                                env.ifname,
-                                c.data_dir.join(&conf.name).display()
-                            ),
-                        ));
-                    }
+                let held = super::reserved(c, &conf.name, &env.container_id, &env.ifname)
+                    .map_err(BackendError::Reservation)?;
+                if let Some(ip) = ips.iter().find(|ip| !held.contains(ip)) {
+                    return Err(BackendError::NotReserved {
+                        ip: *ip,
+                        container_id: env.container_id.clone(),
+                        ifname: env.ifname.clone(),
+                        dir: c.data_dir.join(&conf.name),
+                    });
                 }
                 Ok(())
             }
             Ipam::Delegated { .. } => {
                 let bin = self.delegate_binary(env)?.expect("delegated has a binary");
-                delegate::exec(&bin, "CHECK", stdin)
-                    .map(|_| ())
-                    .map_err(|e| CniError {
-                        code: code::CHECK_FAILED,
-                        ..e
-                    })
+                delegate::exec(&bin, "CHECK", stdin).map_err(BackendError::DelegateCheck)?;
+                Ok(())
             }
         }
     }

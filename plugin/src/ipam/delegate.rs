@@ -4,74 +4,123 @@
 use std::{
     io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Command, ExitStatus, Stdio},
 };
 
-use crate::cni::{code, types::SuccessResult, CniError};
+use crate::cni::{
+    code,
+    types::{ResultError, SuccessResult},
+};
+
+/// A delegate that cannot be found, run, or understood, or that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DelegateError {
+    #[error("ipam.type {plugin:?}: no such plugin in CNI_PATH ({})", joined(.cni_path))]
+    NotFound {
+        plugin: String,
+        cni_path: Vec<PathBuf>,
+    },
+    #[error("failed to run ipam plugin {}", .binary.display())]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to wait for ipam plugin {name}")]
+    Wait {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The delegate exited with an error: its own message is part of ours, its details (or
+    /// its whole stdout, when it printed no error result) are the cause.
+    #[error("ipam plugin {name} {command} failed ({}): {msg}", outcome(.code, .status))]
+    Failed {
+        name: String,
+        command: &'static str,
+        status: ExitStatus,
+        /// The code in the delegate's error result, when it printed one.
+        code: Option<u64>,
+        msg: String,
+        #[source]
+        details: Said,
+    },
+    #[error("ipam plugin {} answered VERSION with something that is not JSON", .binary.display())]
+    VersionNotJson {
+        binary: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("ipam plugin returned a result that is not JSON")]
+    ResultNotJson(#[source] serde_json::Error),
+    #[error(transparent)]
+    BadResult(ResultError),
+}
+
+/// What a failed delegate said beyond its message (shown as the error's details).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Said(pub String);
+
+fn joined(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn outcome(code: &Option<u64>, status: &ExitStatus) -> String {
+    code.map_or_else(|| format!("exit status {status}"), |c| format!("code {c}"))
+}
+
+impl DelegateError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::NotFound { .. } => code::INVALID_CONFIG,
+            _ => code::DELEGATE,
+        }
+    }
+
+    /// The code the delegate reported in its error result, if it printed one (STATUS
+    /// passes the delegate's 50 or 51 on as its own).
+    pub fn reported_code(&self) -> Option<u32> {
+        match self {
+            Self::Failed { code, .. } => code.and_then(|c| u32::try_from(c).ok()),
+            _ => None,
+        }
+    }
+}
 
 /// Finds `plugin` in the `CNI_PATH` directories.
-pub fn find(plugin: &str, cni_path: &[PathBuf]) -> Result<PathBuf, CniError> {
+pub fn find(plugin: &str, cni_path: &[PathBuf]) -> Result<PathBuf, DelegateError> {
     cni_path
         .iter()
         .map(|d| d.join(plugin))
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            CniError::new(
-                code::INVALID_CONFIG,
-                format!(
-                    "ipam.type {plugin:?}: no such plugin in CNI_PATH ({})",
-                    cni_path
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(":")
-                ),
-            )
+        .ok_or_else(|| DelegateError::NotFound {
+            plugin: plugin.to_owned(),
+            cni_path: cni_path.to_vec(),
         })
 }
 
-/// Runs the delegate with `CNI_COMMAND=command`; returns its stdout on success. A failure
-/// is code 104 naming the delegate, its command and its own code and message.
-pub fn exec(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
-    run(binary, command, stdin).map_err(|f| f.error)
-}
-
-/// Like [`exec`], but a failure keeps the code the delegate reported (STATUS passes the
-/// delegate's 50 or 51 on as its own).
-pub fn exec_keeping_code(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
-    run(binary, command, stdin).map_err(|f| match f.code {
-        Some(c) => CniError { code: c, ..f.error },
-        None => f.error,
-    })
-}
-
 /// Whether the delegate lists `version` among its supported versions (a VERSION call).
-pub fn supports(binary: &Path, version: &str) -> Result<bool, CniError> {
+pub fn supports(binary: &Path, version: &str) -> Result<bool, DelegateError> {
     let asked = serde_json::json!({ "cniVersion": version }).to_string();
     let out = exec(binary, "VERSION", asked.as_bytes())?;
-    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
-        CniError::new(
-            code::DELEGATE,
-            format!(
-                "ipam plugin {} answered VERSION with something that is not JSON",
-                binary.display()
-            ),
-        )
-        .with_details(e.to_string())
-    })?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out).map_err(|source| DelegateError::VersionNotJson {
+            binary: binary.to_owned(),
+            source,
+        })?;
     Ok(v.get("supportedVersions")
         .and_then(serde_json::Value::as_array)
         .is_some_and(|list| list.iter().any(|s| s.as_str() == Some(version))))
 }
 
-struct Failure {
-    error: CniError,
-    /// The code in the delegate's error result, when it printed one.
-    code: Option<u32>,
-}
-
-fn run(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, Failure> {
-    let plain = |error| Failure { error, code: None };
+/// Runs the delegate with `CNI_COMMAND=command`; returns its stdout on success. A failure
+/// is code 104 naming the delegate, its command and its own code and message.
+pub fn exec(binary: &Path, command: &'static str, stdin: &[u8]) -> Result<Vec<u8>, DelegateError> {
     let name = binary
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -82,26 +131,18 @@ fn run(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, Failure> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| {
-            plain(
-                CniError::new(
-                    code::DELEGATE,
-                    format!("failed to run ipam plugin {}", binary.display()),
-                )
-                .with_details(e.to_string()),
-            )
+        .map_err(|source| DelegateError::Spawn {
+            binary: binary.to_owned(),
+            source,
         })?;
     // A delegate that exits without reading stdin closes the pipe: not our error.
     let _ = child.stdin.take().expect("stdin is piped").write_all(stdin);
-    let out = child.wait_with_output().map_err(|e| {
-        plain(
-            CniError::new(
-                code::DELEGATE,
-                format!("failed to wait for ipam plugin {name}"),
-            )
-            .with_details(e.to_string()),
-        )
-    })?;
+    let out = child
+        .wait_with_output()
+        .map_err(|source| DelegateError::Wait {
+            name: name.clone(),
+            source,
+        })?;
     if out.status.success() {
         return Ok(out.stdout);
     }
@@ -121,34 +162,20 @@ fn run(binary: &Path, command: &str, stdin: &[u8]) -> Result<Vec<u8>, Failure> {
         .as_ref()
         .and_then(|v| v.get("code"))
         .and_then(|c| c.as_u64());
-    Err(Failure {
-        error: CniError::new(
-            code::DELEGATE,
-            format!(
-                "ipam plugin {name} {command} failed ({}): {msg}",
-                inner_code.map_or_else(
-                    || format!("exit status {}", out.status),
-                    |c| format!("code {c}")
-                )
-            ),
-        )
-        .with_details(details),
-        code: inner_code.and_then(|c| u32::try_from(c).ok()),
+    Err(DelegateError::Failed {
+        name,
+        command,
+        status: out.status,
+        code: inner_code,
+        msg: msg.to_owned(),
+        details: Said(details),
     })
 }
 
 /// ADD through the delegate: its (abbreviated) result.
-pub fn add(binary: &Path, stdin: &[u8]) -> Result<SuccessResult, CniError> {
+pub fn add(binary: &Path, stdin: &[u8]) -> Result<SuccessResult, DelegateError> {
     let out = exec(binary, "ADD", stdin)?;
-    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
-        CniError::new(
-            code::DELEGATE,
-            "ipam plugin returned a result that is not JSON",
-        )
-        .with_details(e.to_string())
-    })?;
-    SuccessResult::from_json(&v, "the ipam plugin's result").map_err(|e| CniError {
-        code: code::DELEGATE,
-        ..e
-    })
+    let v: serde_json::Value =
+        serde_json::from_slice(&out).map_err(DelegateError::ResultNotJson)?;
+    SuccessResult::from_json(&v, "the ipam plugin's result").map_err(DelegateError::BadResult)
 }
