@@ -29,8 +29,8 @@ use crate::cmd;
 /// full hash here (`git rev-parse main`); the next `cargo xtask test` builds it once.
 pub const PREVIOUS_RELEASE: &str = "167c4dc2957922fad809ac6740c4575c98293ea4";
 
-/// Read by the upgrade test (`ebpf_cni_tests::PREVIOUS_BIN_ENV`).
-pub const PREVIOUS_BIN_ENV: &str = "EBPF_CNI_PREVIOUS_BIN";
+/// Read by the upgrade test: the harness owns the name.
+pub use ebpf_cni_tests::PREVIOUS_BIN_ENV;
 
 const PLUGIN_BIN: &str = "ebpf-cni";
 

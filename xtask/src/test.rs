@@ -34,7 +34,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     c.arg("test")
         .arg("--no-fail-fast")
         .args(extra)
-        .env("EBPF_CNI_BIN", &plugin);
+        .env(ebpf_cni_tests::PLUGIN_BIN_ENV, &plugin);
     match &previous {
         Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),
         Err(_) => c.env_remove(previous::PREVIOUS_BIN_ENV),
