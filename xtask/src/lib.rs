@@ -2,6 +2,7 @@
 //! `demo` and `vmtest` all start with [`prepare::prepare`]) and the benchmark crate
 //! (`bench/`, which `bench` runs) can use them too.
 
+pub mod apt;
 pub mod bench;
 pub mod build;
 pub mod cmd;

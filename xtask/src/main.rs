@@ -13,9 +13,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what building and testing need (apt packages, rust-src, bpf-linker);
-    /// only what is missing.
+    /// Install what building and testing need (apt packages, rust-src, bpf-linker, QEMU,
+    /// virtme-ng and the kernels unpacked into a cache); only what is missing.
     Setup,
+    /// Prove every apt install of the set-up resolves on a clean Debian 12 and here (apt's
+    /// simulation against an empty dpkg status), and every kernel package downloads.
+    CheckInstalls,
     /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
     Build(BuildArgs),
     /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
@@ -51,7 +54,8 @@ struct BuildArgs {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Setup => xtask::setup::setup(),
+        Task::Setup => xtask::setup::setup(xtask::setup::Scope::Full),
+        Task::CheckInstalls => xtask::setup::check_installs(),
         Task::Build(args) => {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,

@@ -8,11 +8,19 @@
 
 use anyhow::Result;
 
-use crate::{bench, build, cmd, prepare, previous, vmtest};
+use crate::{
+    bench, build, cmd, prepare, previous,
+    setup::{self, Scope},
+    vmtest,
+};
 
 pub fn test(extra: &[String]) -> Result<()> {
-    let plugin = prepare::prepare("cargo xtask test", prepare::UNDER_TEST, None)?;
+    let plugin = prepare::prepare("cargo xtask test", Scope::Full, prepare::UNDER_TEST, None)?;
     println!("plugin under test: {}", plugin.display());
+    // A pin or a missing dependency in an install line fails here, not on a user's machine.
+    println!("the set-up's installs (apt's simulation on a clean Debian 12 and here)");
+    let installs =
+        setup::check_installs().map_err(|e| e.context("an install of the set-up does not resolve"));
     // Without it the other tests still run; the upgrade test then fails for want of it.
     let previous = previous::build().map_err(|e| e.context("the previous release's build failed"));
     match &previous {
@@ -49,6 +57,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let bench = bench::run(&bench::quick_for_ci(&plugin));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
+    installs?;
     lints?;
     previous?;
     tests?;

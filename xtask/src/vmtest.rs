@@ -26,6 +26,7 @@ use crate::{
     build, cmd,
     kernels::{Kernel, KERNELS},
     prepare,
+    setup::Scope,
 };
 
 #[derive(Debug, clap::Args)]
@@ -153,7 +154,7 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(SUITE_TIMEOUT.as_secs() + 3 
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
 
 pub fn vmtest(args: &VmArgs) -> Result<()> {
-    let plugin = prepare::prepare("cargo xtask vmtest", prepare::UNDER_TEST, None)?;
+    let plugin = prepare::prepare("cargo xtask vmtest", Scope::Full, prepare::UNDER_TEST, None)?;
     run(args, &plugin)
 }
 
@@ -272,17 +273,25 @@ fn accelerator(kernel: &Kernel, root: &Path) -> Result<Accel> {
 fn installed(kernel: &Kernel) -> Result<crate::kernels::Installed> {
     kernel.installed().with_context(|| {
         format!(
-            "kernel {} is not installed; `cargo xtask setup` installs it",
+            "kernel {} is not unpacked in the cache; `cargo xtask setup` unpacks it",
             kernel.series
         )
     })
 }
 
 /// virtme-ng's runner, through the Python module in its own venv (see
-/// [`crate::kernels::virtme_python`]).
+/// [`crate::kernels::virtme_python`]). `vng` starts `virtme-run` by name, so the venv's
+/// `bin/` goes first on its PATH (on a fresh machine nothing else provides it).
 fn vng() -> Command {
     let python = crate::kernels::virtme_python().unwrap_or_else(|_| "python3".into());
-    let mut c = Command::new(python);
+    let mut c = Command::new(&python);
+    if let Some(bin) = python.parent() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let paths = std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&path));
+        if let Ok(joined) = std::env::join_paths(paths) {
+            c.env("PATH", joined);
+        }
+    }
     c.args([
         "-c",
         "import sys; from virtme_ng.run import main; sys.argv[0] = 'vng'; sys.exit(main())",
