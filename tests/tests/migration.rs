@@ -468,3 +468,50 @@ fn other_network_name_del_of_an_old_pod_keeps_its_lease_and_touches_no_ebpf_cni_
     assert_node_clean(&node, "after the last ebpf-cni pod's DEL");
     assert!(node.leases(NETWORK).is_empty());
 }
+
+/// Going back without draining: the old conflist is restored while a pod of ebpf-cni's
+/// runs, and the runtime DELs that pod with the old chain. ptp's DEL releases its lease
+/// (same network name) and deletes its veth (its first attempt failing, see below), but ebpf-cni's state for it stays (pins,
+/// endpoint entries, host port, the node's programs); a CNI GC of ebpf-cni's conflist that
+/// lists no attachment removes it, as docs/migration.md says.
+#[test]
+fn going_back_without_draining_gc_removes_what_the_old_chain_left_of_ebpf_cni() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let new_l = new_list(&p, &node, NETWORK, config::V4_SUBNET);
+    let new = add_new_pod(&p, &node, &new_l);
+    let old_list = old_chain(&node, NETWORK);
+    // Debian 12's ptp (1.1.1) with ipMasq fails this DEL (code 999) after releasing the
+    // lease and deleting the veth: the masquerade chain it then removes is not there. The
+    // runtime retries, and ptp, finding no interface, succeeds.
+    let reference = CniRuntime::reference();
+    if let Err(first) = reference.del(&node, &old_list, &new.att, Some(&new.result)) {
+        eprintln!("the old chain's first DEL of ebpf-cni's pod failed: {first}");
+        reference
+            .del(&node, &old_list, &new.att, Some(&new.result))
+            .unwrap_or_else(|e| panic!("the old chain's retried DEL of ebpf-cni's pod: {e}"));
+    }
+    assert!(
+        leases_of(&node, NETWORK, &new).is_empty(),
+        "host-local's DEL"
+    );
+    assert!(
+        kernel::link(&new.netns, "eth0").unwrap().is_none(),
+        "ptp's DEL"
+    );
+    let pins = node.attachment_pin_dir(NETWORK, &new.att.container_id, "eth0");
+    assert!(
+        pins.exists(),
+        "the old chain cannot remove ebpf-cni's state: {}",
+        pins.display()
+    );
+
+    // GC needs a 1.1.0 configuration; no attachment is listed as alive.
+    let mut gc_list = new_l.clone();
+    gc_list.cni_version = "1.1.0".into();
+    p.runtime
+        .gc(&node, &gc_list, &[])
+        .unwrap_or_else(|e| panic!("ebpf-cni's GC: {e}"));
+    assert_node_clean(&node, "after ebpf-cni's GC");
+}
