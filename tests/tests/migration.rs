@@ -18,7 +18,11 @@
 //!   host route (rolled back);
 //! - both dataplanes coexist: old and new pods talk, and each one's host port is served;
 //! - going back: the last ebpf-cni pod's DEL leaves the node without ebpf-cni state, and
-//!   the old chain then attaches a pod again.
+//!   the old chain then attaches a pod again; when the old chain DELs an ebpf-cni pod
+//!   instead, ebpf-cni's state for it stays until a GC of ebpf-cni's conflist removes it.
+//!
+//! The first two tests fail if ebpf-cni's DEL of a pod it did not add errors, or changes
+//! anything of ebpf-cni's own pod (compared before and after, and CHECKed).
 
 use std::net::IpAddr;
 

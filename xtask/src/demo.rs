@@ -304,7 +304,7 @@ fn show_tc_programs(node: &Node, pods: &[Pod]) -> Result<()> {
                 prog.prog_id, prog.name
             ));
         }
-        // The default attach mode: netlink filters on the pods' own veths (README,
+        // The default attach mode: netlink filters on the pods' own veths (docs/dataplane.md,
         // "Attach modes").
         for dir in [Direction::Ingress, Direction::Egress] {
             ensure!(

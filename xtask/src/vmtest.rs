@@ -9,8 +9,8 @@
 //! so nothing is read from the console but the boot log for a failure report.
 //!
 //! Under TCG (the fallback when KVM does not come up) the guest is 10–15× slower than the
-//! host, so the suites run on every kernel as declared in [`PLAN`], which README's "Kernel
-//! matrix" section mirrors. No test asserts timing, so the slowness costs only time.
+//! host, so the suites run on every kernel as declared in [`PLAN`], which the kernel matrix
+//! of docs/kernels.md mirrors. No test asserts timing, so the slowness costs only time.
 
 use std::{
     fmt::Write as _,
