@@ -189,21 +189,57 @@ pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
 
 /// [`build`] of `tree`.
 pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
-    let target_dir = &tree.target_dir;
     let obj = build_ebpf(tree)?;
+    build_plugin(tree, &obj, opts, None)
+}
+
+/// A Rust target the plugin is built for other than the host's, and the linker it needs
+/// when the host's `cc` cannot link it.
+#[derive(Clone, Copy, Debug)]
+pub struct CrossTarget {
+    pub triple: &'static str,
+    pub linker: Option<&'static str>,
+}
+
+impl CrossTarget {
+    /// `CARGO_TARGET_<TRIPLE>_LINKER`: set on the build's command only, so no global cargo
+    /// configuration is needed.
+    fn linker_env(&self) -> String {
+        format!(
+            "CARGO_TARGET_{}_LINKER",
+            self.triple.to_uppercase().replace(['-', '.'], "_")
+        )
+    }
+}
+
+/// Builds the plugin embedding the eBPF object `obj` (from [`build_ebpf`]), for the host or
+/// for `target`; returns the binary's path.
+pub fn build_plugin(
+    tree: &Tree,
+    obj: &Path,
+    opts: &BuildOptions,
+    target: Option<CrossTarget>,
+) -> Result<PathBuf> {
     let obj = obj
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", obj.display()))?;
-
     let started = Instant::now();
     let mut build = cmd::cargo();
     build
         .current_dir(&tree.root)
         .args(["build", "--package", PLUGIN_PACKAGE, "--bin", PLUGIN_BIN])
-        .env("CARGO_TARGET_DIR", target_dir)
+        .env("CARGO_TARGET_DIR", &tree.target_dir)
         .env(OBJ_ENV, &obj);
     if !opts.debug_plugin {
         build.arg("--release");
+    }
+    let mut out_dir = tree.target_dir.clone();
+    if let Some(t) = target {
+        build.args(["--target", t.triple]);
+        if let Some(linker) = t.linker {
+            build.env(t.linker_env(), linker);
+        }
+        out_dir.push(t.triple);
     }
     cmd::run(&mut build)?;
     let profile_dir = if opts.debug_plugin {
@@ -211,11 +247,17 @@ pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
     } else {
         "release"
     };
-    let plugin = target_dir.join(profile_dir).join(PLUGIN_BIN);
+    let plugin = out_dir.join(profile_dir).join(PLUGIN_BIN);
     if !plugin.is_file() {
         bail!("the plugin build left no binary at {}", plugin.display());
     }
-    eprintln!("plugin built in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "plugin built{} in {:.1}s",
+        target
+            .map(|t| format!(" for {}", t.triple))
+            .unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(plugin)
 }
 
@@ -233,5 +275,17 @@ mod tests {
         assert_eq!(found, listed);
         assert!(bpf_rustflags(&listed).contains("--export=ecni_masq_snat,ecni_masq_take"));
         assert_eq!(bpf_rustflags(&[] as &[&str]), BPF_RUSTFLAGS);
+    }
+
+    #[test]
+    fn a_cross_targets_linker_variable_is_cargos() {
+        let t = CrossTarget {
+            triple: "aarch64-unknown-linux-musl",
+            linker: Some("aarch64-linux-gnu-gcc"),
+        };
+        assert_eq!(
+            t.linker_env(),
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER"
+        );
     }
 }
