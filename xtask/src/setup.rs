@@ -41,6 +41,16 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-venv",
 ];
 
+/// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the arm64
+/// build's linker (Debian's cross gcc drives rustup's self-contained musl start files and
+/// libc; no C library of the machine is linked), `qemu-aarch64` to run that build here, and
+/// `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed into;
+/// podman builds and runs the image (listed again so this list stands alone).
+pub const DIST_PACKAGES: &[&str] = &["gcc-aarch64-linux-gnu", "qemu-user", "mmdebstrap", "podman"];
+
+/// The Rust targets of the static release binaries (the default toolchain's).
+pub const DIST_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
+
 pub fn setup() -> Result<()> {
     report("apt packages", apt_packages()?);
     report("nightly toolchain", nightly_toolchain()?);
@@ -50,7 +60,31 @@ pub fn setup() -> Result<()> {
         "kernel VMs (QEMU, virtme-ng, Debian kernels)",
         kernels::install()?,
     );
+    report("release tools (dist)", dist_tools()?);
     Ok(())
+}
+
+/// What `cargo xtask dist` needs besides the build's own tools: [`DIST_PACKAGES`] and the
+/// rustup targets [`DIST_TARGETS`], each installed only when missing.
+pub fn dist_tools() -> Result<String> {
+    let packages = apt_install(DIST_PACKAGES)?;
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    let missing: Vec<&str> = DIST_TARGETS
+        .into_iter()
+        .filter(|t| !installed.lines().any(|l| l.trim() == *t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(format!("packages {packages}, targets present"));
+    }
+    cmd::run(
+        Command::new("rustup")
+            .args(["target", "add"])
+            .args(&missing),
+    )?;
+    Ok(format!(
+        "packages {packages}, targets installed {}",
+        missing.join(" ")
+    ))
 }
 
 fn report(step: &str, outcome: String) {
@@ -58,7 +92,12 @@ fn report(step: &str, outcome: String) {
 }
 
 fn apt_packages() -> Result<String> {
-    let missing = missing_packages()?;
+    apt_install(APT_PACKAGES)
+}
+
+/// Installs the `packages` dpkg does not report as installed; says what it did.
+fn apt_install(packages: &'static [&'static str]) -> Result<String> {
+    let missing = missing_packages(packages)?;
     if missing.is_empty() {
         return Ok("present".into());
     }
@@ -69,20 +108,20 @@ fn apt_packages() -> Result<String> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )?;
-    let still = missing_packages()?;
+    let still = missing_packages(packages)?;
     if !still.is_empty() {
         bail!("apt-get did not install {}", still.join(" "));
     }
     Ok(format!("installed {}", missing.join(" ")))
 }
 
-/// Packages dpkg does not report as installed. One `dpkg-query` for all of them; it exits 1
-/// when it does not know some package at all, which just means "missing" here.
-fn missing_packages() -> Result<Vec<&'static str>> {
+/// Those of `packages` dpkg does not report as installed. One `dpkg-query` for all of them;
+/// it exits 1 when it does not know some package at all, which just means "missing" here.
+fn missing_packages(packages: &'static [&'static str]) -> Result<Vec<&'static str>> {
     let out = Command::new("dpkg-query")
         .arg("--show")
         .arg("--showformat=${Package} ${db:Status-Status}\\n")
-        .args(APT_PACKAGES)
+        .args(packages)
         .output()
         .context("failed to run dpkg-query (is this a Debian-based system?)")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,7 +130,7 @@ fn missing_packages() -> Result<Vec<&'static str>> {
         .filter_map(|l| l.strip_suffix(" installed"))
         .map(|p| p.split(':').next().unwrap_or(p))
         .collect();
-    Ok(APT_PACKAGES
+    Ok(packages
         .iter()
         .copied()
         .filter(|p| !installed.contains(p))
