@@ -5,8 +5,8 @@
 //!
 //! Nothing here touches the machine's own container storage or package database: podman
 //! keeps every file under a directory the caller owns, and the Debian systems are
-//! directories under `~/.cache/ebpf-cni/rootfs/`, made once by `mmdebstrap` and copied
-//! where a test changes them.
+//! directories under `~/.cache/ebpf-cni/rootfs/`, made once by `mmdebstrap`, which tests
+//! change only through an overlay of their own.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -51,8 +51,8 @@ const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 
 /// A minimal Debian system of `suite` (`bullseye`, `bookworm`: `mmdebstrap
 /// --variant=minbase`), made once and kept under `~/.cache/ebpf-cni/rootfs/<suite>`; later
-/// calls return it at once. Callers must not change it: [`copy_rootfs`] gives a copy to
-/// change. Concurrent callers wait for the one that makes it.
+/// calls return it at once. Callers must not change it: [`ScratchRootfs`] is a view of it
+/// to change. Concurrent callers wait for the one that makes it.
 pub fn debian_rootfs(suite: &str) -> Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     let cache = PathBuf::from(home).join(".cache/ebpf-cni/rootfs");
@@ -95,28 +95,60 @@ pub fn debian_rootfs(suite: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// A copy of the cached rootfs of `suite` in a fresh temporary directory (removed on drop),
-/// for a test that changes it.
-pub fn copy_rootfs(suite: &str) -> Result<tempfile::TempDir> {
-    let src = debian_rootfs(suite)?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("ecni-{suite}-"))
-        .tempdir()?;
-    let dest = tmp.path().join("root");
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(&src)
-        .arg(&dest)
-        .output()
-        .context("running cp")?;
-    if !out.status.success() {
-        bail!(
-            "copying {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
+/// A writable view of the cached rootfs of `suite` for one test: an overlay mount whose
+/// upper layer is a fresh temporary directory, so what the test changes (installs,
+/// removals) never reaches the cache, and nothing is copied (copying the 180 MB Debian 12
+/// system took 8 s here, removing it 3 s). Unmounted and removed on drop.
+pub struct ScratchRootfs {
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ScratchRootfs {
+    pub fn new(suite: &str) -> Result<Self> {
+        let lower = debian_rootfs(suite)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("ecni-{suite}-"))
+            .tempdir()?;
+        let [upper, work, root] = ["upper", "work", "root"].map(|d| dir.path().join(d));
+        for d in [&upper, &work, &root] {
+            fs::create_dir(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
         );
+        nix::mount::mount(
+            Some("overlay"),
+            &root,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .with_context(|| {
+            format!(
+                "mounting an overlay of {} on {}",
+                lower.display(),
+                root.display()
+            )
+        })?;
+        Ok(Self { root, _dir: dir })
     }
-    Ok(tmp)
+
+    /// The system's root directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Drop for ScratchRootfs {
+    fn drop(&mut self) {
+        // Detached: a process still inside (a failed test's) cannot keep the directory
+        // from being removed after this.
+        let _ = nix::mount::umount2(&self.root, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
 
 /// podman with every file it keeps (storage, runtime state, locks, temporary files, its
