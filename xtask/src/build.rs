@@ -193,22 +193,25 @@ pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
     build_plugin(tree, &obj, opts, None)
 }
 
-/// A Rust target the plugin is built for other than the host's, and the linker it needs
-/// when the host's `cc` cannot link it.
+/// A Rust target the plugin is built for other than the host's, and the C cross compiler
+/// it needs when the host's `cc` cannot build for it.
 #[derive(Clone, Copy, Debug)]
 pub struct CrossTarget {
     pub triple: &'static str,
-    pub linker: Option<&'static str>,
+    /// Links the binary and compiles the C parts of dependencies (cc-rs, e.g. ring's).
+    pub cross_cc: Option<&'static str>,
 }
 
 impl CrossTarget {
-    /// `CARGO_TARGET_<TRIPLE>_LINKER`: set on the build's command only, so no global cargo
-    /// configuration is needed.
-    fn linker_env(&self) -> String {
-        format!(
-            "CARGO_TARGET_{}_LINKER",
-            self.triple.to_uppercase().replace(['-', '.'], "_")
-        )
+    /// The variables that make `cc` the target's linker (cargo's
+    /// `CARGO_TARGET_<TRIPLE>_LINKER`) and C compiler (cc-rs's `CC_<triple>`): set on the
+    /// build's command only, so no global configuration is needed.
+    fn cc_env(&self, cc: &'static str) -> [(String, &'static str); 2] {
+        let triple = self.triple.replace(['-', '.'], "_");
+        [
+            (format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase()), cc),
+            (format!("CC_{triple}"), cc),
+        ]
     }
 }
 
@@ -236,8 +239,8 @@ pub fn build_plugin(
     let mut out_dir = tree.target_dir.clone();
     if let Some(t) = target {
         build.args(["--target", t.triple]);
-        if let Some(linker) = t.linker {
-            build.env(t.linker_env(), linker);
+        if let Some(cc) = t.cross_cc {
+            build.envs(t.cc_env(cc));
         }
         out_dir.push(t.triple);
     }
@@ -278,14 +281,13 @@ mod tests {
     }
 
     #[test]
-    fn a_cross_targets_linker_variable_is_cargos() {
+    fn a_cross_compilers_variables_are_cargos_and_cc_rss() {
         let t = CrossTarget {
             triple: "aarch64-unknown-linux-musl",
-            linker: Some("aarch64-linux-gnu-gcc"),
+            cross_cc: Some("aarch64-linux-gnu-gcc"),
         };
-        assert_eq!(
-            t.linker_env(),
-            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER"
-        );
+        let env = t.cc_env("aarch64-linux-gnu-gcc");
+        assert_eq!(env[0].0, "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER");
+        assert_eq!(env[1].0, "CC_aarch64_unknown_linux_musl");
     }
 }

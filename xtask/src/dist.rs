@@ -63,7 +63,7 @@ pub const ARCHES: [Arch; 2] = [
         name: "amd64",
         target: CrossTarget {
             triple: "x86_64-unknown-linux-musl",
-            linker: None,
+            cross_cc: None,
         },
         elf_machine: "Advanced Micro Devices X86-64",
         runner: None,
@@ -72,9 +72,11 @@ pub const ARCHES: [Arch; 2] = [
         name: "arm64",
         target: CrossTarget {
             triple: "aarch64-unknown-linux-musl",
-            // Debian's cross gcc as the link driver; the C runtime and libc are rustup's
-            // self-contained musl objects.
-            linker: Some("aarch64-linux-gnu-gcc"),
+            // Debian's cross gcc as the link driver (the C runtime and libc are rustup's
+            // self-contained musl objects) and for C code of dependencies, with Debian's
+            // arm64 glibc headers (libc6-dev-arm64-cross): ring's C needs only
+            // freestanding-style headers, and links against musl's libc.a.
+            cross_cc: Some("aarch64-linux-gnu-gcc"),
         },
         elf_machine: "AArch64",
         runner: Some("qemu-aarch64"),

@@ -42,11 +42,19 @@ pub const APT_PACKAGES: &[&str] = &[
 ];
 
 /// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the arm64
-/// build's linker (Debian's cross gcc drives rustup's self-contained musl start files and
-/// libc; no C library of the machine is linked), `qemu-aarch64` to run that build here, and
-/// `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed into;
-/// podman builds and runs the image (listed again so this list stands alone).
-pub const DIST_PACKAGES: &[&str] = &["gcc-aarch64-linux-gnu", "qemu-user", "mmdebstrap", "podman"];
+/// build's cross gcc, the linker and the C compiler of dependencies with C parts (ring,
+/// for `ebpf-cni install`'s HTTPS), with the arm64 C headers it only recommends (rustup's
+/// self-contained musl objects are the C runtime and libc, so neither musl-tools nor an
+/// arm64 libc is linked); `qemu-aarch64` to run that build here; `mmdebstrap` for the
+/// clean Debian 11 and 12 systems the artifacts are installed into; podman builds and
+/// runs the image (listed again so this list stands alone).
+pub const DIST_PACKAGES: &[&str] = &[
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "qemu-user",
+    "mmdebstrap",
+    "podman",
+];
 
 /// The Rust targets of the static release binaries (the default toolchain's).
 pub const DIST_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
