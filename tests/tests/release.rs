@@ -18,8 +18,9 @@
 //! - The image, loaded into a podman of the test's own, runs `install` with temporary
 //!   directories mounted as the host's CNI directories (see the image test).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -502,5 +503,235 @@ fn arm64_artifacts_run_under_emulation() {
     assert_answers_version(
         || plugin_command(Some("qemu-aarch64"), &deb_bin),
         "the arm64 .deb's binary",
+    );
+}
+
+/// One file of a directory, as [`dir_state`] reads it.
+#[derive(Clone, PartialEq, Eq)]
+struct FileState {
+    content: Vec<u8>,
+    mode: u32,
+    /// Inode and mtime (ns), when asked for: a file rewritten with the same bytes differs.
+    identity: Option<(u64, i64)>,
+}
+
+impl std::fmt::Debug for FileState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes, mode {:o}, {:?}",
+            self.content.len(),
+            self.mode,
+            self.identity
+        )
+    }
+}
+
+type DirState = BTreeMap<String, FileState>;
+
+/// Each file of `dir` (not recursive), with its inode and mtime when `identity`.
+fn dir_state(dir: &Path, identity: bool) -> DirState {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            let content = if meta.is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else {
+                Vec::new()
+            };
+            let identity =
+                identity.then(|| (meta.ino(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec()));
+            let state = FileState {
+                content,
+                mode: meta.mode(),
+                identity,
+            };
+            (e.file_name().to_string_lossy().into_owned(), state)
+        })
+        .collect()
+}
+
+/// The image as a DaemonSet runs it: loaded from the oci-archive into a podman of the
+/// test's own, then `install` and `uninstall` (the interface of `ebpf-cni install`:
+/// `--bin-dir`, `--conf-dir`, `--pod-subnet`) with two temporary directories mounted as
+/// the host's /opt/cni/bin and /etc/cni/net.d, which already hold another plugin's binary
+/// and conflist. Install puts the binary and a conflist for the subnet in place; a second
+/// run changes nothing (not even an inode or mtime); a run while a process executes the
+/// binary it replaces succeeds, and that process finishes its call; the other plugin's
+/// files are never touched; uninstall returns both directories to their first state.
+#[test]
+fn image_installs_and_uninstalls_the_plugin() {
+    require_root();
+    let archive = artifact(rel::IMAGE_ENV, "the amd64 OCI image archive");
+    assert_eq!(
+        archive.file_name().unwrap().to_string_lossy(),
+        format!("ebpf-cni-{VERSION}-linux-amd64.oci.tar")
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("ecni-image-")
+        .tempdir()
+        .unwrap();
+    let podman = rel::PrivatePodman::new(&tmp.path().join("podman")).unwrap();
+    let loaded = podman
+        .run(&["load", "--input", &archive.to_string_lossy()])
+        .unwrap();
+    let image = format!("localhost/ebpf-cni:{VERSION}");
+    assert!(loaded.contains(&image), "podman load: {loaded}");
+
+    let inspect: Value = serde_json::from_str(
+        &podman
+            .run(&["image", "inspect", "--format", "json", &image])
+            .unwrap(),
+    )
+    .unwrap();
+    let img = &inspect[0];
+    assert_eq!(img["Architecture"], "amd64", "{img}");
+    assert_eq!(img["Os"], "linux");
+    assert_eq!(img["Config"]["Entrypoint"], json!(["/ebpf-cni"]));
+    assert_eq!(
+        img["RootFS"]["Layers"].as_array().map(Vec::len),
+        Some(1),
+        "FROM scratch and one COPY: {img}"
+    );
+    let labels = &img["Labels"];
+    assert_eq!(labels["org.opencontainers.image.version"], VERSION);
+    assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
+    assert!(
+        labels["org.opencontainers.image.revision"]
+            .as_str()
+            .is_some_and(|r| r.len() == 40),
+        "{labels}"
+    );
+
+    // The host's directories, with another plugin's files in them.
+    let (bin_dir, conf_dir) = (tmp.path().join("opt-cni-bin"), tmp.path().join("net.d"));
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    std::fs::write(bin_dir.join("loopback"), b"another plugin's binary").unwrap();
+    std::fs::set_permissions(
+        bin_dir.join("loopback"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let other = r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}"#;
+    std::fs::write(conf_dir.join("99-other.conflist"), other).unwrap();
+    let first = (dir_state(&bin_dir, true), dir_state(&conf_dir, true));
+
+    let mounts = [
+        format!("{}:/host/opt/cni/bin", bin_dir.display()),
+        format!("{}:/host/etc/cni/net.d", conf_dir.display()),
+    ];
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--rm", "--pull=never", "--network=none"];
+        for m in &mounts {
+            all.extend(["--volume", m.as_str()]);
+        }
+        all.push(&image);
+        all.extend(args);
+        podman.run(&all)
+    };
+    let version = run(&["version"]).unwrap();
+    assert!(
+        version.starts_with(&format!("ebpf-cni {VERSION}\n")),
+        "{version}"
+    );
+
+    let install_args = [
+        "install",
+        "--bin-dir",
+        "/host/opt/cni/bin",
+        "--conf-dir",
+        "/host/etc/cni/net.d",
+        "--pod-subnet",
+        "10.244.1.0/24",
+    ];
+    run(&install_args).unwrap_or_else(|e| panic!("the image's install: {e:#}"));
+    let installed = bin_dir.join("ebpf-cni");
+    assert_answers_version(|| Command::new(&installed), "the installed binary");
+    let conflists: Vec<String> = dir_state(&conf_dir, false)
+        .into_keys()
+        .filter(|n| n != "99-other.conflist")
+        .collect();
+    assert_eq!(conflists.len(), 1, "one conflist written: {conflists:?}");
+    let conflist: Value =
+        serde_json::from_slice(&std::fs::read(conf_dir.join(&conflists[0])).unwrap()).unwrap();
+    assert_eq!(conflist["plugins"][0]["type"], "ebpf-cni", "{conflist}");
+    assert!(
+        conflist.to_string().contains("10.244.1.0/24"),
+        "the conflist has the pod subnet: {conflist}"
+    );
+    let other_files = |(bin, conf): &(DirState, DirState)| {
+        (
+            bin.get("loopback").cloned(),
+            conf.get("99-other.conflist").cloned(),
+        )
+    };
+    let after_install = (dir_state(&bin_dir, true), dir_state(&conf_dir, true));
+    assert_eq!(other_files(&after_install), other_files(&first));
+
+    // Twice: nothing changes, not even an inode or a time.
+    run(&install_args).unwrap_or_else(|e| panic!("the second install: {e:#}"));
+    assert_eq!(
+        (dir_state(&bin_dir, true), dir_state(&conf_dir, true)),
+        after_install,
+        "a second install changed the directories"
+    );
+
+    // An older binary in place and running (a pod's ADD reading its config): writing into
+    // it would fail with ETXTBSY; install must replace it and leave the call to finish.
+    let new_bytes = std::fs::read(&installed).unwrap();
+    let mut old_bytes = new_bytes.clone();
+    old_bytes.extend_from_slice(b"an older build");
+    let staged = bin_dir.join(".old-ebpf-cni");
+    std::fs::write(&staged, &old_bytes).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, &installed).unwrap();
+    let mut running = Command::new(&installed)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until stdin closes it waits for its config, executing the old file.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        running.try_wait().unwrap().is_none(),
+        "the old binary exited early"
+    );
+    let busy = run(&install_args);
+    running
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"cniVersion":"1.0.0"}"#)
+        .unwrap();
+    let out = running.wait_with_output().unwrap();
+    busy.unwrap_or_else(|e| panic!("install while the old binary runs: {e:#}"));
+    assert!(
+        out.status.success(),
+        "the old binary's call: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        new_bytes,
+        "install replaced the running old binary"
+    );
+
+    run(&[
+        "uninstall",
+        "--bin-dir",
+        "/host/opt/cni/bin",
+        "--conf-dir",
+        "/host/etc/cni/net.d",
+    ])
+    .unwrap_or_else(|e| panic!("the image's uninstall: {e:#}"));
+    assert_eq!(
+        (dir_state(&bin_dir, true), dir_state(&conf_dir, true)),
+        first,
+        "uninstall left the directories other than they were"
     );
 }
