@@ -7,6 +7,7 @@ pub mod bench;
 pub mod build;
 pub mod cmd;
 pub mod demo;
+pub mod dist;
 pub mod imports;
 pub mod kernels;
 pub mod prepare;

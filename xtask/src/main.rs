@@ -21,6 +21,9 @@ enum Task {
     CheckInstalls,
     /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
     Build(BuildArgs),
+    /// Build the release artifacts into <target>/dist/: static amd64 and arm64 tarballs
+    /// (with .sha256), Debian packages and an OCI image archive (see docs/release.md).
+    Dist,
     /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
     /// is built already; prints the binary's path.
     BuildPrevious,
@@ -63,6 +66,7 @@ fn main() -> Result<()> {
             println!("{}", plugin.display());
             Ok(())
         }
+        Task::Dist => xtask::dist::dist().map(drop),
         Task::BuildPrevious => {
             let plugin = xtask::previous::build()?;
             println!("{}", plugin.display());

@@ -64,9 +64,31 @@ pub const TEST_PACKAGES: Install = Install {
     target_release: None,
 };
 
+/// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the arm64
+/// build's cross gcc, the linker and the C compiler of dependencies with C parts (ring,
+/// for `ebpf-cni install`'s HTTPS), with the arm64 C headers it only recommends (rustup's
+/// self-contained musl objects are the C runtime and libc, so neither musl-tools nor an
+/// arm64 libc is linked); `qemu-aarch64` to run that build here; `mmdebstrap` for the
+/// clean Debian 11 and 12 systems the artifacts are installed into; podman builds and
+/// runs the image (listed again so this list stands alone).
+pub const DIST_PACKAGES: Install = Install {
+    purpose: "the release artifacts and their tests",
+    packages: &[
+        "gcc-aarch64-linux-gnu",
+        "libc6-dev-arm64-cross",
+        "qemu-user",
+        "mmdebstrap",
+        "podman",
+    ],
+    target_release: None,
+};
+
+/// The Rust targets of the static release binaries (the default toolchain's).
+pub const DIST_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
+
 /// Every install the set-up can run, for `cargo xtask check-installs`.
 pub fn all_installs() -> Vec<Install> {
-    vec![DEMO_PACKAGES, TEST_PACKAGES, kernels::QEMU]
+    vec![DEMO_PACKAGES, TEST_PACKAGES, DIST_PACKAGES, kernels::QEMU]
 }
 
 pub fn setup(scope: Scope) -> Result<()> {
@@ -87,6 +109,7 @@ pub fn setup(scope: Scope) -> Result<()> {
     if after != boot {
         bail!("the set-up changed the machine's /boot or /lib/modules: {boot:?} -> {after:?}");
     }
+    report("release tools (dist)", dist_tools()?);
     Ok(())
 }
 
@@ -113,6 +136,29 @@ pub fn check_installs() -> Result<()> {
     let kernels = kernels::check_downloads();
     apt?;
     kernels
+}
+
+/// What `cargo xtask dist` needs besides the build's own tools: [`DIST_PACKAGES`] and the
+/// rustup targets [`DIST_TARGETS`], each installed only when missing.
+pub fn dist_tools() -> Result<String> {
+    let packages = DIST_PACKAGES.ensure()?;
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    let missing: Vec<&str> = DIST_TARGETS
+        .into_iter()
+        .filter(|t| !installed.lines().any(|l| l.trim() == *t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(format!("packages {packages}, targets present"));
+    }
+    cmd::run(
+        Command::new("rustup")
+            .args(["target", "add"])
+            .args(&missing),
+    )?;
+    Ok(format!(
+        "packages {packages}, targets installed {}",
+        missing.join(" ")
+    ))
 }
 
 fn report(step: &str, outcome: String) {

@@ -9,7 +9,7 @@
 use anyhow::Result;
 
 use crate::{
-    bench, build, cmd, prepare, previous,
+    bench, build, cmd, dist, prepare, previous,
     setup::{self, Scope},
     vmtest,
 };
@@ -27,6 +27,9 @@ pub fn test(extra: &[String]) -> Result<()> {
         Ok(bin) => println!("previous release: {}", bin.display()),
         Err(e) => eprintln!("{e:#}"),
     }
+    // The release artifacts, which tests/tests/release.rs installs; without them those
+    // tests fail and the others still run.
+    let dist = dist::dist().map_err(|e| e.context("building the release artifacts failed"));
     println!("clippy (the workspace's lints, -D warnings)");
     let mut clippy = cmd::cargo();
     clippy.current_dir(build::workspace_root()).args([
@@ -47,6 +50,9 @@ pub fn test(extra: &[String]) -> Result<()> {
         Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),
         Err(_) => c.env_remove(previous::PREVIOUS_BIN_ENV),
     };
+    if let Ok(artifacts) = &dist {
+        c.envs(artifacts.test_env());
+    }
     let tests = cmd::run(&mut c);
     // The README's first command: its checks against the same binary (under a second).
     println!("demo (the README's first command, its checks only)");
@@ -60,6 +66,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     installs?;
     lints?;
     previous?;
+    dist?;
     tests?;
     demo?;
     bench
