@@ -273,7 +273,9 @@ fn remove_binary(t: &Target) -> Result<Removal, InstallError> {
     if !ours {
         return Ok(Removal::Kept("not an ebpf-cni binary".into()));
     }
-    if let Some(other) = conflist_naming_the_plugin(&t.conf_dir, &t.conflist()) {
+    // Our own conflist is gone by now if it was ours; one at its name that was not ours
+    // counts like any other.
+    if let Some(other) = conflist_naming_the_plugin(&t.conf_dir) {
         return Ok(Removal::Kept(format!(
             "{} still names type {BINARY_NAME}",
             other.display()
@@ -288,12 +290,11 @@ fn remove_binary(t: &Target) -> Result<Removal, InstallError> {
 
 /// Another network configuration in `conf_dir` (as libcni reads them: `*.conf`,
 /// `*.conflist`, `*.json`) with a plugin of our type: its network still needs the binary.
-fn conflist_naming_the_plugin(conf_dir: &Path, ours: &Path) -> Option<PathBuf> {
+fn conflist_naming_the_plugin(conf_dir: &Path) -> Option<PathBuf> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(conf_dir)
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p != ours)
         .filter(|p| {
             p.extension()
                 .is_some_and(|e| e == "conf" || e == "conflist" || e == "json")
@@ -323,24 +324,22 @@ mod tests {
     #[test]
     fn other_configs_naming_the_plugin_keep_the_binary() {
         let tmp = tempfile::tempdir().unwrap();
-        let ours = tmp.path().join("10-ebpf-cni.conflist");
-        std::fs::write(&ours, r#"{"plugins":[{"type":"ebpf-cni"}]}"#).unwrap();
         std::fs::write(
             tmp.path().join("20-bridge.conflist"),
             r#"{"plugins":[{"type":"bridge"}]}"#,
         )
         .unwrap();
         std::fs::write(tmp.path().join("notes.txt"), r#"{"type":"ebpf-cni"}"#).unwrap();
-        assert_eq!(conflist_naming_the_plugin(tmp.path(), &ours), None);
+        assert_eq!(conflist_naming_the_plugin(tmp.path()), None);
         let chained = tmp.path().join("30-chain.conflist");
         std::fs::write(
             &chained,
             r#"{"plugins":[{"type":"bridge"},{"type":"ebpf-cni"}]}"#,
         )
         .unwrap();
-        assert_eq!(conflist_naming_the_plugin(tmp.path(), &ours), Some(chained));
+        assert_eq!(conflist_naming_the_plugin(tmp.path()), Some(chained));
         let single = tmp.path().join("05-single.conf");
         std::fs::write(&single, r#"{"type":"ebpf-cni"}"#).unwrap();
-        assert_eq!(conflist_naming_the_plugin(tmp.path(), &ours), Some(single));
+        assert_eq!(conflist_naming_the_plugin(tmp.path()), Some(single));
     }
 }
