@@ -9,6 +9,7 @@ pub mod cmd;
 pub mod demo;
 pub mod imports;
 pub mod kernels;
+pub mod manifests;
 pub mod prepare;
 pub mod previous;
 pub mod setup;
