@@ -314,6 +314,8 @@ enum ConnectError {
 fn connect(k: &Kube, authority: &str, deadline: Instant) -> Result<TcpStream, ConnectError> {
     let addrs: Vec<SocketAddr> = match k.host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, k.port)],
+        // A name is resolved by the system resolver, outside the deadline (std has no
+        // timeout for it); KUBERNETES_SERVICE_HOST is an address in every cluster.
         Err(_) => (k.host.as_str(), k.port)
             .to_socket_addrs()
             .map_err(|source| {
