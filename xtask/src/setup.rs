@@ -57,8 +57,8 @@ pub const TEST_PACKAGES: Install = Install {
         "containerd",
         "runc",
         "busybox-static",
-        // The kernel matrix: virtme-ng lives in a venv of its own (Debian's python3 needs
-        // this package for `python3 -m venv`).
+        // The kernel matrix's virtme-ng and the manifests' kubernetes-validate live in venvs
+        // of their own (Debian's python3 needs this package for `python3 -m venv`).
         "python3-venv",
     ],
     target_release: None,
