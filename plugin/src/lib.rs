@@ -17,6 +17,7 @@ pub mod del;
 mod errors;
 pub mod gateway;
 pub mod gc;
+pub mod install;
 pub mod ipam;
 pub mod logging;
 pub mod metrics;

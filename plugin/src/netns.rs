@@ -16,9 +16,9 @@ use nix::sched::{setns, CloneFlags};
 
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// `ioctl(NS_GET_NSTYPE)` (`_IO(0xb7, 0x3)`, Linux 4.11): the `CLONE_NEW*` type of a
-/// namespace file. Cast at the call: `ioctl`'s request is a `c_ulong` in glibc and a
-/// `c_int` in musl (the static release builds).
-const NS_GET_NSTYPE: u32 = 0xb703;
+/// namespace file. `libc::Ioctl`: the request's type differs between glibc (`c_ulong`) and
+/// musl (`c_int`), and the release binaries are static musl builds.
+const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -76,7 +76,7 @@ impl Netns {
             return Err(not_a_netns());
         }
         // SAFETY: an argument-less ioctl on an fd we own.
-        let nstype = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
+        let nstype = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
         if nstype != libc::CLONE_NEWNET {
             return Err(not_a_netns());
         }

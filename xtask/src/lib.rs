@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dist;
 pub mod imports;
 pub mod kernels;
+pub mod manifests;
 pub mod prepare;
 pub mod previous;
 pub mod setup;

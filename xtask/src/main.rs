@@ -39,6 +39,9 @@ enum Task {
     /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
     /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
     Vmtest(xtask::vmtest::VmArgs),
+    /// Validate deploy/*.yaml against a fixed Kubernetes version's schemas (strict),
+    /// installing the validator (PyPI's kubernetes-validate, in its own venv) if missing.
+    ValidateManifests,
     /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root). The
     /// arguments go to the benchmark (bench/): `cargo xtask bench --help` lists them.
     #[command(disable_help_flag = true)]
@@ -76,5 +79,6 @@ fn main() -> Result<()> {
         Task::Demo => xtask::demo::demo(),
         Task::Vmtest(args) => xtask::vmtest::vmtest(&args),
         Task::Bench { args } => xtask::bench::run(&args),
+        Task::ValidateManifests => xtask::manifests::validate(),
     }
 }

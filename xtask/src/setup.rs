@@ -57,25 +57,26 @@ pub const TEST_PACKAGES: Install = Install {
         "containerd",
         "runc",
         "busybox-static",
-        // The kernel matrix: virtme-ng lives in a venv of its own (Debian's python3 needs
-        // this package for `python3 -m venv`).
+        // The kernel matrix's virtme-ng and the manifests' kubernetes-validate live in venvs
+        // of their own (Debian's python3 needs this package for `python3 -m venv`).
         "python3-venv",
     ],
     target_release: None,
 };
 
-/// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the arm64
-/// build's cross gcc, the linker and the C compiler of dependencies with C parts (ring,
-/// for `ebpf-cni install`'s HTTPS), with the arm64 C headers it only recommends (rustup's
-/// self-contained musl objects are the C runtime and libc, so neither musl-tools nor an
-/// arm64 libc is linked); `qemu-aarch64` to run that build here; `mmdebstrap` for the
-/// clean Debian 11 and 12 systems the artifacts are installed into; podman builds and
-/// runs the image (listed again so this list stands alone).
+/// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the C
+/// compilers of dependencies with C parts (ring, for `ebpf-cni install`'s HTTPS): musl-gcc
+/// for the amd64 build (cc looks for `x86_64-linux-musl-gcc` or `musl-gcc`), the arm64 cross
+/// gcc, which also links that build, with the arm64 C headers it only recommends (rustup's
+/// self-contained musl objects are the C runtime and libc); `qemu-aarch64` to run that build
+/// here; `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed
+/// into; podman builds and runs the image (listed again so this list stands alone).
 pub const DIST_PACKAGES: Install = Install {
     purpose: "the release artifacts and their tests",
     packages: &[
         "gcc-aarch64-linux-gnu",
         "libc6-dev-arm64-cross",
+        "musl-tools",
         "qemu-user",
         "mmdebstrap",
         "podman",

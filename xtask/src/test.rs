@@ -9,7 +9,7 @@
 use anyhow::Result;
 
 use crate::{
-    bench, build, cmd, dist, prepare, previous,
+    bench, build, cmd, dist, manifests, prepare, previous,
     setup::{self, Scope},
     vmtest,
 };
@@ -40,6 +40,10 @@ pub fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]);
     let lints = cmd::run(&mut clippy).map_err(|e| e.context("clippy found warnings"));
+    // The deploy manifests, against a fixed Kubernetes version's schemas (before the
+    // tests: xtask's own tests of this step then find the validator installed).
+    println!("deploy manifests (strict schema validation)");
+    let manifests = manifests::validate().map_err(|e| e.context("deploy/ manifests"));
     let mut c = cmd::cargo();
     // Every test binary runs even when one fails, so one run shows all failures.
     c.arg("test")
@@ -65,6 +69,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     installs?;
     lints?;
+    manifests?;
     previous?;
     dist?;
     tests?;

@@ -23,6 +23,7 @@ mod masq;
 pub mod pin;
 mod pod;
 mod programs;
+mod purge;
 mod queue;
 mod survey;
 mod sys;
@@ -45,9 +46,10 @@ pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, PodSpec,
 };
+pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
-pub use tree::network_attachments;
+pub use tree::{network_attachments, AttachmentDir};
 
 /// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
 /// TCP pacing runs is the verifier's answer at the node's first load; on a node without

@@ -405,6 +405,10 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     if failures.is_empty() && !super::gateways::in_use(&root, node) {
         match tree::attachments(&root, node) {
             Ok(left) if left.is_empty() => {
+                log::info!(
+                    "last pod of {node} deleted: removing {}",
+                    root.node_dir(node).display()
+                );
                 if let Err(e) = teardown_node(&root, node) {
                     failures.push(e);
                 }
@@ -591,8 +595,8 @@ fn sync_devices(
 
 /// No pod left: the device links (unpinning detaches them; netlink filters are removed,
 /// with the `clsact` qdiscs ebpf-cni created that hold no other filter), programs and maps
-/// go.
-fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+/// go. Also `uninstall --purge`'s removal (see `purge.rs`).
+pub(super) fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.node_dir(node);
     if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
         for e in entries.flatten() {
@@ -602,7 +606,6 @@ fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
             }
         }
     }
-    log::info!("last pod of {node} deleted: removing {}", dir.display());
     match fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
