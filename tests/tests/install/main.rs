@@ -179,13 +179,13 @@ fn install_replaces_a_binary_a_process_is_running() {
     old.extend_from_slice(b"\0an older build");
     std::fs::write(host.binary(), &old).unwrap();
     std::fs::set_permissions(host.binary(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut running = Command::new(host.binary())
+    let mut old_build = Command::new(host.binary());
+    old_build
         .args(["metrics", "--listen", "127.0.0.1:0"])
         .env_clear()
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    let mut running = spawn_fresh_executable(&mut old_build);
     let mut line = String::new();
     BufReader::new(running.stderr.take().unwrap())
         .read_line(&mut line)
@@ -765,4 +765,20 @@ fn purge_refuses_while_a_pod_is_attached_then_removes_the_pins() {
         .runtime
         .del(&node, &list, &att, Some(&res))
         .unwrap_or_else(|e| panic!("DEL after the purge: {e}"));
+}
+
+/// Starts a program this process has just written. Another test's thread may fork while
+/// the file is open for writing here, and its child holds that descriptor until it execs,
+/// so exec can fail with ETXTBSY for a moment (a race of multi-threaded test binaries, not
+/// of the install under test): retried for up to a second.
+fn spawn_fresh_executable(cmd: &mut Command) -> std::process::Child {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other.expect("the old build starts"),
+        }
+    }
 }
