@@ -115,6 +115,10 @@ pub async fn add(
         .into());
     }
 
+    // Before this ADD's own allocation: the first ADD after a boot frees the addresses of
+    // the pods the reboot took.
+    crate::reboot::reclaim_leases(conf, &ipam, &host_nl, &node).await?;
+
     let cx = Request {
         env,
         conf,
