@@ -6,18 +6,29 @@
 //!   is simulated: the test hook `EBPF_CNI_BOOT_ID_FILE` stands for
 //!   `/proc/sys/kernel/random/boot_id`, and the node's pin tree is emptied as a reboot
 //!   empties bpffs).
+//! - A UDP host port whose pod is gone (plugins#123, kubernetes#58336): a client that
+//!   keeps sending reaches whoever owns the port next, a new pod or a process of the node,
+//!   with the next datagram, even with netfilter conntrack on in the node.
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ebpf_cni_tests::config::NETWORK;
-use ebpf_cni_tests::fsutil;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::hostport::{sa, unmap};
+use ebpf_cni_tests::kernel::Family;
+use ebpf_cni_tests::netfilter::iptables;
+use ebpf_cni_tests::{fsutil, AddResult, Attachment, NetConfList, ResultExpectation};
 use ebpf_cni_tests::{
     require_root, unique_container_id, CniCommand, ContainerEnv, Netns, Node, PluginUnderTest,
     Stack, REFERENCE_HOST_LOCAL,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The test hook standing for `/proc/sys/kernel/random/boot_id` (see `ipam/boot.rs`).
 const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
@@ -228,4 +239,381 @@ fn concurrent_first_adds_of_a_boot_keep_their_leases() {
     let lines: Vec<&str> = added.iter().flat_map(|a| reclaimed(&a.stderr)).collect();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains(&dead.container_id), "{lines:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Host ports: what the dataplane does while owners change
+
+/// A pod ADDed through a conflist with the portMappings capability.
+struct MappedPod {
+    /// Held: dropping it deletes the pod's namespace.
+    _netns: Netns,
+    att: Attachment,
+    result: Value,
+    r: AddResult,
+}
+
+fn portmap_list(p: &PluginUnderTest, node: &Node, extra: Value) -> NetConfList {
+    let mut conf = p.conf("1.0.0", node, Stack::Dual);
+    conf["capabilities"] = json!({"portMappings": true});
+    if let (Value::Object(c), Value::Object(e)) = (&mut conf, extra) {
+        c.extend(e);
+    }
+    NetConfList::single(&conf)
+}
+
+/// ADDs `netns` (made by the caller, so a server can be bound in it first) with `mappings`
+/// and CNI_ARGS `args` (e.g. `IP=...`).
+fn add_mapped(
+    p: &PluginUnderTest,
+    node: &Node,
+    l: &NetConfList,
+    netns: Netns,
+    mappings: Value,
+    args: Option<&str>,
+) -> MappedPod {
+    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0")
+        .with_capability("portMappings", mappings);
+    if let Some(a) = args {
+        att = att.with_args(a);
+    }
+    let result = p
+        .runtime
+        .add(node, l, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let r = ResultExpectation::standard(
+        "1.0.0",
+        "eth0",
+        &netns.path().to_string_lossy(),
+        Stack::Dual,
+    )
+    .ebpf_cni_host_names()
+    .assert_valid(&result);
+    MappedPod {
+        _netns: netns,
+        att,
+        result,
+        r,
+    }
+}
+
+fn del_mapped(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &MappedPod) {
+    p.runtime
+        .del(node, l, &pod.att, Some(&pod.result))
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+}
+
+/// A UDP server on `[::]:port` (both families) in `ns`, answering each datagram with
+/// `"<tag> <datagram>"`. Stops when dropped.
+struct TaggedUdp {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TaggedUdp {
+    fn start(ns: &Netns, port: u16, tag: &str) -> Self {
+        let sock = ns
+            .run_in(|| UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("binding [::]:{port} in {}: {e}", ns.name()));
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, tag) = (stop.clone(), tag.to_owned());
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                    let msg = format!("{tag} {}", String::from_utf8_lossy(&buf[..n]));
+                    let _ = sock.send_to(msg.as_bytes(), peer);
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TaggedUdp {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A client that keeps sending numbered datagrams from one source port to `target` (every
+/// 5 ms) and records who answered each: the answer's tag, or `from <addr>` when the
+/// answer did not come from `target` (the address the client sent to).
+struct UdpStream {
+    target: SocketAddr,
+    next: Arc<AtomicU64>,
+    answers: Arc<Mutex<BTreeMap<u64, String>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl UdpStream {
+    fn start(ns: &Netns, bind: SocketAddr, target: SocketAddr) -> Self {
+        let sock = ns.run_in(|| UdpSocket::bind(bind)).unwrap().unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let rx = sock.try_clone().unwrap();
+        let next = Arc::new(AtomicU64::new(0));
+        let answers = Arc::new(Mutex::new(BTreeMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, s) = (next.clone(), stop.clone());
+        let sender = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let seq = n.fetch_add(1, Ordering::SeqCst);
+                let _ = sock.send_to(seq.to_string().as_bytes(), target);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let (a, s) = (answers.clone(), stop.clone());
+        let receiver = std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while !s.load(Ordering::Relaxed) {
+                let Ok((len, src)) = rx.recv_from(&mut buf) else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&buf[..len]).into_owned();
+                let Some((tag, seq)) = text.split_once(' ') else {
+                    continue;
+                };
+                let Ok(seq) = seq.parse::<u64>() else {
+                    continue;
+                };
+                let who = if unmap(src) == target {
+                    tag.to_owned()
+                } else {
+                    format!("from {src}")
+                };
+                a.lock().unwrap().insert(seq, who);
+            }
+        });
+        Self {
+            target,
+            next,
+            answers,
+            stop,
+            threads: vec![sender, receiver],
+        }
+    }
+
+    /// The number the next datagram will carry: every datagram from it on is sent after
+    /// this call.
+    fn mark(&self) -> u64 {
+        self.next.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `count` datagrams from `from` on were sent and answered (or 3 s), then
+    /// returns who answered each of them (`None`: no answer).
+    fn answered_from(&self, from: u64, count: u64) -> Vec<(u64, Option<String>)> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let done = {
+                let a = self.answers.lock().unwrap();
+                (from..from + count).all(|s| a.contains_key(&s))
+            };
+            if done || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let a = self.answers.lock().unwrap();
+        (from..from + count)
+            .map(|s| (s, a.get(&s).cloned()))
+            .collect()
+    }
+
+    /// Asserts the datagrams sent from `from` on were answered by `tag` from the first one
+    /// on: no answer lost to a stale path, none from the previous owner.
+    fn assert_owner_from(&self, from: u64, tag: &str, what: &str) {
+        let got = self.answered_from(from, 20);
+        let wrong: Vec<_> = got
+            .iter()
+            .filter(|(_, who)| who.as_deref() != Some(tag))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{what} ({}): datagrams sent after the change must be answered by {tag} from the \
+             first one on; these were not (seq, answered by): {wrong:?}",
+            self.target
+        );
+    }
+}
+
+impl Drop for UdpStream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Turns netfilter conntrack on in `ns` for both families (a rule that matches on it), so
+/// datagrams the stack sees leave conntrack entries behind, as on the reference's nodes.
+fn conntrack_on(ns: &Netns) {
+    for fam in [Family::V4, Family::V6] {
+        iptables(
+            ns,
+            fam,
+            &[
+                "-A",
+                "INPUT",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+        )
+        .unwrap();
+    }
+}
+
+/// The node's conntrack entries for UDP towards `port` (`/proc/net/nf_conntrack`).
+fn conntrack_udp_to(ns: &Netns, port: u16) -> Vec<String> {
+    let out = ns.exec(&["cat", "/proc/net/nf_conntrack"]).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" udp ") && l.contains(&format!("dport={port} ")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 24, item 4 (plugins#123, #1190, kubernetes#58336): a client outside the node keeps
+/// sending to a UDP host port from one source port while the pod behind it is deleted;
+/// the datagrams of the gap meet the node's stack, where conntrack (on here) records the
+/// flow, as it does on the reference's nodes, whose stale entry then blackholes the port.
+/// Here (a) a new pod given the port answers the very next datagram sent after its ADD
+/// returned, and (b) after that pod's DEL, a process of the node that binds the port
+/// answers the very next datagram sent after its bind, IPv4 and IPv6 alike.
+#[test]
+fn a_udp_host_port_goes_to_its_next_owner_with_the_next_datagram() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 41).unwrap();
+    conntrack_on(node.netns());
+    let l = portmap_list(&p, &node, json!({}));
+    let mappings = json!([{"hostPort": 5354, "containerPort": 53, "protocol": "udp"}]);
+    // Another pod keeps the node's programs and maps loaded throughout.
+    let _other = add_mapped(&p, &node, &l, node.new_pod().unwrap(), json!([]), None);
+
+    let old_ns = node.new_pod().unwrap();
+    let _old_server = TaggedUdp::start(&old_ns, 53, "old");
+    let old = add_mapped(&p, &node, &l, old_ns, mappings.clone(), None);
+    let streams = [
+        UdpStream::start(
+            ext.netns(),
+            sa(Ipv4Addr::UNSPECIFIED, 40001),
+            sa(ext.node_v4, 5354),
+        ),
+        UdpStream::start(
+            ext.netns(),
+            sa(Ipv6Addr::UNSPECIFIED, 40011),
+            sa(ext.node_v6, 5354),
+        ),
+    ];
+    for s in &streams {
+        s.assert_owner_from(s.mark(), "old", "control: the first pod answers");
+    }
+
+    del_mapped(&p, &node, &l, &old);
+    // The gap: the client keeps sending and the node's stack (nothing listens) sees it.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !conntrack_udp_to(node.netns(), 5354).is_empty(),
+        "control: the gap's datagrams left conntrack entries in the node"
+    );
+
+    // (a) A new pod takes the port (its server is up before ADD).
+    let new_ns = node.new_pod().unwrap();
+    let _new_server = TaggedUdp::start(&new_ns, 53, "new");
+    let new = add_mapped(&p, &node, &l, new_ns, mappings, None);
+    assert_ne!(new.r.ip4().unwrap().addr, old.r.ip4().unwrap().addr);
+    let from: Vec<u64> = streams.iter().map(UdpStream::mark).collect();
+    for (s, from) in streams.iter().zip(from) {
+        s.assert_owner_from(from, "new", "(a) a new pod took the host port");
+    }
+
+    // (b) The pod goes and a process of the node binds the port.
+    del_mapped(&p, &node, &l, &new);
+    std::thread::sleep(Duration::from_millis(300));
+    let _node_server = TaggedUdp::start(node.netns(), 5354, "node");
+    let from: Vec<u64> = streams.iter().map(UdpStream::mark).collect();
+    for (s, from) in streams.iter().zip(from) {
+        s.assert_owner_from(
+            from,
+            "node",
+            "(b) a process of the node bound the host port",
+        );
+    }
+}
+
+/// The reverse translation of a host-port flow is kept per flow (`ECNI_NAT_REV`, keyed by
+/// what the pod's reply carries) and outlives the pod. A new pod given the same address
+/// (here asked for with `IP=`), reached by the same client from the same port *directly*
+/// (no host port), must answer from its own address: a stale entry would rewrite its
+/// replies' source to the old host port, and the client would drop them.
+#[test]
+fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 42).unwrap();
+    let l = portmap_list(&p, &node, json!({}));
+    let _other = add_mapped(&p, &node, &l, node.new_pod().unwrap(), json!([]), None);
+    let args = "IgnoreUnknown=1;IP=10.10.0.200,fd00:10::200";
+
+    let old_ns = node.new_pod().unwrap();
+    let _old_server = TaggedUdp::start(&old_ns, 53, "old");
+    let old = add_mapped(
+        &p,
+        &node,
+        &l,
+        old_ns,
+        json!([{"hostPort": 5355, "containerPort": 53, "protocol": "udp"}]),
+        Some(args),
+    );
+    for target in [sa(ext.node_v4, 5355), sa(ext.node_v6, 5355)] {
+        let bind = if target.is_ipv4() {
+            sa(Ipv4Addr::UNSPECIFIED, 40002)
+        } else {
+            sa(Ipv6Addr::UNSPECIFIED, 40002)
+        };
+        let s = UdpStream::start(ext.netns(), bind, target);
+        s.assert_owner_from(s.mark(), "old", "control: through the host port");
+    }
+    del_mapped(&p, &node, &l, &old);
+
+    let new_ns = node.new_pod().unwrap();
+    let _new_server = TaggedUdp::start(&new_ns, 53, "new");
+    let new = add_mapped(&p, &node, &l, new_ns, json!([]), Some(args));
+    for ip in [new.r.ip4().unwrap().addr, new.r.ip6().unwrap().addr] {
+        let was = if ip.is_ipv4() {
+            old.r.ip4().unwrap().addr
+        } else {
+            old.r.ip6().unwrap().addr
+        };
+        assert_eq!(ip, was, "the new pod has the old one's address");
+        let bind = if ip.is_ipv4() {
+            sa(Ipv4Addr::UNSPECIFIED, 40002)
+        } else {
+            sa(Ipv6Addr::UNSPECIFIED, 40002)
+        };
+        let s = UdpStream::start(ext.netns(), bind, sa(ip, 53));
+        s.assert_owner_from(
+            s.mark(),
+            "new",
+            "the same client port, straight to the reused address",
+        );
+    }
 }
