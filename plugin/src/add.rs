@@ -289,6 +289,7 @@ async fn setup(
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let (devices, node_addrs) = crate::node::node_devices(host_nl, conf, &gateways).await?;
     step("devices listed");
+    crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
     undo.push(Undo::Programs);
     let spec = wanted.spec(&pair.host, &node_addrs);
     bpf::add_pod(

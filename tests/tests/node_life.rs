@@ -9,6 +9,10 @@
 //! - A UDP host port whose pod is gone (plugins#123, kubernetes#58336): a client that
 //!   keeps sending reaches whoever owns the port next, a new pod or a process of the node,
 //!   with the next datagram, even with netfilter conntrack on in the node.
+//! - Host ports on loopback (cilium#24818): by default (as the reference portmap) a wildcard
+//!   host port takes the node's own `127.0.0.1:<port>` and `[::1]:<port>`;
+//!   `"hostPortsOnLoopback": false` leaves loopback to the node's own listeners. ADD warns
+//!   when a process of the node already listens where a mapping takes its traffic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -18,9 +22,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ebpf_cni_tests::bpf::kernel_has_so_netns_cookie;
 use ebpf_cni_tests::config::NETWORK;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{sa, unmap};
+use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, unmap, PodServer};
 use ebpf_cni_tests::kernel::Family;
 use ebpf_cni_tests::netfilter::iptables;
 use ebpf_cni_tests::{fsutil, AddResult, Attachment, NetConfList, ResultExpectation};
@@ -616,4 +621,242 @@ fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
             "the same client port, straight to the reused address",
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host ports on loopback
+
+/// A TCP and a UDP server of the node on each of `addrs`, answering `"<tag> <peer>"` like
+/// [`PodServer`] (which binds the wildcard). Stops when dropped.
+struct NodeListener {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl NodeListener {
+    fn start(ns: &Netns, addrs: &[SocketAddr], tag: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &a in addrs {
+            let (tcp, udp) = ns
+                .run_in(|| {
+                    (
+                        std::net::TcpListener::bind(a).unwrap(),
+                        UdpSocket::bind(a).unwrap(),
+                    )
+                })
+                .unwrap();
+            tcp.set_nonblocking(true).unwrap();
+            udp.set_read_timeout(Some(Duration::from_millis(50)))
+                .unwrap();
+            let (s, t) = (stop.clone(), tag.to_owned());
+            threads.push(std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                while !s.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((mut c, peer)) => {
+                            let _ = c.set_nonblocking(false);
+                            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                            let mut buf = [0u8; 64];
+                            if c.read(&mut buf).unwrap_or(0) > 0 {
+                                let _ = c.write_all(format!("{t} {peer}").as_bytes());
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+            }));
+            let (s, t) = (stop.clone(), tag.to_owned());
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 256];
+                while !s.load(Ordering::Relaxed) {
+                    if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                        let _ = udp.send_to(format!("{t} {peer}").as_bytes(), peer);
+                    }
+                }
+            }));
+        }
+        Self { stop, threads }
+    }
+}
+
+impl Drop for NodeListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Who answers TCP and UDP to `target` from `from`: the answers' tags (or the errors).
+fn who_answers(from: &Netns, target: SocketAddr) -> (String, String) {
+    let tag = |r: anyhow::Result<String>| match r {
+        Ok(a) => tag_of(&a).to_owned(),
+        Err(e) => format!("error: {e:#}"),
+    };
+    (tag(tcp_ask(from, target)), tag(udp_ask(from, target)))
+}
+
+/// The config of the single plugin as the runtime sends it, with `mappings` as
+/// `runtimeConfig.portMappings`.
+fn with_mappings(conf: &Value, mappings: &Value) -> String {
+    let mut c = conf.clone();
+    c["runtimeConfig"] = json!({ "portMappings": mappings });
+    c.to_string()
+}
+
+/// Issue 24, item 5 (cilium#24818): a wildcard host port 5356 and a node that already serves
+/// `127.0.0.1:5356` and `[::1]:5356` itself (as a local DNS resolver would 53).
+///
+/// By default the mapping takes loopback, as the reference portmap does: the node's own
+/// connections to `127.0.0.1:5356` and `[::1]:5356` reach the pod, and ADD warns, naming
+/// each listener and the key. With `"hostPortsOnLoopback": false` they reach the node's
+/// listeners again while the node's own address and clients outside still reach the pod;
+/// ADD does not warn about loopback but still about a process listening on `0.0.0.0`
+/// (5357), whose traffic the mapping takes; CHECK holds with the same config and fails (105)
+/// with the other value, whose pinned mapping differs; `inspect` shows it; an invalid value
+/// is refused with code 7 naming the key. Before kernel 5.14 the node's own connections are
+/// never translated: loopback stays the node's either way, and ADD does not warn about it.
+#[test]
+fn host_ports_take_loopback_unless_the_network_says_not_to() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 43).unwrap();
+    let sockets = kernel_has_so_netns_cookie();
+    let lo4 = sa(Ipv4Addr::LOCALHOST, 5356);
+    let lo6 = sa(Ipv6Addr::LOCALHOST, 5356);
+    let _resolver = NodeListener::start(node.netns(), &[lo4, lo6], "node");
+    let _wildcard = TaggedUdp::start(node.netns(), 5357, "node-any");
+    let mappings = json!([
+        {"hostPort": 5356, "containerPort": 53, "protocol": "tcp"},
+        {"hostPort": 5356, "containerPort": 53, "protocol": "udp"},
+        {"hostPort": 5357, "containerPort": 53, "protocol": "udp"}
+    ]);
+    assert_eq!(
+        who_answers(node.netns(), lo4),
+        ("node".into(), "node".into())
+    );
+
+    let run = |conf: &Value, cmd: CniCommand, cid: &str, pod: &Netns| {
+        p.run(
+            &node,
+            cmd,
+            &p.env(cid, pod.path(), "eth0"),
+            with_mappings(conf, &mappings),
+        )
+    };
+    let warned = |stderr: &str, at: &str| {
+        stderr
+            .lines()
+            .any(|l| l.contains("already listens on") && l.contains(at))
+    };
+
+    // The default: loopback is the pod's (where the node's sockets are translated).
+    let default = p.conf("1.0.0", &node, Stack::Dual);
+    let pod = node.new_pod().unwrap();
+    let _server = PodServer::start(&pod, 53, "pod");
+    let cid = unique_container_id();
+    let out = run(&default, CniCommand::Add, &cid, &pod);
+    out.expect_success("ADD");
+    let want = if sockets { "pod" } else { "node" };
+    for target in [lo4, lo6] {
+        assert_eq!(
+            who_answers(node.netns(), target),
+            (want.into(), want.into()),
+            "default, the node's own connection to {target}"
+        );
+    }
+    for at in ["127.0.0.1:5356/tcp", "127.0.0.1:5356/udp", "[::1]:5356/tcp"] {
+        assert_eq!(
+            warned(&out.stderr, at),
+            sockets,
+            "ADD warns about the node's listener on {at} (loopback taken: {sockets}):\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        !sockets || out.stderr.contains("hostPortsOnLoopback"),
+        "the warning names the key: {}",
+        out.stderr
+    );
+    assert!(warned(&out.stderr, "0.0.0.0:5357/udp"), "{}", out.stderr);
+    run(&default, CniCommand::Del, &cid, &pod).expect_success("DEL");
+
+    // hostPortsOnLoopback: false.
+    let mut off = default.clone();
+    off["hostPortsOnLoopback"] = json!(false);
+    let cid = unique_container_id();
+    let out = run(&off, CniCommand::Add, &cid, &pod);
+    out.expect_success("ADD with hostPortsOnLoopback false");
+    for target in [lo4, lo6] {
+        assert_eq!(
+            who_answers(node.netns(), target),
+            ("node".into(), "node".into()),
+            "hostPortsOnLoopback false: the node's own connection to {target}"
+        );
+    }
+    assert!(
+        !out.stderr.contains("127.0.0.1:5356") && !out.stderr.contains("[::1]:5356"),
+        "no warning about loopback, which the mapping leaves alone:\n{}",
+        out.stderr
+    );
+    assert!(warned(&out.stderr, "0.0.0.0:5357/udp"), "{}", out.stderr);
+    let node4 = sa(ext.node_v4, 5356);
+    let node_own = if sockets { "pod" } else { "error" };
+    let (tcp, udp) = who_answers(node.netns(), node4);
+    assert!(
+        tcp.starts_with(node_own) && udp.starts_with(node_own),
+        "the node's own connection to its address {node4}: {tcp} / {udp}"
+    );
+    assert_eq!(
+        who_answers(ext.netns(), node4),
+        ("pod".into(), "pod".into()),
+        "a client outside the node"
+    );
+    let report = ebpf_cni_tests::dataplane::inspect(&p.bin, &node).unwrap();
+    let rows = report["port_mappings"].as_array().expect("port_mappings");
+    assert!(
+        !rows.is_empty() && rows.iter().all(|m| m["loopback"] == json!(false)),
+        "inspect shows loopback off: {rows:?}"
+    );
+
+    // CHECK compares the pinned mappings with the config's value.
+    let mut prev = with_mappings(&off, &mappings).parse::<Value>().unwrap();
+    prev["prevResult"] = out.json.clone().unwrap();
+    let check = |conf: Value| {
+        p.run(
+            &node,
+            CniCommand::Check,
+            &p.env(&cid, pod.path(), "eth0"),
+            conf.to_string(),
+        )
+    };
+    check(prev.clone()).expect_success("CHECK with the same hostPortsOnLoopback");
+    let mut flipped = prev.clone();
+    flipped["hostPortsOnLoopback"] = json!(true);
+    let err = check(flipped).expect_error(105, "CHECK with the other hostPortsOnLoopback");
+    assert!(
+        err.msg.contains("5356") || err.msg.contains("5357"),
+        "{err:?}"
+    );
+
+    let mut bad = off.clone();
+    bad["hostPortsOnLoopback"] = json!("no");
+    let err = run(
+        &bad,
+        CniCommand::Add,
+        &unique_container_id(),
+        &node.new_pod().unwrap(),
+    )
+    .expect_error(7, "an invalid hostPortsOnLoopback");
+    assert!(err.msg.contains("hostPortsOnLoopback"), "{err:?}");
+    run(&off, CniCommand::Del, &cid, &pod).expect_success("DEL");
+    assert!(
+        ebpf_cni_tests::dataplane::port_mappings(&node)
+            .map(|m| m.is_empty())
+            .unwrap_or(true),
+        "DEL removed the mappings"
+    );
 }

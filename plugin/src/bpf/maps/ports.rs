@@ -40,7 +40,12 @@ fn port_target(e: &PortEntry, attachment_id: u64, host_ifindex: u32) -> PortTarg
         gateway: e.gateway.map_or([0; 16], |g| endpoint_key(g).addr),
         host_ifindex,
         pod_port: e.pod_port,
-        _pad: [0; 2],
+        flags: if e.loopback {
+            0
+        } else {
+            ebpf_cni_maps::PORT_FLAG_NO_LOOPBACK
+        },
+        _pad: 0,
     }
 }
 
