@@ -13,6 +13,12 @@
 //!   host port takes the node's own `127.0.0.1:<port>` and `[::1]:<port>`;
 //!   `"hostPortsOnLoopback": false` leaves loopback to the node's own listeners. ADD warns
 //!   when a process of the node already listens where a mapping takes its traffic.
+//! - Uplinks as nodes have them: the node's addresses on a bond (802.3ad), a VLAN, a VLAN
+//!   on a bond, or a bridge, with the external host matching it. Pod to outside,
+//!   masquerade and host ports from outside all run in the TC programs (the node's FORWARD
+//!   policy is DROP and counts nothing). Bonding and 802.1Q are modules the host kernel of
+//!   this project's machine lacks: those tests run in the kernel matrix's guests, and on a
+//!   kernel without them they only say so (in a guest that is a failure).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -24,9 +30,11 @@ use std::time::{Duration, Instant};
 
 use ebpf_cni_tests::bpf::kernel_has_so_netns_cookie;
 use ebpf_cni_tests::config::NETWORK;
-use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::external::{kernel_has_link_kind, ExternalHost, ExternalHostBuilder};
 use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, unmap, PodServer};
 use ebpf_cni_tests::kernel::Family;
+use ebpf_cni_tests::net::{tcp_echo, udp_echo};
+use ebpf_cni_tests::netfilter;
 use ebpf_cni_tests::netfilter::iptables;
 use ebpf_cni_tests::{fsutil, AddResult, Attachment, NetConfList, ResultExpectation};
 use ebpf_cni_tests::{
@@ -859,4 +867,167 @@ fn host_ports_take_loopback_unless_the_network_says_not_to() {
             .unwrap_or(true),
         "DEL removed the mappings"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Uplinks as nodes have them
+
+/// Whether this kernel makes every link kind of `kinds`; when not, says so on stderr, and
+/// fails in a matrix guest, whose Debian kernels have them all (as modules).
+fn kernel_makes(kinds: &[&str]) -> bool {
+    let missing: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|k| !kernel_has_link_kind(k))
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        !ebpf_cni_tests::rate::in_vm(),
+        "the guest's kernel cannot make {missing:?} links"
+    );
+    eprintln!(
+        "this kernel cannot make {missing:?} links (no bonding / 802.1Q): the test runs in the \
+         kernel matrix's guests"
+    );
+    false
+}
+
+/// A node whose only uplink is `uplink` (named `up0`, external host `n`): pods of a plain
+/// network (one with host port 8080, TCP and UDP) and of a masquerading one, with the
+/// node's FORWARD policy DROP and a counter on it.
+///
+/// Pod to the external host (its replies through the uplink's ingress), the masquerading
+/// pod to it (leaving with the uplink's address, replies translated at its ingress), and
+/// the host to the host port, each IPv4 and IPv6, TCP and UDP; the device program is on
+/// the uplink (and not on the ports under it), and the stack forwarded nothing.
+fn uplink_serves_the_dataplane(uplink: ExternalHostBuilder) {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = uplink.attach(node.netns()).unwrap();
+    for fam in [Family::V4, Family::V6] {
+        netfilter::add_forward_counter(node.netns(), fam).unwrap();
+        netfilter::set_forward_policy(node.netns(), fam, "DROP").unwrap();
+    }
+
+    let plain = portmap_list(&p, &node, json!({}));
+    let pod = add_mapped(
+        &p,
+        &node,
+        &plain,
+        node.new_pod().unwrap(),
+        json!([
+            {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+            {"hostPort": 8080, "containerPort": 80, "protocol": "udp"}
+        ]),
+        None,
+    );
+    let mut masq = p.conf("1.0.0", &node, Stack::Dual);
+    masq["name"] = json!("masqnet");
+    masq["ipMasq"] = json!(true);
+    masq["ipam"]["ranges"] = json!([[{"subnet": "10.20.0.0/24"}], [{"subnet": "fd00:20::/64"}]]);
+    let mpod = node.new_pod().unwrap();
+    p.run(
+        &node,
+        CniCommand::Add,
+        &p.env(&unique_container_id(), mpod.path(), "eth0"),
+        masq.to_string(),
+    )
+    .expect_success("ADD of the masquerading pod");
+
+    let report = ebpf_cni_tests::dataplane::inspect(&p.bin, &node).unwrap();
+    let devices: Vec<&str> = report["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert_eq!(
+        devices,
+        [ext.node_dev()],
+        "the device program goes on the uplink holding the addresses, not on its ports"
+    );
+
+    let mut failures = Vec::new();
+    let families = [
+        (IpAddr::from(ext.node_v4), pod.r.ip4().unwrap().addr),
+        (IpAddr::from(ext.node_v6), pod.r.ip6().unwrap().addr),
+    ];
+    for (node_addr, pod_ip) in families {
+        let dst = ext.addr_like(node_addr);
+        for (what, from, want_src) in [
+            ("pod -> outside", &pod._netns, pod_ip),
+            ("masquerading pod -> outside", &mpod, node_addr),
+        ] {
+            match tcp_echo(from, ext.netns(), dst, 0) {
+                Ok(e) if e.client_addr.ip() == want_src => {}
+                other => failures.push(format!(
+                    "{what} TCP to {dst} (source {want_src}): {other:?}"
+                )),
+            }
+            match udp_echo(from, ext.netns(), dst, 0) {
+                Ok(e) if e.client_addr.ip() == want_src => {}
+                other => failures.push(format!(
+                    "{what} UDP to {dst} (source {want_src}): {other:?}"
+                )),
+            }
+        }
+    }
+    let _server = PodServer::start(&pod._netns, 80, "pod");
+    for node_addr in [IpAddr::from(ext.node_v4), IpAddr::from(ext.node_v6)] {
+        let target = sa(node_addr, 8080);
+        let (tcp, udp) = who_answers(ext.netns(), target);
+        if (tcp.as_str(), udp.as_str()) != ("pod", "pod") {
+            failures.push(format!(
+                "outside -> host port {target}: TCP {tcp}, UDP {udp}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "over the uplink {} ({}):\n{}",
+        ext.node_dev(),
+        ext.host_dev(),
+        failures.join("\n")
+    );
+    for fam in [Family::V4, Family::V6] {
+        assert_eq!(
+            netfilter::forward_packets(node.netns(), fam).unwrap(),
+            0,
+            "{fam:?}: the node's stack forwarded packets: the TC programs must carry all of it"
+        );
+    }
+}
+
+/// Issue 24, item 6: the node's uplink is an 802.3ad bond (the external host bonds too).
+#[test]
+fn a_bond_uplink_carries_pods_masquerade_and_host_ports() {
+    if kernel_makes(&["bond"]) {
+        uplink_serves_the_dataplane(ExternalHost::builder("up0", 51).bond());
+    }
+}
+
+/// Issue 24, item 6: the node's addresses are on VLAN 100 of its link (so are the host's).
+#[test]
+fn a_vlan_uplink_carries_pods_masquerade_and_host_ports() {
+    if kernel_makes(&["vlan"]) {
+        uplink_serves_the_dataplane(ExternalHost::builder("up0", 52).vlan(100));
+    }
+}
+
+/// Issue 24, item 6: VLAN 100 on an 802.3ad bond, on both ends.
+#[test]
+fn a_vlan_on_a_bond_uplink_carries_pods_masquerade_and_host_ports() {
+    if kernel_makes(&["bond", "vlan"]) {
+        uplink_serves_the_dataplane(ExternalHost::builder("up0", 53).bond().vlan(100));
+    }
+}
+
+/// Issue 24, item 6: the node's addresses are on a bridge whose port is its link (as on
+/// nodes that also bridge virtual machines); runs on every kernel.
+#[test]
+fn a_bridge_uplink_carries_pods_masquerade_and_host_ports() {
+    uplink_serves_the_dataplane(ExternalHost::builder("up0", 54).bridge());
 }
