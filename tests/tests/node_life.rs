@@ -8,7 +8,8 @@
 //!   empties bpffs).
 //! - A UDP host port whose pod is gone (plugins#123, kubernetes#58336): a client that
 //!   keeps sending reaches whoever owns the port next, a new pod or a process of the node,
-//!   with the next datagram, even with netfilter conntrack on in the node.
+//!   with the next datagram, even with netfilter conntrack on in the node; the node's own
+//!   sockets connected through the port to the deleted pod are closed by its DEL.
 //! - Host ports on loopback (cilium#24818): by default (as the reference portmap) a wildcard
 //!   host port takes the node's own `127.0.0.1:<port>` and `[::1]:<port>`;
 //!   `"hostPortsOnLoopback": false` leaves loopback to the node's own listeners. ADD warns
@@ -629,6 +630,116 @@ fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
             "the same client port, straight to the reused address",
         );
     }
+}
+
+/// The node's own connected sockets: the socket programs translate a host port at
+/// `connect()`, so a connected socket of the node talks to the pod's address itself, and
+/// after the pod's DEL it would keep sending there (UDP into nothing, TCP retransmitting)
+/// while the port has a new owner. DEL closes them (sock_diag `SOCK_DESTROY`): the next
+/// call fails at once (TCP: `ECONNABORTED`; UDP: the socket is no longer connected), and
+/// a socket connected again reaches the new owner.
+/// Unconnected sockets are translated at each `sendmsg()` and need nothing. Before kernel
+/// 5.14 the node's own connections are never translated, so there is nothing to close.
+#[test]
+fn the_nodes_connected_sockets_to_a_deleted_pod_are_closed() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    // A default route, as nodes have: what is sent to a deleted pod's address leaves
+    // quietly instead of failing as unreachable.
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 44).unwrap();
+    node.netns()
+        .ip_ok(&["route", "add", "default", "via", &ext.v4.to_string()])
+        .unwrap();
+    let l = portmap_list(&p, &node, json!({}));
+    let mappings = json!([
+        {"hostPort": 5359, "containerPort": 53, "protocol": "udp"},
+        {"hostPort": 5359, "containerPort": 53, "protocol": "tcp"}
+    ]);
+    let _other = add_mapped(&p, &node, &l, node.new_pod().unwrap(), json!([]), None);
+    let old_ns = node.new_pod().unwrap();
+    let _old_server = TaggedUdp::start(&old_ns, 53, "old");
+    let old = add_mapped(&p, &node, &l, old_ns, mappings.clone(), None);
+    let target = sa(Ipv4Addr::LOCALHOST, 5359);
+    if !kernel_has_so_netns_cookie() {
+        let r = udp_ask(node.netns(), target);
+        assert!(
+            r.is_err(),
+            "before 5.14 the node's socket is not translated: {r:?}"
+        );
+        return;
+    }
+    // A TCP connection of the node to the old pod, idle (the pod listens; it never answers).
+    let tcp_server = old
+        ._netns
+        .run_in(|| std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 53)).unwrap())
+        .unwrap();
+    let tcp = node
+        .netns()
+        .run_in(|| std::net::TcpStream::connect_timeout(&target, Duration::from_secs(3)))
+        .unwrap()
+        .unwrap();
+    let _accepted = tcp_server.accept().unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let udp = node
+        .netns()
+        .run_in(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap())
+        .unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    udp.connect(target).unwrap();
+    let ask = |s: &UdpSocket| -> std::io::Result<String> {
+        s.send(b"1")?;
+        let mut buf = [0u8; 128];
+        let n = s.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    assert_eq!(
+        tag_of(&ask(&udp).unwrap()),
+        "old",
+        "control: through the host port"
+    );
+
+    del_mapped(&p, &node, &l, &old);
+    let new_ns = node.new_pod().unwrap();
+    let _new_server = TaggedUdp::start(&new_ns, 53, "new");
+    let _new = add_mapped(&p, &node, &l, new_ns, mappings, None);
+
+    let started = Instant::now();
+    // Destroyed, the socket is no longer connected: a send says so (EDESTADDRREQ), a
+    // receive would return ECONNABORTED. Not an answer, and not a timeout.
+    let got = ask(&udp);
+    assert!(
+        got.as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EDESTADDRREQ)
+                || e.kind() == std::io::ErrorKind::ConnectionAborted),
+        "the connected UDP socket must fail at once after its pod's DEL, got {got:?}"
+    );
+    let mut buf = [0u8; 8];
+    let got = std::io::Read::read(&mut &tcp, &mut buf);
+    assert_eq!(
+        got.as_ref().map_err(std::io::Error::kind).err(),
+        Some(std::io::ErrorKind::ConnectionAborted),
+        "the TCP connection to the deleted pod must fail at once, got {got:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // What its owner does on the error: a new socket, connected again.
+    let again = node
+        .netns()
+        .run_in(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap())
+        .unwrap();
+    again
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    again.connect(target).unwrap();
+    assert_eq!(
+        tag_of(&ask(&again).unwrap()),
+        "new",
+        "a socket connected again reaches the port's new owner"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

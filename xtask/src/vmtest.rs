@@ -141,6 +141,7 @@ const PLAN: &[Suite] = &[
             "the_first_add_after_a_reboot_reclaims_only_our_dead_pods_leases",
             "a_udp_host_port_goes_to_its_next_owner_with_the_next_datagram",
             "a_pod_given_a_deleted_pods_address_answers_from_its_own_address",
+            "the_nodes_connected_sockets_to_a_deleted_pod_are_closed",
             "host_ports_take_loopback_unless_the_network_says_not_to",
             "a_bond_uplink_carries_pods_masquerade_and_host_ports",
             "a_vlan_uplink_carries_pods_masquerade_and_host_ports",
