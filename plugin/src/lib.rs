@@ -25,6 +25,7 @@ pub mod netlink;
 pub mod netns;
 pub mod node;
 pub mod portmap;
+pub mod reboot;
 pub mod status;
 pub mod version;
 pub mod veth;

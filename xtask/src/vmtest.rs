@@ -133,6 +133,22 @@ const PLAN: &[Suite] = &[
             "netlink_filters_on_pods_run_the_same_dataplane",
         ],
     },
+    // The bond and VLAN uplinks need bonding and 802.1Q, which the guests' Debian kernels
+    // have and a host kernel may not: there they run only here.
+    Suite {
+        test: "node_life",
+        only: &[
+            "the_first_add_after_a_reboot_reclaims_only_our_dead_pods_leases",
+            "a_udp_host_port_goes_to_its_next_owner_with_the_next_datagram",
+            "a_pod_given_a_deleted_pods_address_answers_from_its_own_address",
+            "the_nodes_connected_sockets_to_a_deleted_pod_are_closed",
+            "host_ports_take_loopback_unless_the_network_says_not_to",
+            "a_bond_uplink_carries_pods_masquerade_and_host_ports",
+            "a_vlan_uplink_carries_pods_masquerade_and_host_ports",
+            "a_vlan_on_a_bond_uplink_carries_pods_masquerade_and_host_ports",
+            "a_bridge_uplink_carries_pods_masquerade_and_host_ports",
+        ],
+    },
 ];
 
 /// A guest that has not powered off by then is killed and its kernel counted as failed.

@@ -39,6 +39,7 @@ pub use inspect::{
     NodeReport, PortMappingReport,
 };
 pub use keys::AttachmentKey;
+pub use lock::NodeLock;
 use maps::ports;
 pub use maps::PodEndpoint;
 pub use masq::{MasqReport, MasqSpec};
@@ -50,6 +51,14 @@ pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
 pub use tree::{network_attachments, AttachmentDir};
+
+/// The node's lock (see [`NodeLock`]), for work outside this module that must not overlap
+/// another run's ADD or DEL: the reclaim of leases after a reboot.
+pub fn lock_node() -> Result<NodeLock, BpfError> {
+    let root = PinRoot::from_env();
+    pin::ensure_bpffs_at(&root)?;
+    NodeLock::take(&root)
+}
 
 /// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
 /// TCP pacing runs is the verifier's answer at the node's first load; on a node without

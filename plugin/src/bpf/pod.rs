@@ -54,7 +54,9 @@ pub fn pacing_rate(limits: Option<RateLimit>) -> Option<u32> {
 }
 
 /// Removes the host port mappings an attachment installed (as listed in its pinned port
-/// list); the list itself goes with the attachment's directory.
+/// list); the list itself goes with the attachment's directory. The node's own sockets
+/// connected through them to the pod are destroyed (see `netlink::sockets`): they would
+/// keep sending to the pod's address, whoever takes the host port next.
 fn remove_ports(
     root: &PinRoot,
     node: &NodeId,
@@ -65,7 +67,30 @@ fn remove_ports(
     if keys.is_empty() || !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
         return Ok(0);
     }
-    PortMaps::open(root, node)?.remove(id, &keys)
+    let removed = PortMaps::open(root, node)?.remove(id, &keys)?;
+    for (key, target) in &removed {
+        if key.proto != ebpf_cni_maps::IPPROTO_TCP && key.proto != ebpf_cni_maps::IPPROTO_UDP {
+            continue;
+        }
+        let pod = super::keys::key_ip(&ebpf_cni_maps::EndpointKey {
+            addr: target.pod_addr,
+        });
+        match crate::netlink::sockets::destroy_connected(key.proto, pod, target.pod_port) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "closed {n} socket(s) of the node connected to {pod} port {} through host port {}",
+                target.pod_port,
+                ports::describe_key(key)
+            ),
+            // Not a failure of the teardown: those sockets only keep talking to nothing.
+            Err(e) => log::warn!(
+                "cannot close the node's sockets connected to {pod} port {} (host port {}): {e}",
+                target.pod_port,
+                ports::describe_key(key)
+            ),
+        }
+    }
+    Ok(removed.len())
 }
 
 /// Installs a pod's host port mappings; the node lock is held.
