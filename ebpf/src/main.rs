@@ -88,9 +88,13 @@ const _: () = assert!(str_eq(
     stringify!(ecni_sockops)
 ));
 
-/// The node's own connections to a host port go to the pod (see `sock`).
+/// The node's own connections to a host port go to the pod (see `sock`); the plugin's probe
+/// socket learns the node's namespace cookie here (see `sock::netns_probe`).
 #[cgroup_sock_addr(connect4)]
 pub fn ecni_connect4(ctx: SockAddrContext) -> i32 {
+    if sock::netns_probe(&ctx) {
+        return sock::DENY;
+    }
     sock::to_pod(&ctx, false)
 }
 

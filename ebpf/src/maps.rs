@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
 };
 use ebpf_cni_maps::{
-    str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, Pacing,
+    str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
     PodCounters, PortHits, PortKey, PortTarget, RateLimit, SockKey, SockOrig, MAX_ENDPOINTS,
     MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, NODE_FLAG_PORTMAP,
 };
@@ -55,6 +55,14 @@ pub static ECNI_CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
 pub static ECNI_PACING: HashMap<u64, Pacing> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
 
 const _: () = assert!(str_eq(ebpf_cni_maps::PACING_MAP, stringify!(ECNI_PACING)));
+
+#[map]
+pub static ECNI_NS_PROBE: Array<NsProbe> = Array::with_max_entries(1, 0);
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::NS_PROBE_MAP,
+    stringify!(ECNI_NS_PROBE)
+));
 
 const _: () = assert!(str_eq(ebpf_cni_maps::PORTMAP_MAP, stringify!(ECNI_PORTMAP)));
 const _: () = assert!(str_eq(

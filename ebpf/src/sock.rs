@@ -9,6 +9,9 @@
 //! `ECNI_CONFIG`), and only while the node has host port mappings. A mapping flagged
 //! `PORT_FLAG_NO_LOOPBACK` (`hostPortsOnLoopback: false`) leaves loopback destinations to
 //! the node's own listeners.
+//!
+//! On a kernel without `SO_NETNS_COOKIE` (before 5.14) the plugin learns the node's cookie
+//! through `connect4` itself: see [`netns_probe`].
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
@@ -21,11 +24,42 @@ use ebpf_cni_maps::{
 };
 
 use crate::maps::{
-    count_hit, is_node_addr, is_v4_mapped, port_target, portmap_netns_cookie, ECNI_SOCK_REV,
+    count_hit, is_node_addr, is_v4_mapped, port_target, portmap_netns_cookie, ECNI_NS_PROBE,
+    ECNI_SOCK_REV,
 };
 
 /// What socket-address programs return to let the call proceed.
 pub const ALLOW: i32 = 1;
+/// What they return to fail the call with `EPERM`.
+pub const DENY: i32 = 0;
+
+/// connect4: whether this is the plugin's armed probe socket (`ECNI_NS_PROBE`: its socket
+/// cookie and its random destination both match), in which case its network namespace's
+/// cookie is recorded there and the probe disarmed; the caller then refuses the connection,
+/// which tells the plugin that its own socket was the one recorded. Any other socket costs
+/// one array lookup and a compare.
+#[inline(always)]
+pub fn netns_probe(ctx: &SockAddrContext) -> bool {
+    let Some(p) = ECNI_NS_PROBE.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: `p` points into the array's only entry, valid for the whole run; the context
+    // fields are checked by the kernel. A concurrent probe is excluded by the plugin (it
+    // arms the map under the node lock), and a torn read only fails to match.
+    unsafe {
+        let armed = (*p).sock_cookie;
+        if armed == 0
+            || (*ctx.sock_addr).user_ip4.to_ne_bytes() != (*p).addr_be
+            || read_port(ctx) != (*p).port
+            || bpf_get_socket_cookie(ctx.as_ptr()) != armed
+        {
+            return false;
+        }
+        (*p).netns_cookie = bpf_get_netns_cookie(ctx.as_ptr());
+        (*p).sock_cookie = 0;
+    }
+    true
+}
 
 #[inline(always)]
 fn on_node(ctx: &SockAddrContext) -> bool {

@@ -38,6 +38,10 @@ pub const CONFIG_MAP: &str = "ECNI_CONFIG";
 /// cookie (`u64`) → [`Pacing`]. The sockops program caps each TCP socket of such a pod at
 /// the rate, so TCP sends at the limit instead of bouncing off the policer.
 pub const PACING_MAP: &str = "ECNI_PACING";
+/// Node-wide array with one [`NsProbe`]: how the plugin learns the node's network namespace
+/// cookie on a kernel without `SO_NETNS_COOKIE` (before 5.14). `ecni_connect4` records the
+/// cookie of one armed socket's namespace there.
+pub const NS_PROBE_MAP: &str = "ECNI_NS_PROBE";
 /// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeMap {
@@ -59,7 +63,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 16] = [
+pub const NODE_MAPS: [NodeMap; 17] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -76,6 +80,7 @@ pub const NODE_MAPS: [NodeMap; 16] = [
     NodeMap::keyed(MASQ_SKIP_MAP),
     NodeMap::keyed(MASQ_SRC_MAP),
     NodeMap::array(MASQ_STATS_MAP),
+    NodeMap::array(NS_PROBE_MAP),
 ];
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
@@ -584,6 +589,30 @@ pub struct NodeConfig {
 
 const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
 
+/// Value of [`NS_PROBE_MAP`]. The plugin arms a probe by writing the socket cookie of a UDP
+/// socket it opened in the node's namespace and a random destination; when that socket
+/// connects to that destination, `ecni_connect4` writes the socket's network namespace
+/// cookie, disarms the probe (`sock_cookie` 0) and refuses the connection. Only a holder of
+/// the map (root) can arm it, and only a socket with both the armed cookie and the random
+/// destination is recorded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsProbe {
+    /// The armed socket's cookie; 0: no probe armed.
+    pub sock_cookie: u64,
+    /// Written by the program: the armed socket's network namespace cookie.
+    pub netns_cookie: u64,
+    /// The probe's destination address, as `bpf_sock_addr.user_ip4` holds it (network order
+    /// bytes).
+    pub addr_be: [u8; 4],
+    /// The probe's destination port, host byte order.
+    pub port: u16,
+    pub _pad: u16,
+    pub _spare: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<NsProbe>() == 32);
+
 /// Key of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`]: one end of a flow (the pod's, or the
 /// node's after translation) and the remote end.
 #[repr(C)]
@@ -675,6 +704,7 @@ plain_old_data!(
     SockKey,
     SockOrig,
     NodeConfig,
+    NsProbe,
     Pacing,
     MasqKey,
     MasqFlow,
@@ -702,6 +732,7 @@ const _: () = assert!(fits_bpf_obj_name(SOCK_REV_MAP));
 const _: () = assert!(fits_bpf_obj_name(NODE_ADDRS_MAP));
 const _: () = assert!(fits_bpf_obj_name(CONFIG_MAP));
 const _: () = assert!(fits_bpf_obj_name(PACING_MAP));
+const _: () = assert!(fits_bpf_obj_name(NS_PROBE_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_SOCKOPS));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FWD_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_REV_MAP));

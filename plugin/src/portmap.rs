@@ -407,9 +407,8 @@ pub fn node_listeners() -> Vec<Listener> {
 
 /// Whether mapping `e` takes what `l` would receive: same port and protocol, and an address
 /// the mapping answers on (a wildcard one: every node address of its family, and loopback
-/// unless `hostPortsOnLoopback` is false or the node's own sockets are not translated,
-/// `node_sockets`). An IPv6 wildcard listener is taken as dual-stack.
-fn takes(e: &PortEntry, l: &Listener, node_addrs: &[IpAddr], node_sockets: bool) -> bool {
+/// unless `hostPortsOnLoopback` is false). An IPv6 wildcard listener is taken as dual-stack.
+fn takes(e: &PortEntry, l: &Listener, node_addrs: &[IpAddr]) -> bool {
     if l.port != e.host_port || l.protocol != e.protocol {
         return false;
     }
@@ -422,35 +421,28 @@ fn takes(e: &PortEntry, l: &Listener, node_addrs: &[IpAddr], node_sockets: bool)
     }
     match e.host {
         Some(h) => h == l.addr,
-        None if l.addr.is_loopback() => e.loopback && node_sockets,
+        None if l.addr.is_loopback() => e.loopback,
         None => node_addrs.contains(&l.addr),
     }
 }
 
 /// One line per node listener whose traffic the pod's mappings take, for the operator.
-/// `node_sockets`: the node's own connections are translated too (kernel 5.14+).
 pub fn taken_listeners(
     entries: &[PortEntry],
     listeners: &[Listener],
     node_addrs: &[IpAddr],
-    node_sockets: bool,
 ) -> Vec<String> {
     let mut out = std::collections::BTreeSet::new();
     for e in entries {
-        for l in listeners
-            .iter()
-            .filter(|l| takes(e, l, node_addrs, node_sockets))
-        {
+        for l in listeners.iter().filter(|l| takes(e, l, node_addrs)) {
             let at = match l.addr {
                 IpAddr::V6(a) => format!("[{a}]:{}", l.port),
                 a => format!("{a}:{}", l.port),
             };
             let what = if l.addr.is_loopback() {
                 "the node's own connections to it now reach the pod (\"hostPortsOnLoopback\": false leaves loopback to the node)"
-            } else if node_sockets {
-                "what is sent to that port from outside the node, from pods and from the node itself now reaches the pod"
             } else {
-                "what is sent to that port from outside the node and from pods now reaches the pod"
+                "what is sent to that port from outside the node, from pods and from the node itself now reaches the pod"
             };
             out.insert(format!(
                 "host port {} of the pod: a process of the node already listens on {at}/{}; {what}",
@@ -467,8 +459,7 @@ pub fn warn_taken_listeners(entries: &[PortEntry], node_addrs: &[IpAddr]) {
     if entries.is_empty() {
         return;
     }
-    let node_sockets = crate::bpf::kernel::has_netns_cookie();
-    for line in taken_listeners(entries, &node_listeners(), node_addrs, node_sockets) {
+    for line in taken_listeners(entries, &node_listeners(), node_addrs) {
         crate::logging::warn_operator(&line);
     }
 }
@@ -562,22 +553,14 @@ mod tests {
             (&one, l("127.0.0.1"), false),
         ];
         for (e, listener, want) in cases {
-            assert_eq!(
-                takes(e, &listener, &[node], true),
-                want,
-                "{e:?} {listener:?}"
-            );
+            assert_eq!(takes(e, &listener, &[node]), want, "{e:?} {listener:?}");
         }
-        assert!(
-            !takes(&wild4, &l("127.0.0.53"), &[node], false),
-            "without socket programs the node's loopback stays its own"
-        );
         let tcp = Listener {
             protocol: Protocol::Tcp,
             ..l("0.0.0.0")
         };
-        assert!(!takes(&wild4, &tcp, &[node], true), "another protocol");
-        let lines = taken_listeners(&[wild4], &[l("127.0.0.53"), l("10.1.1.1")], &[node], true);
+        assert!(!takes(&wild4, &tcp, &[node]), "another protocol");
+        let lines = taken_listeners(&[wild4], &[l("127.0.0.53"), l("10.1.1.1")], &[node]);
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
             lines[0].contains("127.0.0.53:53/udp") && lines[0].contains("hostPortsOnLoopback"),

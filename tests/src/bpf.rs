@@ -232,9 +232,9 @@ pub fn kernel_version() -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-/// `getsockopt(SO_NETNS_COOKIE)` (5.14+). Without it ebpf-cni cannot tell the node's
-/// sockets from other namespaces', so it attaches no socket programs: the node's own
-/// processes reach host ports only through the stack (docs/kernels.md, "Kernel requirements").
+/// `getsockopt(SO_NETNS_COOKIE)` (5.14+). Without it ebpf-cni learns the node's namespace
+/// cookie through a probe of its `connect4` program instead; `inspect` names which
+/// (docs/kernels.md, "Kernel requirements").
 pub fn kernel_has_so_netns_cookie() -> bool {
     const SO_NETNS_COOKIE: libc::c_int = 71;
     let Ok(sock) = std::net::UdpSocket::bind("127.0.0.1:0") else {

@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ebpf_cni_tests::bpf::kernel_has_so_netns_cookie;
 use ebpf_cni_tests::config::NETWORK;
 use ebpf_cni_tests::external::{kernel_has_link_kind, ExternalHost, ExternalHostBuilder};
 use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, unmap, PodServer};
@@ -638,8 +637,8 @@ fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
 /// while the port has a new owner. DEL closes them (sock_diag `SOCK_DESTROY`): the next
 /// call fails at once (TCP: `ECONNABORTED`; UDP: the socket is no longer connected), and
 /// a socket connected again reaches the new owner.
-/// Unconnected sockets are translated at each `sendmsg()` and need nothing. Before kernel
-/// 5.14 the node's own connections are never translated, so there is nothing to close.
+/// Unconnected sockets are translated at each `sendmsg()` and need nothing. The same on
+/// every kernel (before 5.14 the socket programs learn the node's namespace by a probe).
 #[test]
 fn the_nodes_connected_sockets_to_a_deleted_pod_are_closed() {
     require_root();
@@ -661,14 +660,6 @@ fn the_nodes_connected_sockets_to_a_deleted_pod_are_closed() {
     let _old_server = TaggedUdp::start(&old_ns, 53, "old");
     let old = add_mapped(&p, &node, &l, old_ns, mappings.clone(), None);
     let target = sa(Ipv4Addr::LOCALHOST, 5359);
-    if !kernel_has_so_netns_cookie() {
-        let r = udp_ask(node.netns(), target);
-        assert!(
-            r.is_err(),
-            "before 5.14 the node's socket is not translated: {r:?}"
-        );
-        return;
-    }
     // A TCP connection of the node to the old pod, idle (the pod listens; it never answers).
     let tcp_server = old
         ._netns
@@ -835,15 +826,14 @@ fn with_mappings(conf: &Value, mappings: &Value) -> String {
 /// ADD does not warn about loopback but still about a process listening on `0.0.0.0`
 /// (5357), whose traffic the mapping takes; CHECK holds with the same config and fails (105)
 /// with the other value, whose pinned mapping differs; `inspect` shows it; an invalid value
-/// is refused with code 7 naming the key. Before kernel 5.14 the node's own connections are
-/// never translated: loopback stays the node's either way, and ADD does not warn about it.
+/// is refused with code 7 naming the key. The same on every kernel (before 5.14 the socket
+/// programs learn the node's namespace by a probe).
 #[test]
 fn host_ports_take_loopback_unless_the_network_says_not_to() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let ext = ExternalHost::attach(node.netns(), "uplink0", 43).unwrap();
-    let sockets = kernel_has_so_netns_cookie();
     let lo4 = sa(Ipv4Addr::LOCALHOST, 5356);
     let lo6 = sa(Ipv6Addr::LOCALHOST, 5356);
     let _resolver = NodeListener::start(node.netns(), &[lo4, lo6], "node");
@@ -879,24 +869,22 @@ fn host_ports_take_loopback_unless_the_network_says_not_to() {
     let cid = unique_container_id();
     let out = run(&default, CniCommand::Add, &cid, &pod);
     out.expect_success("ADD");
-    let want = if sockets { "pod" } else { "node" };
     for target in [lo4, lo6] {
         assert_eq!(
             who_answers(node.netns(), target),
-            (want.into(), want.into()),
+            ("pod".into(), "pod".into()),
             "default, the node's own connection to {target}"
         );
     }
     for at in ["127.0.0.1:5356/tcp", "127.0.0.1:5356/udp", "[::1]:5356/tcp"] {
-        assert_eq!(
+        assert!(
             warned(&out.stderr, at),
-            sockets,
-            "ADD warns about the node's listener on {at} (loopback taken: {sockets}):\n{}",
+            "ADD warns about the node's listener on {at} (loopback taken):\n{}",
             out.stderr
         );
     }
     assert!(
-        !sockets || out.stderr.contains("hostPortsOnLoopback"),
+        out.stderr.contains("hostPortsOnLoopback"),
         "the warning names the key: {}",
         out.stderr
     );
@@ -923,10 +911,9 @@ fn host_ports_take_loopback_unless_the_network_says_not_to() {
     );
     assert!(warned(&out.stderr, "0.0.0.0:5357/udp"), "{}", out.stderr);
     let node4 = sa(ext.node_v4, 5356);
-    let node_own = if sockets { "pod" } else { "error" };
     let (tcp, udp) = who_answers(node.netns(), node4);
     assert!(
-        tcp.starts_with(node_own) && udp.starts_with(node_own),
+        tcp.starts_with("pod") && udp.starts_with("pod"),
         "the node's own connection to its address {node4}: {tcp} / {udp}"
     );
     assert_eq!(

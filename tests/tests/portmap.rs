@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use ebpf_cni_tests::bpf;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
@@ -122,26 +121,14 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
         ("hairpin IPv4", &a.netns, sa(node4, 8080)),
         ("hairpin IPv6", &a.netns, sa(node6, 8080)),
     ];
-    // Without SO_NETNS_COOKIE (before 5.14) no socket program runs, and the node's own
-    // connections (2.) meet nothing listening on the host port: refused, never another
-    // pod's answer.
-    let sockets = bpf::kernel_has_so_netns_cookie();
-    let (cases, node_cases): (Vec<_>, Vec<_>) = cases
-        .into_iter()
-        .partition(|(what, _, _)| sockets || !what.starts_with("node -> "));
+    // 2. is served on every kernel: before 5.14 (no SO_NETNS_COOKIE) the socket programs
+    // learn the node's namespace through a probe of their own.
     let failures = ask_each(&cases, "podA");
     assert!(
         failures.is_empty(),
         "issue 4 paths through hostPort 8080 failed:\n{}",
         failures.join("\n")
     );
-    for (what, from, to) in &node_cases {
-        let got = tcp_ask(from, *to);
-        assert!(
-            got.is_err(),
-            "{what}: without SO_NETNS_COOKIE the node's own connection is not translated, yet it got {got:?}"
-        );
-    }
 
     // The pod sees real clients (no masquerade) except for the hairpin, whose source must
     // be rewritten for the pod's stack to accept it.
@@ -165,7 +152,7 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
         .unwrap_or_else(|| panic!("inspect lists 0.0.0.0:8080/tcp: {report:#}"));
     assert_eq!(tcp4["pod"], format!("{}:80", a.v4()));
     assert!(tcp4["packets"].as_u64().unwrap() > 0, "{tcp4}");
-    assert_eq!(tcp4["socket"].as_u64().unwrap() > 0, sockets, "{tcp4}");
+    assert!(tcp4["socket"].as_u64().unwrap() > 0, "{tcp4}");
     assert_eq!(maps.len(), 4, "tcp+udp x v4+v6: {report:#}");
     assert_eq!(
         before,
@@ -189,17 +176,11 @@ fn socket_translation_is_scoped_to_the_node_namespace() {
         json!([{"hostPort": 8081, "containerPort": 80}]),
     );
     let _server = PodServer::start(&a.netns, 80, "podA");
-    let own = tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8081));
-    if bpf::kernel_has_so_netns_cookie() {
-        assert_eq!(
-            tag_of(&own.unwrap()),
-            "podA",
-            "control: the node's own 127.0.0.1:8081 reaches the pod"
-        );
-    } else {
-        // No socket programs without SO_NETNS_COOKIE (before 5.14): nothing translates.
-        assert!(own.is_err(), "no socket translation before 5.14: {own:?}");
-    }
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8081)).unwrap()),
+        "podA",
+        "control: the node's own 127.0.0.1:8081 reaches the pod"
+    );
     let other = node.new_pod().unwrap();
     let _local = PodServer::start(&other, 8081, "local");
     assert_eq!(
@@ -207,6 +188,41 @@ fn socket_translation_is_scoped_to_the_node_namespace() {
         "local",
         "another namespace's 127.0.0.1:8081 must not be redirected to the node's pod"
     );
+}
+
+/// Two nodes on one machine, each with a pod on host port 8082: both nodes' socket programs
+/// run for every socket of the machine (one cgroup v2 root), yet each node's own
+/// `127.0.0.1:8082` and `[::1]:8082` reach its own pod, never the other node's. On a kernel
+/// without `SO_NETNS_COOKIE` (before 5.14) this is what proves each node learned its own
+/// namespace's cookie from its probe: a cookie learned from the wrong namespace would send
+/// one node's connections to the other's pod, or leave them untranslated (refused).
+#[test]
+fn each_node_of_a_machine_reaches_its_own_pod_through_loopback() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let nodes = [Node::new().unwrap(), Node::new().unwrap()];
+    let mut keep = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let l = list(&p, node);
+        let pod = add(
+            &p,
+            node,
+            &l,
+            json!([{"hostPort": 8082, "containerPort": 80}]),
+        );
+        let server = PodServer::start(&pod.netns, 80, &format!("pod{i}"));
+        keep.push((server, pod));
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        for to in [sa(Ipv4Addr::LOCALHOST, 8082), sa(Ipv6Addr::LOCALHOST, 8082)] {
+            let got = tcp_ask(node.netns(), to);
+            assert_eq!(
+                got.as_deref().map(tag_of).ok(),
+                Some(format!("pod{i}").as_str()),
+                "node {i}'s own connection to {to}: {got:?}"
+            );
+        }
+    }
 }
 
 /// A mapping on one host address answers there only.

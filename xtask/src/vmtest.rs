@@ -91,6 +91,7 @@ const PLAN: &[Suite] = &[
         only: &[
             "every_path_reaches_the_pod_and_replies_come_from_the_dialled_address",
             "socket_translation_is_scoped_to_the_node_namespace",
+            "each_node_of_a_machine_reaches_its_own_pod_through_loopback",
             "del_without_port_mappings_cleans_up_and_check_sees_tampering",
         ],
     },

@@ -324,6 +324,13 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("failed to learn the node network namespace's cookie through ecni_connect4 (no SO_NETNS_COOKIE before Linux 5.14): {step}")]
+    NetnsProbe {
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("failed to find or open the cgroup v2 root at {path}")]
     Cgroup {
         path: PathBuf,

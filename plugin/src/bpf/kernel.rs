@@ -4,10 +4,10 @@
 //! STATUS fail naming what is missing, before any program reaches the verifier. Newer
 //! features degrade one part each, never the rest:
 //! - TCX (6.6): without it every program is a netlink `bpf` filter on a `clsact` qdisc;
-//! - `SO_NETNS_COOKIE` (5.14): without it the node's own processes reach host ports only
-//!   through the stack (no socket-level translation: the socket programs must know the
-//!   node's namespace by its cookie), while clients outside the node and pods are served
-//!   by the TC programs as everywhere;
+//! - `SO_NETNS_COOKIE` (5.14): without it the socket programs, which must know the node's
+//!   namespace by its cookie, learn it from a probe through `ecni_connect4` (see
+//!   `cookie.rs`): nothing degrades, the node's own processes reach host ports as on newer
+//!   kernels;
 //! - `bpf_get_netns_cookie` in sock_ops programs (5.15): without it the pacing program does
 //!   not load, and a pod's egress limit is held by the policer alone (TCP from the pod
 //!   then runs below its limit).
@@ -108,12 +108,15 @@ pub fn require_for(forced_tcx: bool) -> Result<(), BpfError> {
 }
 
 /// `getsockopt(SO_NETNS_COOKIE)` (5.14+), probed once per process on a socket of the
-/// calling thread's namespace: every namespace of a kernel answers alike.
+/// calling thread's namespace: every namespace of a kernel answers alike. Without it the
+/// node's cookie is learned through a probe (`cookie::node_netns_cookie`). A release below
+/// 5.14 given through the test hook counts as without.
 pub fn has_netns_cookie() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(
-        || !matches!(socket_netns_cookie(), Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT)),
-    )
+    *HAS.get_or_init(|| {
+        version() >= (5, 14)
+            && !matches!(socket_netns_cookie(), Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT))
+    })
 }
 
 /// The cookie of the calling thread's network namespace, from an unbound socket opened
@@ -172,11 +175,11 @@ pub fn part_modes(pacing_loaded: bool) -> Vec<PartMode> {
         PartMode {
             part: "host ports from the node's own processes",
             mode: if cookie {
-                "socket programs (connect/sendmsg)".into()
+                "socket programs (connect/sendmsg), node namespace by SO_NETNS_COOKIE".into()
             } else {
-                "through the stack only (no SO_NETNS_COOKIE: needs 5.14)".into()
+                "socket programs (connect/sendmsg), node namespace learned through connect4 (no SO_NETNS_COOKIE before 5.14)".into()
             },
-            degraded: !cookie,
+            degraded: false,
         },
         PartMode {
             part: "egress TCP pacing",

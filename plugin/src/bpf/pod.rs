@@ -105,15 +105,10 @@ fn add_ports(
 ) -> Result<(), BpfError> {
     let mut pm = PortMaps::open(root, node)?;
     pm.ensure_free(id, entries)?;
-    // Without SO_NETNS_COOKIE the socket programs cannot tell the node's sockets from any
-    // other namespace's: they stay off, and the node's own processes reach host ports
-    // through the stack (the TC programs serve everyone else as always).
-    let cookie = if kernel::has_netns_cookie() {
-        cgroup::ensure_sock_links(root, node)?;
-        cookie::netns_cookie()?
-    } else {
-        0
-    };
+    // Attached first: without SO_NETNS_COOKIE (before 5.14) `ecni_connect4` itself tells
+    // the node's cookie. Until the config holds it, the programs act on no socket.
+    cgroup::ensure_sock_links(root, node)?;
+    let cookie = cookie::node_netns_cookie(root, node, pm.netns_cookie())?;
     pm.enable(cookie)?;
     pm.sync_node_addrs(node_addrs)?;
     // The list first: whatever happens next, DEL finds what to remove.
@@ -552,7 +547,9 @@ pub fn check_pod(
                 mapping: "(node switch: port mappings are turned off in ECNI_CONFIG)".to_owned(),
             });
         }
-        if kernel::has_netns_cookie() {
+        // A node whose mappings an older build installed on a kernel without SO_NETNS_COOKIE
+        // has no cookie and no socket programs until its next ADD with mappings.
+        if pm.netns_cookie() != 0 {
             cgroup::check_sock_links(&root, node)?;
         }
     }

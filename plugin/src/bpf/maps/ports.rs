@@ -269,6 +269,13 @@ impl PortMaps {
             .map_err(update_err(CONFIG_MAP, "enable port mappings".to_owned()))
     }
 
+    /// The node's netns cookie as the socket programs have it (0: none yet, e.g. a node whose
+    /// mappings an older build installed on a kernel without `SO_NETNS_COOKIE`, which
+    /// attached no socket programs).
+    pub fn netns_cookie(&self) -> u64 {
+        self.config.get(&0, 0).map_or(0, |c| c.netns_cookie)
+    }
+
     pub fn enabled(&self) -> bool {
         self.config
             .get(&0, 0)
