@@ -247,6 +247,7 @@ fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
         "ECNI_NODE_ADDR",
         "ECNI_CONFIG",
         "ECNI_PACING",
+        "ECNI_NS_PROBE",
     ] {
         let used = one(&before, "ebpf_cni_map_entries", &[("map", map)]);
         let max = one(&before, "ebpf_cni_map_max_entries", &[("map", map)]);
