@@ -25,7 +25,7 @@ const MINIMUM_NEEDS: &str = "bpf_redirect_peer and bpf_redirect_neigh";
 
 /// Test hook: the kernel release to act on instead of `uname -r`, so the tests can show
 /// what a node with an older kernel gets without booting one (e.g. `5.4.0`, below the
-/// minimum, which no VM of the matrix runs). Only the decisions above read it.
+/// minimum, which no VM of the matrix runs). Only this module's decisions read it.
 const RELEASE_ENV: &str = "EBPF_CNI_TEST_KERNEL_RELEASE";
 
 /// `uname -r` (or [`RELEASE_ENV`]).
