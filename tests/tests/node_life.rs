@@ -123,6 +123,27 @@ impl BootedNode {
             .collect()
     }
 
+    /// Waits (up to 10 s) until the node has `count` host veths of ebpf-cni's.
+    fn wait_for_host_veths(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let veths: Vec<String> = ebpf_cni_tests::kernel::links(self.node.netns())
+                .unwrap()
+                .into_iter()
+                .map(|l| l.ifname)
+                .filter(|n| n.starts_with("ecni"))
+                .collect();
+            if veths.len() == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node still has host veths {veths:?}, {count} expected"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// What a hard reboot does to the node's eBPF state: bpffs comes back empty.
     fn empty_pin_tree(&self) {
         fsutil::remove_tree(self.node.pin_root()).unwrap();
@@ -159,6 +180,10 @@ fn the_first_add_after_a_reboot_reclaims_only_our_dead_pods_leases() {
     for p in dead_pods {
         p.delete().unwrap();
     }
+    // A deleted namespace's veths go in the kernel's deferred namespace clean-up, so they
+    // may outlive `delete` for a moment (seen on a loaded machine); after a reboot none is
+    // left: wait until only the live pod's host veth remains.
+    n.wait_for_host_veths(1);
     n.empty_pin_tree();
     n.boot("boot-2");
 
