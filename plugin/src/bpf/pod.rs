@@ -26,6 +26,9 @@ pub struct PodSpec<'a> {
     pub endpoints: &'a [PodEndpoint],
     /// `None`: no rate limits.
     pub limits: Option<RateLimit>,
+    /// The `unshapedSubnets`/`shapedSubnets` entries of a limited pod (the rule is a flag
+    /// in `limits`).
+    pub shape_subnets: &'a [crate::bandwidth::SubnetKey],
     /// Host port mappings to install.
     pub ports: &'a [PortEntry],
     /// The node's addresses (wildcard host ports answer on each); used when `ports` is not
@@ -139,6 +142,7 @@ pub fn add_pod(
         host_ifindex,
         endpoints,
         limits,
+        shape_subnets,
         ports: port_entries,
         node_addrs,
         chained,
@@ -194,9 +198,15 @@ pub fn add_pod(
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
         fq_created = queue::prepare(host_ifindex, &mut limits, &pod_name)?;
         maps.set_limits(host_ifindex, limits)?;
+        maps.set_shape_subnets(host_ifindex, shape_subnets)?;
         if let Some(rate) = pacing_rate(limits) {
             if netns_cookie != 0 && Programs::pacing_available(&root, node) {
-                maps.set_pacing(netns_cookie, key.id(), rate)?;
+                let shape_ifindex = if shape_subnets.is_empty() {
+                    0
+                } else {
+                    host_ifindex
+                };
+                maps.set_pacing(netns_cookie, key.id(), rate, shape_ifindex)?;
                 cgroup::ensure_pacing_link(&root, node)?;
             } else {
                 log::warn!(
@@ -495,6 +505,7 @@ pub fn check_pod(
         host_ifindex,
         endpoints,
         limits,
+        shape_subnets,
         ports: port_entries,
         chained,
         netns_cookie,
@@ -526,6 +537,7 @@ pub fn check_pod(
             .check(spec)?;
     }
     maps.check_limits(host_ifindex, limits)?;
+    maps.check_shape_subnets(host_ifindex, shape_subnets)?;
     queue::check(host_ifindex, maps.limits(host_ifindex))?;
     // As ADD decided: no pacing where the kernel refused the program.
     let pacing = pacing_rate(limits)
