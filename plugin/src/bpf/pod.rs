@@ -201,6 +201,7 @@ pub fn add_pod(
         maps.set_shape_subnets(host_ifindex, shape_subnets)?;
         if let Some(rate) = pacing_rate(limits) {
             if netns_cookie != 0 && Programs::pacing_available(&root, node) {
+                // The sockops program looks up a pod with subnets by its host veth.
                 let shape_ifindex = if shape_subnets.is_empty() {
                     0
                 } else {
@@ -542,7 +543,12 @@ pub fn check_pod(
     // As ADD decided: no pacing where the kernel refused the program.
     let pacing = pacing_rate(limits)
         .filter(|_| netns_cookie != 0 && Programs::pacing_available(&root, node));
-    maps.check_pacing(netns_cookie, key.id(), pacing)?;
+    let shape_ifindex = if shape_subnets.is_empty() {
+        0
+    } else {
+        host_ifindex
+    };
+    maps.check_pacing(netns_cookie, key.id(), pacing.map(|r| (r, shape_ifindex)))?;
     if pacing.is_some() {
         cgroup::check_pacing_link(&root, node)?;
     }

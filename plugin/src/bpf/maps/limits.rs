@@ -79,21 +79,26 @@ impl Maps {
         Ok(())
     }
 
-    /// CHECK: the pod's namespace has exactly the expected pacing (or none).
+    /// CHECK: the pod's namespace has exactly the expected pacing (or none): the rate and
+    /// the host ifindex of a pod with subnets (0 without).
     pub fn check_pacing(
         &self,
         cookie: u64,
         attachment_id: u64,
-        expected: Option<u32>,
+        expected: Option<(u32, u32)>,
     ) -> Result<(), BpfError> {
         let actual = self
             .pacing
             .as_ref()
             .and_then(|m| m.get(&cookie, 0).ok())
             .filter(|v| v.attachment_id == attachment_id)
-            .map(|v| v.rate_bytes);
+            .map(|v| (v.rate_bytes, v.shape_ifindex));
         if actual != expected {
-            let show = |r: Option<u32>| r.map_or("none".to_owned(), |r| format!("{r} B/s"));
+            let show = |r: Option<(u32, u32)>| match r {
+                None => "none".to_owned(),
+                Some((r, 0)) => format!("{r} B/s"),
+                Some((r, i)) => format!("{r} B/s, subnets of ifindex {i}"),
+            };
             return Err(BpfError::PacingStale {
                 actual: show(actual),
                 expected: show(expected),
