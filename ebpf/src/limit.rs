@@ -20,19 +20,27 @@
 //!   rate holds, since every packet is charged and none may push the clock past the
 //!   horizon.
 //!
+//! A pod with `unshapedSubnets` or `shapedSubnets` has a flag in its buckets' `mode`; only
+//! then is the packet's remote address (towards the pod: the source; from it: the
+//! destination) looked up in `ECNI_SHAPE_NET` under the pod's host veth, and a packet the
+//! subnets exempt passes unlimited and uncharged. Other pods pay nothing for this.
+//!
 //! Updates from two CPUs may race; the error is a few packets' worth of tokens or time, not
 //! a leak.
 
 use aya_ebpf::{
     helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns},
     macros::map,
-    maps::LruHashMap,
+    maps::{lpm_trie::Key, LruHashMap},
     programs::TcContext,
 };
-use ebpf_cni_maps::{edt_horizon_ns, Bucket, PaceFlowKey, LIMIT_EDT, MAX_PACE_FLOWS};
+use ebpf_cni_maps::{
+    edt_horizon_ns, Bucket, PaceFlowKey, ShapeSubnetKey, LIMIT_EDT, LIMIT_MODE_MASK,
+    LIMIT_SUBNETS_SHAPED, LIMIT_SUBNETS_UNSHAPED, MAX_PACE_FLOWS,
+};
 
 use crate::{
-    maps::ECNI_RATES,
+    maps::{ECNI_RATES, ECNI_SHAPE_NET},
     packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
 };
 
@@ -76,11 +84,83 @@ fn bucket(ifindex: u32, way: Way) -> Option<&'static mut Bucket> {
     (b.rate_bytes != 0).then_some(b)
 }
 
+/// Whether the packet is exempt from the limit `b` of the pod behind `ifindex` by the pod's
+/// `unshapedSubnets` (its remote address is in one) or `shapedSubnets` (it is in none). A
+/// packet that is not IP matches no subnet, as the reference's u32 filters match none.
+#[inline(always)]
+fn exempt(ctx: &TcContext, ifindex: u32, way: Way, b: &Bucket) -> bool {
+    let flags = b.mode & (LIMIT_SUBNETS_UNSHAPED | LIMIT_SUBNETS_SHAPED);
+    if flags == 0 {
+        return false;
+    }
+    exempt_addr(ifindex, flags, remote(ctx, way))
+}
+
+/// Whether the subnets of the pod behind `ifindex` (`flags`: its bucket's subnet flags,
+/// not 0) exempt remote address `addr` (`None`: not IP, in no subnet).
+#[inline(always)]
+fn exempt_addr(ifindex: u32, flags: u32, addr: Option<[u8; 16]>) -> bool {
+    let hit = addr.is_some_and(|addr| {
+        let key = Key::new(32 + 128, ShapeSubnetKey { ifindex, addr });
+        ECNI_SHAPE_NET.get(&key).is_some()
+    });
+    if flags & LIMIT_SUBNETS_UNSHAPED != 0 {
+        hit
+    } else {
+        !hit
+    }
+}
+
+/// For TCP pacing: whether the egress limit of the pod behind `ifindex` does not apply to
+/// a connection with peer `addr` (IPv4 mapped into IPv6), by the pod's subnets.
+#[inline(always)]
+pub fn egress_exempts(ifindex: u32, addr: [u8; 16]) -> bool {
+    let Some(b) = bucket(ifindex, Way::Egress) else {
+        return false;
+    };
+    let flags = b.mode & (LIMIT_SUBNETS_UNSHAPED | LIMIT_SUBNETS_SHAPED);
+    flags != 0 && exempt_addr(ifindex, flags, Some(addr))
+}
+
+/// The packet's remote address, IPv4 mapped into IPv6: the source of a packet towards the
+/// pod, the destination of one from it.
+#[inline(always)]
+fn remote(ctx: &TcContext, way: Way) -> Option<[u8; 16]> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    match u16::from_be_bytes(unsafe { (*eth).proto }) {
+        ETH_P_IP => {
+            let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            let a = unsafe {
+                match way {
+                    Way::Ingress => (*ip).saddr,
+                    Way::Egress => (*ip).daddr,
+                }
+            };
+            Some([
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+            ])
+        }
+        ETH_P_IPV6 => {
+            let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
+            // SAFETY: bounds checked by `ptr_at`.
+            Some(unsafe {
+                match way {
+                    Way::Ingress => (*ip).saddr,
+                    Way::Egress => (*ip).daddr,
+                }
+            })
+        }
+        _ => None,
+    }
+}
+
 /// Whether traffic towards the pod behind `ifindex` is paced: it must then be delivered
 /// through the host veth's egress (its `fq`), not straight into the pod.
 #[inline(always)]
 pub fn paced(ifindex: u32) -> bool {
-    bucket(ifindex, Way::Ingress).is_some_and(|b| b.mode == LIMIT_EDT)
+    bucket(ifindex, Way::Ingress).is_some_and(|b| b.mode & LIMIT_MODE_MASK == LIMIT_EDT)
 }
 
 /// Applies the limit of the pod behind host veth `ifindex` in direction `way` by policing;
@@ -90,7 +170,7 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
     let Some(b) = bucket(ifindex, way) else {
         return Verdict::Pass;
     };
-    if b.mode == LIMIT_EDT {
+    if b.mode & LIMIT_MODE_MASK == LIMIT_EDT || exempt(ctx, ifindex, way, b) {
         return Verdict::Pass;
     }
     // SAFETY: plain helper call.
@@ -122,8 +202,14 @@ pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
     let Some(b) = bucket(ifindex, Way::Ingress) else {
         return Verdict::Pass;
     };
-    if b.mode != LIMIT_EDT {
+    if b.mode & LIMIT_MODE_MASK != LIMIT_EDT {
         return police(ctx, ifindex, Way::Ingress);
+    }
+    if exempt(ctx, ifindex, Way::Ingress, b) {
+        // Leaves now, uncharged; a receive timestamp would look like the far future to fq.
+        // SAFETY: tc programs may write `tstamp` of their own context.
+        unsafe { (*ctx.skb.skb).tstamp = 0 };
+        return Verdict::Pass;
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };

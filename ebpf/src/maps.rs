@@ -4,12 +4,13 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuHashMap},
 };
 use ebpf_cni_maps::{
     str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
-    PodCounters, PortHits, PortKey, PortTarget, RateLimit, SockKey, SockOrig, MAX_ENDPOINTS,
-    MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, NODE_FLAG_PORTMAP,
+    PodCounters, PortHits, PortKey, PortTarget, RateLimit, ShapeSubnetKey, SockKey, SockOrig,
+    MAX_ENDPOINTS, MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS,
+    NODE_FLAG_PORTMAP,
 };
 
 #[map]
@@ -28,6 +29,11 @@ pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static ECNI_RATES: HashMap<u32, RateLimit> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+
+/// The subnets of limited pods' `unshapedSubnets` / `shapedSubnets` (see `limit.rs`).
+#[map]
+pub static ECNI_SHAPE_NET: LpmTrie<ShapeSubnetKey, u32> =
+    LpmTrie::with_max_entries(MAX_SHAPE_SUBNETS, 0);
 
 #[map]
 pub static ECNI_PORTMAP: HashMap<PortKey, PortTarget> =
@@ -163,6 +169,10 @@ pub fn count_hit(key: &PortKey, len: u32, socket: bool) {
 const _: () = assert!(str_eq(
     ebpf_cni_maps::RATE_LIMITS_MAP,
     stringify!(ECNI_RATES)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::SHAPE_SUBNETS_MAP,
+    stringify!(ECNI_SHAPE_NET)
 ));
 
 const _: () = assert!(str_eq(

@@ -42,6 +42,11 @@ pub const PACING_MAP: &str = "ECNI_PACING";
 /// cookie on a kernel without `SO_NETNS_COOKIE` (before 5.14). `ecni_connect4` records the
 /// cookie of one armed socket's namespace there.
 pub const NS_PROBE_MAP: &str = "ECNI_NS_PROBE";
+/// Node-wide LPM trie of the subnets a limited pod's `unshapedSubnets` / `shapedSubnets`
+/// name: [`ShapeSubnetKey`] (host veth ifindex, then a 16-byte address, IPv4 mapped into
+/// IPv6) → `u32` (unused, 1). The programs look here only for a pod whose limit carries
+/// [`LIMIT_SUBNETS_UNSHAPED`] or [`LIMIT_SUBNETS_SHAPED`].
+pub const SHAPE_SUBNETS_MAP: &str = "ECNI_SHAPE_NET";
 /// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeMap {
@@ -63,7 +68,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 17] = [
+pub const NODE_MAPS: [NodeMap; 18] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -81,6 +86,7 @@ pub const NODE_MAPS: [NodeMap; 17] = [
     NodeMap::keyed(MASQ_SRC_MAP),
     NodeMap::array(MASQ_STATS_MAP),
     NodeMap::array(NS_PROBE_MAP),
+    NodeMap::keyed(SHAPE_SUBNETS_MAP),
 ];
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
@@ -391,6 +397,31 @@ pub const LIMIT_POLICE_FOREIGN_QDISC: u32 = 3;
 /// `ecni_to_pod` stamps each with its departure time (EDT) and the veth's `fq` qdisc
 /// releases it then. Packets whose departure lies beyond the horizon are dropped.
 pub const LIMIT_EDT: u32 = 1;
+/// The bits of [`Bucket::mode`] that hold the `LIMIT_*` mode; the bits above are flags.
+pub const LIMIT_MODE_MASK: u32 = 0xff;
+/// [`Bucket::mode`] flag: packets whose remote address (towards the pod: the source; from
+/// the pod: the destination) is in one of the pod's [`SHAPE_SUBNETS_MAP`] subnets are not
+/// limited (`unshapedSubnets`).
+pub const LIMIT_SUBNETS_UNSHAPED: u32 = 1 << 8;
+/// [`Bucket::mode`] flag: only packets whose remote address is in one of the pod's
+/// [`SHAPE_SUBNETS_MAP`] subnets are limited (`shapedSubnets`).
+pub const LIMIT_SUBNETS_SHAPED: u32 = 1 << 9;
+/// Capacity of [`SHAPE_SUBNETS_MAP`], for the whole node.
+pub const MAX_SHAPE_SUBNETS: u32 = 16_384;
+
+/// The data of a [`SHAPE_SUBNETS_MAP`] key (after the LPM prefix length): the pod's host
+/// veth ifindex, always matched whole (its 32 bits count in the prefix length), then the
+/// address, IPv4 mapped into IPv6 (`::ffff:a.b.c.d`, the prefix counting the 96 bits
+/// before it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ShapeSubnetKey {
+    pub ifindex: u32,
+    pub addr: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<ShapeSubnetKey>() == 20);
+
 /// Root qdisc handle (`ecf0:`) of the `fq` ebpf-cni adds to a paced pod's host veth: how
 /// CHECK and DEL tell it from one another plugin or the operator added.
 pub const EDT_QDISC_HANDLE: u32 = 0xecf0_0000;
@@ -566,7 +597,10 @@ pub struct Pacing {
     /// `SO_MAX_PACING_RATE` for the pod's TCP sockets, bytes per second (the socket option
     /// takes 32 bits: at most 4 GB/s).
     pub rate_bytes: u32,
-    pub _pad: u32,
+    /// The pod's host veth ifindex when its limits have `unshapedSubnets`/`shapedSubnets`
+    /// (a socket whose peer they exempt is not paced), else 0. Releases before them had
+    /// padding here, always 0.
+    pub shape_ifindex: u32,
     /// The attachment it belongs to (DEL finds the entry by it, without the pod's netns).
     pub attachment_id: u64,
 }
@@ -696,6 +730,7 @@ plain_old_data!(
     DirCounters,
     PodCounters,
     RateLimit,
+    ShapeSubnetKey,
     PortKey,
     PortTarget,
     PortHits,
@@ -737,6 +772,7 @@ const _: () = assert!(fits_bpf_obj_name(PROG_SOCKOPS));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FWD_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_REV_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_SKIP_MAP));
+const _: () = assert!(fits_bpf_obj_name(SHAPE_SUBNETS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));

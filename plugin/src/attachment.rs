@@ -83,6 +83,8 @@ pub struct PodAddr {
 pub struct Wanted {
     pub endpoints: Vec<PodEndpoint>,
     pub limits: Option<ebpf_cni_maps::RateLimit>,
+    /// The `unshapedSubnets`/`shapedSubnets` entries (`bandwidth::Limits::subnet_keys`).
+    pub shape_subnets: Vec<crate::bandwidth::SubnetKey>,
     pub ports: Vec<PortEntry>,
     pub netns_cookie: u64,
     pub chained: bool,
@@ -125,6 +127,7 @@ impl Wanted {
         Ok(Wanted {
             endpoints,
             limits: limits.to_map_value(),
+            shape_subnets: limits.subnet_keys(),
             ports: crate::portmap::entries(mappings, &gateways)?,
             netns_cookie: pacing_cookie(limits, pod_ns)?,
             chained,
@@ -150,6 +153,7 @@ impl Wanted {
             host_ifindex: host.index,
             endpoints: &self.endpoints,
             limits: self.limits,
+            shape_subnets: &self.shape_subnets,
             ports: &self.ports,
             node_addrs,
             chained: self.chained,

@@ -389,6 +389,9 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
                 marks(&a.from_pod)
             );
         }
+        if let Some(s) = &a.shape_subnets {
+            println!("      {:<9} {}", s.rule, s.subnets.join(", "));
+        }
         if let Some(rate) = a.tcp_pacing_bytes {
             println!("      TCP paced at {} bit/s", u64::from(rate) * 8);
         }

@@ -111,6 +111,9 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     }
     let env = cni::env::from_lookup(command, |k| std::env::var(k).ok())?;
     let conf = config::NetConf::parse(config::decode(stdin)?)?;
+    if command != Command::Del {
+        conf.refuse_unimplemented()?;
+    }
     runtime()?.block_on(async {
         match command {
             Command::Add if attachment::is_chained(&conf) => {

@@ -26,7 +26,7 @@ pub use ebpf_cni_maps::pin::{
 pub use ebpf_cni_maps::{
     CONFIG_MAP, ENDPOINTS_MAP, MASQ_FWD_MAP, MASQ_REV_MAP, PACING_MAP, POD_COUNTERS_MAP,
     PORTMAP_MAP, PROG_FROM_CHAIN, PROG_FROM_DEV, PROG_FROM_POD, PROG_TO_POD, RATE_LIMITS_MAP,
-    TRACE_MAP,
+    SHAPE_SUBNETS_MAP, TRACE_MAP,
 };
 
 /// `<node pin root>/maps/<name>`.

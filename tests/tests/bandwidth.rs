@@ -563,6 +563,144 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
     assert!(node.pinned_files().is_empty(), "{:?}", node.pinned_files());
 }
 
+/// The UDP rate the receiver gets from `client` to `server` at `addr`, sent at `times` the
+/// limit (`reverse`: from the server to the client).
+fn udp_at(client: &Netns, server: &Netns, addr: IpAddr, times: f64, reverse: bool) -> f64 {
+    let b = format!("{}", times * limit_bps());
+    let mut args = vec!["-u", "-b", b.as_str()];
+    if reverse {
+        args.push("-R");
+    }
+    iperf(client, server, addr, &args)
+}
+
+/// `unshapedSubnets` / `shapedSubnets` (the reference plugin's v1.5 keys, issue 24): a
+/// pod with `unshapedSubnets` covering host A's subnet sends to and receives from A well
+/// above its limit (UDP at 5x the limit gets through; TCP too, so its sockets are not paced
+/// for A) while traffic with host B is held to the limit in both directions; a pod with
+/// `shapedSubnets` naming A is the reverse. The static key and the runtime's
+/// `runtimeConfig.bandwidth` spelling both work. `inspect` shows the subnets, CHECK fails
+/// once an entry is removed from the subnet map, DEL removes every entry.
+#[test]
+fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let a = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
+    let b = ExternalHost::attach(node.netns(), "up1", 78).unwrap();
+    let (a_ip, b_ip) = (IpAddr::V4(a.v4), IpAddr::V4(b.v4));
+    let rates = json!({"IngressRate": limit_bps() as u64, "IngressBurst": 4294967295u64,
+                       "EgressRate": limit_bps() as u64, "EgressBurst": 4294967295u64});
+    // Static key, runtime rates (an operator's config, kubelet's per-pod rates).
+    let mut unshaped_conf = conf_with(&p, &node, Some(rates.clone()));
+    unshaped_conf["unshapedSubnets"] = json!(["192.168.77.0/24", "fd77::/64"]);
+    // All in runtimeConfig.bandwidth, containerd's capitalized spelling.
+    let mut shaped_rates = rates.clone();
+    shaped_rates["ShapedSubnets"] = json!(["192.168.77.2/32"]);
+    let shaped_conf = conf_with(&p, &node, Some(shaped_rates));
+    let unshaped = add(&p, &node, &unshaped_conf);
+    let shaped = add(&p, &node, &shaped_conf);
+
+    let limited = |what: &str, got: f64| {
+        assert!(
+            got <= 1.25 * limit_bps(),
+            "{what}: {got:.0} bit/s, limit {}",
+            limit_bps()
+        );
+    };
+    let free = |what: &str, got: f64| {
+        assert!(
+            got >= floor(3.0, 1.5) * limit_bps(),
+            "{what}: {got:.0} bit/s, not above the limit {}",
+            limit_bps()
+        );
+    };
+    for (reverse, dir) in [(false, "from"), (true, "towards")] {
+        free(
+            &format!("UDP {dir} the unshaped pod, host A (exempt)"),
+            udp_at(&unshaped.ns, a.netns(), a_ip, 5.0, reverse),
+        );
+        limited(
+            &format!("UDP {dir} the unshaped pod, host B"),
+            udp_at(&unshaped.ns, b.netns(), b_ip, 2.0, reverse),
+        );
+        limited(
+            &format!("UDP {dir} the shaped pod, host A (selected)"),
+            udp_at(&shaped.ns, a.netns(), a_ip, 2.0, reverse),
+        );
+        free(
+            &format!("UDP {dir} the shaped pod, host B"),
+            udp_at(&shaped.ns, b.netns(), b_ip, 5.0, reverse),
+        );
+    }
+    // TCP from the pod: its socket to an exempt peer is not paced at the limit.
+    free(
+        "TCP from the unshaped pod to host A",
+        iperf(&unshaped.ns, a.netns(), a_ip, &[]),
+    );
+    let tcp_b = iperf(&unshaped.ns, b.netns(), b_ip, &[]);
+    assert!(
+        tcp_b > 0.0 && tcp_b < 1.3 * limit_bps(),
+        "TCP from the unshaped pod to host B: {tcp_b:.0} bit/s"
+    );
+
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let ua = dp::inspect_attachment(&report, &unshaped.cid).unwrap();
+    assert_eq!(ua["shape_subnets"]["rule"], "unshapedSubnets", "{ua}");
+    let mut nets: Vec<&str> = ua["shape_subnets"]["subnets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    nets.sort_unstable();
+    assert_eq!(nets, ["192.168.77.0/24", "fd77::/64"], "{ua}");
+    let sa = dp::inspect_attachment(&report, &shaped.cid).unwrap();
+    assert_eq!(
+        sa["shape_subnets"],
+        json!({"rule": "shapedSubnets", "subnets": ["192.168.77.2/32"]}),
+        "{sa}"
+    );
+
+    // CHECK passes, and fails once the shaped pod's entry is gone from the subnet map.
+    let check = |pod: &Pod, conf: &Value| {
+        let mut c = conf.clone();
+        c["prevResult"] = pod.result.clone();
+        p.run(
+            &node,
+            CniCommand::Check,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            c.to_string(),
+        )
+    };
+    check(&unshaped, &unshaped_conf).expect_success("CHECK of the unshaped pod");
+    check(&shaped, &shaped_conf).expect_success("CHECK of the shaped pod");
+    let entries = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    let si = host_ifindex(&node, &shaped).to_ne_bytes();
+    let key = entries
+        .iter()
+        .map(|e| dp::hex_bytes(&e["key"]).unwrap())
+        // LPM key: prefix length (u32), then the ifindex.
+        .find(|k| k[4..8] == si)
+        .expect("the shaped pod's entry");
+    dp::delete_raw(&node, dp::SHAPE_SUBNETS_MAP, &key).unwrap();
+    let err = check(&shaped, &shaped_conf).expect_error(105, "CHECK without the subnet entry");
+    assert!(err.msg.contains("192.168.77.2/32"), "{err:?}");
+
+    for (pod, conf) in [(&unshaped, &unshaped_conf), (&shaped, &shaped_conf)] {
+        p.run(
+            &node,
+            CniCommand::Del,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            conf.to_string(),
+        )
+        .expect_success("DEL");
+    }
+    let left = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap_or_default();
+    assert!(left.is_empty(), "subnet entries left: {left:?}");
+}
+
 /// Validation as the reference plugin: rate and burst together, burst within 4 GiB; the
 /// error names the field and nothing is created.
 #[test]
@@ -581,6 +719,16 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
         (
             json!({"ingressRate": "fast", "ingressBurst": 1}),
             "ingressRate",
+        ),
+        (
+            json!({"ingressRate": 1_000_000, "ingressBurst": 1_000_000,
+                   "unshapedSubnets": ["10.0.0.0/8"], "shapedSubnets": ["fd00::/8"]}),
+            "unshapedSubnets and shapedSubnets cannot be both specified",
+        ),
+        (
+            json!({"ingressRate": 1_000_000, "ingressBurst": 1_000_000,
+                   "unshapedSubnets": ["10.0.0.0/33"]}),
+            "runtimeConfig.bandwidth.unshapedSubnets",
         ),
     ];
     for (bw, field) in cases {
@@ -604,4 +752,40 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
             .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
         assert_eq!(after, before, "{bw}: a refused ADD changed the node");
     }
+    // A key of the reference plugins that ebpf-cni does not implement (the whole table is
+    // the unit test `unimplemented_reference_keys_are_refused`): refused by ADD and CHECK,
+    // never ignored; DEL of the refused pod still succeeds.
+    let mut conf = conf_with(&p, &node, None);
+    conf["markMasqBit"] = json!(13);
+    let cid = unique_container_id();
+    let before = node.snapshot(Some(&pod));
+    for cmd in [CniCommand::Add, CniCommand::Check] {
+        let err = p
+            .run(
+                &node,
+                cmd,
+                &p.env(&cid, pod.path(), "eth0"),
+                conf.to_string(),
+            )
+            .expect_error(7, "markMasqBit");
+        assert!(
+            err.msg
+                .contains("markMasqBit is a key of the reference portmap plugin"),
+            "{err:?}"
+        );
+    }
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env(&cid, pod.path(), "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL of the refused pod");
+    let mut after = node.snapshot(Some(&pod));
+    let mut before = before;
+    for s in [&mut after, &mut before] {
+        s.data_dir_files
+            .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+    }
+    assert_eq!(after, before, "a refused ADD changed the node");
 }

@@ -570,3 +570,64 @@ fn netlink_mode_del_takes_the_filters_off_the_bridges_veth() {
         .unwrap();
     assert!(node.leases(&l.name).is_empty());
 }
+
+/// `unshapedSubnets` in ebpf-cni's entry of the chain, the rates from the `bandwidth`
+/// capability: traffic of the bridge's pod with host A (in the subnet) passes above the
+/// limit in both directions, traffic with host B is held to it; CHECK passes; DEL leaves no
+/// subnet entry.
+#[test]
+fn after_bridge_unshaped_subnets_exempt_their_traffic() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let a_host = ExternalHost::attach(node.netns(), "uplink0", 51).unwrap();
+    let b_host = ExternalHost::attach(node.netns(), "uplink1", 52).unwrap();
+    let mut bridge = p.conf("1.0.0", &node, Stack::Dual);
+    bridge["type"] = json!("bridge");
+    bridge["bridge"] = json!(BRIDGE);
+    bridge["isGateway"] = json!(true);
+    bridge["ipMasq"] = json!(false);
+    let ebpf = json!({
+        "type": p.plugin_type,
+        "capabilities": {"portMappings": true, "bandwidth": true},
+        "unshapedSubnets": ["192.168.51.0/24"],
+    });
+    let l = NetConfList::chain(&bridge, vec![ebpf]);
+    let bw = json!({"IngressRate": limit_bps(), "IngressBurst": 4294967295u64,
+                    "EgressRate": limit_bps(), "EgressBurst": 4294967295u64});
+    let pod = add(&p, &node, &l, &[("bandwidth", bw)]);
+    let limit = limit_bps() as f64;
+    for reverse in [false, true] {
+        let dir = if reverse { "towards" } else { "from" };
+        let udp = |host: &ExternalHost, times: u64| {
+            let b = format!("{}", times * limit_bps());
+            let mut args = vec!["-u", "-b", b.as_str()];
+            if reverse {
+                args.push("-R");
+            }
+            iperf(&pod.netns, host.netns(), IpAddr::V4(host.v4), &args)
+        };
+        let exempt = udp(&a_host, 5);
+        assert!(
+            exempt >= floor(3.0, 1.5) * limit,
+            "UDP {dir} the bridge's pod, host A in unshapedSubnets: {exempt:.0} bit/s"
+        );
+        let held = udp(&b_host, 2);
+        assert!(
+            held <= 1.25 * limit,
+            "UDP {dir} the bridge's pod, host B: {held:.0} bit/s"
+        );
+    }
+    p.runtime
+        .check(&node, &l, &pod.att, &pod.result)
+        .expect("CHECK of the chained pod with unshapedSubnets");
+    assert_eq!(
+        dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap().len(),
+        1
+    );
+    p.runtime
+        .del(&node, &l, &pod.att, Some(&pod.result))
+        .unwrap();
+    let left = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap_or_default();
+    assert!(left.is_empty(), "subnet entries left: {left:?}");
+}

@@ -101,6 +101,7 @@ const PLAN: &[Suite] = &[
             "limits_hold_in_both_directions_and_unlimited_pods_are_untouched",
             "tcp_from_a_limited_pod_is_paced_to_the_limit",
             "traffic_towards_a_limited_pod_is_paced_to_the_limit",
+            "subnets_exempt_or_select_the_traffic_a_limit_holds",
         ],
     },
     Suite {

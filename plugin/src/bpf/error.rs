@@ -201,6 +201,12 @@ pub enum BpfError {
     PacingQdiscMissing { ifindex: u32, found: String },
     #[error("host veth ifindex {ifindex} of a pod without an ingress limit still has ebpf-cni's fq qdisc")]
     PacingQdiscLeft { ifindex: u32 },
+    #[error("subnet map holds {actual} for host veth ifindex {ifindex}, the config's unshapedSubnets/shapedSubnets ask for {expected}")]
+    ShapeSubnetsStale {
+        ifindex: u32,
+        actual: String,
+        expected: String,
+    },
     #[error("rate limiter of host veth ifindex {ifindex} holds {actual}, the config asks for {expected}")]
     LimitMismatch {
         ifindex: u32,
@@ -387,6 +393,7 @@ impl BpfError {
             | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
             | Self::LimitMismatch { .. }
+            | Self::ShapeSubnetsStale { .. }
             | Self::PacingQdiscMissing { .. }
             | Self::PacingQdiscLeft { .. }
             | Self::EndpointStale { .. }

@@ -80,6 +80,18 @@ pub struct AttachmentReport {
     pub egress_limit: Option<LimitReport>,
     /// `SO_MAX_PACING_RATE` given to the pod's TCP sockets, bytes per second.
     pub tcp_pacing_bytes: Option<u32>,
+    /// The limits' `unshapedSubnets` or `shapedSubnets`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape_subnets: Option<ShapeSubnetsReport>,
+}
+
+/// A limited pod's `unshapedSubnets` (traffic to or from them is not limited) or
+/// `shapedSubnets` (only that traffic is).
+#[derive(Debug, Clone, Serialize)]
+pub struct ShapeSubnetsReport {
+    /// `unshapedSubnets` or `shapedSubnets`.
+    pub rule: &'static str,
+    pub subnets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -293,8 +305,8 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             (b.rate_bytes > 0).then(|| LimitReport {
                 rate_bytes: b.rate_bytes,
                 burst_bytes: u64::from(b.burst_bytes),
-                mode: queue::mode_label(b.mode),
-                horizon_ns: (b.mode == ebpf_cni_maps::LIMIT_EDT)
+                mode: queue::mode_label(b.mode & ebpf_cni_maps::LIMIT_MODE_MASK),
+                horizon_ns: (b.mode & ebpf_cni_maps::LIMIT_MODE_MASK == ebpf_cni_maps::LIMIT_EDT)
                     .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
             })
         };
@@ -307,6 +319,23 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
             tcp_pacing_bytes: pacing.get(&id).copied(),
+            shape_subnets: limits.and_then(|l| {
+                let flags = (l.ingress.mode | l.egress.mode) & !ebpf_cni_maps::LIMIT_MODE_MASK;
+                let rule = if flags & ebpf_cni_maps::LIMIT_SUBNETS_UNSHAPED != 0 {
+                    "unshapedSubnets"
+                } else if flags & ebpf_cni_maps::LIMIT_SUBNETS_SHAPED != 0 {
+                    "shapedSubnets"
+                } else {
+                    return None;
+                };
+                let subnets = host_ifindex
+                    .and_then(|i| Some(maps.as_ref()?.shape_subnets(i)))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|k| crate::bandwidth::subnet_of_key(k).to_string())
+                    .collect();
+                Some(ShapeSubnetsReport { rule, subnets })
+            }),
             network: dir.network,
             container_id: dir.container_id,
             ifname: dir.ifname,

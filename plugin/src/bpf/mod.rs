@@ -298,6 +298,7 @@ mod tests {
                 host_ifindex: 1,
                 endpoints: &[],
                 limits: None,
+                shape_subnets: &[],
                 ports: &[],
                 node_addrs: &[],
                 chained: false,

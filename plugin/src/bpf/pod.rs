@@ -26,6 +26,9 @@ pub struct PodSpec<'a> {
     pub endpoints: &'a [PodEndpoint],
     /// `None`: no rate limits.
     pub limits: Option<RateLimit>,
+    /// The `unshapedSubnets`/`shapedSubnets` entries of a limited pod (the rule is a flag
+    /// in `limits`).
+    pub shape_subnets: &'a [crate::bandwidth::SubnetKey],
     /// Host port mappings to install.
     pub ports: &'a [PortEntry],
     /// The node's addresses (wildcard host ports answer on each); used when `ports` is not
@@ -134,6 +137,7 @@ pub fn add_pod(
         host_ifindex,
         endpoints,
         limits,
+        shape_subnets,
         ports: port_entries,
         node_addrs,
         chained,
@@ -189,9 +193,16 @@ pub fn add_pod(
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
         fq_created = queue::prepare(host_ifindex, &mut limits, &pod_name)?;
         maps.set_limits(host_ifindex, limits)?;
+        maps.set_shape_subnets(host_ifindex, shape_subnets)?;
         if let Some(rate) = pacing_rate(limits) {
             if netns_cookie != 0 && Programs::pacing_available(&root, node) {
-                maps.set_pacing(netns_cookie, key.id(), rate)?;
+                // The sockops program looks up a pod with subnets by its host veth.
+                let shape_ifindex = if shape_subnets.is_empty() {
+                    0
+                } else {
+                    host_ifindex
+                };
+                maps.set_pacing(netns_cookie, key.id(), rate, shape_ifindex)?;
                 cgroup::ensure_pacing_link(&root, node)?;
             } else {
                 log::warn!(
@@ -490,6 +501,7 @@ pub fn check_pod(
         host_ifindex,
         endpoints,
         limits,
+        shape_subnets,
         ports: port_entries,
         chained,
         netns_cookie,
@@ -521,11 +533,17 @@ pub fn check_pod(
             .check(spec)?;
     }
     maps.check_limits(host_ifindex, limits)?;
+    maps.check_shape_subnets(host_ifindex, shape_subnets)?;
     queue::check(host_ifindex, maps.limits(host_ifindex))?;
     // As ADD decided: no pacing where the kernel refused the program.
     let pacing = pacing_rate(limits)
         .filter(|_| netns_cookie != 0 && Programs::pacing_available(&root, node));
-    maps.check_pacing(netns_cookie, key.id(), pacing)?;
+    let shape_ifindex = if shape_subnets.is_empty() {
+        0
+    } else {
+        host_ifindex
+    };
+    maps.check_pacing(netns_cookie, key.id(), pacing.map(|r| (r, shape_ifindex)))?;
     if pacing.is_some() {
         cgroup::check_pacing_link(&root, node)?;
     }

@@ -10,8 +10,8 @@
 //! when the pod goes: only ebpf-cni's own handle is ever removed.
 
 use ebpf_cni_maps::{
-    RateLimit, EDT_QDISC_HANDLE, LIMIT_EDT, LIMIT_POLICE, LIMIT_POLICE_FOREIGN_QDISC,
-    LIMIT_POLICE_NO_FQ,
+    RateLimit, EDT_QDISC_HANDLE, LIMIT_EDT, LIMIT_MODE_MASK, LIMIT_POLICE,
+    LIMIT_POLICE_FOREIGN_QDISC, LIMIT_POLICE_NO_FQ,
 };
 
 use super::{kernel, BpfError};
@@ -72,7 +72,8 @@ pub fn prepare(
             (LIMIT_POLICE_NO_FQ, false)
         }
     };
-    l.ingress.mode = mode;
+    // Keep the flags above the mode (`unshapedSubnets`/`shapedSubnets`).
+    l.ingress.mode = (l.ingress.mode & !LIMIT_MODE_MASK) | mode;
     Ok(created)
 }
 
@@ -96,10 +97,12 @@ pub fn check(host_ifindex: u32, actual: Option<RateLimit>) -> Result<(), BpfErro
     })?;
     let ingress = actual.map(|l| l.ingress).filter(|b| b.rate_bytes > 0);
     match ingress {
-        Some(b) if b.mode == LIMIT_EDT && kind != "fq" => Err(BpfError::PacingQdiscMissing {
-            ifindex: host_ifindex,
-            found: kind,
-        }),
+        Some(b) if b.mode & LIMIT_MODE_MASK == LIMIT_EDT && kind != "fq" => {
+            Err(BpfError::PacingQdiscMissing {
+                ifindex: host_ifindex,
+                found: kind,
+            })
+        }
         None if kind == "fq" && handle == EDT_QDISC_HANDLE => Err(BpfError::PacingQdiscLeft {
             ifindex: host_ifindex,
         }),

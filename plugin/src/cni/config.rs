@@ -57,6 +57,11 @@ pub enum ConfigError {
     NotAnIfname { index: usize, value: Value },
     #[error("{field} {value:?} is not a valid unicast MAC address")]
     InvalidMac { field: &'static str, value: String },
+    #[error("{key} is a key of the reference {plugin} plugin that ebpf-cni does not implement: remove it from the network configuration")]
+    Unimplemented {
+        key: &'static str,
+        plugin: &'static str,
+    },
 }
 
 impl ConfigError {
@@ -85,6 +90,22 @@ fn invalid(field: &'static str, value: &Value, expected: &'static str) -> Config
         expected,
     }
 }
+
+/// The plugin-config keys of the reference `portmap` and `bandwidth` plugins (which
+/// ebpf-cni stands in for) that it does not implement, with the plugin each belongs to. A
+/// config that sets one is refused (error 7 naming it) instead of being run without what
+/// it asks for. Keys runtimes add (`runtimeConfig`, `prevResult`, `args`, ...) and keys
+/// ebpf-cni implements (the bandwidth rates and subnets, `runtimeConfig.portMappings`)
+/// are not here; neither are unknown keys in general.
+pub const UNIMPLEMENTED_REFERENCE_KEYS: [(&str, &str); 7] = [
+    ("snat", "portmap"),
+    ("masqAll", "portmap"),
+    ("markMasqBit", "portmap"),
+    ("externalSetMarkChain", "portmap"),
+    ("conditionsV4", "portmap"),
+    ("conditionsV6", "portmap"),
+    ("backend", "portmap"),
+];
 
 #[derive(Debug, Clone)]
 pub struct NetConf {
@@ -213,6 +234,20 @@ pub fn validate_network_name(name: &str) -> Result<(), ConfigError> {
 }
 
 impl NetConf {
+    /// ADD and CHECK (and `install`): refuses a config that sets one of
+    /// [`UNIMPLEMENTED_REFERENCE_KEYS`] (any value, `null` aside). DEL does not ask, so a
+    /// runtime's DEL after the refused ADD still succeeds.
+    pub fn refuse_unimplemented(&self) -> Result<(), ConfigError> {
+        let obj = self.raw.as_object().expect("configs are objects");
+        match UNIMPLEMENTED_REFERENCE_KEYS
+            .iter()
+            .find(|(k, _)| obj.get(*k).is_some_and(|v| !v.is_null()))
+        {
+            Some(&(key, plugin)) => Err(ConfigError::Unimplemented { key, plugin }),
+            None => Ok(()),
+        }
+    }
+
     pub fn parse(raw: Value) -> Result<Self, ConfigError> {
         let cni_version = version_of(&raw)?;
         let obj = raw.as_object().expect("decode() only returns objects");
@@ -439,6 +474,54 @@ mod tests {
 
     fn parse(v: Value) -> Result<NetConf, ConfigError> {
         NetConf::parse(v)
+    }
+
+    /// Every reference key ebpf-cni does not implement is refused with error 7 and this
+    /// message; the keys it implements and the keys runtimes add are accepted.
+    #[test]
+    fn unimplemented_reference_keys_are_refused() {
+        let base = json!({"cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni"});
+        let table: [(&str, Value, &str); 7] = [
+            ("snat", json!(true), "snat is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("masqAll", json!(true), "masqAll is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("markMasqBit", json!(13), "markMasqBit is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("externalSetMarkChain", json!("KUBE-MARK-MASQ"), "externalSetMarkChain is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("conditionsV4", json!(["-s", "1.2.3.4"]), "conditionsV4 is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("conditionsV6", json!(["-s", "::1"]), "conditionsV6 is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+            ("backend", json!("nftables"), "backend is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
+        ];
+        assert_eq!(table.len(), UNIMPLEMENTED_REFERENCE_KEYS.len());
+        for (key, value, msg) in table {
+            let mut v = base.clone();
+            v[key] = value;
+            let e = parse(v).unwrap().refuse_unimplemented().unwrap_err();
+            assert_eq!(e.cni_code(), code::INVALID_CONFIG, "{key}");
+            assert_eq!(e.to_string(), msg);
+        }
+        let mut accepted = base.clone();
+        for (k, v) in [
+            ("ingressRate", json!(1_000_000)),
+            ("ingressBurst", json!(1_000_000)),
+            ("egressRate", json!(1_000_000)),
+            ("egressBurst", json!(1_000_000)),
+            ("unshapedSubnets", json!(["10.0.0.0/8"])),
+            ("ipMasq", json!(true)),
+            (
+                "capabilities",
+                json!({"portMappings": true, "bandwidth": true}),
+            ),
+            (
+                "runtimeConfig",
+                json!({"portMappings": [], "bandwidth": {}}),
+            ),
+            ("args", json!({"cni": {}})),
+            ("prevResult", json!({"cniVersion": "1.0.0"})),
+            ("somethingElse", json!(1)),
+            ("snat", Value::Null),
+        ] {
+            accepted[k] = v;
+        }
+        parse(accepted).unwrap().refuse_unimplemented().unwrap();
     }
 
     #[test]

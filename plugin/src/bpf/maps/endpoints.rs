@@ -155,6 +155,7 @@ impl Maps {
         self.remove_pacing(attachment_id)?;
         for ifindex in ifindexes {
             self.set_limits(ifindex, None)?;
+            self.set_shape_subnets(ifindex, &[])?;
             match self.counters.remove(&ifindex) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(BpfError::MapUpdate {

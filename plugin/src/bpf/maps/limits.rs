@@ -1,7 +1,13 @@
 //! A pod's limits in the node maps: the limiter's rates and bursts per host veth, and the
-//! TCP pacing of its network namespace.
+//! TCP pacing of its network namespace, and the subnets its limits exempt or select.
 
-use ebpf_cni_maps::{Pacing, RateLimit, PACING_MAP, RATE_LIMITS_MAP};
+use aya::maps::lpm_trie::Key;
+use ebpf_cni_maps::{
+    Pacing, RateLimit, ShapeSubnetKey, LIMIT_MODE_MASK, LIMIT_SUBNETS_UNSHAPED, PACING_MAP,
+    RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
+};
+
+use crate::bandwidth::SubnetKey;
 
 use super::{is_not_found, Maps};
 use crate::bpf::BpfError;
@@ -27,6 +33,7 @@ impl Maps {
         cookie: u64,
         attachment_id: u64,
         rate_bytes: u32,
+        shape_ifindex: u32,
     ) -> Result<(), BpfError> {
         let map = self.pacing.as_mut().ok_or(BpfError::PinMissing {
             what: "pacing map",
@@ -34,7 +41,7 @@ impl Maps {
         })?;
         let v = Pacing {
             rate_bytes,
-            _pad: 0,
+            shape_ifindex,
             attachment_id,
         };
         map.insert(cookie, v, 0)
@@ -72,21 +79,26 @@ impl Maps {
         Ok(())
     }
 
-    /// CHECK: the pod's namespace has exactly the expected pacing (or none).
+    /// CHECK: the pod's namespace has exactly the expected pacing (or none): the rate and
+    /// the host ifindex of a pod with subnets (0 without).
     pub fn check_pacing(
         &self,
         cookie: u64,
         attachment_id: u64,
-        expected: Option<u32>,
+        expected: Option<(u32, u32)>,
     ) -> Result<(), BpfError> {
         let actual = self
             .pacing
             .as_ref()
             .and_then(|m| m.get(&cookie, 0).ok())
             .filter(|v| v.attachment_id == attachment_id)
-            .map(|v| v.rate_bytes);
+            .map(|v| (v.rate_bytes, v.shape_ifindex));
         if actual != expected {
-            let show = |r: Option<u32>| r.map_or("none".to_owned(), |r| format!("{r} B/s"));
+            let show = |r: Option<(u32, u32)>| match r {
+                None => "none".to_owned(),
+                Some((r, 0)) => format!("{r} B/s"),
+                Some((r, i)) => format!("{r} B/s, subnets of ifindex {i}"),
+            };
             return Err(BpfError::PacingStale {
                 actual: show(actual),
                 expected: show(expected),
@@ -121,24 +133,36 @@ impl Maps {
         let describe = |l: &Option<RateLimit>| match l {
             None => "no limit".to_owned(),
             Some(l) => format!(
-                "ingress {} B/s burst {} B, egress {} B/s burst {} B",
+                "ingress {} B/s burst {} B, egress {} B/s burst {} B{}",
                 l.ingress.rate_bytes,
                 l.ingress.burst_bytes,
                 l.egress.rate_bytes,
-                l.egress.burst_bytes
+                l.egress.burst_bytes,
+                match (l.ingress.mode | l.egress.mode) & !LIMIT_MODE_MASK {
+                    0 => "",
+                    f if f & LIMIT_SUBNETS_UNSHAPED != 0 => ", unshapedSubnets",
+                    _ => ", shapedSubnets",
+                }
             ),
         };
+        // The mode's flags (which subnets rule applies) are compared; the mode itself is
+        // ADD's decision from the node's qdiscs, checked by `queue::check`.
+        let flags = |m: u32| m & !LIMIT_MODE_MASK;
         let same = |a: &RateLimit, b: &RateLimit| {
             (
                 a.ingress.rate_bytes,
                 a.ingress.burst_bytes,
+                flags(a.ingress.mode),
                 a.egress.rate_bytes,
                 a.egress.burst_bytes,
+                flags(a.egress.mode),
             ) == (
                 b.ingress.rate_bytes,
                 b.ingress.burst_bytes,
+                flags(b.ingress.mode),
                 b.egress.rate_bytes,
                 b.egress.burst_bytes,
+                flags(b.egress.mode),
             )
         };
         let ok = match (&actual, &expected) {
@@ -155,5 +179,92 @@ impl Maps {
                 expected: describe(&expected),
             })
         }
+    }
+
+    /// The `unshapedSubnets`/`shapedSubnets` entries of the pod behind `ifindex`, sorted.
+    pub fn shape_subnets(&self, ifindex: u32) -> Vec<SubnetKey> {
+        let mut v: Vec<SubnetKey> = self
+            .shape
+            .as_ref()
+            .map(|m| {
+                m.keys()
+                    .filter_map(Result::ok)
+                    .filter(|k| k.data().ifindex == ifindex)
+                    .map(|k| (k.prefix_len(), k.data().addr))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// Makes `subnets` the entries of the pod behind `ifindex`: the others it has go. DEL
+    /// and rollback pass none; the trie is small (only limited pods with subnets), so the
+    /// scan for the pod's old entries is short.
+    pub fn set_shape_subnets(
+        &mut self,
+        ifindex: u32,
+        subnets: &[SubnetKey],
+    ) -> Result<(), BpfError> {
+        let old = self.shape_subnets(ifindex);
+        let Some(map) = self.shape.as_mut() else {
+            if subnets.is_empty() {
+                return Ok(());
+            }
+            return Err(BpfError::PinMissing {
+                what: "subnet map (programs of an older revision: reload them)",
+                path: SHAPE_SUBNETS_MAP.into(),
+            });
+        };
+        let key = |(prefix, addr): SubnetKey| Key::new(prefix, ShapeSubnetKey { ifindex, addr });
+        let err = |what: String| {
+            move |e: aya::maps::MapError| BpfError::MapUpdate {
+                map: SHAPE_SUBNETS_MAP,
+                what,
+                source: Box::new(e),
+            }
+        };
+        for k in old.iter().filter(|k| !subnets.contains(k)) {
+            match map.remove(&key(*k)) {
+                Err(e) if !is_not_found(&e) => {
+                    return Err(err(format!("remove a subnet of ifindex {ifindex}"))(e))
+                }
+                _ => {}
+            }
+        }
+        for k in subnets {
+            map.insert(&key(*k), 1, 0)
+                .map_err(err(format!("add a subnet of ifindex {ifindex}")))?;
+        }
+        Ok(())
+    }
+
+    /// CHECK: the pod's subnet entries are exactly `expected`.
+    pub fn check_shape_subnets(
+        &self,
+        ifindex: u32,
+        expected: &[SubnetKey],
+    ) -> Result<(), BpfError> {
+        let actual = self.shape_subnets(ifindex);
+        let mut want = expected.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        if actual == want {
+            return Ok(());
+        }
+        let show = |v: &[SubnetKey]| {
+            if v.is_empty() {
+                return "none".to_owned();
+            }
+            v.iter()
+                .map(|k| crate::bandwidth::subnet_of_key(*k).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(BpfError::ShapeSubnetsStale {
+            ifindex,
+            actual: show(&actual),
+            expected: show(&want),
+        })
     }
 }

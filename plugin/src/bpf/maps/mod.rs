@@ -11,10 +11,10 @@ pub use endpoints::PodEndpoint;
 
 use std::os::fd::AsFd;
 
-use aya::maps::{HashMap, Map, MapData, PerCpuHashMap};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ENDPOINTS_MAP, PACING_MAP,
-    POD_COUNTERS_MAP, RATE_LIMITS_MAP,
+    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ShapeSubnetKey, ENDPOINTS_MAP,
+    PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
 };
 
 pub use super::keys::{endpoint_key, key_ip};
@@ -38,6 +38,9 @@ pub struct Maps {
     rates: HashMap<MapData, u32, RateLimit>,
     /// `None` on a node whose maps predate TCP pacing (until its programs are reloaded).
     pacing: Option<HashMap<MapData, u64, Pacing>>,
+    /// `None` on a node whose maps predate `unshapedSubnets`/`shapedSubnets` (until its
+    /// programs are reloaded).
+    shape: Option<LpmTrie<MapData, ShapeSubnetKey, u32>>,
 }
 
 /// The error of a pinned map that did not open as the type its user expects.
@@ -98,6 +101,10 @@ impl Maps {
             rates: HashMap::try_from(rates).map_err(conv(RATE_LIMITS_MAP))?,
             pacing: match open_pinned(root, node, PACING_MAP)? {
                 Some(m) => Some(HashMap::try_from(m).map_err(conv(PACING_MAP))?),
+                None => None,
+            },
+            shape: match open_pinned(root, node, SHAPE_SUBNETS_MAP)? {
+                Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SHAPE_SUBNETS_MAP))?),
                 None => None,
             },
         }))
