@@ -28,6 +28,7 @@ use crate::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
         Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
+    source::{self, Source},
 };
 
 const PASS: i32 = TCX_NEXT;
@@ -194,6 +195,26 @@ pub fn from_chained_pod(ctx: &TcContext) -> i32 {
 fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
+    // Before the limiter: a spoofed frame spends none of the pod's tokens.
+    let source = source::check(ctx, me);
+    match source {
+        Source::BadAddress | Source::BadMac => {
+            let (event, what) = if source == Source::BadMac {
+                (Event::MacDrop, "MAC")
+            } else {
+                (Event::SourceDrop, "address")
+            };
+            count(me, Dir::FromPod, event, len);
+            if tracing() {
+                debug!(
+                    ctx,
+                    "if {}: from pod, dropped: source {} not the pod's", me, what
+                );
+            }
+            return TC_ACT_SHOT as i32;
+        }
+        Source::Pass | Source::Stack => {}
+    }
     match police(ctx, me, Way::Egress) {
         Verdict::Drop => {
             count(me, Dir::FromPod, Event::Drop, len);
@@ -203,6 +224,10 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         Verdict::Pass => {}
     }
     count(me, Dir::FromPod, Event::Packet, len);
+    if source == Source::Stack {
+        // Link-local and unspecified sources: the stack's, never forwarded.
+        return PASS;
+    }
     if !CHAINED {
         if let Some(rc) = answer_arp(ctx, me) {
             return rc;

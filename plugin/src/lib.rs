@@ -24,6 +24,7 @@ pub mod netlink;
 pub mod netns;
 pub mod node;
 pub mod portmap;
+pub mod source_check;
 pub mod status;
 pub mod version;
 pub mod veth;

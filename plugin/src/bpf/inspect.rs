@@ -1,5 +1,5 @@
 //! `inspect`: the report of everything a node has pinned, with the kernel's view of each
-//! link, the counters, limits, host ports, gateways and masquerade (`ebpf-cni inspect`
+//! link, the counters, source checks, limits, host ports, gateways and masquerade (`ebpf-cni inspect`
 //! prints it, the metrics exporter reads it).
 
 use std::{collections::HashMap, fs, net::IpAddr, os::fd::AsFd, path::Path};
@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{
     gateways, kernel, links,
-    maps::{key_ip, Maps},
+    maps::{key_ip, Maps, PodSources},
     masq::{MasqMaps, MasqReport},
     pin::{NodeId, PinRoot},
     ports::{self, PortMaps},
@@ -19,9 +19,15 @@ use super::{
 pub struct Counts {
     pub packets: u64,
     pub bytes: u64,
+    /// Dropped by the rate limiter (and masquerade's untranslatable packets).
     pub drops: u64,
     pub errors: u64,
     pub marks: u64,
+    /// Dropped by the source check: a source address the pod may not send from (from the
+    /// pod only).
+    pub source_drops: u64,
+    /// Dropped by the source check: a source MAC other than the pod's (from the pod only).
+    pub mac_drops: u64,
 }
 
 impl From<&ebpf_cni_maps::DirCounters> for Counts {
@@ -32,6 +38,8 @@ impl From<&ebpf_cni_maps::DirCounters> for Counts {
             drops: d.drops,
             errors: d.errors,
             marks: d.marks,
+            source_drops: d.source_drops,
+            mac_drops: d.mac_drops,
         }
     }
 }
@@ -80,6 +88,42 @@ pub struct AttachmentReport {
     pub egress_limit: Option<LimitReport>,
     /// `SO_MAX_PACING_RATE` given to the pod's TCP sockets, bytes per second.
     pub tcp_pacing_bytes: Option<u32>,
+    /// What the pod may send from.
+    pub source_check: SourceCheckReport,
+}
+
+/// A pod's source check as the source map holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceCheckReport {
+    /// `on`, `off`, `unchecked` (the pod was attached by a release before the check, and
+    /// is checked from its next ADD), or `missing` (ADD recorded a check whose entries are
+    /// gone: CHECK fails).
+    pub mode: &'static str,
+    /// The MAC its frames must carry (`on` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// The prefixes it may send from: its own addresses (/32, /128) and its extra ones.
+    pub allowed: Vec<String>,
+}
+
+impl SourceCheckReport {
+    fn of(p: Option<&PodSources>, recorded: bool) -> Self {
+        let mode = match (p.map(|p| p.verdict), recorded) {
+            (Some(ebpf_cni_maps::SOURCE_REFUSE), _) => "on",
+            (Some(ebpf_cni_maps::SOURCE_OFF), _) => "off",
+            (_, true) => "missing",
+            (_, false) => "unchecked",
+        };
+        Self {
+            mode,
+            mac: p
+                .filter(|_| mode == "on")
+                .map(|p| crate::netlink::format_mac(&p.mac)),
+            allowed: p
+                .map(|p| p.allowed.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -267,6 +311,10 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         .as_ref()
         .map(Maps::pacing_by_attachment)
         .unwrap_or_default();
+    let sources = maps
+        .as_ref()
+        .map(Maps::sources_by_attachment)
+        .unwrap_or_default();
     for dir in tree::attachments(&root, node)? {
         let id = dir.key().id();
         names.insert(id, dir.to_string());
@@ -304,6 +352,10 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
             tcp_pacing_bytes: pacing.get(&id).copied(),
+            source_check: SourceCheckReport::of(
+                sources.get(&id),
+                pins.source_check_record().exists(),
+            ),
             network: dir.network,
             container_id: dir.container_id,
             ifname: dir.ifname,

@@ -1,20 +1,22 @@
 //! The node-wide maps, opened from their pins: `Maps` (endpoints, per-pod counters, limits,
-//! pacing) with its parts by concern in `endpoints.rs` and `limits.rs`, and the host-port
-//! maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
+//! pacing, source check) with its parts by concern in `endpoints.rs`, `limits.rs` and
+//! `sources.rs`, and the host-port maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
 //! keys `keys.rs`'s.
 
 mod endpoints;
 mod limits;
 pub mod ports;
+mod sources;
 
 pub use endpoints::PodEndpoint;
+pub use sources::{PodSources, SourceCheck};
 
 use std::os::fd::AsFd;
 
-use aya::maps::{HashMap, Map, MapData, PerCpuHashMap};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ENDPOINTS_MAP, PACING_MAP,
-    POD_COUNTERS_MAP, RATE_LIMITS_MAP,
+    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, SourceKey, SourceRule,
+    ENDPOINTS_MAP, PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SOURCES_MAP,
 };
 
 pub use super::keys::{endpoint_key, key_ip};
@@ -38,6 +40,9 @@ pub struct Maps {
     rates: HashMap<MapData, u32, RateLimit>,
     /// `None` on a node whose maps predate TCP pacing (until its programs are reloaded).
     pacing: Option<HashMap<MapData, u64, Pacing>>,
+    /// `None` on a node whose maps predate the source check (until this binary loads its
+    /// programs, which creates the map beside the others).
+    sources: Option<LpmTrie<MapData, SourceKey, SourceRule>>,
 }
 
 /// The error of a pinned map that did not open as the type its user expects.
@@ -100,6 +105,10 @@ impl Maps {
                 Some(m) => Some(HashMap::try_from(m).map_err(conv(PACING_MAP))?),
                 None => None,
             },
+            sources: match open_pinned(root, node, SOURCES_MAP)? {
+                Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SOURCES_MAP))?),
+                None => None,
+            },
         }))
     }
 
@@ -114,6 +123,8 @@ impl Maps {
                 sum.drops = sum.drops.wrapping_add(d.drops);
                 sum.errors = sum.errors.wrapping_add(d.errors);
                 sum.marks = sum.marks.wrapping_add(d.marks);
+                sum.source_drops = sum.source_drops.wrapping_add(d.source_drops);
+                sum.mac_drops = sum.mac_drops.wrapping_add(d.mac_drops);
             }
         }
         Some(t)
