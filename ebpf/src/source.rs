@@ -5,9 +5,10 @@
 //!
 //! One LPM lookup in `ECNI_SOURCES` per frame answers both, keyed by the host veth and the
 //! frame's source address (IPv4, IPv6, or ARP's sender): the longest match is the
-//! address's own entry (pass) or the pod's catch-all (refuse, or off), and every entry
-//! carries the pod's MAC. A pod without entries (attached by a release before the check,
-//! or between its ADD's steps) is not checked.
+//! address's own entry (pass) or the pod's catch-all (refuse), and every entry carries the
+//! pod's MAC. A pod without entries (its check is off, a release before the check attached
+//! it, or it is between its ADD's steps) is not checked: on a node of such pods the lookup
+//! finds an empty trie.
 //!
 //! Passed although they are no address of the pod, where the protocols need them: IPv6
 //! link-local sources (neighbour discovery, router solicitation, MLD), the unspecified
@@ -33,7 +34,7 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{
     str_eq, SourceKey, SourceRule, IPPROTO_ICMPV6, IPPROTO_UDP, MAX_SOURCES, SOURCE_FAMILY_V4,
-    SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_OFF, SOURCE_PASS,
+    SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_PASS,
 };
 
 use crate::packet::{
@@ -175,9 +176,6 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
     let Some(rule) = ECNI_SOURCES.get(&key).copied() else {
         return Source::Pass;
     };
-    if rule.verdict == SOURCE_OFF {
-        return Source::Pass;
-    }
     if !same_mac(&mac, &rule.mac) || !same_mac(&arp_mac, &rule.mac) {
         return Source::BadMac;
     }

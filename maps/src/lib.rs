@@ -40,11 +40,11 @@ pub const CONFIG_MAP: &str = "ECNI_CONFIG";
 pub const PACING_MAP: &str = "ECNI_PACING";
 /// Node-wide LPM trie of the source addresses each pod may send from (the source check):
 /// an LPM key of [`SourceKey`] (prefix length counting its 64 head bits) → [`SourceRule`].
-/// Per pod: one entry per own address (/32, /128) and per extra prefix, all
-/// [`SOURCE_PASS`], and a catch-all of the pod's ifindex alone ([`SOURCE_POD_BITS`]) that
-/// says what happens to every other source ([`SOURCE_REFUSE`], or [`SOURCE_OFF`] for a pod
-/// whose check is off). A pod without entries (attached by a release before the check) is
-/// not checked. One lookup per packet answers both the address and the MAC.
+/// Per checked pod: one entry per own address (/32, /128) and per extra prefix, all
+/// [`SOURCE_PASS`], and a catch-all of the pod's ifindex alone ([`SOURCE_POD_BITS`],
+/// [`SOURCE_REFUSE`]) for every other source. A pod without entries is not checked: its
+/// check is off (`sourceCheck: false`), or a release before the check attached it. One
+/// lookup per frame answers both the address and the MAC.
 pub const SOURCES_MAP: &str = "ECNI_SOURCES";
 /// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,10 +279,13 @@ pub mod pin {
     /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
     /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
     pub const GATEWAYS_DIR: &str = "gateways";
-    /// Empty directory in an attachment's directory: ADD recorded the pod's source check
-    /// in [`SOURCES_MAP`](super::SOURCES_MAP) (on or off). Without it the pod was attached
-    /// by a release before the check, and CHECK expects no entries for it.
+    /// Empty directory in an attachment's directory: ADD installed the pod's source check
+    /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
     pub const SOURCE_CHECK_RECORD: &str = "source_check";
+    /// Empty directory in an attachment's directory: the pod's source check is off
+    /// (`sourceCheck: false`), and it has no entries. Without either record the pod was
+    /// attached by a release before the check (and has no entries either).
+    pub const SOURCE_CHECK_OFF_RECORD: &str = "source_check_off";
 }
 
 /// Key of [`ENDPOINTS_MAP`]: an IPv6 address, or an IPv4 address mapped into IPv6
@@ -621,7 +624,7 @@ pub struct SourceRule {
     pub attachment_id: u64,
     /// The pod interface's MAC: frames from the pod must carry it as their source.
     pub mac: [u8; 6],
-    /// `SOURCE_PASS`, `SOURCE_REFUSE` or `SOURCE_OFF`; the programs refuse any other.
+    /// [`SOURCE_PASS`] or [`SOURCE_REFUSE`]; the programs refuse any other.
     pub verdict: u16,
 }
 
@@ -632,9 +635,6 @@ pub const SOURCE_PASS: u16 = 1;
 /// A pod's catch-all: any other source is dropped (IPv6 link-local and the unspecified
 /// addresses excepted where their protocols need them).
 pub const SOURCE_REFUSE: u16 = 2;
-/// A pod's catch-all when its check is off (`sourceCheck: false`): nothing is checked,
-/// neither address nor MAC.
-pub const SOURCE_OFF: u16 = 3;
 
 /// Value of [`CONFIG_MAP`]: node-wide settings the programs read.
 #[repr(C)]

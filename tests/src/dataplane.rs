@@ -9,7 +9,8 @@
 //! `from_pod {packets, bytes, drops, errors, marks, source_drops, mac_drops, spare}` then
 //! `to_pod {…}`, all u64. `ECNI_SOURCES` is an LPM trie whose 28-byte key is `prefix_len
 //! u32, ifindex u32, family u32 (4, 6; 0 in a pod's catch-all), addr [16]` (IPv4 in its
-//! first 4 bytes) and whose 16-byte value is `attachment_id u64, mac [6], verdict u16`.
+//! first 4 bytes) and whose 16-byte value is `attachment_id u64, mac [6], verdict u16`
+//! (1 pass, 2 refuse).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -300,7 +301,7 @@ pub struct SourceEntry {
     pub prefix: Option<(IpAddr, u8)>,
     pub attachment_id: u64,
     pub mac: [u8; 6],
-    /// 1 pass, 2 refuse (catch-all), 3 off (catch-all).
+    /// 1 pass, 2 refuse (the catch-all).
     pub verdict: u16,
     pub raw_key: Vec<u8>,
     pub raw_value: Vec<u8>,

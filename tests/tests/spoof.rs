@@ -585,6 +585,10 @@ fn turning_the_check_off_restores_todays_behaviour() {
     let c = add(&p, &node, &list);
     assert_eq!(a.result["sourceCheck"], json!({"enabled": false}));
     assert_eq!(source_check(&p, &node, &a)["mode"], "off");
+    assert!(
+        dp::sources(&node).unwrap().is_empty(),
+        "pods whose check is off have no entries (their lookups find an empty map)"
+    );
 
     a.add_address(&b.v4().to_string());
     a.add_address(MADE_UP_V6);
@@ -742,22 +746,33 @@ fn check_compares_the_allowed_sources_and_del_and_failures_leave_none() {
         "a prefix added behind the plugin's back",
     );
     dp::delete_raw(&node, dp::SOURCES_MAP, &extra_key).unwrap();
-    // The catch-all turned off.
+    // The catch-all removed: the pod would not be checked.
     let all = entries.iter().find(|e| e.prefix.is_none()).unwrap().clone();
-    let mut off = all.raw_value.clone();
-    off[14..16].copy_from_slice(&3u16.to_le_bytes());
-    dp::update_raw(&node, dp::SOURCES_MAP, &all.raw_key, &off).unwrap();
+    dp::delete_raw(&node, dp::SOURCES_MAP, &all.raw_key).unwrap();
     assert_check_fails(
         &p,
         &node,
         &list,
         &a,
         &a.result,
-        &["source check", "off"],
-        "the pod's check turned off in the map",
+        &["source check", "without a catch-all"],
+        "the pod's catch-all removed from the map",
     );
     dp::update_raw(&node, dp::SOURCES_MAP, &all.raw_key, &all.raw_value).unwrap();
     p.runtime.check(&node, &list, &a.att, &a.result).unwrap();
+    // The check turned on in the config of a pod ADDed with it off, and the other way.
+    let off = list_with(&p, &node, json!({"sourceCheck": false}));
+    let mut off_result = a.result.clone();
+    off_result["sourceCheck"] = json!({"enabled": false});
+    assert_check_fails(
+        &p,
+        &node,
+        &off,
+        &a,
+        &off_result,
+        &["source check", "expected off"],
+        "sourceCheck false for a pod ADDed with the check on",
+    );
 
     // DEL from the pins alone (no namespace, no prevResult), twice.
     let late = Attachment::new(&a.att.container_id, "", "eth0");

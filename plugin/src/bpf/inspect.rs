@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{
     gateways, kernel, links,
-    maps::{key_ip, Maps, PodSources},
+    maps::{key_ip, Maps, PodSources, SourceRecord},
     masq::{MasqMaps, MasqReport},
     pin::{NodeId, PinRoot},
     ports::{self, PortMaps},
@@ -95,9 +95,9 @@ pub struct AttachmentReport {
 /// A pod's source check as the source map holds it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceCheckReport {
-    /// `on`, `off`, `unchecked` (the pod was attached by a release before the check, and
-    /// is checked from its next ADD), or `missing` (ADD recorded a check whose entries are
-    /// gone: CHECK fails).
+    /// `on`, `off` (`sourceCheck: false`), `unchecked` (the pod was attached by a release
+    /// before the check, and is checked from its next ADD), or `missing` (ADD installed a
+    /// check whose entries are gone: CHECK fails).
     pub mode: &'static str,
     /// The MAC its frames must carry (`on` only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -107,18 +107,17 @@ pub struct SourceCheckReport {
 }
 
 impl SourceCheckReport {
-    fn of(p: Option<&PodSources>, recorded: bool) -> Self {
-        let mode = match (p.map(|p| p.verdict), recorded) {
-            (Some(ebpf_cni_maps::SOURCE_REFUSE), _) => "on",
-            (Some(ebpf_cni_maps::SOURCE_OFF), _) => "off",
-            (_, true) => "missing",
-            (_, false) => "unchecked",
+    fn of(p: Option<&PodSources>, record: SourceRecord) -> Self {
+        let on = p.is_some_and(|p| p.verdict == ebpf_cni_maps::SOURCE_REFUSE);
+        let mode = match (on, record) {
+            (true, _) => "on",
+            (false, SourceRecord::Off) => "off",
+            (false, SourceRecord::On) => "missing",
+            (false, SourceRecord::None) => "unchecked",
         };
         Self {
             mode,
-            mac: p
-                .filter(|_| mode == "on")
-                .map(|p| crate::netlink::format_mac(&p.mac)),
+            mac: p.filter(|_| on).map(|p| crate::netlink::format_mac(&p.mac)),
             allowed: p
                 .map(|p| p.allowed.iter().map(ToString::to_string).collect())
                 .unwrap_or_default(),
@@ -352,10 +351,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
             tcp_pacing_bytes: pacing.get(&id).copied(),
-            source_check: SourceCheckReport::of(
-                sources.get(&id),
-                pins.source_check_record().exists(),
-            ),
+            source_check: SourceCheckReport::of(sources.get(&id), super::pod::source_record(&pins)),
             network: dir.network,
             container_id: dir.container_id,
             ifname: dir.ifname,

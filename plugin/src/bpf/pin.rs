@@ -14,7 +14,7 @@
 //!                                                       and "our clsact" (empty directory)
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod
-//!         source_check/                                 ADD installed its source check
+//!         source_check/ | source_check_off/             its source check: on or off
 //! ```
 //!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
@@ -210,9 +210,14 @@ impl AttachmentPins {
         self.dir.join(ebpf_cni_maps::ATTACHMENT_PORTS_MAP)
     }
 
-    /// The record (an empty directory) that ADD installed the pod's source check.
-    pub fn source_check_record(&self) -> PathBuf {
-        self.dir.join(names::SOURCE_CHECK_RECORD)
+    /// The record (an empty directory) that ADD installed the pod's source check (`on`),
+    /// or that the check is off.
+    pub fn source_check_record(&self, on: bool) -> PathBuf {
+        self.dir.join(if on {
+            names::SOURCE_CHECK_RECORD
+        } else {
+            names::SOURCE_CHECK_OFF_RECORD
+        })
     }
 }
 
@@ -314,8 +319,12 @@ mod tests {
         );
         assert_eq!(pins.link(Hook::ToPod), Path::new(dir).join("link_to_pod"));
         assert_eq!(
-            pins.source_check_record(),
+            pins.source_check_record(true),
             Path::new(dir).join("source_check")
+        );
+        assert_eq!(
+            pins.source_check_record(false),
+            Path::new(dir).join("source_check_off")
         );
         assert_eq!(
             root.map(&node, "ECNI_ENDPOINTS"),

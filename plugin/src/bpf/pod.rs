@@ -9,7 +9,7 @@ use super::{
     error::{collect, log_each},
     kernel, links,
     lock::NodeLock,
-    maps::{Maps, PodEndpoint, SourceCheck},
+    maps::{Maps, PodEndpoint, SourceCheck, SourceRecord},
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
@@ -169,8 +169,8 @@ pub fn add_pod(
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
         // Before the programs attach: the pod's first frame is checked. The record says
-        // CHECK must find the entries (a pod of an older release has neither).
-        create_dir_all_racy(&pins.source_check_record())?;
+        // whether CHECK must find entries (a pod of an older release has neither).
+        create_dir_all_racy(&pins.source_check_record(sources.is_on()))?;
         maps.install_sources(key.id(), host_ifindex, sources)?;
         let mut limits = limits;
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
@@ -459,6 +459,17 @@ pub fn sweep_masq(node: &NodeId) -> Result<usize, BpfError> {
     m.sweep(&live)
 }
 
+/// What the attachment's record says ADD did about its source check.
+pub(super) fn source_record(pins: &AttachmentPins) -> SourceRecord {
+    if pins.source_check_record(true).exists() {
+        SourceRecord::On
+    } else if pins.source_check_record(false).exists() {
+        SourceRecord::Off
+    } else {
+        SourceRecord::None
+    }
+}
+
 /// GC: the source entries of attachments this node no longer has (a DEL by a release that
 /// did not know the source map, a veth deleted without DEL) are removed; returns how many.
 pub fn sweep_sources(node: &NodeId) -> Result<usize, BpfError> {
@@ -518,8 +529,7 @@ pub fn check_pod(
     maps.check_pod(key.id(), endpoints)?;
     // A pod attached by a release before the source check has no record and no entries:
     // it keeps running unchecked until its next ADD, and that is its correct state.
-    let recorded = pins.source_check_record().exists();
-    maps.check_sources(key.id(), host_ifindex, sources, recorded)?;
+    maps.check_sources(key.id(), host_ifindex, sources, source_record(&pins))?;
     if let Some(spec) = masq {
         MasqMaps::open(&root, node)?
             .ok_or_else(|| BpfError::PinMissing {

@@ -9,7 +9,7 @@ pub mod ports;
 mod sources;
 
 pub use endpoints::PodEndpoint;
-pub use sources::{PodSources, SourceCheck};
+pub use sources::{PodSources, SourceCheck, SourceRecord};
 
 use std::os::fd::AsFd;
 

@@ -2,9 +2,10 @@
 //! ingress program checks every frame against (see `ebpf/src/source.rs`). A pod's entries
 //! are keyed by its host veth's ifindex: one per allowed prefix (its own addresses as /32
 //! and /128, then the extra prefixes its config lists), each carrying the pod interface's
-//! MAC, and a catch-all of the ifindex alone that refuses every other source, or says the
-//! check is off. ADD installs them, CHECK compares them, DEL and GC remove them by the
-//! attachment id they carry.
+//! MAC, and a catch-all of the ifindex alone that refuses every other source. A pod whose
+//! check is off has no entries (its lookups then cost nothing on a node of such pods); the
+//! attachment's record says which it is ([`SourceRecord`]). ADD installs them, CHECK
+//! compares them, DEL and GC remove them by the attachment id they carry.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -14,7 +15,7 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use ebpf_cni_maps::{
     SourceKey, SourceRule, SOURCES_MAP, SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS,
-    SOURCE_OFF, SOURCE_PASS, SOURCE_POD_BITS, SOURCE_REFUSE,
+    SOURCE_PASS, SOURCE_POD_BITS, SOURCE_REFUSE,
 };
 use ipnetwork::IpNetwork;
 
@@ -43,10 +44,21 @@ impl SourceCheck {
     }
 }
 
+/// What an attachment's record says ADD did about its source check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceRecord {
+    /// Installed the entries.
+    On,
+    /// The check is off: no entries.
+    Off,
+    /// No record: a release before the check attached the pod (no entries).
+    None,
+}
+
 /// One pod's entries as the map holds them, for `inspect`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSources {
-    /// The catch-all's verdict (`SOURCE_*`); 0 when the pod has none.
+    /// The catch-all's verdict (`SOURCE_REFUSE`); 0 when the pod has none.
     pub verdict: u16,
     pub mac: [u8; 6],
     pub allowed: Vec<IpNetwork>,
@@ -108,7 +120,6 @@ fn update_err(what: String) -> impl FnOnce(aya::maps::MapError) -> BpfError {
 
 fn describe(p: &PodSources) -> String {
     match p.verdict {
-        SOURCE_OFF => "off".to_owned(),
         SOURCE_REFUSE => format!(
             "on (MAC {}; {})",
             crate::netlink::format_mac(&p.mac),
@@ -118,8 +129,16 @@ fn describe(p: &PodSources) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        0 => "not recorded".to_owned(),
-        v => format!("unknown verdict {v}"),
+        0 if p.allowed.is_empty() => "without entries".to_owned(),
+        0 => format!(
+            "without a catch-all ({})",
+            p.allowed
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        v => format!("a catch-all of unknown verdict {v}"),
     }
 }
 
@@ -157,14 +176,14 @@ impl Maps {
         if map.get(&catch_all(ifindex), 0).is_ok() {
             self.remove_sources_where(|k, _| k.data().ifindex == ifindex)?;
         }
-        let map = self.sources.as_mut().expect("checked above");
-        let (mac, verdict, allowed): (_, _, &[IpNetwork]) = match check {
-            SourceCheck::Off => ([0; 6], SOURCE_OFF, &[]),
-            SourceCheck::On { mac, allowed } => (*mac, SOURCE_REFUSE, allowed),
+        let SourceCheck::On { mac, allowed } = check else {
+            // Off: no entries, the pod is not checked.
+            return Ok(());
         };
+        let map = self.sources.as_mut().expect("checked above");
         let rule = |verdict| SourceRule {
             attachment_id,
-            mac,
+            mac: *mac,
             verdict,
         };
         // The address entries before the catch-all: until it is there the pod is not
@@ -173,7 +192,7 @@ impl Maps {
             map.insert(&prefix_key(ifindex, net), rule(SOURCE_PASS), 0)
                 .map_err(update_err(format!("allow {net} from ifindex {ifindex}")))?;
         }
-        map.insert(&catch_all(ifindex), rule(verdict), 0)
+        map.insert(&catch_all(ifindex), rule(SOURCE_REFUSE), 0)
             .map_err(update_err(format!(
                 "insert the catch-all of ifindex {ifindex}"
             )))
@@ -246,25 +265,16 @@ impl Maps {
     }
 
     /// CHECK: the entries of host veth `ifindex` are exactly what `check` describes, and
-    /// all of attachment `attachment_id`. Without `recorded` (the attachment's record that
-    /// ADD installed them) the pod was attached by a release before the check, runs
-    /// programs without it, and must have no entries.
+    /// all of attachment `attachment_id`, and the record says the same. A pod without a
+    /// record was attached by a release before the check, runs programs without it, and
+    /// must have no entries.
     pub fn check_sources(
         &self,
         attachment_id: u64,
         ifindex: u32,
         check: &SourceCheck,
-        recorded: bool,
+        record: SourceRecord,
     ) -> Result<(), BpfError> {
-        if self.sources.is_none() {
-            if !recorded {
-                return Ok(());
-            }
-            return Err(BpfError::PinMissing {
-                what: "source map",
-                path: SOURCES_MAP.into(),
-            });
-        }
         let mut owners = BTreeMap::new();
         let mut entries = Vec::new();
         for (k, v) in self.source_entries() {
@@ -280,21 +290,6 @@ impl Maps {
                 expected: format!("attachment {attachment_id:016x}'s"),
             });
         }
-        if !recorded && entries.is_empty() {
-            return Ok(());
-        }
-        let wanted = match check {
-            SourceCheck::Off => PodSources {
-                verdict: SOURCE_OFF,
-                mac: [0; 6],
-                allowed: Vec::new(),
-            },
-            SourceCheck::On { mac, allowed } => PodSources {
-                verdict: SOURCE_REFUSE,
-                mac: *mac,
-                allowed: allowed.clone(),
-            },
-        };
         let catch = entries
             .iter()
             .find(|(net, _)| net.is_none())
@@ -305,32 +300,62 @@ impl Maps {
             allowed: entries.iter().filter_map(|(net, _)| *net).collect(),
         };
         actual.allowed.sort();
+        let stale = |actual: String, expected: String| BpfError::SourceStale {
+            ifindex,
+            actual,
+            expected,
+        };
+        let wanted = match (check, record) {
+            (_, SourceRecord::None) if entries.is_empty() => return Ok(()),
+            (SourceCheck::Off, SourceRecord::Off) if entries.is_empty() => return Ok(()),
+            (SourceCheck::Off, _) => {
+                let was = match record {
+                    SourceRecord::On => "on".to_owned(),
+                    _ => describe(&actual),
+                };
+                return Err(stale(was, "off".to_owned()));
+            }
+            (SourceCheck::On { .. }, SourceRecord::Off) => {
+                return Err(stale("off".to_owned(), describe_check(check)))
+            }
+            (SourceCheck::On { mac, allowed }, _) => PodSources {
+                verdict: SOURCE_REFUSE,
+                mac: *mac,
+                allowed: allowed.clone(),
+            },
+        };
         if actual != wanted {
-            return Err(BpfError::SourceStale {
-                ifindex,
-                actual: describe(&actual),
-                expected: describe(&wanted),
-            });
+            return Err(stale(describe(&actual), describe(&wanted)));
         }
         for (net, v) in &entries {
             if let Some(net) = net {
                 if v.verdict != SOURCE_PASS || v.mac != wanted.mac {
-                    return Err(BpfError::SourceStale {
-                        ifindex,
-                        actual: format!(
+                    return Err(stale(
+                        format!(
                             "{net} with verdict {} and MAC {}",
                             v.verdict,
                             crate::netlink::format_mac(&v.mac)
                         ),
-                        expected: format!(
+                        format!(
                             "{net} allowed (verdict {SOURCE_PASS}) with MAC {}",
                             crate::netlink::format_mac(&wanted.mac)
                         ),
-                    });
+                    ));
                 }
             }
         }
         Ok(())
+    }
+}
+
+fn describe_check(check: &SourceCheck) -> String {
+    match check {
+        SourceCheck::Off => "off".to_owned(),
+        SourceCheck::On { mac, allowed } => describe(&PodSources {
+            verdict: SOURCE_REFUSE,
+            mac: *mac,
+            allowed: allowed.clone(),
+        }),
     }
 }
 
