@@ -123,14 +123,17 @@ pub enum SourceFigure {
     RrP50,
     RrP99,
     Crr,
+    /// `ecni_from_pod`'s mean run time per packet (the kernel's BPF statistics).
+    ProgNs,
 }
 
 impl SourceFigure {
-    pub const ALL: [SourceFigure; 4] = [
+    pub const ALL: [SourceFigure; 5] = [
         SourceFigure::Throughput,
         SourceFigure::RrP50,
         SourceFigure::RrP99,
         SourceFigure::Crr,
+        SourceFigure::ProgNs,
     ];
 
     fn label(self) -> &'static str {
@@ -139,6 +142,7 @@ impl SourceFigure {
             SourceFigure::RrP50 => "TCP_RR p50",
             SourceFigure::RrP99 => "TCP_RR p99",
             SourceFigure::Crr => "TCP_CRR",
+            SourceFigure::ProgNs => "ecni_from_pod run time per packet (TCP_RR and TCP_CRR)",
         }
     }
 }
@@ -386,6 +390,7 @@ impl Metric {
                 SourceFigure::Throughput => "Gbit/s",
                 SourceFigure::RrP50 | SourceFigure::RrP99 => "µs",
                 SourceFigure::Crr => "conn/s",
+                SourceFigure::ProgNs => "ns",
             },
             LeftAfterDels => "objects",
             MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",

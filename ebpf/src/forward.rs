@@ -195,26 +195,6 @@ pub fn from_chained_pod(ctx: &TcContext) -> i32 {
 fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
-    // Before the limiter: a spoofed frame spends none of the pod's tokens.
-    let source = source::check(ctx, me);
-    match source {
-        Source::BadAddress | Source::BadMac => {
-            let (event, what) = if source == Source::BadMac {
-                (Event::MacDrop, "MAC")
-            } else {
-                (Event::SourceDrop, "address")
-            };
-            count(me, Dir::FromPod, event, len);
-            if tracing() {
-                debug!(
-                    ctx,
-                    "if {}: from pod, dropped: source {} not the pod's", me, what
-                );
-            }
-            return TC_ACT_SHOT as i32;
-        }
-        Source::Pass | Source::Stack => {}
-    }
     match police(ctx, me, Way::Egress) {
         Verdict::Drop => {
             count(me, Dir::FromPod, Event::Drop, len);
@@ -224,9 +204,33 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         Verdict::Pass => {}
     }
     count(me, Dir::FromPod, Event::Packet, len);
-    if source == Source::Stack {
+    // After the limiter and the count: every frame of the pod spends its tokens and is
+    // counted, spoofed or not, and the verifier walks the limiter once, not once per
+    // verdict of the check.
+    match source::check(ctx, me) {
+        Source::BadAddress => {
+            count(me, Dir::FromPod, Event::SourceDrop, len);
+            if tracing() {
+                debug!(
+                    ctx,
+                    "if {}: from pod, dropped: source address not the pod's", me
+                );
+            }
+            return TC_ACT_SHOT as i32;
+        }
+        Source::BadMac => {
+            count(me, Dir::FromPod, Event::MacDrop, len);
+            if tracing() {
+                debug!(
+                    ctx,
+                    "if {}: from pod, dropped: source MAC not the pod's", me
+                );
+            }
+            return TC_ACT_SHOT as i32;
+        }
         // Link-local and unspecified sources: the stack's, never forwarded.
-        return PASS;
+        Source::Stack => return PASS,
+        Source::Pass => {}
     }
     if !CHAINED {
         if let Some(rc) = answer_arp(ctx, me) {

@@ -349,7 +349,8 @@ pub struct DirCounters {
     pub marks: u64,
     /// From the pod only: frames the source check dropped because their source address
     /// (IPv4, IPv6, ARP's sender) is not one the pod may send from, or cannot be read.
-    /// Not counted in `drops`. (Was spare room, always 0, before the check.)
+    /// The check runs after the limiter and the packet count: these frames are in
+    /// `packets` and `bytes`, not in `drops`. (Spare room, always 0, before the check.)
     pub source_drops: u64,
     /// From the pod only: frames the source check dropped because their source MAC (or
     /// ARP's sender MAC) is not the pod interface's.

@@ -5,10 +5,13 @@
 //! alternates between them in short slices, so a noisy moment hits both.
 //!
 //! With the check on, `ecni_from_pod` looks every frame up in the source map (one LPM
-//! lookup); off, the same lookup finds the pod's catch-all saying so. The figures are
-//! therefore what the verdict costs on top of an unchanged lookup count, plus the lookup
-//! itself only where the off node skips it: nothing here measures a build without the
-//! check, which the traffic section's history covers.
+//! lookup in a trie of the node's pods' entries) and compares its MAC and verdict; off, the
+//! pods have no entries, and the same lookup finds the node's trie empty. So the on/off
+//! difference is the check's whole cost on this path, less a helper call on an empty map.
+//! The traffic figures are end to end, where it drowns in the veth's and the stack's cost;
+//! the program's own run time per packet, from the kernel's BPF statistics
+//! (`kernel.bpf_stats_enabled`, switched on for the section and back after: it adds two
+//! clock reads to every BPF program run on the machine meanwhile), shows it directly.
 //!
 //! Only ebpf-cni has the check; the reference chain has no column here.
 
@@ -16,8 +19,11 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use std::process::{Command, Stdio};
+
 use anyhow::{ensure, Context as _, Result};
-use serde_json::json;
+use ebpf_cni_tests::dataplane as dp;
+use serde_json::{json, Value};
 
 use crate::log::progress;
 use crate::metric::{Metric, SourceFigure};
@@ -38,7 +44,8 @@ pub struct Output {
     pub table: Table,
 }
 
-/// One node with two pods: `a` the client, `b` the servers.
+/// One node with two pods, `a` the client and `b` the servers, among `idle` others (their
+/// entries fill the source map as a node's pods do).
 struct Setup {
     // Servers first: they must stop before their namespaces go.
     _iperf: Iperf3Server,
@@ -46,16 +53,30 @@ struct Setup {
     a: Pod,
     b_ip: Ipv4Addr,
     _b: Pod,
-    _node: BenchNode,
+    _idle: Vec<Pod>,
+    node: BenchNode,
 }
 
 impl Setup {
-    fn new(bins: &Binaries, on: bool) -> Result<Self> {
+    fn new(bins: &Binaries, on: bool, idle: usize) -> Result<Self> {
         let node = BenchNode::with_list(Subject::EbpfCni, bins, Stack::V4, Egress::Routed, |l| {
             l.plugins[0]["sourceCheck"] = json!(on);
         })?;
+        let mut others = Vec::with_capacity(idle);
+        for i in 0..idle / 2 {
+            others.push(
+                node.add_pod(&format!("srccheck-idle-{i}"), topo::caps(&[], None))?
+                    .0,
+            );
+        }
         let (a, _) = node.add_pod("srccheck-a", topo::caps(&[], None))?;
         let (b, _) = node.add_pod("srccheck-b", topo::caps(&[], None))?;
+        for i in idle / 2..idle {
+            others.push(
+                node.add_pod(&format!("srccheck-idle-{i}"), topo::caps(&[], None))?
+                    .0,
+            );
+        }
         // What the result says is in force is what this variant measures.
         for pod in [&a, &b] {
             let enabled = pod
@@ -78,8 +99,53 @@ impl Setup {
             a,
             b_ip,
             _b: b,
-            _node: node,
+            _idle: others,
+            node,
         })
+    }
+
+    /// `ecni_from_pod`'s run time (ns) and run count so far, from the kernel's statistics.
+    fn prog_stats(&self) -> Result<(u64, u64)> {
+        let path = dp::pinned_programs(&self.node.node)
+            .into_iter()
+            .find(|p| p.ends_with(dp::PROG_FROM_POD))
+            .context("the node has no pinned ecni_from_pod")?;
+        let out = Command::new("bpftool")
+            .args(["-j", "prog", "show", "pinned"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .output()
+            .context("running bpftool")?;
+        ensure!(
+            out.status.success(),
+            "bpftool prog show pinned {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
+        let get = |k: &str| v[k].as_u64().unwrap_or(0);
+        Ok((get("run_time_ns"), get("run_cnt")))
+    }
+}
+
+/// The kernel's BPF run-time statistics on while it lives, then as they were.
+struct BpfStats {
+    before: String,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn on() -> Result<Self> {
+        let before = std::fs::read_to_string(BPF_STATS).context(BPF_STATS)?;
+        std::fs::write(BPF_STATS, "1").context(BPF_STATS)?;
+        Ok(Self { before })
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, self.before.trim());
     }
 }
 
@@ -87,7 +153,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut fig: BTreeMap<(SourceFigure, bool), Repeats> = BTreeMap::new();
     let mut setups: Vec<(bool, Setup)> = Vec::new();
     for on in VARIANTS {
-        match Setup::new(bins, on) {
+        match Setup::new(bins, on, p.pods) {
             Ok(s) => setups.push((on, s)),
             Err(e) => {
                 progress(&format!(
@@ -126,6 +192,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             }
         }
         let slice = rr_time / RR_SLICES;
+        let stats = BpfStats::on();
+        let before: BTreeMap<bool, Result<(u64, u64)>> =
+            setups.iter().map(|(on, s)| (*on, s.prog_stats())).collect();
         let mut lat: BTreeMap<bool, Vec<f64>> = BTreeMap::new();
         let mut conns: BTreeMap<bool, (usize, f64)> = BTreeMap::new();
         for _ in 0..RR_SLICES {
@@ -151,6 +220,23 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 }
             }
         }
+        for (on, s) in &setups {
+            let r = fig.entry((SourceFigure::ProgNs, *on)).or_default();
+            let per_packet = stats
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .and_then(|_| {
+                    let (ns0, n0) = before[on].as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                    let (ns1, n1) = s.prog_stats()?;
+                    ensure!(n1 > *n0, "ecni_from_pod did not run (statistics off?)");
+                    Ok((ns1 - ns0) as f64 / (n1 - n0) as f64)
+                });
+            match per_packet {
+                Ok(ns) => r.push(Subject::EbpfCni, ns),
+                Err(e) => r.set_instead(Subject::EbpfCni, Cell::failed(&e)),
+            }
+        }
+        drop(stats);
         for (on, l) in lat {
             for (f, q) in [(SourceFigure::RrP50, 50.0), (SourceFigure::RrP99, 99.0)] {
                 fig.entry((f, on))
@@ -182,19 +268,23 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     table.notes = vec![
         format!(
             "Two ebpf-cni nodes alike but for `sourceCheck` (on: the default; off: \
-             `sourceCheck: false`), two IPv4 pods each; iperf3 -t {} -O {}, one TCP stream, \
-             MTU {}; TCP_RR and TCP_CRR as in the dataplane section, {} s per figure and \
-             repeat in {RR_SLICES} slices alternating the two nodes, client and server \
-             pinned to CPU {}.",
+             `sourceCheck: false`), each with the two IPv4 pods measured among {} idle ones \
+             (on: {} entries in the source map); iperf3 -t {} -O {}, one TCP stream, MTU {}; \
+             TCP_RR and TCP_CRR as in the dataplane section, {} s per figure and repeat in \
+             {RR_SLICES} slices alternating the two nodes, client and server pinned to CPU {}.",
+            p.pods,
+            2 * (p.pods + 2),
             p.iperf_secs,
             p.iperf_omit,
             topo::MTU,
             p.rr_secs,
             load::rr_cpu()
         ),
-        "Both variants do the one LPM lookup per frame (off: the pod's catch-all says so); \
-         on adds the MAC and address verdict. The reference chain has no source check, so it \
-         has no column here."
+        "On: one LPM lookup per frame in a trie of the node's entries, then the MAC and \
+         address verdict; off: the pods have no entries, the lookup finds the trie empty. The \
+         run time per packet is `ecni_from_pod`'s mean over the TCP_RR and TCP_CRR slices \
+         (run_time_ns / run_cnt of the kernel's BPF statistics, on for those slices only). \
+         The reference chain has no source check, so it has no column here."
             .to_owned(),
     ];
     Output { table }
