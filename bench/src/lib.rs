@@ -101,7 +101,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         Some(k) => Some(k.to_owned()),
         None => (!guest::host_has_fq()).then(|| "6.12".to_owned()),
     };
-    let plugin = xtask::prepare::prepare(TASK, STAGE_DIR, args.plugin.as_deref())?;
+    let plugin = xtask::prepare::prepare(
+        TASK,
+        xtask::setup::Scope::Full,
+        STAGE_DIR,
+        args.plugin.as_deref(),
+    )?;
     for tool in ["ptp", "host-local", "portmap", "bandwidth"] {
         let p = Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(tool);
         if !p.is_file() {

@@ -6,7 +6,9 @@
 //! so a pod deleted and re-added with a new address is reached by the very next packet of
 //! an existing flow (no stale conntrack entry, as with the reference plugin's UDP flows).
 //! The reverse translation is recorded per flow in the LRU map `ECNI_NAT_REV`, keyed by what
-//! the pod's reply carries, so entries of dead flows simply age out.
+//! the pod's reply carries, so entries of dead flows simply age out; a reply is translated
+//! only while the host port still leads to the pod and port that sends it, so an entry that
+//! outlived its pod never touches the replies of the next pod given that address.
 //!
 //! A pod reaching its own host port (hairpin) would receive a packet from its own address,
 //! which its stack drops; its source becomes the pod's gateway instead, which the pod routes
@@ -258,6 +260,21 @@ pub fn reverse(ctx: &TcContext) -> Nat {
     copy16(&mut f.orig.addr, &orig.addr);
     f.orig.port = orig.port;
     f.orig.flags = orig.flags;
+    // Only while the host port still leads to this pod and port: the entry outlives its
+    // pod, and a pod given that address next, reached by the same client port without a
+    // host port, would otherwise answer from the old host port (which its client drops).
+    if !port_target(
+        &f.orig.addr,
+        f.orig.port,
+        f.proto,
+        &mut f.port_key,
+        &mut f.target,
+    ) || f.target.pod_addr != f.src
+        || f.target.pod_port != f.sport
+    {
+        let _ = ECNI_NAT_REV.remove(&f.rev);
+        return Nat::None;
+    }
     let hairpin = f.orig.flags & NAT_FLAG_HAIRPIN != 0;
     copy16(&mut f.csum_from, &f.src);
     copy16(&mut f.csum_to, &f.orig.addr);

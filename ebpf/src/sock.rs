@@ -6,7 +6,9 @@
 //!
 //! These programs are attached to the cgroup v2 root, so they see every socket of the
 //! machine; they act only on sockets of the node's network namespace (its cookie is in
-//! `ECNI_CONFIG`), and only while the node has host port mappings.
+//! `ECNI_CONFIG`), and only while the node has host port mappings. A mapping flagged
+//! `PORT_FLAG_NO_LOOPBACK` (`hostPortsOnLoopback: false`) leaves loopback destinations to
+//! the node's own listeners.
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
@@ -15,6 +17,7 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{
     EndpointKey, PortKey, PortTarget, SockKey, SockOrig, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+    PORT_FLAG_NO_LOOPBACK,
 };
 
 use crate::maps::{
@@ -137,6 +140,10 @@ pub fn to_pod(ctx: &SockAddrContext, v6: bool) -> i32 {
     let mut key = PortKey::default();
     let mut t = PortTarget::default();
     if !port_target(&lookup, port, proto, &mut key, &mut t) {
+        return ALLOW;
+    }
+    // `hostPortsOnLoopback: false`: loopback stays the node's.
+    if t.flags & PORT_FLAG_NO_LOOPBACK != 0 && is_loopback(&addr) {
         return ALLOW;
     }
     // An IPv4 socket cannot reach an IPv6 pod and vice versa (a v6 socket reaches IPv4

@@ -503,10 +503,16 @@ pub struct PortTarget {
     pub host_ifindex: u32,
     /// Host byte order.
     pub pod_port: u16,
-    pub _pad: [u8; 2],
+    /// `PORT_FLAG_*`. Was padding: an older binary's entries read as 0 (the defaults).
+    pub flags: u8,
+    pub _pad: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<PortTarget>() == 48);
+
+/// [`PortTarget::flags`]: the node's own connections to loopback (`127.0.0.0/8`, `::1`) are
+/// not sent to the pod (`hostPortsOnLoopback: false`); they reach the node's own listener.
+pub const PORT_FLAG_NO_LOOPBACK: u8 = 1;
 
 /// Value of [`PORTMAP_HITS_MAP`] on one CPU.
 #[repr(C)]

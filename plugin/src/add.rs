@@ -114,6 +114,10 @@ pub async fn add(
         .into());
     }
 
+    // Before this ADD's own allocation: the first ADD after a boot frees the addresses of
+    // the pods the reboot took.
+    crate::reboot::reclaim_leases(conf, &ipam, &host_nl, &node).await?;
+
     let cx = Request {
         env,
         conf,
@@ -280,6 +284,7 @@ async fn setup(
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let (devices, node_addrs) = crate::node::node_devices(host_nl, conf, &gateways).await?;
     step("devices listed");
+    crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
     undo.push(Undo::Programs);
     let spec = wanted.spec(&pair.host, &node_addrs);
     bpf::add_pod(

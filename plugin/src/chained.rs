@@ -207,6 +207,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     bpf::ensure_addresses_free(&node, &key, &ips)?;
     let wanted = pod.wanted(&pod_conf)?;
     let (devices, node_addrs) = crate::node::node_devices(&host_nl, conf, &pod.gateways()).await?;
+    crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
     let spec = wanted.spec(&pod.host, &node_addrs);
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(

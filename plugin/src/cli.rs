@@ -64,6 +64,13 @@ enum Cmd {
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<std::net::SocketAddr>,
     },
+    /// Install this binary into the host's CNI bin dir and write its conflist into the conf
+    /// dir (a DaemonSet's install step): atomically, idempotently, other files untouched.
+    /// Pod subnets default to the Kubernetes Node object's spec.podCIDRs.
+    Install(Box<crate::install::InstallArgs>),
+    /// Remove what install wrote (the binary and the conflist, only if they are ours);
+    /// with --purge also the node's pinned eBPF state, refused while a pod is attached.
+    Uninstall(crate::install::UninstallArgs),
 }
 
 pub fn main() -> i32 {
@@ -114,6 +121,26 @@ pub fn main() -> i32 {
                 // the address or file: our errors never repeat their source.
                 eprintln!("ebpf-cni metrics: {}", chain(e.as_ref()));
                 1
+            }
+        },
+        Cmd::Install(args) => match crate::install::install(&args) {
+            Ok(report) => {
+                println!("{report}");
+                0
+            }
+            Err(e) => {
+                eprintln!("ebpf-cni install: {}", chain(&e));
+                e.exit_code()
+            }
+        },
+        Cmd::Uninstall(args) => match crate::install::uninstall(&args) {
+            Ok(report) => {
+                println!("{report}");
+                0
+            }
+            Err(e) => {
+                eprintln!("ebpf-cni uninstall: {}", chain(&e));
+                e.exit_code()
             }
         },
     }

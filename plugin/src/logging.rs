@@ -53,6 +53,16 @@ impl Log for Logger {
     fn flush(&self) {}
 }
 
+/// A warning the operator must see even where the log goes to a file: logged, and written to
+/// stderr too in that case (runtimes keep a plugin's stderr).
+pub fn warn_operator(msg: &str) {
+    log::warn!("{msg}");
+    let to_file = FILE.lock().map(|f| f.is_some()).unwrap_or(true);
+    if to_file && log::max_level() >= LevelFilter::Warn {
+        let _ = std::io::stderr().write_all(format!("ebpf-cni: warning: {msg}\n").as_bytes());
+    }
+}
+
 /// A level name as `EBPF_CNI_LOG` and `logLevel` spell it (any case); `None` for anything
 /// else.
 fn parse_level(s: &str) -> Option<LevelFilter> {

@@ -16,8 +16,9 @@ use nix::sched::{setns, CloneFlags};
 
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// `ioctl(NS_GET_NSTYPE)` (`_IO(0xb7, 0x3)`, Linux 4.11): the `CLONE_NEW*` type of a
-/// namespace file.
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// namespace file. `libc::Ioctl`: the request's type differs between glibc (`c_ulong`) and
+/// musl (`c_int`), and the release binaries are static musl builds.
+const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {

@@ -110,7 +110,7 @@ pub fn failpoint() -> Result<(), Failpoint> {
 /// `bpf_mprog_commit()`), about 25 ms for a pod's two hooks here, during which every
 /// netlink request of the machine waits too; a `bpf` filter on a fresh `clsact` needs no
 /// such wait. The veth is ebpf-cni's alone from creation to deletion, and its filters go
-/// with it, so the links' ownership buys nothing there (README, "Attach modes").
+/// with it, so the links' ownership buys nothing there (docs/dataplane.md, "Attach modes").
 pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
     let one = |mode| AttachModes {
         pod: mode,

@@ -130,6 +130,9 @@ pub struct PortMapping {
     pub host_port: u16,
     pub container_port: u16,
     pub protocol: Protocol,
+    /// A wildcard mapping also takes the node's own connections to loopback
+    /// (`hostPortsOnLoopback`, the network's setting).
+    pub loopback: bool,
 }
 
 /// A mapping made concrete for one pod address: `host` is `None` for "every node address
@@ -143,6 +146,8 @@ pub struct PortEntry {
     pub pod_port: u16,
     /// The pod's gateway in that family: hairpin packets come from it.
     pub gateway: Option<IpAddr>,
+    /// See [`PortMapping::loopback`].
+    pub loopback: bool,
 }
 
 impl PortEntry {
@@ -249,6 +254,7 @@ pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, PortmapError> {
             host_port,
             container_port,
             protocol,
+            loopback: conf.host_ports_on_loopback,
         };
         if out.contains(&m) {
             continue;
@@ -308,6 +314,7 @@ pub fn entries(
                 pod_ip,
                 pod_port: m.container_port,
                 gateway,
+                loopback: m.loopback,
             });
         }
         if !matched {
@@ -322,10 +329,261 @@ pub fn entries(
     Ok(out)
 }
 
+/// A socket of the node that receives on a port: a listening TCP socket or an unconnected
+/// UDP one, as `/proc/net/{tcp,udp}{,6}` list them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Listener {
+    /// IPv4-mapped addresses (IPv6 sockets listed with an IPv4 address) made IPv4.
+    pub addr: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// `/proc/<...>/net/tcp` state of a listening socket (`TCP_LISTEN`).
+const TCP_LISTEN: &str = "0A";
+
+/// The listeners in one `/proc/net/{tcp,udp}{,6}` table. Addresses there are the kernel's
+/// in-memory words printed in hex (native order), ports in host order.
+fn parse_proc_net(text: &str, protocol: Protocol) -> Vec<Listener> {
+    let hex_ip = |s: &str| -> Option<IpAddr> {
+        let word = |w: &str| u32::from_str_radix(w, 16).ok().map(u32::to_ne_bytes);
+        match s.len() {
+            8 => Some(IpAddr::from(word(s)?)),
+            32 => {
+                let mut b = [0u8; 16];
+                for i in 0..4 {
+                    b[i * 4..i * 4 + 4].copy_from_slice(&word(s.get(i * 8..i * 8 + 8)?)?);
+                }
+                let v6 = std::net::Ipv6Addr::from(b);
+                Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+            }
+            _ => None,
+        }
+    };
+    let endpoint = |s: &str| -> Option<(IpAddr, u16)> {
+        let (ip, port) = s.split_once(':')?;
+        Some((hex_ip(ip)?, u16::from_str_radix(port, 16).ok()?))
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut f = line.split_whitespace().skip(1);
+            let (addr, port) = endpoint(f.next()?)?;
+            let (_, remote_port) = endpoint(f.next()?)?;
+            let state = f.next()?;
+            let receives = match protocol {
+                Protocol::Tcp => state == TCP_LISTEN,
+                _ => remote_port == 0,
+            };
+            receives.then_some(Listener {
+                addr,
+                port,
+                protocol,
+            })
+        })
+        .collect()
+}
+
+/// The node's listeners (the calling thread's network namespace); a table that cannot be
+/// read is skipped (SCTP is not listed).
+pub fn node_listeners() -> Vec<Listener> {
+    let mut out = Vec::new();
+    for (table, protocol) in [
+        ("tcp", Protocol::Tcp),
+        ("tcp6", Protocol::Tcp),
+        ("udp", Protocol::Udp),
+        ("udp6", Protocol::Udp),
+    ] {
+        let path = format!("/proc/thread-self/net/{table}");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => out.extend(parse_proc_net(&text, protocol)),
+            Err(e) => log::debug!("not checking the node's listeners in {path}: {e}"),
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether mapping `e` takes what `l` would receive: same port and protocol, and an address
+/// the mapping answers on (a wildcard one: every node address of its family, and loopback
+/// unless `hostPortsOnLoopback` is false or the node's own sockets are not translated,
+/// `node_sockets`). An IPv6 wildcard listener is taken as dual-stack.
+fn takes(e: &PortEntry, l: &Listener, node_addrs: &[IpAddr], node_sockets: bool) -> bool {
+    if l.port != e.host_port || l.protocol != e.protocol {
+        return false;
+    }
+    let v4 = e.pod_ip.is_ipv4();
+    if l.addr.is_unspecified() {
+        return l.addr.is_ipv6() || v4;
+    }
+    if l.addr.is_ipv4() != v4 {
+        return false;
+    }
+    match e.host {
+        Some(h) => h == l.addr,
+        None if l.addr.is_loopback() => e.loopback && node_sockets,
+        None => node_addrs.contains(&l.addr),
+    }
+}
+
+/// One line per node listener whose traffic the pod's mappings take, for the operator.
+/// `node_sockets`: the node's own connections are translated too (kernel 5.14+).
+pub fn taken_listeners(
+    entries: &[PortEntry],
+    listeners: &[Listener],
+    node_addrs: &[IpAddr],
+    node_sockets: bool,
+) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for e in entries {
+        for l in listeners
+            .iter()
+            .filter(|l| takes(e, l, node_addrs, node_sockets))
+        {
+            let at = match l.addr {
+                IpAddr::V6(a) => format!("[{a}]:{}", l.port),
+                a => format!("{a}:{}", l.port),
+            };
+            let what = if l.addr.is_loopback() {
+                "the node's own connections to it now reach the pod (\"hostPortsOnLoopback\": false leaves loopback to the node)"
+            } else if node_sockets {
+                "what is sent to that port from outside the node, from pods and from the node itself now reaches the pod"
+            } else {
+                "what is sent to that port from outside the node and from pods now reaches the pod"
+            };
+            out.insert(format!(
+                "host port {} of the pod: a process of the node already listens on {at}/{}; {what}",
+                e.describe_host(),
+                l.protocol.as_str()
+            ));
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// ADD: warns (log and stderr) about each listener of the node the pod's mappings take.
+pub fn warn_taken_listeners(entries: &[PortEntry], node_addrs: &[IpAddr]) {
+    if entries.is_empty() {
+        return;
+    }
+    let node_sockets = crate::bpf::kernel::has_netns_cookie();
+    for line in taken_listeners(entries, &node_listeners(), node_addrs, node_sockets) {
+        crate::logging::warn_operator(&line);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn proc_net_tables_parse_to_listeners() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:0035 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:1F90 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
+";
+        let ip4 = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let got = parse_proc_net(tcp, Protocol::Tcp);
+        // The loopback word as a little-endian machine prints it.
+        let lo = if cfg!(target_endian = "little") {
+            ip4("127.0.0.1")
+        } else {
+            ip4("1.0.0.127")
+        };
+        assert_eq!(
+            got,
+            [Listener {
+                addr: lo,
+                port: 53,
+                protocol: Protocol::Tcp
+            }],
+            "only the LISTEN socket"
+        );
+        let udp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  10: 00000000000000000000000000000000:0035 00000000000000000000000000000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 3 2 0000000000000000 0
+  11: 0000000000000000FFFF00000100007F:1388 00000000000000000000000000000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4 2 0000000000000000 0
+  12: 00000000000000000000000001000000:0050 00000000000000000000000001000000:3039 01 00000000:00000000 00:00000000 00000000     0        0 5 2 0000000000000000 0
+";
+        let got = parse_proc_net(udp6, Protocol::Udp);
+        if cfg!(target_endian = "little") {
+            assert_eq!(
+                got,
+                [
+                    Listener {
+                        addr: "::".parse().unwrap(),
+                        port: 53,
+                        protocol: Protocol::Udp
+                    },
+                    Listener {
+                        addr: ip4("127.0.0.1"),
+                        port: 5000,
+                        protocol: Protocol::Udp
+                    }
+                ],
+                "unconnected sockets only, v4-mapped made IPv4"
+            );
+        }
+    }
+
+    #[test]
+    fn listeners_a_mapping_takes() {
+        let node: IpAddr = "192.0.2.1".parse().unwrap();
+        let entry = |host: Option<&str>, pod: &str, loopback: bool| PortEntry {
+            host: host.map(|h| h.parse().unwrap()),
+            host_port: 53,
+            protocol: Protocol::Udp,
+            pod_ip: pod.parse().unwrap(),
+            pod_port: 53,
+            gateway: None,
+            loopback,
+        };
+        let l = |a: &str| Listener {
+            addr: a.parse().unwrap(),
+            port: 53,
+            protocol: Protocol::Udp,
+        };
+        let wild4 = entry(None, "10.0.0.5", true);
+        let wild4_no_lo = entry(None, "10.0.0.5", false);
+        let wild6 = entry(None, "fd00::5", true);
+        let one = entry(Some("192.0.2.1"), "10.0.0.5", true);
+        let cases = [
+            (&wild4, l("127.0.0.53"), true),
+            (&wild4_no_lo, l("127.0.0.53"), false),
+            (&wild4, l("0.0.0.0"), true),
+            (&wild4_no_lo, l("0.0.0.0"), true),
+            (&wild4, l("::"), true),
+            (&wild6, l("0.0.0.0"), false),
+            (&wild6, l("::1"), true),
+            (&wild4, l("192.0.2.1"), true),
+            (&wild4, l("198.51.100.7"), false),
+            (&one, l("192.0.2.1"), true),
+            (&one, l("127.0.0.1"), false),
+        ];
+        for (e, listener, want) in cases {
+            assert_eq!(
+                takes(e, &listener, &[node], true),
+                want,
+                "{e:?} {listener:?}"
+            );
+        }
+        assert!(
+            !takes(&wild4, &l("127.0.0.53"), &[node], false),
+            "without socket programs the node's loopback stays its own"
+        );
+        let tcp = Listener {
+            protocol: Protocol::Tcp,
+            ..l("0.0.0.0")
+        };
+        assert!(!takes(&wild4, &tcp, &[node], true), "another protocol");
+        let lines = taken_listeners(&[wild4], &[l("127.0.0.53"), l("10.1.1.1")], &[node], true);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("127.0.0.53:53/udp") && lines[0].contains("hostPortsOnLoopback"),
+            "{lines:?}"
+        );
+    }
 
     fn conf(pm: Value) -> NetConf {
         NetConf::parse(json!({
@@ -387,6 +645,22 @@ mod tests {
             assert_eq!(e.cni_code(), code::INVALID_CONFIG, "{pm}");
             assert!(e.to_string().contains(needle), "{pm}: {e}");
         }
+    }
+
+    #[test]
+    fn loopback_follows_the_network_setting() {
+        let v4: IpAddr = "10.0.0.5".parse().unwrap();
+        let pm = json!([{"hostPort": 53, "containerPort": 53, "protocol": "udp"}]);
+        let on = mappings(&conf(pm.clone())).unwrap();
+        assert!(
+            on[0].loopback,
+            "the default is portmap's: loopback included"
+        );
+        let mut off = conf(pm);
+        off.host_ports_on_loopback = false;
+        let off = mappings(&off).unwrap();
+        assert!(!off[0].loopback);
+        assert!(!entries(&off, &[(v4, None)]).unwrap()[0].loopback);
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
     match NodeId::current() {
         Ok(node) => {
             problems.extend(bpf::readiness(&node));
-            // Not a failure: the node serves ADD with these parts degraded (README's
+            // Not a failure: the node serves ADD with these parts degraded (docs/kernels.md,
             // "Kernel requirements"); said on stderr, where runtimes log it.
             for m in bpf::part_modes(&node).into_iter().filter(|m| m.degraded) {
                 log::warn!("kernel {}: {}: {}", bpf::kernel::release(), m.part, m.mode);

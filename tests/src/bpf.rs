@@ -234,7 +234,7 @@ pub fn kernel_version() -> (u32, u32) {
 
 /// `getsockopt(SO_NETNS_COOKIE)` (5.14+). Without it ebpf-cni cannot tell the node's
 /// sockets from other namespaces', so it attaches no socket programs: the node's own
-/// processes reach host ports only through the stack (README, "Kernel requirements").
+/// processes reach host ports only through the stack (docs/kernels.md, "Kernel requirements").
 pub fn kernel_has_so_netns_cookie() -> bool {
     const SO_NETNS_COOKIE: libc::c_int = 71;
     let Ok(sock) = std::net::UdpSocket::bind("127.0.0.1:0") else {

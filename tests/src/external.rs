@@ -6,10 +6,17 @@
 //! Host number `n` (2..=254) gets `192.168.<n>.0/24` and `fd<n>::/64`: the node end is `.1`
 //! / `::1`, the host `.2` / `::2`. Addresses are added without duplicate address detection so
 //! IPv6 works at once. Dropping the host deletes its namespace, and with it the veth pair.
+//!
+//! [`ExternalHost::builder`] puts the node's addresses on the kinds of uplink nodes have
+//! instead of the veth itself: a bond (802.3ad, the veth its one port), a bridge (the veth
+//! its one port), a VLAN (on the veth, or on the bond), each matched on the host's side
+//! (a bond of its own, the same VLAN id; behind a bridge the host is a plain end).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use anyhow::{ensure, Context, Result};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::netns::Netns;
 
@@ -20,15 +27,63 @@ pub const HOST_IFNAME: &str = "eth0";
 pub struct ExternalHost {
     netns: Netns,
     node_dev: String,
+    host_dev: String,
     pub v4: Ipv4Addr,
     pub v6: Ipv6Addr,
     pub node_v4: Ipv4Addr,
     pub node_v6: Ipv6Addr,
 }
 
-impl ExternalHost {
-    /// Creates the host and its link `node_dev` in `node` (see the module docs).
-    pub fn attach(node: &Netns, node_dev: &str, n: u8) -> Result<Self> {
+/// The device under the node's addresses (see [`ExternalHost::builder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Master {
+    /// A bond in 802.3ad (LACP) mode, the host's end a bond too.
+    Bond,
+    /// A bridge; the host's end stays a plain device.
+    Bridge,
+}
+
+impl Master {
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Bond => "bond",
+            Self::Bridge => "bridge",
+        }
+    }
+}
+
+/// How an [`ExternalHost`] is wired to the node: by default a plain veth pair.
+#[derive(Debug, Clone)]
+pub struct ExternalHostBuilder {
+    node_dev: String,
+    n: u8,
+    master: Option<Master>,
+    vlan: Option<u16>,
+}
+
+impl ExternalHostBuilder {
+    /// The node's end (and the host's) is a bond with the veth as its port.
+    pub fn bond(mut self) -> Self {
+        self.master = Some(Master::Bond);
+        self
+    }
+
+    /// The node's end is a bridge with the veth as its port.
+    pub fn bridge(mut self) -> Self {
+        self.master = Some(Master::Bridge);
+        self
+    }
+
+    /// The addresses are on VLAN `id` (over the bond or bridge if any), on both ends.
+    pub fn vlan(mut self, id: u16) -> Self {
+        self.vlan = Some(id);
+        self
+    }
+
+    /// Creates the host and its link in `node`; the node's addressed device is named
+    /// `node_dev` whatever it is.
+    pub fn attach(self, node: &Netns) -> Result<ExternalHost> {
+        let n = self.n;
         ensure!(
             (2..=254).contains(&n),
             "external host number {n} out of 2..=254"
@@ -40,33 +95,79 @@ impl ExternalHost {
                 .parse()
                 .context("external IPv6 address")
         };
-        let host = Self {
-            node_dev: node_dev.to_owned(),
-            v4: v4(2),
-            v6: v6("2")?,
-            node_v4: v4(1),
-            node_v6: v6("1")?,
-            netns,
+        // The node's and the host's stacks, bottom up: the veth ends, then a master, then a
+        // VLAN; the last of each holds the addresses.
+        let plain = self.master.is_none() && self.vlan.is_none();
+        let node_veth = if plain {
+            self.node_dev.clone()
+        } else {
+            format!("ext{n}")
         };
         node.ip_ok(&[
             "link",
             "add",
-            node_dev,
+            &node_veth,
             "type",
             "veth",
             "peer",
             "name",
             HOST_IFNAME,
             "netns",
-            host.netns.name(),
+            netns.name(),
         ])?;
+        let mut node_top = node_veth.clone();
+        let mut host_top = HOST_IFNAME.to_owned();
+        if let Some(m) = self.master {
+            let name = if self.vlan.is_some() {
+                format!("{}{n}", m.kind())
+            } else {
+                self.node_dev.clone()
+            };
+            add_master(node, m, &name, &node_veth)?;
+            node_top = name;
+            if m == Master::Bond {
+                add_master(&netns, m, "bond0", HOST_IFNAME)?;
+                host_top = "bond0".to_owned();
+            }
+        }
+        if let Some(id) = self.vlan {
+            let id = id.to_string();
+            for (ns, lower, name) in [
+                (node, node_top.clone(), self.node_dev.clone()),
+                (&netns, host_top.clone(), format!("{host_top}.{id}")),
+            ] {
+                ns.ip_ok(&[
+                    "link", "add", "link", &lower, "name", &name, "type", "vlan", "id", &id,
+                ])?;
+                ns.ip_ok(&["link", "set", &lower, "up"])?;
+            }
+            node_top = self.node_dev.clone();
+            host_top = format!("{host_top}.{id}");
+        }
+        ensure!(
+            node_top == self.node_dev,
+            "the node's addressed device is {node_top}"
+        );
+        let host = ExternalHost {
+            node_dev: self.node_dev,
+            host_dev: host_top,
+            v4: v4(2),
+            v6: v6("2")?,
+            node_v4: v4(1),
+            node_v6: v6("1")?,
+            netns,
+        };
         for (ns, dev, a4, a6) in [
-            (node, node_dev, host.node_v4, host.node_v6),
-            (&host.netns, HOST_IFNAME, host.v4, host.v6),
+            (node, host.node_dev.as_str(), host.node_v4, host.node_v6),
+            (&host.netns, host.host_dev.as_str(), host.v4, host.v6),
         ] {
             ns.ip_ok(&["addr", "add", &format!("{a4}/24"), "dev", dev])?;
             ns.ip_ok(&["addr", "add", &format!("{a6}/64"), "dev", dev, "nodad"])?;
             ns.ip_ok(&["link", "set", dev, "up"])?;
+        }
+        if !plain {
+            node.ip_ok(&["link", "set", &node_veth, "up"])?;
+            host.netns.ip_ok(&["link", "set", HOST_IFNAME, "up"])?;
         }
         let gw4 = host.node_v4.to_string();
         let gw6 = host.node_v6.to_string();
@@ -74,7 +175,103 @@ impl ExternalHost {
             .ip_ok(&["-4", "route", "add", "default", "via", &gw4])?;
         host.netns
             .ip_ok(&["-6", "route", "add", "default", "via", &gw6])?;
+        if !plain {
+            host.wait_until_it_carries()?;
+        }
         Ok(host)
+    }
+}
+
+/// A bond (802.3ad, fast LACP) or bridge `name` in `ns` with `port` as its one port.
+fn add_master(ns: &Netns, m: Master, name: &str, port: &str) -> Result<()> {
+    match m {
+        Master::Bond => ns.ip_ok(&[
+            "link",
+            "add",
+            name,
+            "type",
+            "bond",
+            "mode",
+            "802.3ad",
+            "lacp_rate",
+            "fast",
+            "miimon",
+            "100",
+        ])?,
+        Master::Bridge => ns.ip_ok(&["link", "add", name, "type", "bridge"])?,
+    };
+    ns.ip_ok(&["link", "set", port, "down"])?;
+    ns.ip_ok(&["link", "set", port, "master", name])?;
+    ns.ip_ok(&["link", "set", name, "up"])?;
+    Ok(())
+}
+
+/// Whether this kernel can make uplinks of `kind` (`bond`, `bridge`, `vlan`): the host
+/// kernel of a machine may have neither bonding nor 802.1Q (and no modules to load).
+pub fn kernel_has_link_kind(kind: &str) -> bool {
+    let Ok(ns) = Netns::create("p") else {
+        return false;
+    };
+    let made = if kind == "vlan" {
+        ns.ip_ok(&[
+            "link", "add", "probe0", "type", "veth", "peer", "name", "probe1",
+        ])
+        .and_then(|_| {
+            ns.ip_ok(&[
+                "link", "add", "link", "probe0", "name", "probe0.9", "type", "vlan", "id", "9",
+            ])
+        })
+    } else {
+        ns.ip_ok(&["link", "add", "probe0", "type", kind])
+    };
+    made.is_ok()
+}
+
+impl ExternalHost {
+    /// Creates the host and its link `node_dev` in `node` (see the module docs).
+    pub fn attach(node: &Netns, node_dev: &str, n: u8) -> Result<Self> {
+        Self::builder(node_dev, n).attach(node)
+    }
+
+    /// Host number `n` behind the node's device `node_dev`, a plain veth unless the
+    /// builder says otherwise.
+    pub fn builder(node_dev: &str, n: u8) -> ExternalHostBuilder {
+        ExternalHostBuilder {
+            node_dev: node_dev.to_owned(),
+            n,
+            master: None,
+            vlan: None,
+        }
+    }
+
+    /// Waits until the host reaches the node over both families (a bond's LACP must agree
+    /// first: ports that are not yet collecting and distributing drop what they get).
+    fn wait_until_it_carries(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for node in [self.node_v4.to_string(), self.node_v6.to_string()] {
+            loop {
+                let ok = self
+                    .netns
+                    .exec(&["ping", "-c", "1", "-W", "1", &node])
+                    .is_ok_and(|o| o.status.success());
+                if ok {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "external host: {node} not reachable over {} after 60 s",
+                        self.node_dev
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's device holding its addresses (`eth0`, or its bond or VLAN).
+    pub fn host_dev(&self) -> &str {
+        &self.host_dev
     }
 
     pub fn netns(&self) -> &Netns {

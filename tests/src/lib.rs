@@ -32,6 +32,7 @@ pub mod netns;
 pub mod node;
 pub mod plugin;
 pub mod rate;
+pub mod release;
 pub mod result;
 pub mod runtime;
 pub mod spoof;
@@ -123,7 +124,7 @@ pub fn previous_ebpf_cni_bin() -> PathBuf {
 }
 
 /// The file `var` names; panics saying it must name `what`, and `hint`, when it does not.
-fn bin_from_env(var: &str, what: &str, hint: &str) -> PathBuf {
+pub(crate) fn bin_from_env(var: &str, what: &str, hint: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(p) if !p.is_empty() => {
             let p = PathBuf::from(p);

@@ -35,6 +35,7 @@ const CONTROLLED_ENV: &[&str] = &[
     "CNI_PATH",
     "EBPF_CNI_FAILPOINT",
     "EBPF_CNI_TEST_KERNEL_RELEASE",
+    "EBPF_CNI_BOOT_ID_FILE",
 ];
 
 /// `CNI_COMMAND`.

@@ -35,7 +35,7 @@ fn limit_bps() -> u64 {
 }
 
 /// `bridge` (isGateway, no masquerade) with the harness's host-local IPAM, then ebpf-cni
-/// without ipam: the "replace portmap and bandwidth" conflist of the README.
+/// without ipam: the "replace portmap and bandwidth" conflist of docs/chained-mode.md.
 fn chain(p: &PluginUnderTest, node: &Node) -> NetConfList {
     let mut bridge = p.conf("1.0.0", node, Stack::Dual);
     bridge["type"] = json!("bridge");

@@ -6,8 +6,8 @@
 //! Two attach modes (issue 3: "Attach with TCX links … fall back to netlink clsact filters
 //! …, and let config force that mode"): with `tcAttachMode: "tcx"` the programs hang on
 //! TCX links pinned there; by default (`auto`) ebpf-cni's own host veths get netlink
-//! `bpf` filters (a TCX attach waits out RCU grace periods under the RTNL lock, see the
-//! README), the directory pins each program as the record, and the node's devices keep
+//! `bpf` filters (a TCX attach waits out RCU grace periods under the RTNL lock, see
+//! docs/dataplane.md), the directory pins each program as the record, and the node's devices keep
 //! TCX links.
 
 use std::collections::BTreeSet;

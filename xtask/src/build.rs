@@ -189,21 +189,60 @@ pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
 
 /// [`build`] of `tree`.
 pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
-    let target_dir = &tree.target_dir;
     let obj = build_ebpf(tree)?;
+    build_plugin(tree, &obj, opts, None)
+}
+
+/// A Rust target the plugin is built for other than the host's, and the C cross compiler
+/// it needs when the host's `cc` cannot build for it.
+#[derive(Clone, Copy, Debug)]
+pub struct CrossTarget {
+    pub triple: &'static str,
+    /// Links the binary and compiles the C parts of dependencies (cc-rs, e.g. ring's).
+    pub cross_cc: Option<&'static str>,
+}
+
+impl CrossTarget {
+    /// The variables that make `cc` the target's linker (cargo's
+    /// `CARGO_TARGET_<TRIPLE>_LINKER`) and C compiler (cc-rs's `CC_<triple>`): set on the
+    /// build's command only, so no global configuration is needed.
+    fn cc_env(&self, cc: &'static str) -> [(String, &'static str); 2] {
+        let triple = self.triple.replace(['-', '.'], "_");
+        [
+            (format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase()), cc),
+            (format!("CC_{triple}"), cc),
+        ]
+    }
+}
+
+/// Builds the plugin embedding the eBPF object `obj` (from [`build_ebpf`]), for the host or
+/// for `target`; returns the binary's path.
+pub fn build_plugin(
+    tree: &Tree,
+    obj: &Path,
+    opts: &BuildOptions,
+    target: Option<CrossTarget>,
+) -> Result<PathBuf> {
     let obj = obj
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", obj.display()))?;
-
     let started = Instant::now();
     let mut build = cmd::cargo();
     build
         .current_dir(&tree.root)
         .args(["build", "--package", PLUGIN_PACKAGE, "--bin", PLUGIN_BIN])
-        .env("CARGO_TARGET_DIR", target_dir)
+        .env("CARGO_TARGET_DIR", &tree.target_dir)
         .env(OBJ_ENV, &obj);
     if !opts.debug_plugin {
         build.arg("--release");
+    }
+    let mut out_dir = tree.target_dir.clone();
+    if let Some(t) = target {
+        build.args(["--target", t.triple]);
+        if let Some(cc) = t.cross_cc {
+            build.envs(t.cc_env(cc));
+        }
+        out_dir.push(t.triple);
     }
     cmd::run(&mut build)?;
     let profile_dir = if opts.debug_plugin {
@@ -211,11 +250,17 @@ pub fn build_tree(tree: &Tree, opts: &BuildOptions) -> Result<PathBuf> {
     } else {
         "release"
     };
-    let plugin = target_dir.join(profile_dir).join(PLUGIN_BIN);
+    let plugin = out_dir.join(profile_dir).join(PLUGIN_BIN);
     if !plugin.is_file() {
         bail!("the plugin build left no binary at {}", plugin.display());
     }
-    eprintln!("plugin built in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "plugin built{} in {:.1}s",
+        target
+            .map(|t| format!(" for {}", t.triple))
+            .unwrap_or_default(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(plugin)
 }
 
@@ -233,5 +278,16 @@ mod tests {
         assert_eq!(found, listed);
         assert!(bpf_rustflags(&listed).contains("--export=ecni_masq_snat,ecni_masq_take"));
         assert_eq!(bpf_rustflags(&[] as &[&str]), BPF_RUSTFLAGS);
+    }
+
+    #[test]
+    fn a_cross_compilers_variables_are_cargos_and_cc_rss() {
+        let t = CrossTarget {
+            triple: "aarch64-unknown-linux-musl",
+            cross_cc: Some("aarch64-linux-gnu-gcc"),
+        };
+        let env = t.cc_env("aarch64-linux-gnu-gcc");
+        assert_eq!(env[0].0, "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER");
+        assert_eq!(env[1].0, "CC_aarch64_unknown_linux_musl");
     }
 }

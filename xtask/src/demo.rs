@@ -24,7 +24,7 @@ use ebpf_cni_tests::{
 };
 use serde_json::Value;
 
-use crate::{cmd, prepare};
+use crate::{cmd, prepare, setup::Scope};
 
 /// The network name: it names the IPAM directory and the pins' subtree.
 const NETWORK: &str = "demonet";
@@ -36,7 +36,7 @@ const HOST_VETH_PREFIX: &str = "ecni";
 const HOST_PORT: u16 = 8080;
 
 pub fn demo() -> Result<()> {
-    let plugin = prepare::prepare("cargo xtask demo", prepare::UNDER_TEST, None)?;
+    let plugin = prepare::prepare("cargo xtask demo", Scope::Demo, prepare::UNDER_TEST, None)?;
     let started = Instant::now();
     run(&plugin).context("the demo failed (everything it created has been removed)")?;
     println!(
@@ -304,7 +304,7 @@ fn show_tc_programs(node: &Node, pods: &[Pod]) -> Result<()> {
                 prog.prog_id, prog.name
             ));
         }
-        // The default attach mode: netlink filters on the pods' own veths (README,
+        // The default attach mode: netlink filters on the pods' own veths (docs/dataplane.md,
         // "Attach modes").
         for dir in [Direction::Ingress, Direction::Egress] {
             ensure!(

@@ -2,11 +2,19 @@
 //! bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), and what boots them (QEMU and
 //! virtme-ng, which runs a kernel over this machine's root filesystem, read-only).
 //!
+//! The kernels never enter this machine's boot: each image package is downloaded
+//! (`apt-get download`) and unpacked with `dpkg-deb -x` into a cache
+//! (`~/.cache/ebpf-cni/kernels/<release>/`, with `boot/vmlinuz-<release>` and
+//! `lib/modules/<release>/`): no maintainer script runs, no initramfs is made, no boot loader
+//! entry is written and nothing lands in /boot or /lib/modules. virtme-ng boots such a tree as
+//! it is: it takes the modules from beside the image (the rootfs it finds above
+//! `boot/vmlinuz-*`) and links them into the guest's /lib/modules.
+//!
 //! `install` is a step of `cargo xtask setup`: it looks first and only installs what is
-//! missing, so a second run costs a directory listing. The kernels are installed as Debian
-//! packages (their modules under /lib/modules, where virtme-ng's guest loads them from), from
-//! extra apt suites listed with a low pin priority, so the suites never upgrade this
-//! machine's own packages.
+//! missing, so a second run costs a directory listing. The packages come from extra apt
+//! suites listed with a low pin priority, so the suites never upgrade this machine's own
+//! packages; QEMU is installed from bookworm-backports with `-t`, so that its dependencies
+//! come from there too (this image's `qemu-utils` is backports' already).
 
 use std::{
     fs,
@@ -16,7 +24,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::cmd;
+use crate::{apt::Install, cmd};
 
 /// One kernel of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,36 +51,40 @@ pub const KERNELS: [Kernel; 3] = [
     },
 ];
 
-/// An installed kernel image: `/boot/vmlinuz-<release>` with `/lib/modules/<release>`.
+/// An unpacked kernel image: `<cache>/<release>/boot/vmlinuz-<release>`, its modules beside it.
 #[derive(Clone, Debug)]
 pub struct Installed {
     pub release: String,
     pub image: PathBuf,
 }
 
+/// Where the kernels are unpacked: `~/.cache/ebpf-cni/kernels`.
+pub fn cache_dir() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache/ebpf-cni/kernels"))
+}
+
+/// Written last into a release's directory: its unpacking finished.
+const COMPLETE: &str = ".unpacked";
+
 impl Kernel {
     pub fn by_series(series: &str) -> Option<Kernel> {
         KERNELS.iter().copied().find(|k| k.series == series)
     }
 
-    /// The newest installed image of this series (`5.10.0-32-amd64`, `6.12.95+deb12-amd64`).
+    /// The newest unpacked image of this series (`5.10.0-32-amd64`, `6.12.95+deb12-amd64`).
     pub fn installed(&self) -> Option<Installed> {
-        let mut found: Vec<String> = fs::read_dir("/boot")
+        let cache = cache_dir().ok()?;
+        let mut found: Vec<String> = fs::read_dir(&cache)
             .ok()?
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter_map(|n| n.strip_prefix("vmlinuz-").map(str::to_owned))
             .filter(|r| self.is_release(r))
-            .filter(|r| {
-                Path::new("/lib/modules")
-                    .join(r)
-                    .join("modules.dep")
-                    .is_file()
-            })
+            .filter(|r| cache.join(r).join(COMPLETE).is_file())
             .collect();
         found.sort_by(|a, b| version_cmp(a, b));
         let release = found.pop()?;
         Some(Installed {
-            image: Path::new("/boot").join(format!("vmlinuz-{release}")),
+            image: image_path(&cache.join(&release), &release),
             release,
         })
     }
@@ -96,7 +108,7 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 ";
 /// Below the default 500 (and backports' own 100): packages of these suites are only ever
-/// installed when asked for by exact version.
+/// installed when asked for (`-t`, or a download by exact version).
 const PREFERENCES_PATH: &str = "/etc/apt/preferences.d/ebpf-cni-kernels";
 const PREFERENCES: &str = "\
 Package: *
@@ -107,6 +119,14 @@ Package: *
 Pin: release n=bullseye
 Pin-Priority: 50
 ";
+
+/// QEMU for the guests. From bookworm-backports with `-t`: naming only a version from a
+/// low-pinned suite does not bring its dependencies from there (apt then refuses the line).
+pub const QEMU: Install = Install {
+    purpose: "the kernel VMs' QEMU",
+    packages: &["qemu-system-x86"],
+    target_release: Some("bookworm-backports"),
+};
 
 /// virtme-ng, from PyPI: the version this recipe was verified with.
 const VIRTME_NG: &str = "virtme-ng==1.42";
@@ -119,6 +139,14 @@ pub fn virtme_python() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".cache/ebpf-cni/virtme-ng/bin/python"))
 }
 
+/// Lists the extra suites (low-pinned) in apt's sources, and refreshes apt's lists when that
+/// changed them.
+pub fn list_sources() -> Result<()> {
+    let changed =
+        write_if_changed(SOURCES_PATH, SOURCES)? | write_if_changed(PREFERENCES_PATH, PREFERENCES)?;
+    crate::apt::update(changed)
+}
+
 /// Installs QEMU, virtme-ng and the three kernels, each only if missing.
 pub fn install() -> Result<String> {
     let mut done = Vec::new();
@@ -127,38 +155,23 @@ pub fn install() -> Result<String> {
         .copied()
         .filter(|k| k.installed().is_none())
         .collect();
-    let qemu_missing = !cmd::succeeds(Command::new("qemu-system-x86_64").arg("--version"));
+    let qemu_missing = !QEMU.missing()?.is_empty();
     if qemu_missing || !missing.is_empty() {
-        write_if_changed(SOURCES_PATH, SOURCES)?;
-        write_if_changed(PREFERENCES_PATH, PREFERENCES)?;
-        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+        list_sources()?;
     }
     if qemu_missing {
-        // The machine's qemu-utils may come from backports; qemu-system-x86 must then be the
-        // same version, or apt refuses the pair.
-        let qemu = match installed_version("qemu-utils") {
-            Some(v) => format!("qemu-system-x86={v}"),
-            None => "qemu-system-x86".into(),
-        };
-        apt_install(&[qemu])?;
-        done.push("qemu-system-x86".to_string());
+        done.push(QEMU.ensure()?);
     }
-    if !missing.is_empty() {
-        let packages = missing
-            .iter()
-            .map(|k| k.package())
-            .collect::<Result<Vec<_>>>()?;
-        apt_install(&packages)?;
-        for k in &missing {
-            if k.installed().is_none() {
-                bail!(
-                    "installing {} left no kernel {} in /boot",
-                    packages.join(" "),
-                    k.series
-                );
-            }
+    for k in &missing {
+        let package = k.package()?;
+        let release = unpack(&package)?;
+        if k.installed().is_none() {
+            bail!(
+                "unpacking {package} gave release {release}, not a {} kernel",
+                k.series
+            );
         }
-        done.extend(packages);
+        done.push(format!("unpacked {package}"));
     }
     let python = virtme_python()?;
     if !cmd::succeeds(Command::new(&python).args(["-c", "import virtme_ng"])) {
@@ -173,8 +186,86 @@ pub fn install() -> Result<String> {
     Ok(if done.is_empty() {
         "present".into()
     } else {
-        format!("installed {}", done.join(" "))
+        done.join("; ")
     })
+}
+
+/// Downloads the image package `package` (`name=version`) and unpacks it into the cache:
+/// the image and its modules, with `modules.dep` made by depmod (a package's postinst would
+/// have). Returns the release. Unpacked beside its final place and renamed there, so an
+/// interrupted run leaves no half tree that counts as installed.
+fn unpack(package: &str) -> Result<String> {
+    let cache = cache_dir()?;
+    let work = cache.join(format!(".unpacking-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    let tree = work.join("tree");
+    fs::create_dir_all(&tree).with_context(|| format!("creating {}", tree.display()))?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["download", "-q", "-o", "APT::Sandbox::User=root"])
+            .arg(package)
+            .current_dir(&work),
+    )?;
+    let deb = fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .with_context(|| {
+            format!(
+                "apt-get download {package} left no .deb in {}",
+                work.display()
+            )
+        })?;
+    cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
+    let release = fs::read_dir(tree.join("boot"))
+        .with_context(|| format!("{} has no boot/", deb.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|n| n.strip_prefix("vmlinuz-").map(str::to_owned))
+        .with_context(|| format!("{} holds no boot/vmlinuz-*", deb.display()))?;
+    let modules = modules_root(&tree, &release)
+        .with_context(|| format!("{} holds no modules for {release}", deb.display()))?;
+    cmd::run(Command::new("depmod").arg("-b").arg(&modules).arg(&release))?;
+    fs::write(tree.join(COMPLETE), format!("{package}\n"))?;
+    let dest = cache.join(&release);
+    let _ = fs::remove_dir_all(&dest);
+    fs::rename(&tree, &dest)
+        .with_context(|| format!("moving {} to {}", tree.display(), dest.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    Ok(release)
+}
+
+/// The root depmod and virtme-ng take the modules from: the tree, or its `usr/` where the
+/// package ships `usr/lib/modules`.
+fn modules_root(tree: &Path, release: &str) -> Option<PathBuf> {
+    [tree.to_path_buf(), tree.join("usr")]
+        .into_iter()
+        .find(|root| root.join("lib/modules").join(release).is_dir())
+}
+
+fn image_path(dir: &Path, release: &str) -> PathBuf {
+    dir.join("boot").join(format!("vmlinuz-{release}"))
+}
+
+/// Every kernel package of the matrix resolves to a download (`--print-uris`: nothing is
+/// fetched).
+pub fn check_downloads() -> Result<()> {
+    let mut failures = Vec::new();
+    for k in KERNELS {
+        let resolved = k.package().and_then(|p| {
+            cmd::output(Command::new("apt-get").args(["download", "--print-uris", &p]))
+                .map(|uri| (p, uri))
+        });
+        match resolved {
+            Ok((p, uri)) if uri.contains(".deb") => {
+                println!("downloadable: kernel {} ({p})", k.series)
+            }
+            Ok((p, _)) => failures.push(format!("apt-get download {p} names no .deb")),
+            Err(e) => failures.push(format!("kernel {}: {e:#}", k.series)),
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
 }
 
 impl Kernel {
@@ -212,30 +303,13 @@ impl Kernel {
     }
 }
 
-fn apt_install(packages: &[String]) -> Result<()> {
-    cmd::run(
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-}
-
-fn installed_version(package: &str) -> Option<String> {
-    let out = cmd::output(Command::new("dpkg-query").args([
-        "--show",
-        "--showformat=${db:Status-Status} ${Version}",
-        package,
-    ]))
-    .ok()?;
-    out.strip_prefix("installed ").map(|v| v.trim().to_owned())
-}
-
-fn write_if_changed(path: &str, text: &str) -> Result<()> {
+/// Writes `text` to `path` unless it holds it already; whether it wrote.
+fn write_if_changed(path: &str, text: &str) -> Result<bool> {
     if fs::read_to_string(path).ok().as_deref() == Some(text) {
-        return Ok(());
+        return Ok(false);
     }
-    fs::write(path, text).with_context(|| format!("writing {path}"))
+    fs::write(path, text).with_context(|| format!("writing {path}"))?;
+    Ok(true)
 }
 
 /// Compares release or version strings by their numeric runs (`6.1.0-56` < `6.1.0-100`),

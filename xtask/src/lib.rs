@@ -2,12 +2,15 @@
 //! `demo` and `vmtest` all start with [`prepare::prepare`]) and the benchmark crate
 //! (`bench/`, which `bench` runs) can use them too.
 
+pub mod apt;
 pub mod bench;
 pub mod build;
 pub mod cmd;
 pub mod demo;
+pub mod dist;
 pub mod imports;
 pub mod kernels;
+pub mod manifests;
 pub mod prepare;
 pub mod previous;
 pub mod setup;

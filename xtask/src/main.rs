@@ -13,11 +13,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install what building and testing need (apt packages, rust-src, bpf-linker);
-    /// only what is missing.
+    /// Install what building and testing need (apt packages, rust-src, bpf-linker, QEMU,
+    /// virtme-ng and the kernels unpacked into a cache); only what is missing.
     Setup,
+    /// Prove every apt install of the set-up resolves on a clean Debian 12 and here (apt's
+    /// simulation against an empty dpkg status), and every kernel package downloads.
+    CheckInstalls,
     /// Build the eBPF object and the plugin embedding it; prints the plugin's path.
     Build(BuildArgs),
+    /// Build the release artifacts into <target>/dist/: static amd64 and arm64 tarballs
+    /// (with .sha256), Debian packages and an OCI image archive (see docs/release.md).
+    Dist,
     /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
     /// is built already; prints the binary's path.
     BuildPrevious,
@@ -33,6 +39,9 @@ enum Task {
     /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
     /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
     Vmtest(xtask::vmtest::VmArgs),
+    /// Validate deploy/*.yaml against a fixed Kubernetes version's schemas (strict),
+    /// installing the validator (PyPI's kubernetes-validate, in its own venv) if missing.
+    ValidateManifests,
     /// Build, then benchmark ebpf-cni against the reference plugin chain (needs root). The
     /// arguments go to the benchmark (bench/): `cargo xtask bench --help` lists them.
     #[command(disable_help_flag = true)]
@@ -51,7 +60,8 @@ struct BuildArgs {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Setup => xtask::setup::setup(),
+        Task::Setup => xtask::setup::setup(xtask::setup::Scope::Full),
+        Task::CheckInstalls => xtask::setup::check_installs(),
         Task::Build(args) => {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,
@@ -59,6 +69,7 @@ fn main() -> Result<()> {
             println!("{}", plugin.display());
             Ok(())
         }
+        Task::Dist => xtask::dist::dist().map(drop),
         Task::BuildPrevious => {
             let plugin = xtask::previous::build()?;
             println!("{}", plugin.display());
@@ -68,5 +79,6 @@ fn main() -> Result<()> {
         Task::Demo => xtask::demo::demo(),
         Task::Vmtest(args) => xtask::vmtest::vmtest(&args),
         Task::Bench { args } => xtask::bench::run(&args),
+        Task::ValidateManifests => xtask::manifests::validate(),
     }
 }

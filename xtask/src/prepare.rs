@@ -22,11 +22,16 @@ pub fn require_root(task: &str) -> Result<()> {
     Ok(())
 }
 
-/// [`require_root`], [`setup::setup`], then the plugin: `plugin` when given (resolved to an
+/// [`require_root`], [`setup::setup`] of what `scope` needs, then the plugin: `plugin` when given (resolved to an
 /// absolute path), else a fresh build staged to `<target>/<stage_dir>/ebpf-cni`.
-pub fn prepare(task: &str, stage_dir: &str, plugin: Option<&Path>) -> Result<PathBuf> {
+pub fn prepare(
+    task: &str,
+    scope: setup::Scope,
+    stage_dir: &str,
+    plugin: Option<&Path>,
+) -> Result<PathBuf> {
     require_root(task)?;
-    setup::setup()?;
+    setup::setup(scope)?;
     match plugin {
         Some(p) => p
             .canonicalize()

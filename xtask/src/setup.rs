@@ -1,6 +1,10 @@
 //! `cargo xtask setup`: installs what building and testing need, checking before doing, so a
 //! second run only looks (well under a second). One line per step on stdout.
 //!
+//! What is installed depends on the task ([`Scope`]): the demo gets only what it uses (the
+//! toolchain pieces and four Debian packages); the test command adds the reference plugins,
+//! the runtimes, the traffic tools and the kernel VMs' pieces (see [`crate::kernels`]).
+//!
 //! bpf-linker is the delicate part: it must link the same LLVM major as the nightly rustc
 //! that emits the bitcode, and no system libLLVM matches, so it is built against nightly's
 //! own libLLVM (see /work/shared/TOOLCHAIN.md), through symlinks in a stable prefix under
@@ -15,87 +19,151 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cmd, kernels};
+use crate::{apt::Install, cmd, kernels};
 
-/// Debian packages the tests, demo and benchmarks use.
-pub const APT_PACKAGES: &[&str] = &[
-    "iproute2",
-    "iperf3",
-    "iputils-ping",
-    "containernetworking-plugins",
-    "iptables",
-    "bpftool",
-    "util-linux",
-    // The runtime end-to-end tests (tests/tests/podman.rs, tests/tests/containerd/):
-    // podman 4.3 with its CNI backend and conmon; containerd 1.6 with its CRI plugin (and
-    // `ctr`); runc as the OCI runtime for both (crun fails on hybrid cgroups; listed so apt
-    // does not pick crun for podman's `crun | runc` dependency); a static busybox for the
-    // containers' rootfs and the image built offline.
-    "podman",
-    "conmon",
-    "containerd",
-    "runc",
-    "busybox-static",
-    // The kernel matrix: virtme-ng lives in a venv of its own (Debian's python3 needs this
-    // package for `python3 -m venv`; QEMU and the kernels are installed by `kernels`).
-    "python3-venv",
-];
+/// What a task needs installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// `cargo xtask demo`: build the plugin, run two pods, show the kernel's state.
+    Demo,
+    /// `cargo xtask test`, `vmtest`, `bench` and `setup`: everything.
+    Full,
+}
 
-pub fn setup() -> Result<()> {
-    report("apt packages", apt_packages()?);
+/// What the demo runs besides the plugin: `ip` (iproute2), `bpftool` (the attached
+/// programs), `nsenter` and `mount` (util-linux), `modprobe` (kmod).
+pub const DEMO_PACKAGES: Install = Install {
+    purpose: "the demo",
+    packages: &["iproute2", "bpftool", "util-linux", "kmod"],
+    target_release: None,
+};
+
+/// What the tests and benchmarks add.
+pub const TEST_PACKAGES: Install = Install {
+    purpose: "the tests and benchmarks",
+    packages: &[
+        "iperf3",
+        "iputils-ping",
+        // The reference plugins (/usr/lib/cni), compared against and chained with.
+        "containernetworking-plugins",
+        "iptables",
+        // The runtime end-to-end tests (tests/tests/podman.rs, tests/tests/containerd/):
+        // podman 4.3 with its CNI backend and conmon; containerd 1.6 with its CRI plugin
+        // (and `ctr`); runc as the OCI runtime for both (crun fails on hybrid cgroups; listed
+        // so apt does not pick crun for podman's `crun | runc` dependency); a static busybox
+        // for the containers' rootfs and the image built offline.
+        "podman",
+        "conmon",
+        "containerd",
+        "runc",
+        "busybox-static",
+        // The kernel matrix's virtme-ng and the manifests' kubernetes-validate live in venvs
+        // of their own (Debian's python3 needs this package for `python3 -m venv`).
+        "python3-venv",
+    ],
+    target_release: None,
+};
+
+/// What `cargo xtask dist` and the release tests (tests/tests/release.rs) add: the C
+/// compilers of dependencies with C parts (ring, for `ebpf-cni install`'s HTTPS): musl-gcc
+/// for the amd64 build (cc looks for `x86_64-linux-musl-gcc` or `musl-gcc`), the arm64 cross
+/// gcc, which also links that build, with the arm64 C headers it only recommends (rustup's
+/// self-contained musl objects are the C runtime and libc); `qemu-aarch64` to run that build
+/// here; `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed
+/// into; podman builds and runs the image (listed again so this list stands alone).
+pub const DIST_PACKAGES: Install = Install {
+    purpose: "the release artifacts and their tests",
+    packages: &[
+        "gcc-aarch64-linux-gnu",
+        "libc6-dev-arm64-cross",
+        "musl-tools",
+        "qemu-user",
+        "mmdebstrap",
+        "podman",
+    ],
+    target_release: None,
+};
+
+/// The Rust targets of the static release binaries (the default toolchain's).
+pub const DIST_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
+
+/// Every install the set-up can run, for `cargo xtask check-installs`.
+pub fn all_installs() -> Vec<Install> {
+    vec![DEMO_PACKAGES, TEST_PACKAGES, DIST_PACKAGES, kernels::QEMU]
+}
+
+pub fn setup(scope: Scope) -> Result<()> {
+    report("apt packages (demo)", DEMO_PACKAGES.ensure()?);
     report("nightly toolchain", nightly_toolchain()?);
     report("rust-src (nightly)", rust_src()?);
     report("bpf-linker", bpf_linker()?);
+    if scope == Scope::Demo {
+        return Ok(());
+    }
+    report("apt packages (tests)", TEST_PACKAGES.ensure()?);
+    let boot = boot_entries();
     report(
-        "kernel VMs (QEMU, virtme-ng, Debian kernels)",
+        "kernel VMs (QEMU, virtme-ng, Debian kernels unpacked into a cache)",
         kernels::install()?,
     );
+    let after = boot_entries();
+    if after != boot {
+        bail!("the set-up changed the machine's /boot or /lib/modules: {boot:?} -> {after:?}");
+    }
+    report("release tools (dist)", dist_tools()?);
     Ok(())
+}
+
+/// What /boot and /lib/modules hold: the kernel VMs' set-up must leave both as they were.
+fn boot_entries() -> Vec<String> {
+    let mut names: Vec<String> = ["/boot", "/lib/modules"]
+        .iter()
+        .flat_map(|dir| {
+            fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(move |e| Some(format!("{dir}/{}", e.ok()?.file_name().to_str()?)))
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// `cargo xtask check-installs`: every apt install of the set-up resolves on a clean
+/// Debian 12 and here, and every kernel package of the matrix can be downloaded.
+pub fn check_installs() -> Result<()> {
+    kernels::list_sources()?;
+    let apt = crate::apt::check(&all_installs());
+    let kernels = kernels::check_downloads();
+    apt?;
+    kernels
+}
+
+/// What `cargo xtask dist` needs besides the build's own tools: [`DIST_PACKAGES`] and the
+/// rustup targets [`DIST_TARGETS`], each installed only when missing.
+pub fn dist_tools() -> Result<String> {
+    let packages = DIST_PACKAGES.ensure()?;
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    let missing: Vec<&str> = DIST_TARGETS
+        .into_iter()
+        .filter(|t| !installed.lines().any(|l| l.trim() == *t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(format!("packages {packages}, targets present"));
+    }
+    cmd::run(
+        Command::new("rustup")
+            .args(["target", "add"])
+            .args(&missing),
+    )?;
+    Ok(format!(
+        "packages {packages}, targets installed {}",
+        missing.join(" ")
+    ))
 }
 
 fn report(step: &str, outcome: String) {
     println!("{step}: {outcome}");
-}
-
-fn apt_packages() -> Result<String> {
-    let missing = missing_packages()?;
-    if missing.is_empty() {
-        return Ok("present".into());
-    }
-    cmd::run(Command::new("apt-get").arg("update"))?;
-    cmd::run(
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )?;
-    let still = missing_packages()?;
-    if !still.is_empty() {
-        bail!("apt-get did not install {}", still.join(" "));
-    }
-    Ok(format!("installed {}", missing.join(" ")))
-}
-
-/// Packages dpkg does not report as installed. One `dpkg-query` for all of them; it exits 1
-/// when it does not know some package at all, which just means "missing" here.
-fn missing_packages() -> Result<Vec<&'static str>> {
-    let out = Command::new("dpkg-query")
-        .arg("--show")
-        .arg("--showformat=${Package} ${db:Status-Status}\\n")
-        .args(APT_PACKAGES)
-        .output()
-        .context("failed to run dpkg-query (is this a Debian-based system?)")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let installed: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.strip_suffix(" installed"))
-        .map(|p| p.split(':').next().unwrap_or(p))
-        .collect();
-    Ok(APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !installed.contains(p))
-        .collect())
 }
 
 fn nightly_toolchain() -> Result<String> {

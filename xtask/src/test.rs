@@ -8,17 +8,28 @@
 
 use anyhow::Result;
 
-use crate::{bench, build, cmd, prepare, previous, vmtest};
+use crate::{
+    bench, build, cmd, dist, manifests, prepare, previous,
+    setup::{self, Scope},
+    vmtest,
+};
 
 pub fn test(extra: &[String]) -> Result<()> {
-    let plugin = prepare::prepare("cargo xtask test", prepare::UNDER_TEST, None)?;
+    let plugin = prepare::prepare("cargo xtask test", Scope::Full, prepare::UNDER_TEST, None)?;
     println!("plugin under test: {}", plugin.display());
+    // A pin or a missing dependency in an install line fails here, not on a user's machine.
+    println!("the set-up's installs (apt's simulation on a clean Debian 12 and here)");
+    let installs =
+        setup::check_installs().map_err(|e| e.context("an install of the set-up does not resolve"));
     // Without it the other tests still run; the upgrade test then fails for want of it.
     let previous = previous::build().map_err(|e| e.context("the previous release's build failed"));
     match &previous {
         Ok(bin) => println!("previous release: {}", bin.display()),
         Err(e) => eprintln!("{e:#}"),
     }
+    // The release artifacts, which tests/tests/release.rs installs; without them those
+    // tests fail and the others still run.
+    let dist = dist::dist().map_err(|e| e.context("building the release artifacts failed"));
     println!("clippy (the workspace's lints, -D warnings)");
     let mut clippy = cmd::cargo();
     clippy.current_dir(build::workspace_root()).args([
@@ -29,6 +40,10 @@ pub fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]);
     let lints = cmd::run(&mut clippy).map_err(|e| e.context("clippy found warnings"));
+    // The deploy manifests, against a fixed Kubernetes version's schemas (before the
+    // tests: xtask's own tests of this step then find the validator installed).
+    println!("deploy manifests (strict schema validation)");
+    let manifests = manifests::validate().map_err(|e| e.context("deploy/ manifests"));
     let mut c = cmd::cargo();
     // Every test binary runs even when one fails, so one run shows all failures.
     c.arg("test")
@@ -39,6 +54,9 @@ pub fn test(extra: &[String]) -> Result<()> {
         Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),
         Err(_) => c.env_remove(previous::PREVIOUS_BIN_ENV),
     };
+    if let Ok(artifacts) = &dist {
+        c.envs(artifacts.test_env());
+    }
     let tests = cmd::run(&mut c);
     // The README's first command: its checks against the same binary (under a second).
     println!("demo (the README's first command, its checks only)");
@@ -49,8 +67,11 @@ pub fn test(extra: &[String]) -> Result<()> {
     let bench = bench::run(&bench::quick_for_ci(&plugin));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
+    installs?;
     lints?;
+    manifests?;
     previous?;
+    dist?;
     tests?;
     demo?;
     bench

@@ -147,6 +147,11 @@ pub fn check_user(node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> 
 
 /// `inspect`: each gateway the node holds for its pods, with its users' attachment ids.
 pub fn list(node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
+    list_at(&PinRoot::from_env(), node)
+}
+
+/// [`list`] under `root`.
+pub(super) fn list_at(root: &PinRoot, node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
     let ids = |p: PathBuf| -> Vec<u64> {
         let mut v: Vec<u64> = fs::read_dir(p)
             .map(|es| {
@@ -158,7 +163,7 @@ pub fn list(node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
         v.sort_unstable();
         v
     };
-    let base = PinRoot::from_env().gateways_dir(node);
+    let base = root.gateways_dir(node);
     let mut out: Vec<(Ipv4Addr, Vec<u64>)> = fs::read_dir(&base)
         .map(|es| {
             es.flatten()

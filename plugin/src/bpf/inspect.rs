@@ -152,6 +152,9 @@ pub struct PortMappingReport {
     pub bytes: u64,
     /// Connections and datagrams of the node's own processes translated at the socket.
     pub socket: u64,
+    /// Whether the node's own connections to loopback reach the mapping
+    /// (`hostPortsOnLoopback`).
+    pub loopback: bool,
 }
 
 /// How full one node map is. Arrays count as full; LRU maps fill up by design and then
@@ -389,6 +392,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
                 packets: m.hits.packets,
                 bytes: m.hits.bytes,
                 socket: m.hits.socket,
+                loopback: m.target.flags & ebpf_cni_maps::PORT_FLAG_NO_LOOPBACK == 0,
             });
         }
     }

@@ -12,7 +12,7 @@
 //!   not load, and a pod's egress limit is held by the policer alone (TCP from the pod
 //!   then runs below its limit).
 //!
-//! README's "Kernel requirements" table is this list.
+//! The "Kernel requirements" table of docs/kernels.md is this list.
 
 use std::{io, os::fd::OwnedFd, sync::OnceLock};
 

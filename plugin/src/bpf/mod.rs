@@ -23,6 +23,7 @@ mod masq;
 pub mod pin;
 mod pod;
 mod programs;
+mod purge;
 mod queue;
 mod survey;
 mod sys;
@@ -38,6 +39,7 @@ pub use inspect::{
     NodeReport, PortMappingReport, SourceCheckReport,
 };
 pub use keys::AttachmentKey;
+pub use lock::NodeLock;
 use maps::ports;
 pub use maps::{PodEndpoint, PodSources, SourceCheck};
 pub use masq::{MasqReport, MasqSpec};
@@ -46,9 +48,18 @@ pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, sweep_sources,
     PodSpec,
 };
+pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
-pub use tree::network_attachments;
+pub use tree::{network_attachments, AttachmentDir};
+
+/// The node's lock (see [`NodeLock`]), for work outside this module that must not overlap
+/// another run's ADD or DEL: the reclaim of leases after a reboot.
+pub fn lock_node() -> Result<NodeLock, BpfError> {
+    let root = PinRoot::from_env();
+    pin::ensure_bpffs_at(&root)?;
+    NodeLock::take(&root)
+}
 
 /// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
 /// TCP pacing runs is the verifier's answer at the node's first load; on a node without

@@ -56,7 +56,9 @@ pub fn pacing_rate(limits: Option<RateLimit>) -> Option<u32> {
 }
 
 /// Removes the host port mappings an attachment installed (as listed in its pinned port
-/// list); the list itself goes with the attachment's directory.
+/// list); the list itself goes with the attachment's directory. The node's own sockets
+/// connected through them to the pod are destroyed (see `netlink::sockets`): they would
+/// keep sending to the pod's address, whoever takes the host port next.
 fn remove_ports(
     root: &PinRoot,
     node: &NodeId,
@@ -67,7 +69,30 @@ fn remove_ports(
     if keys.is_empty() || !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
         return Ok(0);
     }
-    PortMaps::open(root, node)?.remove(id, &keys)
+    let removed = PortMaps::open(root, node)?.remove(id, &keys)?;
+    for (key, target) in &removed {
+        if key.proto != ebpf_cni_maps::IPPROTO_TCP && key.proto != ebpf_cni_maps::IPPROTO_UDP {
+            continue;
+        }
+        let pod = super::keys::key_ip(&ebpf_cni_maps::EndpointKey {
+            addr: target.pod_addr,
+        });
+        match crate::netlink::sockets::destroy_connected(key.proto, pod, target.pod_port) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "closed {n} socket(s) of the node connected to {pod} port {} through host port {}",
+                target.pod_port,
+                ports::describe_key(key)
+            ),
+            // Not a failure of the teardown: those sockets only keep talking to nothing.
+            Err(e) => log::warn!(
+                "cannot close the node's sockets connected to {pod} port {} (host port {}): {e}",
+                target.pod_port,
+                ports::describe_key(key)
+            ),
+        }
+    }
+    Ok(removed.len())
 }
 
 /// Installs a pod's host port mappings; the node lock is held.
@@ -412,6 +437,10 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     if failures.is_empty() && !super::gateways::in_use(&root, node) {
         match tree::attachments(&root, node) {
             Ok(left) if left.is_empty() => {
+                log::info!(
+                    "last pod of {node} deleted: removing {}",
+                    root.node_dir(node).display()
+                );
                 if let Err(e) = teardown_node(&root, node) {
                     failures.push(e);
                 }
@@ -633,8 +662,8 @@ fn sync_devices(
 
 /// No pod left: the device links (unpinning detaches them; netlink filters are removed,
 /// with the `clsact` qdiscs ebpf-cni created that hold no other filter), programs and maps
-/// go.
-fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+/// go. Also `uninstall --purge`'s removal (see `purge.rs`).
+pub(super) fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.node_dir(node);
     if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
         for e in entries.flatten() {
@@ -644,7 +673,6 @@ fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
             }
         }
     }
-    log::info!("last pod of {node} deleted: removing {}", dir.display());
     match fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

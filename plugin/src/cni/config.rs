@@ -108,6 +108,10 @@ pub struct NetConf {
     pub tc_attach_mode: TcAttachMode,
     /// `ipMasq: true`, with its `ipMasqExclude`.
     pub masq: Option<MasqConf>,
+    /// `hostPortsOnLoopback` (default true): the node's own connections to `127.0.0.0/8`
+    /// and `::1` reach the wildcard host ports, as the reference portmap does; false leaves
+    /// loopback to the node's own listeners (see `portmap`).
+    pub host_ports_on_loopback: bool,
 }
 
 /// What `ipMasq: true` asks for: the pod's traffic to destinations outside the pod
@@ -251,6 +255,12 @@ impl NetConf {
             Some(other) => return Err(wrong_type("ipMasq", other, "true or false")),
         };
 
+        let host_ports_on_loopback = match obj.get("hostPortsOnLoopback") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(wrong_type("hostPortsOnLoopback", other, "true or false")),
+        };
+
         let (ipam, ipam_type) = match obj.get("ipam") {
             None | Some(Value::Null) => (None, None),
             Some(Value::Object(m)) => {
@@ -338,6 +348,7 @@ impl NetConf {
 
         Ok(NetConf {
             masq,
+            host_ports_on_loopback,
             tc_attach_mode,
             devices,
             cni_version,
@@ -533,6 +544,11 @@ mod tests {
                 json!({"cniVersion":"1.0.0","name":"n","ipMasq":true,"ipMasqExclude":"10.0.0.0/8"}),
                 code::INVALID_CONFIG,
                 "ipMasqExclude \"10.0.0.0/8\" must be a list",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","hostPortsOnLoopback":"no"}),
+                code::INVALID_CONFIG,
+                "hostPortsOnLoopback \"no\"",
             ),
             (
                 json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"ips":["x"]}}),

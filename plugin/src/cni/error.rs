@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-/// Codes 0-99 are the spec's; 100+ are ours (documented in README.md).
+/// Codes 0-99 are the spec's; 100+ are ours (documented in docs/operations.md).
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const UNSUPPORTED_FIELD: u32 = 2;

@@ -277,7 +277,10 @@ pub fn usage(conf: &HostLocalConfig, network: &str) -> Result<Vec<SetUsage>, Ipa
 
 /// The locked store of an existing network directory; `None` when nothing was ever
 /// allocated there (so DEL, CHECK and GC do not create directories).
-fn open_existing(conf: &HostLocalConfig, network: &str) -> Result<Option<LockedStore>, IpamError> {
+pub(super) fn open_existing(
+    conf: &HostLocalConfig,
+    network: &str,
+) -> Result<Option<LockedStore>, IpamError> {
     let dir = network_dir(&conf.data_dir, network)?;
     if !dir.is_dir() {
         return Ok(None);

@@ -7,10 +7,11 @@
 //! `last_reserved_ip.<N>`. `config` parses and validates the `ipam` object, `range` walks
 //! the ranges, `store` owns the files, and `allocator` ties them into the operations the
 //! CNI commands call (ADD: [`allocate`], DEL: [`release`], CHECK: [`reserved`], GC: [`gc`]
-//! and [`holders`], STATUS: [`usage`]).
+//! and [`holders`], STATUS: [`usage`]); `boot` finds the leases a reboot left behind.
 
 mod allocator;
 pub mod backend;
+pub mod boot;
 mod config;
 pub mod delegate;
 mod dns;
@@ -30,6 +31,7 @@ pub use config::{HostLocalConfig, DEFAULT_DATA_DIR, DEFAULT_LOCK_TIMEOUT};
 pub use dns::{parse_resolv_conf, IpamDns};
 pub use error::IpamError;
 pub use range::{Range, RangeSet};
+pub use store::OwnLease;
 
 /// One attachment asking for addresses.
 #[derive(Debug, Clone, Copy)]

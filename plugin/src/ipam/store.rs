@@ -8,6 +8,16 @@
 //!   no trailing newline (the reference parses it without trimming);
 //! - `lock`: an empty file the reference `flock(LOCK_EX)`s around every transaction.
 //!
+//! Beside them, in `ebpf-cni/`, what only ebpf-cni reads (the reference matches a file's
+//! content against `<containerID>\r\n<ifname>` or `<containerID>`, which these never are,
+//! so it neither counts nor removes them):
+//! - `ebpf-cni/<ip>`: `<containerID>/<ifname>`, written for each lease ebpf-cni reserves
+//!   and removed with it: what tells ebpf-cni's leases from those of another plugin sharing
+//!   the directory (a lease counts as ours only while its owner is the record's);
+//! - `ebpf-cni/boot_id`: the boot (`/proc/sys/kernel/random/boot_id`) the records were
+//!   last checked in; the directory is created with it, so a record never exists without
+//!   a boot to compare (see `boot`).
+//!
 //! A [`LockedStore`] only exists while that flock is held, so every read and write goes
 //! through it; an allocation or release holds it from first read to last write, which is
 //! what keeps two processes (ours or the reference's) from reserving one address twice.
@@ -27,6 +37,14 @@ use super::range::canonical_ip;
 
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 const LOCK_FILE: &str = "lock";
+/// Where the kernel says which boot this is (a random UUID per boot).
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// Test hook: a file to read the boot id from instead of [`BOOT_ID`], so a test can show
+/// what the first ADD after a reboot does without rebooting. Nothing else reads it.
+pub const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
+/// ebpf-cni's own records (see the module docs).
+const OWN_DIR: &str = "ebpf-cni";
+const BOOT_ID_FILE: &str = "boot_id";
 const LINE_BREAK: &str = "\r\n";
 /// The reference's modes; the lock file's is ours (the reference's 0750 has no meaning).
 const FILE_MODE: u32 = 0o644;
@@ -86,6 +104,54 @@ impl Lease {
 
 fn key(container_id: &str, ifname: &str) -> String {
     format!("{}{LINE_BREAK}{ifname}", container_id.trim())
+}
+
+/// A lease ebpf-cni reserved: its record names the owner its lease file still names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnLease {
+    pub ip: IpAddr,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// A record's content: `/` appears in neither a container ID nor an interface name.
+fn record(container_id: &str, ifname: &str) -> String {
+    format!("{}/{ifname}", container_id.trim())
+}
+
+/// This boot's id.
+pub fn current_boot() -> Result<String, IpamError> {
+    let path = std::env::var_os(BOOT_ID_FILE_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(BOOT_ID), PathBuf::from);
+    match fs::read_to_string(&path) {
+        Ok(s) => Ok(s.trim().to_owned()),
+        Err(source) => Err(IpamError::Io {
+            op: "read",
+            path,
+            source,
+        }),
+    }
+}
+
+/// The directory of ebpf-cni's records in a network directory.
+pub fn own_dir(network_dir: &Path) -> PathBuf {
+    network_dir.join(OWN_DIR)
+}
+
+/// The boot the records of a network directory were last checked in; `None` when the file
+/// is missing.
+pub fn recorded_boot(network_dir: &Path) -> Result<Option<String>, IpamError> {
+    let path = own_dir(network_dir).join(BOOT_ID_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) => Ok(Some(s.trim().to_owned())),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(IpamError::Io {
+            op: "read",
+            path,
+            source,
+        }),
+    }
 }
 
 pub struct LockedStore {
@@ -169,9 +235,14 @@ impl LockedStore {
             });
         }
         drop(file);
+        if let Err(e) = self.write_record(ip, container_id, ifname) {
+            remove_quietly(&path);
+            return Err(e);
+        }
         let last = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
         if let Err(source) = write_file(&last, ip.to_string().as_bytes()) {
             remove_quietly(&path);
+            self.remove_record(ip);
             return Err(IpamError::Io {
                 op: "write",
                 path: last,
@@ -271,8 +342,11 @@ impl LockedStore {
         let mut first_err = None;
         for lease in leases {
             match fs::remove_file(&lease.path) {
-                Ok(()) => removed.push(lease.ip),
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Ok(()) => {
+                    self.remove_record(lease.ip);
+                    removed.push(lease.ip);
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => self.remove_record(lease.ip),
                 Err(source) => {
                     first_err.get_or_insert(IpamError::Io {
                         op: "remove",
@@ -294,7 +368,153 @@ impl LockedStore {
                 path,
                 source: e,
             }),
-            _ => Ok(()),
+            _ => {
+                self.remove_record(ip);
+                Ok(())
+            }
+        }
+    }
+
+    /// Records `ip` as ours. The records' directory is made with the current boot in it
+    /// (in a temporary directory renamed into place), so no record is ever without one.
+    fn write_record(&self, ip: IpAddr, container_id: &str, ifname: &str) -> Result<(), IpamError> {
+        let own = own_dir(&self.dir);
+        if !own.is_dir() {
+            self.create_own_dir(&current_boot()?)?;
+        }
+        let path = own.join(ip.to_string());
+        write_file(&path, record(container_id, ifname).as_bytes()).map_err(|source| IpamError::Io {
+            op: "write",
+            path,
+            source,
+        })
+    }
+
+    fn create_own_dir(&self, boot: &str) -> Result<(), IpamError> {
+        let tmp = self
+            .dir
+            .join(format!("{OWN_DIR}.tmp-{}", std::process::id()));
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| IpamError::Io { op, path, source }
+        };
+        let _ = fs::remove_dir_all(&tmp);
+        create_dir(&tmp)?;
+        let made = write_file(&tmp.join(BOOT_ID_FILE), boot.as_bytes())
+            .map_err(io("write", &tmp.join(BOOT_ID_FILE)))
+            .and_then(|()| fs::rename(&tmp, own_dir(&self.dir)).map_err(io("rename", &tmp)));
+        if made.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        made
+    }
+
+    fn remove_record(&self, ip: IpAddr) {
+        let path = own_dir(&self.dir).join(ip.to_string());
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                log::warn!("failed to remove the lease record {}: {e}", path.display());
+            }
+            _ => {}
+        }
+    }
+
+    /// Records `boot` as the one the records were checked in (replacing the file whole).
+    pub fn record_boot(&self, boot: &str) -> Result<(), IpamError> {
+        let own = own_dir(&self.dir);
+        if !own.is_dir() {
+            return self.create_own_dir(boot);
+        }
+        let path = own.join(BOOT_ID_FILE);
+        let tmp = own.join(format!("{BOOT_ID_FILE}.tmp-{}", std::process::id()));
+        write_file(&tmp, boot.as_bytes())
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|source| IpamError::Io {
+                op: "write",
+                path,
+                source,
+            })
+    }
+
+    /// The leases ebpf-cni reserved (each record whose lease file names the record's
+    /// owner), and the records that no longer describe a lease (the lease is gone, or is
+    /// now another owner's: the reference released it and reserved it again).
+    pub fn own_leases(&self) -> Result<(Vec<OwnLease>, Vec<IpAddr>), IpamError> {
+        let own = own_dir(&self.dir);
+        let io = |source| IpamError::Io {
+            op: "read directory",
+            path: own.clone(),
+            source,
+        };
+        let entries = match fs::read_dir(&own) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(io(e)),
+        };
+        let (mut ours, mut stale) = (Vec::new(), Vec::new());
+        for entry in entries {
+            let entry = entry.map_err(io)?;
+            let Some(ip) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<IpAddr>().ok())
+            else {
+                continue;
+            };
+            let owner = fs::read_to_string(entry.path()).unwrap_or_default();
+            let Some((container_id, ifname)) = owner.trim().split_once('/') else {
+                stale.push(ip);
+                continue;
+            };
+            match fs::read(self.dir.join(ip.to_string())) {
+                Ok(lease)
+                    if String::from_utf8_lossy(&lease).trim() == key(container_id, ifname) =>
+                {
+                    ours.push(OwnLease {
+                        ip: canonical_ip(ip),
+                        container_id: container_id.to_owned(),
+                        ifname: ifname.to_owned(),
+                    })
+                }
+                _ => stale.push(ip),
+            }
+        }
+        ours.sort_by_key(|l| sort_key(l.ip));
+        Ok((ours, stale))
+    }
+
+    /// Removes records that describe no lease (see [`Self::own_leases`]).
+    pub fn remove_records(&self, ips: &[IpAddr]) {
+        for ip in ips {
+            self.remove_record(*ip);
+        }
+    }
+
+    /// Releases one of our leases if its file and record still name `lease`'s owner;
+    /// `Ok(false)` when either changed since it was read (DEL released it, or it is
+    /// another's now).
+    pub fn release_own(&self, lease: &OwnLease) -> Result<bool, IpamError> {
+        let path = self.dir.join(lease.ip.to_string());
+        let record_path = own_dir(&self.dir).join(lease.ip.to_string());
+        let names = |p: &Path, want: &str| {
+            fs::read(p).is_ok_and(|b| String::from_utf8_lossy(&b).trim() == want)
+        };
+        if !names(&path, &key(&lease.container_id, &lease.ifname))
+            || !names(&record_path, &record(&lease.container_id, &lease.ifname))
+        {
+            return Ok(false);
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                self.remove_record(lease.ip);
+                Ok(true)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(IpamError::Io {
+                op: "remove",
+                path,
+                source,
+            }),
         }
     }
 }

@@ -40,7 +40,12 @@ fn port_target(e: &PortEntry, attachment_id: u64, host_ifindex: u32) -> PortTarg
         gateway: e.gateway.map_or([0; 16], |g| endpoint_key(g).addr),
         host_ifindex,
         pod_port: e.pod_port,
-        _pad: [0; 2],
+        flags: if e.loopback {
+            0
+        } else {
+            ebpf_cni_maps::PORT_FLAG_NO_LOOPBACK
+        },
+        _pad: 0,
     }
 }
 
@@ -151,19 +156,23 @@ impl PortMaps {
     }
 
     /// Removes the mappings of `keys` that belong to `attachment_id` (another attachment may
-    /// have taken over a stale one). Missing entries are fine.
-    pub fn remove(&mut self, attachment_id: u64, keys: &[PortKey]) -> Result<usize, BpfError> {
-        let mut n = 0;
+    /// have taken over a stale one) and returns them. Missing entries are fine.
+    pub fn remove(
+        &mut self,
+        attachment_id: u64,
+        keys: &[PortKey],
+    ) -> Result<Vec<(PortKey, PortTarget)>, BpfError> {
+        let mut removed = Vec::new();
         for key in keys {
-            match self.mappings.get(key, 0) {
-                Ok(t) if t.attachment_id == attachment_id => {}
+            let target = match self.mappings.get(key, 0) {
+                Ok(t) if t.attachment_id == attachment_id => t,
                 _ => continue,
-            }
+            };
             match self.mappings.remove(key) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(update_err(PORTMAP_MAP, describe_key(key))(e))
                 }
-                _ => n += 1,
+                _ => removed.push((*key, target)),
             }
             match self.hits.remove(key) {
                 Err(e) if !is_not_found(&e) => {
@@ -172,7 +181,7 @@ impl PortMaps {
                 _ => {}
             }
         }
-        Ok(n)
+        Ok(removed)
     }
 
     /// CHECK: each mapping is installed, for this attachment, to this pod address and port.
