@@ -138,7 +138,6 @@ impl Maps {
     /// entries went.
     /// Entries already gone are fine (a concurrent or repeated DEL).
     pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
-        // First: the pod is unchecked from then on, never checked against half a list.
         let sources = self.remove_sources(attachment_id)?;
         let entries = self.entries_of(attachment_id);
         let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();

@@ -212,11 +212,11 @@ impl Maps {
         let Some(map) = self.sources.as_mut() else {
             return Ok(0);
         };
-        // The catch-all first: from then on the pod is not checked, so removing its
-        // addresses one by one never drops its traffic.
+        // The catch-all last: an ifindex with entries left (a removal that failed half-way)
+        // keeps its catch-all, by which the next ADD on that ifindex finds and removes them.
         let (all, addrs): (Vec<_>, Vec<_>) =
             gone.iter().partition(|k| k.prefix_len() == SOURCE_POD_BITS);
-        for k in all.into_iter().chain(addrs) {
+        for k in addrs.into_iter().chain(all) {
             match map.remove(k) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(update_err(format!(
