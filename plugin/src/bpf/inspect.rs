@@ -107,13 +107,17 @@ pub struct SourceCheckReport {
 }
 
 impl SourceCheckReport {
-    fn of(p: Option<&PodSources>, record: SourceRecord) -> Self {
+    /// `record` is asked only for a pod without a catch-all (its stats cost a node of
+    /// checked pods nothing).
+    fn of(p: Option<&PodSources>, record: impl FnOnce() -> SourceRecord) -> Self {
         let on = p.is_some_and(|p| p.verdict == ebpf_cni_maps::SOURCE_REFUSE);
-        let mode = match (on, record) {
-            (true, _) => "on",
-            (false, SourceRecord::Off) => "off",
-            (false, SourceRecord::On) => "missing",
-            (false, SourceRecord::None) => "unchecked",
+        let mode = match on {
+            true => "on",
+            false => match record() {
+                SourceRecord::Off => "off",
+                SourceRecord::On => "missing",
+                SourceRecord::None => "unchecked",
+            },
         };
         Self {
             mode,
@@ -315,7 +319,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         .unwrap_or_default();
     let sources = maps
         .as_ref()
-        .map(Maps::sources_by_attachment)
+        .map(Maps::sources_by_ifindex)
         .unwrap_or_default();
     for dir in tree::attachments(&root, node)? {
         let id = dir.key().id();
@@ -354,7 +358,9 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             ingress_limit: limits.and_then(|l| report(l.ingress)),
             egress_limit: limits.and_then(|l| report(l.egress)),
             tcp_pacing_bytes: pacing.get(&id).copied(),
-            source_check: SourceCheckReport::of(sources.get(&id), super::pod::source_record(&pins)),
+            source_check: SourceCheckReport::of(host_ifindex.and_then(|i| sources.get(&i)), || {
+                super::pod::source_record(&pins)
+            }),
             network: dir.network,
             container_id: dir.container_id,
             ifname: dir.ifname,

@@ -245,16 +245,23 @@ impl Maps {
         self.remove_sources_where(|_, v| !live.contains(&v.attachment_id))
     }
 
-    /// Each attachment's entries, in one walk of the map.
-    pub fn sources_by_attachment(&self) -> HashMap<u64, PodSources> {
-        let mut out: HashMap<u64, PodSources> = HashMap::new();
-        for (k, v) in self.source_entries() {
-            let p = out.entry(v.attachment_id).or_default();
+    /// Each host veth's entries, in one walk of the map's keys: a value is read only for
+    /// a catch-all (its MAC and verdict), so a node of N pods costs about N lookups beside
+    /// the walk, not one per entry (`inspect` and `metrics` read every pod).
+    pub fn sources_by_ifindex(&self) -> HashMap<u32, PodSources> {
+        let Some(map) = self.sources.as_ref() else {
+            return HashMap::new();
+        };
+        let mut out: HashMap<u32, PodSources> = HashMap::new();
+        for k in map.keys().filter_map(Result::ok) {
+            let p = out.entry(k.data().ifindex).or_default();
             match key_prefix(&k) {
                 Some(net) => p.allowed.push(net),
                 None => {
-                    p.verdict = v.verdict;
-                    p.mac = v.mac;
+                    if let Ok(v) = map.get(&k, 0) {
+                        p.verdict = v.verdict;
+                        p.mac = v.mac;
+                    }
                 }
             }
         }
