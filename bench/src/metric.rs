@@ -115,6 +115,38 @@ impl ScaleFigure {
     }
 }
 
+/// A figure of the source check section, taken with the check on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceFigure {
+    Throughput,
+    RrP50,
+    RrP99,
+    Crr,
+    /// `ecni_from_pod`'s mean run time per packet (the kernel's BPF statistics).
+    ProgNs,
+}
+
+impl SourceFigure {
+    pub const ALL: [SourceFigure; 5] = [
+        SourceFigure::Throughput,
+        SourceFigure::RrP50,
+        SourceFigure::RrP99,
+        SourceFigure::Crr,
+        SourceFigure::ProgNs,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            SourceFigure::Throughput => "TCP throughput",
+            SourceFigure::RrP50 => "TCP_RR p50",
+            SourceFigure::RrP99 => "TCP_RR p99",
+            SourceFigure::Crr => "TCP_CRR",
+            SourceFigure::ProgNs => "ecni_from_pod run time per packet (TCP_RR and TCP_CRR)",
+        }
+    }
+}
+
 /// One figure of the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -188,6 +220,11 @@ pub enum Metric {
     FlowTableEntries,
     FlowTableCapacity,
     FlowSendTime,
+    // Source check: pod → pod with the check on (the default) or off.
+    SourceCheck {
+        figure: SourceFigure,
+        on: bool,
+    },
     // Metrics.
     MetricsRead {
         pods: usize,
@@ -265,6 +302,11 @@ impl Metric {
             FlowTableEntries => "flow table entries after".into(),
             FlowTableCapacity => "flow table capacity".into(),
             FlowSendTime => "time to send the datagrams".into(),
+            SourceCheck { figure, on } => format!(
+                "{}, pod → pod, source check {}",
+                figure.label(),
+                if *on { "on" } else { "off" }
+            ),
             MetricsRead { pods } => {
                 let target = if *pods == METRICS_TARGET_PODS {
                     format!("target < {METRICS_TARGET_MS:.0} ms")
@@ -344,6 +386,12 @@ impl Metric {
                 ScaleFigure::Install => "s",
             },
             Accuracy { .. } | WorstDeviation => "% of limit",
+            SourceCheck { figure, .. } => match figure {
+                SourceFigure::Throughput => "Gbit/s",
+                SourceFigure::RrP50 | SourceFigure::RrP99 => "µs",
+                SourceFigure::Crr => "conn/s",
+                SourceFigure::ProgNs => "ns",
+            },
             LeftAfterDels => "objects",
             MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",
             FlowTableEntries | FlowTableCapacity => "entries",
@@ -364,7 +412,11 @@ impl Metric {
             | MasqCrrRouted
             | FlowsHeld
             | FlowsHeldShare { .. }
-            | FlowTableCapacity => Better::Higher,
+            | FlowTableCapacity
+            | SourceCheck {
+                figure: SourceFigure::Throughput | SourceFigure::Crr,
+                ..
+            } => Better::Higher,
             Accuracy { .. } | FlowsOffered | FlowTableEntries => Better::Neither,
             Headline(m) => m.better(),
             _ => Better::Lower,
@@ -438,6 +490,14 @@ mod tests {
         );
         assert_eq!(Metric::LaterAdds.headline().name(), "later ADDs (p50)");
         assert_eq!(Metric::Crr(PathKind::PodToPod).better(), Better::Higher);
+        let src = |figure, on| Metric::SourceCheck { figure, on };
+        assert_eq!(
+            src(SourceFigure::RrP50, false).name(),
+            "TCP_RR p50, pod → pod, source check off"
+        );
+        assert_eq!(src(SourceFigure::Crr, true).better(), Better::Higher);
+        assert_eq!(src(SourceFigure::RrP99, true).better(), Better::Lower);
+        assert_eq!(src(SourceFigure::Throughput, true).unit(), "Gbit/s");
         assert_eq!(
             Metric::MetricsRead { pods: 1_000 }.name(),
             "reading the maps (ebpf_cni_metrics_read_seconds), 1,000 pods; target < 100 ms"

@@ -15,10 +15,11 @@ pub enum Section {
     Cleanup,
     Masquerade,
     Metrics,
+    SourceCheck,
 }
 
 impl Section {
-    pub const ALL: [Section; 7] = [
+    pub const ALL: [Section; 8] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -26,6 +27,7 @@ impl Section {
         Section::Cleanup,
         Section::Masquerade,
         Section::Metrics,
+        Section::SourceCheck,
     ];
 }
 
@@ -33,7 +35,7 @@ impl Section {
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
     pub quick: bool,
-    /// Repeats of the lifecycle, traffic and masquerade sections.
+    /// Repeats of the lifecycle, traffic, masquerade and source check sections.
     pub repeats: usize,
     /// Sequential, coexisting pods per subject and repeat.
     pub pods: usize,

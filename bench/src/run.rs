@@ -11,7 +11,9 @@ use crate::model::{first_line, Cell, Subject, Table};
 use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
-use crate::sections::{bandwidth, cleanup, guest, lifecycle, masquerade, metrics, scale, traffic};
+use crate::sections::{
+    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, scale, source_check, traffic,
+};
 
 /// Everything a run produced; the report, the charts and results.json read it.
 pub struct Run {
@@ -25,6 +27,7 @@ pub struct Run {
     pub cleanup: Option<cleanup::Output>,
     pub masquerade: Option<masquerade::Output>,
     pub metrics: Option<metrics::Output>,
+    pub source_check: Option<source_check::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -61,6 +64,7 @@ impl Run {
             cleanup: None,
             masquerade: None,
             metrics: None,
+            source_check: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -86,6 +90,7 @@ impl Run {
                 Section::Cleanup => run.cleanup = Some(cleanup::run(&bins)),
                 Section::Masquerade => run.masquerade = Some(masquerade::run(params, &bins)),
                 Section::Metrics => run.metrics = Some(metrics::run(params, &bins)),
+                Section::SourceCheck => run.source_check = Some(source_check::run(params, &bins)),
             }));
             if let Err(panic) = outcome {
                 let msg = panic
@@ -129,6 +134,9 @@ impl Run {
         }
         if let Some(m) = &run.metrics {
             v.push(&m.table);
+        }
+        if let Some(s) = &run.source_check {
+            v.push(&s.table);
         }
         v
     }

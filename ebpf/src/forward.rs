@@ -28,6 +28,7 @@ use crate::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
         Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
+    source::{self, Source},
 };
 
 const PASS: i32 = TCX_NEXT;
@@ -203,6 +204,34 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         Verdict::Pass => {}
     }
     count(me, Dir::FromPod, Event::Packet, len);
+    // After the limiter and the count: every frame of the pod spends its tokens and is
+    // counted, spoofed or not, and the verifier walks the limiter once, not once per
+    // verdict of the check.
+    match source::check(ctx, me) {
+        Source::BadAddress => {
+            count(me, Dir::FromPod, Event::SourceDrop, len);
+            if tracing() {
+                debug!(
+                    ctx,
+                    "if {}: from pod, dropped: source address not the pod's", me
+                );
+            }
+            return TC_ACT_SHOT as i32;
+        }
+        Source::BadMac => {
+            count(me, Dir::FromPod, Event::MacDrop, len);
+            if tracing() {
+                debug!(
+                    ctx,
+                    "if {}: from pod, dropped: source MAC not the pod's", me
+                );
+            }
+            return TC_ACT_SHOT as i32;
+        }
+        // Link-local and unspecified sources: the stack's, never forwarded.
+        Source::Stack => return PASS,
+        Source::Pass => {}
+    }
     if !CHAINED {
         if let Some(rc) = answer_arp(ctx, me) {
             return rc;

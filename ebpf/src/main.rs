@@ -1,13 +1,15 @@
 //! Kernel side of ebpf-cni: the TC programs of the pod dataplane.
 //!
-//! - `ecni_from_pod`, at each pod's host veth ingress, forwards what the pod sends: to
-//!   another local pod straight into its namespace with `bpf_redirect_peer`; elsewhere by a
-//!   FIB lookup and `bpf_redirect_neigh`; anything else goes to the stack unchanged.
+//! - `ecni_from_pod`, at each pod's host veth ingress, drops what the pod sends from an
+//!   address or MAC not its own (see `source`) and forwards the rest: to another local pod
+//!   straight into its namespace with `bpf_redirect_peer`; elsewhere by a FIB lookup and
+//!   `bpf_redirect_neigh`; anything else goes to the stack unchanged.
 //! - `ecni_from_dev`, at the ingress of the node's external devices, delivers packets for
 //!   local pods with `bpf_redirect_peer`, and leaves the rest to the stack.
 //! - `ecni_from_chain` replaces `ecni_from_pod` on a pod whose interface another plugin made
-//!   (ebpf-cni chained after bridge or ptp): it limits, counts and translates host-port
-//!   flows, and leaves every other packet to that plugin's bridge or routes.
+//!   (ebpf-cni chained after bridge or ptp): it checks sources as `ecni_from_pod` does,
+//!   limits, counts and translates host-port flows, and leaves every other packet to that
+//!   plugin's bridge or routes.
 //! - `ecni_to_pod`, at the host veth egress, counts what the stack sends into the pod.
 //! - `ecni_connect4/6`, `ecni_sendmsg4/6`, `ecni_recvmsg4/6`, `ecni_peername4/6`, cgroup
 //!   socket-address programs, send the node's own connections to a host port to the pod
@@ -30,6 +32,7 @@ mod pace;
 mod packet;
 mod rewrite;
 mod sock;
+mod source;
 mod tcp_ts;
 
 use aya_ebpf::{

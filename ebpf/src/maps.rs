@@ -216,6 +216,10 @@ pub enum Event {
     /// A helper or a translation failed: a refused redirect or a failed host-port
     /// rewrite drops the packet; a failed FIB lookup leaves it to the stack unchanged.
     Error,
+    /// Dropped by the source check: a source address the pod may not send from.
+    SourceDrop,
+    /// Dropped by the source check: a source MAC other than the pod's.
+    MacDrop,
 }
 
 /// Counts on the pod whose host veth is `ifindex`. A pod without an entry (one being set
@@ -241,5 +245,7 @@ pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
         Event::Error => d.errors = d.errors.wrapping_add(1),
         Event::Drop => d.drops = d.drops.wrapping_add(1),
         Event::Mark => d.marks = d.marks.wrapping_add(1),
+        Event::SourceDrop => d.source_drops = d.source_drops.wrapping_add(1),
+        Event::MacDrop => d.mac_drops = d.mac_drops.wrapping_add(1),
     }
 }

@@ -47,6 +47,14 @@ pub const NS_PROBE_MAP: &str = "ECNI_NS_PROBE";
 /// IPv6) → `u32` (unused, 1). The programs look here only for a pod whose limit carries
 /// [`LIMIT_SUBNETS_UNSHAPED`] or [`LIMIT_SUBNETS_SHAPED`].
 pub const SHAPE_SUBNETS_MAP: &str = "ECNI_SHAPE_NET";
+/// Node-wide LPM trie of the source addresses each pod may send from (the source check):
+/// an LPM key of [`SourceKey`] (prefix length counting its 64 head bits) → [`SourceRule`].
+/// Per checked pod: one entry per own address (/32, /128) and per extra prefix, all
+/// [`SOURCE_PASS`], and a catch-all of the pod's ifindex alone ([`SOURCE_POD_BITS`],
+/// [`SOURCE_REFUSE`]) for every other source. A pod without entries is not checked: its
+/// check is off (`sourceCheck: false`), or a release before the check attached it. One
+/// lookup per frame answers both the address and the MAC.
+pub const SOURCES_MAP: &str = "ECNI_SOURCES";
 /// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeMap {
@@ -68,7 +76,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 18] = [
+pub const NODE_MAPS: [NodeMap; 19] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -87,6 +95,7 @@ pub const NODE_MAPS: [NodeMap; 18] = [
     NodeMap::array(MASQ_STATS_MAP),
     NodeMap::array(NS_PROBE_MAP),
     NodeMap::keyed(SHAPE_SUBNETS_MAP),
+    NodeMap::keyed(SOURCES_MAP),
 ];
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
@@ -185,6 +194,9 @@ pub const ATTACHMENT_PORTS_MAP: &str = "ecni_att_ports";
 
 /// Capacity of [`ENDPOINTS_MAP`] (pod addresses per node) and [`POD_COUNTERS_MAP`].
 pub const MAX_ENDPOINTS: u32 = 65_536;
+/// Capacity of [`SOURCES_MAP`]: every pod address, a catch-all per pod and room for extra
+/// prefixes (an LPM trie allocates entry by entry).
+pub const MAX_SOURCES: u32 = 4 * MAX_ENDPOINTS;
 
 /// Socket-address programs (attached to the cgroup v2 root, acting only on sockets of the
 /// node's network namespace): they translate the node's own connections and datagrams to a
@@ -278,6 +290,13 @@ pub mod pin {
     /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
     /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
     pub const GATEWAYS_DIR: &str = "gateways";
+    /// Empty directory in an attachment's directory: ADD installed the pod's source check
+    /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
+    pub const SOURCE_CHECK_RECORD: &str = "source_check";
+    /// Empty directory in an attachment's directory: the pod's source check is off
+    /// (`sourceCheck: false`), and it has no entries. Without either record the pod was
+    /// attached by a release before the check (and has no entries either).
+    pub const SOURCE_CHECK_OFF_RECORD: &str = "source_check_off";
 }
 
 /// Key of [`ENDPOINTS_MAP`]: an IPv6 address, or an IPv4 address mapped into IPv6
@@ -339,11 +358,21 @@ pub struct DirCounters {
     pub errors: u64,
     /// Packets the rate limiter marked ECN CE instead of dropping.
     pub marks: u64,
+    /// From the pod only: frames the source check dropped because their source address
+    /// (IPv4, IPv6, ARP's sender) is not one the pod may send from, or cannot be read.
+    /// The check runs after the limiter and the packet count: these frames are in
+    /// `packets` and `bytes`, not in `drops`. (Spare room, always 0, before the check.)
+    pub source_drops: u64,
+    /// From the pod only: frames the source check dropped because their source MAC (or
+    /// ARP's sender MAC) is not the pod interface's.
+    pub mac_drops: u64,
     /// Room for counters a newer binary adds without changing the pinned layout.
-    pub _spare: [u64; 3],
+    pub _spare: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 64);
+const _: () = assert!(core::mem::offset_of!(DirCounters, source_drops) == 40);
+const _: () = assert!(core::mem::offset_of!(DirCounters, mac_drops) == 48);
 
 /// Value of [`POD_COUNTERS_MAP`] on one CPU.
 #[repr(C)]
@@ -607,6 +636,52 @@ pub struct Pacing {
 
 const _: () = assert!(core::mem::size_of::<Pacing>() == 16);
 
+/// The data of a [`SOURCES_MAP`] key (after the LPM prefix length): a pod's host veth, the
+/// address family and the address. The prefix length counts the 64 bits of `ifindex` and
+/// `family` first, then the address's own prefix: a pod's catch-all matches `ifindex`
+/// alone ([`SOURCE_POD_BITS`]), an IPv4 /24 is `64 + 24` bits. With the family in the key,
+/// an IPv6 prefix never covers an IPv4 source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    /// Compared bit by bit, like the address: the bytes as they lie in memory.
+    pub ifindex: u32,
+    /// [`SOURCE_FAMILY_V4`] or [`SOURCE_FAMILY_V6`]; 0 in a catch-all.
+    pub family: u32,
+    /// IPv6, or IPv4 in the first 4 bytes (the rest zero), network byte order.
+    pub addr: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
+
+/// [`SourceKey::family`].
+pub const SOURCE_FAMILY_V4: u32 = 4;
+pub const SOURCE_FAMILY_V6: u32 = 6;
+/// Prefix length of a pod's catch-all: its ifindex alone.
+pub const SOURCE_POD_BITS: u32 = 32;
+/// Prefix bits of a [`SourceKey`] before the address.
+pub const SOURCE_HEAD_BITS: u32 = 64;
+
+/// Value of [`SOURCES_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceRule {
+    /// The attachment that installed it (DEL and GC find a pod's entries by it).
+    pub attachment_id: u64,
+    /// The pod interface's MAC: frames from the pod must carry it as their source.
+    pub mac: [u8; 6],
+    /// [`SOURCE_PASS`] or [`SOURCE_REFUSE`]; the programs refuse any other.
+    pub verdict: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<SourceRule>() == 16);
+
+/// [`SourceRule::verdict`]: the pod may send from this address or prefix.
+pub const SOURCE_PASS: u16 = 1;
+/// A pod's catch-all: any other source is dropped (IPv6 link-local and the unspecified
+/// addresses excepted where their protocols need them).
+pub const SOURCE_REFUSE: u16 = 2;
+
 /// Value of [`CONFIG_MAP`]: node-wide settings the programs read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -744,6 +819,8 @@ plain_old_data!(
     MasqKey,
     MasqFlow,
     MasqStats,
+    SourceKey,
+    SourceRule,
 );
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
@@ -775,6 +852,7 @@ const _: () = assert!(fits_bpf_obj_name(MASQ_SKIP_MAP));
 const _: () = assert!(fits_bpf_obj_name(SHAPE_SUBNETS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
+const _: () = assert!(fits_bpf_obj_name(SOURCES_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT6));

@@ -3,7 +3,7 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    attachment::{PodAddr, Wanted},
+    attachment::{PodAddr, PodConf, Wanted},
     bpf::{self, AttachmentKey, NodeId},
     cni::{
         code,
@@ -80,8 +80,7 @@ pub async fn add(
     }
     ipam.validate(env)?;
     bpf::kernel::require_for(conf.tc_attach_mode == TcAttachMode::Tcx)?;
-    let limits = crate::bandwidth::limits(conf)?;
-    let port_mappings = crate::portmap::mappings(conf)?;
+    let pod_conf = PodConf::parse(conf, env)?;
     let mac = match (&conf.runtime.mac, &env.args.mac) {
         (Some(m), _) => Some(parse_mac(m, "runtimeConfig.mac")?),
         (None, Some(m)) => Some(parse_mac(m, "CNI_ARGS MAC")?),
@@ -130,8 +129,7 @@ pub async fn add(
     };
     let pod = NewPod {
         mac,
-        limits: &limits,
-        port_mappings: &port_mappings,
+        pod_conf: &pod_conf,
         pod_ns: &pod_ns,
         pod_nl: &pod_nl,
         host_name: &host_name,
@@ -162,8 +160,7 @@ struct Request<'a> {
 #[derive(Clone, Copy)]
 struct NewPod<'a> {
     mac: Option<[u8; 6]>,
-    limits: &'a crate::bandwidth::Limits,
-    port_mappings: &'a [crate::portmap::PortMapping],
+    pod_conf: &'a PodConf,
     pod_ns: &'a Netns,
     pod_nl: &'a Netlink,
     host_name: &'a str,
@@ -185,8 +182,7 @@ async fn setup(
     } = cx;
     let NewPod {
         mac,
-        limits,
-        port_mappings,
+        pod_conf,
         pod_ns,
         pod_nl,
         host_name,
@@ -224,7 +220,7 @@ async fn setup(
     // The host ports against the pod's addresses, before anything changes (a family the
     // pod has no address of is refused here); `Wanted::build` makes them again below.
     crate::portmap::entries(
-        port_mappings,
+        &pod_conf.port_mappings,
         &pod_addrs
             .iter()
             .map(|a| (a.ip, a.gateway))
@@ -274,8 +270,7 @@ async fn setup(
     }
 
     let mut wanted = Wanted::build(
-        limits,
-        port_mappings,
+        pod_conf,
         &pair.host,
         &pair.container,
         &pod_addrs,
@@ -336,7 +331,9 @@ async fn setup(
             }
         }
     }
-    Ok(result.to_json(conf.cni_version.as_str(), conf.cni_version.format()))
+    let mut out = result.to_json(conf.cni_version.as_str(), conf.cni_version.format());
+    crate::source_check::add_to_result(&mut out, &wanted.sources);
+    Ok(out)
 }
 
 async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {

@@ -6,11 +6,12 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::{
     bandwidth::Limits,
-    bpf::{self, AttachmentKey, BpfError, Hook, MasqSpec, PodEndpoint, PodSpec},
+    bpf::{self, AttachmentKey, BpfError, Hook, MasqSpec, PodEndpoint, PodSpec, SourceCheck},
     cni::{code, config::NetConf, env::CniEnv, CniError},
     netlink::{Link, Netlink},
     netns::Netns,
     portmap::{PortEntry, PortMapping},
+    source_check::SourceConf,
 };
 
 /// What is wrong with an attachment's veth pair or, for CHECK, its dataplane.
@@ -75,13 +76,33 @@ pub struct PodAddr {
     pub gateway4: Option<Ipv4Addr>,
 }
 
-/// What one pod's dataplane holds: its endpoints, limits, host ports and the cookie its
-/// paced sockets are known by. ADD installs it and CHECK compares the kernel with it, in
-/// both modes, built by this one function from the config's parsed limits and mappings and
-/// the pod's veth pair.
+/// What the request asks of one pod's dataplane, validated before anything changes: its
+/// limits, host ports and source check (each capability parses its own part).
+#[derive(Debug)]
+pub struct PodConf {
+    pub limits: Limits,
+    pub port_mappings: Vec<PortMapping>,
+    pub sources: SourceConf,
+}
+
+impl PodConf {
+    pub fn parse(conf: &NetConf, env: &CniEnv) -> Result<Self, CniError> {
+        Ok(Self {
+            limits: crate::bandwidth::limits(conf)?,
+            port_mappings: crate::portmap::mappings(conf)?,
+            sources: SourceConf::parse(conf, env)?,
+        })
+    }
+}
+
+/// What one pod's dataplane holds: its endpoints, source check, limits, host ports and the
+/// cookie its paced sockets are known by. ADD installs it and CHECK compares the kernel
+/// with it, in both modes, built by this one function from the request's parsed
+/// [`PodConf`] and the pod's veth pair.
 #[derive(Debug)]
 pub struct Wanted {
     pub endpoints: Vec<PodEndpoint>,
+    pub sources: SourceCheck,
     pub limits: Option<ebpf_cni_maps::RateLimit>,
     /// The `unshapedSubnets`/`shapedSubnets` entries (`bandwidth::Limits::subnet_keys`).
     pub shape_subnets: Vec<crate::bandwidth::SubnetKey>,
@@ -95,8 +116,7 @@ pub struct Wanted {
 impl Wanted {
     /// `host` and `pod`: the two ends of the pod's veth pair.
     pub fn build(
-        limits: &Limits,
-        mappings: &[PortMapping],
+        pod_conf: &PodConf,
         host: &Link,
         pod: &Link,
         addrs: &[PodAddr],
@@ -124,12 +144,14 @@ impl Wanted {
             .collect();
         let gateways: Vec<(IpAddr, Option<IpAddr>)> =
             addrs.iter().map(|a| (a.ip, a.gateway)).collect();
+        let ips: Vec<IpAddr> = addrs.iter().map(|a| a.ip).collect();
         Ok(Wanted {
             endpoints,
-            limits: limits.to_map_value(),
-            shape_subnets: limits.subnet_keys(),
-            ports: crate::portmap::entries(mappings, &gateways)?,
-            netns_cookie: pacing_cookie(limits, pod_ns)?,
+            sources: pod_conf.sources.for_pod(&ips, pod_mac),
+            limits: pod_conf.limits.to_map_value(),
+            shape_subnets: pod_conf.limits.subnet_keys(),
+            ports: crate::portmap::entries(&pod_conf.port_mappings, &gateways)?,
+            netns_cookie: pacing_cookie(&pod_conf.limits, pod_ns)?,
             chained,
             masq: None,
         })
@@ -159,6 +181,7 @@ impl Wanted {
             chained: self.chained,
             netns_cookie: self.netns_cookie,
             masq: self.masq.as_ref(),
+            sources: &self.sources,
         }
     }
 }

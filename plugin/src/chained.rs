@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use crate::{
-    attachment::{PodAddr, Wanted},
+    attachment::{PodAddr, PodConf, Wanted},
     bpf::{self, AttachMode, Hook, NodeId},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     netlink::{Link, Netlink},
@@ -77,11 +77,7 @@ struct ChainedPod {
 
 impl ChainedPod {
     /// What the pod's dataplane holds in chained mode, for ADD and CHECK alike.
-    fn wanted(
-        &self,
-        limits: &crate::bandwidth::Limits,
-        mappings: &[crate::portmap::PortMapping],
-    ) -> Result<Wanted, CniError> {
+    fn wanted(&self, pod_conf: &PodConf) -> Result<Wanted, CniError> {
         let addrs: Vec<PodAddr> = self
             .addrs
             .iter()
@@ -93,8 +89,7 @@ impl ChainedPod {
             })
             .collect();
         Wanted::build(
-            limits,
-            mappings,
+            pod_conf,
             &self.host,
             &self.container,
             &addrs,
@@ -200,8 +195,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         return Err(ChainedError::Masq.into());
     }
     crate::bpf::kernel::require_for(conf.tc_attach_mode == crate::cni::config::TcAttachMode::Tcx)?;
-    let limits = crate::bandwidth::limits(conf)?;
-    let port_mappings = crate::portmap::mappings(conf)?;
+    let pod_conf = PodConf::parse(conf, env)?;
     let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
     let host_nl = Netlink::connect()?;
     let pod = find_pod(env, &prev, &host_nl, ChainedError::Add).await?;
@@ -211,7 +205,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     let key = crate::attachment::key(conf, env);
     let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
     bpf::ensure_addresses_free(&node, &key, &ips)?;
-    let wanted = pod.wanted(&limits, &port_mappings)?;
+    let wanted = pod.wanted(&pod_conf)?;
     let (devices, node_addrs) = crate::node::node_devices(&host_nl, conf, &pod.gateways()).await?;
     crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
     let spec = wanted.spec(&pod.host, &node_addrs);
@@ -230,11 +224,13 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
         return Err(e.into());
     }
 
-    // The previous plugin's result, unchanged but for the version it is rendered in.
+    // The previous plugin's result, unchanged but for the version it is rendered in and
+    // the source check in force.
     let mut out = prev_raw.clone();
     if let Some(obj) = out.as_object_mut() {
         obj.insert("cniVersion".into(), Value::from(conf.cni_version.as_str()));
     }
+    crate::source_check::add_to_result(&mut out, &wanted.sources);
     Ok(out)
 }
 
@@ -242,21 +238,19 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
 /// endpoint entries, limits and host ports are those the config asks for. The interface
 /// itself is the previous plugin's to check.
 pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
-    let prev = conf
+    let prev_raw = conf
         .prev_result
         .as_ref()
         .ok_or(crate::check::CheckError::NoPrevResult)?;
-    let prev = SuccessResult::from_json(prev, "prevResult")?;
+    let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
     let host_nl = Netlink::connect()?;
     let pod = find_pod(env, &prev, &host_nl, ChainedError::Check).await?;
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
     let key = crate::attachment::key(conf, env);
     let mode = crate::node::attach_modes(conf, true).pod;
-    let wanted = pod.wanted(
-        &crate::bandwidth::limits(conf)?,
-        &crate::portmap::mappings(conf)?,
-    )?;
+    let wanted = pod.wanted(&PodConf::parse(conf, env)?)?;
+    crate::source_check::check_result(prev_raw, &wanted.sources)?;
     bpf::check_pod(&node, &key, &wanted.spec(&pod.host, &[]), mode)
         .map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {

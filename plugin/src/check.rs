@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    attachment::{PodAddr, Wanted},
+    attachment::{PodAddr, PodConf, Wanted},
     bpf::{self, AttachMode, Hook, NodeId},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
@@ -239,8 +239,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         })
         .collect();
     let mut wanted = Wanted::build(
-        &crate::bandwidth::limits(conf)?,
-        &crate::portmap::mappings(conf)?,
+        &PodConf::parse(conf, env)?,
         &host,
         &cont,
         &addrs,
@@ -250,6 +249,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     let networks: Vec<IpNetwork> = ips.iter().map(|i| i.address).collect();
     if let Some(masq) = crate::attachment::masq_spec(conf, &networks)? {
         wanted = wanted.with_masq(masq);
+    }
+    if let Some(prev) = &conf.prev_result {
+        crate::source_check::check_result(prev, &wanted.sources)?;
     }
     let mode = crate::node::attach_modes(conf, false).pod;
     bpf::check_pod(&node, &key, &wanted.spec(&host, &[]), mode)

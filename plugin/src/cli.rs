@@ -395,6 +395,17 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         if let Some(rate) = a.tcp_pacing_bytes {
             println!("      TCP paced at {} bit/s", u64::from(rate) * 8);
         }
+        let sc = &a.source_check;
+        let (by_addr, by_mac) = a
+            .from_pod
+            .as_ref()
+            .map_or((0, 0), |c| (c.source_drops, c.mac_drops));
+        let what = match (sc.mode, &sc.mac) {
+            ("on", Some(mac)) => format!("on, MAC {mac}, from {}", sc.allowed.join(", ")),
+            ("unchecked", _) => "unchecked (attached by a release before the check)".to_owned(),
+            (mode, _) => mode.to_owned(),
+        };
+        println!("      sources   {what}; dropped {by_addr} (address), {by_mac} (MAC)");
     }
     println!("port mappings:");
     if r.port_mappings.is_empty() {

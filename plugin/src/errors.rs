@@ -17,6 +17,7 @@ use crate::{
     netns::NetnsError,
     node::Failpoint,
     portmap::PortmapError,
+    source_check::SourceCheckError,
 };
 
 impl From<NetlinkError> for CniError {
@@ -64,6 +65,7 @@ by_their_code!(
     CheckError,
     ChainedError,
     AttachmentError,
+    SourceCheckError,
     Failpoint
 );
 

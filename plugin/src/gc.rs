@@ -66,6 +66,11 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
         }
     }
 
+    match NodeId::current().and_then(|node| bpf::sweep_sources(&node)) {
+        Ok(0) => {}
+        Ok(n) => log::info!("GC: removed {n} source-check entries of attachments gone"),
+        Err(e) => errors.push(e.into()),
+    }
     match NodeId::current().and_then(|node| bpf::sweep_masq(&node)) {
         Ok(0) => {}
         Ok(n) => log::info!("GC: removed {n} idle or orphaned masqueraded flows"),

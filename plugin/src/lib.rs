@@ -26,6 +26,7 @@ pub mod netns;
 pub mod node;
 pub mod portmap;
 pub mod reboot;
+pub mod source_check;
 pub mod status;
 pub mod version;
 pub mod veth;

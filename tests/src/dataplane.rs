@@ -6,7 +6,11 @@
 //! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
 //! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], gateway4 [4]`;
 //! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 128 bytes:
-//! `from_pod {packets, bytes, drops, errors, marks, spare[3]}` then `to_pod {…}`, all u64.
+//! `from_pod {packets, bytes, drops, errors, marks, source_drops, mac_drops, spare}` then
+//! `to_pod {…}`, all u64. `ECNI_SOURCES` is an LPM trie whose 28-byte key is `prefix_len
+//! u32, ifindex u32, family u32 (4, 6; 0 in a pod's catch-all), addr [16]` (IPv4 in its
+//! first 4 bytes) and whose 16-byte value is `attachment_id u64, mac [6], verdict u16`
+//! (1 pass, 2 refuse).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -26,7 +30,7 @@ pub use ebpf_cni_maps::pin::{
 pub use ebpf_cni_maps::{
     CONFIG_MAP, ENDPOINTS_MAP, MASQ_FWD_MAP, MASQ_REV_MAP, PACING_MAP, POD_COUNTERS_MAP,
     PORTMAP_MAP, PROG_FROM_CHAIN, PROG_FROM_DEV, PROG_FROM_POD, PROG_TO_POD, RATE_LIMITS_MAP,
-    SHAPE_SUBNETS_MAP, TRACE_MAP,
+    SHAPE_SUBNETS_MAP, SOURCES_MAP, TRACE_MAP,
 };
 
 /// `<node pin root>/maps/<name>`.
@@ -125,6 +129,9 @@ pub struct DirCounts {
     pub drops: u64,
     pub errors: u64,
     pub marks: u64,
+    /// Dropped by the source check: address, MAC.
+    pub source_drops: u64,
+    pub mac_drops: u64,
 }
 
 impl DirCounts {
@@ -135,9 +142,12 @@ impl DirCounts {
         self.drops += at(2);
         self.errors += at(3);
         self.marks += at(4);
+        self.source_drops += at(5);
+        self.mac_drops += at(6);
     }
 
-    /// From inspect's `{packets, bytes, drops, errors, marks}`.
+    /// From inspect's `{packets, bytes, drops, errors, marks, source_drops, mac_drops}`
+    /// (the last two 0 where a release before the source check printed none).
     pub fn from_json(v: &Value) -> Option<Self> {
         let f = |k: &str| v.get(k).and_then(Value::as_u64);
         Some(Self {
@@ -146,6 +156,8 @@ impl DirCounts {
             drops: f("drops")?,
             errors: f("errors")?,
             marks: f("marks")?,
+            source_drops: f("source_drops").unwrap_or(0),
+            mac_drops: f("mac_drops").unwrap_or(0),
         })
     }
 
@@ -156,6 +168,8 @@ impl DirCounts {
             && self.drops >= earlier.drops
             && self.errors >= earlier.errors
             && self.marks >= earlier.marks
+            && self.source_drops >= earlier.source_drops
+            && self.mac_drops >= earlier.mac_drops
     }
 }
 
@@ -275,6 +289,60 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
             c.to_pod.add_le(&v[64..]);
         }
         out.insert(ifindex, c);
+    }
+    Ok(out)
+}
+
+/// One entry of the source map, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceEntry {
+    pub ifindex: u32,
+    /// `None`: the pod's catch-all.
+    pub prefix: Option<(IpAddr, u8)>,
+    pub attachment_id: u64,
+    pub mac: [u8; 6],
+    /// 1 pass, 2 refuse (the catch-all).
+    pub verdict: u16,
+    pub raw_key: Vec<u8>,
+    pub raw_value: Vec<u8>,
+}
+
+/// Every entry of the source map, read with bpftool (empty when the map is not there).
+pub fn sources(node: &Node) -> Result<Vec<SourceEntry>> {
+    let path = map_pin(node, SOURCES_MAP);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for RawEntry { key, values } in dump(&path)? {
+        ensure!(key.len() == 28, "source key of {} bytes", key.len());
+        let v = &values[0];
+        ensure!(v.len() == 16, "source value of {} bytes", v.len());
+        let le32 = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        let (bits, ifindex, family) = (le32(&key[0..4]), le32(&key[4..8]), le32(&key[8..12]));
+        let addr = &key[12..28];
+        let prefix = match family {
+            4 => Some((
+                IpAddr::from([addr[0], addr[1], addr[2], addr[3]]),
+                bits.saturating_sub(64) as u8,
+            )),
+            6 => Some((
+                IpAddr::from(<[u8; 16]>::try_from(addr).expect("16 bytes")),
+                bits.saturating_sub(64) as u8,
+            )),
+            _ => None,
+        };
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&v[8..14]);
+        out.push(SourceEntry {
+            ifindex,
+            prefix,
+            attachment_id: u64::from_le_bytes(v[0..8].try_into().expect("8 bytes")),
+            mac,
+            verdict: u16::from_le_bytes([v[14], v[15]]),
+            raw_key: key,
+            raw_value: v.clone(),
+        });
     }
     Ok(out)
 }

@@ -14,7 +14,8 @@
 //! For the dataplane (issue 3): [`external`] wires hosts outside a node to it through node
 //! devices, [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads
 //! (and, for CHECK tests, damages) the node-wide pinned maps with bpftool and runs
-//! `ebpf-cni inspect`.
+//! `ebpf-cni inspect`; [`spoof`] sends traffic with a source not the sender's own (issue
+//! 27).
 //!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
@@ -34,6 +35,7 @@ pub mod rate;
 pub mod release;
 pub mod result;
 pub mod runtime;
+pub mod spoof;
 pub mod state;
 
 use std::path::PathBuf;

@@ -631,3 +631,82 @@ fn after_bridge_unshaped_subnets_exempt_their_traffic() {
     let left = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap_or_default();
     assert!(left.is_empty(), "subnet entries left: {left:?}");
 }
+
+/// The source check on the bridge's veths (issue 27): with the addresses the bridge gave
+/// (`prevResult`), a pod cannot send to another pod of the bridge with a third pod's
+/// address, a made-up one or a forged MAC; its own traffic is switched by the bridge as
+/// before. The result passed on says what is in force, CHECK compares it, DEL removes it.
+#[test]
+fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
+    use ebpf_cni_tests::spoof::{assert_udp_arrives, assert_udp_blocked};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = chain(&p, &node);
+    let a = add(&p, &node, &l, &[]);
+    let b = add(&p, &node, &l, &[]);
+    let c = add(&p, &node, &l, &[]);
+    assert_passed_through(&a.result, &a.netns);
+    let own = |pod: &Pod| {
+        json!([
+            format!("{}/32", pod.ip(true)),
+            format!("{}/128", pod.ip(false))
+        ])
+    };
+    assert_eq!(a.result["sourceCheck"]["enabled"], true);
+    assert_eq!(a.result["sourceCheck"]["allowedPrefixes"], own(&a));
+    for v4 in [true, false] {
+        assert_udp_arrives(&a.netns, a.ip(v4), &c.netns, c.ip(v4));
+    }
+    let drops = |pod: &Pod| -> (u64, u64) {
+        let report = dp::inspect(&p.bin, &node).unwrap();
+        let entry = dp::inspect_attachment(&report, &pod.att.container_id).unwrap();
+        let c = dp::DirCounts::from_json(&entry["from_pod"]).unwrap();
+        (c.source_drops, c.mac_drops)
+    };
+    assert_eq!(drops(&a), (0, 0));
+
+    let bounded = std::time::Duration::from_millis(1500);
+    let spoofed: [IpAddr; 3] = [b.ip(true), b.ip(false), "198.51.100.9".parse().unwrap()];
+    for ip in spoofed {
+        let (fam, cidr) = if ip.is_ipv4() {
+            ("-4", format!("{ip}/32"))
+        } else {
+            ("-6", format!("{ip}/128"))
+        };
+        let mut args = vec![fam, "addr", "add", cidr.as_str(), "dev", "eth0"];
+        if ip.is_ipv6() {
+            args.push("nodad");
+        }
+        a.netns.ip_ok(&args).unwrap();
+        assert_udp_blocked(&a.netns, ip, &c.netns, c.ip(ip.is_ipv4()), bounded);
+    }
+    let (by_addr, by_mac) = drops(&a);
+    assert!(by_addr >= 3 && by_mac == 0, "({by_addr}, {by_mac})");
+    let mac = ebpf_cni_tests::spoof::mac_of(&a.netns, "eth0").unwrap();
+    let mac = dp::format_mac(&mac);
+    let set_mac = |m: &str| {
+        a.netns
+            .ip_ok(&["link", "set", "dev", "eth0", "address", m])
+            .unwrap()
+    };
+    set_mac("02:00:5e:00:ca:fe");
+    assert_udp_blocked(&a.netns, a.ip(true), &c.netns, c.ip(true), bounded);
+    assert!(drops(&a).1 >= 1, "the forged MAC is counted");
+    set_mac(&mac);
+    // B, whose address A tried, is untouched.
+    assert_udp_arrives(&b.netns, b.ip(true), &c.netns, c.ip(true));
+
+    for pod in [&a, &b, &c] {
+        p.runtime
+            .check(&node, &l, &pod.att, &pod.result)
+            .unwrap_or_else(|e| panic!("CHECK: {e}"));
+    }
+    for pod in [&a, &b, &c] {
+        p.runtime
+            .del(&node, &l, &pod.att, Some(&pod.result))
+            .unwrap();
+    }
+    assert!(dp::sources(&node).unwrap().is_empty());
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}

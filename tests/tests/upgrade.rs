@@ -8,7 +8,9 @@
 //! keep their traffic flowing as configured (connections opened before the upgrade
 //! included), ADD a new pod beside them that works with the old ones, read the node with
 //! `inspect`, and DEL every pod, old and new, leaving nothing behind. A rollback too: the
-//! previous binary CHECKs and DELs pods the current one ADDed.
+//! previous binary CHECKs and DELs pods the current one ADDed. The source check (issue
+//! 27) of the current build applies to its own pods only: the old pods, unchecked, keep
+//! sending as before until their next ADD.
 //!
 //! What it catches, and how:
 //! - A pin renamed (a map, a program, a link, a directory of the layout): the current
@@ -40,6 +42,7 @@ use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, sa, PodServer};
 use ebpf_cni_tests::net::{tcp_echo, udp_echo};
 use ebpf_cni_tests::rate::{floor, iperf};
+use ebpf_cni_tests::spoof::{assert_udp_arrives, assert_udp_blocked};
 use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
 use ebpf_cni_tests::{
     require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
@@ -417,6 +420,39 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
             .iter()
             .all(|ip| m["flows_by_pod"][ip.to_string()].as_u64().unwrap_or(0) > 0),
         "the masquerading pod's flows: {m}"
+    );
+
+    // The source check (issue 27): the previous release's pods have no allow-list and run
+    // its programs, so they keep their behaviour until their next ADD; the current build's
+    // pods are checked from their ADD on.
+    for pod in [&a, &b, &c, &d, &g] {
+        assert_eq!(
+            inspected(&report, pod)["source_check"]["mode"],
+            "unchecked",
+            "{}",
+            pod.what
+        );
+    }
+    for pod in [&e, &f] {
+        assert_eq!(
+            inspected(&report, pod)["source_check"]["mode"],
+            "on",
+            "{}",
+            pod.what
+        );
+    }
+    for (pod, made_up) in [(&a, "198.51.100.21"), (&e, "198.51.100.22")] {
+        pod.netns
+            .ip_ok(&["addr", "add", &format!("{made_up}/32"), "dev", "eth0"])
+            .unwrap();
+    }
+    assert_udp_arrives(&a.netns, "198.51.100.21".parse().unwrap(), &b.netns, b.v4());
+    assert_udp_blocked(
+        &e.netns,
+        "198.51.100.22".parse().unwrap(),
+        &b.netns,
+        b.v4(),
+        Duration::from_millis(1500),
     );
 
     // A rollback: the previous build CHECKs and DELs pods the current one ADDed. Not CHECK

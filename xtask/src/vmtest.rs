@@ -61,8 +61,8 @@ struct Suite {
 /// host, so each suite runs the tests that cover, between them, every program type (TC:
 /// pod, device, chained; socket-address; sock_ops), both attach modes (TCX where the kernel
 /// has it, netlink filters everywhere), port mappings, limits, GC and STATUS, and every
-/// DEL and leftover check, and masquerade (the FIB's source address on 6.8+, the
-/// recorded one before). Left out, and run on the host kernel only: the runtime
+/// DEL and leftover check, masquerade (the FIB's source address on 6.8+, the
+/// recorded one before), and the source check. Left out, and run on the host kernel only: the runtime
 /// end-to-end tests (podman, containerd: daemons and images, minutes each), the harness's
 /// self-checks against the reference plugins, and the remaining tests of each suite, whose
 /// code paths do not depend on the kernel (config and error handling, IPAM, CNI versions).
@@ -109,7 +109,13 @@ const PLAN: &[Suite] = &[
         only: &[
             "after_bridge_serves_host_ports_and_limits_and_deletes_cleanly",
             "netlink_mode_del_takes_the_filters_off_the_bridges_veth",
+            "the_bridges_pods_send_only_from_their_own_addresses_and_macs",
         ],
+    },
+    // The source check: the LPM lookup, the verdicts and the counters on every kernel.
+    Suite {
+        test: "spoof",
+        only: &[],
     },
     Suite {
         test: "kernels",

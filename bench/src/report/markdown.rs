@@ -203,6 +203,11 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
             thousands(p.metrics_pods),
             p.metrics_runs
         ),
+        format!(
+            "Source check: {} repeat(s), ebpf-cni with the check on and off; iperf3 -t {} -O \
+             {}; TCP_RR and TCP_CRR {} s per figure.",
+            p.repeats, p.iperf_secs, p.iperf_omit, p.rr_secs
+        ),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -270,6 +275,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         s.push_str(&md_table(&m.table, "###"));
     }
     s.extend(skipped(Section::Metrics));
+
+    let _ = writeln!(s, "## 8. Source check\n");
+    if let Some(sc) = &run.source_check {
+        s.push_str(&md_table(&sc.table, "###"));
+    }
+    s.extend(skipped(Section::SourceCheck));
 
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();

@@ -174,6 +174,18 @@ impl BenchNode {
         stack: Stack,
         egress: Egress,
     ) -> Result<Self> {
+        Self::with_list(subject, bins, stack, egress, |_| {})
+    }
+
+    /// [`Self::with_egress`] with the conflist changed by `edit` (a section's own setting,
+    /// e.g. the source check's `sourceCheck`).
+    pub fn with_list(
+        subject: Subject,
+        bins: &Binaries,
+        stack: Stack,
+        egress: Egress,
+        edit: impl FnOnce(&mut NetConfList),
+    ) -> Result<Self> {
         let node = Node::new().context("creating the node namespace")?;
         let external = ExternalHost::attach(node.netns(), UPLINK_DEV, UPLINK_NET)
             .context("creating the external client")?;
@@ -198,11 +210,9 @@ impl BenchNode {
             Subject::EbpfCni => CniRuntime::with_plugin(&bins.ebpf_cni),
             Subject::Veth => bail!("the veth pair is not a node"),
         };
-        let chain = Chain::new(
-            conflist(subject, node.data_dir(), stack, egress),
-            runtime,
-            n.path(),
-        )?;
+        let mut list = conflist(subject, node.data_dir(), stack, egress);
+        edit(&mut list);
+        let chain = Chain::new(list, runtime, n.path())?;
         Ok(Self {
             subject,
             chain,

@@ -1,7 +1,7 @@
 //! The sections of a run, each measuring both CNI subjects (and the plain veth where it
 //! applies) and returning its tables: [`lifecycle`], [`traffic`], [`scale`], [`bandwidth`]
-//! (on this machine, or in a kernel guest: [`guest`]), [`cleanup`], [`masquerade`] and
-//! [`metrics`]. They share nothing but the rig and the model.
+//! (on this machine, or in a kernel guest: [`guest`]), [`cleanup`], [`masquerade`],
+//! [`metrics`] and [`source_check`]. They share nothing but the rig and the model.
 
 pub mod bandwidth;
 pub mod cleanup;
@@ -10,4 +10,5 @@ pub mod lifecycle;
 pub mod masquerade;
 pub mod metrics;
 pub mod scale;
+pub mod source_check;
 pub mod traffic;

@@ -224,6 +224,12 @@ pub enum BpfError {
     },
     #[error("{what} pin missing at {path}")]
     PinMissing { what: &'static str, path: PathBuf },
+    #[error("source check of host veth ifindex {ifindex} is {actual}, expected {expected}")]
+    SourceStale {
+        ifindex: u32,
+        actual: String,
+        expected: String,
+    },
 
     #[error("link {link} at {path} is not a TCX link (link type {link_type})")]
     NotTcxLink {
@@ -401,7 +407,8 @@ impl BpfError {
             | Self::PortMappingStale { .. }
             | Self::PacingStale { .. }
             | Self::SockLinkStale { .. }
-            | Self::MasqMissing { .. } => code::CHECK_FAILED,
+            | Self::MasqMissing { .. }
+            | Self::SourceStale { .. } => code::CHECK_FAILED,
             Self::AddressInUse { .. } | Self::NoTcx { .. } | Self::MasqPortRange { .. } => {
                 code::INVALID_CONFIG
             }

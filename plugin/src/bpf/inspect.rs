@@ -1,5 +1,5 @@
 //! `inspect`: the report of everything a node has pinned, with the kernel's view of each
-//! link, the counters, limits, host ports, gateways and masquerade (`ebpf-cni inspect`
+//! link, the counters, source checks, limits, host ports, gateways and masquerade (`ebpf-cni inspect`
 //! prints it, the metrics exporter reads it).
 
 use std::{collections::HashMap, fs, net::IpAddr, os::fd::AsFd, path::Path};
@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{
     gateways, kernel, links,
-    maps::{key_ip, Maps},
+    maps::{key_ip, Maps, PodSources, SourceRecord},
     masq::{MasqMaps, MasqReport},
     pin::{NodeId, PinRoot},
     ports::{self, PortMaps},
@@ -19,9 +19,15 @@ use super::{
 pub struct Counts {
     pub packets: u64,
     pub bytes: u64,
+    /// Dropped by the rate limiter (and masquerade's untranslatable packets).
     pub drops: u64,
     pub errors: u64,
     pub marks: u64,
+    /// Dropped by the source check: a source address the pod may not send from (from the
+    /// pod only).
+    pub source_drops: u64,
+    /// Dropped by the source check: a source MAC other than the pod's (from the pod only).
+    pub mac_drops: u64,
 }
 
 impl From<&ebpf_cni_maps::DirCounters> for Counts {
@@ -32,6 +38,8 @@ impl From<&ebpf_cni_maps::DirCounters> for Counts {
             drops: d.drops,
             errors: d.errors,
             marks: d.marks,
+            source_drops: d.source_drops,
+            mac_drops: d.mac_drops,
         }
     }
 }
@@ -83,6 +91,8 @@ pub struct AttachmentReport {
     /// The limits' `unshapedSubnets` or `shapedSubnets`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shape_subnets: Option<ShapeSubnetsReport>,
+    /// What the pod may send from.
+    pub source_check: SourceCheckReport,
 }
 
 /// A limited pod's `unshapedSubnets` (traffic to or from them is not limited) or
@@ -92,6 +102,43 @@ pub struct ShapeSubnetsReport {
     /// `unshapedSubnets` or `shapedSubnets`.
     pub rule: &'static str,
     pub subnets: Vec<String>,
+}
+
+/// A pod's source check as the source map holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceCheckReport {
+    /// `on`, `off` (`sourceCheck: false`), `unchecked` (the pod was attached by a release
+    /// before the check, and is checked from its next ADD), or `missing` (ADD installed a
+    /// check whose entries are gone: CHECK fails).
+    pub mode: &'static str,
+    /// The MAC its frames must carry (`on` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// The prefixes it may send from: its own addresses (/32, /128) and its extra ones.
+    pub allowed: Vec<String>,
+}
+
+impl SourceCheckReport {
+    /// `record` is asked only for a pod without a catch-all (its stats cost a node of
+    /// checked pods nothing).
+    fn of(p: Option<&PodSources>, record: impl FnOnce() -> SourceRecord) -> Self {
+        let on = p.is_some_and(|p| p.verdict == ebpf_cni_maps::SOURCE_REFUSE);
+        let mode = match on {
+            true => "on",
+            false => match record() {
+                SourceRecord::Off => "off",
+                SourceRecord::On => "missing",
+                SourceRecord::None => "unchecked",
+            },
+        };
+        Self {
+            mode,
+            mac: p.filter(|_| on).map(|p| crate::netlink::format_mac(&p.mac)),
+            allowed: p
+                .map(|p| p.allowed.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -282,6 +329,10 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         .as_ref()
         .map(Maps::pacing_by_attachment)
         .unwrap_or_default();
+    let sources = maps
+        .as_ref()
+        .map(Maps::sources_by_ifindex)
+        .unwrap_or_default();
     for dir in tree::attachments(&root, node)? {
         let id = dir.key().id();
         names.insert(id, dir.to_string());
@@ -335,6 +386,9 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
                     .map(|k| crate::bandwidth::subnet_of_key(k).to_string())
                     .collect();
                 Some(ShapeSubnetsReport { rule, subnets })
+            }),
+            source_check: SourceCheckReport::of(host_ifindex.and_then(|i| sources.get(&i)), || {
+                super::pod::source_record(&pins)
             }),
             network: dir.network,
             container_id: dir.container_id,

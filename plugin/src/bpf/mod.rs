@@ -36,16 +36,17 @@ pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use inspect::{
     inspect, AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport,
-    NodeReport, PortMappingReport,
+    NodeReport, PortMappingReport, SourceCheckReport,
 };
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
 use maps::ports;
-pub use maps::PodEndpoint;
+pub use maps::{PodEndpoint, PodSources, SourceCheck};
 pub use masq::{MasqReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, PodSpec,
+    add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, sweep_sources,
+    PodSpec,
 };
 pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
@@ -304,6 +305,7 @@ mod tests {
                 chained: false,
                 netns_cookie: 0,
                 masq: None,
+                sources: &SourceCheck::Off,
             },
             &[],
             AttachModes {

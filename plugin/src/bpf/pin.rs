@@ -14,6 +14,7 @@
 //!                                                       and "our clsact" (empty directory)
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod
+//!         source_check/ | source_check_off/             its source check: on or off
 //! ```
 //!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
@@ -208,6 +209,16 @@ impl AttachmentPins {
     pub fn ports(&self) -> PathBuf {
         self.dir.join(ebpf_cni_maps::ATTACHMENT_PORTS_MAP)
     }
+
+    /// The record (an empty directory) that ADD installed the pod's source check (`on`),
+    /// or that the check is off.
+    pub fn source_check_record(&self, on: bool) -> PathBuf {
+        self.dir.join(if on {
+            names::SOURCE_CHECK_RECORD
+        } else {
+            names::SOURCE_CHECK_OFF_RECORD
+        })
+    }
 }
 
 pub(super) fn is_bpffs(path: &Path) -> Result<bool, BpfError> {
@@ -307,6 +318,14 @@ mod tests {
             Path::new(dir).join("link_from_pod")
         );
         assert_eq!(pins.link(Hook::ToPod), Path::new(dir).join("link_to_pod"));
+        assert_eq!(
+            pins.source_check_record(true),
+            Path::new(dir).join("source_check")
+        );
+        assert_eq!(
+            pins.source_check_record(false),
+            Path::new(dir).join("source_check_off")
+        );
         assert_eq!(
             root.map(&node, "ECNI_ENDPOINTS"),
             Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/maps/ECNI_ENDPOINTS")

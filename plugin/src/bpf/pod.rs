@@ -1,5 +1,5 @@
-//! What ADD, DEL and CHECK do with the dataplane: a pod's links, endpoint entries, limits,
-//! pacing, masquerade and host ports, the node's device links, and the node's teardown
+//! What ADD, DEL and CHECK do with the dataplane: a pod's links, endpoint entries, source
+//! check, limits, pacing, masquerade and host ports, the node's device links, and the node's teardown
 //! when its last pod goes. `inspect.rs` reports what they left.
 
 use std::{fs, net::IpAddr, os::fd::AsFd};
@@ -9,7 +9,7 @@ use super::{
     error::{collect, log_each},
     kernel, links,
     lock::NodeLock,
-    maps::{Maps, PodEndpoint},
+    maps::{Maps, PodEndpoint, SourceCheck, SourceRecord},
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
@@ -42,6 +42,8 @@ pub struct PodSpec<'a> {
     pub netns_cookie: u64,
     /// `ipMasq`: what the node needs for the pod's masquerade (its endpoints carry the flag).
     pub masq: Option<&'a MasqSpec>,
+    /// What the pod may send from (its host veth's ingress program drops the rest).
+    pub sources: &'a SourceCheck,
 }
 
 /// The pacing rate for an egress limit, in payload bytes: TCP paces the payload it sends,
@@ -143,6 +145,7 @@ pub fn add_pod(
         chained,
         netns_cookie,
         masq,
+        sources,
     } = *pod;
     let [from_hook, to_hook] = Hook::pod(chained);
     key.validate()?;
@@ -189,6 +192,10 @@ pub fn add_pod(
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         maps.insert_pod(key.id(), endpoints)?;
+        // Before the programs attach: the pod's first frame is checked. The record says
+        // whether CHECK must find entries (a pod of an older release has neither).
+        create_dir_all_racy(&pins.source_check_record(sources.is_on()))?;
+        maps.install_sources(key.id(), host_ifindex, sources)?;
         let mut limits = limits;
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
         fq_created = queue::prepare(host_ifindex, &mut limits, &pod_name)?;
@@ -487,10 +494,41 @@ pub fn sweep_masq(node: &NodeId) -> Result<usize, BpfError> {
     m.sweep(&live)
 }
 
+/// What the attachment's record says ADD did about its source check.
+pub(super) fn source_record(pins: &AttachmentPins) -> SourceRecord {
+    if pins.source_check_record(true).exists() {
+        SourceRecord::On
+    } else if pins.source_check_record(false).exists() {
+        SourceRecord::Off
+    } else {
+        SourceRecord::None
+    }
+}
+
+/// GC: the source entries of attachments this node no longer has (a DEL by a release that
+/// did not know the source map, a veth deleted without DEL) are removed; returns how many.
+pub fn sweep_sources(node: &NodeId) -> Result<usize, BpfError> {
+    let root = PinRoot::from_env();
+    if !root.node_dir(node).exists() {
+        return Ok(0);
+    }
+    // Under the lock: an ADD creates its attachment's directory before its entries.
+    let _lock = NodeLock::take(&root)?;
+    let Some(mut maps) = Maps::open(&root, node)? else {
+        return Ok(0);
+    };
+    let live: std::collections::HashSet<u64> = tree::attachments(&root, node)?
+        .iter()
+        .map(|a| a.key().id())
+        .collect();
+    maps.sweep_sources(&live)
+}
+
 /// CHECK: the kernel holds what `pod` describes (as ADD installed it): both links live on
 /// its host veth with our programs (netlink mode: the records are there; the caller checks
 /// the filters themselves), the endpoint map holds each address with the right host veth
-/// and MACs, and the limits, pacing and host ports are the described ones.
+/// and MACs, the source map exactly the pod's allowed sources and MAC, and the limits,
+/// pacing and host ports are the described ones.
 pub fn check_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
@@ -506,6 +544,7 @@ pub fn check_pod(
         chained,
         netns_cookie,
         masq,
+        sources,
         ..
     } = *pod;
     key.validate()?;
@@ -524,6 +563,9 @@ pub fn check_pod(
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     maps.check_pod(key.id(), endpoints)?;
+    // A pod attached by a release before the source check has no record and no entries:
+    // it keeps running unchecked until its next ADD, and that is its correct state.
+    maps.check_sources(key.id(), host_ifindex, sources, source_record(&pins))?;
     if let Some(spec) = masq {
         MasqMaps::open(&root, node)?
             .ok_or_else(|| BpfError::PinMissing {

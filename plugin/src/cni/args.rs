@@ -26,11 +26,15 @@ impl ArgsError {
     }
 }
 
+/// Extra prefixes a pod may send from, separated by `,` (`source_check` reads them).
+pub const ALLOWED_SOURCES_ARG: &str = "ECNI_ALLOWED_SOURCES";
+
 /// Keys we act on, or know to be harmless metadata from Kubernetes runtimes.
 const KNOWN_KEYS: &[&str] = &[
     "IgnoreUnknown",
     "IP",
     "MAC",
+    ALLOWED_SOURCES_ARG,
     "K8S_POD_NAMESPACE",
     "K8S_POD_NAME",
     "K8S_POD_INFRA_CONTAINER_ID",

@@ -194,6 +194,8 @@ pub struct RuntimeConfig {
     pub ip_ranges: Option<Value>,
     pub port_mappings: Option<Value>,
     pub bandwidth: Option<Value>,
+    /// The `allowedSourcePrefixes` capability (see `source_check`).
+    pub allowed_source_prefixes: Option<Value>,
 }
 
 /// Case-insensitive key lookup, for the two spellings real runtimes send.
@@ -418,6 +420,7 @@ impl RuntimeConfig {
             ip_ranges: non_null("ipRanges"),
             port_mappings: non_null("portMappings"),
             bandwidth: non_null("bandwidth"),
+            allowed_source_prefixes: non_null("allowedSourcePrefixes"),
         })
     }
 }

@@ -141,6 +141,31 @@ pub fn render(r: &NodeReport, read_seconds: f64) -> String {
         }
     }
 
+    // The source check: from the pod only, each reason its own series (`drops` stays the
+    // limiter's, as dashboards read it).
+    let name = "ebpf_cni_pod_source_drops_total";
+    e.family(
+        name,
+        "counter",
+        "Frames from the pod dropped by the source check, by reason: address (a source address the pod may not send from, or none readable), mac (a source MAC other than the pod interface's).",
+    );
+    for (a, base) in &pods {
+        if let Some(c) = &a.from_pod {
+            for (reason, v) in [("address", c.source_drops), ("mac", c.mac_drops)] {
+                e.sample(name, &with(base, &[("reason", reason)]), v);
+            }
+        }
+    }
+    let name = "ebpf_cni_pod_source_check";
+    e.family(
+        name,
+        "gauge",
+        "1 for the pod's source check mode: on, off, unchecked (attached by a release before the check) or missing (its entries are gone).",
+    );
+    for (a, base) in &pods {
+        e.sample(name, &with(base, &[("mode", a.source_check.mode)]), 1);
+    }
+
     let name = "ebpf_cni_pod_limiter";
     e.family(
         name,

@@ -134,9 +134,11 @@ impl Maps {
         self.endpoints.keys().filter_map(Result::ok).count()
     }
 
-    /// Removes an attachment's entries and counters; returns how many entries went.
+    /// Removes an attachment's entries, source check and counters; returns how many
+    /// entries went.
     /// Entries already gone are fine (a concurrent or repeated DEL).
     pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
+        let sources = self.remove_sources(attachment_id)?;
         let entries = self.entries_of(attachment_id);
         let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();
         ifindexes.dedup();
@@ -167,7 +169,7 @@ impl Maps {
                 _ => {}
             }
         }
-        Ok(entries.len())
+        Ok(entries.len() + sources)
     }
 
     /// CHECK: each address maps to this attachment's host veth and MACs.

@@ -1,20 +1,23 @@
 //! The node-wide maps, opened from their pins: `Maps` (endpoints, per-pod counters, limits,
-//! pacing) with its parts by concern in `endpoints.rs` and `limits.rs`, and the host-port
-//! maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
+//! pacing, source check) with its parts by concern in `endpoints.rs`, `limits.rs` and
+//! `sources.rs`, and the host-port maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
 //! keys `keys.rs`'s.
 
 mod endpoints;
 mod limits;
 pub mod ports;
+mod sources;
 
 pub use endpoints::PodEndpoint;
+pub use sources::{PodSources, SourceCheck, SourceRecord};
 
 use std::os::fd::AsFd;
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ShapeSubnetKey, ENDPOINTS_MAP,
-    PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
+    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ShapeSubnetKey, SourceKey,
+    SourceRule, ENDPOINTS_MAP, PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
+    SOURCES_MAP,
 };
 
 pub use super::keys::{endpoint_key, key_ip};
@@ -41,6 +44,9 @@ pub struct Maps {
     /// `None` on a node whose maps predate `unshapedSubnets`/`shapedSubnets` (until its
     /// programs are reloaded).
     shape: Option<LpmTrie<MapData, ShapeSubnetKey, u32>>,
+    /// `None` on a node whose maps predate the source check (until this binary loads its
+    /// programs, which creates the map beside the others).
+    sources: Option<LpmTrie<MapData, SourceKey, SourceRule>>,
 }
 
 /// The error of a pinned map that did not open as the type its user expects.
@@ -107,6 +113,10 @@ impl Maps {
                 Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SHAPE_SUBNETS_MAP))?),
                 None => None,
             },
+            sources: match open_pinned(root, node, SOURCES_MAP)? {
+                Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SOURCES_MAP))?),
+                None => None,
+            },
         }))
     }
 
@@ -121,6 +131,8 @@ impl Maps {
                 sum.drops = sum.drops.wrapping_add(d.drops);
                 sum.errors = sum.errors.wrapping_add(d.errors);
                 sum.marks = sum.marks.wrapping_add(d.marks);
+                sum.source_drops = sum.source_drops.wrapping_add(d.source_drops);
+                sum.mac_drops = sum.mac_drops.wrapping_add(d.mac_drops);
             }
         }
         Some(t)
