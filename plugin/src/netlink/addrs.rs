@@ -9,12 +9,10 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-const NLMSG_HDRLEN: usize = 16;
+use super::raw::{self, align4, NLMSG_HDRLEN};
+
 const IFADDRMSG_LEN: usize = 8;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const RTM_NEWADDR: u16 = 20;
 const RTM_GETADDR: u16 = 22;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -25,10 +23,6 @@ const IFA_LOCAL: u16 = 2;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 /// A dump that the kernel marks as interrupted (addresses changed meanwhile) is retried.
 const ATTEMPTS: usize = 3;
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
 
 /// Every address of global scope in the calling thread's network namespace, with its
 /// link's index (`IFA_LOCAL` on point-to-point links, `IFA_ADDRESS` otherwise).
@@ -48,87 +42,21 @@ pub fn global_addresses() -> io::Result<Vec<(u32, IpAddr)>> {
 
 /// One dump; `None` when the kernel flagged it as interrupted.
 fn dump_once() -> io::Result<Option<Vec<(u32, IpAddr)>>> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-
-    let seq: u32 = 1;
     let mut req = [0u8; NLMSG_HDRLEN + IFADDRMSG_LEN];
     req[0..4].copy_from_slice(&((NLMSG_HDRLEN + IFADDRMSG_LEN) as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&RTM_GETADDR.to_ne_bytes());
     req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req[8..12].copy_from_slice(&seq.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
     // pid 0 (the kernel), ifaddrmsg all zero: AF_UNSPEC, every link.
-    // SAFETY: `req` is a valid buffer of its length; sending to the kernel (no address:
-    // netlink sockets default to the kernel as peer).
-    let sent = unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-
     let mut out = Vec::new();
     let mut interrupted = false;
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+    raw::exchange(libc::NETLINK_ROUTE, &req, "the address dump", |m| {
+        interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
+        if m.kind == RTM_NEWADDR {
+            out.extend(parse_address(m.body));
         }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the address dump ended without NLMSG_DONE",
-            ));
-        }
-        let mut msgs = &buf[..n as usize];
-        while msgs.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || len > msgs.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("malformed netlink message of length {len}"),
-                ));
-            }
-            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
-            let flags = u16::from_ne_bytes([msgs[6], msgs[7]]);
-            let body = &msgs[NLMSG_HDRLEN..len];
-            interrupted |= flags & NLM_F_DUMP_INTR != 0;
-            match kind {
-                NLMSG_DONE => return Ok((!interrupted).then_some(out)),
-                NLMSG_ERROR => {
-                    let errno = body
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                        .unwrap_or(-libc::EIO);
-                    if errno != 0 {
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                }
-                RTM_NEWADDR => {
-                    if let Some(a) = parse_address(body) {
-                        out.push(a);
-                    }
-                }
-                _ => {}
-            }
-            msgs = &msgs[align4(len).min(msgs.len())..];
-        }
-    }
+    })?;
+    Ok((!interrupted).then_some(out))
 }
 
 /// (link index, address) of one `RTM_NEWADDR` body of global scope.

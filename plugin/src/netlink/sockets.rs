@@ -12,13 +12,10 @@
 //! `CONFIG_INET_DIAG_DESTROY` and the protocol's diag module (Debian's kernels have both);
 //! the calls act on the calling thread's network namespace.
 
+use super::raw::{self, NLMSG_HDRLEN};
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
@@ -99,69 +96,9 @@ fn request(
 
 /// Sends `msg` and hands each answer message to `each` until the dump ends or the ack comes.
 fn exchange(msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
-    if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "sock_diag answer ended early",
-            ));
-        }
-        let mut msgs = &buf[..n as usize];
-        while msgs.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || len > msgs.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("malformed sock_diag message of length {len}"),
-                ));
-            }
-            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
-            let body = &msgs[NLMSG_HDRLEN..len];
-            match kind {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let errno = body
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                        .unwrap_or(-libc::EIO);
-                    return if errno == 0 {
-                        Ok(())
-                    } else {
-                        Err(io::Error::from_raw_os_error(-errno))
-                    };
-                }
-                _ => each(kind, body),
-            }
-            msgs = &msgs[((len + 3) & !3).min(msgs.len())..];
-        }
-    }
+    raw::exchange(libc::NETLINK_SOCK_DIAG, msg, "the sock_diag answer", |m| {
+        each(m.kind, m.body)
+    })
 }
 
 #[cfg(test)]

@@ -10,13 +10,10 @@
 //! "already there" nor list filters or delete a qdisc. The calls act on the calling
 //! thread's network namespace.
 
+use super::raw::{self, align4, NLMSG_HDRLEN};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-const NLMSG_HDRLEN: usize = 16;
 const TCMSG_LEN: usize = 20;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const RTM_NEWQDISC: u16 = 36;
 const RTM_DELQDISC: u16 = 37;
 const RTM_GETQDISC: u16 = 38;
@@ -49,10 +46,6 @@ const CLSACT: &[u8] = b"clsact\0";
 const FQ: &[u8] = b"fq\0";
 /// `TC_H_ROOT`: the parent of a device's root qdisc.
 const TC_H_ROOT: u32 = 0xffff_ffff;
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
 
 /// Adds a `clsact` qdisc to link `ifindex`. `Ok(false)`: the link had one already (or an
 /// `ingress` qdisc, which takes the same place), so it is not ours.
@@ -251,69 +244,9 @@ fn message(
 /// Sends `msg` and reads until its ACK or the end of its dump, passing every other message
 /// (type and body) to `each`; an error answer becomes its errno.
 fn request(msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
-    if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "netlink answer ended early",
-            ));
-        }
-        let mut msgs = &buf[..n as usize];
-        while msgs.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || len > msgs.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("malformed netlink message of length {len}"),
-                ));
-            }
-            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
-            let body = &msgs[NLMSG_HDRLEN..len];
-            match kind {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let errno = body
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                        .unwrap_or(-libc::EIO);
-                    return if errno == 0 {
-                        Ok(())
-                    } else {
-                        Err(io::Error::from_raw_os_error(-errno))
-                    };
-                }
-                _ => each(kind, body),
-            }
-            msgs = &msgs[align4(len).min(msgs.len())..];
-        }
-    }
+    raw::exchange(libc::NETLINK_ROUTE, msg, "the netlink answer", |m| {
+        each(m.kind, m.body)
+    })
 }
 
 #[cfg(test)]

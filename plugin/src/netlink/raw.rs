@@ -1,0 +1,103 @@
+//! One request over a raw netlink socket, its answer read into one buffer and parsed in
+//! place: the loop the hand-written netlink calls share (the address dump in `addrs`, the
+//! qdisc and filter calls in `tc`, the socket closing in `sockets`), each of which builds
+//! its own request and reads its own message bodies.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `struct nlmsghdr`'s length.
+pub(super) const NLMSG_HDRLEN: usize = 16;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+/// Room for the largest datagram a dump sends (the kernel fills up to 32 KiB).
+const BUF_LEN: usize = 64 * 1024;
+
+/// One message of an answer.
+pub(super) struct Message<'a> {
+    pub kind: u16,
+    pub flags: u16,
+    /// What follows the header.
+    pub body: &'a [u8],
+}
+
+/// Sends `msg` on a fresh socket of netlink `protocol` (`NETLINK_ROUTE`,
+/// `NETLINK_SOCK_DIAG`) and hands every answer message to `each` until the dump's
+/// `NLMSG_DONE` or the request's acknowledgement; an error answer becomes its errno.
+/// `what` names the answer in the errors of a short or malformed one.
+pub(super) fn exchange(
+    protocol: libc::c_int,
+    msg: &[u8],
+    what: &str,
+    mut each: impl FnMut(Message<'_>),
+) -> io::Result<()> {
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
+    if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; BUF_LEN];
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{what} ended early"),
+            ));
+        }
+        let mut msgs = &buf[..n as usize];
+        while msgs.len() >= NLMSG_HDRLEN {
+            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
+            if len < NLMSG_HDRLEN || len > msgs.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("malformed message of length {len} in {what}"),
+                ));
+            }
+            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
+            let flags = u16::from_ne_bytes([msgs[6], msgs[7]]);
+            let body = &msgs[NLMSG_HDRLEN..len];
+            match kind {
+                NLMSG_DONE => return Ok(()),
+                NLMSG_ERROR => {
+                    let errno = body
+                        .get(0..4)
+                        .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                        .unwrap_or(-libc::EIO);
+                    return if errno == 0 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::from_raw_os_error(-errno))
+                    };
+                }
+                _ => each(Message { kind, flags, body }),
+            }
+            msgs = &msgs[align4(len).min(msgs.len())..];
+        }
+    }
+}
+
+/// Netlink's 4-byte alignment of messages and attributes.
+pub(super) const fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
