@@ -87,7 +87,11 @@ fn bucket(ifindex: u32, way: Way) -> Option<&'static mut Bucket> {
 /// Whether the packet is exempt from the limit `b` of the pod behind `ifindex` by the pod's
 /// `unshapedSubnets` (its remote address is in one) or `shapedSubnets` (it is in none). A
 /// packet that is not IP matches no subnet, as the reference's u32 filters match none.
-#[inline(always)]
+///
+/// Not inlined: its subnet key and address stay out of the calling program's frame, which
+/// the call chains under it (masquerade, the source check) share with it within the
+/// verifier's 512-byte stack.
+#[inline(never)]
 fn exempt(ctx: &TcContext, ifindex: u32, way: Way, b: &Bucket) -> bool {
     let flags = b.mode & (LIMIT_SUBNETS_UNSHAPED | LIMIT_SUBNETS_SHAPED);
     if flags == 0 {

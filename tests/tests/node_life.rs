@@ -253,6 +253,7 @@ fn concurrent_first_adds_of_a_boot_keep_their_leases() {
     let dead_pod = n.node.new_pod().unwrap();
     let dead = n.add(&dead_pod, None);
     dead_pod.delete().unwrap();
+    n.wait_for_host_veths(0);
     n.empty_pin_tree();
     n.boot("boot-2");
 
