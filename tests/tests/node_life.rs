@@ -397,7 +397,20 @@ struct UdpStream {
 
 impl UdpStream {
     fn start(ns: &Netns, bind: SocketAddr, target: SocketAddr) -> Self {
-        let sock = ns.run_in(|| UdpSocket::bind(bind)).unwrap().unwrap();
+        // A port the previous stream of the test used is free once its threads are joined,
+        // but a slow (emulated) machine has been seen answering EADDRINUSE for a moment:
+        // retried for up to a second.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let sock = loop {
+            match ns.run_in(|| UdpSocket::bind(bind)).unwrap() {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.unwrap(),
+            }
+        };
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
         let rx = sock.try_clone().unwrap();
@@ -623,10 +636,12 @@ fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
         Some(args),
     );
     for target in [sa(ext.node_v4, 5355), sa(ext.node_v6, 5355)] {
+        // One client port per family (a v6 wildcard socket and a v4 one share the port
+        // space), the same in both halves of the test.
         let bind = if target.is_ipv4() {
             sa(Ipv4Addr::UNSPECIFIED, 40002)
         } else {
-            sa(Ipv6Addr::UNSPECIFIED, 40002)
+            sa(Ipv6Addr::UNSPECIFIED, 40012)
         };
         let s = UdpStream::start(ext.netns(), bind, target);
         s.assert_owner_from(s.mark(), "old", "control: through the host port");
@@ -646,7 +661,7 @@ fn a_pod_given_a_deleted_pods_address_answers_from_its_own_address() {
         let bind = if ip.is_ipv4() {
             sa(Ipv4Addr::UNSPECIFIED, 40002)
         } else {
-            sa(Ipv6Addr::UNSPECIFIED, 40002)
+            sa(Ipv6Addr::UNSPECIFIED, 40012)
         };
         let s = UdpStream::start(ext.netns(), bind, sa(ip, 53));
         s.assert_owner_from(
