@@ -290,6 +290,10 @@ pub mod pin {
     /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
     /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
     pub const GATEWAYS_DIR: &str = "gateways";
+    /// Directory holding one empty directory `<unix ms>-<by>`: when the node's device
+    /// links, host-port addresses and masquerade sources were last brought in line with
+    /// its devices and addresses, and by what (`add`, `status`, `agent`).
+    pub const CONVERGED_DIR: &str = "converged";
     /// Empty directory in an attachment's directory: ADD installed the pod's source check
     /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
     pub const SOURCE_CHECK_RECORD: &str = "source_check";

@@ -282,17 +282,16 @@ async fn setup(
         wanted = wanted.with_masq(masq);
     }
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
-    let (devices, node_addrs) = crate::node::node_devices(host_nl, conf, &gateways).await?;
+    let view = crate::node::node_view(host_nl, conf, &gateways).await?;
     step("devices listed");
-    crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
+    crate::portmap::warn_taken_listeners(&wanted.ports, &view.addrs);
     undo.push(Undo::Programs);
-    let spec = wanted.spec(&pair.host, &node_addrs);
     bpf::add_pod(
         node,
         key,
-        &spec,
-        &devices,
-        crate::node::attach_modes(conf, false),
+        &wanted.spec(&pair.host),
+        &view,
+        crate::node::attach_modes(conf, false).pod,
     )?;
     step("eBPF attached");
     crate::node::failpoint()?;

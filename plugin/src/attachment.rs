@@ -167,9 +167,8 @@ impl Wanted {
         self
     }
 
-    /// The description as the dataplane takes it, for the pod behind `host`; `node_addrs`
-    /// (what wildcard host ports answer on) matters to ADD only.
-    pub fn spec<'a>(&'a self, host: &'a Link, node_addrs: &'a [IpAddr]) -> PodSpec<'a> {
+    /// The description as the dataplane takes it, for the pod behind `host`.
+    pub fn spec<'a>(&'a self, host: &'a Link) -> PodSpec<'a> {
         PodSpec {
             host_ifname: &host.name,
             host_ifindex: host.index,
@@ -177,7 +176,6 @@ impl Wanted {
             limits: self.limits,
             shape_subnets: &self.shape_subnets,
             ports: &self.ports,
-            node_addrs,
             chained: self.chained,
             netns_cookie: self.netns_cookie,
             masq: self.masq.as_ref(),

@@ -206,16 +206,15 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
     bpf::ensure_addresses_free(&node, &key, &ips)?;
     let wanted = pod.wanted(&pod_conf)?;
-    let (devices, node_addrs) = crate::node::node_devices(&host_nl, conf, &pod.gateways()).await?;
-    crate::portmap::warn_taken_listeners(&wanted.ports, &node_addrs);
-    let spec = wanted.spec(&pod.host, &node_addrs);
+    let view = crate::node::node_view(&host_nl, conf, &pod.gateways()).await?;
+    crate::portmap::warn_taken_listeners(&wanted.ports, &view.addrs);
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(
         &node,
         &key,
-        &spec,
-        &devices,
-        crate::node::attach_modes(conf, true),
+        &wanted.spec(&pod.host),
+        &view,
+        crate::node::attach_modes(conf, true).pod,
     )?;
     if let Err(e) = crate::node::failpoint() {
         if let Err(undo) = bpf::del_pod(&node, &key) {
@@ -251,7 +250,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let mode = crate::node::attach_modes(conf, true).pod;
     let wanted = pod.wanted(&PodConf::parse(conf, env)?)?;
     crate::source_check::check_result(prev_raw, &wanted.sources)?;
-    bpf::check_pod(&node, &key, &wanted.spec(&pod.host, &[]), mode)
+    bpf::check_pod(&node, &key, &wanted.spec(&pod.host), mode)
         .map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
         crate::attachment::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;

@@ -254,7 +254,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         crate::source_check::check_result(prev, &wanted.sources)?;
     }
     let mode = crate::node::attach_modes(conf, false).pod;
-    bpf::check_pod(&node, &key, &wanted.spec(&host, &[]), mode)
+    bpf::check_pod(&node, &key, &wanted.spec(&host), mode)
         .map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
         crate::attachment::netlink_filters(&host_nl, &host, Hook::pod(false)).await?;

@@ -64,6 +64,28 @@ enum Cmd {
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<std::net::SocketAddr>,
     },
+    /// Keep the node in line with its devices and addresses as they change (host ports on
+    /// a new address, the device program on a new device, masquerade's new source), in
+    /// the foreground: the DaemonSet's optional second container. STATUS does the same
+    /// each time the runtime asks.
+    Agent {
+        /// The conflist (or config) whose ebpf-cni plugin says which devices and attach mode
+        /// (default: every device holding a global address, attach mode auto).
+        #[arg(long, value_name = "FILE")]
+        conf: Option<PathBuf>,
+        /// Run in the node whose network namespace this is (default: the current one).
+        #[arg(long, value_name = "PATH")]
+        netns: Option<PathBuf>,
+        /// Converge also after this many seconds without announcements.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+        resync: u64,
+        /// Converge once and exit.
+        #[arg(long)]
+        once: bool,
+        /// Also serve the node's metrics at GET /metrics on this address.
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics_listen: Option<std::net::SocketAddr>,
+    },
     /// Install this binary into the host's CNI bin dir and write its conflist into the conf
     /// dir (a DaemonSet's install step): atomically, idempotently, other files untouched.
     /// Pod subnets default to the Kubernetes Node object's spec.podCIDRs.
@@ -123,6 +145,19 @@ pub fn main() -> i32 {
                 1
             }
         },
+        Cmd::Agent {
+            conf,
+            netns,
+            resync,
+            once,
+            metrics_listen,
+        } => match agent(conf, netns, resync, once, metrics_listen) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("ebpf-cni agent: {}", chain(e.as_ref()));
+                1
+            }
+        },
         Cmd::Install(args) => match crate::install::install(&args) {
             Ok(report) => {
                 println!("{report}");
@@ -161,6 +196,23 @@ fn exposition(node: &NodeId) -> Result<String, bpf::BpfError> {
     Ok(crate::metrics::render(&report, t.elapsed().as_secs_f64()))
 }
 
+/// Serves `node`'s metrics at `addr` until the process ends.
+fn serve_metrics(
+    node: NodeId,
+    addr: std::net::SocketAddr,
+) -> Result<(), crate::metrics::http::ServeError> {
+    // A scraper that goes away mid-answer must cost one failed write, not the server
+    // (main() set SIGPIPE to its default, which ends the process).
+    // SAFETY: changing a signal's disposition before any connection thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let scrape = move || exposition(&node).map_err(|e| chain(&e));
+    crate::metrics::http::serve(addr, std::sync::Arc::new(scrape), |bound| {
+        eprintln!("serving the metrics of {node} at http://{bound}/metrics");
+    })
+}
+
 fn metrics(
     netns: Option<PathBuf>,
     output: Option<PathBuf>,
@@ -168,16 +220,7 @@ fn metrics(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let node = node_of(netns)?;
     if let Some(addr) = listen {
-        // A scraper that goes away mid-answer must cost one failed write, not the server
-        // (main() set SIGPIPE to its default, which ends the process).
-        // SAFETY: changing a signal's disposition before any connection thread exists.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        }
-        let scrape = move || exposition(&node).map_err(|e| chain(&e));
-        crate::metrics::http::serve(addr, std::sync::Arc::new(scrape), |bound| {
-            eprintln!("serving the metrics of {node} at http://{bound}/metrics");
-        })?;
+        serve_metrics(node, addr)?;
         return Ok(());
     }
     let text = exposition(&node)?;
@@ -185,6 +228,39 @@ fn metrics(
         Some(path) => crate::metrics::output::write_atomically(&path, &text)?,
         None => print!("{text}"),
     }
+    Ok(())
+}
+
+fn agent(
+    conf: Option<PathBuf>,
+    netns: Option<PathBuf>,
+    resync: u64,
+    once: bool,
+    metrics_listen: Option<std::net::SocketAddr>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // What changed is the agent's output: said unless EBPF_CNI_LOG asks otherwise.
+    if std::env::var_os("EBPF_CNI_LOG").is_none() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+    let conf = crate::agent::network_conf(conf.as_deref())?;
+    // The main thread enters the node for good: the runtime and the events socket live in it.
+    let _node_ns = match &netns {
+        Some(p) => Some(Netns::open(p)?.enter()?),
+        None => None,
+    };
+    let node = NodeId::current()?;
+    if let Some(addr) = metrics_listen {
+        std::thread::spawn(move || {
+            if let Err(e) = serve_metrics(node, addr) {
+                eprintln!("ebpf-cni agent: {}", chain(&e));
+                std::process::exit(1);
+            }
+        });
+    }
+    eprintln!(
+        "ebpf-cni agent: node {node} follows its devices and addresses (resync every {resync} s)"
+    );
+    crate::agent::run(&conf, std::time::Duration::from_secs(resync), once)?;
     Ok(())
 }
 
@@ -291,6 +367,10 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         println!("  {:<42} {}{flag}", m.part, m.mode);
     }
     println!("endpoints: {}", r.endpoints);
+    match &r.converged {
+        Some(c) => println!("converged: {} by {}", c.at, c.by),
+        None => println!("converged: never recorded"),
+    }
     println!("devices:");
     if r.devices.is_empty() {
         println!("  (none)");

@@ -6,6 +6,7 @@
 //! or error JSON); without it, it is an operator CLI.
 
 pub mod add;
+pub mod agent;
 pub mod attachment;
 pub mod bandwidth;
 pub mod bpf;
@@ -13,6 +14,7 @@ pub mod chained;
 pub mod check;
 pub mod cli;
 pub mod cni;
+pub mod converge;
 pub mod del;
 mod errors;
 pub mod gateway;

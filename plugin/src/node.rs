@@ -3,7 +3,7 @@
 //! test hook that fails an ADD after all its steps.
 
 use crate::{
-    bpf::{AttachMode, AttachModes, Device},
+    bpf::{AttachMode, AttachModes, Device, NodeView},
     cni::{
         code,
         config::{NetConf, TcAttachMode},
@@ -17,38 +17,48 @@ use crate::{
 /// tests can prove the rollback undoes all of them.
 const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
 
-/// The node devices that get the device program: the `devices` of the config, or else
-/// every device holding a global address that is not a pod's host veth (or loopback).
-/// Evaluated at each ADD, so a device that appears later is covered from the next ADD on.
-/// Also returns every global address of the node (what wildcard host ports answer on).
+/// The node as it is now ([`bpf::NodeView`]): the devices that get the device program
+/// (the `devices` of the config, or else every device holding a global address that is not
+/// a pod's host veth or loopback), every global address of the node (what wildcard host
+/// ports answer on), masquerade's candidate source addresses, and the devices' attach
+/// mode. ADD, STATUS and the agent read it, and converge the node to it
+/// (`bpf::converge`), so a device or address that appears later is covered without a new
+/// pod.
 ///
 /// One address dump finds them; links are then looked up one by one, only those holding an
 /// address other than a pod gateway (`gateways`) and other than `lo` (which holds the IPv4
-/// gateways): host veths hold nothing else, so ADD does not parse one link message per pod
-/// on a busy node.
-pub async fn node_devices(
+/// gateways): host veths hold nothing else, so this does not parse one link message per
+/// pod on a busy node.
+pub async fn node_view(
     host_nl: &Netlink,
     conf: &NetConf,
     gateways: &[std::net::IpAddr],
-) -> Result<(Vec<Device>, Vec<std::net::IpAddr>), CniError> {
+) -> Result<NodeView, CniError> {
     // The calling thread is in the node's namespace, as `host_nl` is.
     let global = crate::netlink::addrs::global_addresses()
         .map_err(crate::netlink::NetlinkError::Addresses)?;
-    let mut node_addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
-    node_addrs.sort();
-    node_addrs.dedup();
-    let mut out = Vec::new();
+    let mut addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
+    addrs.sort();
+    addrs.dedup();
+    let masq_sources = masq_sources_of(&global);
+    let mode = attach_modes(conf, false).devices;
+    let mut devices = Vec::new();
     if let Some(names) = &conf.devices {
         for name in names {
             match host_nl.link_by_name(name).await? {
-                Some(l) => out.push(Device {
+                Some(l) => devices.push(Device {
                     name: l.name,
                     ifindex: l.index,
                 }),
                 None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
             }
         }
-        return Ok((out, node_addrs));
+        return Ok(NodeView {
+            devices,
+            addrs,
+            masq_sources,
+            mode,
+        });
     }
     let mut candidates: Vec<u32> = global
         .iter()
@@ -60,14 +70,19 @@ pub async fn node_devices(
     for index in candidates {
         if let Some(l) = host_nl.link_by_index(index).await? {
             if l.name != "lo" && !veth::is_host_veth(&l) {
-                out.push(Device {
+                devices.push(Device {
                     name: l.name,
                     ifindex: l.index,
                 });
             }
         }
     }
-    Ok((out, node_addrs))
+    Ok(NodeView {
+        devices,
+        addrs,
+        masq_sources,
+        mode,
+    })
 }
 
 /// Every global address of the node's devices but `lo` (which holds the pods' IPv4
@@ -76,10 +91,15 @@ pub async fn node_devices(
 pub fn masq_sources() -> Result<Vec<(u32, std::net::IpAddr)>, CniError> {
     let global = crate::netlink::addrs::global_addresses()
         .map_err(crate::netlink::NetlinkError::Addresses)?;
-    Ok(global
-        .into_iter()
+    Ok(masq_sources_of(&global))
+}
+
+fn masq_sources_of(global: &[(u32, std::net::IpAddr)]) -> Vec<(u32, std::net::IpAddr)> {
+    global
+        .iter()
         .filter(|(i, _)| *i != crate::gateway::LOOPBACK_IFINDEX)
-        .collect())
+        .copied()
+        .collect()
 }
 
 /// The error the test hook [`FAILPOINT_ENV`] makes ADD fail with (code 199).

@@ -2,6 +2,10 @@
 //! prints nothing; otherwise code 50 ("plugin not available"), or 51 when the pods already
 //! attached may have lost connectivity too, with every reason found in the message.
 //!
+//! A ready node is converged first (`converge`: its device links, host-port addresses and
+//! masquerade sources follow the node's devices and addresses; nothing written when they
+//! did not change).
+//!
 //! What is checked is what ADD needs and cannot fix by itself, kept cheap because kubelet
 //! asks every few seconds: the eBPF side ([`bpf::readiness`]: programs built in, bpffs
 //! mounted or mountable, the node's pinned programs and maps, or else a load the kernel
@@ -46,6 +50,14 @@ pub async fn status(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<()
         }),
     }
 
+    // A ready node follows its devices and addresses (host ports on a new address, the
+    // device program on a new device, masquerade's new source); a failure here leaves
+    // the node as the last convergence left it, which serves ADD: said, not failed.
+    if problems.is_empty() {
+        if let Err(e) = crate::converge::converge(conf, bpf::ConvergedBy::Status).await {
+            log::warn!("the node did not follow its devices and addresses: {e}");
+        }
+    }
     let ipam_err = ipam.and_then(|i| i.status(conf, &env.path, stdin).err().map(CniError::from));
     verdict(problems, ipam_err)
 }

@@ -203,6 +203,9 @@ pub struct NodeReport {
     /// Masquerade: the port range, flows per pod, allocation failures (`None` on a node
     /// whose maps predate it).
     pub masquerade: Option<MasqReport>,
+    /// The last time ADD, STATUS or the agent changed the node to follow its devices and
+    /// addresses (`None`: never recorded, e.g. a node of an older release).
+    pub converged: Option<super::ConvergeRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -459,5 +462,6 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
             })
             .collect(),
         masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
+        converged: super::converge::last(&root, node),
     })
 }

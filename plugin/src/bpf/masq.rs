@@ -80,6 +80,16 @@ pub struct MasqMaps {
     config: Array<MapData, NodeConfig>,
 }
 
+/// The source map's wanted content: one address per device and family, the first listed.
+fn wanted_sources(sources: &[(u32, IpAddr)]) -> std::collections::BTreeMap<u64, EndpointKey> {
+    let mut want = std::collections::BTreeMap::new();
+    for (ifindex, ip) in sources {
+        want.entry(masq_src_key(*ifindex, ip.is_ipv4()))
+            .or_insert_with(|| endpoint_key(*ip));
+    }
+    want
+}
+
 impl MasqMaps {
     /// `None` when the node's maps are not pinned (no pod yet), or predate masquerade
     /// (programs loaded by an older revision, until they are reloaded).
@@ -172,13 +182,21 @@ impl MasqMaps {
         Ok(())
     }
 
+    /// Whether the node masquerades (some pod of it has `ipMasq`).
+    pub fn active(&self) -> bool {
+        self.node_config().flags & NODE_FLAG_MASQ != 0
+    }
+
+    /// Whether the source map holds exactly what [`Self::sync_sources`] would write.
+    pub fn sources_in_line(&self, sources: &[(u32, IpAddr)]) -> bool {
+        let have: std::collections::BTreeMap<u64, EndpointKey> =
+            self.src.iter().filter_map(Result::ok).collect();
+        have == wanted_sources(sources)
+    }
+
     /// One address per device and family: the first the node lists.
-    fn sync_sources(&mut self, sources: &[(u32, IpAddr)]) -> Result<(), BpfError> {
-        let mut want: std::collections::BTreeMap<u64, EndpointKey> = Default::default();
-        for (ifindex, ip) in sources {
-            want.entry(masq_src_key(*ifindex, ip.is_ipv4()))
-                .or_insert_with(|| endpoint_key(*ip));
-        }
+    pub(super) fn sync_sources(&mut self, sources: &[(u32, IpAddr)]) -> Result<(), BpfError> {
+        let want = wanted_sources(sources);
         let stale: Vec<u64> = self
             .src
             .keys()
@@ -306,8 +324,19 @@ impl MasqMaps {
                 .entry(key_ip(&EndpointKey { addr: k.local }))
                 .or_default() += 1;
         }
+        let mut sources: Vec<MasqSourceReport> = self
+            .src
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| MasqSourceReport {
+                ifindex: u32::try_from(k >> 1).unwrap_or(0),
+                address: key_ip(&v),
+            })
+            .collect();
+        sources.sort_by_key(|s| (s.ifindex, s.address));
         MasqReport {
             enabled: c.flags & NODE_FLAG_MASQ != 0,
+            sources,
             ports: format!("{lo}-{hi}"),
             ports_reserved_by_us: c.flags & NODE_FLAG_MASQ_RESERVED != 0,
             flows: flows_by_pod.values().sum(),
@@ -327,6 +356,9 @@ impl MasqMaps {
 #[derive(Debug, Clone, Serialize)]
 pub struct MasqReport {
     pub enabled: bool,
+    /// The address each device's masqueraded flows leave with, per family, where the FIB
+    /// lookup cannot tell it (before 6.8).
+    pub sources: Vec<MasqSourceReport>,
     pub ports: String,
     pub ports_reserved_by_us: bool,
     pub flows: usize,
@@ -340,6 +372,12 @@ pub struct MasqReport {
     /// New flows dropped because the table was full.
     pub table_full: u64,
     pub untranslatable: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MasqSourceReport {
+    pub ifindex: u32,
+    pub address: IpAddr,
 }
 
 /// `bpf_ktime_get_ns`'s clock, as user space reads it.

@@ -10,6 +10,7 @@
 //! concurrent plugin runs; it is held for milliseconds.
 
 mod cgroup;
+mod converge;
 mod cookie;
 mod error;
 pub mod gateways;
@@ -31,6 +32,7 @@ mod trace;
 mod tree;
 
 use aya::programs::TcAttachType;
+pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
@@ -301,17 +303,18 @@ mod tests {
                 limits: None,
                 shape_subnets: &[],
                 ports: &[],
-                node_addrs: &[],
                 chained: false,
                 netns_cookie: 0,
                 masq: None,
                 sources: &SourceCheck::Off,
             },
-            &[],
-            AttachModes {
-                pod: AttachMode::Tcx,
-                devices: AttachMode::Tcx,
+            &NodeView {
+                devices: Vec::new(),
+                addrs: Vec::new(),
+                masq_sources: Vec::new(),
+                mode: AttachMode::Tcx,
             },
+            AttachMode::Tcx,
         )
         .unwrap_err();
         assert!(matches!(err, BpfError::NotBuilt), "{err}");

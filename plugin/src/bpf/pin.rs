@@ -12,6 +12,7 @@
 //!     devices/<ifname>/link_from_dev                    one per node device
 //!     devices/<ifname>/netlink_from_dev  clsact_created/ netlink mode: the filter's record,
 //!                                                       and "our clsact" (empty directory)
+//!     converged/<unix ms>-<by>/                         the node's last convergence
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod
 //!         source_check/ | source_check_off/             its source check: on or off
@@ -149,6 +150,11 @@ impl PinRoot {
     /// `gateways/`: `<IPv4 gateway in hex>/<attachment id>`, who uses each gateway on `lo`.
     pub fn gateways_dir(&self, node: &NodeId) -> PathBuf {
         self.node_dir(node).join(names::GATEWAYS_DIR)
+    }
+
+    /// `converged/<unix ms>-<by>`: the node's last convergence (see `converge.rs`).
+    pub fn converged_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::CONVERGED_DIR)
     }
 
     /// The link of the device program on node device `ifname`.

@@ -5,7 +5,9 @@
 use std::{fs, net::IpAddr, os::fd::AsFd};
 
 use super::{
-    cgroup, cookie,
+    cgroup,
+    converge::{self, ConvergedBy, NodeView},
+    cookie,
     error::{collect, log_each},
     kernel, links,
     lock::NodeLock,
@@ -14,7 +16,7 @@ use super::{
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
     programs::Programs,
-    queue, tree, AttachMode, AttachModes, AttachmentKey, BpfError, Device, Hook, PROGRAMS,
+    queue, tree, AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
@@ -31,9 +33,6 @@ pub struct PodSpec<'a> {
     pub shape_subnets: &'a [crate::bandwidth::SubnetKey],
     /// Host port mappings to install.
     pub ports: &'a [PortEntry],
-    /// The node's addresses (wildcard host ports answer on each); used when `ports` is not
-    /// empty.
-    pub node_addrs: &'a [IpAddr],
     /// Chained mode: another plugin made the interface and forwards the pod's traffic; the
     /// host veth gets `ecni_from_chain` instead of `ecni_from_pod`.
     pub chained: bool,
@@ -124,16 +123,15 @@ fn add_ports(
 
 /// Attaches a pod: its host veth gets the pod programs (TCX links pinned under the
 /// attachment's directory, or netlink filters with a pinned record), the endpoint map
-/// learns its addresses, and the node's devices are brought in line with `devices`. On
-/// error nothing of the pod stays.
+/// learns its addresses, and the node is converged to `view` (its device links, host-port
+/// addresses and masquerade sources: see `converge.rs`). On error nothing of the pod stays.
 pub fn add_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
     pod: &PodSpec<'_>,
-    devices: &[Device],
-    modes: AttachModes,
+    view: &NodeView,
+    mode: AttachMode,
 ) -> Result<(), BpfError> {
-    let mode = modes.pod;
     let PodSpec {
         host_ifname,
         host_ifindex,
@@ -141,7 +139,6 @@ pub fn add_pod(
         limits,
         shape_subnets,
         ports: port_entries,
-        node_addrs,
         chained,
         netns_cookie,
         masq,
@@ -159,17 +156,18 @@ pub fn add_pod(
     ensure_bpffs_at(&root)?;
     let mut lock = Some(NodeLock::take(&root)?);
     step("locked");
-    let mut progs = Programs::open_or_load(&root, node)?;
+    let mut progs = Some(Programs::open_or_load(&root, node)?);
     step("programs");
     let mut maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
         what: "endpoint map",
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     step("maps");
-    if let Err(e) = sync_devices(&root, node, &mut progs, devices, modes.devices) {
+    if let Err(e) = converge::converge_locked(&root, node, view, ConvergedBy::Add, &mut progs) {
         // The pod works without them (traffic from devices then takes the stack).
         log::warn!("node devices: {e}");
     }
+    let mut progs = progs.expect("opened above");
     step("devices");
 
     let pins = root.attachment(node, key);
@@ -238,7 +236,7 @@ pub fn add_pod(
                 key.id(),
                 host_ifindex,
                 port_entries,
-                node_addrs,
+                &view.addrs,
             )?;
             step("port mappings");
         }
@@ -611,65 +609,6 @@ pub fn check_pod(
         // has no cookie and no socket programs until its next ADD with mappings.
         if pm.netns_cookie() != 0 {
             cgroup::check_sock_links(&root, node)?;
-        }
-    }
-    Ok(())
-}
-
-/// Puts the device program on every device of `devices` that lacks a live link of it, and
-/// removes the links of devices no longer listed.
-fn sync_devices(
-    root: &PinRoot,
-    node: &NodeId,
-    progs: &mut Programs,
-    devices: &[Device],
-    mode: AttachMode,
-) -> Result<(), BpfError> {
-    let dir = root.devices_dir(node);
-    if mode == AttachMode::Netlink {
-        for dev in devices {
-            let record = root.device_netlink_record(node, &dev.name);
-            if record.exists() {
-                continue;
-            }
-            create_dir_all_racy(record.parent().expect("a record lives in a directory"))?;
-            links::attach_netlink(
-                progs.classifier(Hook::FromDev)?,
-                Hook::FromDev,
-                &dev.name,
-                &record,
-                Some(&root.device_clsact_record(node, &dev.name)),
-            )?;
-        }
-    }
-    for dev in devices.iter().filter(|_| mode == AttachMode::Tcx) {
-        let path = root.device_link(node, &dev.name);
-        match links::check(Hook::FromDev, &path, dev.ifindex) {
-            Ok(()) => continue,
-            Err(BpfError::PinMissing { .. }) => {}
-            Err(e) => {
-                log::info!("re-attaching the device program to {}: {e}", dev.name);
-                let _ = fs::remove_file(&path);
-            }
-        }
-        create_dir_all_racy(path.parent().expect("a device link lives in a directory"))?;
-        links::attach(
-            progs.fd(Hook::FromDev)?,
-            Hook::FromDev,
-            &dev.name,
-            dev.ifindex,
-            &path,
-        )?;
-    }
-    if let Ok(entries) = fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !devices.iter().any(|d| d.name == name) {
-                if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
-                    links::detach_device_netlink(&name, &root.device_clsact_record(node, &name));
-                }
-                let _ = links::remove_dir_pins(&dir, &e.path());
-            }
         }
     }
     Ok(())

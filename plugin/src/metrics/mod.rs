@@ -421,6 +421,7 @@ mod tests {
             port_mappings: vec![],
             gateways: vec![],
             masquerade: None,
+            converged: None,
         };
         let text = render(&r, 0.001);
         for family in [

@@ -22,6 +22,7 @@ use rtnetlink::{
 use crate::netns::{Netns, NetnsError};
 
 pub mod addrs;
+pub mod events;
 mod raw;
 pub mod sockets;
 pub mod tc;

@@ -1,0 +1,411 @@
+//! The node's convergence: what the node's programs know of its devices and addresses
+//! brought in line with the devices and addresses it has now. Between two ADDs an address
+//! comes or goes (a DHCP renewal, a keepalived or kube-vip VIP), a NIC appears or leaves;
+//! the device program must be on every device that takes traffic for pods and on no other,
+//! wildcard host ports must answer on every address of the node, and masquerade must leave
+//! with each egress device's current address.
+//!
+//! ADD, STATUS and `ebpf-cni agent` converge the node. The state is read first without the
+//! lock and compared with what the node has (a few map reads and one look at each device's
+//! pin); only when something differs is the node lock taken, the comparison made again
+//! under it, and the differences written, so a STATUS on a node in line writes nothing.
+//! Each convergence that changed something records when and by whom (`converged/` in the
+//! node's directory: an empty directory named `<unix ms>-<by>`: bpffs names may not hold a dot), which
+//! `inspect` shows.
+
+use std::{fs, net::IpAddr, path::Path};
+
+use super::{
+    links,
+    lock::NodeLock,
+    masq::MasqMaps,
+    pin::{create_dir_all_racy, NodeId, PinRoot},
+    ports::PortMaps,
+    programs::Programs,
+    AttachMode, BpfError, Device, Hook,
+};
+
+/// The node as it is now: what the node's programs should know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// The devices that get the device program.
+    pub devices: Vec<Device>,
+    /// Every global address of the node (wildcard host ports answer on each).
+    pub addrs: Vec<IpAddr>,
+    /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
+    /// kernel's order (see `MasqMaps::install`).
+    pub masq_sources: Vec<(u32, IpAddr)>,
+    /// How the device program attaches.
+    pub mode: AttachMode,
+}
+
+/// Who converged the node (recorded with the time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvergedBy {
+    Add,
+    Status,
+    Agent,
+}
+
+impl ConvergedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "add",
+            Self::Status => "status",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+/// The last convergence that changed the node, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConvergeRecord {
+    /// Milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// The same time in UTC, RFC 3339.
+    pub at: String,
+    /// `add`, `status` or `agent`.
+    pub by: String,
+}
+
+/// `unix_ms` as RFC 3339 in UTC, to the millisecond (days to a civil date: H. Hinnant's
+/// `civil_from_days`).
+pub fn utc_rfc3339(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ms % 1000
+    )
+}
+
+/// What a convergence found different from the node's state, one line per change.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    attach: Vec<Device>,
+    /// Device directories whose link is pinned but dead or wrong: removed, then attached.
+    reattach: Vec<Device>,
+    detach: Vec<String>,
+    /// `None`: no host port on the node, nothing to keep.
+    node_addrs: Option<AddrDiff>,
+    /// `None`: the node does not masquerade, or the sources are in line.
+    masq_sources: bool,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct AddrDiff {
+    added: Vec<IpAddr>,
+    removed: Vec<IpAddr>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.attach.is_empty()
+            && self.reattach.is_empty()
+            && self.detach.is_empty()
+            && self.node_addrs.is_none()
+            && !self.masq_sources
+    }
+
+    /// One line per change, for the log.
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        out.extend(
+            self.attach
+                .iter()
+                .map(|d| format!("device program attached to {}", d.name)),
+        );
+        out.extend(
+            self.reattach
+                .iter()
+                .map(|d| format!("device program re-attached to {}", d.name)),
+        );
+        out.extend(
+            self.detach
+                .iter()
+                .map(|n| format!("device program taken off {n}")),
+        );
+        if let Some(d) = &self.node_addrs {
+            out.extend(
+                d.added
+                    .iter()
+                    .map(|a| format!("wildcard host ports answer on {a}")),
+            );
+            out.extend(
+                d.removed
+                    .iter()
+                    .map(|a| format!("wildcard host ports no longer answer on {a}")),
+            );
+        }
+        if self.masq_sources {
+            out.push("masquerade's source addresses follow the devices' addresses".to_owned());
+        }
+        out
+    }
+}
+
+/// Compares the node's state with `view`; reads only.
+fn plan(root: &PinRoot, node: &NodeId, view: &NodeView) -> Result<Plan, BpfError> {
+    let mut p = Plan::default();
+    plan_devices(root, node, &view.devices, view.mode, &mut p);
+    if root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        let pm = PortMaps::open(root, node)?;
+        if pm.enabled() {
+            let have = pm.node_addrs();
+            let mut want = view.addrs.clone();
+            want.sort();
+            want.dedup();
+            let added: Vec<IpAddr> = want.iter().filter(|a| !have.contains(a)).copied().collect();
+            let removed: Vec<IpAddr> = have.iter().filter(|a| !want.contains(a)).copied().collect();
+            if !added.is_empty() || !removed.is_empty() {
+                p.node_addrs = Some(AddrDiff { added, removed });
+            }
+        }
+    }
+    if let Some(m) = MasqMaps::open(root, node)? {
+        p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
+    }
+    Ok(p)
+}
+
+/// The device program on every device of `devices` with a live link of it (TCX) or a
+/// record of its filter (netlink), and no pins of devices not listed.
+fn plan_devices(root: &PinRoot, node: &NodeId, devices: &[Device], mode: AttachMode, p: &mut Plan) {
+    for dev in devices {
+        match mode {
+            AttachMode::Netlink => {
+                if !root.device_netlink_record(node, &dev.name).exists() {
+                    p.attach.push(dev.clone());
+                }
+            }
+            AttachMode::Tcx => {
+                match links::check(
+                    Hook::FromDev,
+                    &root.device_link(node, &dev.name),
+                    dev.ifindex,
+                ) {
+                    Ok(()) => {}
+                    Err(BpfError::PinMissing { .. }) => p.attach.push(dev.clone()),
+                    Err(e) => {
+                        log::info!("the device program's link on {}: {e}", dev.name);
+                        p.reattach.push(dev.clone());
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !devices.iter().any(|d| d.name == name) {
+                p.detach.push(name);
+            }
+        }
+    }
+}
+
+/// Writes what `plan` found different; the node lock is held. `progs` is opened only when
+/// a device needs the program.
+fn apply(
+    root: &PinRoot,
+    node: &NodeId,
+    view: &NodeView,
+    plan: &Plan,
+    progs: &mut Option<Programs>,
+) -> Result<(), BpfError> {
+    let mut device_err = None;
+    for dev in plan.attach.iter().chain(&plan.reattach) {
+        if let Err(e) = attach_device(root, node, dev, view.mode, progs) {
+            // The pods work without it (traffic from that device then takes the stack).
+            log::warn!("node device {}: {e}", dev.name);
+            device_err.get_or_insert(e);
+        }
+    }
+    let dir = root.devices_dir(node);
+    for name in &plan.detach {
+        let path = dir.join(name);
+        if path.join(Hook::FromDev.netlink_record_name()).exists() {
+            links::detach_device_netlink(name, &root.device_clsact_record(node, name));
+        }
+        let _ = links::remove_dir_pins(&dir, &path);
+    }
+    if plan.node_addrs.is_some() {
+        PortMaps::open(root, node)?.sync_node_addrs(&view.addrs)?;
+    }
+    if plan.masq_sources {
+        if let Some(mut m) = MasqMaps::open(root, node)? {
+            m.sync_sources(&view.masq_sources)?;
+        }
+    }
+    device_err.map_or(Ok(()), Err)
+}
+
+fn attach_device(
+    root: &PinRoot,
+    node: &NodeId,
+    dev: &Device,
+    mode: AttachMode,
+    progs: &mut Option<Programs>,
+) -> Result<(), BpfError> {
+    if progs.is_none() {
+        *progs = Some(Programs::open_or_load(root, node)?);
+    }
+    let progs = progs.as_mut().expect("opened above");
+    match mode {
+        AttachMode::Netlink => {
+            let record = root.device_netlink_record(node, &dev.name);
+            create_dir_all_racy(record.parent().expect("a record lives in a directory"))?;
+            links::attach_netlink(
+                progs.classifier(Hook::FromDev)?,
+                Hook::FromDev,
+                &dev.name,
+                &record,
+                Some(&root.device_clsact_record(node, &dev.name)),
+            )
+        }
+        AttachMode::Tcx => {
+            let path = root.device_link(node, &dev.name);
+            let _ = fs::remove_file(&path);
+            create_dir_all_racy(path.parent().expect("a device link lives in a directory"))?;
+            links::attach(
+                progs.fd(Hook::FromDev)?,
+                Hook::FromDev,
+                &dev.name,
+                dev.ifindex,
+                &path,
+            )
+        }
+    }
+}
+
+/// Converges the node (see the module docs): `Ok(lines)` says what changed, nothing when
+/// the node was in line or has no pods (no node directory: nothing to converge).
+pub fn converge(node: &NodeId, view: &NodeView, by: ConvergedBy) -> Result<Vec<String>, BpfError> {
+    let root = PinRoot::from_env();
+    if !root.node_dir(node).exists() || plan(&root, node, view)?.is_empty() {
+        return Ok(Vec::new());
+    }
+    let _lock = NodeLock::take(&root)?;
+    // The last pod may have gone meanwhile, and the node with it.
+    if !root.node_dir(node).exists() {
+        return Ok(Vec::new());
+    }
+    converge_locked(&root, node, view, by, &mut None)
+}
+
+/// Converges the node with the lock held (ADD holds it, with its programs open).
+pub(super) fn converge_locked(
+    root: &PinRoot,
+    node: &NodeId,
+    view: &NodeView,
+    by: ConvergedBy,
+    progs: &mut Option<Programs>,
+) -> Result<Vec<String>, BpfError> {
+    let plan = plan(root, node, view)?;
+    if plan.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lines = plan.describe();
+    let res = apply(root, node, view, &plan, progs);
+    // Recorded even when a device failed: the rest changed.
+    record(root, node, by)?;
+    for l in &lines {
+        log::info!("node {node} converged ({}): {l}", by.as_str());
+    }
+    res.map(|()| lines)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Records a convergence: `converged/<unix ms>-<by>`, the previous record removed.
+fn record(root: &PinRoot, node: &NodeId, by: ConvergedBy) -> Result<(), BpfError> {
+    let dir = root.converged_dir(node);
+    let old = fs::read_dir(&dir)
+        .map(|es| es.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let new = dir.join(format!("{}-{}", unix_ms(), by.as_str()));
+    create_dir_all_racy(&new)?;
+    for p in old.into_iter().filter(|p| *p != new) {
+        let _ = fs::remove_dir(p);
+    }
+    Ok(())
+}
+
+/// The last convergence recorded for the node.
+pub fn last(root: &PinRoot, node: &NodeId) -> Option<ConvergeRecord> {
+    fs::read_dir(root.converged_dir(node))
+        .ok()?
+        .flatten()
+        .filter_map(|e| parse_record(Path::new(&e.file_name())))
+        .max_by_key(|r| r.at_unix_ms)
+}
+
+fn parse_record(name: &Path) -> Option<ConvergeRecord> {
+    let name = name.to_str()?;
+    let (ms, by) = name.split_once('-')?;
+    let at_unix_ms = ms.parse().ok()?;
+    Some(ConvergeRecord {
+        at_unix_ms,
+        at: utc_rfc3339(at_unix_ms),
+        by: by.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_back() {
+        assert_eq!(
+            parse_record(Path::new("1732480000123-status")),
+            Some(ConvergeRecord {
+                at_unix_ms: 1_732_480_000_123,
+                at: "2024-11-24T20:26:40.123Z".to_owned(),
+                by: "status".to_owned()
+            })
+        );
+        assert_eq!(parse_record(Path::new("junk")), None);
+        assert_eq!(parse_record(Path::new("x-add")), None);
+    }
+
+    #[test]
+    fn times_print_as_utc() {
+        assert_eq!(utc_rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc_rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(utc_rfc3339(1_798_761_599_999), "2026-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn an_empty_plan_says_nothing() {
+        let p = Plan::default();
+        assert!(p.is_empty());
+        assert!(p.describe().is_empty());
+        let p = Plan {
+            node_addrs: Some(AddrDiff {
+                added: vec!["10.0.0.9".parse().unwrap()],
+                removed: vec![],
+            }),
+            ..Plan::default()
+        };
+        assert!(!p.is_empty());
+        assert_eq!(p.describe(), ["wildcard host ports answer on 10.0.0.9"]);
+    }
+}

@@ -1,0 +1,531 @@
+//! The node follows its devices and addresses between ADDs (issue 24, item 1: cilium#12116,
+//! cilium PR #30419, cilium#37976): an address added later (a DHCP renewal, a keepalived or
+//! kube-vip VIP, a second NIC) gets wildcard host ports and, on a new device, the device
+//! program without a new pod; masquerade leaves with the egress device's new address; a
+//! device that holds no address any more has nothing of ours left on it.
+//!
+//! STATUS (CNI 1.1, which containerd 2.x sends every 5 s) converges the node, writing
+//! nothing when the node is in line (its record of the last convergence, shown by
+//! `inspect`, stays as it was); `ebpf-cni agent` converges it on rtnetlink announcements,
+//! within 5 s of the change. Concurrent ADD, DEL, STATUS and agent leave a node CHECK
+//! accepts and nothing behind after the last DEL (the node lock).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ebpf_cni_tests::bpf;
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::net::tcp_echo;
+use ebpf_cni_tests::{
+    require_root, unique_container_id, Attachment, CniCommand, ContainerEnv, NetConfList, Netns,
+    Node, PluginUnderTest, Stack,
+};
+use serde_json::{json, Value};
+
+/// What the issue allows between a change and the node following it.
+const CONVERGE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A dual-stack network of cniVersion 1.1.0 (STATUS needs it) taking port mappings.
+fn network(p: &PluginUnderTest, node: &Node) -> NetConfList {
+    let mut conf = p.conf("1.1.0", node, Stack::Dual);
+    conf["capabilities"] = json!({"portMappings": true});
+    NetConfList::single(&conf)
+}
+
+struct Pod {
+    netns: Netns,
+    att: Attachment,
+    result: Value,
+}
+
+/// A pod with host port `host_port` → 80/tcp.
+fn add_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList, host_port: u16) -> Pod {
+    let netns = node.new_pod().unwrap();
+    let att = Attachment::new(&unique_container_id(), netns.path(), "eth0").with_capability(
+        "portMappings",
+        json!([{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]),
+    );
+    let result = p
+        .runtime
+        .add(node, l, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    Pod { netns, att, result }
+}
+
+fn del_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod) {
+    p.runtime
+        .del(node, l, &pod.att, Some(&pod.result))
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+}
+
+fn status_conf(l: &NetConfList) -> String {
+    l.exec_config(0, &Default::default(), None).to_string()
+}
+
+fn status(p: &PluginUnderTest, node: &Node, l: &NetConfList) {
+    let env = ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env());
+    let out = p.run(node, CniCommand::Status, &env, status_conf(l));
+    assert_eq!(out.expect_success("STATUS"), Value::Null);
+}
+
+fn report(p: &PluginUnderTest, node: &Node) -> Value {
+    dp::inspect(&p.bin, node).unwrap()
+}
+
+fn node_addresses(r: &Value) -> BTreeSet<IpAddr> {
+    r["node_addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str()?.parse().ok())
+        .collect()
+}
+
+/// The devices carrying the device program, with the id of the link or program holding it.
+fn devices(r: &Value) -> Vec<(String, u64)> {
+    r["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let id = d["link"]["link_id"].as_u64().unwrap_or(0) * 1_000_000
+                + d["link"]["program_id"].as_u64().unwrap_or(0);
+            (d["name"].as_str().unwrap_or_default().to_owned(), id)
+        })
+        .collect()
+}
+
+fn device_names(r: &Value) -> Vec<String> {
+    devices(r).into_iter().map(|(n, _)| n).collect()
+}
+
+/// `(at_unix_ms, by)` of the node's last convergence.
+fn converged(r: &Value) -> Option<(u64, String)> {
+    let c = &r["converged"];
+    Some((c["at_unix_ms"].as_u64()?, c["by"].as_str()?.to_owned()))
+}
+
+/// Masquerade's recorded sources on the device of index `ifindex`.
+fn masq_sources(r: &Value, ifindex: u64) -> BTreeSet<IpAddr> {
+    r["masquerade"]["sources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["ifindex"].as_u64() == Some(ifindex))
+        .filter_map(|s| s["address"].as_str()?.parse().ok())
+        .collect()
+}
+
+fn ifindex(ns: &Netns, dev: &str) -> u64 {
+    let out = ns.ip_ok(&["-j", "link", "show", dev]).unwrap();
+    serde_json::from_str::<Value>(&out).unwrap()[0]["ifindex"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Who answers TCP at `target` (the pod's server says "pod"), or the error.
+fn answer(from: &Netns, target: std::net::SocketAddr) -> String {
+    match tcp_ask(from, target) {
+        Ok(a) => tag_of(&a).to_owned(),
+        Err(e) => format!("error: {e:#}"),
+    }
+}
+
+fn addr(ns: &Netns, op: &str, a: &str, dev: &str) {
+    let mut args = vec!["addr", op, a, "dev", dev];
+    if op == "add" && a.contains(':') {
+        args.push("nodad");
+    }
+    ns.ip_ok(&args).unwrap();
+}
+
+/// Issue 24, item 1, by STATUS: a VIP on the uplink and a second NIC appear after the pod's
+/// ADD. Before STATUS host port 8080 does not answer on them (the node's programs know
+/// neither); after it, it answers on each, from the external hosts, both families, and the
+/// new NIC carries the device program. A STATUS on the node in line writes nothing (its
+/// convergence record and the device links stay). When the VIP goes and the NIC loses its
+/// addresses, STATUS takes them out: nothing of ours is left on the NIC.
+#[test]
+fn status_gives_new_addresses_and_devices_host_ports_and_takes_them_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 61).unwrap();
+    let l = network(&p, &node);
+    let pod = add_pod(&p, &node, &l, 8080);
+    let _server = PodServer::start(&pod.netns, 80, "pod");
+
+    let added = report(&p, &node);
+    let (at, by) = converged(&added).expect("the first ADD records the node's convergence");
+    assert_eq!(by, "add");
+    status(&p, &node, &l);
+    let in_line = report(&p, &node);
+    assert_eq!(
+        converged(&in_line),
+        Some((at, by)),
+        "STATUS on a node in line recorded a convergence (it must write nothing)"
+    );
+    assert_eq!(
+        devices(&in_line),
+        devices(&added),
+        "STATUS on a node in line touched the device links"
+    );
+
+    let (vip4, vip6): (IpAddr, IpAddr) = (
+        "192.168.61.100".parse().unwrap(),
+        "fd61::100".parse().unwrap(),
+    );
+    addr(node.netns(), "add", "192.168.61.100/32", "uplink0");
+    addr(node.netns(), "add", "fd61::100/128", "uplink0");
+    let nic = ExternalHost::attach(node.netns(), "uplink1", 62).unwrap();
+    let (nic4, nic6) = (IpAddr::from(nic.node_v4), IpAddr::from(nic.node_v6));
+    let targets = [(&ext, vip4), (&ext, vip6), (&nic, nic4), (&nic, nic6)];
+    let before = report(&p, &node);
+    assert_eq!(device_names(&before), ["uplink0"]);
+    for (host, a) in targets {
+        assert!(
+            !node_addresses(&before).contains(&a),
+            "{a} known before STATUS"
+        );
+        let got = answer(host.netns(), sa(a, 8080));
+        assert!(
+            got.starts_with("error"),
+            "host port {a}:8080 answered ({got}) before the node converged: the test proves nothing"
+        );
+    }
+
+    status(&p, &node, &l);
+    let after = report(&p, &node);
+    let (at2, by2) = converged(&after).unwrap();
+    assert_eq!(by2, "status");
+    assert!(at2 > at, "the record did not move: {at} -> {at2}");
+    assert_eq!(device_names(&after), ["uplink0", "uplink1"]);
+    let progs = bpf::attached_programs(node.netns(), "uplink1").unwrap();
+    assert!(
+        progs.iter().any(|q| q.name == dp::PROG_FROM_DEV),
+        "uplink1 carries {progs:?}"
+    );
+    let mut failures = Vec::new();
+    for (host, a) in targets {
+        if !node_addresses(&after).contains(&a) {
+            failures.push(format!("{a} is not among the node's addresses"));
+        }
+        let got = answer(host.netns(), sa(a, 8080));
+        if got != "pod" {
+            failures.push(format!("host port {a}:8080 from outside: {got}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "after STATUS:\n{}",
+        failures.join("\n")
+    );
+    status(&p, &node, &l);
+    assert_eq!(
+        converged(&report(&p, &node)),
+        Some((at2, "status".to_owned())),
+        "a second STATUS wrote again"
+    );
+
+    addr(node.netns(), "del", "192.168.61.100/32", "uplink0");
+    addr(node.netns(), "del", "fd61::100/128", "uplink0");
+    addr(node.netns(), "del", &format!("{nic4}/24"), "uplink1");
+    addr(node.netns(), "del", &format!("{nic6}/64"), "uplink1");
+    status(&p, &node, &l);
+    let gone = report(&p, &node);
+    assert_eq!(device_names(&gone), ["uplink0"]);
+    for (_, a) in targets {
+        assert!(
+            !node_addresses(&gone).contains(&a),
+            "{a} still known after it went"
+        );
+    }
+    assert_eq!(
+        bpf::attached_programs(node.netns(), "uplink1").unwrap(),
+        [],
+        "the device without addresses still carries programs"
+    );
+    assert_eq!(answer(ext.netns(), sa(ext.node_v4, 8080)), "pod");
+    del_pod(&p, &node, &l, &pod);
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// Issue 24, item 1, masquerade: the egress device is renumbered (a DHCP renewal). The
+/// recorded source the programs leave with where the FIB cannot tell it (before 6.8)
+/// follows at the next STATUS, and the masquerading pod's connections leave with the new
+/// address, both families.
+#[test]
+fn status_moves_masquerade_to_the_egress_devices_new_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 63).unwrap();
+    let mut conf = p.conf("1.1.0", &node, Stack::Dual);
+    conf["ipMasq"] = json!(true);
+    conf["ipam"]["ranges"] = json!([[{"subnet": "10.63.0.0/24"}], [{"subnet": "fd00:63::/64"}]]);
+    let l = NetConfList::single(&conf);
+    let pod = node.new_pod().unwrap();
+    let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+    let result = p
+        .runtime
+        .add(&node, &l, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let old = [IpAddr::from(ext.node_v4), IpAddr::from(ext.node_v6)];
+    for a in old {
+        let e = tcp_echo(&pod, ext.netns(), ext.addr_like(a), 0).unwrap();
+        assert_eq!(e.client_addr.ip(), a, "before the change");
+    }
+
+    addr(node.netns(), "del", "192.168.63.1/24", "uplink0");
+    addr(node.netns(), "del", "fd63::1/64", "uplink0");
+    addr(node.netns(), "add", "192.168.63.5/24", "uplink0");
+    addr(node.netns(), "add", "fd63::5/64", "uplink0");
+    let new: [IpAddr; 2] = ["192.168.63.5".parse().unwrap(), "fd63::5".parse().unwrap()];
+    let uplink = ifindex(node.netns(), "uplink0");
+    let before = masq_sources(&report(&p, &node), uplink);
+    assert_eq!(
+        before,
+        old.into_iter().collect(),
+        "masquerade's sources before STATUS"
+    );
+
+    status(&p, &node, &l);
+    let r = report(&p, &node);
+    assert_eq!(masq_sources(&r, uplink), new.into_iter().collect());
+    assert_eq!(converged(&r).map(|c| c.1).as_deref(), Some("status"));
+    for a in new {
+        let e = tcp_echo(&pod, ext.netns(), ext.addr_like(a), 0).unwrap();
+        assert_eq!(e.client_addr.ip(), a, "the masqueraded connection's source");
+    }
+    p.runtime.del(&node, &l, &att, Some(&result)).unwrap();
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// `ebpf-cni agent --netns <node>` with its lines on stderr, read by a thread.
+struct Agent {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Agent {
+    fn start(p: &PluginUnderTest, node: &Node, l: &NetConfList, metrics: Option<&str>) -> Self {
+        let conf = node.scratch_dir().join("agent.conflist");
+        std::fs::write(&conf, status_conf(l)).unwrap();
+        let mut cmd = Command::new(&p.bin);
+        cmd.env_remove("CNI_COMMAND")
+            .arg("agent")
+            .arg("--netns")
+            .arg(node.netns().path())
+            .arg("--conf")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(m) = metrics {
+            cmd.args(["--metrics-listen", m]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut a = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        a.wait_for("follows its devices and addresses", Duration::from_secs(10));
+        a
+    }
+
+    /// Waits for a stderr line containing `what`.
+    fn wait_for(&mut self, what: &str, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        while !self.seen.iter().any(|l| l.contains(what)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "the agent did not say {what:?} within {bound:?}; it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn stop(mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the agent exited; it said:\n{}",
+            self.seen.join("\n")
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `ok` until it holds or [`CONVERGE_DEADLINE`] passes; how long it took.
+fn within_deadline(what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < CONVERGE_DEADLINE,
+            "{what}: not within {CONVERGE_DEADLINE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.elapsed()
+}
+
+/// Issue 24, item 1, by the agent: with `ebpf-cni agent` running and no STATUS, a VIP
+/// added to the uplink answers the host port within 5 s, and its removal is followed as
+/// fast; the agent records its convergence, says what it changed, and serves the node's
+/// metrics with `--metrics-listen`.
+#[test]
+fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 64).unwrap();
+    let l = network(&p, &node);
+    let pod = add_pod(&p, &node, &l, 8080);
+    let _server = PodServer::start(&pod.netns, 80, "pod");
+    let mut agent = Agent::start(&p, &node, &l, Some("127.0.0.1:19464"));
+
+    let vip4: IpAddr = "192.168.64.100".parse().unwrap();
+    addr(node.netns(), "add", "192.168.64.100/32", "uplink0");
+    let took = within_deadline("host port on the new VIP", || {
+        answer(ext.netns(), sa(vip4, 8080)) == "pod"
+    });
+    eprintln!("the host port answered on the VIP {took:?} after it was added");
+    let r = report(&p, &node);
+    assert_eq!(converged(&r).map(|c| c.1).as_deref(), Some("agent"));
+    agent.wait_for(
+        "wildcard host ports answer on 192.168.64.100",
+        Duration::from_secs(1),
+    );
+
+    addr(node.netns(), "del", "192.168.64.100/32", "uplink0");
+    within_deadline("the VIP's removal", || {
+        !node_addresses(&report(&p, &node)).contains(&vip4)
+    });
+    agent.wait_for("no longer answer on 192.168.64.100", Duration::from_secs(1));
+
+    let exposition = node
+        .netns()
+        .run_in(|| -> std::io::Result<String> {
+            let mut s = TcpStream::connect("127.0.0.1:19464")?;
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        exposition.lines().any(|l| l == "ebpf_cni_attachments 1"),
+        "the agent's metrics:\n{exposition}"
+    );
+    agent.stop();
+    del_pod(&p, &node, &l, &pod);
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// Issue 24, item 1, the node lock: pods added and deleted while STATUS runs in a loop, the
+/// agent runs and a VIP comes and goes. Afterwards the pods left pass CHECK, the node's
+/// host-port addresses are exactly its addresses, and after their DEL nothing is pinned.
+#[test]
+fn concurrent_add_del_status_and_agent_leave_a_consistent_node() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 65).unwrap();
+    let l = network(&p, &node);
+    let first = add_pod(&p, &node, &l, 9000);
+    let agent = Agent::start(&p, &node, &l, None);
+    let stop = AtomicBool::new(false);
+    let kept = std::thread::scope(|s| {
+        let statuses = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                status(&p, &node, &l);
+                n += 1;
+            }
+            n
+        });
+        let flaps = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                addr(node.netns(), "add", "192.168.65.100/32", "uplink0");
+                std::thread::sleep(Duration::from_millis(30));
+                addr(node.netns(), "del", "192.168.65.100/32", "uplink0");
+                n += 1;
+            }
+            n
+        });
+        let mut kept = Vec::new();
+        for round in 0..4u16 {
+            let pods: Vec<Pod> = (0..3u16)
+                .map(|i| add_pod(&p, &node, &l, 9100 + round * 10 + i))
+                .collect();
+            for (i, pod) in pods.into_iter().enumerate() {
+                if i == 0 {
+                    kept.push(pod);
+                } else {
+                    del_pod(&p, &node, &l, &pod);
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (n, f) = (statuses.join().unwrap(), flaps.join().unwrap());
+        eprintln!("{n} STATUS and {f} VIP flaps ran beside the ADDs and DELs");
+        assert!(n > 0 && f > 0, "nothing ran concurrently");
+        kept
+    });
+    addr(node.netns(), "add", "192.168.65.100/32", "uplink0");
+    let vip: IpAddr = "192.168.65.100".parse().unwrap();
+    within_deadline("the agent after the flapping", || {
+        node_addresses(&report(&p, &node)).contains(&vip)
+    });
+    agent.stop();
+    status(&p, &node, &l);
+
+    for pod in std::iter::once(&first).chain(&kept) {
+        p.runtime
+            .check(&node, &l, &pod.att, &pod.result)
+            .unwrap_or_else(|e| panic!("CHECK after the concurrent runs: {e}"));
+    }
+    // lo included: it holds the pods' IPv4 gateways, which are node addresses too.
+    let out = node
+        .netns()
+        .ip_ok(&["-j", "addr", "show", "scope", "global"])
+        .unwrap();
+    let kernel: BTreeSet<IpAddr> = serde_json::from_str::<Value>(&out)
+        .unwrap()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|link| link["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a["local"].as_str()?.parse().ok())
+        .collect();
+    assert_eq!(node_addresses(&report(&p, &node)), kernel);
+    let _server = PodServer::start(&first.netns, 80, "pod");
+    assert_eq!(answer(ext.netns(), sa(vip, 9000)), "pod");
+    for pod in std::iter::once(&first).chain(&kept) {
+        del_pod(&p, &node, &l, pod);
+    }
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
