@@ -235,6 +235,17 @@ pub enum Metric {
     MetricsProcessCpu {
         pods: usize,
     },
+    // The node following its addresses.
+    StatusInLine {
+        pods: usize,
+    },
+    StatusConverging {
+        pods: usize,
+    },
+    AgentFollows {
+        pods: usize,
+    },
+    AgentRss,
     /// A figure as the headline table names it.
     Headline(Box<Metric>),
 }
@@ -329,6 +340,19 @@ impl Metric {
                 "`ebpf-cni metrics` process, CPU time (user+sys), {} pods",
                 thousands(*pods)
             ),
+            StatusInLine { pods } => format!(
+                "STATUS, node in line (nothing written), {} pods; target ≤ 5 ms",
+                thousands(*pods)
+            ),
+            StatusConverging { pods } => format!(
+                "STATUS converging a VIP added or removed, {} pods",
+                thousands(*pods)
+            ),
+            AgentFollows { pods } => format!(
+                "agent: address added → host ports answer on it, {} pods",
+                thousands(*pods)
+            ),
+            AgentRss => "agent: resident memory (VmRSS)".into(),
             Headline(m) => m.headline_name(),
         }
     }
@@ -373,8 +397,11 @@ impl Metric {
             | PingUnderLoad { .. }
             | MetricsRead { .. }
             | MetricsProcessWall { .. }
-            | MetricsProcessCpu { .. } => "ms",
-            AddPeakRss => "MiB",
+            | MetricsProcessCpu { .. }
+            | StatusInLine { .. }
+            | StatusConverging { .. }
+            | AgentFollows { .. } => "ms",
+            AddPeakRss | AgentRss => "MiB",
             DistinctAddresses | FailedOperations => "",
             Throughput(_) | MasqThroughput => "Gbit/s",
             PodToPodOfVeth | FlowsHeldShare { .. } => "%",

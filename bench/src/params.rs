@@ -16,10 +16,11 @@ pub enum Section {
     Masquerade,
     Metrics,
     SourceCheck,
+    Node,
 }
 
 impl Section {
-    pub const ALL: [Section; 8] = [
+    pub const ALL: [Section; 9] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -28,6 +29,7 @@ impl Section {
         Section::Masquerade,
         Section::Metrics,
         Section::SourceCheck,
+        Section::Node,
     ];
 }
 
@@ -73,6 +75,11 @@ pub struct Params {
     /// Pods on the node `ebpf-cni metrics` reads, and its timed runs.
     pub metrics_pods: usize,
     pub metrics_runs: usize,
+    /// Pods on the node STATUS and the agent converge, STATUS runs of each kind, and the
+    /// VIP changes the agent follows.
+    pub node_pods: usize,
+    pub node_runs: usize,
+    pub node_agent_changes: usize,
 }
 
 impl Params {
@@ -102,6 +109,9 @@ impl Params {
             masq_crr_max: usize::MAX,
             metrics_pods: 1_000,
             metrics_runs: 10,
+            node_pods: 100,
+            node_runs: 30,
+            node_agent_changes: 10,
         }
     }
 
@@ -131,6 +141,9 @@ impl Params {
             masq_crr_max: 500,
             metrics_pods: 100,
             metrics_runs: 5,
+            node_pods: 100,
+            node_runs: 10,
+            node_agent_changes: 3,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
-    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, scale, source_check, traffic,
+    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, node, scale, source_check, traffic,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -28,6 +28,7 @@ pub struct Run {
     pub masquerade: Option<masquerade::Output>,
     pub metrics: Option<metrics::Output>,
     pub source_check: Option<source_check::Output>,
+    pub node: Option<node::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -65,6 +66,7 @@ impl Run {
             masquerade: None,
             metrics: None,
             source_check: None,
+            node: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -91,6 +93,7 @@ impl Run {
                 Section::Masquerade => run.masquerade = Some(masquerade::run(params, &bins)),
                 Section::Metrics => run.metrics = Some(metrics::run(params, &bins)),
                 Section::SourceCheck => run.source_check = Some(source_check::run(params, &bins)),
+                Section::Node => run.node = Some(node::run(params, &bins)),
             }));
             if let Err(panic) = outcome {
                 let msg = panic
@@ -137,6 +140,9 @@ impl Run {
         }
         if let Some(s) = &run.source_check {
             v.push(&s.table);
+        }
+        if let Some(n) = &run.node {
+            v.push(&n.table);
         }
         v
     }

@@ -141,6 +141,17 @@ const PLAN: &[Suite] = &[
             "netlink_filters_on_pods_run_the_same_dataplane",
         ],
     },
+    // The node following its devices and addresses: the device program attached to a new
+    // device and taken off one that left (TCX links or netlink filters), masquerade's
+    // recorded sources (what 5.10-6.7 leave with), the agent's rtnetlink subscription.
+    Suite {
+        test: "converge",
+        only: &[
+            "status_gives_new_addresses_and_devices_host_ports_and_takes_them_back",
+            "status_moves_masquerade_to_the_egress_devices_new_address",
+            "the_agent_follows_a_vip_within_five_seconds_and_serves_metrics",
+        ],
+    },
     // The bond and VLAN uplinks need bonding and 802.1Q, which the guests' Debian kernels
     // have and a host kernel may not: there they run only here.
     Suite {

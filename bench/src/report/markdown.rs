@@ -208,6 +208,14 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
              {}; TCP_RR and TCP_CRR {} s per figure.",
             p.repeats, p.iperf_secs, p.iperf_omit, p.rr_secs
         ),
+        format!(
+            "Node: {} pods with a host port each; STATUS run {} time(s) in line and {} time(s) \
+             converging; the agent follows {} VIP change(s).",
+            p.node_pods,
+            p.node_runs,
+            2 * p.node_runs,
+            p.node_agent_changes
+        ),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -281,6 +289,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         s.push_str(&md_table(&sc.table, "###"));
     }
     s.extend(skipped(Section::SourceCheck));
+
+    let _ = writeln!(s, "## 9. The node following its addresses\n");
+    if let Some(n) = &run.node {
+        s.push_str(&md_table(&n.table, "###"));
+    }
+    s.extend(skipped(Section::Node));
 
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();

@@ -265,6 +265,27 @@ pub fn targets(run: &Run) -> Vec<Target> {
         },
     });
 
+    let in_line = run.node.as_ref().map(|n| {
+        n.table
+            .row(&Metric::StatusInLine { pods: n.pods })
+            .map(|r| r.cell(Subject::EbpfCni))
+            .unwrap_or(Cell::NotApplicable)
+    });
+    out.push(Target {
+        goal: "STATUS on an unchanged node of 100 pods: p50 ≤ 5 ms (it converges the node)",
+        source: "24",
+        ebpf: match &in_line {
+            Some(Cell::Value(v)) => format!("{} ms (median)", short_num(v.median)),
+            Some(c) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
+            None => "section not run".into(),
+        },
+        reference: "— (nothing to converge)".into(),
+        status: match &in_line {
+            Some(Cell::Value(v)) => status(v.median <= 5.0),
+            _ => not_yet(),
+        },
+    });
+
     if let Some(c) = &run.cleanup {
         let row = cleanup_row(c);
         let v = |s| match row.cell(s) {

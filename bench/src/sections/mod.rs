@@ -9,6 +9,7 @@ pub mod guest;
 pub mod lifecycle;
 pub mod masquerade;
 pub mod metrics;
+pub mod node;
 pub mod scale;
 pub mod source_check;
 pub mod traffic;
