@@ -2,9 +2,9 @@
 //! prints nothing; otherwise code 50 ("plugin not available"), or 51 when the pods already
 //! attached may have lost connectivity too, with every reason found in the message.
 //!
-//! A ready node is converged first (`converge`: its device links, host-port addresses and
-//! masquerade sources follow the node's devices and addresses; nothing written when they
-//! did not change).
+//! A node found ready is converged too (`converge`: its device links, host-port addresses
+//! and masquerade sources follow the node's devices and addresses; nothing written when
+//! they did not change).
 //!
 //! What is checked is what ADD needs and cannot fix by itself, kept cheap because kubelet
 //! asks every few seconds: the eBPF side ([`bpf::readiness`]: programs built in, bpffs
