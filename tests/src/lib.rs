@@ -15,7 +15,8 @@
 //! devices, [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads
 //! (and, for CHECK tests, damages) the node-wide pinned maps with bpftool and runs
 //! `ebpf-cni inspect`; [`spoof`] sends traffic with a source not the sender's own (issue
-//! 27).
+//! 27). [`progtest`] runs the TC programs themselves on frames [`packet`] builds, through
+//! `BPF_PROG_TEST_RUN` (issue 25).
 //!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
@@ -30,7 +31,9 @@ pub mod net;
 pub mod netfilter;
 pub mod netns;
 pub mod node;
+pub mod packet;
 pub mod plugin;
+pub mod progtest;
 pub mod rate;
 pub mod release;
 pub mod result;
