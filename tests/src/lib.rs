@@ -84,6 +84,10 @@ pub fn pin_root_for(ino: u64) -> std::path::PathBuf {
 /// Environment variable carrying the path of the plugin binary under test.
 pub const PLUGIN_BIN_ENV: &str = "EBPF_CNI_BIN";
 
+/// Environment variable naming the eBPF object (`ebpf-cni-programs`) the program tests
+/// load ([`progtest`]).
+pub const PROGRAMS_OBJ_ENV: &str = "EBPF_CNI_PROGRAMS_OBJ";
+
 /// The effective user id. The tests, the demo, the benchmark and the kernel matrix all need
 /// root (namespaces, veths, bpffs pins); this is the one place that asks.
 pub fn euid() -> u32 {

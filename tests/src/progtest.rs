@@ -30,14 +30,11 @@ use ebpf_cni_maps::{
 
 use crate::netns::Netns;
 
-/// Environment variable naming the eBPF object (`ebpf-cni-programs`) the program tests load.
-pub const PROGRAMS_OBJ_ENV: &str = "EBPF_CNI_PROGRAMS_OBJ";
-
 /// The eBPF object under test, from `EBPF_CNI_PROGRAMS_OBJ`: panics naming the command
 /// that builds it when unset (a program test without the object would check nothing).
 pub fn programs_obj() -> PathBuf {
     crate::bin_from_env(
-        PROGRAMS_OBJ_ENV,
+        crate::PROGRAMS_OBJ_ENV,
         "the eBPF object the plugin embeds",
         "`cargo xtask build` builds it (the line \"eBPF object: <path>\" names it, by default \
          target/bpfel-unknown-none/release/ebpf-cni-programs); `cargo xtask test` and \
