@@ -51,9 +51,17 @@ pub enum L4 {
         dport: u16,
     },
     /// ICMP (IPv4) or ICMPv6 (IPv6) echo, by the packet's family.
-    Echo { request: bool, id: u16, seq: u16 },
+    Echo {
+        request: bool,
+        id: u16,
+        seq: u16,
+    },
     /// An ICMP or ICMPv6 error quoting `quote` (an IP packet, from its IP header on).
-    Error { kind: u8, code: u8, quote: Vec<u8> },
+    Error {
+        kind: u8,
+        code: u8,
+        quote: Vec<u8>,
+    },
 }
 
 impl L4 {

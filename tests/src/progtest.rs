@@ -23,9 +23,9 @@ use aya::maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValue
 use aya::programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions};
 use aya::{Ebpf, EbpfLoader, Pod as Plain};
 use ebpf_cni_maps::{
-    masq_src_key, DirCounters, EndpointInfo, EndpointKey, MasqFlow, MasqKey, MasqStats,
-    NatKey, NatOrig, NodeConfig, PodCounters, PortHits, PortKey, PortTarget, RateLimit,
-    SourceKey, SourceRule,
+    masq_src_key, DirCounters, EndpointInfo, EndpointKey, MasqFlow, MasqKey, MasqStats, NatKey,
+    NatOrig, NodeConfig, PodCounters, PortHits, PortKey, PortTarget, RateLimit, SourceKey,
+    SourceRule,
 };
 
 use crate::netns::Netns;
@@ -171,8 +171,7 @@ impl Programs {
     /// Loads the object from `EBPF_CNI_PROGRAMS_OBJ` and verifies the TC programs `names`.
     pub fn load(names: &[&str]) -> Result<Self> {
         let path = programs_obj();
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let mut loader = EbpfLoader::new();
         // As the plugin loads it: no CO-RE relocations to resolve against the kernel's BTF.
         loader.btf(None);
@@ -236,8 +235,12 @@ impl Programs {
     }
 
     fn hash<K: Plain, V: Plain>(&mut self, map: &str) -> HashMap<&mut aya::maps::MapData, K, V> {
-        HashMap::try_from(self.ebpf.map_mut(map).unwrap_or_else(|| panic!("no map {map}")))
-            .unwrap_or_else(|e| panic!("map {map}: {e}"))
+        HashMap::try_from(
+            self.ebpf
+                .map_mut(map)
+                .unwrap_or_else(|| panic!("no map {map}")),
+        )
+        .unwrap_or_else(|e| panic!("map {map}: {e}"))
     }
 
     fn hash_ro<K: Plain, V: Plain>(&self, map: &str) -> HashMap<&aya::maps::MapData, K, V> {
@@ -606,9 +609,9 @@ impl Lab {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`Lab::run_ctx`], or the kernel's refusal: since Linux 6.13 or so `BPF_PROG_TEST_RUN`
-    /// refuses an IPv4 or IPv6 frame whose IP header is cut short (EINVAL) before the
-    /// program sees it; older kernels run the program on it.
+    /// [`Lab::run_ctx`], or the kernel's refusal: `BPF_PROG_TEST_RUN` of 6.1, 6.12 and
+    /// 6.18 refuses (EINVAL) an IPv4 or IPv6 frame whose IP header is cut short before the
+    /// program sees it; 5.10 runs the program on it.
     pub fn try_run(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Result<Run, Refused> {
         let _inside = self.ns.enter().expect("entering the lab's namespace");
         self.progs.run(name, ctx, frame)
@@ -645,8 +648,10 @@ impl Lab {
             self.progs.set_masq_src(self.up.ifindex, self.up.addr(v4));
         }
         // The pods' own networks stay untranslated, as ADD sets it up.
-        self.progs.add_masq_skip("10.88.0.0".parse().expect("literal"), 16);
-        self.progs.add_masq_skip("fd00:88::".parse().expect("literal"), 64);
+        self.progs
+            .add_masq_skip("10.88.0.0".parse().expect("literal"), 16);
+        self.progs
+            .add_masq_skip("fd00:88::".parse().expect("literal"), 64);
     }
 
     fn config(&self) -> NodeConfig {

@@ -7,15 +7,15 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ebpf_cni_maps::{
-    Bucket, MasqKey, NatKey, NatOrig, PortKey, PortTarget, RateLimit, IPPROTO_ICMP,
-    IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, LIMIT_EDT, LIMIT_POLICE,
+    Bucket, MasqKey, NatKey, NatOrig, PortKey, PortTarget, RateLimit, IPPROTO_ICMP, IPPROTO_ICMPV6,
+    IPPROTO_TCP, IPPROTO_UDP, LIMIT_EDT, LIMIT_POLICE,
 };
+use ebpf_cni_maps::{PROG_FROM_DEV, PROG_FROM_POD};
 use ebpf_cni_tests::packet::{
     self, parse, verify_checksums, Arp, Pkt, ARP_REPLY, ETH_HLEN, ICMPV6_DEST_UNREACH,
     ICMPV6_PORT_UNREACH, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
     IPPROTO_HOPOPTS, IP_DF, IP_MF, L4, TCP_ACK, TCP_SYN,
 };
-use ebpf_cni_maps::{PROG_FROM_DEV, PROG_FROM_POD};
 use ebpf_cni_tests::progtest::{
     endpoint_key, monotonic_ns, Lab, Pod, SkBuff, Verdict, GATEWAY_MAC,
 };
@@ -114,7 +114,11 @@ fn a_fib_hit_is_forwarded_by_redirect_neigh_with_one_hop_less() {
         assert_eq!(r.verdict, Verdict::Redirect, "{f}");
         let (sent, got) = (parse(&frame), parse(&r.frame));
         assert_eq!(got.ttl, 63, "{f}");
-        assert_eq!((got.src, got.dst, &got.l4), (sent.src, sent.dst, &sent.l4), "{f}");
+        assert_eq!(
+            (got.src, got.dst, &got.l4),
+            (sent.src, sent.dst, &sent.l4),
+            "{f}"
+        );
         checksums_ok(&r.frame, f);
     }
     let c = lab.progs.counters(a.ifindex).from_pod;
@@ -180,11 +184,19 @@ fn arp_for_the_gateway_is_answered_with_the_host_veths_mac() {
 
     let other = Arp::request(a.pod_mac, a.v4.octets(), b.v4.octets()).frame([0xff; 6], a.pod_mac);
     let r = lab.from_pod(a, &other);
-    assert_eq!((r.verdict, &r.frame), (Verdict::Next, &other), "ARP for a pod");
+    assert_eq!(
+        (r.verdict, &r.frame),
+        (Verdict::Next, &other),
+        "ARP for a pod"
+    );
     // Pod b asking on its own veth while claiming pod a's address.
     let claim = Arp::request(b.pod_mac, a.v4.octets(), gw).frame([0xff; 6], b.pod_mac);
     let r = lab.from_pod(b, &claim);
-    assert_eq!((r.verdict, &r.frame), (Verdict::Next, &claim), "claimed address");
+    assert_eq!(
+        (r.verdict, &r.frame),
+        (Verdict::Next, &claim),
+        "claimed address"
+    );
 }
 
 /// A host port mapping's key and target for pod `p`, port `host_port` → `pod_port`.
@@ -237,19 +249,32 @@ fn host_port_dnat_reaches_the_pod_and_the_reply_comes_from_the_dialled_port() {
     .into_iter()
     .enumerate()
     {
-        let what = format!("{} {}", family(v4), if proto == IPPROTO_TCP { "TCP" } else { "UDP" });
+        let what = format!(
+            "{} {}",
+            family(v4),
+            if proto == IPPROTO_TCP { "TCP" } else { "UDP" }
+        );
         let host_port = 8080 + i as u16;
         let key = map_port(&mut lab, v4, proto, host_port, 80);
         let (a, node, client) = (lab.a.clone(), lab.up.addr(v4), lab.up.remote(v4));
-        let frame = arriving(&lab, client, node, ports_l4(proto, 40_000, host_port, TCP_SYN))
-            .payload(10)
-            .frame();
+        let frame = arriving(
+            &lab,
+            client,
+            node,
+            ports_l4(proto, 40_000, host_port, TCP_SYN),
+        )
+        .payload(10)
+        .frame();
         let r = lab.from_dev(&frame);
         assert_eq!(r.verdict, Verdict::Redirect, "{what}: DNAT to the pod");
         let got = parse(&r.frame);
         assert_eq!((got.src, got.dst), (client, a.addr(v4)), "{what}");
         assert_eq!(got.ports(), (40_000, 80), "{what}");
-        assert_eq!((got.src_mac, got.dst_mac), (a.host_mac, a.pod_mac), "{what}");
+        assert_eq!(
+            (got.src_mac, got.dst_mac),
+            (a.host_mac, a.pod_mac),
+            "{what}"
+        );
         checksums_ok(&r.frame, &what);
         let rev = NatKey {
             pod_addr: endpoint_key(a.addr(v4)).addr,
@@ -270,7 +295,11 @@ fn host_port_dnat_reaches_the_pod_and_the_reply_comes_from_the_dialled_port() {
             "{what}: the reverse entry"
         );
         let hits = lab.progs.port_hits(&key);
-        assert_eq!((hits.packets, hits.bytes), (1, frame.len() as u64), "{what}");
+        assert_eq!(
+            (hits.packets, hits.bytes),
+            (1, frame.len() as u64),
+            "{what}"
+        );
 
         let reply = from(&a, client, ports_l4(proto, 80, 40_000, TCP_SYN | TCP_ACK))
             .payload(10)
@@ -330,13 +359,19 @@ fn masquerade_round_trip(lab: &Lab, v4: bool, proto: u8, out: L4, back: impl Fn(
         "{what}: the node's view of the flow"
     );
 
-    let reply = arriving(lab, remote, node, back(node_port)).payload(16).frame();
+    let reply = arriving(lab, remote, node, back(node_port))
+        .payload(16)
+        .frame();
     let r = lab.from_dev(&reply);
     assert_eq!(r.verdict, Verdict::Redirect, "{what}: the reply");
     let got = parse(&r.frame);
     checksums_ok(&r.frame, &format!("{what} reply"));
     assert_eq!((got.src, got.dst), (remote, a.addr(v4)), "{what}: reply");
-    assert_eq!((got.src_mac, got.dst_mac), (a.host_mac, a.pod_mac), "{what}");
+    assert_eq!(
+        (got.src_mac, got.dst_mac),
+        (a.host_mac, a.pod_mac),
+        "{what}"
+    );
     if echo {
         assert_eq!(got.echo_id(), pod_port, "{what}: reply identifier");
     } else {
@@ -484,7 +519,9 @@ fn police_egress(lab: &mut Lab, tokens: u64, burst: u32) {
 fn the_policer_drops_past_the_burst_and_counts_the_drop() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    let frame = from(&a, b.addr(true), L4::udp(40_020, 9)).payload(100).frame();
+    let frame = from(&a, b.addr(true), L4::udp(40_020, 9))
+        .payload(100)
+        .frame();
     let len = frame.len() as u64;
     police_egress(&mut lab, 2 * len, 2 * len as u32);
     let verdicts: Vec<Verdict> = (0..3).map(|_| lab.from_pod(&a, &frame).verdict).collect();
@@ -565,7 +602,11 @@ fn the_pacer_stamps_departures_at_the_rate_and_drops_past_the_horizon() {
     );
     let second = lab.to_pod(&a, &big);
     assert_eq!(second.verdict, Verdict::Next);
-    assert_eq!(second.ctx.tstamp, t1 + cost, "the second leaves one packet later");
+    assert_eq!(
+        second.ctx.tstamp,
+        t1 + cost,
+        "the second leaves one packet later"
+    );
 
     let small = Pkt::new(lab.up.remote(true), a.addr(true), L4::udp(6000, 6001))
         .macs(a.host_mac, a.pod_mac)
@@ -580,7 +621,10 @@ fn the_pacer_stamps_departures_at_the_rate_and_drops_past_the_horizon() {
         r.ctx.tstamp
     );
     let charged = 1_000_000_000 * small.len() as u64 / rate;
-    assert_eq!(lab.progs.rate(a.ifindex).ingress.last_ns, t1 + cost + charged);
+    assert_eq!(
+        lab.progs.rate(a.ifindex).ingress.last_ns,
+        t1 + cost + charged
+    );
 
     // The pod's clock 200 s ahead: past the horizon.
     let mut far = lab.progs.rate(a.ifindex);
@@ -646,8 +690,7 @@ fn a_spoofed_source_address_or_mac_is_dropped_and_counted() {
         ),
         (
             "ARP claiming pod b's address",
-            Arp::request(a.pod_mac, b.v4.octets(), a.gateway4.octets())
-                .frame([0xff; 6], a.pod_mac),
+            Arp::request(a.pod_mac, b.v4.octets(), a.gateway4.octets()).frame([0xff; 6], a.pod_mac),
             Verdict::Shot,
         ),
         ("VLAN-tagged", vlan, Verdict::Shot),
@@ -690,9 +733,9 @@ fn l3_end(frame: &[u8]) -> usize {
 }
 
 /// Program `prog` on device `ifindex` run on `frame` cut to `cut` bytes. `None` when the
-/// kernel refused the run: only allowed for a cut inside the IP header (newer kernels'
-/// `BPF_PROG_TEST_RUN` checks it before running the program), which is recorded in
-/// `refused`; any other refusal fails the test.
+/// kernel refused the run: only allowed for a cut inside the IP header (the
+/// `BPF_PROG_TEST_RUN` of 6.1 and later checks it before running the program; 5.10 runs
+/// it), which is recorded in `refused`; any other refusal fails the test.
 fn run_cut(
     lab: &Lab,
     prog: &str,
@@ -720,7 +763,7 @@ fn report_refused(refused: &[usize]) {
     if !refused.is_empty() {
         eprintln!(
             "this kernel's BPF_PROG_TEST_RUN refused {} frames cut inside their IP header \
-             (EINVAL before the program runs); the kernels that run them check those cuts",
+             (EINVAL before the program runs); 5.10, which runs them, checks those cuts",
             refused.len()
         );
     }
@@ -749,8 +792,16 @@ fn frames_cut_short_anywhere_are_dropped_counted_or_passed_never_misread() {
             ("UDP", L4::udp(40_031, 53)),
             ("echo request", echo),
         ] {
-            frames.push((format!("{f} {what} out"), from(&a, remote(v4), l4.clone()).frame(), true));
-            frames.push((format!("{f} {what} to a pod"), from(&a, b.addr(v4), l4).frame(), false));
+            frames.push((
+                format!("{f} {what} out"),
+                from(&a, remote(v4), l4.clone()).frame(),
+                true,
+            ));
+            frames.push((
+                format!("{f} {what} to a pod"),
+                from(&a, b.addr(v4), l4).frame(),
+                false,
+            ));
         }
     }
     frames.push((
@@ -763,11 +814,17 @@ fn frames_cut_short_anywhere_are_dropped_counted_or_passed_never_misread() {
         let l3 = l3_end(frame);
         let flows = lab.progs.masq_stats().flows;
         for cut in ETH_HLEN..frame.len() {
-            let before = (lab.progs.counters(a.ifindex).from_pod, lab.progs.masq_stats());
+            let before = (
+                lab.progs.counters(a.ifindex).from_pod,
+                lab.progs.masq_stats(),
+            );
             let Some(r) = run_cut(&lab, PROG_FROM_POD, a.ifindex, frame, cut, &mut refused) else {
                 continue;
             };
-            let after = (lab.progs.counters(a.ifindex).from_pod, lab.progs.masq_stats());
+            let after = (
+                lab.progs.counters(a.ifindex).from_pod,
+                lab.progs.masq_stats(),
+            );
             let delta = |f: fn(&ebpf_cni_maps::DirCounters) -> u64| f(&after.0) - f(&before.0);
             let at = format!("{what} cut to {cut} bytes");
             assert_eq!(delta(|c| c.packets), 1, "{at}: counted as a packet");
@@ -785,7 +842,10 @@ fn frames_cut_short_anywhere_are_dropped_counted_or_passed_never_misread() {
             } else {
                 assert_eq!(r.verdict, Verdict::Redirect, "{at}: delivered to the pod");
             }
-            assert_eq!(after.1.flows, flows, "{at}: a masquerade flow was allocated");
+            assert_eq!(
+                after.1.flows, flows,
+                "{at}: a masquerade flow was allocated"
+            );
         }
         let r = lab.from_pod(&a, frame);
         assert_eq!(r.verdict, Verdict::Redirect, "{what}, whole");
@@ -832,8 +892,14 @@ fn frames_cut_short_at_a_device_are_never_half_translated() {
         let l3 = l3_end(frame);
         for cut in ETH_HLEN..frame.len() {
             let short = &frame[..cut];
-            let Some(r) = run_cut(&lab, PROG_FROM_DEV, lab.up.ifindex, frame, cut, &mut refused)
-            else {
+            let Some(r) = run_cut(
+                &lab,
+                PROG_FROM_DEV,
+                lab.up.ifindex,
+                frame,
+                cut,
+                &mut refused,
+            ) else {
                 continue;
             };
             let at = format!("{what} cut to {cut} bytes");
@@ -885,19 +951,33 @@ fn extension_headers_and_fragments_are_never_translated() {
     }
     for (what, pkt) in &odd {
         let v4 = pkt.src.is_ipv4();
-        let before = (lab.progs.counters(a.ifindex).from_pod, lab.progs.masq_stats());
+        let before = (
+            lab.progs.counters(a.ifindex).from_pod,
+            lab.progs.masq_stats(),
+        );
         let out = pkt.clone().macs(a.pod_mac, a.host_mac).frame();
         let r = lab.from_pod(&a, &out);
         assert_eq!(r.verdict, Verdict::Shot, "{what}, masqueraded");
-        let after = (lab.progs.counters(a.ifindex).from_pod, lab.progs.masq_stats());
+        let after = (
+            lab.progs.counters(a.ifindex).from_pod,
+            lab.progs.masq_stats(),
+        );
         assert_eq!(after.0.drops - before.0.drops, 1, "{what}: counted");
-        assert_eq!(after.1.untranslatable - before.1.untranslatable, 1, "{what}");
+        assert_eq!(
+            after.1.untranslatable - before.1.untranslatable,
+            1,
+            "{what}"
+        );
 
         let mut to_host_port = pkt.clone();
         (to_host_port.src, to_host_port.dst) = (lab.up.remote(v4), lab.up.addr(v4));
         let frame = to_host_port.macs(GATEWAY_MAC, lab.up.mac).frame();
         let r = lab.from_dev(&frame);
-        assert_eq!((r.verdict, &r.frame), (Verdict::Next, &frame), "{what}, host port");
+        assert_eq!(
+            (r.verdict, &r.frame),
+            (Verdict::Next, &frame),
+            "{what}, host port"
+        );
 
         let mut to_pod = pkt.clone();
         to_pod.dst = b.addr(v4);
