@@ -230,18 +230,22 @@ fn parse_ip(ctx: &TcContext, f: &mut Scratch, plain: &mut bool) -> bool {
     true
 }
 
+/// A TCP header without options. The whole of it must be there: a segment cut short
+/// inside it (a pod's raw socket can send one) is not translated, so it neither takes a
+/// port nor leaves half-rewritten (its checksum lies in the last bytes).
 #[repr(C)]
-struct L4Head {
-    /// Ports, or ICMP type, code and checksum.
-    a: [u8; 2],
-    b: [u8; 2],
-    /// ICMP echo: identifier.
-    c: [u8; 2],
-    _d: [u8; 6],
-    /// TCP: data offset, flags.
+struct TcpHead {
+    sport: [u8; 2],
+    dport: [u8; 2],
+    _seq_ack: [u8; 8],
+    /// Data offset, flags.
     _off: u8,
     flags: u8,
+    /// Window, checksum, urgent pointer.
+    _rest: [u8; 6],
 }
+
+const _: () = assert!(core::mem::size_of::<TcpHead>() == 20);
 
 /// Reads the ports (ICMP echo: the identifier as the local port, 0 remote) into `f.fwd`,
 /// with `echo` the ICMP type that may pass (request leaving, reply returning). False if
@@ -253,13 +257,13 @@ fn parse_l4(ctx: &TcContext, f: &mut Scratch, leaving: bool) -> bool {
     f.tcp_flags = 0;
     match f.proto {
         IPPROTO_TCP => {
-            let Some(h) = ptr_at::<L4Head>(ctx, off) else {
+            let Some(h) = ptr_at::<TcpHead>(ctx, off) else {
                 return false;
             };
             // SAFETY: bounds checked by `ptr_at`.
             let h = unsafe { &*h };
-            f.fwd.local_port = u16::from_be_bytes(if leaving { h.a } else { h.b });
-            f.fwd.remote_port = u16::from_be_bytes(if leaving { h.b } else { h.a });
+            f.fwd.local_port = u16::from_be_bytes(if leaving { h.sport } else { h.dport });
+            f.fwd.remote_port = u16::from_be_bytes(if leaving { h.dport } else { h.sport });
             f.tcp_flags = h.flags;
         }
         IPPROTO_UDP => {

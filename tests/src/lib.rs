@@ -15,7 +15,8 @@
 //! devices, [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads
 //! (and, for CHECK tests, damages) the node-wide pinned maps with bpftool and runs
 //! `ebpf-cni inspect`; [`spoof`] sends traffic with a source not the sender's own (issue
-//! 27).
+//! 27). [`progtest`] runs the TC programs themselves on frames [`packet`] builds, through
+//! `BPF_PROG_TEST_RUN` (issue 25).
 //!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
@@ -30,7 +31,9 @@ pub mod net;
 pub mod netfilter;
 pub mod netns;
 pub mod node;
+pub mod packet;
 pub mod plugin;
+pub mod progtest;
 pub mod rate;
 pub mod release;
 pub mod result;
@@ -80,6 +83,10 @@ pub fn pin_root_for(ino: u64) -> std::path::PathBuf {
 
 /// Environment variable carrying the path of the plugin binary under test.
 pub const PLUGIN_BIN_ENV: &str = "EBPF_CNI_BIN";
+
+/// Environment variable naming the eBPF object (`ebpf-cni-programs`) the program tests
+/// load ([`progtest`]).
+pub const PROGRAMS_OBJ_ENV: &str = "EBPF_CNI_PROGRAMS_OBJ";
 
 /// The effective user id. The tests, the demo, the benchmark and the kernel matrix all need
 /// root (namespaces, veths, bpffs pins); this is the one place that asks.

@@ -161,24 +161,41 @@ pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
     Ok(obj)
 }
 
-/// Builds the release plugin and copies it to `<target>/<dir>/ebpf-cni`; returns that path.
+/// Builds the release plugin and copies it to `<target>/<dir>/ebpf-cni`, with the eBPF
+/// object it embeds beside it (see [`staged_object`]); returns the plugin's path.
 ///
 /// The binary is copied out of `target/release`: any later plain `cargo build` of the
 /// plugin (without the eBPF object) would overwrite it there with a stub build. Each user
 /// (tests, benchmark) stages to a directory of its own, so a concurrent run of another
 /// never swaps its binary.
 pub fn stage(dir: &str) -> Result<PathBuf> {
-    let built = build(&BuildOptions {
-        debug_plugin: false,
-    })?;
+    let tree = Tree::current()?;
+    let obj = build_ebpf(&tree)?;
+    let built = build_plugin(
+        &tree,
+        &obj,
+        &BuildOptions {
+            debug_plugin: false,
+        },
+        None,
+    )?;
     let dir = target_dir()?.join(dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let staged = dir.join(PLUGIN_BIN);
-    let tmp = dir.join(format!(".{PLUGIN_BIN}.tmp"));
-    std::fs::copy(&built, &tmp)
-        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
-    std::fs::rename(&tmp, &staged)?;
+    for (from, to) in [(&obj, staged_object(&staged)), (&built, staged.clone())] {
+        let name = to.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::copy(from, &tmp)
+            .with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
+        std::fs::rename(&tmp, &to)?;
+    }
     Ok(staged)
+}
+
+/// The eBPF object [`stage`] put beside the staged plugin `plugin`: what the program tests
+/// load (`EBPF_CNI_PROGRAMS_OBJ`).
+pub fn staged_object(plugin: &Path) -> PathBuf {
+    plugin.with_file_name(EBPF_BIN)
 }
 
 /// Builds the eBPF object, then the plugin with the object embedded; returns the plugin

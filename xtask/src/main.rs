@@ -37,7 +37,8 @@ enum Task {
     /// ADD, connectivity, CHECK and DEL working (needs root).
     Demo,
     /// Build, then run the integration suites in QEMU VMs booting Debian's 5.10, 6.1 and
-    /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name.
+    /// 6.12 kernels (needs root). Arguments after `--` filter the tests by name, or name
+    /// whole suites (e.g. `programs`).
     Vmtest(xtask::vmtest::VmArgs),
     /// Validate deploy/*.yaml against a fixed Kubernetes version's schemas (strict),
     /// installing the validator (PyPI's kubernetes-validate, in its own venv) if missing.

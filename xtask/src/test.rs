@@ -49,7 +49,11 @@ pub fn test(extra: &[String]) -> Result<()> {
     c.arg("test")
         .arg("--no-fail-fast")
         .args(extra)
-        .env(ebpf_cni_tests::PLUGIN_BIN_ENV, &plugin);
+        .env(ebpf_cni_tests::PLUGIN_BIN_ENV, &plugin)
+        .env(
+            ebpf_cni_tests::PROGRAMS_OBJ_ENV,
+            build::staged_object(&plugin),
+        );
     match &previous {
         Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),
         Err(_) => c.env_remove(previous::PREVIOUS_BIN_ENV),

@@ -34,7 +34,8 @@ pub struct VmArgs {
     /// Which kernel to boot: 5.10, 6.1, 6.12 or all.
     #[arg(long, default_value = "all")]
     pub kernel: String,
-    /// libtest filters (test names or parts of them): run only the planned tests that match.
+    /// libtest filters (test names or parts of them): run only the planned tests that match;
+    /// a suite's name (`programs`) selects that suite.
     #[arg(last = true)]
     pub filter: Vec<String>,
 }
@@ -67,6 +68,11 @@ struct Suite {
 /// self-checks against the reference plugins, and the remaining tests of each suite, whose
 /// code paths do not depend on the kernel (config and error handling, IPAM, CNI versions).
 const PLAN: &[Suite] = &[
+    // The programs on crafted frames (BPF_PROG_TEST_RUN): seconds, so all of them.
+    Suite {
+        test: "programs",
+        only: &[],
+    },
     Suite {
         test: "ebpf",
         only: &[],
@@ -542,8 +548,28 @@ pub fn guest(series: &str, root: &Path) -> Result<(Kernel, Accel)> {
     Ok((kernel, accel))
 }
 
-/// libtest's arguments for one suite: its planned filters, narrowed by the user's.
+/// libtest's arguments for one suite: its planned filters, narrowed by the user's. A user
+/// filter that names a suite of the plan (`programs`) selects that suite's planned tests
+/// and no other suite's; the other filters select tests by name.
 fn libtest_args(suite: &Suite, filter: &[String]) -> Vec<String> {
+    let names_suite = |f: &String| PLAN.iter().any(|s| s.test == f.as_str());
+    if filter.iter().any(|f| f == suite.test) {
+        return planned_args(suite, &[]);
+    }
+    let by_name: Vec<String> = filter.iter().filter(|f| !names_suite(f)).cloned().collect();
+    if by_name.is_empty() && !filter.is_empty() {
+        // Only other suites are named: a filter no test name matches.
+        return vec![
+            "--exact".into(),
+            "<none selected>".into(),
+            "--test-threads=2".into(),
+        ];
+    }
+    planned_args(suite, &by_name)
+}
+
+/// [`libtest_args`] with test-name filters only.
+fn planned_args(suite: &Suite, filter: &[String]) -> Vec<String> {
     let mut args: Vec<String> = if filter.is_empty() {
         suite.only.iter().map(|s| s.to_string()).collect()
     } else if suite.only.is_empty() {
@@ -581,7 +607,19 @@ fn libtest_result(log: &str) -> Option<(u32, u32)> {
 fn guest_script(plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String {
     let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
     let mut s = String::new();
-    let _ = writeln!(s, "export EBPF_CNI_BIN={}", q(&plugin.to_string_lossy()));
+    let _ = writeln!(
+        s,
+        "export {}={}",
+        ebpf_cni_tests::PLUGIN_BIN_ENV,
+        q(&plugin.to_string_lossy())
+    );
+    // The program tests load the object the plugin embeds (staged beside it).
+    let _ = writeln!(
+        s,
+        "export {}={}",
+        ebpf_cni_tests::PROGRAMS_OBJ_ENV,
+        q(&build::staged_object(plugin).to_string_lossy())
+    );
     // Tells the tests they run under emulation (`ebpf_cni_tests::rate::VM_ENV`).
     let _ = writeln!(s, "export {}=1", ebpf_cni_tests::rate::VM_ENV);
     let _ = writeln!(
@@ -685,6 +723,29 @@ mod tests {
         assert_eq!(
             libtest_args(&part, &[]),
             ["alpha_one", "beta_two", "--test-threads=2"]
+        );
+    }
+
+    #[test]
+    fn a_filter_naming_a_suite_selects_that_suite() {
+        let programs = PLAN.iter().find(|s| s.test == "programs").unwrap();
+        let masquerade = PLAN.iter().find(|s| s.test == "masquerade").unwrap();
+        let f = vec!["programs".to_string()];
+        assert_eq!(libtest_args(programs, &f), ["--test-threads=2"]);
+        // "programs" would match ebpf's test names: as a suite's name it selects none.
+        let ebpf = PLAN.iter().find(|s| s.test == "ebpf").unwrap();
+        assert_eq!(
+            libtest_args(ebpf, &f),
+            ["--exact", "<none selected>", "--test-threads=2"]
+        );
+        let both = vec!["programs".to_string(), "time_wait".to_string()];
+        assert_eq!(libtest_args(programs, &both), ["--test-threads=2"]);
+        assert_eq!(
+            libtest_args(masquerade, &both),
+            [
+                "ports_reused_towards_a_server_in_time_wait_connect_at_once",
+                "--test-threads=2"
+            ]
         );
     }
 }

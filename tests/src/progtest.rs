@@ -1,0 +1,770 @@
+//! Program tests: the TC programs of the eBPF object run on crafted frames through
+//! `BPF_PROG_TEST_RUN` (Cilium's `bpf/tests` is the model), and what they return, the bytes
+//! they leave and what they write into their maps are checked.
+//!
+//! Each [`Lab`] loads the object built by `cargo xtask build` (`EBPF_CNI_PROGRAMS_OBJ`)
+//! with aya into maps of its own (small, unpinned: nothing of a node is touched), and
+//! builds a network namespace in which the helpers that ask the kernel (`bpf_fib_lookup`,
+//! the redirects' device checks) find what the test says: two pod host veths, an uplink
+//! with addresses, routes to two external networks and their gateway's neighbour entries,
+//! forwarding on. A program runs with the calling thread in that namespace and the
+//! context's `ifindex` set to the device it is attached to in production.
+//!
+//! `BPF_PROG_TEST_RUN` returns the program's verdict without acting on it: a redirect is
+//! `TC_ACT_REDIRECT` (the target is not observable), `TCX_NEXT` is the verdict -1.
+
+use std::net::IpAddr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _, Result};
+use aya::maps::lpm_trie::Key;
+use aya::maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions};
+use aya::{Ebpf, EbpfLoader, Pod as Plain};
+use ebpf_cni_maps::{
+    masq_src_key, DirCounters, EndpointInfo, EndpointKey, MasqFlow, MasqKey, MasqStats, NatKey,
+    NatOrig, NodeConfig, PodCounters, PortHits, PortKey, PortTarget, RateLimit, SourceKey,
+    SourceRule,
+};
+
+use crate::netns::Netns;
+
+/// The eBPF object under test, from `EBPF_CNI_PROGRAMS_OBJ`: panics naming the command
+/// that builds it when unset (a program test without the object would check nothing).
+pub fn programs_obj() -> PathBuf {
+    crate::bin_from_env(
+        crate::PROGRAMS_OBJ_ENV,
+        "the eBPF object the plugin embeds",
+        "`cargo xtask build` builds it (the line \"eBPF object: <path>\" names it, by default \
+         target/bpfel-unknown-none/release/ebpf-cni-programs); `cargo xtask test` and \
+         `cargo xtask vmtest` build it and set the variable",
+    )
+}
+
+/// Entries of each keyed map: a test holds a few; the production sizes would only cost
+/// memory and, under emulation, time.
+const MAP_ENTRIES: u32 = 256;
+
+/// What a TC program returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// -1 (`TCX_NEXT`, `TC_ACT_UNSPEC`): no verdict, the stack gets the packet as it is.
+    Next,
+    /// `TC_ACT_OK`.
+    Ok,
+    /// `TC_ACT_SHOT`: dropped.
+    Shot,
+    /// `TC_ACT_REDIRECT`: `bpf_redirect`, `bpf_redirect_peer` or `bpf_redirect_neigh`.
+    Redirect,
+    Other(i32),
+}
+
+impl Verdict {
+    fn of(retval: u32) -> Self {
+        match retval as i32 {
+            -1 => Verdict::Next,
+            0 => Verdict::Ok,
+            2 => Verdict::Shot,
+            7 => Verdict::Redirect,
+            v => Verdict::Other(v),
+        }
+    }
+}
+
+/// `struct __sk_buff` as of Linux 6.x (uapi): the context a test run takes and gives back.
+/// Older kernels know a prefix of it and require the rest to be zero, which it is unless a
+/// test sets a field they lack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SkBuff {
+    pub len: u32,
+    pub pkt_type: u32,
+    pub mark: u32,
+    pub queue_mapping: u32,
+    pub protocol: u32,
+    pub vlan_present: u32,
+    pub vlan_tci: u32,
+    pub vlan_proto: u32,
+    pub priority: u32,
+    pub ingress_ifindex: u32,
+    pub ifindex: u32,
+    pub tc_index: u32,
+    pub cb: [u32; 5],
+    pub hash: u32,
+    pub tc_classid: u32,
+    pub data: u32,
+    pub data_end: u32,
+    pub napi_id: u32,
+    pub family: u32,
+    pub remote_ip4: u32,
+    pub local_ip4: u32,
+    pub remote_ip6: [u32; 4],
+    pub local_ip6: [u32; 4],
+    pub remote_port: u32,
+    pub local_port: u32,
+    pub data_meta: u32,
+    pub flow_keys: u64,
+    pub tstamp: u64,
+    pub wire_len: u32,
+    pub gso_segs: u32,
+    pub sk: u64,
+    pub gso_size: u32,
+    pub tstamp_type: u8,
+    pub _pad: [u8; 3],
+    pub hwtstamp: u64,
+}
+
+const _: () = assert!(std::mem::offset_of!(SkBuff, ifindex) == 40);
+const _: () = assert!(std::mem::offset_of!(SkBuff, tstamp) == 152);
+const _: () = assert!(std::mem::offset_of!(SkBuff, gso_size) == 176);
+const _: () = assert!(std::mem::size_of::<SkBuff>() == 192);
+
+impl SkBuff {
+    /// A context for a packet on device `ifindex`.
+    pub fn on(ifindex: u32) -> Self {
+        Self {
+            ifindex,
+            ..Self::default()
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: a repr(C) struct of integers without implicit padding (size asserted).
+        unsafe {
+            std::slice::from_raw_parts((self as *const Self).cast(), std::mem::size_of::<Self>())
+        }
+    }
+}
+
+/// A run the kernel refused (`BPF_PROG_TEST_RUN` failed before or instead of running the
+/// program).
+#[derive(Debug)]
+pub struct Refused {
+    /// The system call's error number, when it was one.
+    pub errno: Option<i32>,
+    pub what: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+/// One program run's outcome.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub verdict: Verdict,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+    /// The context as the kernel wrote it back (`tstamp`, `mark`, ...).
+    pub ctx: SkBuff,
+}
+
+/// The eBPF object loaded into maps of its own, its TC programs verified.
+pub struct Programs {
+    ebpf: Ebpf,
+}
+
+impl Programs {
+    /// Loads the object from `EBPF_CNI_PROGRAMS_OBJ` and verifies the TC programs `names`.
+    pub fn load(names: &[&str]) -> Result<Self> {
+        let path = programs_obj();
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mut loader = EbpfLoader::new();
+        // As the plugin loads it: no CO-RE relocations to resolve against the kernel's BTF.
+        loader.btf(None);
+        for map in ebpf_cni_maps::NODE_MAPS.iter().filter(|m| !m.array) {
+            loader.map_max_entries(map.name, MAP_ENTRIES);
+        }
+        let mut ebpf = loader
+            .load(&bytes)
+            .with_context(|| format!("loading {}", path.display()))?;
+        for name in names {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .with_context(|| format!("no program {name} in the object"))?
+                .try_into()
+                .with_context(|| format!("{name} is not a TC program"))?;
+            prog.load()
+                .with_context(|| format!("the verifier refused {name}"))?;
+        }
+        Ok(Self { ebpf })
+    }
+
+    /// Runs program `name` once on `frame` with context `ctx`, in the calling thread's
+    /// network namespace.
+    pub fn run(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Result<Run, Refused> {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .and_then(|p| p.try_into().ok())
+            .unwrap_or_else(|| panic!("no TC program {name} in the object"));
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut ctx_out = SkBuff::default();
+        // SAFETY: the same plain struct as `as_bytes`; the kernel writes at most its own
+        // (smaller or equal) `__sk_buff` into it.
+        let ctx_out_bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                (&mut ctx_out as *mut SkBuff).cast::<u8>(),
+                std::mem::size_of::<SkBuff>(),
+            )
+        };
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx.as_bytes()),
+                ctx_out: Some(ctx_out_bytes),
+                ..TestRunOptions::default()
+            })
+            .map_err(|e| Refused {
+                errno: match &e {
+                    ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+                    _ => None,
+                },
+                what: format!("BPF_PROG_TEST_RUN of {name} on {} bytes: {e}", frame.len()),
+            })?;
+        out.truncate(res.data_size_out as usize);
+        Ok(Run {
+            verdict: Verdict::of(res.return_value),
+            frame: out,
+            ctx: ctx_out,
+        })
+    }
+
+    fn hash<K: Plain, V: Plain>(&mut self, map: &str) -> HashMap<&mut aya::maps::MapData, K, V> {
+        HashMap::try_from(
+            self.ebpf
+                .map_mut(map)
+                .unwrap_or_else(|| panic!("no map {map}")),
+        )
+        .unwrap_or_else(|e| panic!("map {map}: {e}"))
+    }
+
+    fn hash_ro<K: Plain, V: Plain>(&self, map: &str) -> HashMap<&aya::maps::MapData, K, V> {
+        HashMap::try_from(self.ebpf.map(map).unwrap_or_else(|| panic!("no map {map}")))
+            .unwrap_or_else(|e| panic!("map {map}: {e}"))
+    }
+
+    fn insert<K: Plain, V: Plain>(&mut self, map: &str, k: K, v: V) {
+        self.hash::<K, V>(map)
+            .insert(k, v, 0)
+            .unwrap_or_else(|e| panic!("inserting into {map}: {e}"));
+    }
+
+    fn lookup<K: Plain, V: Plain>(&self, map: &str, k: &K) -> Option<V> {
+        self.hash_ro::<K, V>(map).get(k, 0).ok()
+    }
+
+    /// An endpoint map entry for a local pod address.
+    pub fn set_endpoint(&mut self, addr: IpAddr, info: EndpointInfo) {
+        self.insert(ebpf_cni_maps::ENDPOINTS_MAP, endpoint_key(addr), info);
+    }
+
+    /// Zero counters for the pod behind `ifindex` (ADD inserts them; the programs only
+    /// count pods that have them).
+    pub fn watch_pod(&mut self, ifindex: u32) {
+        let n = aya::util::nr_cpus().expect("number of CPUs");
+        let mut m: PerCpuHashMap<_, u32, PodCounters> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::POD_COUNTERS_MAP)
+                .expect("counters map"),
+        )
+        .expect("counters map type");
+        let zero = PerCpuValues::try_from(vec![PodCounters::default(); n]).expect("values");
+        m.insert(ifindex, zero, 0).expect("inserting counters");
+    }
+
+    /// The counters of the pod behind `ifindex`, summed over the CPUs.
+    pub fn counters(&self, ifindex: u32) -> PodCounters {
+        let m: PerCpuHashMap<_, u32, PodCounters> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map(ebpf_cni_maps::POD_COUNTERS_MAP)
+                .expect("counters map"),
+        )
+        .expect("counters map type");
+        let per_cpu = m.get(&ifindex, 0).expect("the pod's counters");
+        let mut total = PodCounters::default();
+        for c in per_cpu.iter() {
+            add_dir(&mut total.from_pod, &c.from_pod);
+            add_dir(&mut total.to_pod, &c.to_pod);
+        }
+        total
+    }
+
+    pub fn set_config(&mut self, cfg: NodeConfig) {
+        let mut a: Array<_, NodeConfig> = Array::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::CONFIG_MAP)
+                .expect("config map"),
+        )
+        .expect("config map type");
+        a.set(0, cfg, 0).expect("setting the node config");
+    }
+
+    pub fn set_rate(&mut self, ifindex: u32, limit: RateLimit) {
+        self.insert(ebpf_cni_maps::RATE_LIMITS_MAP, ifindex, limit);
+    }
+
+    pub fn rate(&self, ifindex: u32) -> RateLimit {
+        self.lookup(ebpf_cni_maps::RATE_LIMITS_MAP, &ifindex)
+            .expect("the pod's rate limit")
+    }
+
+    /// A host port mapping (with its zero hit counters, as ADD installs it).
+    pub fn set_port(&mut self, key: PortKey, target: PortTarget) {
+        self.insert(ebpf_cni_maps::PORTMAP_MAP, key, target);
+        let n = aya::util::nr_cpus().expect("number of CPUs");
+        let mut m: PerCpuHashMap<_, PortKey, PortHits> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::PORTMAP_HITS_MAP)
+                .expect("hits map"),
+        )
+        .expect("hits map type");
+        let zero = PerCpuValues::try_from(vec![PortHits::default(); n]).expect("values");
+        m.insert(key, zero, 0).expect("inserting hit counters");
+    }
+
+    pub fn port_hits(&self, key: &PortKey) -> PortHits {
+        let m: PerCpuHashMap<_, PortKey, PortHits> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map(ebpf_cni_maps::PORTMAP_HITS_MAP)
+                .expect("hits map"),
+        )
+        .expect("hits map type");
+        let mut total = PortHits::default();
+        for h in m.get(key, 0).expect("the mapping's hits").iter() {
+            total.packets += h.packets;
+            total.bytes += h.bytes;
+            total.socket += h.socket;
+        }
+        total
+    }
+
+    pub fn add_node_addr(&mut self, addr: IpAddr) {
+        self.insert(ebpf_cni_maps::NODE_ADDRS_MAP, endpoint_key(addr), 0u32);
+    }
+
+    pub fn nat_rev(&self, key: &NatKey) -> Option<NatOrig> {
+        self.lookup(ebpf_cni_maps::NAT_REV_MAP, key)
+    }
+
+    /// The device's address masquerade takes where the FIB does not tell it (before 6.8).
+    pub fn set_masq_src(&mut self, ifindex: u32, addr: IpAddr) {
+        self.insert(
+            ebpf_cni_maps::MASQ_SRC_MAP,
+            masq_src_key(ifindex, addr.is_ipv4()),
+            endpoint_key(addr),
+        );
+    }
+
+    /// A destination network never masqueraded.
+    pub fn add_masq_skip(&mut self, net: IpAddr, prefix: u32) {
+        let (addr, bits) = match net {
+            IpAddr::V4(_) => (endpoint_key(net).addr, 96 + prefix),
+            IpAddr::V6(a) => (a.octets(), prefix),
+        };
+        let mut t: LpmTrie<_, [u8; 16], u32> = LpmTrie::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::MASQ_SKIP_MAP)
+                .expect("skip map"),
+        )
+        .expect("skip map type");
+        t.insert(&Key::new(bits, addr), 1, 0)
+            .expect("inserting a skip prefix");
+    }
+
+    pub fn masq_fwd(&self, key: &MasqKey) -> Option<MasqFlow> {
+        self.lookup(ebpf_cni_maps::MASQ_FWD_MAP, key)
+    }
+
+    pub fn masq_rev(&self, key: &MasqKey) -> Option<MasqFlow> {
+        self.lookup(ebpf_cni_maps::MASQ_REV_MAP, key)
+    }
+
+    /// Masquerade's statistics, summed over the CPUs.
+    pub fn masq_stats(&self) -> MasqStats {
+        let a: PerCpuArray<_, MasqStats> = PerCpuArray::try_from(
+            self.ebpf
+                .map(ebpf_cni_maps::MASQ_STATS_MAP)
+                .expect("stats map"),
+        )
+        .expect("stats map type");
+        let mut t = MasqStats::default();
+        for s in a.get(&0, 0).expect("the stats").iter() {
+            t.out_packets += s.out_packets;
+            t.in_packets += s.in_packets;
+            t.flows += s.flows;
+            t.reclaimed += s.reclaimed;
+            t.exhausted += s.exhausted;
+            t.table_full += s.table_full;
+            t.untranslatable += s.untranslatable;
+        }
+        t
+    }
+
+    /// A source check entry: the `bits`-bit prefix of the key (its 64 head bits counted).
+    pub fn set_source(&mut self, bits: u32, key: SourceKey, rule: SourceRule) {
+        let mut t: LpmTrie<_, SourceKey, SourceRule> = LpmTrie::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::SOURCES_MAP)
+                .expect("sources map"),
+        )
+        .expect("sources map type");
+        t.insert(&Key::new(bits, key), rule, 0)
+            .expect("inserting a source rule");
+    }
+}
+
+fn add_dir(t: &mut DirCounters, c: &DirCounters) {
+    t.packets += c.packets;
+    t.bytes += c.bytes;
+    t.drops += c.drops;
+    t.errors += c.errors;
+    t.marks += c.marks;
+    t.source_drops += c.source_drops;
+    t.mac_drops += c.mac_drops;
+}
+
+/// An address as the endpoint, node-address and port maps key it (IPv4 mapped into IPv6).
+pub fn endpoint_key(addr: IpAddr) -> EndpointKey {
+    match addr {
+        IpAddr::V4(a) => EndpointKey::v4(a.octets()),
+        IpAddr::V6(a) => EndpointKey::v6(a.octets()),
+    }
+}
+
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A pod as the programs see it: its host veth (which the programs run on) and the pod's
+/// addresses and MAC.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub host_if: String,
+    pub ifindex: u32,
+    pub host_mac: [u8; 6],
+    pub pod_mac: [u8; 6],
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+    pub gateway4: Ipv4Addr,
+    pub attachment_id: u64,
+}
+
+impl Pod {
+    pub fn addr(&self, v4: bool) -> IpAddr {
+        if v4 {
+            IpAddr::V4(self.v4)
+        } else {
+            IpAddr::V6(self.v6)
+        }
+    }
+
+    /// Its endpoint map value, with `flags` (`EP_FLAG_*`).
+    pub fn endpoint(&self, flags: u32) -> EndpointInfo {
+        EndpointInfo {
+            attachment_id: self.attachment_id,
+            host_ifindex: self.ifindex,
+            flags,
+            host_mac: self.host_mac,
+            pod_mac: self.pod_mac,
+            gateway4: self.gateway4.octets(),
+        }
+    }
+}
+
+/// The node's uplink and what lies behind it.
+#[derive(Clone, Debug)]
+pub struct Uplink {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+    /// A host of the routed external networks (203.0.113.0/24, 2001:db8:99::/48).
+    pub remote4: Ipv4Addr,
+    pub remote6: Ipv6Addr,
+    /// A destination no route leads to.
+    pub unrouted4: Ipv4Addr,
+    pub unrouted6: Ipv6Addr,
+}
+
+impl Uplink {
+    pub fn addr(&self, v4: bool) -> IpAddr {
+        if v4 {
+            IpAddr::V4(self.v4)
+        } else {
+            IpAddr::V6(self.v6)
+        }
+    }
+
+    pub fn remote(&self, v4: bool) -> IpAddr {
+        if v4 {
+            IpAddr::V4(self.remote4)
+        } else {
+            IpAddr::V6(self.remote6)
+        }
+    }
+
+    pub fn unrouted(&self, v4: bool) -> IpAddr {
+        if v4 {
+            IpAddr::V4(self.unrouted4)
+        } else {
+            IpAddr::V6(self.unrouted6)
+        }
+    }
+}
+
+/// A node namespace for program runs, and the programs loaded.
+pub struct Lab {
+    pub ns: Netns,
+    pub progs: Programs,
+    pub a: Pod,
+    pub b: Pod,
+    pub up: Uplink,
+}
+
+/// The MAC of the uplink's gateway (a permanent neighbour entry).
+pub const GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xfe, 0xfe];
+
+impl Lab {
+    /// A node namespace with pods `a` and `b` (endpoint entries and counters, no other
+    /// state) and an uplink; the TC programs loaded.
+    pub fn new() -> Result<Self> {
+        let progs = Programs::load(&[
+            ebpf_cni_maps::PROG_FROM_POD,
+            ebpf_cni_maps::PROG_FROM_DEV,
+            ebpf_cni_maps::PROG_TO_POD,
+        ])?;
+        let ns = Netns::create("n")?;
+        let a = pod(&ns, "ha", "pa", 2, 0x0a)?;
+        let b = pod(&ns, "hb", "pb", 3, 0x0b)?;
+        for cmd in [
+            "link add up0 address 02:00:00:00:00:01 type veth peer name up0p",
+            "link set up0 up",
+            "link set up0p up",
+            "addr add 192.0.2.1/24 dev up0",
+            "addr add 2001:db8:1::1/64 dev up0 nodad",
+            "neigh add 192.0.2.254 lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
+            "neigh add 2001:db8:1::fe lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
+            "route add 203.0.113.0/24 via 192.0.2.254",
+            "route add 2001:db8:99::/48 via 2001:db8:1::fe",
+        ] {
+            ns.ip_ok(&cmd.split(' ').collect::<Vec<_>>())?;
+        }
+        let out = ns.exec(&[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ])?;
+        if !out.status.success() {
+            bail!(
+                "enabling forwarding: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let up = Uplink {
+            ifindex: ifindex(&ns, "up0")?,
+            mac: [0x02, 0, 0, 0, 0, 0x01],
+            v4: Ipv4Addr::new(192, 0, 2, 1),
+            v6: "2001:db8:1::1".parse().expect("literal"),
+            remote4: Ipv4Addr::new(203, 0, 113, 5),
+            remote6: "2001:db8:99::5".parse().expect("literal"),
+            unrouted4: Ipv4Addr::new(198, 51, 100, 7),
+            unrouted6: "2001:db8:77::7".parse().expect("literal"),
+        };
+        let mut lab = Self {
+            ns,
+            progs,
+            a,
+            b,
+            up,
+        };
+        for p in [lab.a.clone(), lab.b.clone()] {
+            lab.progs.set_endpoint(IpAddr::V4(p.v4), p.endpoint(0));
+            lab.progs.set_endpoint(IpAddr::V6(p.v6), p.endpoint(0));
+            lab.progs.watch_pod(p.ifindex);
+        }
+        Ok(lab)
+    }
+
+    /// Runs program `name` on `frame` as if it came in on device `ifindex`.
+    pub fn run(&self, name: &str, ifindex: u32, frame: &[u8]) -> Run {
+        self.run_ctx(name, &SkBuff::on(ifindex), frame)
+    }
+
+    pub fn run_ctx(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Run {
+        self.try_run(name, ctx, frame)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Lab::run_ctx`], or the kernel's refusal: `BPF_PROG_TEST_RUN` of 6.1, 6.12 and
+    /// 6.18 refuses (EINVAL) an IPv4 or IPv6 frame whose IP header is cut short before the
+    /// program sees it; 5.10 runs the program on it.
+    pub fn try_run(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Result<Run, Refused> {
+        let _inside = self.ns.enter().expect("entering the lab's namespace");
+        self.progs.run(name, ctx, frame)
+    }
+
+    /// `ecni_from_pod` on pod `p`'s host veth.
+    pub fn from_pod(&self, p: &Pod, frame: &[u8]) -> Run {
+        self.run(ebpf_cni_maps::PROG_FROM_POD, p.ifindex, frame)
+    }
+
+    /// `ecni_from_dev` on the uplink.
+    pub fn from_dev(&self, frame: &[u8]) -> Run {
+        self.run(ebpf_cni_maps::PROG_FROM_DEV, self.up.ifindex, frame)
+    }
+
+    /// `ecni_to_pod` on pod `p`'s host veth.
+    pub fn to_pod(&self, p: &Pod, frame: &[u8]) -> Run {
+        self.run(ebpf_cni_maps::PROG_TO_POD, p.ifindex, frame)
+    }
+
+    /// Pod `p` masquerades (`ipMasq`): the node config's flag, the pod's endpoint flag,
+    /// the uplink's addresses as masquerade's sources and the port range 61000-61009.
+    pub fn masquerade(&mut self, p: &Pod) {
+        let cfg = NodeConfig {
+            flags: ebpf_cni_maps::NODE_FLAG_MASQ | self.config().flags,
+            masq_port_min: 61_000,
+            masq_port_max: 61_009,
+            ..self.config()
+        };
+        self.progs.set_config(cfg);
+        for v4 in [true, false] {
+            self.progs
+                .set_endpoint(p.addr(v4), p.endpoint(ebpf_cni_maps::EP_FLAG_MASQ));
+            self.progs.set_masq_src(self.up.ifindex, self.up.addr(v4));
+        }
+        // The pods' own networks stay untranslated, as ADD sets it up.
+        self.progs
+            .add_masq_skip("10.88.0.0".parse().expect("literal"), 16);
+        self.progs
+            .add_masq_skip("fd00:88::".parse().expect("literal"), 64);
+    }
+
+    fn config(&self) -> NodeConfig {
+        let a: Array<_, NodeConfig> = Array::try_from(
+            self.progs
+                .ebpf
+                .map(ebpf_cni_maps::CONFIG_MAP)
+                .expect("config map"),
+        )
+        .expect("config map type");
+        a.get(&0, 0).expect("the node config")
+    }
+
+    /// Host ports are on: the node config's flag and the uplink's addresses as node
+    /// addresses.
+    pub fn host_ports(&mut self) {
+        let cfg = NodeConfig {
+            flags: ebpf_cni_maps::NODE_FLAG_PORTMAP | self.config().flags,
+            ..self.config()
+        };
+        self.progs.set_config(cfg);
+        for v4 in [true, false] {
+            self.progs.add_node_addr(self.up.addr(v4));
+        }
+    }
+
+    /// The source check of pod `p`: its own addresses pass, every other source is
+    /// refused, frames must carry its MAC.
+    pub fn source_check(&mut self, p: &Pod) {
+        use ebpf_cni_maps::{
+            SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_PASS, SOURCE_POD_BITS,
+            SOURCE_REFUSE,
+        };
+        let rule = |verdict| SourceRule {
+            attachment_id: p.attachment_id,
+            mac: p.pod_mac,
+            verdict,
+        };
+        let mut v4 = [0u8; 16];
+        v4[..4].copy_from_slice(&p.v4.octets());
+        self.progs.set_source(
+            SOURCE_HEAD_BITS + 32,
+            SourceKey {
+                ifindex: p.ifindex,
+                family: SOURCE_FAMILY_V4,
+                addr: v4,
+            },
+            rule(SOURCE_PASS),
+        );
+        self.progs.set_source(
+            SOURCE_HEAD_BITS + 128,
+            SourceKey {
+                ifindex: p.ifindex,
+                family: SOURCE_FAMILY_V6,
+                addr: p.v6.octets(),
+            },
+            rule(SOURCE_PASS),
+        );
+        self.progs.set_source(
+            SOURCE_POD_BITS,
+            SourceKey {
+                ifindex: p.ifindex,
+                family: 0,
+                addr: [0; 16],
+            },
+            rule(SOURCE_REFUSE),
+        );
+    }
+}
+
+/// A pod's host veth `host` with its peer `peer` in the lab's namespace (the peer only has
+/// to exist), addresses 10.88.0.`n` and fd00:88::`n`, MACs ending in `tag`.
+fn pod(ns: &Netns, host: &str, peer: &str, n: u8, tag: u8) -> Result<Pod> {
+    let host_mac = [0x02, 0, 0, 0, tag, 0x01];
+    let pod_mac = [0x02, 0, 0, 0, tag, 0x02];
+    let mac = |m: [u8; 6]| {
+        m.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    ns.ip_ok(&[
+        "link",
+        "add",
+        host,
+        "address",
+        &mac(host_mac),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        peer,
+        "address",
+        &mac(pod_mac),
+    ])?;
+    ns.ip_ok(&["link", "set", host, "up"])?;
+    ns.ip_ok(&["link", "set", peer, "up"])?;
+    Ok(Pod {
+        host_if: host.to_string(),
+        ifindex: ifindex(ns, host)?,
+        host_mac,
+        pod_mac,
+        v4: Ipv4Addr::new(10, 88, 0, n),
+        v6: Ipv6Addr::new(0xfd00, 0x88, 0, 0, 0, 0, 0, u16::from(n)),
+        gateway4: Ipv4Addr::new(10, 88, 0, 1),
+        attachment_id: 0xa770_0000 + u64::from(n),
+    })
+}
+
+fn ifindex(ns: &Netns, name: &str) -> Result<u32> {
+    let out = ns.ip_ok(&["-o", "link", "show", "dev", name])?;
+    out.split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .with_context(|| format!("no ifindex in `ip link show {name}`: {out}"))
+}

@@ -1,0 +1,1012 @@
+//! Program tests (issue 25, item 3): each TC program runs on crafted frames through
+//! `BPF_PROG_TEST_RUN`, and each test checks the verdict, the bytes the program left
+//! (addresses, ports, MACs, TTL, every checksum) and what it wrote into its maps (counters,
+//! flows), for one behaviour its name says. See `ebpf_cni_tests::progtest` for the lab they
+//! run in; docs/development.md for how to run and add them.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ebpf_cni_maps::{
+    Bucket, MasqKey, NatKey, NatOrig, PortKey, PortTarget, RateLimit, IPPROTO_ICMP, IPPROTO_ICMPV6,
+    IPPROTO_TCP, IPPROTO_UDP, LIMIT_EDT, LIMIT_POLICE,
+};
+use ebpf_cni_maps::{PROG_FROM_DEV, PROG_FROM_POD};
+use ebpf_cni_tests::packet::{
+    self, parse, verify_checksums, Arp, Pkt, ARP_REPLY, ETH_HLEN, ICMPV6_DEST_UNREACH,
+    ICMPV6_PORT_UNREACH, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
+    IPPROTO_HOPOPTS, IP_DF, IP_MF, L4, TCP_ACK, TCP_SYN,
+};
+use ebpf_cni_tests::progtest::{
+    endpoint_key, monotonic_ns, Lab, Pod, SkBuff, Verdict, GATEWAY_MAC,
+};
+use ebpf_cni_tests::require_root;
+
+fn lab() -> Lab {
+    require_root();
+    Lab::new().unwrap_or_else(|e| panic!("setting up the program lab: {e:#}"))
+}
+
+fn family(v4: bool) -> &'static str {
+    if v4 {
+        "IPv4"
+    } else {
+        "IPv6"
+    }
+}
+
+fn checksums_ok(frame: &[u8], what: &str) {
+    if let Err(e) = verify_checksums(frame) {
+        panic!("{what}: {e}");
+    }
+}
+
+/// A frame pod `p` sends to `dst` (to its gateway's MAC, the host veth's).
+fn from(p: &Pod, dst: IpAddr, l4: L4) -> Pkt {
+    Pkt::new(p.addr(dst.is_ipv4()), dst, l4).macs(p.pod_mac, p.host_mac)
+}
+
+/// A frame arriving on the uplink from its gateway.
+fn arriving(lab: &Lab, src: IpAddr, dst: IpAddr, l4: L4) -> Pkt {
+    Pkt::new(src, dst, l4).macs(GATEWAY_MAC, lab.up.mac)
+}
+
+/// Pod to pod: redirected (`bpf_redirect_peer`) with the destination pod's MACs (its
+/// gateway's as the source), one hop less, the transport untouched, and counted on both
+/// pods.
+#[test]
+fn pod_to_pod_is_redirected_with_the_peers_macs_and_one_hop_less() {
+    let lab = lab();
+    let (a, b) = (&lab.a, &lab.b);
+    let mut bytes = 0;
+    for v4 in [true, false] {
+        let frame = from(a, b.addr(v4), L4::tcp(40_000, 80, TCP_SYN))
+            .payload(20)
+            .frame();
+        bytes += frame.len() as u64;
+        let r = lab.from_pod(a, &frame);
+        let f = family(v4);
+        assert_eq!(r.verdict, Verdict::Redirect, "{f}");
+        let (sent, got) = (parse(&frame), parse(&r.frame));
+        assert_eq!((got.src_mac, got.dst_mac), (b.host_mac, b.pod_mac), "{f}");
+        assert_eq!(got.ttl, 63, "{f}: TTL / hop limit");
+        assert_eq!((got.src, got.dst), (sent.src, sent.dst), "{f}");
+        assert_eq!(got.l4, sent.l4, "{f}: the transport is untouched");
+        checksums_ok(&r.frame, f);
+    }
+    let (ca, cb) = (lab.progs.counters(a.ifindex), lab.progs.counters(b.ifindex));
+    assert_eq!((ca.from_pod.packets, ca.from_pod.bytes), (2, bytes));
+    assert_eq!((cb.to_pod.packets, cb.to_pod.bytes), (2, bytes));
+    assert_eq!(ca.from_pod.errors + ca.from_pod.drops, 0);
+}
+
+/// Device to pod: a packet arriving on a node device for a local pod is redirected into
+/// the pod with its MACs, one hop less, and counted on the pod.
+#[test]
+fn device_to_pod_is_redirected_into_the_pod() {
+    let lab = lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        let frame = arriving(&lab, lab.up.remote(v4), a.addr(v4), L4::udp(5000, 53))
+            .payload(8)
+            .frame();
+        let r = lab.from_dev(&frame);
+        let f = family(v4);
+        assert_eq!(r.verdict, Verdict::Redirect, "{f}");
+        let got = parse(&r.frame);
+        assert_eq!((got.src_mac, got.dst_mac), (a.host_mac, a.pod_mac), "{f}");
+        assert_eq!(got.ttl, 63, "{f}");
+        assert_eq!(got.l4, parse(&frame).l4, "{f}");
+        checksums_ok(&r.frame, f);
+    }
+    assert_eq!(lab.progs.counters(a.ifindex).to_pod.packets, 2);
+}
+
+/// A destination the FIB resolves: forwarded by `bpf_redirect_neigh` (which fills in the
+/// MACs after the program), one hop less, checksums valid.
+#[test]
+fn a_fib_hit_is_forwarded_by_redirect_neigh_with_one_hop_less() {
+    let lab = lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        let frame = from(a, lab.up.remote(v4), L4::tcp(40_001, 443, TCP_SYN)).frame();
+        let r = lab.from_pod(a, &frame);
+        let f = family(v4);
+        assert_eq!(r.verdict, Verdict::Redirect, "{f}");
+        let (sent, got) = (parse(&frame), parse(&r.frame));
+        assert_eq!(got.ttl, 63, "{f}");
+        assert_eq!(
+            (got.src, got.dst, &got.l4),
+            (sent.src, sent.dst, &sent.l4),
+            "{f}"
+        );
+        checksums_ok(&r.frame, f);
+    }
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!((c.packets, c.errors), (2, 0));
+}
+
+/// No route (or a node address, which the FIB does not forward to): the stack gets the
+/// frame exactly as the pod sent it, and no error is counted (the lookup answered).
+#[test]
+fn a_fib_miss_goes_to_the_stack_unchanged() {
+    let lab = lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        for dst in [lab.up.unrouted(v4), lab.up.addr(v4)] {
+            let frame = from(a, dst, L4::udp(40_002, 9)).payload(4).frame();
+            let r = lab.from_pod(a, &frame);
+            assert_eq!(r.verdict, Verdict::Next, "to {dst}");
+            assert_eq!(r.frame, frame, "to {dst}: the frame changed");
+        }
+    }
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!((c.packets, c.errors, c.drops), (4, 0, 0));
+}
+
+/// A TTL / hop limit about to expire goes to the stack unchanged (which answers with ICMP
+/// time exceeded), whether the destination is a pod or routed.
+#[test]
+fn an_expiring_ttl_goes_to_the_stack_unchanged() {
+    let lab = lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        for dst in [lab.b.addr(v4), lab.up.remote(v4)] {
+            let frame = from(a, dst, L4::udp(40_003, 33_434)).ttl(1).frame();
+            let r = lab.from_pod(a, &frame);
+            assert_eq!(r.verdict, Verdict::Next, "to {dst}");
+            assert_eq!(r.frame, frame, "to {dst}");
+        }
+    }
+}
+
+/// The pod's ARP request for its gateway is answered in place: a reply with the host
+/// veth's MAC, sent back out of the host veth (`bpf_redirect`). A request for another
+/// address, or one claiming an address of another pod, goes to the stack unchanged.
+#[test]
+fn arp_for_the_gateway_is_answered_with_the_host_veths_mac() {
+    let lab = lab();
+    let (a, b) = (&lab.a, &lab.b);
+    let gw = a.gateway4.octets();
+    let req = Arp::request(a.pod_mac, a.v4.octets(), gw).frame([0xff; 6], a.pod_mac);
+    let r = lab.from_pod(a, &req);
+    assert_eq!(r.verdict, Verdict::Redirect);
+    assert_eq!(
+        Arp::parse(&r.frame),
+        Arp {
+            oper: ARP_REPLY,
+            sha: a.host_mac,
+            spa: gw,
+            tha: a.pod_mac,
+            tpa: a.v4.octets(),
+        }
+    );
+    assert_eq!(&r.frame[..12], [a.pod_mac, a.host_mac].concat(), "MACs");
+
+    let other = Arp::request(a.pod_mac, a.v4.octets(), b.v4.octets()).frame([0xff; 6], a.pod_mac);
+    let r = lab.from_pod(a, &other);
+    assert_eq!(
+        (r.verdict, &r.frame),
+        (Verdict::Next, &other),
+        "ARP for a pod"
+    );
+    // Pod b asking on its own veth while claiming pod a's address.
+    let claim = Arp::request(b.pod_mac, a.v4.octets(), gw).frame([0xff; 6], b.pod_mac);
+    let r = lab.from_pod(b, &claim);
+    assert_eq!(
+        (r.verdict, &r.frame),
+        (Verdict::Next, &claim),
+        "claimed address"
+    );
+}
+
+/// A host port mapping's key and target for pod `p`, port `host_port` → `pod_port`.
+fn map_port(lab: &mut Lab, v4: bool, proto: u8, host_port: u16, pod_port: u16) -> PortKey {
+    let key = PortKey {
+        addr: endpoint_key(lab.up.addr(v4)).addr,
+        port: host_port,
+        proto,
+        _pad: 0,
+    };
+    let a = lab.a.clone();
+    let target = PortTarget {
+        attachment_id: a.attachment_id,
+        pod_addr: endpoint_key(a.addr(v4)).addr,
+        gateway: if v4 {
+            endpoint_key(IpAddr::V4(a.gateway4)).addr
+        } else {
+            [0; 16]
+        },
+        host_ifindex: a.ifindex,
+        pod_port,
+        flags: 0,
+        _pad: 0,
+    };
+    lab.progs.set_port(key, target);
+    key
+}
+
+fn ports_l4(proto: u8, sport: u16, dport: u16, flags: u8) -> L4 {
+    if proto == IPPROTO_TCP {
+        L4::tcp(sport, dport, flags)
+    } else {
+        L4::udp(sport, dport)
+    }
+}
+
+/// Host ports: a packet to a node address and mapped port arriving on a device reaches the
+/// pod with its destination rewritten (DNAT), the flow recorded and the mapping's hit
+/// counted; the pod's reply leaves from the address and port the client dialled.
+#[test]
+fn host_port_dnat_reaches_the_pod_and_the_reply_comes_from_the_dialled_port() {
+    let mut lab = lab();
+    lab.host_ports();
+    for (i, (v4, proto)) in [
+        (true, IPPROTO_TCP),
+        (false, IPPROTO_TCP),
+        (true, IPPROTO_UDP),
+        (false, IPPROTO_UDP),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let what = format!(
+            "{} {}",
+            family(v4),
+            if proto == IPPROTO_TCP { "TCP" } else { "UDP" }
+        );
+        let host_port = 8080 + i as u16;
+        let key = map_port(&mut lab, v4, proto, host_port, 80);
+        let (a, node, client) = (lab.a.clone(), lab.up.addr(v4), lab.up.remote(v4));
+        let frame = arriving(
+            &lab,
+            client,
+            node,
+            ports_l4(proto, 40_000, host_port, TCP_SYN),
+        )
+        .payload(10)
+        .frame();
+        let r = lab.from_dev(&frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{what}: DNAT to the pod");
+        let got = parse(&r.frame);
+        assert_eq!((got.src, got.dst), (client, a.addr(v4)), "{what}");
+        assert_eq!(got.ports(), (40_000, 80), "{what}");
+        assert_eq!(
+            (got.src_mac, got.dst_mac),
+            (a.host_mac, a.pod_mac),
+            "{what}"
+        );
+        checksums_ok(&r.frame, &what);
+        let rev = NatKey {
+            pod_addr: endpoint_key(a.addr(v4)).addr,
+            peer_addr: endpoint_key(client).addr,
+            pod_port: 80,
+            peer_port: 40_000,
+            proto,
+            _pad: [0; 3],
+        };
+        assert_eq!(
+            lab.progs.nat_rev(&rev),
+            Some(NatOrig {
+                addr: endpoint_key(node).addr,
+                port: host_port,
+                flags: 0,
+                _pad: [0; 4],
+            }),
+            "{what}: the reverse entry"
+        );
+        let hits = lab.progs.port_hits(&key);
+        assert_eq!(
+            (hits.packets, hits.bytes),
+            (1, frame.len() as u64),
+            "{what}"
+        );
+
+        let reply = from(&a, client, ports_l4(proto, 80, 40_000, TCP_SYN | TCP_ACK))
+            .payload(10)
+            .frame();
+        let r = lab.from_pod(&a, &reply);
+        assert_eq!(r.verdict, Verdict::Redirect, "{what}: the reply is routed");
+        let got = parse(&r.frame);
+        assert_eq!((got.src, got.dst), (node, client), "{what}: reply");
+        assert_eq!(got.ports(), (host_port, 40_000), "{what}: reply");
+        checksums_ok(&r.frame, &format!("{what} reply"));
+    }
+}
+
+/// One masqueraded flow both ways: `out` leaves pod a for the remote end translated to
+/// the uplink's address and a port (echo identifier) of the range, with both flow entries
+/// recorded; `back(port)` arriving for that port reaches the pod translated back.
+fn masquerade_round_trip(lab: &Lab, v4: bool, proto: u8, out: L4, back: impl Fn(u16) -> L4) {
+    let what = format!("{} protocol {proto}", family(v4));
+    let (a, node, remote) = (&lab.a, lab.up.addr(v4), lab.up.remote(v4));
+    let before = lab.progs.masq_stats();
+    let frame = from(a, remote, out).payload(16).frame();
+    let sent = parse(&frame);
+    let r = lab.from_pod(a, &frame);
+    assert_eq!(r.verdict, Verdict::Redirect, "{what}: leaving");
+    let got = parse(&r.frame);
+    checksums_ok(&r.frame, &what);
+    assert_eq!((got.src, got.dst, got.ttl), (node, remote, 63), "{what}");
+    let echo = proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6;
+    let (pod_port, remote_port, node_port) = if echo {
+        (sent.echo_id(), 0, got.echo_id())
+    } else {
+        assert_eq!(got.ports().1, sent.ports().1, "{what}: remote port");
+        (sent.ports().0, sent.ports().1, got.ports().0)
+    };
+    assert!(
+        (61_000..=61_009).contains(&node_port),
+        "{what}: port {node_port} is outside the range"
+    );
+    let key = |local: IpAddr, local_port| MasqKey {
+        local: endpoint_key(local).addr,
+        remote: endpoint_key(remote).addr,
+        local_port,
+        remote_port,
+        proto,
+        _pad: [0; 3],
+    };
+    let fwd = lab.progs.masq_fwd(&key(a.addr(v4), pod_port));
+    let rev = lab.progs.masq_rev(&key(node, node_port));
+    assert_eq!(
+        fwd.map(|f| (f.addr, f.port)),
+        Some((endpoint_key(node).addr, node_port)),
+        "{what}: the pod's view of the flow"
+    );
+    assert_eq!(
+        rev.map(|f| (f.addr, f.port)),
+        Some((endpoint_key(a.addr(v4)).addr, pod_port)),
+        "{what}: the node's view of the flow"
+    );
+
+    let reply = arriving(lab, remote, node, back(node_port))
+        .payload(16)
+        .frame();
+    let r = lab.from_dev(&reply);
+    assert_eq!(r.verdict, Verdict::Redirect, "{what}: the reply");
+    let got = parse(&r.frame);
+    checksums_ok(&r.frame, &format!("{what} reply"));
+    assert_eq!((got.src, got.dst), (remote, a.addr(v4)), "{what}: reply");
+    assert_eq!(
+        (got.src_mac, got.dst_mac),
+        (a.host_mac, a.pod_mac),
+        "{what}"
+    );
+    if echo {
+        assert_eq!(got.echo_id(), pod_port, "{what}: reply identifier");
+    } else {
+        assert_eq!(got.ports(), (remote_port, pod_port), "{what}: reply ports");
+    }
+    let after = lab.progs.masq_stats();
+    assert_eq!(
+        (
+            after.flows - before.flows,
+            after.out_packets - before.out_packets,
+            after.in_packets - before.in_packets
+        ),
+        (1, 1, 1),
+        "{what}: masquerade's counts"
+    );
+}
+
+fn masquerading_lab() -> Lab {
+    let mut lab = lab();
+    let a = lab.a.clone();
+    lab.masquerade(&a);
+    lab
+}
+
+/// Masquerade of TCP: the SYN leaves from the node's address and a port of the range, the
+/// SYN-ACK comes back to the pod's address and port.
+#[test]
+fn masquerade_translates_tcp_out_and_back() {
+    let lab = masquerading_lab();
+    for v4 in [true, false] {
+        masquerade_round_trip(&lab, v4, IPPROTO_TCP, L4::tcp(40_010, 80, TCP_SYN), |p| {
+            L4::tcp(80, p, TCP_SYN | TCP_ACK)
+        });
+    }
+}
+
+#[test]
+fn masquerade_translates_udp_out_and_back() {
+    let lab = masquerading_lab();
+    for v4 in [true, false] {
+        masquerade_round_trip(&lab, v4, IPPROTO_UDP, L4::udp(40_011, 53), |p| {
+            L4::udp(53, p)
+        });
+    }
+}
+
+/// ICMP and ICMPv6 echo: the identifier is the flow's port.
+#[test]
+fn masquerade_translates_icmp_echo_out_and_back() {
+    let lab = masquerading_lab();
+    for v4 in [true, false] {
+        let proto = if v4 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
+        masquerade_round_trip(&lab, v4, proto, L4::echo_request(0x4242), L4::echo_reply);
+    }
+}
+
+/// A masqueraded UDP flow from pod a (port 5353 to the remote end's 53); its node port.
+fn udp_flow(lab: &Lab, v4: bool) -> u16 {
+    let frame = from(&lab.a, lab.up.remote(v4), L4::udp(5353, 53)).frame();
+    let r = lab.from_pod(&lab.a, &frame);
+    assert_eq!(r.verdict, Verdict::Redirect, "{}: the flow", family(v4));
+    parse(&r.frame).ports().0
+}
+
+fn port_unreachable(v4: bool, quote: Vec<u8>) -> L4 {
+    let (kind, code) = if v4 {
+        (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH)
+    } else {
+        (ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH)
+    };
+    L4::Error { kind, code, quote }
+}
+
+/// An ICMP error arriving for a masqueraded flow (it quotes the packet as it left, from
+/// the node's address and port) reaches the pod with its destination, the quote's source
+/// and the quote's port translated back, every checksum (ICMP, the quoted IPv4 header)
+/// valid.
+#[test]
+fn masquerade_translates_icmp_errors_about_a_flow_back_to_the_pod() {
+    let lab = masquerading_lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        let f = family(v4);
+        let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
+        let port = udp_flow(&lab, v4);
+        let quote = Pkt::new(node, remote, L4::udp(port, 53)).ttl(1).ip();
+        let frame = arriving(&lab, remote, node, port_unreachable(v4, quote)).frame();
+        let r = lab.from_dev(&frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{f}");
+        checksums_ok(&r.frame, f);
+        let got = parse(&r.frame);
+        assert_eq!((got.src, got.dst), (remote, a.addr(v4)), "{f}: outer");
+        let q = got.quote();
+        assert_eq!((q.src, q.dst), (a.addr(v4), remote), "{f}: quote");
+        assert_eq!(q.ports(), (5353, 53), "{f}: quoted ports");
+    }
+}
+
+/// An ICMP error the pod sends about a packet of a masqueraded flow leaves from the node's
+/// address, quoting the packet as it arrived at the node (to the node's address and port).
+#[test]
+fn masquerade_translates_the_pods_icmp_errors_about_a_flow() {
+    let lab = masquerading_lab();
+    let a = &lab.a;
+    for v4 in [true, false] {
+        let f = family(v4);
+        let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
+        let port = udp_flow(&lab, v4);
+        let quote = Pkt::new(remote, a.addr(v4), L4::udp(53, 5353)).ip();
+        let frame = from(a, remote, port_unreachable(v4, quote)).frame();
+        let r = lab.from_pod(a, &frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{f}");
+        checksums_ok(&r.frame, f);
+        let got = parse(&r.frame);
+        assert_eq!((got.src, got.dst), (node, remote), "{f}: outer");
+        let q = got.quote();
+        assert_eq!((q.src, q.dst), (remote, node), "{f}: quote");
+        assert_eq!(q.ports(), (53, port), "{f}: quoted ports");
+    }
+}
+
+/// Pod a's egress limit: `rate_bytes` 1 (no refill to speak of) and `tokens` bytes now.
+fn police_egress(lab: &mut Lab, tokens: u64, burst: u32) {
+    let egress = Bucket {
+        rate_bytes: 1,
+        burst_bytes: burst,
+        mode: LIMIT_POLICE,
+        tokens,
+        // A last refill in the future: no time has passed, nothing refills.
+        last_ns: monotonic_ns() + 3_600_000_000_000,
+    };
+    let a = lab.a.ifindex;
+    lab.progs.set_rate(
+        a,
+        RateLimit {
+            ingress: Bucket::default(),
+            egress,
+        },
+    );
+}
+
+/// The policer passes what the bucket holds and drops the next packet, counting it as a
+/// drop (not as a packet), with the tokens spent.
+#[test]
+fn the_policer_drops_past_the_burst_and_counts_the_drop() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    let frame = from(&a, b.addr(true), L4::udp(40_020, 9))
+        .payload(100)
+        .frame();
+    let len = frame.len() as u64;
+    police_egress(&mut lab, 2 * len, 2 * len as u32);
+    let verdicts: Vec<Verdict> = (0..3).map(|_| lab.from_pod(&a, &frame).verdict).collect();
+    assert_eq!(
+        verdicts,
+        [Verdict::Redirect, Verdict::Redirect, Verdict::Shot]
+    );
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!((c.packets, c.drops), (2, 1), "{c:?}");
+    assert_eq!(lab.progs.rate(a.ifindex).egress.tokens, 0);
+    assert_eq!(lab.progs.counters(b.ifindex).to_pod.packets, 2);
+}
+
+/// While the bucket runs low (under a quarter of the burst), ECN-capable packets pass
+/// marked CE (the IPv4 header checksum patched) and are counted as marks; others pass
+/// unmarked.
+#[test]
+fn the_policer_marks_ecn_capable_packets_ce_when_the_bucket_runs_low() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    police_egress(&mut lab, 1_000_000, 100_000_000);
+    for (v4, ect) in [(true, 0x02), (false, 0x01)] {
+        let frame = from(&a, b.addr(v4), L4::udp(40_021, 9))
+            .tos(0xb8 | ect)
+            .frame();
+        let r = lab.from_pod(&a, &frame);
+        assert_eq!(r.verdict, Verdict::Redirect);
+        let got = parse(&r.frame);
+        assert_eq!(got.tos, 0xbb, "{}: DSCP kept, ECN CE", family(v4));
+        checksums_ok(&r.frame, family(v4));
+    }
+    let plain = from(&a, b.addr(true), L4::udp(40_021, 9)).frame();
+    let r = lab.from_pod(&a, &plain);
+    assert_eq!(parse(&r.frame).tos, 0, "not ECN-capable: unmarked");
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!((c.packets, c.marks, c.drops), (3, 2, 0));
+}
+
+/// The EDT pacer at the host veth egress of a paced pod: each packet leaves at the pod's
+/// clock (`skb->tstamp`, read back from the context), which moves by the packet's length at
+/// the rate; a small packet of an idle flow leaves at once (still charged); a departure
+/// beyond the horizon is dropped and counted.
+#[test]
+fn the_pacer_stamps_departures_at_the_rate_and_drops_past_the_horizon() {
+    let mut lab = lab();
+    let a = lab.a.clone();
+    // 1,000 bytes/s: a 1,000-byte packet costs a second, far more than a run takes even
+    // under emulation; the horizon is 131 s (two 64 KiB GSO packets at the rate).
+    let rate = 1_000;
+    let ingress = Bucket {
+        rate_bytes: rate,
+        burst_bytes: 0,
+        mode: LIMIT_EDT,
+        tokens: 0,
+        last_ns: 0,
+    };
+    lab.progs.set_rate(
+        a.ifindex,
+        RateLimit {
+            ingress,
+            egress: Bucket::default(),
+        },
+    );
+    let big = Pkt::new(lab.up.remote(true), a.addr(true), L4::udp(5000, 5001))
+        .payload(1000 - 42)
+        .macs(a.host_mac, a.pod_mac)
+        .frame();
+    assert_eq!(big.len(), 1000);
+    let cost = 1_000_000_000 * big.len() as u64 / rate;
+    let before = monotonic_ns();
+    let first = lab.to_pod(&a, &big);
+    let after = monotonic_ns();
+    assert_eq!(first.verdict, Verdict::Next);
+    let t1 = first.ctx.tstamp;
+    assert!(
+        t1 >= before + cost && t1 <= after + cost,
+        "first departure {t1} not one packet's time after now ({before}..{after} + {cost})"
+    );
+    let second = lab.to_pod(&a, &big);
+    assert_eq!(second.verdict, Verdict::Next);
+    assert_eq!(
+        second.ctx.tstamp,
+        t1 + cost,
+        "the second leaves one packet later"
+    );
+
+    let small = Pkt::new(lab.up.remote(true), a.addr(true), L4::udp(6000, 6001))
+        .macs(a.host_mac, a.pod_mac)
+        .frame();
+    let before = monotonic_ns();
+    let r = lab.to_pod(&a, &small);
+    let after = monotonic_ns();
+    assert_eq!(r.verdict, Verdict::Next);
+    assert!(
+        (before..=after).contains(&r.ctx.tstamp),
+        "a small packet of an idle flow leaves now, not at {}",
+        r.ctx.tstamp
+    );
+    let charged = 1_000_000_000 * small.len() as u64 / rate;
+    assert_eq!(
+        lab.progs.rate(a.ifindex).ingress.last_ns,
+        t1 + cost + charged
+    );
+
+    // The pod's clock 200 s ahead: past the horizon.
+    let mut far = lab.progs.rate(a.ifindex);
+    far.ingress.last_ns = monotonic_ns() + 200_000_000_000;
+    lab.progs.set_rate(a.ifindex, far);
+    assert_eq!(lab.to_pod(&a, &big).verdict, Verdict::Shot);
+    let c = lab.progs.counters(a.ifindex).to_pod;
+    assert_eq!((c.packets, c.drops), (3, 1), "{c:?}");
+}
+
+/// What the node's stack sends into an unlimited pod passes untouched and is counted.
+#[test]
+fn what_the_stack_sends_into_a_pod_passes_and_is_counted() {
+    let lab = lab();
+    let a = &lab.a;
+    let frame = Pkt::new(lab.up.remote(false), a.addr(false), L4::udp(1, 2))
+        .macs(a.host_mac, a.pod_mac)
+        .frame();
+    let r = lab.to_pod(a, &frame);
+    assert_eq!((r.verdict, &r.frame), (Verdict::Next, &frame));
+    assert_eq!(r.ctx.tstamp, 0, "an unpaced pod's packets are not stamped");
+    let c = lab.progs.counters(a.ifindex).to_pod;
+    assert_eq!((c.packets, c.bytes), (1, frame.len() as u64));
+}
+
+/// The source check: a frame from another address (IPv4, IPv6, an ARP sender) or another
+/// MAC is dropped and counted as such; the pod's own addresses pass, and a link-local
+/// source goes to the stack. Every frame is counted as a packet first.
+#[test]
+fn a_spoofed_source_address_or_mac_is_dropped_and_counted() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    lab.source_check(&a);
+    let spoofed4 = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 99));
+    let spoofed6 = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x88, 0, 0, 0, 0, 0, 0x99));
+    let link_local: IpAddr = "fe80::1".parse().unwrap();
+    let mut vlan = from(&a, b.addr(true), L4::udp(1, 2)).frame();
+    vlan[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "own IPv4",
+            from(&a, b.addr(true), L4::udp(1, 2)).frame(),
+            Verdict::Redirect,
+        ),
+        (
+            "own IPv6",
+            from(&a, b.addr(false), L4::udp(1, 2)).frame(),
+            Verdict::Redirect,
+        ),
+        (
+            "spoofed IPv4",
+            Pkt::new(spoofed4, b.addr(true), L4::udp(1, 2))
+                .macs(a.pod_mac, a.host_mac)
+                .frame(),
+            Verdict::Shot,
+        ),
+        (
+            "spoofed IPv6",
+            Pkt::new(spoofed6, b.addr(false), L4::udp(1, 2))
+                .macs(a.pod_mac, a.host_mac)
+                .frame(),
+            Verdict::Shot,
+        ),
+        (
+            "ARP claiming pod b's address",
+            Arp::request(a.pod_mac, b.v4.octets(), a.gateway4.octets()).frame([0xff; 6], a.pod_mac),
+            Verdict::Shot,
+        ),
+        ("VLAN-tagged", vlan, Verdict::Shot),
+        (
+            "link-local IPv6",
+            Pkt::new(link_local, "ff02::2".parse().unwrap(), L4::echo_request(1))
+                .macs(a.pod_mac, [0x33, 0x33, 0, 0, 0, 2])
+                .frame(),
+            Verdict::Next,
+        ),
+        (
+            "own address, another MAC",
+            from(&a, b.addr(true), L4::udp(1, 2))
+                .macs([0x02, 0xbe, 0xef, 0, 0, 1], a.host_mac)
+                .frame(),
+            Verdict::Shot,
+        ),
+    ];
+    for (what, frame, want) in &cases {
+        let r = lab.from_pod(&a, frame);
+        assert_eq!(r.verdict, *want, "{what}");
+    }
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!(
+        (c.packets, c.source_drops, c.mac_drops, c.drops),
+        (cases.len() as u64, 4, 1, 0),
+        "{c:?}"
+    );
+    assert_eq!(lab.progs.counters(b.ifindex).to_pod.packets, 2);
+}
+
+/// The IP header's end in a frame (`ETH_HLEN` + 20 or 40).
+fn l3_end(frame: &[u8]) -> usize {
+    ETH_HLEN
+        + match packet::be16(frame, 12) {
+            packet::ETH_P_IP => 20,
+            packet::ETH_P_IPV6 => 40,
+            _ => 28, // ARP
+        }
+}
+
+/// Program `prog` on device `ifindex` run on `frame` cut to `cut` bytes. `None` when the
+/// kernel refused the run: only allowed for a cut inside the IP header (the
+/// `BPF_PROG_TEST_RUN` of 6.1 and later checks it before running the program; 5.10 runs
+/// it), which is recorded in `refused`; any other refusal fails the test.
+fn run_cut(
+    lab: &Lab,
+    prog: &str,
+    ifindex: u32,
+    frame: &[u8],
+    cut: usize,
+    refused: &mut Vec<usize>,
+) -> Option<ebpf_cni_tests::progtest::Run> {
+    let ip = matches!(
+        packet::be16(frame, 12),
+        packet::ETH_P_IP | packet::ETH_P_IPV6
+    );
+    match lab.try_run(prog, &SkBuff::on(ifindex), &frame[..cut]) {
+        Ok(r) => Some(r),
+        Err(e) if ip && cut < l3_end(frame) && e.errno == Some(libc::EINVAL) => {
+            refused.push(cut);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Says which cuts this kernel refused to run (and so were not checked here).
+fn report_refused(refused: &[usize]) {
+    if !refused.is_empty() {
+        eprintln!(
+            "this kernel's BPF_PROG_TEST_RUN refused {} frames cut inside their IP header \
+             (EINVAL before the program runs); 5.10, which runs them, checks those cuts",
+            refused.len()
+        );
+    }
+}
+
+/// Frames of a source-checked, masquerading pod cut short at every length from the
+/// Ethernet header on: none crashes or reads out of bounds (the verifier's promise, and
+/// the run returns), and each gets the verdict its cut deserves: a cut into the IP or ARP
+/// header is a counted source-check drop (the source cannot be read); a cut into the
+/// transport header of a packet to be masqueraded is a counted masquerade drop, with no
+/// flow allocated for it; a cut into the transport of a packet to a pod is still
+/// delivered (only the IP header decides). The whole frames then pass.
+#[test]
+fn frames_cut_short_anywhere_are_dropped_counted_or_passed_never_misread() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    lab.source_check(&a);
+    lab.masquerade(&a);
+    let remote = |v4| lab.up.remote(v4);
+    let mut frames: Vec<(String, Vec<u8>, bool)> = Vec::new();
+    for v4 in [true, false] {
+        let f = family(v4);
+        let echo = L4::echo_request(7);
+        for (what, l4) in [
+            ("TCP SYN", L4::tcp(40_030, 80, TCP_SYN)),
+            ("UDP", L4::udp(40_031, 53)),
+            ("echo request", echo),
+        ] {
+            frames.push((
+                format!("{f} {what} out"),
+                from(&a, remote(v4), l4.clone()).frame(),
+                true,
+            ));
+            frames.push((
+                format!("{f} {what} to a pod"),
+                from(&a, b.addr(v4), l4).frame(),
+                false,
+            ));
+        }
+    }
+    frames.push((
+        "ARP for the gateway".into(),
+        Arp::request(a.pod_mac, a.v4.octets(), a.gateway4.octets()).frame([0xff; 6], a.pod_mac),
+        false,
+    ));
+    let mut refused = Vec::new();
+    for (what, frame, masqueraded) in &frames {
+        let l3 = l3_end(frame);
+        let flows = lab.progs.masq_stats().flows;
+        for cut in ETH_HLEN..frame.len() {
+            let before = (
+                lab.progs.counters(a.ifindex).from_pod,
+                lab.progs.masq_stats(),
+            );
+            let Some(r) = run_cut(&lab, PROG_FROM_POD, a.ifindex, frame, cut, &mut refused) else {
+                continue;
+            };
+            let after = (
+                lab.progs.counters(a.ifindex).from_pod,
+                lab.progs.masq_stats(),
+            );
+            let delta = |f: fn(&ebpf_cni_maps::DirCounters) -> u64| f(&after.0) - f(&before.0);
+            let at = format!("{what} cut to {cut} bytes");
+            assert_eq!(delta(|c| c.packets), 1, "{at}: counted as a packet");
+            if cut < l3 {
+                assert_eq!(r.verdict, Verdict::Shot, "{at}");
+                assert_eq!(delta(|c| c.source_drops), 1, "{at}: a source-check drop");
+            } else if *masqueraded {
+                assert_eq!(r.verdict, Verdict::Shot, "{at}");
+                assert_eq!(delta(|c| c.drops), 1, "{at}: a counted drop");
+                assert_eq!(
+                    after.1.untranslatable - before.1.untranslatable,
+                    1,
+                    "{at}: untranslatable"
+                );
+            } else {
+                assert_eq!(r.verdict, Verdict::Redirect, "{at}: delivered to the pod");
+            }
+            assert_eq!(
+                after.1.flows, flows,
+                "{at}: a masquerade flow was allocated"
+            );
+        }
+        let r = lab.from_pod(&a, frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{what}, whole");
+    }
+    report_refused(&refused);
+}
+
+/// Frames arriving at a node device cut short at every length: host-port and masquerade
+/// traffic, and an ICMP error about a masqueraded flow. A cut into the IP header goes to
+/// the stack unchanged; so does every cut of the ICMP error (its quote cannot be read, so
+/// it is not translated); a cut host-port packet is dropped or delivered, never passed
+/// half-translated. Whole, they are translated and delivered.
+#[test]
+fn frames_cut_short_at_a_device_are_never_half_translated() {
+    let mut lab = lab();
+    let a = lab.a.clone();
+    lab.host_ports();
+    lab.masquerade(&a);
+    let mut frames: Vec<(String, Vec<u8>, bool)> = Vec::new();
+    for v4 in [true, false] {
+        let f = family(v4);
+        let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
+        map_port(&mut lab, v4, IPPROTO_TCP, 8080, 80);
+        let port = udp_flow(&lab, v4);
+        frames.push((
+            format!("{f} TCP to a host port"),
+            arriving(&lab, remote, node, L4::tcp(40_040, 8080, TCP_SYN)).frame(),
+            false,
+        ));
+        frames.push((
+            format!("{f} UDP reply to a masqueraded flow"),
+            arriving(&lab, remote, node, L4::udp(53, port)).frame(),
+            false,
+        ));
+        let quote = Pkt::new(node, remote, L4::udp(port, 53)).ip();
+        frames.push((
+            format!("{f} ICMP error about a masqueraded flow"),
+            arriving(&lab, remote, node, port_unreachable(v4, quote)).frame(),
+            true,
+        ));
+    }
+    let mut refused = Vec::new();
+    for (what, frame, icmp_error) in &frames {
+        let l3 = l3_end(frame);
+        for cut in ETH_HLEN..frame.len() {
+            let short = &frame[..cut];
+            let Some(r) = run_cut(
+                &lab,
+                PROG_FROM_DEV,
+                lab.up.ifindex,
+                frame,
+                cut,
+                &mut refused,
+            ) else {
+                continue;
+            };
+            let at = format!("{what} cut to {cut} bytes");
+            if cut < l3 || *icmp_error {
+                assert_eq!(r.verdict, Verdict::Next, "{at}");
+                assert_eq!(r.frame, short, "{at}: changed");
+            } else {
+                assert!(
+                    matches!(r.verdict, Verdict::Next | Verdict::Shot | Verdict::Redirect),
+                    "{at}: {:?}",
+                    r.verdict
+                );
+                if r.verdict == Verdict::Next {
+                    assert_eq!(r.frame, short, "{at}: passed half-translated");
+                }
+            }
+        }
+        let r = lab.from_dev(frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{what}, whole");
+        checksums_ok(&r.frame, what);
+    }
+    report_refused(&refused);
+}
+
+/// IPv6 extension headers and fragments are never translated: from a masquerading pod
+/// they are dropped and counted (they would leave with the pod's address); to a host port
+/// they go to the stack untranslated; to a pod they are delivered with the headers intact.
+#[test]
+fn extension_headers_and_fragments_are_never_translated() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    lab.host_ports();
+    lab.masquerade(&a);
+    for v4 in [true, false] {
+        map_port(&mut lab, v4, IPPROTO_UDP, 8081, 81);
+    }
+    let mut odd: Vec<(String, Pkt)> = Vec::new();
+    for ext in [IPPROTO_HOPOPTS, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT] {
+        odd.push((
+            format!("IPv6 with extension header {ext}"),
+            Pkt::new(a.addr(false), lab.up.remote(false), L4::udp(40_050, 8081)).ext(ext),
+        ));
+    }
+    for (what, frag) in [("first", IP_MF), ("later", 100)] {
+        odd.push((
+            format!("IPv4 {what} fragment"),
+            Pkt::new(a.addr(true), lab.up.remote(true), L4::udp(40_050, 8081)).frag(frag),
+        ));
+    }
+    for (what, pkt) in &odd {
+        let v4 = pkt.src.is_ipv4();
+        let before = (
+            lab.progs.counters(a.ifindex).from_pod,
+            lab.progs.masq_stats(),
+        );
+        let out = pkt.clone().macs(a.pod_mac, a.host_mac).frame();
+        let r = lab.from_pod(&a, &out);
+        assert_eq!(r.verdict, Verdict::Shot, "{what}, masqueraded");
+        let after = (
+            lab.progs.counters(a.ifindex).from_pod,
+            lab.progs.masq_stats(),
+        );
+        assert_eq!(after.0.drops - before.0.drops, 1, "{what}: counted");
+        assert_eq!(
+            after.1.untranslatable - before.1.untranslatable,
+            1,
+            "{what}"
+        );
+
+        let mut to_host_port = pkt.clone();
+        (to_host_port.src, to_host_port.dst) = (lab.up.remote(v4), lab.up.addr(v4));
+        let frame = to_host_port.macs(GATEWAY_MAC, lab.up.mac).frame();
+        let r = lab.from_dev(&frame);
+        assert_eq!(
+            (r.verdict, &r.frame),
+            (Verdict::Next, &frame),
+            "{what}, host port"
+        );
+
+        let mut to_pod = pkt.clone();
+        to_pod.dst = b.addr(v4);
+        let frame = to_pod.macs(a.pod_mac, a.host_mac).frame();
+        let r = lab.from_pod(&a, &frame);
+        assert_eq!(r.verdict, Verdict::Redirect, "{what}, to a pod");
+        assert_eq!(r.frame[l3_end(&frame)..], frame[l3_end(&frame)..], "{what}");
+    }
+    assert_eq!(lab.progs.masq_stats().flows, 0);
+}
+
+/// A masqueraded IPv4 datagram without DF that the uplink's MTU would have the stack
+/// fragment is dropped and counted (fragments are not translated: they would leave with
+/// the pod's address); with DF it goes to the stack, which answers "fragmentation needed".
+#[test]
+fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
+    let lab = masquerading_lab();
+    lab.ns
+        .ip_ok(&["link", "set", "up0", "mtu", "1280"])
+        .unwrap();
+    let a = &lab.a;
+    let pkt = from(a, lab.up.remote(true), L4::udp(40_060, 9)).payload(1300);
+    let r = lab.from_pod(a, &pkt.clone().frag(0).frame());
+    assert_eq!(r.verdict, Verdict::Shot, "without DF");
+    let c = lab.progs.counters(a.ifindex).from_pod;
+    assert_eq!(c.drops, 1);
+    assert_eq!(lab.progs.masq_stats().untranslatable, 1);
+    let frame = pkt.frag(IP_DF).frame();
+    let r = lab.from_pod(a, &frame);
+    assert_eq!((r.verdict, &r.frame), (Verdict::Next, &frame), "with DF");
+    assert_eq!(lab.progs.masq_stats().flows, 0);
+}
