@@ -17,7 +17,8 @@ use crate::{
 
 pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
     let ipam = Ipam::from_conf(conf)?;
-    let mut errors = removal::remove_attachment(conf, ipam.as_ref(), &env.container_id, &env.ifname).await;
+    let mut errors =
+        removal::remove_attachment(conf, ipam.as_ref(), &env.container_id, &env.ifname).await;
 
     // Normally gone with its peer; a container-side veth left alone by an interrupted ADD
     // or a deleted host side is removed here. In chained mode the interface is the previous

@@ -408,7 +408,10 @@ mod tests {
             let named = doc
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
                 .any(|w| w == name || (name.ends_with('-') && w.starts_with(name)));
-            assert!(named, "the layout in pin.rs's module doc does not name {name}");
+            assert!(
+                named,
+                "the layout in pin.rs's module doc does not name {name}"
+            );
         }
     }
 
