@@ -27,6 +27,7 @@ pub mod node;
 pub mod portmap;
 pub mod reboot;
 pub mod removal;
+pub mod report;
 pub mod source_check;
 pub mod status;
 pub mod version;

@@ -35,8 +35,8 @@ pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use inspect::{
-    inspect, AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport,
-    NodeReport, PortMappingReport, SourceCheckReport,
+    inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport,
+    MapUsageReport, NodeReport, PortMappingReport, ShapeSubnetsReport, SourceCheckReport,
 };
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
