@@ -1,6 +1,6 @@
 //! The node devices and their device program.
 
-use super::{heading, pods::attachment, Exposition, Part, Text};
+use super::part::{attachment, heading, Exposition, Part, Text};
 use crate::bpf::DeviceReport;
 
 pub struct Devices<'a> {

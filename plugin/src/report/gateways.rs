@@ -1,6 +1,6 @@
 //! The pods' IPv4 gateways the node holds on `lo`, and the attachments using each.
 
-use super::{heading, Exposition, Part, Text};
+use super::part::{heading, Exposition, Part, Text};
 use crate::bpf::GatewayReport;
 
 pub struct Gateways<'a> {

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::{heading, Exposition, Part, Text};
+use super::part::{heading, Exposition, Part, Text};
 use crate::bpf::PortMappingReport;
 
 pub struct HostPorts<'a> {

@@ -1,7 +1,7 @@
 //! A pod's bandwidth limits: the rate, burst and mode of each direction, the subnets the
 //! limits exempt or select, TCP pacing, and the ECN marks the limiter set.
 
-use super::{pods::with, Exposition, Text};
+use super::part::{with, Exposition, Text};
 use crate::bpf::{LimitReport, ShapeSubnetsReport};
 
 pub struct PodLimits<'a> {

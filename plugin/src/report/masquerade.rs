@@ -2,7 +2,7 @@
 //! address, the packets translated and the failures (the flow tables' use and size are the
 //! node maps').
 
-use super::{Exposition, Part, Text};
+use super::part::{Exposition, Part, Text};
 use crate::bpf::MasqReport;
 
 pub struct Masquerade<'a> {

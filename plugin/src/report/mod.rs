@@ -13,19 +13,13 @@ mod host_ports;
 mod limits;
 mod masquerade;
 mod node;
+mod part;
 mod pods;
 mod sources;
 
 use crate::bpf::NodeReport;
 pub use exposition::{escape_label, Exposition};
-
-/// One capability's part of the node report.
-trait Part {
-    /// Its lines of `ebpf-cni inspect`.
-    fn inspect(&self, t: &mut Text);
-    /// Its metric families, each declared even when it has no sample.
-    fn metrics(&self, e: &mut Exposition);
-}
+use part::{Part, Text};
 
 /// The report as its parts, in the order both outputs show them.
 fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
@@ -92,25 +86,6 @@ pub fn exposition(r: &NodeReport, read_seconds: f64) -> String {
     );
     e.sample(name, &[], read_seconds);
     e.finish()
-}
-
-/// Lines of the inspect table.
-#[derive(Default)]
-struct Text(String);
-
-impl Text {
-    fn line(&mut self, line: impl AsRef<str>) {
-        self.0.push_str(line.as_ref());
-        self.0.push('\n');
-    }
-}
-
-/// A section's heading, and `(none)` under it when it has no line.
-fn heading(t: &mut Text, title: &str, empty: bool) {
-    t.line(title);
-    if empty {
-        t.line("  (none)");
-    }
 }
 
 #[cfg(test)]

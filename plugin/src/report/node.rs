@@ -1,7 +1,7 @@
 //! The node itself: its pin directory, the program revisions pinned, the kernel and how each
 //! part of the dataplane runs on it; and the node maps' use against their size.
 
-use super::{heading, Exposition, Part, Text};
+use super::part::{heading, Exposition, Part, Text};
 use crate::bpf::{kernel::PartMode, MapUsageReport};
 
 pub struct Node<'a> {

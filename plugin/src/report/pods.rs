@@ -2,7 +2,11 @@
 //! counters, and the lines and series of its limits ([`limits`]) and source check
 //! ([`sources`]); the node's endpoint count.
 
-use super::{heading, limits, sources, Exposition, Part, Text};
+use super::{
+    limits,
+    part::{attachment, heading, with, Exposition, Part, Text},
+    sources,
+};
 use crate::bpf::{AttachmentReport, Counts, LinkReport};
 
 pub struct Pods<'a> {
@@ -112,27 +116,6 @@ impl Pod<'_> {
             ("ifname", self.ifname),
             ("address", &self.addresses),
         ]
-    }
-}
-
-/// A pod's labels and `more`.
-pub(super) fn with<'a>(
-    base: &[(&'static str, &'a str)],
-    more: &[(&'static str, &'a str)],
-) -> Vec<(&'a str, &'a str)> {
-    base.iter().chain(more).copied().collect()
-}
-
-/// "tcx link 12", "netlink filter", with "(detached)" when the kernel does not have it.
-pub(super) fn attachment(l: &LinkReport) -> String {
-    let how = match l.mode {
-        "tcx" => format!("tcx link {}", l.link_id),
-        other => format!("{other} filter"),
-    };
-    if l.attached {
-        how
-    } else {
-        format!("{how} (detached)")
     }
 }
 

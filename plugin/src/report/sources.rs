@@ -1,7 +1,7 @@
 //! A pod's source check: its mode, the MAC and prefixes it may send from, and the frames
 //! dropped for another source address or MAC.
 
-use super::{pods::with, Exposition, Text};
+use super::part::{with, Exposition, Text};
 use crate::bpf::SourceCheckReport;
 
 pub struct PodSources<'a> {
