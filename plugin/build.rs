@@ -5,7 +5,7 @@
 //! written instead, so `cargo check`, clippy and unit tests need neither; such a binary
 //! reports `BpfError::NotBuilt` when asked to attach.
 //!
-//! It also hashes the object (64-bit FNV-1a, as `bpf::fnv1a`) into `EBPF_CNI_REVISION`, the
+//! It also hashes the object (64-bit FNV-1a, as `bpf::keys::fnv1a`) into `EBPF_CNI_REVISION`, the
 //! name programs are pinned under: hashing the object at run time cost every ADD 1.3 ms
 //! per call.
 

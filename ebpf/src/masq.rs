@@ -40,7 +40,7 @@ use ebpf_cni_maps::{
 
 use crate::{
     maps::{endpoint, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
-    packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+    packet::{self, copy16, ptr_at, Ipv4Hdr, Ipv6Hdr},
     rewrite::{self, End},
     tcp_ts,
 };
@@ -186,48 +186,15 @@ fn enabled() -> bool {
         .is_some_and(|c| c.flags & NODE_FLAG_MASQ != 0)
 }
 
-#[inline(always)]
-fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
-    // SAFETY: both are valid 16-byte arrays; a read and a write of a whole array.
-    unsafe { core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src)) };
-}
-
 /// Reads the addresses into `f.fwd.local` (source) and `f.fwd.remote` (destination), and
-/// `f.v4`, `f.proto`. False if the IP header is not there; `plain` tells whether the
-/// transport header directly follows a fixed-size, unfragmented IP header.
+/// `f.v4`, `f.proto`. `None` if the IP header is not there; else whether the transport
+/// header directly follows a fixed-size, unfragmented IP header.
 #[inline(always)]
-fn parse_ip(ctx: &TcContext, f: &mut Scratch, plain: &mut bool) -> bool {
-    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
-        return false;
-    };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ethertype = u16::from_be_bytes(unsafe { (*eth).proto });
-    if ethertype == ETH_P_IP {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        *plain = ip.ver_ihl == 0x45 && u16::from_be_bytes(ip.frag_off) & 0x3fff == 0;
-        f.v4 = 1;
-        f.proto = ip.protocol;
-        f.fwd.local = EndpointKey::v4(ip.saddr).addr;
-        f.fwd.remote = EndpointKey::v4(ip.daddr).addr;
-    } else if ethertype == ETH_P_IPV6 {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        *plain = true;
-        f.v4 = 0;
-        f.proto = ip.nexthdr;
-        copy16(&mut f.fwd.local, &ip.saddr);
-        copy16(&mut f.fwd.remote, &ip.daddr);
-    } else {
-        return false;
-    }
-    true
+fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<bool> {
+    let ip = packet::parse_ip(ctx, &mut f.fwd.local, &mut f.fwd.remote)?;
+    f.v4 = u8::from(ip.v4);
+    f.proto = ip.proto;
+    Some(ip.plain)
 }
 
 /// A TCP header without options. The whole of it must be there: a segment cut short
@@ -325,10 +292,9 @@ pub fn wanted(ctx: &TcContext) -> Want {
     let Some(f) = scratch() else {
         return Want::No;
     };
-    let mut plain = false;
-    if !parse_ip(ctx, f, &mut plain) {
+    let Some(plain) = parse_ip(ctx, f) else {
         return Want::No;
-    }
+    };
     match endpoint(&EndpointKey { addr: f.fwd.local }) {
         Some(ep) if ep.flags & EP_FLAG_MASQ != 0 => {}
         _ => return Want::No,
@@ -769,8 +735,7 @@ pub fn inbound(ctx: &TcContext) {
     let Some(f) = scratch() else {
         return;
     };
-    let mut plain = false;
-    if !parse_ip(ctx, f, &mut plain) || !plain || f.proto != IPPROTO_UDP {
+    if parse_ip(ctx, f) != Some(true) || f.proto != IPPROTO_UDP {
         return;
     }
     // Seen from the pod: the local end is the destination.
@@ -823,8 +788,7 @@ pub fn reply(ctx: &TcContext) -> Reply {
     let Some(f) = scratch() else {
         return Reply::None;
     };
-    let mut plain = false;
-    if !parse_ip(ctx, f, &mut plain) || !plain {
+    if parse_ip(ctx, f) != Some(true) {
         return Reply::None;
     }
     // Seen from the node: the local end is the destination.

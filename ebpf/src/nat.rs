@@ -26,7 +26,7 @@ use ebpf_cni_maps::{
 
 use crate::{
     maps::{count_hit, is_node_addr, port_target, portmap_enabled, ECNI_NAT_REV},
-    packet::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6},
+    packet::{copy16, parse_ip, ptr_at},
     rewrite::{self, End},
 };
 
@@ -74,49 +74,17 @@ fn translatable(proto: u8) -> bool {
     proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP
 }
 
-#[inline(always)]
-fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
-    // SAFETY: both are valid 16-byte arrays; a read and a write of a whole array.
-    unsafe { core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src)) };
-}
-
 /// Fills the scratch slot's flow fields from the packet; false if it is not translatable.
 #[inline(always)]
 fn parse(ctx: &TcContext, f: &mut Scratch) -> bool {
-    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+    let Some(ip) = parse_ip(ctx, &mut f.src, &mut f.dst) else {
         return false;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ethertype = u16::from_be_bytes(unsafe { (*eth).proto });
-    if ethertype == ETH_P_IP {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        // No options, not a fragment (MF clear, offset 0).
-        if ip.ver_ihl != 0x45 || u16::from_be_bytes(ip.frag_off) & 0x3fff != 0 {
-            return false;
-        }
-        f.v4 = 1;
-        f.proto = ip.protocol;
-        f.src = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
-        f.dst = f.src;
-        f.src[12..16].copy_from_slice(&ip.saddr);
-        f.dst[12..16].copy_from_slice(&ip.daddr);
-    } else if ethertype == ETH_P_IPV6 {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        f.v4 = 0;
-        f.proto = ip.nexthdr;
-        copy16(&mut f.src, &ip.saddr);
-        copy16(&mut f.dst, &ip.daddr);
-    } else {
+    if !ip.plain {
         return false;
     }
+    f.v4 = u8::from(ip.v4);
+    f.proto = ip.proto;
     if !translatable(f.proto) {
         return false;
     }

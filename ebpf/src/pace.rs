@@ -1,10 +1,14 @@
-//! TCP pacing for pods with an egress limit. This kernel has no `sch_fq`, so the limiter at
-//! the host veth is a policer, and a TCP sender that bursts into it loses packets and backs
-//! off far below the rate. TCP paces itself when a socket has `SO_MAX_PACING_RATE` (the
-//! stack's internal pacing, no qdisc needed): this sockops program, attached to the cgroup
-//! v2 root, sets it on every TCP socket of a limited pod's network namespace when the
-//! connection is made or accepted, at 99% of the policer's rate (see `pacing_rate` in the
-//! plugin for why). The policer stays for everything else (UDP, sockets opened before the limit).
+//! TCP pacing for pods with an egress limit. Traffic from a pod is policed at its host
+//! veth's ingress whatever the kernel (a qdisc only holds traffic leaving a device, and the
+//! `fq` of paced pods, where the kernel has `sch_fq`, holds traffic towards them: see
+//! `bpf/queue.rs` in the plugin), and a TCP sender that bursts into a policer loses packets
+//! and backs off far below the rate. TCP paces itself when a socket has
+//! `SO_MAX_PACING_RATE` (the stack's internal pacing, no qdisc needed): this sockops
+//! program, attached to the cgroup v2 root, sets it on every TCP socket of a limited pod's
+//! network namespace when the connection is made or accepted, at 1448/1514 (about 95.6%) of
+//! the policer's rate, the payload share of a full frame (see `pacing_rate` in the plugin's
+//! `bpf/pod.rs`). The policer stays for everything else (UDP, sockets opened before the
+//! limit).
 
 use aya_ebpf::{
     bindings::{

@@ -2,6 +2,7 @@
 //! have alignment 1 and reading them through a pointer into the packet is always aligned.
 
 use aya_ebpf::programs::TcContext;
+use ebpf_cni_maps::EndpointKey;
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -70,6 +71,62 @@ pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
         return None;
     }
     Some((start + offset) as *mut T)
+}
+
+/// Copies a 16-byte address as one read and one write.
+#[inline(always)]
+pub fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
+    // SAFETY: both are valid 16-byte arrays; a read and a write of a whole array.
+    unsafe { core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src)) };
+}
+
+/// What [`parse_ip`] read of a packet's IP header besides its addresses.
+#[derive(Clone, Copy)]
+pub struct IpHead {
+    pub v4: bool,
+    /// The transport protocol (IPv6: the next header, an extension header's number too).
+    pub proto: u8,
+    /// The transport header directly follows a fixed-size, unfragmented IP header: IPv4
+    /// without options and not a fragment (MF clear, offset 0); IPv6 always (an extension
+    /// header shows in `proto`).
+    pub plain: bool,
+}
+
+/// Parses the Ethernet and IP headers of an IPv4 or IPv6 packet (host ports and
+/// masquerade both start here): the source and destination addresses go to `src` and
+/// `dst` in the endpoint map's key form (IPv4 mapped into IPv6), which the callers keep
+/// in their per-CPU scratch slots (16-byte addresses do not fit the BPF stack's 512 bytes
+/// across the call chain). `None` for another ethertype or a truncated header.
+#[inline(always)]
+pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Option<IpHead> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let ethertype = u16::from_be_bytes(unsafe { (*eth).proto });
+    if ethertype == ETH_P_IP {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        *src = EndpointKey::v4(ip.saddr).addr;
+        *dst = EndpointKey::v4(ip.daddr).addr;
+        Some(IpHead {
+            v4: true,
+            proto: ip.protocol,
+            plain: ip.ver_ihl == 0x45 && u16::from_be_bytes(ip.frag_off) & 0x3fff == 0,
+        })
+    } else if ethertype == ETH_P_IPV6 {
+        let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        copy16(src, &ip.saddr);
+        copy16(dst, &ip.daddr);
+        Some(IpHead {
+            v4: false,
+            proto: ip.nexthdr,
+            plain: true,
+        })
+    } else {
+        None
+    }
 }
 
 /// Decrements the IPv4 TTL and patches the header checksum incrementally (RFC 1624): the

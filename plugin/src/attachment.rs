@@ -1,8 +1,10 @@
 //! One attachment, `(network, container id, ifname)`, as the commands see it: its key, the
 //! mode its config puts it in (ebpf-cni makes the pod's interface, or is chained after the
-//! plugin that did), and what CHECK reports about its dataplane.
+//! plugin that did), and what CHECK reports about it (plain and chained CHECK alike).
 
 use std::net::{IpAddr, Ipv4Addr};
+
+use ipnetwork::IpNetwork;
 
 use crate::{
     bandwidth::Limits,
@@ -36,6 +38,59 @@ impl AttachmentError {
         match self {
             Self::NoMac { .. } => code::KERNEL,
             Self::Dataplane(_) | Self::NoFilter { .. } => code::CHECK_FAILED,
+        }
+    }
+}
+
+/// What CHECK found unlike ADD left it (code 105), or a CHECK without `prevResult`
+/// (code 7), in plain and chained mode. `sandbox` is the container's netns path.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("prevResult is required for CHECK (spec: CHECK)")]
+    NoPrevResult,
+    #[error("prevResult lists no interface {ifname:?} in sandbox {sandbox}")]
+    NotInPrevResult { ifname: String, sandbox: String },
+    #[error("host veth {host} is missing")]
+    HostVethMissing { host: String },
+    #[error("host veth {host} is down")]
+    HostVethDown { host: String },
+    #[error("interface {ifname} is missing from {sandbox}")]
+    InterfaceMissing { ifname: String, sandbox: String },
+    #[error("interface {ifname} has MAC {mac}, prevResult says {expected}")]
+    WrongMac {
+        ifname: String,
+        mac: String,
+        expected: String,
+    },
+    #[error("interface {ifname} in {sandbox} is down")]
+    InterfaceDown { ifname: String, sandbox: String },
+    #[error("address {address} is missing from {ifname} in {sandbox}")]
+    AddressMissing {
+        address: IpNetwork,
+        ifname: String,
+        sandbox: String,
+    },
+    #[error("route to gateway {gw} via {ifname} is missing in {sandbox}")]
+    GatewayRouteMissing {
+        gw: IpAddr,
+        ifname: String,
+        sandbox: String,
+    },
+    #[error("route {dst}{} is missing in {sandbox}", .gw.map(|g| format!(" via {g}")).unwrap_or_default())]
+    RouteMissing {
+        dst: IpNetwork,
+        gw: Option<IpAddr>,
+        sandbox: String,
+    },
+    #[error("host route {dst} dev {host} is missing in the node namespace")]
+    HostRouteMissing { dst: IpNetwork, host: String },
+}
+
+impl CheckError {
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            Self::NoPrevResult => code::INVALID_CONFIG,
+            _ => code::CHECK_FAILED,
         }
     }
 }

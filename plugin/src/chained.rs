@@ -240,7 +240,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let prev_raw = conf
         .prev_result
         .as_ref()
-        .ok_or(crate::check::CheckError::NoPrevResult)?;
+        .ok_or(crate::attachment::CheckError::NoPrevResult)?;
     let prev = SuccessResult::from_json(prev_raw, "prevResult")?;
     let host_nl = Netlink::connect()?;
     let pod = find_pod(env, &prev, &host_nl, ChainedError::Check).await?;

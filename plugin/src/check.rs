@@ -7,67 +7,14 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    attachment::{PodAddr, PodConf, Wanted},
+    attachment::{CheckError, PodAddr, PodConf, Wanted},
     bpf::{self, AttachMode, Hook, NodeId},
-    cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
+    cni::{config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
     netlink::{format_mac, Netlink, RouteEntry},
     netns::Netns,
     veth,
 };
-
-/// What CHECK found unlike ADD left it (code 105), or a CHECK without `prevResult`
-/// (code 7). `sandbox` is the container's netns path.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckError {
-    #[error("prevResult is required for CHECK (spec: CHECK)")]
-    NoPrevResult,
-    #[error("prevResult lists no interface {ifname:?} in sandbox {sandbox}")]
-    NotInPrevResult { ifname: String, sandbox: String },
-    #[error("host veth {host} is missing")]
-    HostVethMissing { host: String },
-    #[error("host veth {host} is down")]
-    HostVethDown { host: String },
-    #[error("interface {ifname} is missing from {sandbox}")]
-    InterfaceMissing { ifname: String, sandbox: String },
-    #[error("interface {ifname} has MAC {mac}, prevResult says {expected}")]
-    WrongMac {
-        ifname: String,
-        mac: String,
-        expected: String,
-    },
-    #[error("interface {ifname} in {sandbox} is down")]
-    InterfaceDown { ifname: String, sandbox: String },
-    #[error("address {address} is missing from {ifname} in {sandbox}")]
-    AddressMissing {
-        address: IpNetwork,
-        ifname: String,
-        sandbox: String,
-    },
-    #[error("route to gateway {gw} via {ifname} is missing in {sandbox}")]
-    GatewayRouteMissing {
-        gw: IpAddr,
-        ifname: String,
-        sandbox: String,
-    },
-    #[error("route {dst}{} is missing in {sandbox}", .gw.map(|g| format!(" via {g}")).unwrap_or_default())]
-    RouteMissing {
-        dst: IpNetwork,
-        gw: Option<IpAddr>,
-        sandbox: String,
-    },
-    #[error("host route {dst} dev {host} is missing in the node namespace")]
-    HostRouteMissing { dst: IpNetwork, host: String },
-}
-
-impl CheckError {
-    pub fn cni_code(&self) -> u32 {
-        match self {
-            Self::NoPrevResult => code::INVALID_CONFIG,
-            _ => code::CHECK_FAILED,
-        }
-    }
-}
 
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
     let prev = conf.prev_result.as_ref().ok_or(CheckError::NoPrevResult)?;

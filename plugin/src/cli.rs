@@ -193,7 +193,10 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 fn exposition(node: &NodeId) -> Result<String, bpf::BpfError> {
     let t = std::time::Instant::now();
     let report = bpf::inspect(node)?;
-    Ok(crate::metrics::render(&report, t.elapsed().as_secs_f64()))
+    Ok(crate::report::exposition(
+        &report,
+        t.elapsed().as_secs_f64(),
+    ))
 }
 
 /// Serves `node`'s metrics at `addr` until the process ends.
@@ -271,19 +274,6 @@ fn node_of(netns: Option<PathBuf>) -> Result<NodeId, Box<dyn std::error::Error>>
     })
 }
 
-/// "tcx link 12", "netlink filter", with "(detached)" when the kernel does not have it.
-fn attachment(l: &bpf::LinkReport) -> String {
-    let how = match l.mode {
-        "tcx" => format!("tcx link {}", l.link_id),
-        other => format!("{other} filter"),
-    };
-    if l.attached {
-        how
-    } else {
-        format!("{how} (detached)")
-    }
-}
-
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -352,174 +342,6 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("node {} ({})", r.node, r.pin_dir);
-    println!(
-        "program revisions: {}",
-        if r.revisions.is_empty() {
-            "none loaded".into()
-        } else {
-            r.revisions.join(", ")
-        }
-    );
-    println!("kernel {}:", r.kernel);
-    for m in &r.modes {
-        let flag = if m.degraded { " (degraded)" } else { "" };
-        println!("  {:<42} {}{flag}", m.part, m.mode);
-    }
-    println!("endpoints: {}", r.endpoints);
-    match &r.converged {
-        Some(c) => println!("converged: {} by {}", c.at, c.by),
-        None => println!("converged: never recorded"),
-    }
-    println!("devices:");
-    if r.devices.is_empty() {
-        println!("  (none)");
-    }
-    for d in &r.devices {
-        match &d.link {
-            Some(l) => println!(
-                "  {:<16} ifindex {:<4} {} prog {} {}",
-                d.name,
-                l.ifindex,
-                l.program,
-                l.program_id,
-                attachment(l)
-            ),
-            None => println!("  {:<16} link pin unreadable", d.name),
-        }
-    }
-    println!("attachments:");
-    if r.attachments.is_empty() {
-        println!("  (none)");
-    }
-    println!(
-        "  {:<12} {:<20} {:<6} {:>7} {:<28} {:>10} {:>12} {:>10} {:>12} {:>6} {:>6}",
-        "NETWORK",
-        "CONTAINER",
-        "IFNAME",
-        "IFINDEX",
-        "ADDRESSES",
-        "FROM_PKTS",
-        "FROM_BYTES",
-        "TO_PKTS",
-        "TO_BYTES",
-        "DROPS",
-        "ERRORS"
-    );
-    for a in &r.attachments {
-        let cid: String = a.container_id.chars().take(20).collect();
-        let addrs = a
-            .addresses
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let (fp, fb, tp, tb, dr, er) = match (&a.from_pod, &a.to_pod) {
-            (Some(f), Some(t)) => (
-                f.packets,
-                f.bytes,
-                t.packets,
-                t.bytes,
-                f.drops + t.drops,
-                f.errors + t.errors,
-            ),
-            _ => (0, 0, 0, 0, 0, 0),
-        };
-        println!(
-            "  {:<12} {:<20} {:<6} {:>7} {:<28} {:>10} {:>12} {:>10} {:>12} {:>6} {:>6}",
-            a.network,
-            cid,
-            a.ifname,
-            a.host_ifindex.map_or("-".into(), |i| i.to_string()),
-            addrs,
-            fp,
-            fb,
-            tp,
-            tb,
-            dr,
-            er
-        );
-        for l in &a.links {
-            println!(
-                "      {:<9} {} prog {} {} on ifindex {}",
-                l.hook,
-                l.program,
-                l.program_id,
-                attachment(l),
-                l.ifindex
-            );
-        }
-        let limit = |l: &Option<bpf::LimitReport>| {
-            l.as_ref().map_or("unlimited".to_owned(), |l| {
-                format!(
-                    "{} bit/s, burst {} B, {}",
-                    l.rate_bytes * 8,
-                    l.burst_bytes,
-                    l.mode
-                )
-            })
-        };
-        if a.ingress_limit.is_some() || a.egress_limit.is_some() {
-            let marks = |c: &Option<bpf::Counts>| c.as_ref().map_or(0, |c| c.marks);
-            println!(
-                "      limits    to pod {} ({} ECN-marked), from pod {} ({} ECN-marked)",
-                limit(&a.ingress_limit),
-                marks(&a.to_pod),
-                limit(&a.egress_limit),
-                marks(&a.from_pod)
-            );
-        }
-        if let Some(s) = &a.shape_subnets {
-            println!("      {:<9} {}", s.rule, s.subnets.join(", "));
-        }
-        if let Some(rate) = a.tcp_pacing_bytes {
-            println!("      TCP paced at {} bit/s", u64::from(rate) * 8);
-        }
-        let sc = &a.source_check;
-        let (by_addr, by_mac) = a
-            .from_pod
-            .as_ref()
-            .map_or((0, 0), |c| (c.source_drops, c.mac_drops));
-        let what = match (sc.mode, &sc.mac) {
-            ("on", Some(mac)) => format!("on, MAC {mac}, from {}", sc.allowed.join(", ")),
-            ("unchecked", _) => "unchecked (attached by a release before the check)".to_owned(),
-            (mode, _) => mode.to_owned(),
-        };
-        println!("      sources   {what}; dropped {by_addr} (address), {by_mac} (MAC)");
-    }
-    println!("port mappings:");
-    if r.port_mappings.is_empty() {
-        println!("  (none)");
-    } else {
-        println!(
-            "  {:<28} {:<28} {:>10} {:>12} {:>8}  attachment",
-            "host", "pod", "packets", "bytes", "socket"
-        );
-        for m in &r.port_mappings {
-            println!(
-                "  {:<28} {:<28} {:>10} {:>12} {:>8}  {}",
-                m.host,
-                m.pod,
-                m.packets,
-                m.bytes,
-                m.socket,
-                m.attachment.as_deref().unwrap_or("?")
-            );
-        }
-        let addrs: Vec<String> = r.node_addresses.iter().map(|a| a.to_string()).collect();
-        println!("  wildcard host ports answer on: {}", addrs.join(", "));
-    }
-    println!("gateways held on lo (ARP answered by the pod programs):");
-    if r.gateways.is_empty() {
-        println!("  (none)");
-    }
-    for g in &r.gateways {
-        println!(
-            "  {:<16} {} user(s): {}",
-            g.address,
-            g.users.len(),
-            g.users.join(", ")
-        );
-    }
+    print!("{}", crate::report::inspect(&r));
     Ok(())
 }

@@ -2,11 +2,10 @@
 
 use crate::{
     add::AddError,
-    attachment::AttachmentError,
+    attachment::{AttachmentError, CheckError},
     bandwidth::BandwidthError,
     bpf::BpfError,
     chained::ChainedError,
-    check::CheckError,
     cni::{
         args::ArgsError, code, config::ConfigError, env::EnvError, gc::GcListError,
         types::ResultError, version::VersionError, CniError,

@@ -3,8 +3,9 @@
 //!
 //! The inventory is what DEL's names are derived from, read back: the attachment
 //! directories pinned for this network on this node, and the built-in host-local's leases.
-//! Each stale attachment is removed by DEL's own [`del::remove_attachment`] (host veth,
-//! eBPF attachment and map entries, leases), so GC removes exactly what DEL would. Then the
+//! Each stale attachment is removed by [`removal::remove_attachment`] (host veth, eBPF
+//! attachment and map entries, leases), which DEL uses too, so GC removes exactly what DEL
+//! would. Then the
 //! address store is collected as a whole: host-local drops any lease still not listed
 //! (old-format files that name no interface), a delegated IPAM gets GC itself. Like DEL,
 //! GC keeps going past failures and reports them all.
@@ -16,11 +17,12 @@ use crate::{
     cni::{
         config::NetConf,
         env::{validate_container_id, validate_ifname, NetworkEnv},
+        error::collect,
         gc::valid_attachments,
         CniError,
     },
-    del,
     ipam::backend::Ipam,
+    removal,
 };
 
 pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniError> {
@@ -58,7 +60,7 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
             "GC: removing attachment {container_id}/{ifname} of {}",
             conf.name
         );
-        for e in del::remove_attachment(conf, ipam.as_ref(), container_id, ifname).await {
+        for e in removal::remove_attachment(conf, ipam.as_ref(), container_id, ifname).await {
             errors.push(CniError {
                 msg: format!("attachment {container_id}/{ifname}: {}", e.msg),
                 ..e
@@ -81,5 +83,5 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
             errors.push(e.into());
         }
     }
-    del::collect("GC", errors)
+    collect(errors, |all| CniError::merged("GC", all))
 }

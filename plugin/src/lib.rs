@@ -28,6 +28,8 @@ pub mod netns;
 pub mod node;
 pub mod portmap;
 pub mod reboot;
+pub mod removal;
+pub mod report;
 pub mod source_check;
 pub mod status;
 pub mod version;
@@ -71,15 +73,7 @@ fn cni_main(command: &str) -> i32 {
         Err(mut e) => {
             // Spec section 5: the error carries the cniVersion the runtime sent, even one we
             // do not support; 1.0.0 when there is none to read.
-            e.cni_version = serde_json::from_slice::<Value>(&stdin)
-                .ok()
-                .and_then(|v| {
-                    v.get("cniVersion")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "1.0.0".to_owned());
+            e.cni_version = cni::version::asked(&stdin);
             log::error!("{e}");
             print_json(&serde_json::to_value(&e).expect("errors serialize"));
             1

@@ -3,17 +3,8 @@
 
 use serde_json::{json, Value};
 
-use crate::cni::version::SUPPORTED_VERSIONS;
+use crate::cni::version::{self, SUPPORTED_VERSIONS};
 
 pub fn version(stdin: &[u8]) -> Value {
-    let asked = serde_json::from_slice::<Value>(stdin)
-        .ok()
-        .and_then(|v| {
-            v.get("cniVersion")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "1.0.0".to_owned());
-    json!({ "cniVersion": asked, "supportedVersions": SUPPORTED_VERSIONS })
+    json!({ "cniVersion": version::asked(stdin), "supportedVersions": SUPPORTED_VERSIONS })
 }

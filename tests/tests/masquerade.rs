@@ -968,3 +968,46 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     echo(&mut reopened, b'b').expect("the reopened connection after new flows wanted its port");
     del(&p, &node, &pod, &conf);
 }
+
+/// `ebpf-cni inspect` (the table, as `inspect --json` and the metrics) shows masquerade:
+/// on, its port range reserved by ebpf-cni, and the flows of the masquerading pod's
+/// address, with the same count as the JSON report. The table once had no masquerade at
+/// all: this fails if it loses it again.
+#[test]
+fn inspect_shows_the_masquerade_state() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 88, None);
+    let dst = IpAddr::V4(ext.v4);
+    let udp = udp_echo(&pod.ns, ext.netns(), dst, 0)
+        .unwrap_or_else(|e| panic!("UDP from the masquerading pod to {dst}: {e:#}"));
+    assert_eq!(udp.client_addr.ip(), IpAddr::V4(ext.node_v4), "{udp:?}");
+
+    let out = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .arg("inspect")
+        .arg("--netns")
+        .arg(node.netns().path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "inspect: {out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("masquerade: on, ports 61000-65535 (reserved by ebpf-cni), ")),
+        "no masquerade state in inspect:\n{table}"
+    );
+    let json = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    let ip = pod.ips[0];
+    let flows = json["masquerade"]["flows_by_pod"][ip.to_string()]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(flows >= 1, "the UDP flow of {ip}: {}", json["masquerade"]);
+    let line = format!("  {:<32} {flows} flows", ip.to_string());
+    assert!(
+        table.lines().any(|l| l == line),
+        "{line:?} missing from inspect:\n{table}"
+    );
+    del(&p, &node, &pod, &conf);
+}

@@ -1,11 +1,15 @@
 //! Which files of a crate use which: a file uses another when it names one of the other's
-//! module paths through `crate::`, `super::` or `self::` (in a `use` tree or a path
-//! expression). Circles in that graph are what issue 17 removed; the unit test below keeps
-//! every crate of the workspace free of them.
+//! modules, or an item defined there, by a path: through `crate::`, `super::` or `self::`,
+//! or through a child module's plain name (`child::x`), in a `use` tree or a path
+//! expression. A path that ends in an item of a module (`super::Hook`) uses that module,
+//! or, when the module only imported the item (`pub use pod::attach`, or a plain `use`),
+//! the module it came from. So a child that names its parent's own items while the parent
+//! names the child is a circle, as two siblings naming each other are. Circles in that
+//! graph are what issue 17 removed; the unit test below keeps every crate of the workspace
+//! free of them.
 //!
 //! A reading of the text, not of the compiler's resolution: enough for this code base,
-//! which names modules by those prefixes (a parent module's plain `child::x` is its own
-//! business and not counted).
+//! which names modules by those prefixes. A glob import (`use x::*`) is not followed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -55,67 +59,265 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-/// The modules of `mods` that the file of module `me` names.
-fn uses(text: &str, me: &ModPath, mods: &BTreeSet<ModPath>) -> BTreeSet<ModPath> {
-    let text = code(text);
-    let mut found = BTreeSet::new();
-    for kw in ["crate::", "super::", "self::"] {
-        let mut from = 0;
-        while let Some(i) = text[from..].find(kw).map(|i| i + from) {
-            from = i + kw.len();
-            if text[..i].chars().next_back().is_some_and(is_ident) {
-                continue;
+/// A token of a path or `use` tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Tok {
+    Ident(String),
+    Sep,
+    Open,
+    Close,
+    Comma,
+    Star,
+}
+
+/// The tokens of a `use` tree (its text up to the `;`).
+fn tokens(text: &str) -> Vec<Tok> {
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            ':' if chars.peek() == Some(&':') => {
+                chars.next();
+                out.push(Tok::Sep);
             }
-            let prefix: ModPath = match kw {
-                "crate::" => Vec::new(),
-                "super::" => me[..me.len().saturating_sub(1)].to_vec(),
-                _ => me.clone(),
-            };
-            let before = text[..i].trim_end();
-            // A `use` tree runs to its `;`; a path expression is one `a::b::c` chain.
-            let rest = &text[from..];
-            let seg = if before.ends_with("use") {
-                rest.split(';').next().unwrap_or_default()
-            } else {
-                let end = rest
-                    .find(|c: char| !(is_ident(c) || c == ':'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
-            };
-            let names: Vec<&str> = seg
-                .split(|c: char| !is_ident(c))
-                .filter(|s| !s.is_empty())
-                .collect();
-            let mut candidates: Vec<ModPath> = Vec::new();
-            let mut path = prefix.clone();
-            for n in &names {
-                path.push((*n).to_owned());
-                candidates.push(path.clone());
-            }
-            for n in &names {
-                let mut one = prefix.clone();
-                one.push((*n).to_owned());
-                candidates.push(one);
-                if let Some(first) = names.first() {
-                    let mut two = prefix.clone();
-                    two.push((*first).to_owned());
-                    two.push((*n).to_owned());
-                    candidates.push(two);
+            '{' => out.push(Tok::Open),
+            '}' => out.push(Tok::Close),
+            ',' => out.push(Tok::Comma),
+            '*' => out.push(Tok::Star),
+            c if is_ident(c) => {
+                let mut id = String::from(c);
+                while let Some(&n) = chars.peek().filter(|n| is_ident(**n)) {
+                    id.push(n);
+                    chars.next();
                 }
+                out.push(Tok::Ident(id));
             }
-            for c in candidates {
-                if mods.contains(&c) && &c != me {
-                    found.insert(c);
-                }
-            }
+            _ => {}
         }
     }
-    found
+    out
+}
+
+/// The paths of a `use` tree, each with the name it is imported as (`None`: a glob).
+fn expand(
+    toks: &[Tok],
+    pos: &mut usize,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Option<String>)>,
+) {
+    let mut path = prefix.to_vec();
+    loop {
+        match toks.get(*pos) {
+            Some(Tok::Ident(id)) => {
+                *pos += 1;
+                path.push(id.clone());
+                if toks.get(*pos) == Some(&Tok::Sep) {
+                    *pos += 1;
+                    continue;
+                }
+                // A leaf: `self` names the module it follows.
+                if id == "self" {
+                    path.pop();
+                }
+                let mut name = path.last().cloned();
+                if toks.get(*pos) == Some(&Tok::Ident("as".into())) {
+                    if let Some(Tok::Ident(alias)) = toks.get(*pos + 1) {
+                        name = Some(alias.clone());
+                    }
+                    *pos += 2;
+                }
+                out.push((path, name));
+                return;
+            }
+            Some(Tok::Open) => {
+                *pos += 1;
+                loop {
+                    match toks.get(*pos) {
+                        Some(Tok::Close) => {
+                            *pos += 1;
+                            return;
+                        }
+                        Some(Tok::Comma) => *pos += 1,
+                        None => return,
+                        _ => {
+                            let before = *pos;
+                            expand(toks, pos, &path, out);
+                            if *pos == before {
+                                *pos += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            Some(Tok::Star) => {
+                *pos += 1;
+                out.push((path, None));
+                return;
+            }
+            _ => return,
+        }
+    }
+}
+
+/// What one file says about names: the paths it names and the names its `use` items bring
+/// in (name → path), both unresolved.
+#[derive(Default)]
+struct FileNames {
+    paths: Vec<Vec<String>>,
+    imports: BTreeMap<String, Vec<String>>,
+}
+
+/// `text` without the paths of visibilities (`pub(in crate::bpf)`), which use nothing.
+fn without_visibility_paths(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("pub(in ") {
+        out.push_str(&rest[..i + 3]);
+        rest = &rest[i + 3..];
+        rest = rest.find(')').map_or("", |j| &rest[j + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+fn read_names(text: &str, children: &BTreeSet<String>) -> FileNames {
+    let text = without_visibility_paths(&code(text));
+    let mut names = FileNames::default();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        let Some(c) = rest.chars().next() else { break };
+        let boundary = !text[..i].chars().next_back().is_some_and(is_ident);
+        if !(boundary && is_ident(c)) {
+            i += c.len_utf8();
+            continue;
+        }
+        let end = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+        let word = &rest[..end];
+        let after_sep = text[..i].trim_end().ends_with("::");
+        if word == "use" && !after_sep {
+            let tree = rest[end..].split(';').next().unwrap_or_default();
+            let toks = tokens(tree);
+            let mut out = Vec::new();
+            let mut pos = 0;
+            expand(&toks, &mut pos, &[], &mut out);
+            for (path, name) in out {
+                if let Some(name) = name {
+                    names.imports.insert(name, path.clone());
+                }
+                names.paths.push(path);
+            }
+            i += end + tree.len();
+            continue;
+        }
+        let starts_path = matches!(word, "crate" | "super" | "self") || children.contains(word);
+        if starts_path && !after_sep && rest[end..].starts_with("::") {
+            // A path expression: one `a::b::c` chain (generics and braces end it).
+            let chain_end = rest
+                .find(|c: char| !(is_ident(c) || c == ':'))
+                .unwrap_or(rest.len());
+            names.paths.push(
+                rest[..chain_end]
+                    .split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            );
+            i += chain_end;
+            continue;
+        }
+        i += end;
+    }
+    names
+}
+
+/// The modules of the crate, with what each file names.
+struct Crate {
+    files: BTreeMap<ModPath, FileNames>,
+}
+
+impl Crate {
+    fn children(mods: &BTreeSet<ModPath>, me: &ModPath) -> BTreeSet<String> {
+        mods.iter()
+            .filter(|m| m.len() == me.len() + 1 && m.starts_with(me))
+            .map(|m| m[me.len()].clone())
+            .collect()
+    }
+
+    /// The module a path named in `me` leads to (the module an item is defined in), or
+    /// `None` for a path out of the crate. `depth` bounds re-export chains.
+    fn resolve(&self, me: &ModPath, path: &[String], depth: u32) -> Option<ModPath> {
+        let (first, rest) = path.split_first()?;
+        let mut m: ModPath = match first.as_str() {
+            "crate" => Vec::new(),
+            "self" => me.clone(),
+            "super" => me[..me.len().saturating_sub(1)].to_vec(),
+            child => {
+                let mut c = me.clone();
+                c.push(child.to_owned());
+                if !self.files.contains_key(&c) {
+                    return None;
+                }
+                c
+            }
+        };
+        for seg in rest {
+            match seg.as_str() {
+                "super" => {
+                    m.pop();
+                    continue;
+                }
+                "self" => continue,
+                _ => {}
+            }
+            let mut next = m.clone();
+            next.push(seg.clone());
+            if self.files.contains_key(&next) {
+                m = next;
+                continue;
+            }
+            // An item of `m`: defined there, or brought in by one of its `use` items (then
+            // it is the module it came from that is used, none for another crate's).
+            if depth > 0 && m != *me {
+                if let Some(from) = self.files.get(&m).and_then(|f| f.imports.get(seg)) {
+                    return self.resolve(&m, from, depth - 1);
+                }
+            }
+            return Some(m);
+        }
+        Some(m)
+    }
+}
+
+/// The modules of `mods` that the file of module `me` names.
+fn uses(krate: &Crate, me: &ModPath) -> BTreeSet<ModPath> {
+    let Some(file) = krate.files.get(me) else {
+        return BTreeSet::new();
+    };
+    file.paths
+        .iter()
+        .filter_map(|p| krate.resolve(me, p, 8))
+        .filter(|m| m != me)
+        .collect()
+}
+
+fn display(m: &ModPath) -> String {
+    if m.is_empty() {
+        "crate".into()
+    } else {
+        m.join("::")
+    }
 }
 
 /// The groups of files of the crate at `src` that use each other in a circle (strongly
 /// connected components of more than one file), each sorted, as `a::b` names.
 pub fn circles(src: &Path) -> Vec<Vec<String>> {
+    circles_and_uses(src).0
+}
+
+/// [`circles`], and for each file of a circle the files of its circle it uses
+/// (`a -> b, c`), to tell where to cut it.
+pub fn circles_and_uses(src: &Path) -> (Vec<Vec<String>>, Vec<String>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let modules: BTreeMap<ModPath, PathBuf> = files
@@ -123,13 +325,17 @@ pub fn circles(src: &Path) -> Vec<Vec<String>> {
         .map(|f| (module_of(src, f), f.clone()))
         .collect();
     let names: BTreeSet<ModPath> = modules.keys().cloned().collect();
-    let graph: BTreeMap<ModPath, BTreeSet<ModPath>> = modules
-        .iter()
-        .map(|(m, f)| {
-            let text = std::fs::read_to_string(f).unwrap_or_default();
-            (m.clone(), uses(&text, m, &names))
-        })
-        .collect();
+    let krate = Crate {
+        files: modules
+            .iter()
+            .map(|(m, f)| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                (m.clone(), read_names(&text, &Crate::children(&names, m)))
+            })
+            .collect(),
+    };
+    let graph: BTreeMap<ModPath, BTreeSet<ModPath>> =
+        names.iter().map(|m| (m.clone(), uses(&krate, m))).collect();
     // Reachability is enough at this size: a and b share a circle when each reaches the other.
     let reach = |from: &ModPath| -> BTreeSet<ModPath> {
         let mut seen = BTreeSet::new();
@@ -150,19 +356,28 @@ pub fn circles(src: &Path) -> Vec<Vec<String>> {
         let group: Vec<String> = names
             .iter()
             .filter(|n| reaches[m].contains(*n) && reaches[*n].contains(m))
-            .map(|n| {
-                if n.is_empty() {
-                    "crate".into()
-                } else {
-                    n.join("::")
-                }
-            })
+            .map(display)
             .collect();
         if group.len() > 1 {
             groups.insert(group);
         }
     }
-    groups.into_iter().collect()
+    let mut uses_in_circles = Vec::new();
+    for group in &groups {
+        for (m, used) in &graph {
+            let name = display(m);
+            if !group.contains(&name) {
+                continue;
+            }
+            let inside: Vec<String> = used
+                .iter()
+                .map(display)
+                .filter(|u| group.contains(u))
+                .collect();
+            uses_in_circles.push(format!("{name} -> {}", inside.join(", ")));
+        }
+    }
+    (groups.into_iter().collect(), uses_in_circles)
 }
 
 #[cfg(test)]
@@ -194,6 +409,28 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A child naming its parent's own item while the parent names the child is a circle;
+    /// an item the parent only re-exports, or takes from another crate, leads past it.
+    #[test]
+    fn sees_a_child_and_its_parent_naming_each_other() {
+        let dir = std::env::temp_dir().join(format!("ecni-imports-pc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        std::fs::write(dir.join("lib.rs"), "mod a;").unwrap();
+        std::fs::write(
+            dir.join("a/mod.rs"),
+            "mod c; mod h; pub use h::Hook; pub use std::fmt::Debug;\n\
+             pub(in crate::a) fn g() { c::f(); }\npub struct Item;",
+        )
+        .unwrap();
+        std::fs::write(dir.join("a/h.rs"), "pub struct Hook;").unwrap();
+        std::fs::write(dir.join("a/c.rs"), "use super::{Debug, Hook, Item};").unwrap();
+        assert_eq!(circles(&dir), vec![vec!["a", "a::c"]]);
+        std::fs::write(dir.join("a/c.rs"), "use super::{Debug, Hook};").unwrap();
+        assert!(circles(&dir).is_empty(), "{:?}", circles_and_uses(&dir).1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The `members = [...]` of a workspace manifest.
     fn workspace_members(manifest: &str) -> Vec<String> {
         let list = manifest
@@ -215,9 +452,16 @@ mod tests {
         let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
         let members = workspace_members(&manifest);
         assert!(members.contains(&"bench".to_owned()), "{members:?}");
+        let mut failures = Vec::new();
         for krate in &members {
-            let found = circles(&root.join(krate).join("src"));
-            assert!(found.is_empty(), "{krate}: import circles {found:?}");
+            let (found, uses) = circles_and_uses(&root.join(krate).join("src"));
+            if !found.is_empty() {
+                failures.push(format!(
+                    "{krate}: import circles {found:?}; in them: {}",
+                    uses.join("; ")
+                ));
+            }
         }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

@@ -10,6 +10,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+/// (title, file name) of each chart written.
+pub type Charts = Vec<(String, String)>;
+
 use crate::format::short_num;
 use crate::metric::Metric;
 use crate::model::{Cell, Row, Subject, Table};

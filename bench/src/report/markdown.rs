@@ -10,10 +10,10 @@ use crate::run::Run;
 use crate::sections::cleanup::{self, Scenario};
 use crate::sections::masquerade;
 
+use super::charts::Charts;
 use super::headline::headline;
 use super::table::{escape, md_table};
 use super::targets::targets;
-use super::Charts;
 
 pub fn markdown(run: &Run, charts: &Charts) -> String {
     let m = &run.machine;

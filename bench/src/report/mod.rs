@@ -22,6 +22,7 @@ use anyhow::{bail, Context as _};
 use crate::log::progress;
 use crate::model::{Cell, Subject};
 use crate::run::Run;
+pub use charts::Charts;
 
 /// Writes REPORT.md, results.json and the charts of `run` to `out_dir` and prints the
 /// headline table; then fails when a measurement failed (not when the reference chain's
@@ -59,9 +60,6 @@ pub fn write(run: &Run, out_dir: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-/// (title, file name) of each chart written.
-pub type Charts = Vec<(String, String)>;
 
 fn draw_charts(run: &Run, dir: &Path) -> Charts {
     let mut out = Vec::new();

@@ -116,7 +116,7 @@ pub fn ensure_pacing_link(root: &PinRoot, node: &NodeId) -> Result<(), BpfError>
 
 /// CHECK: the pacing program's link is pinned and live.
 pub fn check_pacing_link(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
-    let dir = root.node_dir(node).join(ebpf_cni_maps::pin::CGROUP_DIR);
+    let dir = root.cgroup_dir(node);
     check_sock_link(&dir.join(programs::PACING.name), programs::PACING.name)
 }
 
@@ -125,7 +125,7 @@ fn ensure_cgroup_links(
     node: &NodeId,
     progs: impl IntoIterator<Item = &'static Program>,
 ) -> Result<(), BpfError> {
-    let dir = root.node_dir(node).join(ebpf_cni_maps::pin::CGROUP_DIR);
+    let dir = root.cgroup_dir(node);
     let mut cgroup: Option<fs::File> = None;
     for p in progs {
         let name = p.name;
@@ -176,7 +176,7 @@ pub fn check_sock_link(path: &Path, name: &'static str) -> Result<(), BpfError> 
 
 /// CHECK: every socket program's link is pinned and live.
 pub fn check_sock_links(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
-    let dir = root.node_dir(node).join(ebpf_cni_maps::pin::CGROUP_DIR);
+    let dir = root.cgroup_dir(node);
     for p in programs::sock_addr() {
         check_sock_link(&dir.join(p.name), p.name)?;
     }

@@ -415,7 +415,7 @@ impl BpfError {
             Self::PortInUse { .. } => code::PORT_IN_USE,
             // The caller promised validated values: this is a bug, not a bad config.
             Self::InvalidKey { .. } => code::INTERNAL,
-            // As `del::collect` reports several failures: under the first one's code.
+            // As `CniError::merged` reports several failures: under the first one's code.
             Self::Incomplete { failures, .. } => {
                 failures.first().map_or(code::BPF, BpfError::cni_code)
             }
@@ -428,13 +428,9 @@ impl BpfError {
 /// The failures of a teardown: none is `Ok`, one is itself, more are
 /// [`BpfError::Incomplete`]. Each is logged here, with its causes, as it is the teardown's
 /// record of what was left behind.
-pub fn collect(what: &'static str, mut failures: Vec<BpfError>) -> Result<(), BpfError> {
+pub fn collect(what: &'static str, failures: Vec<BpfError>) -> Result<(), BpfError> {
     log_each(what, &failures);
-    match failures.len() {
-        0 => Ok(()),
-        1 => Err(failures.remove(0)),
-        _ => Err(BpfError::Incomplete { what, failures }),
-    }
+    crate::cni::error::collect(failures, |failures| BpfError::Incomplete { what, failures })
 }
 
 /// Logs each failure of `what` with its causes.

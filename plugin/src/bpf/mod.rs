@@ -14,6 +14,7 @@ mod converge;
 mod cookie;
 mod error;
 pub mod gateways;
+mod hook;
 mod inspect;
 pub mod kernel;
 mod keys;
@@ -31,25 +32,26 @@ mod sys;
 mod trace;
 mod tree;
 
-use aya::programs::TcAttachType;
 pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
+pub use hook::{AttachMode, AttachModes, Device, Hook};
 pub use inspect::{
-    inspect, AttachmentReport, Counts, DeviceReport, LimitReport, LinkReport, MapUsageReport,
-    NodeReport, PortMappingReport, SourceCheckReport,
+    inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport,
+    MapUsageReport, NodeReport, PortMappingReport, ShapeSubnetsReport, SourceCheckReport,
 };
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
 use maps::ports;
 pub use maps::{PodEndpoint, PodSources, SourceCheck};
-pub use masq::{MasqReport, MasqSpec};
+pub use masq::{MasqReport, MasqSourceReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{
     add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, sweep_sources,
     PodSpec,
 };
+pub use programs::{part_modes, programs_embedded, revision};
 pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
@@ -63,160 +65,12 @@ pub fn lock_node() -> Result<NodeLock, BpfError> {
     NodeLock::take(&root)
 }
 
-/// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
-/// TCP pacing runs is the verifier's answer at the node's first load; on a node without
-/// programs yet it is read off the kernel version.
-pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
-    let root = PinRoot::from_env();
-    let loaded = root
-        .program(node, revision(), Hook::FromPod.program())
-        .exists();
-    let pacing = if loaded {
-        programs::Programs::pacing_available(&root, node)
-    } else {
-        kernel::version() >= (5, 15)
-    };
-    kernel::part_modes(pacing)
-}
-
-/// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
-/// `cargo xtask build`.
-static PROGRAMS: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
-
-/// Identifies the embedded object: programs pinned by a binary with other programs are
-/// never reused by this one (it loads and pins its own next to them). `build.rs` computes
-/// it ([`keys::fnv1a`] of the object) once at build time.
-pub const fn revision() -> &'static str {
-    env!("EBPF_CNI_REVISION")
-}
-
-/// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
-pub fn programs_embedded() -> bool {
-    !PROGRAMS.is_empty()
-}
-
-/// A node device that gets the device program (traffic arriving for pods).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Device {
-    pub name: String,
-    pub ifindex: u32,
-}
-
-/// Which way traffic crosses the host veth, i.e. which program, hook and counter.
-/// How programs are attached to devices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachMode {
-    /// TCX links (kernel 6.6+), pinned so they outlive the plugin.
-    Tcx,
-    /// Classic `clsact` qdisc + `bpf` filters over netlink, which the kernel keeps by
-    /// itself. The attachment directory then holds a pin of the program as a record.
-    Netlink,
-}
-
-/// The attach mode of each kind of device a pod's ADD touches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttachModes {
-    /// The pod's host veth.
-    pub pod: AttachMode,
-    /// The node's devices (shared by every pod, attached once per node).
-    pub devices: AttachMode,
-}
-
-impl AttachMode {
-    /// TCX where the kernel has it (6.6 and later), netlink filters elsewhere.
-    pub fn auto() -> Self {
-        if kernel::has_tcx() {
-            Self::Tcx
-        } else {
-            Self::Netlink
-        }
-    }
-}
-
-/// Where a program runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Hook {
-    /// Host veth ingress: traffic leaving the pod.
-    FromPod,
-    /// Host veth egress: traffic the stack sends into the pod.
-    ToPod,
-    /// Node device ingress: traffic arriving for pods.
-    FromDev,
-    /// Host veth ingress of a pod another plugin created (chained mode): traffic leaving
-    /// the pod, of which only host-port flows are forwarded here.
-    FromChain,
-}
-
-impl Hook {
-    pub const ALL: [Hook; 4] = [Hook::FromPod, Hook::ToPod, Hook::FromDev, Hook::FromChain];
-    /// Every hook a pod's host veth may carry, in either mode.
-    pub const ANY_POD: [Hook; 3] = [Hook::FromPod, Hook::FromChain, Hook::ToPod];
-
-    /// The hooks of a pod's host veth: standalone, or chained after another plugin.
-    pub const fn pod(chained: bool) -> [Hook; 2] {
-        if chained {
-            [Hook::FromChain, Hook::ToPod]
-        } else {
-            [Hook::FromPod, Hook::ToPod]
-        }
-    }
-
-    pub const fn label(self) -> &'static str {
-        match self {
-            Self::FromPod => "from_pod",
-            Self::ToPod => "to_pod",
-            Self::FromDev => "from_dev",
-            Self::FromChain => "from_chain",
-        }
-    }
-
-    pub const fn program(self) -> &'static str {
-        match self {
-            Self::FromPod => ebpf_cni_maps::PROG_FROM_POD,
-            Self::ToPod => ebpf_cni_maps::PROG_TO_POD,
-            Self::FromDev => ebpf_cni_maps::PROG_FROM_DEV,
-            Self::FromChain => ebpf_cni_maps::PROG_FROM_CHAIN,
-        }
-    }
-
-    /// Netlink mode: the name of the program pin recording that the filter was attached.
-    const fn netlink_record_name(self) -> &'static str {
-        match self {
-            Self::FromPod => "netlink_from_pod",
-            Self::ToPod => "netlink_to_pod",
-            Self::FromDev => ebpf_cni_maps::pin::NETLINK_FROM_DEV,
-            Self::FromChain => ebpf_cni_maps::pin::NETLINK_FROM_CHAIN,
-        }
-    }
-
-    const fn link_pin_name(self) -> &'static str {
-        match self {
-            Self::FromPod => ebpf_cni_maps::pin::LINK_FROM_POD,
-            Self::ToPod => ebpf_cni_maps::pin::LINK_TO_POD,
-            Self::FromDev => ebpf_cni_maps::pin::LINK_FROM_DEV,
-            Self::FromChain => ebpf_cni_maps::pin::LINK_FROM_CHAIN,
-        }
-    }
-
-    pub const fn tc_attach_type(self) -> TcAttachType {
-        match self {
-            Self::FromPod | Self::FromDev | Self::FromChain => TcAttachType::Ingress,
-            Self::ToPod => TcAttachType::Egress,
-        }
-    }
-
-    const fn tcx_attach_type(self) -> u32 {
-        match self {
-            Self::FromPod | Self::FromDev | Self::FromChain => sys::BPF_TCX_INGRESS,
-            Self::ToPod => sys::BPF_TCX_EGRESS,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use aya::programs::TcAttachType;
+
     use super::*;
+    use crate::bpf::programs::PROGRAMS;
 
     /// build.rs hashes the object the same way: pins made by older binaries keep their
     /// names.

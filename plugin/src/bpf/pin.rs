@@ -5,17 +5,36 @@
 //! every name taken from `ebpf_cni_maps::pin`:
 //!
 //! ```text
-//! <bpffs>/ebpf-cni/v1/                 the lock every ADD/DEL takes for its bpf part
-//!   netns-<inode>/
-//!     maps/ECNI_ENDPOINTS  maps/ECNI_POD_CNT           node-wide maps
-//!     programs/<revision>/ecni_from_pod|ecni_to_pod|ecni_from_dev
-//!     devices/<ifname>/link_from_dev                    one per node device
-//!     devices/<ifname>/netlink_from_dev  clsact_created/ netlink mode: the filter's record,
-//!                                                       and "our clsact" (empty directory)
-//!     converged/<unix ms>-<by>/                         the node's last convergence
+//! <bpffs>/ebpf-cni/v1/                the node lock: every ADD/DEL flocks this directory
+//!   netns-<inode>/                    one node (network namespace)
+//!     maps/<map>                      the node-wide maps (maps::NODE_MAPS), each under its
+//!                                     name: ECNI_ENDPOINTS ECNI_POD_CNT ECNI_TRACE ECNI_RATES
+//!                                     ECNI_PORTMAP ECNI_PM_HITS ECNI_NAT_REV ECNI_SOCK_REV
+//!                                     ECNI_NODE_ADDR ECNI_CONFIG ECNI_PACING ECNI_MASQ_FWD
+//!                                     ECNI_MASQ_REV ECNI_MASQ_SKIP ECNI_MASQ_SRC ECNI_MASQ_STAT
+//!                                     ECNI_NS_PROBE ECNI_SHAPE_NET ECNI_SOURCES
+//!     programs/<revision>/<program>   every program of programs::TABLE, per object revision:
+//!                                     ecni_from_pod ecni_to_pod ecni_from_dev ecni_from_chain
+//!                                     ecni_connect4 ecni_connect6 ecni_sendmsg4 ecni_sendmsg6
+//!                                     ecni_recvmsg4 ecni_recvmsg6 ecni_peername4 ecni_peername6
+//!                                     ecni_sockops
+//!     cgroup/<program>                their links on the cgroup v2 root: the socket-address
+//!                                     programs (with the first host port) and ecni_sockops
+//!                                     (with the first paced pod)
+//!     devices/<ifname>/               one per node device:
+//!         link_from_dev               TCX: the device program's link
+//!         netlink_from_dev            netlink mode: the filter's record (its program)
+//!         clsact_created/             netlink mode: ebpf-cni made the device's clsact
+//!     gateways/<gateway>/<id>/        the attachments (id in 16 hex digits) using each IPv4
+//!                                     gateway (8 hex digits) the node holds on `lo`
+//!     converged/<unix ms>-<by>/       the node's last convergence to its devices and
+//!                                     addresses, and by what (add, status, agent)
 //!     attachments/<network>/<container id>/<ifname>/
-//!         link_from_pod  link_to_pod
-//!         source_check/ | source_check_off/             its source check: on or off
+//!         link_from_pod  link_to_pod            TCX: the pod's programs' links
+//!         netlink_from_pod  netlink_to_pod      netlink mode: the filters' records
+//!         link_from_chain | netlink_from_chain  chained mode, in place of *_from_pod
+//!         ecni_att_ports              the host port mappings it installed (an array map)
+//!         source_check/ | source_check_off/     its source check: on or off
 //! ```
 //!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
@@ -141,6 +160,12 @@ impl PinRoot {
     /// A loaded program of one object revision.
     pub fn program(&self, node: &NodeId, revision: &str, name: &str) -> PathBuf {
         self.programs_dir(node).join(revision).join(name)
+    }
+
+    /// `cgroup/`: the links of the socket programs on the cgroup v2 root, each pinned under
+    /// its program's name.
+    pub fn cgroup_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::CGROUP_DIR)
     }
 
     pub fn devices_dir(&self, node: &NodeId) -> PathBuf {
@@ -353,6 +378,48 @@ mod tests {
             Path::new("/sys/fs/bpf/ebpf-cni/v1/netns-4026531840/attachments")
         );
         assert!(pins.dir().starts_with(root.attachments_dir(&node)));
+    }
+
+    /// The module's layout names every pin the code makes: each node map, program, link,
+    /// record and directory (a name added to the code and not to the layout fails here).
+    #[test]
+    fn the_layout_names_every_pin() {
+        let doc: String = include_str!("pin.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let hooks = [Hook::FromPod, Hook::ToPod, Hook::FromDev, Hook::FromChain];
+        let names = ebpf_cni_maps::NODE_MAPS
+            .iter()
+            .map(|m| m.name)
+            .chain(super::super::programs::TABLE.iter().map(|p| p.name))
+            .chain(hooks.iter().map(|h| h.link_pin_name()))
+            .chain(hooks.iter().map(|h| h.netlink_record_name()))
+            .chain([
+                names::PROJECT_DIR,
+                names::LAYOUT_VERSION_DIR,
+                names::NODE_DIR_PREFIX,
+                names::ATTACHMENTS_DIR,
+                names::MAPS_DIR,
+                names::PROGRAMS_DIR,
+                names::CGROUP_DIR,
+                names::DEVICES_DIR,
+                names::CLSACT_RECORD,
+                names::GATEWAYS_DIR,
+                names::SOURCE_CHECK_RECORD,
+                names::SOURCE_CHECK_OFF_RECORD,
+                ebpf_cni_maps::ATTACHMENT_PORTS_MAP,
+            ]);
+        for name in names {
+            let named = doc
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                .any(|w| w == name || (name.ends_with('-') && w.starts_with(name)));
+            assert!(
+                named,
+                "the layout in pin.rs's module doc does not name {name}"
+            );
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use super::{
     masq::{MasqMaps, MasqSpec},
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
-    programs::Programs,
-    queue, tree, AttachMode, AttachmentKey, BpfError, Hook, PROGRAMS,
+    programs::{self, Programs},
+    queue, tree, AttachMode, AttachmentKey, BpfError, Hook,
 };
 use crate::portmap::PortEntry;
 use ebpf_cni_maps::RateLimit;
@@ -146,7 +146,7 @@ pub fn add_pod(
     } = *pod;
     let [from_hook, to_hook] = Hook::pod(chained);
     key.validate()?;
-    if PROGRAMS.is_empty() {
+    if programs::PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
     }
     let t = std::time::Instant::now();

@@ -16,9 +16,43 @@ use aya::{
 };
 
 use super::{
+    kernel,
     pin::{create_dir_all_racy, NodeId, PinRoot},
-    revision, sys, BpfError, Hook, PROGRAMS,
+    sys, BpfError, Hook,
 };
+
+/// The kernel-side object, copied to `OUT_DIR` by `build.rs`: empty unless built through
+/// `cargo xtask build`.
+pub(super) static PROGRAMS: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni-programs"));
+
+/// Identifies the embedded object: programs pinned by a binary with other programs are
+/// never reused by this one (it loads and pins its own next to them). `build.rs` computes
+/// it ([`super::keys::fnv1a`] of the object) once at build time.
+pub const fn revision() -> &'static str {
+    env!("EBPF_CNI_REVISION")
+}
+
+/// Whether this binary carries its eBPF programs (see [`BpfError::NotBuilt`]).
+pub fn programs_embedded() -> bool {
+    !PROGRAMS.is_empty()
+}
+
+/// How each part of the dataplane runs on this kernel for `node` (see [`kernel`]). Whether
+/// TCP pacing runs is the verifier's answer at the node's first load; on a node without
+/// programs yet it is read off the kernel version.
+pub fn part_modes(node: &NodeId) -> Vec<kernel::PartMode> {
+    let root = PinRoot::from_env();
+    let loaded = root
+        .program(node, revision(), Hook::FromPod.program())
+        .exists();
+    let pacing = if loaded {
+        Programs::pacing_available(&root, node)
+    } else {
+        kernel::version() >= (5, 15)
+    };
+    kernel::part_modes(pacing)
+}
 
 /// What a program is and where it attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

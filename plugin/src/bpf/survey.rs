@@ -6,7 +6,7 @@ use aya::EbpfLoader;
 use super::{
     maps::Maps,
     pin::{is_bpffs, NodeId, PinRoot},
-    programs, revision, tree, BpfError, PROGRAMS,
+    programs, revision, tree, BpfError,
 };
 
 /// Entries of each node map (but the arrays, see [`ebpf_cni_maps::NodeMap::array`]) in the
@@ -47,7 +47,7 @@ impl Unready {
 /// Maps missing or unreadable while attachments exist also cut the pods already there off
 /// from each other and from pods added later, which get new maps.
 pub fn readiness(node: &NodeId) -> Vec<Unready> {
-    if PROGRAMS.is_empty() {
+    if programs::PROGRAMS.is_empty() {
         return vec![Unready::from_error(&BpfError::NotBuilt, false)];
     }
     let root = PinRoot::from_env();
@@ -125,7 +125,7 @@ fn probe_load() -> Result<(), Unready> {
     for map in ebpf_cni_maps::NODE_MAPS.iter().filter(|m| !m.array) {
         loader.map_max_entries(map.name, PROBE_MAP_ENTRIES);
     }
-    let mut ebpf = loader.load(PROGRAMS).map_err(|source| {
+    let mut ebpf = loader.load(programs::PROGRAMS).map_err(|source| {
         fail(BpfError::Load {
             source: Box::new(source),
         })

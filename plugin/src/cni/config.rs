@@ -125,7 +125,9 @@ pub struct NetConf {
     /// `devices`: the node devices that get the device program (default: every device
     /// with a global address that is not a pod veth).
     pub devices: Option<Vec<String>>,
-    /// `tcAttachMode`: "tcx", "netlink", or "auto" (the default: TCX on kernels that have it).
+    /// `tcAttachMode`: "tcx", "netlink", or "auto" (the default: TCX links on the node
+    /// devices and on a chained pod's veth where the kernel has TCX, netlink filters
+    /// everywhere else, and on ebpf-cni's own pod veths always; see `node::attach_modes`).
     pub tc_attach_mode: TcAttachMode,
     /// `ipMasq: true`, with its `ipMasqExclude`.
     pub masq: Option<MasqConf>,

@@ -75,6 +75,28 @@ impl CniError {
     }
 }
 
+/// The outcome of steps that kept going past failures (DEL, GC, a teardown): none is `Ok`,
+/// one is itself, more are merged into one by `many`.
+pub fn collect<E>(mut failures: Vec<E>, many: impl FnOnce(Vec<E>) -> E) -> Result<(), E> {
+    match failures.len() {
+        0 => Ok(()),
+        1 => Err(failures.remove(0)),
+        _ => Err(many(failures)),
+    }
+}
+
+impl CniError {
+    /// Several failures of `command` (DEL, GC) as one: under the first one's code, each
+    /// in the details. They come from every module DEL and GC touch, already converted
+    /// at the edge, so the merged error is built here.
+    pub fn merged(command: &str, errors: Vec<CniError>) -> Self {
+        let first = errors.first().map_or(code::INTERNAL, |e| e.code);
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        CniError::new(first, format!("{command} failed in {} steps", all.len()))
+            .with_details(all.join("; "))
+    }
+}
+
 /// The messages of `err`'s sources, each on one line. A message of several lines (the
 /// kernel verifier's log inside a program load error: a dump of the rejected program) is
 /// cut to its last line, the verifier's reason; the whole text goes to the debug log.
@@ -124,6 +146,25 @@ impl std::error::Error for CniError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collect_reports_every_failure_under_the_first_code() {
+        let merge = |all| CniError::merged("DEL", all);
+        assert!(collect(Vec::new(), merge).is_ok());
+        let one = CniError::new(code::KERNEL, "a");
+        assert_eq!(collect(vec![one.clone()], merge).unwrap_err(), one);
+        let e = collect(
+            vec![
+                CniError::new(code::BPF, "x").with_details("why"),
+                CniError::new(code::IO_FAILURE, "y"),
+            ],
+            |all| CniError::merged("GC", all),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::BPF);
+        assert_eq!(e.msg, "GC failed in 2 steps");
+        assert_eq!(e.details, "x: why (code 101); y (code 5)");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("failed to prepare program ecni_sockops")]

@@ -85,6 +85,17 @@ pub fn at_least(a: &str, b: &str) -> bool {
     }
 }
 
+/// The `cniVersion` a request's config names, as sent (even one this plugin does not
+/// speak), else `1.0.0`: what VERSION answers with and what an error result carries
+/// (spec section 5), both whatever the config's state.
+pub fn asked(stdin: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_owned))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "1.0.0".to_owned())
+}
+
 impl Default for CniVersion {
     fn default() -> Self {
         Self("1.0.0".to_owned())

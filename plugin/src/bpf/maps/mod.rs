@@ -1,140 +1,17 @@
 //! The node-wide maps, opened from their pins: `Maps` (endpoints, per-pod counters, limits,
-//! pacing, source check) with its parts by concern in `endpoints.rs`, `limits.rs` and
-//! `sources.rs`, and the host-port maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
+//! pacing, source check) opened in `open.rs`, with its parts by concern in `endpoints.rs`,
+//! `limits.rs` and `sources.rs`, and the host-port maps in `ports.rs`. The programs are `programs.rs`'s, the node's lock `lock.rs`'s, the
 //! keys `keys.rs`'s.
 
 mod endpoints;
 mod limits;
+mod open;
 pub mod ports;
 mod sources;
 
 pub use endpoints::PodEndpoint;
 pub use sources::{PodSources, SourceCheck, SourceRecord};
 
-use std::os::fd::AsFd;
-
-use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
-use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ShapeSubnetKey, SourceKey,
-    SourceRule, ENDPOINTS_MAP, PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
-    SOURCES_MAP,
-};
-
 pub use super::keys::{endpoint_key, key_ip};
-use super::{
-    pin::{NodeId, PinRoot},
-    BpfError,
-};
-
-pub(in crate::bpf) fn is_not_found(e: &aya::maps::MapError) -> bool {
-    match e {
-        aya::maps::MapError::KeyNotFound => true,
-        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
-        _ => false,
-    }
-}
-
-/// The node-wide maps, opened from their pins.
-pub struct Maps {
-    endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
-    counters: PerCpuHashMap<MapData, u32, PodCounters>,
-    rates: HashMap<MapData, u32, RateLimit>,
-    /// `None` on a node whose maps predate TCP pacing (until its programs are reloaded).
-    pacing: Option<HashMap<MapData, u64, Pacing>>,
-    /// `None` on a node whose maps predate `unshapedSubnets`/`shapedSubnets` (until its
-    /// programs are reloaded).
-    shape: Option<LpmTrie<MapData, ShapeSubnetKey, u32>>,
-    /// `None` on a node whose maps predate the source check (until this binary loads its
-    /// programs, which creates the map beside the others).
-    sources: Option<LpmTrie<MapData, SourceKey, SourceRule>>,
-}
-
-/// The error of a pinned map that did not open as the type its user expects.
-pub(in crate::bpf) fn open_map_err(
-    root: &PinRoot,
-    node: &NodeId,
-    name: &'static str,
-) -> impl FnOnce(aya::maps::MapError) -> BpfError {
-    let path = root.map(node, name);
-    move |source| BpfError::OpenMap {
-        path,
-        source: Box::new(source),
-    }
-}
-
-pub(in crate::bpf) fn open_pinned(
-    root: &PinRoot,
-    node: &NodeId,
-    name: &'static str,
-) -> Result<Option<Map>, BpfError> {
-    let path = root.map(node, name);
-    if !path.exists() {
-        return Ok(None);
-    }
-    let err = |source| BpfError::OpenMap {
-        path: path.clone(),
-        source: Box::new(source),
-    };
-    let data = MapData::from_pin(&path).map_err(err)?;
-    let actual = super::sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo {
-        path: path.clone(),
-        source,
-    })?;
-    if actual != name {
-        return Err(BpfError::WrongMap {
-            path,
-            actual,
-            expected: name,
-        });
-    }
-    Map::from_map_data(data).map(Some).map_err(err)
-}
-
-impl Maps {
-    /// `None` when this node has no maps (nothing was ever added, or all was deleted).
-    pub fn open(root: &PinRoot, node: &NodeId) -> Result<Option<Self>, BpfError> {
-        let (Some(ep), Some(cnt), Some(rates)) = (
-            open_pinned(root, node, ENDPOINTS_MAP)?,
-            open_pinned(root, node, POD_COUNTERS_MAP)?,
-            open_pinned(root, node, RATE_LIMITS_MAP)?,
-        ) else {
-            return Ok(None);
-        };
-        let conv = |name| open_map_err(root, node, name);
-        Ok(Some(Self {
-            endpoints: HashMap::try_from(ep).map_err(conv(ENDPOINTS_MAP))?,
-            counters: PerCpuHashMap::try_from(cnt).map_err(conv(POD_COUNTERS_MAP))?,
-            rates: HashMap::try_from(rates).map_err(conv(RATE_LIMITS_MAP))?,
-            pacing: match open_pinned(root, node, PACING_MAP)? {
-                Some(m) => Some(HashMap::try_from(m).map_err(conv(PACING_MAP))?),
-                None => None,
-            },
-            shape: match open_pinned(root, node, SHAPE_SUBNETS_MAP)? {
-                Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SHAPE_SUBNETS_MAP))?),
-                None => None,
-            },
-            sources: match open_pinned(root, node, SOURCES_MAP)? {
-                Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SOURCES_MAP))?),
-                None => None,
-            },
-        }))
-    }
-
-    /// A pod's counters summed over CPUs.
-    pub fn counters(&self, host_ifindex: u32) -> Option<PodCounters> {
-        let per_cpu = self.counters.get(&host_ifindex, 0).ok()?;
-        let mut t = PodCounters::default();
-        for c in per_cpu.iter() {
-            for (sum, d) in [(&mut t.from_pod, &c.from_pod), (&mut t.to_pod, &c.to_pod)] {
-                sum.packets = sum.packets.wrapping_add(d.packets);
-                sum.bytes = sum.bytes.wrapping_add(d.bytes);
-                sum.drops = sum.drops.wrapping_add(d.drops);
-                sum.errors = sum.errors.wrapping_add(d.errors);
-                sum.marks = sum.marks.wrapping_add(d.marks);
-                sum.source_drops = sum.source_drops.wrapping_add(d.source_drops);
-                sum.mac_drops = sum.mac_drops.wrapping_add(d.mac_drops);
-            }
-        }
-        Some(t)
-    }
-}
+pub use open::Maps;
+pub(in crate::bpf) use open::{is_not_found, open_map_err, open_pinned};
