@@ -178,6 +178,11 @@ pub const fn masq_timeout_ns(proto: u8, state: u16) -> u64 {
 pub const fn masq_src_key(ifindex: u32, v4: bool) -> u64 {
     ((ifindex as u64) << 1) | v4 as u64
 }
+/// The device of a [`masq_src_key`].
+pub const fn masq_src_ifindex(key: u64) -> u32 {
+    (key >> 1) as u32
+}
+const _: () = assert!(masq_src_ifindex(masq_src_key(u32::MAX, true)) == u32::MAX);
 /// Sockops program (cgroup v2 root) setting `SO_MAX_PACING_RATE` on limited pods' sockets.
 pub const PROG_SOCKOPS: &str = "ecni_sockops";
 /// Capacity of [`PORTMAP_MAP`] and [`PORTMAP_HITS_MAP`].

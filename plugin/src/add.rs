@@ -278,7 +278,7 @@ async fn setup(
         false,
     )?;
     let networks: Vec<_> = addrs.iter().map(|a| a.address).collect();
-    if let Some(masq) = crate::attachment::masq_spec(conf, &networks)? {
+    if let Some(masq) = crate::attachment::masq_spec(conf, &networks) {
         wanted = wanted.with_masq(masq);
     }
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();

@@ -240,16 +240,11 @@ impl Wanted {
 }
 
 /// What `ipMasq` asks of the node for a pod with addresses `addrs`: the subnets of those
-/// addresses (the pod network's ranges) and `ipMasqExclude` keep the pod's address, and
-/// the node's devices' addresses are what masqueraded flows leave with. `None` without
-/// `ipMasq`.
-pub fn masq_spec(
-    conf: &NetConf,
-    addrs: &[ipnetwork::IpNetwork],
-) -> Result<Option<MasqSpec>, CniError> {
-    let Some(m) = &conf.masq else {
-        return Ok(None);
-    };
+/// addresses (the pod network's ranges) and `ipMasqExclude` keep the pod's address (what
+/// masqueraded flows leave with is the node's devices' addresses: `node::node_view`).
+/// `None` without `ipMasq`.
+pub fn masq_spec(conf: &NetConf, addrs: &[ipnetwork::IpNetwork]) -> Option<MasqSpec> {
+    let m = conf.masq.as_ref()?;
     let mut skip: Vec<ipnetwork::IpNetwork> = addrs
         .iter()
         .map(|a| ipnetwork::IpNetwork::new(a.network(), a.prefix()).expect("prefix is valid"))
@@ -257,11 +252,10 @@ pub fn masq_spec(
         .collect();
     skip.sort();
     skip.dedup();
-    Ok(Some(MasqSpec {
+    Some(MasqSpec {
         skip,
-        sources: crate::node::masq_sources()?,
         ports: m.ports,
-    }))
+    })
 }
 
 /// Whether `conf` puts ebpf-cni in chained mode: a config without `ipam` (ebpf-cni cannot

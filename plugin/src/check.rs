@@ -194,7 +194,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         false,
     )?;
     let networks: Vec<IpNetwork> = ips.iter().map(|i| i.address).collect();
-    if let Some(masq) = crate::attachment::masq_spec(conf, &networks)? {
+    if let Some(masq) = crate::attachment::masq_spec(conf, &networks) {
         wanted = wanted.with_masq(masq);
     }
     if let Some(prev) = &conf.prev_result {

@@ -88,12 +88,6 @@ pub async fn node_view(
 /// Every global address of the node's devices but `lo` (which holds the pods' IPv4
 /// gateways), as `(ifindex, address)` in the kernel's order: a device's first address of a
 /// family is the one its masqueraded flows take where the FIB lookup cannot tell.
-pub fn masq_sources() -> Result<Vec<(u32, std::net::IpAddr)>, CniError> {
-    let global = crate::netlink::addrs::global_addresses()
-        .map_err(crate::netlink::NetlinkError::Addresses)?;
-    Ok(masq_sources_of(&global))
-}
-
 fn masq_sources_of(global: &[(u32, std::net::IpAddr)]) -> Vec<(u32, std::net::IpAddr)> {
     global
         .iter()

@@ -40,9 +40,8 @@ const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MasqSpec {
     /// Destinations never masqueraded: the pod network's ranges and `ipMasqExclude`.
+    /// (The addresses flows leave with are the node's, not the pod's: `NodeView`.)
     pub skip: Vec<IpNetwork>,
-    /// Each node device's source address per family: `(ifindex, address)`.
-    pub sources: Vec<(u32, IpAddr)>,
     /// `ipMasqPortRange`; `None`: the default range.
     pub ports: Option<(u16, u16)>,
 }
@@ -147,9 +146,9 @@ impl MasqMaps {
     }
 
     /// Makes the node masquerade for a pod: the skip ranges, the devices' source addresses
-    /// (brought up to date: a device's new address serves new flows from now on), the
-    /// reserved ports and the programs' flag. The node lock is held.
-    pub fn install(&mut self, spec: &MasqSpec) -> Result<(), BpfError> {
+    /// `sources` (the node's, as `NodeView` reads them; a device's new address serves new
+    /// flows from now on), the reserved ports and the programs' flag. The node lock is held.
+    pub fn install(&mut self, spec: &MasqSpec, sources: &[(u32, IpAddr)]) -> Result<(), BpfError> {
         let present = self.skip_ranges();
         for net in &spec.skip {
             let key = skip_key(net);
@@ -159,7 +158,7 @@ impl MasqMaps {
                     .map_err(update_err(MASQ_SKIP_MAP, format!("insert {net}")))?;
             }
         }
-        self.sync_sources(&spec.sources)?;
+        self.sync_sources(sources)?;
         let mut c = self.node_config();
         let want = spec.ports.unwrap_or((MASQ_PORT_MIN, MASQ_PORT_MAX));
         if c.flags & NODE_FLAG_MASQ == 0 {
@@ -329,7 +328,7 @@ impl MasqMaps {
             .iter()
             .filter_map(Result::ok)
             .map(|(k, v)| MasqSourceReport {
-                ifindex: u32::try_from(k >> 1).unwrap_or(0),
+                ifindex: ebpf_cni_maps::masq_src_ifindex(k),
                 address: key_ip(&v),
             })
             .collect();

@@ -225,7 +225,7 @@ pub fn add_pod(
                 what: "masquerade maps (programs of an older revision: reload them)",
                 path: root.map(node, ebpf_cni_maps::MASQ_FWD_MAP),
             })?;
-            m.install(spec)?;
+            m.install(spec, &view.masq_sources)?;
             step("masquerade");
         }
         if !port_entries.is_empty() {
