@@ -58,14 +58,31 @@ impl ConvergedBy {
 }
 
 /// The last convergence that changed the node, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvergeRecord {
     /// Milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
-    /// The same time in UTC, RFC 3339.
-    pub at: String,
     /// `add`, `status` or `agent`.
     pub by: String,
+}
+
+impl ConvergeRecord {
+    /// The time in UTC, RFC 3339.
+    pub fn at(&self) -> String {
+        utc_rfc3339(self.at_unix_ms)
+    }
+}
+
+/// `inspect --json` shows the time both ways (`at_unix_ms`, and `at` for people).
+impl serde::Serialize for ConvergeRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = s.serialize_struct("ConvergeRecord", 3)?;
+        st.serialize_field("at_unix_ms", &self.at_unix_ms)?;
+        st.serialize_field("at", &self.at())?;
+        st.serialize_field("by", &self.by)?;
+        st.end()
+    }
 }
 
 /// `unix_ms` as RFC 3339 in UTC, to the millisecond (days to a civil date: H. Hinnant's
@@ -360,10 +377,8 @@ pub fn last(root: &PinRoot, node: &NodeId) -> Option<ConvergeRecord> {
 fn parse_record(name: &Path) -> Option<ConvergeRecord> {
     let name = name.to_str()?;
     let (ms, by) = name.split_once('-')?;
-    let at_unix_ms = ms.parse().ok()?;
     Some(ConvergeRecord {
-        at_unix_ms,
-        at: utc_rfc3339(at_unix_ms),
+        at_unix_ms: ms.parse().ok()?,
         by: by.to_owned(),
     })
 }
@@ -378,9 +393,13 @@ mod tests {
             parse_record(Path::new("1732480000123-status")),
             Some(ConvergeRecord {
                 at_unix_ms: 1_732_480_000_123,
-                at: "2024-11-24T20:26:40.123Z".to_owned(),
                 by: "status".to_owned()
             })
+        );
+        let r = parse_record(Path::new("1732480000123-status")).unwrap();
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"at_unix_ms": 1_732_480_000_123u64, "at": "2024-11-24T20:26:40.123Z", "by": "status"})
         );
         assert_eq!(parse_record(Path::new("junk")), None);
         assert_eq!(parse_record(Path::new("x-add")), None);

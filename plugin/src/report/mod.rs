@@ -203,7 +203,6 @@ mod tests {
             }),
             converged: Some(crate::bpf::ConvergeRecord {
                 at_unix_ms: 1_798_761_599_999,
-                at: "2026-12-31T23:59:59.999Z".into(),
                 by: "agent".into(),
             }),
             ..empty()

@@ -44,7 +44,7 @@ impl Part for Node<'_> {
             t.line(format!("  {part:<42} {mode}{flag}"));
         }
         match converged {
-            Some(ConvergeRecord { at, by, .. }) => t.line(format!("converged: {at} by {by}")),
+            Some(c) => t.line(format!("converged: {} by {}", c.at(), c.by)),
             None => t.line("converged: never recorded"),
         }
     }
@@ -65,7 +65,7 @@ impl Part for Node<'_> {
             "gauge",
             "When ADD, STATUS or the agent last changed the node to follow its devices and addresses (Unix time), by what; absent when never recorded.",
         );
-        if let Some(ConvergeRecord { at_unix_ms, by, .. }) = converged {
+        if let Some(ConvergeRecord { at_unix_ms, by }) = converged {
             // Milliseconds as seconds: exact in an f64 for any date of this era.
             e.sample(name, &[("by", by)], *at_unix_ms as f64 / 1000.0);
         }
