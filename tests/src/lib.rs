@@ -20,6 +20,7 @@
 //!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
+pub mod agent;
 pub mod bpf;
 pub mod config;
 pub mod dataplane;

@@ -11,13 +11,12 @@
 //! accepts and nothing behind after the last DEL (the node lock).
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ebpf_cni_tests::agent::AgentProcess;
 use ebpf_cni_tests::bpf;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
@@ -308,73 +307,16 @@ fn status_moves_masquerade_to_the_egress_devices_new_address() {
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
-/// `ebpf-cni agent --netns <node>` with its lines on stderr, read by a thread.
-struct Agent {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Agent {
-    fn start(p: &PluginUnderTest, node: &Node, l: &NetConfList, metrics: Option<&str>) -> Self {
-        let conf = node.scratch_dir().join("agent.conflist");
-        std::fs::write(&conf, status_conf(l)).unwrap();
-        let mut cmd = Command::new(&p.bin);
-        cmd.env_remove("CNI_COMMAND")
-            .arg("agent")
-            .arg("--netns")
-            .arg(node.netns().path())
-            .arg("--conf")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(m) = metrics {
-            cmd.args(["--metrics-listen", m]);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut a = Self {
-            child,
-            lines,
-            seen: Vec::new(),
-        };
-        a.wait_for("follows its devices and addresses", Duration::from_secs(10));
-        a
-    }
-
-    /// Waits for a stderr line containing `what`.
-    fn wait_for(&mut self, what: &str, bound: Duration) {
-        let deadline = Instant::now() + bound;
-        while !self.seen.iter().any(|l| l.contains(what)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!(
-                    "the agent did not say {what:?} within {bound:?}; it said:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn stop(mut self) {
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "the agent exited; it said:\n{}",
-            self.seen.join("\n")
-        );
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The agent on `node`, converging for `l`'s network.
+fn start_agent(
+    p: &PluginUnderTest,
+    node: &Node,
+    l: &NetConfList,
+    metrics: Option<&str>,
+) -> AgentProcess {
+    let conf = node.scratch_dir().join("agent.conflist");
+    std::fs::write(&conf, status_conf(l)).unwrap();
+    AgentProcess::start(&p.bin, node.netns().path(), Some(&conf), metrics).unwrap()
 }
 
 /// Polls `ok` until it holds or [`CONVERGE_DEADLINE`] passes; how long it took.
@@ -403,7 +345,7 @@ fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
     let l = network(&p, &node);
     let pod = add_pod(&p, &node, &l, 8080);
     let _server = PodServer::start(&pod.netns, 80, "pod");
-    let mut agent = Agent::start(&p, &node, &l, Some("127.0.0.1:19464"));
+    let mut agent = start_agent(&p, &node, &l, Some("127.0.0.1:19464"));
 
     let vip4: IpAddr = "192.168.64.100".parse().unwrap();
     addr(node.netns(), "add", "192.168.64.100/32", "uplink0");
@@ -413,16 +355,20 @@ fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
     eprintln!("the host port answered on the VIP {took:?} after it was added");
     let r = report(&p, &node);
     assert_eq!(converged(&r).map(|c| c.1).as_deref(), Some("agent"));
-    agent.wait_for(
-        "wildcard host ports answer on 192.168.64.100",
-        Duration::from_secs(1),
-    );
+    agent
+        .wait_for(
+            "wildcard host ports answer on 192.168.64.100",
+            Duration::from_secs(1),
+        )
+        .unwrap();
 
     addr(node.netns(), "del", "192.168.64.100/32", "uplink0");
     within_deadline("the VIP's removal", || {
         !node_addresses(&report(&p, &node)).contains(&vip4)
     });
-    agent.wait_for("no longer answer on 192.168.64.100", Duration::from_secs(1));
+    agent
+        .wait_for("no longer answer on 192.168.64.100", Duration::from_secs(1))
+        .unwrap();
 
     let exposition = node
         .netns()
@@ -439,7 +385,8 @@ fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
         exposition.lines().any(|l| l == "ebpf_cni_attachments 1"),
         "the agent's metrics:\n{exposition}"
     );
-    agent.stop();
+    agent.still_running().unwrap();
+    drop(agent);
     del_pod(&p, &node, &l, &pod);
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
@@ -455,7 +402,7 @@ fn concurrent_add_del_status_and_agent_leave_a_consistent_node() {
     let ext = ExternalHost::attach(node.netns(), "uplink0", 65).unwrap();
     let l = network(&p, &node);
     let first = add_pod(&p, &node, &l, 9000);
-    let agent = Agent::start(&p, &node, &l, None);
+    let mut agent = start_agent(&p, &node, &l, None);
     let stop = AtomicBool::new(false);
     let kept = std::thread::scope(|s| {
         let statuses = s.spawn(|| {
@@ -500,7 +447,8 @@ fn concurrent_add_del_status_and_agent_leave_a_consistent_node() {
     within_deadline("the agent after the flapping", || {
         node_addresses(&report(&p, &node)).contains(&vip)
     });
-    agent.stop();
+    agent.still_running().unwrap();
+    drop(agent);
     status(&p, &node, &l);
 
     for pod in std::iter::once(&first).chain(&kept) {

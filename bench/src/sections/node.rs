@@ -8,13 +8,10 @@
 //! Only ebpf-cni has this: the reference chain's host ports are iptables rules for the
 //! addresses matched at each packet (`--dst-type LOCAL`), with nothing to converge.
 
-use std::ffi::OsStr;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use ebpf_cni_tests::agent::AgentProcess;
 use serde_json::Value;
 
 use crate::log::progress;
@@ -130,7 +127,7 @@ fn measure(p: &Params, bins: &Binaries, f: &mut Figures) -> Result<()> {
         f.converging.push(Subject::EbpfCni, ms(status()?));
     }
 
-    let mut agent = AgentProc::start(&bins.ebpf_cni, netns.path())?;
+    let mut agent = AgentProcess::start(&bins.ebpf_cni, netns.path(), None, None)?;
     for _ in 0..p.node_agent_changes {
         let t = Instant::now();
         vip("add")?;
@@ -160,68 +157,4 @@ fn measure(p: &Params, bins: &Binaries, f: &mut Figures) -> Result<()> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// `ebpf-cni agent` with its stderr lines read by a thread.
-struct AgentProc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl AgentProc {
-    fn start(bin: &std::path::Path, netns: &std::path::Path) -> Result<Self> {
-        let mut child = Command::new(bin)
-            .env_remove("CNI_COMMAND")
-            .args([
-                OsStr::new("agent"),
-                OsStr::new("--netns"),
-                netns.as_os_str(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting ebpf-cni agent")?;
-        let stderr = child.stderr.take().context("the agent's stderr")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut a = Self { child, lines };
-        a.wait_for("follows its devices and addresses", Duration::from_secs(10))?;
-        Ok(a)
-    }
-
-    fn wait_for(&mut self, what: &str, bound: Duration) -> Result<()> {
-        let deadline = Instant::now() + bound;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(what) => return Ok(()),
-                Ok(_) => {}
-                Err(_) => bail!("the agent did not say {what:?} within {bound:?}"),
-            }
-        }
-    }
-
-    fn rss_mib(&self) -> Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .context("no VmRSS in the agent's /proc status")?;
-        Ok(kib / 1024.0)
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

@@ -1,0 +1,116 @@
+//! `ebpf-cni agent` as a test or the benchmark runs it: in a node's namespace
+//! (`--netns`), its stderr lines read by a thread so a caller can wait for what it says
+//! (it says each change it makes to the node). Dropping it kills it.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// What the agent says once it runs (`cli.rs`).
+const STARTED: &str = "follows its devices and addresses";
+
+pub struct AgentProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every line read so far.
+    seen: Vec<String>,
+    /// The first line the next wait looks at.
+    next: usize,
+}
+
+impl AgentProcess {
+    /// Starts `bin agent --netns <netns>` with `--conf` and `--metrics-listen` when given,
+    /// and waits for its start line.
+    pub fn start(
+        bin: &Path,
+        netns: &Path,
+        conf: Option<&Path>,
+        metrics_listen: Option<&str>,
+    ) -> Result<Self> {
+        let mut cmd = Command::new(bin);
+        cmd.env_remove("CNI_COMMAND")
+            .arg("agent")
+            .arg("--netns")
+            .arg(netns)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(c) = conf {
+            cmd.arg("--conf").arg(c);
+        }
+        if let Some(m) = metrics_listen {
+            cmd.args(["--metrics-listen", m]);
+        }
+        let mut child = cmd.spawn().context("starting ebpf-cni agent")?;
+        let stderr = child.stderr.take().context("the agent's stderr")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut a = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+            next: 0,
+        };
+        a.wait_for(STARTED, Duration::from_secs(10))?;
+        Ok(a)
+    }
+
+    /// Waits until the agent says a line containing `what`, after the line the last wait
+    /// matched (so a change said twice is waited for twice).
+    pub fn wait_for(&mut self, what: &str, bound: Duration) -> Result<()> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(i) = self.seen[self.next..].iter().position(|l| l.contains(what)) {
+                self.next += i + 1;
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => bail!(
+                    "the agent did not say {what:?} within {bound:?}; it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Fails if the agent has exited.
+    pub fn still_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the agent exited ({status}); it said:\n{}",
+                self.seen.join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    /// Its resident memory (VmRSS), MiB.
+    pub fn rss_mib(&self) -> Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("no VmRSS in the agent's /proc status")?;
+        Ok(kib / 1024.0)
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
