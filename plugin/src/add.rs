@@ -3,7 +3,7 @@
 //! fails, the undo steps run in reverse so a failed ADD leaves nothing behind.
 
 use crate::{
-    attachment::{PodAddr, PodConf, Wanted},
+    attachment::{PodAddr, PodConf},
     bpf::{self, AttachmentKey, NodeId},
     cni::{
         code,
@@ -126,8 +126,6 @@ pub async fn add(
         host_nl: &host_nl,
         node: &node,
         key: &key,
-    };
-    let pod = NewPod {
         mac,
         pod_conf: &pod_conf,
         pod_ns: &pod_ns,
@@ -135,7 +133,7 @@ pub async fn add(
         host_name: &host_name,
     };
     let mut undo = Vec::new();
-    match setup(cx, pod, &mut undo).await {
+    match setup(cx, &mut undo).await {
         Ok(v) => Ok(v),
         Err(e) => {
             rollback(undo, cx).await;
@@ -144,7 +142,8 @@ pub async fn add(
     }
 }
 
-/// The request and the node-side handles every step of ADD, and its undo, works with.
+/// The request as ADD validated it before changing anything, and the handles on both
+/// sides every step of ADD, and its undo, works with.
 #[derive(Clone, Copy)]
 struct Request<'a> {
     env: &'a CniEnv,
@@ -154,11 +153,7 @@ struct Request<'a> {
     host_nl: &'a Netlink,
     node: &'a NodeId,
     key: &'a AttachmentKey<'a>,
-}
-
-/// What ADD validated about the new pod before changing anything.
-#[derive(Clone, Copy)]
-struct NewPod<'a> {
+    /// The pod interface's MAC, if the request names one.
     mac: Option<[u8; 6]>,
     pod_conf: &'a PodConf,
     pod_ns: &'a Netns,
@@ -166,11 +161,7 @@ struct NewPod<'a> {
     host_name: &'a str,
 }
 
-async fn setup(
-    cx: Request<'_>,
-    pod: NewPod<'_>,
-    undo: &mut Vec<Undo>,
-) -> Result<serde_json::Value, CniError> {
+async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Value, CniError> {
     let Request {
         env,
         conf,
@@ -179,14 +170,12 @@ async fn setup(
         host_nl,
         node,
         key,
-    } = cx;
-    let NewPod {
         mac,
         pod_conf,
         pod_ns,
         pod_nl,
         host_name,
-    } = pod;
+    } = cx;
     let t = std::time::Instant::now();
     let step =
         |what: &str| log::debug!("ADD step {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
@@ -204,28 +193,18 @@ async fn setup(
             gateway: ip.gateway,
         })
         .collect();
-    bpf::ensure_addresses_free(
-        node,
-        key,
-        &addrs.iter().map(|a| a.address.ip()).collect::<Vec<_>>(),
-    )?;
-    let pod_addrs: Vec<PodAddr> = addrs
+    let pod_addrs: Vec<PodAddr> = result
+        .ips
         .iter()
-        .map(|a| PodAddr {
-            ip: a.address.ip(),
-            gateway: a.gateway,
-            gateway4: crate::gateway::of_address(a.address.ip(), a.gateway),
+        .map(|ip| PodAddr {
+            address: ip.address,
+            gateway: ip.gateway,
+            gateway4: crate::gateway::of_address(ip.address.ip(), ip.gateway),
         })
         .collect();
-    // The host ports against the pod's addresses, before anything changes (a family the
-    // pod has no address of is refused here); `Wanted::build` makes them again below.
-    crate::portmap::entries(
-        &pod_conf.port_mappings,
-        &pod_addrs
-            .iter()
-            .map(|a| (a.ip, a.gateway))
-            .collect::<Vec<_>>(),
-    )?;
+    // The pod's dataplane, before anything changes (its host ports against its addresses).
+    let spec = pod_conf.pod_spec(&pod_addrs, pod_ns, false)?;
+    bpf::ensure_addresses_free(node, key, &spec.ips())?;
 
     // Before the host routes, which take the gateway as their source address. The undo
     // step is registered whether or not it succeeds, with what it created either way.
@@ -269,27 +248,17 @@ async fn setup(
         write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
 
-    let mut wanted = Wanted::build(
-        pod_conf,
-        &pair.host,
-        &pair.container,
-        &pod_addrs,
-        pod_ns,
-        false,
-    )?;
-    let networks: Vec<_> = addrs.iter().map(|a| a.address).collect();
-    if let Some(masq) = crate::attachment::masq_spec(conf, &networks) {
-        wanted = wanted.with_masq(masq);
-    }
+    let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let view = crate::node::node_view(host_nl, conf, &gateways).await?;
     step("devices listed");
-    crate::portmap::warn_taken_listeners(&wanted.ports, &view.addrs);
+    crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
     undo.push(Undo::Programs);
     bpf::add_pod(
         node,
         key,
-        &wanted.spec(&pair.host),
+        &spec,
+        &veth_ends,
         &view,
         crate::node::attach_modes(conf, false).pod,
     )?;
@@ -331,7 +300,7 @@ async fn setup(
         }
     }
     let mut out = result.to_json(conf.cni_version.as_str(), conf.cni_version.format());
-    crate::source_check::add_to_result(&mut out, &wanted.sources);
+    crate::source_check::add_to_result(&mut out, &spec.source_check(&veth_ends));
     Ok(out)
 }
 
@@ -344,6 +313,7 @@ async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
         host_nl,
         node,
         key,
+        ..
     } = cx;
     // The gateway records live in the node's pin directory, which `del_pod` removes with
     // the node's last attachment: they are released first, as DEL does.

@@ -8,11 +8,16 @@ use ipnetwork::IpNetwork;
 
 use crate::{
     bandwidth::Limits,
-    bpf::{self, AttachmentKey, BpfError, Hook, MasqSpec, PodEndpoint, PodSpec, SourceCheck},
-    cni::{code, config::NetConf, env::CniEnv, CniError},
+    bpf::{self, AttachmentKey, BpfError, Hook, LimitSpec, MasqSpec, PodIp, PodSpec, Veth},
+    cni::{
+        code,
+        config::{MasqConf, NetConf},
+        env::CniEnv,
+        CniError,
+    },
     netlink::{Link, Netlink},
     netns::Netns,
-    portmap::{PortEntry, PortMapping},
+    portmap::PortMapping,
     source_check::SourceConf,
 };
 
@@ -122,22 +127,25 @@ pub fn key<'a>(conf: &'a NetConf, env: &'a CniEnv) -> AttachmentKey<'a> {
     }
 }
 
-/// One address of the pod's interface: the address, its gateway (from IPAM or the previous
-/// plugin) and the IPv4 gateway the programs answer ARP for, if any.
+/// One address of the pod's interface: the address with its prefix, its gateway (from
+/// IPAM or the previous plugin) and the IPv4 gateway the programs answer ARP for, if any.
 #[derive(Clone, Copy, Debug)]
 pub struct PodAddr {
-    pub ip: IpAddr,
+    pub address: IpNetwork,
     pub gateway: Option<IpAddr>,
     pub gateway4: Option<Ipv4Addr>,
 }
 
-/// What the request asks of one pod's dataplane, validated before anything changes: its
-/// limits, host ports and source check (each capability parses its own part).
+/// The capability arguments of one request (network config, `runtimeConfig`, `CNI_ARGS`),
+/// each parsed once by its capability's module and validated before anything changes:
+/// the typed form of what the request asks of the pod's dataplane.
 #[derive(Debug)]
 pub struct PodConf {
     pub limits: Limits,
     pub port_mappings: Vec<PortMapping>,
     pub sources: SourceConf,
+    /// `ipMasq` (a network setting).
+    pub masq: Option<MasqConf>,
 }
 
 impl PodConf {
@@ -146,116 +154,81 @@ impl PodConf {
             limits: crate::bandwidth::limits(conf)?,
             port_mappings: crate::portmap::mappings(conf)?,
             sources: SourceConf::parse(conf, env)?,
+            masq: conf.masq.clone(),
         })
     }
-}
 
-/// What one pod's dataplane holds: its endpoints, source check, limits, host ports and the
-/// cookie its paced sockets are known by. ADD installs it and CHECK compares the kernel
-/// with it, in both modes, built by this one function from the request's parsed
-/// [`PodConf`] and the pod's veth pair.
-#[derive(Debug)]
-pub struct Wanted {
-    pub endpoints: Vec<PodEndpoint>,
-    pub sources: SourceCheck,
-    pub limits: Option<ebpf_cni_maps::RateLimit>,
-    /// The `unshapedSubnets`/`shapedSubnets` entries (`bandwidth::Limits::subnet_keys`).
-    pub shape_subnets: Vec<crate::bandwidth::SubnetKey>,
-    pub ports: Vec<PortEntry>,
-    pub netns_cookie: u64,
-    pub chained: bool,
-    /// `ipMasq`: see [`Wanted::with_masq`].
-    pub masq: Option<MasqSpec>,
-}
-
-impl Wanted {
-    /// `host` and `pod`: the two ends of the pod's veth pair.
-    pub fn build(
-        pod_conf: &PodConf,
-        host: &Link,
-        pod: &Link,
+    /// What the dataplane of a pod with addresses `addrs` in `pod_ns` holds: one
+    /// description, built once per request before anything changes (ADD), or from the
+    /// result ADD gave (CHECK), in both modes. Its host ports are validated against the
+    /// pod's addresses here (a family the pod has no address of is refused).
+    pub fn pod_spec(
+        &self,
         addrs: &[PodAddr],
         pod_ns: &Netns,
         chained: bool,
-    ) -> Result<Wanted, CniError> {
-        let (Some(host_mac), Some(pod_mac)) = (host.mac, pod.mac) else {
-            return Err(AttachmentError::NoMac {
-                host: host.name.clone(),
-                pod: pod.name.clone(),
-            }
-            .into());
-        };
-        let endpoints = addrs
-            .iter()
-            .map(|a| PodEndpoint {
-                ip: a.ip,
-                host_ifindex: host.index,
-                host_mac,
-                pod_mac,
-                chained,
-                gateway4: a.gateway4,
-                masq: false,
-            })
-            .collect();
+    ) -> Result<PodSpec, CniError> {
+        let ips: Vec<IpAddr> = addrs.iter().map(|a| a.address.ip()).collect();
         let gateways: Vec<(IpAddr, Option<IpAddr>)> =
-            addrs.iter().map(|a| (a.ip, a.gateway)).collect();
-        let ips: Vec<IpAddr> = addrs.iter().map(|a| a.ip).collect();
-        Ok(Wanted {
-            endpoints,
-            sources: pod_conf.sources.for_pod(&ips, pod_mac),
-            limits: pod_conf.limits.to_map_value(),
-            shape_subnets: pod_conf.limits.subnet_keys(),
-            ports: crate::portmap::entries(&pod_conf.port_mappings, &gateways)?,
-            netns_cookie: pacing_cookie(&pod_conf.limits, pod_ns)?,
+            addrs.iter().map(|a| (a.address.ip(), a.gateway)).collect();
+        let networks: Vec<IpNetwork> = addrs.iter().map(|a| a.address).collect();
+        Ok(PodSpec {
             chained,
-            masq: None,
+            addrs: addrs
+                .iter()
+                .map(|a| PodIp {
+                    ip: a.address.ip(),
+                    gateway4: a.gateway4,
+                })
+                .collect(),
+            sources: self.sources.allowed(&ips),
+            limits: LimitSpec {
+                rate: self.limits.to_map_value(),
+                shape_subnets: self.limits.subnet_keys(),
+                netns_cookie: pacing_cookie(&self.limits, pod_ns)?,
+            },
+            // Chained mode refuses `ipMasq` (ADD): the plugin before ebpf-cni masquerades.
+            masq: self
+                .masq
+                .as_ref()
+                .filter(|_| !chained)
+                .map(|m| masq_spec(m, &networks)),
+            ports: crate::portmap::entries(&self.port_mappings, &gateways)?,
         })
     }
+}
 
-    /// The pod masquerades (`ipMasq`): its endpoints carry the flag, and the node gets
-    /// what `masq` lists.
-    pub fn with_masq(mut self, masq: MasqSpec) -> Self {
-        for ep in &mut self.endpoints {
-            ep.masq = true;
-        }
-        self.masq = Some(masq);
-        self
-    }
-
-    /// The description as the dataplane takes it, for the pod behind `host`.
-    pub fn spec<'a>(&'a self, host: &'a Link) -> PodSpec<'a> {
-        PodSpec {
-            host_ifname: &host.name,
-            host_ifindex: host.index,
-            endpoints: &self.endpoints,
-            limits: self.limits,
-            shape_subnets: &self.shape_subnets,
-            ports: &self.ports,
-            chained: self.chained,
-            netns_cookie: self.netns_cookie,
-            masq: self.masq.as_ref(),
-            sources: &self.sources,
-        }
-    }
+/// The two ends of the pod's veth pair, as the dataplane takes them.
+pub fn veth(host: &Link, pod: &Link) -> Result<Veth, AttachmentError> {
+    let (Some(host_mac), Some(pod_mac)) = (host.mac, pod.mac) else {
+        return Err(AttachmentError::NoMac {
+            host: host.name.clone(),
+            pod: pod.name.clone(),
+        });
+    };
+    Ok(Veth {
+        host_name: host.name.clone(),
+        host_ifindex: host.index,
+        host_mac,
+        pod_mac,
+    })
 }
 
 /// What `ipMasq` asks of the node for a pod with addresses `addrs`: the subnets of those
 /// addresses (the pod network's ranges) and `ipMasqExclude` keep the pod's address (what
 /// masqueraded flows leave with is the node's devices' addresses: `node::node_view`).
-/// `None` without `ipMasq`.
-pub fn masq_spec(conf: &NetConf, addrs: &[ipnetwork::IpNetwork]) -> Option<MasqSpec> {
-    let m = conf.masq.as_ref()?;
-    let mut skip: Vec<ipnetwork::IpNetwork> = addrs
+fn masq_spec(m: &MasqConf, addrs: &[IpNetwork]) -> MasqSpec {
+    let mut skip: Vec<IpNetwork> = addrs
         .iter()
-        .map(|a| ipnetwork::IpNetwork::new(a.network(), a.prefix()).expect("prefix is valid"))
+        .map(|a| IpNetwork::new(a.network(), a.prefix()).expect("prefix is valid"))
         .chain(m.exclude.iter().copied())
         .collect();
     skip.sort();
     skip.dedup();
-    Some(MasqSpec {
+    MasqSpec {
         skip,
         ports: m.ports,
-    })
+    }
 }
 
 /// Whether `conf` puts ebpf-cni in chained mode: a config without `ipam` (ebpf-cni cannot
@@ -267,7 +240,7 @@ pub fn is_chained(conf: &NetConf) -> bool {
 
 /// The pod's netns cookie when its egress limit makes its TCP sockets paced (the pacing
 /// map's key), else 0: reading it costs a thread, which pods without limits are spared.
-pub fn pacing_cookie(limits: &Limits, pod_ns: &Netns) -> Result<u64, CniError> {
+fn pacing_cookie(limits: &Limits, pod_ns: &Netns) -> Result<u64, CniError> {
     if bpf::pacing_rate(limits.to_map_value()).is_none() || !bpf::kernel::has_netns_cookie() {
         return Ok(0);
     }

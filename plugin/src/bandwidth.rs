@@ -325,7 +325,7 @@ fn subnets_of(
 /// rates come from the runtime.
 pub fn limits(conf: &NetConf) -> Result<Limits, BandwidthError> {
     let obj = conf.raw.as_object().expect("configs are objects");
-    let runtime = match &conf.runtime.bandwidth {
+    let runtime = match conf.runtime.capability("bandwidth") {
         None => None,
         Some(Value::Object(m)) => Some(m),
         Some(other) => return Err(BandwidthError::NotAnObject(other.clone())),

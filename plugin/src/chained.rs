@@ -12,11 +12,12 @@
 
 use std::net::IpAddr;
 
+use ipnetwork::IpNetwork;
 use serde_json::Value;
 
 use crate::{
-    attachment::{PodAddr, PodConf, Wanted},
-    bpf::{self, AttachMode, Hook, NodeId},
+    attachment::{PodAddr, PodConf},
+    bpf::{self, AttachMode, Hook, NodeId, PodSpec, Veth},
     cni::{code, config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     netlink::{Link, Netlink},
     netns::Netns,
@@ -72,30 +73,25 @@ struct ChainedPod {
     host: Link,
     container: Link,
     /// Each address of the pod's interface with its gateway.
-    addrs: Vec<(IpAddr, Option<IpAddr>)>,
+    addrs: Vec<(IpNetwork, Option<IpAddr>)>,
 }
 
 impl ChainedPod {
-    /// What the pod's dataplane holds in chained mode, for ADD and CHECK alike.
-    fn wanted(&self, pod_conf: &PodConf) -> Result<Wanted, CniError> {
+    /// What the pod's dataplane holds in chained mode, and its veth, for ADD and CHECK
+    /// alike.
+    fn spec(&self, pod_conf: &PodConf) -> Result<(PodSpec, Veth), CniError> {
         let addrs: Vec<PodAddr> = self
             .addrs
             .iter()
-            .map(|&(ip, gateway)| PodAddr {
-                ip,
+            .map(|&(address, gateway)| PodAddr {
+                address,
                 gateway,
                 // The previous plugin answers ARP for its gateway.
                 gateway4: None,
             })
             .collect();
-        Wanted::build(
-            pod_conf,
-            &self.host,
-            &self.container,
-            &addrs,
-            &self.ns,
-            true,
-        )
+        let spec = pod_conf.pod_spec(&addrs, &self.ns, true)?;
+        Ok((spec, crate::attachment::veth(&self.host, &self.container)?))
     }
 
     fn gateways(&self) -> Vec<IpAddr> {
@@ -136,11 +132,11 @@ async fn find_pod(
                 sandbox: sandbox.clone(),
             })
         })?;
-    let addrs: Vec<(IpAddr, Option<IpAddr>)> = prev
+    let addrs: Vec<(IpNetwork, Option<IpAddr>)> = prev
         .ips
         .iter()
         .filter(|ip| ip.interface.is_none_or(|i| i == cont_idx))
-        .map(|ip| (ip.address.ip(), ip.gateway))
+        .map(|ip| (ip.address, ip.gateway))
         .collect();
     if addrs.is_empty() {
         return Err(fail(PodProblem::NoAddress { ifname: ifname() }).into());
@@ -203,16 +199,16 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     bpf::ensure_bpffs()?;
     let node = NodeId::current()?;
     let key = crate::attachment::key(conf, env);
-    let ips: Vec<IpAddr> = pod.addrs.iter().map(|(ip, _)| *ip).collect();
-    bpf::ensure_addresses_free(&node, &key, &ips)?;
-    let wanted = pod.wanted(&pod_conf)?;
+    let (spec, veth) = pod.spec(&pod_conf)?;
+    bpf::ensure_addresses_free(&node, &key, &spec.ips())?;
     let view = crate::node::node_view(&host_nl, conf, &pod.gateways()).await?;
-    crate::portmap::warn_taken_listeners(&wanted.ports, &view.addrs);
+    crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(
         &node,
         &key,
-        &wanted.spec(&pod.host),
+        &spec,
+        &veth,
         &view,
         crate::node::attach_modes(conf, true).pod,
     )?;
@@ -229,7 +225,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     if let Some(obj) = out.as_object_mut() {
         obj.insert("cniVersion".into(), Value::from(conf.cni_version.as_str()));
     }
-    crate::source_check::add_to_result(&mut out, &wanted.sources);
+    crate::source_check::add_to_result(&mut out, &spec.source_check(&veth));
     Ok(out)
 }
 
@@ -248,10 +244,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
     let node = NodeId::current()?;
     let key = crate::attachment::key(conf, env);
     let mode = crate::node::attach_modes(conf, true).pod;
-    let wanted = pod.wanted(&PodConf::parse(conf, env)?)?;
-    crate::source_check::check_result(prev_raw, &wanted.sources)?;
-    bpf::check_pod(&node, &key, &wanted.spec(&pod.host), mode)
-        .map_err(crate::attachment::dataplane_failed)?;
+    let (spec, veth) = pod.spec(&PodConf::parse(conf, env)?)?;
+    crate::source_check::check_result(prev_raw, &spec.source_check(&veth))?;
+    bpf::check_pod(&node, &key, &spec, &veth, mode).map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
         crate::attachment::netlink_filters(&host_nl, &pod.host, Hook::pod(true)).await?;
     }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::{
-    attachment::{CheckError, PodAddr, PodConf, Wanted},
+    attachment::{CheckError, PodAddr, PodConf},
     bpf::{self, AttachMode, Hook, NodeId},
     cni::{config::NetConf, env::CniEnv, types::SuccessResult, CniError},
     ipam::backend::Ipam,
@@ -180,29 +180,18 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     let addrs: Vec<PodAddr> = ips
         .iter()
         .map(|i| PodAddr {
-            ip: i.address.ip(),
+            address: i.address,
             gateway: i.gateway,
             gateway4: gateway4(i),
         })
         .collect();
-    let mut wanted = Wanted::build(
-        &PodConf::parse(conf, env)?,
-        &host,
-        &cont,
-        &addrs,
-        &pod_ns,
-        false,
-    )?;
-    let networks: Vec<IpNetwork> = ips.iter().map(|i| i.address).collect();
-    if let Some(masq) = crate::attachment::masq_spec(conf, &networks) {
-        wanted = wanted.with_masq(masq);
-    }
+    let spec = PodConf::parse(conf, env)?.pod_spec(&addrs, &pod_ns, false)?;
+    let veth = crate::attachment::veth(&host, &cont)?;
     if let Some(prev) = &conf.prev_result {
-        crate::source_check::check_result(prev, &wanted.sources)?;
+        crate::source_check::check_result(prev, &spec.source_check(&veth))?;
     }
     let mode = crate::node::attach_modes(conf, false).pod;
-    bpf::check_pod(&node, &key, &wanted.spec(&host), mode)
-        .map_err(crate::attachment::dataplane_failed)?;
+    bpf::check_pod(&node, &key, &spec, &veth, mode).map_err(crate::attachment::dataplane_failed)?;
     if mode == AttachMode::Netlink {
         crate::attachment::netlink_filters(&host_nl, &host, Hook::pod(false)).await?;
     }

@@ -199,7 +199,7 @@ fn port(
 /// Parses `runtimeConfig.portMappings` (absent or null: none). Identical entries are merged;
 /// two entries claiming one host port with different targets are refused.
 pub fn mappings(conf: &NetConf) -> Result<Vec<PortMapping>, PortmapError> {
-    let Some(v) = &conf.runtime.port_mappings else {
+    let Some(v) = conf.runtime.capability("portMappings") else {
         return Ok(Vec::new());
     };
     let list = v

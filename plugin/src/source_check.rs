@@ -127,7 +127,7 @@ impl SourceConf {
             Some(v) => prefix_list(v, ALLOWED_PREFIXES_KEY)?,
             None => Vec::new(),
         };
-        if let Some(v) = &conf.runtime.allowed_source_prefixes {
+        if let Some(v) = conf.runtime.capability(ALLOWED_PREFIXES_KEY) {
             extra.extend(prefix_list(
                 v,
                 &format!("runtimeConfig.{ALLOWED_PREFIXES_KEY}"),
@@ -146,10 +146,11 @@ impl SourceConf {
         Ok(Self { on, extra })
     }
 
-    /// The check of a pod with addresses `addrs` and interface MAC `mac`.
-    pub fn for_pod(&self, addrs: &[IpAddr], mac: [u8; 6]) -> SourceCheck {
+    /// What a pod with addresses `addrs` may send from: `None` when the check is off, else
+    /// its own addresses and the extra prefixes, sorted, without duplicates.
+    pub fn allowed(&self, addrs: &[IpAddr]) -> Option<Vec<IpNetwork>> {
         if !self.on {
-            return SourceCheck::Off;
+            return None;
         }
         let mut allowed: Vec<IpNetwork> = addrs
             .iter()
@@ -158,7 +159,7 @@ impl SourceConf {
             .collect();
         allowed.sort();
         allowed.dedup();
-        SourceCheck::On { mac, allowed }
+        Some(allowed)
     }
 }
 
@@ -213,6 +214,24 @@ mod tests {
         }
     }
 
+    /// The check of a pod with addresses `addrs` and interface MAC `mac`, as ADD makes it.
+    fn check_of(c: &SourceConf, addrs: &[IpAddr], mac: [u8; 6]) -> SourceCheck {
+        crate::bpf::PodSpec {
+            chained: false,
+            addrs: Vec::new(),
+            sources: c.allowed(addrs),
+            limits: Default::default(),
+            masq: None,
+            ports: Vec::new(),
+        }
+        .source_check(&crate::bpf::Veth {
+            host_name: "h".into(),
+            host_ifindex: 1,
+            host_mac: [0; 6],
+            pod_mac: mac,
+        })
+    }
+
     fn parse(conf: Value, args: &str) -> Result<SourceConf, SourceCheckError> {
         let mut base = json!({"cniVersion": "1.0.0", "name": "n"});
         for (k, v) in conf.as_object().unwrap() {
@@ -225,7 +244,8 @@ mod tests {
     fn on_by_default_with_the_pods_own_addresses() {
         let c = parse(json!({}), "").unwrap();
         assert_eq!(c, SourceConf::default());
-        let check = c.for_pod(
+        let check = check_of(
+            &c,
             &["10.88.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
             [2, 0, 0, 0, 0, 5],
         );
@@ -275,7 +295,7 @@ mod tests {
             "",
         )
         .unwrap();
-        let check = c.for_pod(&["10.88.0.5".parse().unwrap()], [2, 0, 0, 0, 0, 5]);
+        let check = check_of(&c, &["10.88.0.5".parse().unwrap()], [2, 0, 0, 0, 0, 5]);
         assert_eq!(check, SourceCheck::Off);
         assert_eq!(result_value(&check), json!({"enabled": false}));
     }
@@ -318,7 +338,11 @@ mod tests {
 
     #[test]
     fn check_compares_a_result_that_carries_the_check() {
-        let check = SourceConf::default().for_pod(&["10.88.0.5".parse().unwrap()], [2; 6]);
+        let check = check_of(
+            &SourceConf::default(),
+            &["10.88.0.5".parse().unwrap()],
+            [2; 6],
+        );
         let mut result = json!({"cniVersion": "1.0.0"});
         assert!(check_result(&result, &check).is_ok(), "nothing to compare");
         add_to_result(&mut result, &check);

@@ -391,7 +391,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
                 Some(ShapeSubnetsReport { rule, subnets })
             }),
             source_check: SourceCheckReport::of(host_ifindex.and_then(|i| sources.get(&i)), || {
-                super::pod::source_record(&pins)
+                super::capability::source_record(&pins)
             }),
             network: dir.network,
             container_id: dir.container_id,

@@ -9,6 +9,7 @@
 //! A process-wide lock (flock on the layout directory) serialises these steps between
 //! concurrent plugin runs; it is held for milliseconds.
 
+mod capability;
 mod cgroup;
 mod converge;
 mod cookie;
@@ -32,6 +33,7 @@ mod sys;
 mod trace;
 mod tree;
 
+pub use capability::{endpoints, pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
 pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
@@ -47,10 +49,7 @@ use maps::ports;
 pub use maps::{PodEndpoint, PodSources, SourceCheck};
 pub use masq::{MasqReport, MasqSourceReport, MasqSpec};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
-pub use pod::{
-    add_pod, check_pod, del_pod, ensure_addresses_free, pacing_rate, sweep_masq, sweep_sources,
-    PodSpec,
-};
+pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, sweep_masq, sweep_sources};
 pub use programs::{part_modes, programs_embedded, revision};
 pub use purge::{purge, users, NodeUsers, Purge};
 pub use survey::{readiness, Unready};
@@ -151,16 +150,18 @@ mod tests {
             &node,
             &key,
             &PodSpec {
-                host_ifname: "veth0",
-                host_ifindex: 1,
-                endpoints: &[],
-                limits: None,
-                shape_subnets: &[],
-                ports: &[],
                 chained: false,
-                netns_cookie: 0,
+                addrs: Vec::new(),
+                sources: None,
+                limits: LimitSpec::default(),
                 masq: None,
-                sources: &SourceCheck::Off,
+                ports: Vec::new(),
+            },
+            &Veth {
+                host_name: "veth0".into(),
+                host_ifindex: 1,
+                host_mac: [0; 6],
+                pod_mac: [0; 6],
             },
             &NodeView {
                 devices: Vec::new(),

@@ -189,15 +189,16 @@ pub enum TcAttachMode {
     Netlink,
 }
 
+/// `runtimeConfig`: the keys the protocol layer reads (`mac`, `ips`) parsed; the
+/// dataplane capabilities' (`portMappings`, `bandwidth`, `allowedSourcePrefixes`, ...) are
+/// each parsed once by its capability's module (see `attachment::PodConf`), which looks its
+/// key up with [`RuntimeConfig::capability`].
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeConfig {
     pub mac: Option<String>,
     pub ips: Vec<IpAddr>,
-    pub ip_ranges: Option<Value>,
-    pub port_mappings: Option<Value>,
-    pub bandwidth: Option<Value>,
-    /// The `allowedSourcePrefixes` capability (see `source_check`).
-    pub allowed_source_prefixes: Option<Value>,
+    /// The whole object, for [`RuntimeConfig::capability`].
+    raw: Map<String, Value>,
 }
 
 /// Case-insensitive key lookup, for the two spellings real runtimes send.
@@ -415,15 +416,17 @@ impl RuntimeConfig {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => parse_ip_list(v, "runtimeConfig.ips")?,
         };
-        let non_null = |k: &str| get_ci(m, k).filter(|v| !v.is_null()).cloned();
         Ok(RuntimeConfig {
             mac,
             ips,
-            ip_ranges: non_null("ipRanges"),
-            port_mappings: non_null("portMappings"),
-            bandwidth: non_null("bandwidth"),
-            allowed_source_prefixes: non_null("allowedSourcePrefixes"),
+            raw: m.clone(),
         })
+    }
+
+    /// The value of capability `key` (CONVENTIONS.md), in either spelling runtimes send
+    /// (containerd capitalizes); `None` when absent or null.
+    pub fn capability(&self, key: &str) -> Option<&Value> {
+        get_ci(&self.raw, key).filter(|v| !v.is_null())
     }
 }
 
@@ -542,12 +545,12 @@ mod tests {
         let camel = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"portMappings":[{"hostPort":8080}],"mac":"02:00:00:00:00:05","ips":["10.1.0.9/24"]}})).unwrap();
         let caps = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"PortMappings":[{"HostPort":8080}],"Mac":"02:00:00:00:00:05","IPs":["10.1.0.9"]}})).unwrap();
         for c in [camel, caps] {
-            assert!(c.runtime.port_mappings.is_some());
+            assert!(c.runtime.capability("portMappings").is_some());
             assert_eq!(c.runtime.mac.as_deref(), Some("02:00:00:00:00:05"));
             assert_eq!(c.runtime.ips, vec!["10.1.0.9".parse::<IpAddr>().unwrap()]);
         }
         let c = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"bandwidth":{"IngressRate":1000000,"IngressBurst":4294967295u64}}})).unwrap();
-        assert!(c.runtime.bandwidth.is_some());
+        assert!(c.runtime.capability("bandwidth").is_some());
     }
 
     #[test]

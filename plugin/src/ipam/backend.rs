@@ -96,7 +96,7 @@ impl Ipam {
             return Ok(None);
         };
         if kind == "host-local" {
-            let c = HostLocalConfig::parse(ipam, conf.runtime.ip_ranges.as_ref())?;
+            let c = HostLocalConfig::parse(ipam, conf.runtime.capability("ipRanges"))?;
             Ok(Some(Ipam::HostLocal(c)))
         } else {
             Ok(Some(Ipam::Delegated {

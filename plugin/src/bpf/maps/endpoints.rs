@@ -122,23 +122,21 @@ impl Maps {
             .collect()
     }
 
-    /// Whether any pod on the node masquerades.
-    pub fn any_masq(&self) -> bool {
+    /// Whether any pod on the node but attachment `except` masquerades.
+    pub fn any_masq_besides(&self, except: u64) -> bool {
         self.endpoints
             .iter()
             .filter_map(Result::ok)
-            .any(|(_, v)| v.flags & ebpf_cni_maps::EP_FLAG_MASQ != 0)
+            .any(|(_, v)| v.flags & ebpf_cni_maps::EP_FLAG_MASQ != 0 && v.attachment_id != except)
     }
 
     pub fn endpoint_count(&self) -> usize {
         self.endpoints.keys().filter_map(Result::ok).count()
     }
 
-    /// Removes an attachment's entries, source check and counters; returns how many
-    /// entries went.
-    /// Entries already gone are fine (a concurrent or repeated DEL).
-    pub fn remove_attachment(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
-        let sources = self.remove_sources(attachment_id)?;
+    /// Removes an attachment's entries and the counters of its host veth; returns how
+    /// many entries went. Entries already gone are fine (a concurrent or repeated DEL).
+    pub fn remove_endpoints(&mut self, attachment_id: u64) -> Result<usize, BpfError> {
         let entries = self.entries_of(attachment_id);
         let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();
         ifindexes.dedup();
@@ -154,10 +152,7 @@ impl Maps {
                 _ => {}
             }
         }
-        self.remove_pacing(attachment_id)?;
         for ifindex in ifindexes {
-            self.set_limits(ifindex, None)?;
-            self.set_shape_subnets(ifindex, &[])?;
             match self.counters.remove(&ifindex) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(BpfError::MapUpdate {
@@ -169,7 +164,7 @@ impl Maps {
                 _ => {}
             }
         }
-        Ok(entries.len() + sources)
+        Ok(entries.len())
     }
 
     /// CHECK: each address maps to this attachment's host veth and MACs.

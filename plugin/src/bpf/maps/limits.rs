@@ -54,7 +54,7 @@ impl Maps {
 
     /// Removes the attachment's pacing entries, found by their value: DEL may come without
     /// the pod's namespace. The map holds only limited pods, so the scan is short.
-    pub(super) fn remove_pacing(&mut self, attachment_id: u64) -> Result<(), BpfError> {
+    pub fn remove_pacing(&mut self, attachment_id: u64) -> Result<(), BpfError> {
         let Some(map) = self.pacing.as_mut() else {
             return Ok(());
         };

@@ -1,0 +1,59 @@
+//! The source check: what the pod may send from, in the source map, and the attachment's
+//! record of whether it is on (see `maps/sources.rs`).
+
+use super::{
+    spec::{PodSpec, Veth},
+    unit::{Capability, Check, Install, Removal},
+};
+use crate::bpf::{
+    maps::SourceRecord,
+    pin::{create_dir_all_racy, AttachmentPins},
+    BpfError,
+};
+
+pub(super) struct Sources;
+
+/// What the attachment's record says ADD did about its source check.
+pub(in crate::bpf) fn record(pins: &AttachmentPins) -> SourceRecord {
+    if pins.source_check_record(true).exists() {
+        SourceRecord::On
+    } else if pins.source_check_record(false).exists() {
+        SourceRecord::Off
+    } else {
+        SourceRecord::None
+    }
+}
+
+impl Capability for Sources {
+    fn name(&self) -> &'static str {
+        "source check"
+    }
+
+    fn install(&self, pod: &PodSpec, veth: &Veth, cx: &mut Install<'_>) -> Result<(), BpfError> {
+        // Before the programs attach: the pod's first frame is checked. The record says
+        // whether CHECK must find entries (a pod of an older release has neither).
+        create_dir_all_racy(&cx.pins.source_check_record(pod.sources.is_some()))?;
+        cx.maps
+            .install_sources(cx.key.id(), veth.host_ifindex, &pod.source_check(veth))
+    }
+
+    fn check(&self, pod: &PodSpec, veth: &Veth, cx: &Check<'_>) -> Result<(), BpfError> {
+        // A pod attached by a release before the source check has no record and no
+        // entries: it keeps running unchecked until its next ADD, and that is its correct
+        // state.
+        cx.maps.check_sources(
+            cx.key.id(),
+            veth.host_ifindex,
+            &pod.source_check(veth),
+            record(cx.pins),
+        )
+    }
+
+    /// The record goes with the attachment's directory.
+    fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
+        match cx.maps.as_deref_mut() {
+            Some(maps) => Ok(maps.remove_sources(cx.key.id())? > 0),
+            None => Ok(false),
+        }
+    }
+}
