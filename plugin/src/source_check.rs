@@ -217,12 +217,8 @@ mod tests {
     /// The check of a pod with addresses `addrs` and interface MAC `mac`, as ADD makes it.
     fn check_of(c: &SourceConf, addrs: &[IpAddr], mac: [u8; 6]) -> SourceCheck {
         crate::bpf::PodSpec {
-            chained: false,
-            addrs: Vec::new(),
             sources: c.allowed(addrs),
-            limits: Default::default(),
-            masq: None,
-            ports: Vec::new(),
+            ..crate::bpf::PodSpec::bare()
         }
         .source_check(&crate::bpf::Veth {
             host_name: "h".into(),

@@ -33,7 +33,7 @@ mod sys;
 mod trace;
 mod tree;
 
-pub use capability::{endpoints, pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
+pub use capability::{pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
 pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
@@ -149,14 +149,7 @@ mod tests {
         let err = add_pod(
             &node,
             &key,
-            &PodSpec {
-                chained: false,
-                addrs: Vec::new(),
-                sources: None,
-                limits: LimitSpec::default(),
-                masq: None,
-                ports: Vec::new(),
-            },
+            &PodSpec::bare(),
             &Veth {
                 host_name: "veth0".into(),
                 host_ifindex: 1,

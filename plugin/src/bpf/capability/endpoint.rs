@@ -11,7 +11,7 @@ use crate::bpf::{maps::PodEndpoint, BpfError};
 pub(super) struct Endpoint;
 
 /// The endpoint entries of the pod behind `veth`.
-pub fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
+fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
     pod.addrs
         .iter()
         .map(|a| PodEndpoint {

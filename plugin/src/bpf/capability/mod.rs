@@ -15,7 +15,6 @@ mod sources;
 mod spec;
 mod unit;
 
-pub use endpoint::endpoints;
 pub use limits::pacing_rate;
 pub(super) use sources::record as source_record;
 pub use spec::{LimitSpec, PodIp, PodSpec, Veth};
@@ -27,7 +26,7 @@ use super::BpfError;
 /// the reverse order, CHECK compares them in this one. The endpoints come first: the other
 /// parts are keyed by the attachment and its host veth, and a pod whose endpoint entries
 /// are gone is gone for the programs.
-pub(super) const CAPABILITIES: [&dyn Capability; 5] = [
+pub(super) const CAPABILITIES: &[&dyn Capability] = &[
     &endpoint::Endpoint,
     &sources::Sources,
     &limits::Limits,

@@ -64,6 +64,19 @@ pub struct Veth {
 }
 
 impl PodSpec {
+    /// A pod with no address and nothing asked of any capability, for tests.
+    #[cfg(test)]
+    pub fn bare() -> Self {
+        Self {
+            chained: false,
+            addrs: Vec::new(),
+            sources: None,
+            limits: LimitSpec::default(),
+            masq: None,
+            ports: Vec::new(),
+        }
+    }
+
     /// The source check as the map holds it, for the pod behind `veth`.
     pub fn source_check(&self, veth: &Veth) -> SourceCheck {
         match &self.sources {
