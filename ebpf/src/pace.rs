@@ -7,7 +7,7 @@
 //! program, attached to the cgroup v2 root, sets it on every TCP socket of a limited pod's
 //! network namespace when the connection is made or accepted, at 1448/1514 (about 95.6%) of
 //! the policer's rate, the payload share of a full frame (see `pacing_rate` in the plugin's
-//! `bpf/pod.rs`). The policer stays for everything else (UDP, sockets opened before the
+//! `bpf/capability/limits.rs`). The policer stays for everything else (UDP, sockets opened before the
 //! limit).
 
 use aya_ebpf::{
