@@ -64,6 +64,13 @@ impl Node {
         let data_dir = scratch.path().join("ipam");
         std::fs::create_dir(&data_dir).context("creating dataDir")?;
         let pin_root = pin_root_for(netns.inode());
+        // No plugin ran in a namespace just made: pins under its inode are a dead
+        // namespace's whose inode the kernel gave out again (a killed run's, or a
+        // benchmark's that left them), and would pass for this node's.
+        if pin_root.exists() {
+            crate::fsutil::remove_tree(&pin_root)
+                .with_context(|| format!("removing stale pins at {}", pin_root.display()))?;
+        }
         Ok(Self {
             netns,
             scratch,

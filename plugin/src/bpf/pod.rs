@@ -145,6 +145,12 @@ pub fn add_pod(
     } else {
         None
     };
+    if mode == AttachMode::Netlink {
+        // A filter whose record was not written yet has none to be found by.
+        for hook in Hook::pod(pod.chained) {
+            links::detach_netlink(hook, &veth.host_name);
+        }
+    }
     let placed = Placed {
         host_ifindex: veth.host_ifindex,
         ips: pod.ips(),
