@@ -245,8 +245,8 @@ pub fn ensure_addresses_free(
     }
 }
 
-/// Detaches a pod: its links (unpinning detaches them) and its endpoint entries and
-/// counters. Idempotent: `Ok(false)` when nothing was there. The last pod of a node takes
+/// Detaches a pod: each capability's part and its links (see [`remove_attachment`]), found
+/// from the pins and the endpoint entries alone. Idempotent: `Ok(false)` when nothing was there. The last pod of a node takes
 /// the node's device links, programs and maps with it. Every step is tried, past the
 /// failures of the others; the failures are logged and returned together (see
 /// [`collect`]), and the node stays while any is left.
