@@ -945,8 +945,18 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
             let mut rest = Vec::new();
             first.read_to_end(&mut rest).unwrap();
             drop(first);
-            std::thread::sleep(Duration::from_millis(50));
-            let mut again = connect_from_33333().expect("the connection on the same 4-tuple");
+            // Until the server's last ACK reaches the pod, its socket holds the 4-tuple
+            // (LAST_ACK) and connect says EADDRNOTAVAIL: slow guests take a while.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut again = loop {
+                std::thread::sleep(Duration::from_millis(50));
+                match connect_from_33333() {
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
+                            && std::time::Instant::now() < deadline => {}
+                    r => break r.expect("the connection on the same 4-tuple"),
+                }
+            };
             echo(&mut again, b'a').unwrap();
             again
         })
