@@ -75,6 +75,25 @@ pub struct BenchArgs {
     pub guest_output: Option<PathBuf>,
 }
 
+/// Builds the kernel floor's program (`bench/floor`) in release, as a plugin is: this
+/// crate's own binary is a debug build, and much larger. Returns its path.
+fn build_floor() -> Result<PathBuf> {
+    let mut c = xtask::cmd::cargo();
+    c.current_dir(xtask::build::workspace_root()).args([
+        "build",
+        "--quiet",
+        "--release",
+        "--package",
+        "ebpf-cni-floor",
+    ]);
+    xtask::cmd::run(&mut c)?;
+    let path = xtask::build::target_dir()?.join("release/ebpf-cni-floor");
+    if !path.is_file() {
+        bail!("{} was not built", path.display());
+    }
+    Ok(path)
+}
+
 /// The task's name in messages (root check, the report's command line).
 const TASK: &str = "cargo xtask bench";
 /// Where the plugin is staged when the bench builds it (see [`xtask::prepare`]).
@@ -133,6 +152,13 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             .collect();
         command.push_str(&format!(" --only {}", names.join(",")));
     }
+    let floor = match build_floor() {
+        Ok(path) => Some(path),
+        Err(e) => {
+            progress(&format!("the kernel floor is not measured: {e:#}"));
+            None
+        }
+    };
     let machine = rig::machine::collect(&plugin);
     progress(&format!(
         "{} run, plugin {}, report to {}",
@@ -143,6 +169,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let plan = Plan {
         params: &params,
         plugin: &plugin,
+        floor: floor.as_deref(),
         only: &args.only,
         bandwidth_kernel: bandwidth_kernel.as_deref(),
     };

@@ -160,6 +160,17 @@ pub enum Metric {
     DelP95,
     FirstAdd,
     LaterAdds,
+    /// The kernel floor of ADD (`bench/floor`): the same kernel work alone, run as a plugin
+    /// process is, alternating with ebpf-cni's ADDs (ebpf-cni's column).
+    FloorAdd,
+    /// The same, timed inside the floor's process (no fork, exec or process start).
+    FloorAddInProcess,
+    /// ebpf-cni's ADD p50 over its kernel floor's, per repeat.
+    AddOverFloor,
+    /// The kernel floor of DEL: the map entries and the veth deleted, nothing else.
+    FloorDel,
+    /// ebpf-cni's DEL p50 over its kernel floor's, per repeat.
+    DelOverFloor,
     /// CPU time of one ADD, in the resources table.
     AddCpu,
     /// The same, in the dual-stack table (named in full there).
@@ -263,6 +274,13 @@ impl Metric {
             DelP95 => "DEL p95".into(),
             FirstAdd => "first ADD on a fresh node".into(),
             LaterAdds => "later ADDs (p50)".into(),
+            FloorAdd => "kernel floor of ADD: its kernel work alone, as a process, p50".into(),
+            FloorAddInProcess => {
+                "kernel floor of ADD, timed inside its process (no exec), p50".into()
+            }
+            AddOverFloor => "ADD p50 / kernel floor of ADD p50".into(),
+            FloorDel => "kernel floor of DEL: the map entries and the veth deleted, p50".into(),
+            DelOverFloor => "DEL p50 / kernel floor of DEL p50".into(),
             AddCpu => "CPU time (user+sys), p50".into(),
             AddCpuDualStack => "CPU time of one ADD (user+sys), p50".into(),
             AddPeakRss => "peak RSS, p50".into(),
@@ -363,6 +381,8 @@ impl Metric {
         match self {
             AddCpu => "CPU time of one ADD, p50".into(),
             AddPeakRss => "peak RSS of one ADD, p50".into(),
+            AddOverFloor => "ADD p50 as a multiple of its kernel floor".into(),
+            DelOverFloor => "DEL p50 as a multiple of its kernel floor".into(),
             ConcurrentAdds { concurrent } => format!("{concurrent} concurrent ADDs, wall time"),
             Throughput(p) => format!("TCP throughput {}", p.label()),
             PodToPodOfVeth => "pod → pod as % of plain veth".into(),
@@ -388,6 +408,9 @@ impl Metric {
             | DelP95
             | FirstAdd
             | LaterAdds
+            | FloorAdd
+            | FloorAddInProcess
+            | FloorDel
             | AddCpu
             | AddCpuDualStack
             | PluginAdd { .. }
@@ -402,6 +425,7 @@ impl Metric {
             | StatusConverging { .. }
             | AgentFollows { .. } => "ms",
             AddPeakRss | AgentRss => "MiB",
+            AddOverFloor | DelOverFloor => "×",
             DistinctAddresses | FailedOperations => "",
             Throughput(_) | MasqThroughput => "Gbit/s",
             PodToPodOfVeth | FlowsHeldShare { .. } => "%",

@@ -39,6 +39,8 @@ pub struct Run {
 pub struct Plan<'a> {
     pub params: &'a Params,
     pub plugin: &'a Path,
+    /// The kernel floor's binary (see `bench/floor`), if built.
+    pub floor: Option<&'a Path>,
     /// Sections to run; empty: all.
     pub only: &'a [Section],
     /// The kernel of the guest the bandwidth section runs in; `None`: on this machine.
@@ -53,6 +55,7 @@ impl Run {
         let params = plan.params;
         let bins = Binaries {
             ebpf_cni: plan.plugin.to_path_buf(),
+            floor: plan.floor.map(Path::to_path_buf),
         };
         let mut run = Run {
             machine,

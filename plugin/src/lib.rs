@@ -41,10 +41,20 @@ use cni::{code, config, env::Command, CniError};
 use serde_json::Value;
 
 pub fn run() -> i32 {
+    let started = std::time::Instant::now();
     logging::init();
     bpf::kernel::lift_memlock_limit();
     match std::env::var("CNI_COMMAND") {
-        Ok(cmd) if !cmd.is_empty() => cni_main(&cmd),
+        Ok(cmd) if !cmd.is_empty() => {
+            let code = cni_main(&cmd);
+            // What the process spent between its `main` and its exit (the step timings of
+            // ADD are relative to their own start).
+            log::debug!(
+                "{cmd} done in {:.1} ms after main",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            code
+        }
         _ => cli::main(),
     }
 }

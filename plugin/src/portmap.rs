@@ -384,20 +384,38 @@ fn parse_proc_net(text: &str, protocol: Protocol) -> Vec<Listener> {
         .collect()
 }
 
-/// The node's listeners (the calling thread's network namespace); a table that cannot be
-/// read is skipped (SCTP is not listed).
-pub fn node_listeners() -> Vec<Listener> {
+/// The node's listeners of `protocols` (the calling thread's network namespace), asked of
+/// the kernel over sock_diag (see `netlink::sockets::listeners`); a table the kernel cannot
+/// dump (no diag module) is read from `/proc/net` instead, and one that cannot be read
+/// either is skipped (SCTP is not listed).
+pub fn node_listeners(protocols: &[Protocol]) -> Vec<Listener> {
     let mut out = Vec::new();
-    for (table, protocol) in [
-        ("tcp", Protocol::Tcp),
-        ("tcp6", Protocol::Tcp),
-        ("udp", Protocol::Udp),
-        ("udp6", Protocol::Udp),
+    for (table, protocol, family) in [
+        ("tcp", Protocol::Tcp, libc::AF_INET),
+        ("tcp6", Protocol::Tcp, libc::AF_INET6),
+        ("udp", Protocol::Udp, libc::AF_INET),
+        ("udp6", Protocol::Udp, libc::AF_INET6),
     ] {
-        let path = format!("/proc/thread-self/net/{table}");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => out.extend(parse_proc_net(&text, protocol)),
-            Err(e) => log::debug!("not checking the node's listeners in {path}: {e}"),
+        if !protocols.contains(&protocol) {
+            continue;
+        }
+        match crate::netlink::sockets::listeners(protocol.number(), family as u8) {
+            Ok(found) => out.extend(found.into_iter().map(|(addr, port)| Listener {
+                addr: match addr {
+                    IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+                    v4 => v4,
+                },
+                port,
+                protocol,
+            })),
+            Err(e) => {
+                log::debug!("listing the node's {table} listeners over sock_diag: {e}");
+                let path = format!("/proc/thread-self/net/{table}");
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => out.extend(parse_proc_net(&text, protocol)),
+                    Err(e) => log::debug!("not checking the node's listeners in {path}: {e}"),
+                }
+            }
         }
     }
     out.sort();
@@ -459,7 +477,10 @@ pub fn warn_taken_listeners(entries: &[PortEntry], node_addrs: &[IpAddr]) {
     if entries.is_empty() {
         return;
     }
-    for line in taken_listeners(entries, &node_listeners(), node_addrs) {
+    let mut protocols: Vec<Protocol> = entries.iter().map(|e| e.protocol).collect();
+    protocols.sort();
+    protocols.dedup();
+    for line in taken_listeners(entries, &node_listeners(&protocols), node_addrs) {
         crate::logging::warn_operator(&line);
     }
 }

@@ -31,8 +31,10 @@ pub fn headline(run: &Run) -> Table {
     let pod_to_pod = PathKind::PodToPod;
     let mut rows: Vec<Option<Row>> = vec![
         pick(l.map(|l| &l.latency), Metric::AddP50),
+        pick(l.map(|l| &l.latency), Metric::AddOverFloor),
         pick(l.map(|l| &l.latency), Metric::CheckP50),
         pick(l.map(|l| &l.latency), Metric::DelP50),
+        pick(l.map(|l| &l.latency), Metric::DelOverFloor),
         pick(l.map(|l| &l.cost), Metric::AddCpu),
         pick(l.map(|l| &l.cost), Metric::AddPeakRss),
         pick(

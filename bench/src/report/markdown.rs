@@ -58,7 +58,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
 
     s.push_str(&md_table(&headline(run), "##"));
 
-    let _ = writeln!(s, "## Targets (issue 6, with issues 3–5 and 18)\n");
+    let _ = writeln!(s, "## Targets (issue 6, with issues 3–5, 18, 24 and 26)\n");
     let _ = writeln!(s, "| goal | issue | ebpf-cni | reference chain | status |");
     let _ = writeln!(s, "|---|---|---|---|---|");
     for t in targets(run) {

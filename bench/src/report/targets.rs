@@ -1,4 +1,4 @@
-//! The targets of issues 3–6 and 18: each goal with ebpf-cni's and the reference chain's
+//! The targets of issues 3–6, 18, 24 and 26: each goal with ebpf-cni's and the reference chain's
 //! figure and whether the goal is met.
 
 use crate::format::{short_num, thousands};
@@ -94,6 +94,43 @@ pub fn targets(run: &Run) -> Vec<Target> {
             },
         });
     }
+
+    let floor = median_of(lat, &Metric::AddOverFloor, Subject::EbpfCni);
+    out.push(Target {
+        goal: "ADD p50 ≤ 1.3× its kernel floor (the same kernel work alone, measured alternately)",
+        source: "26",
+        ebpf: floor.as_ref().map_or_else(
+            |w| w.clone(),
+            |v| {
+                let of = median_of(lat, &Metric::FloorAdd, Subject::EbpfCni)
+                    .map(|f| format!(" (floor {} ms)", short_num(f)))
+                    .unwrap_or_default();
+                format!("{v:.2}×{of}")
+            },
+        ),
+        reference: "—".into(),
+        status: match floor {
+            Ok(v) => status(v <= 1.3),
+            Err(_) => not_yet(),
+        },
+    });
+    let cost = run.lifecycle.as_ref().map(|l| &l.cost);
+    let e = median_of(cost, &Metric::AddPeakRss, Subject::EbpfCni);
+    let r = median_of(cost, &Metric::AddPeakRss, Subject::Reference);
+    out.push(Target {
+        goal: "peak RSS of one ADD ≤ the reference chain's",
+        source: "26",
+        ebpf: e
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} MiB", short_num(*v))),
+        reference: r
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} MiB", short_num(*v))),
+        status: match (&e, &r) {
+            (Ok(e), Ok(r)) => status(e <= r),
+            (Err(_), _) | (_, Err(_)) => not_yet(),
+        },
+    });
 
     let tput = run.traffic.as_ref().map(|t| &t.throughput);
     let pct = |s| median_of(tput, &Metric::PodToPodOfVeth, s);

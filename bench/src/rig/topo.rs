@@ -46,6 +46,9 @@ pub enum Stack {
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub ebpf_cni: PathBuf,
+    /// The kernel floor of ADD and DEL (`bench/floor`, built in release by the run); `None`
+    /// where the run has none (the bandwidth section's guest).
+    pub floor: Option<PathBuf>,
 }
 
 /// What happens to pod traffic leaving the pod network.

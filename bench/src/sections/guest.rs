@@ -112,6 +112,7 @@ pub fn serve(params: &Params, plugin: &Path, file: &Path) -> Result<()> {
     params.bw_rates = guest_rates(&params).0;
     let bins = Binaries {
         ebpf_cni: plugin.to_path_buf(),
+        floor: None,
     };
     let out = bandwidth::run(&params, &bins);
     let json = serde_json::to_string(&out)?;

@@ -4,20 +4,28 @@
 //!
 //! Each repeat builds one fresh node per CNI subject and interleaves them pod by pod
 //! (reference pod i, ebpf-cni pod i, reference pod i+1, …), so machine noise hits both.
+//! The IPv4 repeats also build a node for ebpf-cni's kernel floor (`bench/floor`: the
+//! kernel work of one ADD alone, on ebpf-cni's programs and maps loaded by a first ebpf-cni
+//! pod there), whose pods come right after ebpf-cni's (… ebpf-cni pod i, floor pod i, …),
+//! and whose DELs right after ebpf-cni's: ADD and DEL are reported as multiples of it.
 //! Every pod carries one hostPort and a bandwidth limit in `runtimeConfig`; all pods of a
 //! repeat exist at once (ADD all, CHECK all, DEL all).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, ensure, Context as _, Result};
+use ebpf_cni_tests::Netns;
 
 use crate::log::progress;
 use crate::metric::Metric;
 use crate::model::{Cell, Repeats, Subject, Table};
 use crate::params::Params;
-use crate::rig::exec::OpCost;
+use crate::rig::exec::{self, OpCost};
 use crate::rig::topo::{self, BenchNode, Binaries, Pod, Stack};
 use crate::stats::{median, percentile};
 
@@ -25,6 +33,7 @@ use crate::stats::{median, percentile};
 const POD_RATE_BPS: u64 = 100_000_000;
 const FIRST_HOST_PORT: u16 = 30_000;
 const CONCURRENT_FIRST_HOST_PORT: u16 = 32_000;
+const FLOOR_FIRST_HOST_PORT: u16 = 31_000;
 
 /// Raw samples for the charts and results.json, pooled over repeats (ms).
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -52,6 +61,11 @@ struct Figures {
     del_p95: Repeats,
     first_add: Repeats,
     later_add: Repeats,
+    floor_add: Repeats,
+    floor_add_in_process: Repeats,
+    add_over_floor: Repeats,
+    floor_del: Repeats,
+    del_over_floor: Repeats,
     cpu: Repeats,
     rss: Repeats,
     per_plugin: BTreeMap<String, Repeats>,
@@ -103,6 +117,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         f.del_p95.row(Metric::DelP95),
         f.first_add.row(Metric::FirstAdd),
         f.later_add.row(Metric::LaterAdds),
+        f.floor_add.row(Metric::FloorAdd),
+        f.floor_add_in_process.row(Metric::FloorAddInProcess),
+        f.add_over_floor.row(Metric::AddOverFloor),
+        f.floor_del.row(Metric::FloorDel),
+        f.del_over_floor.row(Metric::DelOverFloor),
     ];
     latency.notes = vec![
         format!(
@@ -120,6 +139,20 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          of the subject pinned or installed yet); \"later ADDs\" the p50 of the rest. For \
          ebpf-cni this is the load-strategy figure of issue 3: the first ADD pays for \
          whatever per-node work the plugin does once."
+            .into(),
+        "The kernel floor (ebpf-cni's column) is `bench/floor`, a small program that does \
+         only the kernel work of one of these ADDs on ebpf-cni's programs and maps, already \
+         loaded on its node by a first ebpf-cni pod: the veth pair with its peer created in \
+         the pod's namespace, the pod's address, link up and default route via the gateway \
+         (on-link), the host side up and its host route, the endpoint, rate, host port and \
+         source check entries, and the clsact qdisc with the two bpf filters; one netlink \
+         request per message, each acknowledged, as ebpf-cni sends them. It is run as a \
+         plugin is (forked into the node namespace, reaped with wait4), one floor pod right \
+         after each ebpf-cni pod; its DEL (the map entries, then the veth) right after each \
+         ebpf-cni DEL. \"timed inside its process\" leaves out fork, exec and the process \
+         start. The IPv4 gateway is the node's, held once on lo: no per-pod work. Not in \
+         it: the IPAM lease (a file), ebpf-cni's records (pins), the checks before any \
+         change."
             .into(),
     ];
 
@@ -217,6 +250,17 @@ fn repeat(
     let mut pods: BTreeMap<Subject, Vec<Pod>> = BTreeMap::new();
     let mut rs: BTreeMap<Subject, RepeatSamples> = BTreeMap::new();
     let mut broken: BTreeSet<Subject> = BTreeSet::new();
+    let mut floor = match (&bins.floor, stack) {
+        (Some(bin), Stack::V4) => match FloorNode::new(bins, bin) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                fail_floor(f, &e);
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut floor_samples = FloorSamples::default();
 
     for i in 0..n_pods {
         for node in &nodes {
@@ -233,6 +277,17 @@ fn repeat(
                 Err(e) => {
                     fail_all(f, s, &e);
                     broken.insert(s);
+                }
+            }
+            if s == Subject::EbpfCni {
+                if let Some(fl) = floor.as_mut() {
+                    match fl.add(i) {
+                        Ok(a) => floor_samples.add.push(a),
+                        Err(e) => {
+                            fail_floor(f, &e);
+                            floor = None;
+                        }
+                    }
                 }
             }
         }
@@ -266,9 +321,27 @@ fn repeat(
                     f.del_p95.set_instead(s, Cell::failed(&e));
                 }
             }
+            if s == Subject::EbpfCni {
+                if let Some(fl) = floor.as_mut() {
+                    match fl.del(i) {
+                        Ok(Some(d)) => floor_samples.del.push(d),
+                        Ok(None) => {}
+                        Err(e) => {
+                            fail_floor(f, &e);
+                            floor = None;
+                        }
+                    }
+                }
+            }
         }
     }
     drop(pods);
+    if let Some(fl) = floor.take() {
+        if let Err(e) = fl.finish() {
+            progress(&format!("lifecycle: kernel floor: DEL of its first pod: {e:#}"));
+        }
+    }
+    floor_samples.summarize(f, rs.get(&Subject::EbpfCni));
 
     for (s, r) in &rs {
         let s = *s;
@@ -329,6 +402,178 @@ fn repeat(
             }
         }
     }
+}
+
+/// The kernel floor's samples of one repeat (ms).
+#[derive(Default)]
+struct FloorSamples {
+    add: Vec<FloorAdd>,
+    del: Vec<f64>,
+}
+
+impl FloorSamples {
+    /// The repeat's floor figures, and ebpf-cni's ADD and DEL p50 (`ebpf`) over them.
+    fn summarize(&self, f: &mut Figures, ebpf: Option<&RepeatSamples>) {
+        let s = Subject::EbpfCni;
+        if !self.add.is_empty() {
+            let wall: Vec<f64> = self.add.iter().map(|a| a.wall_ms).collect();
+            let inside: Vec<f64> = self.add.iter().map(|a| a.in_process_ms).collect();
+            let floor = percentile(&wall, 50.0);
+            f.floor_add.push(s, floor);
+            f.floor_add_in_process.push(s, percentile(&inside, 50.0));
+            if let Some(r) = ebpf.filter(|r| !r.add.is_empty()) {
+                let add: Vec<f64> = r.add.iter().map(|c| ms(c.wall)).collect();
+                f.add_over_floor.push(s, percentile(&add, 50.0) / floor);
+            }
+        }
+        if !self.del.is_empty() {
+            let floor = percentile(&self.del, 50.0);
+            f.floor_del.push(s, floor);
+            if let Some(r) = ebpf.filter(|r| !r.del.is_empty()) {
+                f.del_over_floor.push(s, percentile(&r.del, 50.0) / floor);
+            }
+        }
+    }
+}
+
+/// One ADD of the kernel floor (ms).
+struct FloorAdd {
+    wall_ms: f64,
+    in_process_ms: f64,
+}
+
+/// A pod of the kernel floor: its namespace and what its DEL needs.
+struct FloorPod {
+    _netns: Netns,
+    input: String,
+    host_ifindex: u32,
+}
+
+/// The kernel floor's node: an ebpf-cni node whose programs and maps ebpf-cni's own ADD of
+/// a first pod loaded and pinned, where `bench/floor` adds and deletes its pods.
+struct FloorNode {
+    node: BenchNode,
+    seed: Pod,
+    bin: PathBuf,
+    maps: PathBuf,
+    programs: PathBuf,
+    pods: BTreeMap<usize, FloorPod>,
+}
+
+impl FloorNode {
+    fn new(bins: &Binaries, bin: &Path) -> Result<Self> {
+        let node = BenchNode::with_stack(Subject::EbpfCni, bins, Stack::V4)
+            .context("kernel floor: its node")?;
+        // The first pod loads the programs; it has neither host port nor limit.
+        let (seed, _) = node
+            .add_pod("floor-first", topo::caps(&[], None))
+            .context("kernel floor: ebpf-cni's ADD of its first pod")?;
+        let root = ebpf_cni_tests::pin_root_for(node.node.netns().inode());
+        let revisions: Vec<PathBuf> = std::fs::read_dir(root.join("programs"))
+            .with_context(|| format!("kernel floor: {}", root.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        let [programs] = revisions.as_slice() else {
+            bail!("kernel floor: not one program revision pinned: {revisions:?}");
+        };
+        Ok(Self {
+            programs: programs.clone(),
+            maps: root.join("maps"),
+            bin: bin.to_path_buf(),
+            seed,
+            node,
+            pods: BTreeMap::new(),
+        })
+    }
+
+    /// Floor pod `i`: 10.88.200.(2 + i), outside what host-local gives the node's one pod.
+    fn add(&mut self, i: usize) -> Result<FloorAdd> {
+        ensure!(i < 250, "kernel floor: at most 250 pods");
+        let netns = self.node.node.new_pod()?;
+        let ip = Ipv4Addr::new(10, 88, 200, 2 + i as u8);
+        let input = format!(
+            "netns={}\nhost=ecnif{i:010x}\nifname={}\nmtu={}\nip={ip}\nprefix=16\n\
+             gateway=10.88.0.1\nhost_port={}\npod_port=80\nrate_bps={POD_RATE_BPS}\n\
+             burst_bits={}\nmaps={}\nprograms={}\nattachment_id={}\n",
+            netns.path().display(),
+            topo::IFNAME,
+            topo::MTU,
+            FLOOR_FIRST_HOST_PORT + i as u16,
+            topo::burst_for(POD_RATE_BPS),
+            self.maps.display(),
+            self.programs.display(),
+            0xf100_0000_0000_0000u64 | i as u64,
+        );
+        let out = self.run("add", &input)?;
+        let host_ifindex = value(&out.stdout, "host_ifindex")?;
+        let kernel_us: f64 = value(&out.stdout, "kernel_us")?;
+        self.pods.insert(
+            i,
+            FloorPod {
+                _netns: netns,
+                input,
+                host_ifindex,
+            },
+        );
+        Ok(FloorAdd {
+            wall_ms: ms(out.wall),
+            in_process_ms: kernel_us / 1e3,
+        })
+    }
+
+    /// DEL of floor pod `i` (ms), `None` if it has none.
+    fn del(&mut self, i: usize) -> Result<Option<f64>> {
+        let Some(pod) = self.pods.remove(&i) else {
+            return Ok(None);
+        };
+        let input = format!("{}host_ifindex={}\n", pod.input, pod.host_ifindex);
+        Ok(Some(ms(self.run("del", &input)?.wall)))
+    }
+
+    fn run(&self, op: &str, input: &str) -> Result<exec::Exit> {
+        let out = exec::run(
+            &self.bin,
+            &[OsStr::new(op)],
+            Some(self.node.node.netns().path()),
+            &[],
+            input.as_bytes(),
+        )?;
+        if out.code != Some(0) {
+            bail!(
+                "kernel floor {op} failed: {}",
+                crate::model::first_line(&out.stderr)
+            );
+        }
+        Ok(out)
+    }
+
+    /// ebpf-cni's DEL of the first pod: the node's pins go with it.
+    fn finish(self) -> Result<()> {
+        self.node.del(&self.seed).map(|_| ())
+    }
+}
+
+/// `key=value` from the floor's output.
+fn value<T: std::str::FromStr>(stdout: &str, key: &str) -> Result<T> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("kernel floor printed no {key}: {stdout:?}"))
+}
+
+fn fail_floor(f: &mut Figures, e: &anyhow::Error) {
+    for r in [
+        &mut f.floor_add,
+        &mut f.floor_add_in_process,
+        &mut f.add_over_floor,
+        &mut f.floor_del,
+        &mut f.del_over_floor,
+    ] {
+        r.set_instead(Subject::EbpfCni, Cell::failed(e));
+    }
+    progress(&format!("lifecycle: kernel floor failed: {e:#}"));
 }
 
 fn fail_all(f: &mut Figures, s: Subject, e: &anyhow::Error) {

@@ -31,18 +31,16 @@ use super::{
 };
 
 /// The cookie of the network namespace `ns` (the key of the pacing map), read from a
-/// socket opened there by a short-lived thread so this thread's namespace never changes.
+/// socket opened there. The calling thread enters `ns` for that socket only (the guard
+/// takes it back before this returns), as `Netlink::connect_in` does: the commands run on a
+/// single-threaded runtime and this call does not yield, so nothing else runs on the thread
+/// meanwhile. (A thread of its own cost ADD a thread start and glibc a second malloc arena:
+/// about 0.2 ms and 0.3 MiB of peak RSS.)
 pub fn netns_cookie_of(ns: &crate::netns::Netns) -> Result<u64, BpfError> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let _in = ns.enter().map_err(|e| BpfError::NetnsCookie {
-                source: io::Error::other(e.to_string()),
-            })?;
-            netns_cookie()
-        })
-        .join()
-        .expect("the cookie thread does not panic")
-    })
+    let _in = ns.enter().map_err(|e| BpfError::NetnsCookie {
+        source: io::Error::other(e.to_string()),
+    })?;
+    netns_cookie()
 }
 
 /// The node's network namespace cookie (`SO_NETNS_COOKIE`, Linux 5.14+): the plugin runs in

@@ -82,7 +82,7 @@ pub enum BpfError {
         ifname: String,
         direction: &'static str,
         #[source]
-        source: Box<aya::programs::ProgramError>,
+        source: io::Error,
     },
 
     /// Every failure is listed in the message (there is no single source).
@@ -172,6 +172,16 @@ pub enum BpfError {
         name: &'static str,
         #[source]
         source: Box<aya::pin::PinError>,
+    },
+
+    /// Netlink mode: the record of a filter (its program pinned in the attachment's or the
+    /// device's directory).
+    #[error("failed to pin program {name} at {path}")]
+    PinRecord {
+        path: PathBuf,
+        name: &'static str,
+        #[source]
+        source: io::Error,
     },
 
     #[error("failed to open the pinned program at {path}")]

@@ -8,11 +8,6 @@ use std::{
     path::Path,
 };
 
-use aya::programs::{
-    tc::{NlOptions, TcAttachOptions},
-    SchedClassifier,
-};
-
 use super::{error::RemoveFailure, pin::create_dir_all_racy, sys, BpfError, Hook};
 use crate::netlink::tc;
 
@@ -40,48 +35,42 @@ pub fn attach(
     })
 }
 
-/// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` as a `bpf` filter
-/// (which the kernel keeps after this process exits) and pins the program at `record`, so
-/// DEL, CHECK and the node teardown know the filter is there. With `clsact_record` (a node
-/// device, which other tc users share and which outlives the pods), a `clsact` this call
-/// created is recorded there, so the teardown removes that qdisc and never one that was
-/// there before.
+/// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` (an fd of a pinned
+/// program) as a direct-action `bpf` filter named after the program (which the kernel keeps
+/// after this process exits) and pins the program at `record`, so DEL, CHECK and the node
+/// teardown know the filter is there. With `clsact_record` (a node device, which other tc
+/// users share and which outlives the pods), a `clsact` this call created is recorded
+/// there, so the teardown removes that qdisc and never one that was there before.
+///
+/// Over raw netlink with the fd (`netlink::tc`): no aya program object, whose opening
+/// costs aya's kernel feature probes (about fifteen `bpf()` calls, test programs and maps
+/// loaded) on every ADD.
 pub fn attach_netlink(
-    prog: &mut SchedClassifier,
+    prog: BorrowedFd<'_>,
     hook: Hook,
     ifname: &str,
     record: &Path,
     clsact_record: Option<&Path>,
 ) -> Result<(), BpfError> {
     let name = hook.program();
-    // A device that is gone, or a qdisc that cannot be added, fails the attach below.
-    let created = nix::net::if_::if_nametoindex(ifname)
-        .ok()
-        .and_then(|index| tc::add_clsact(index).ok())
-        .unwrap_or(false);
-    if let (true, Some(path)) = (created, clsact_record) {
-        create_dir_all_racy(path)?;
-    }
     let attach_err = |source| BpfError::Attach {
         name,
         ifname: ifname.to_owned(),
         direction: hook.label(),
-        source: Box::new(source),
+        source,
     };
-    let link_id = prog
-        .attach_with_options(
-            ifname,
-            hook.tc_attach_type(),
-            TcAttachOptions::Netlink(NlOptions::default()),
-        )
-        .map_err(attach_err)?;
-    let link = prog.take_link(link_id).map_err(attach_err)?;
-    // Dropping an aya netlink link detaches the filter; the filter must stay.
-    std::mem::forget(link);
-    prog.pin(record).map_err(|source| BpfError::PinProgram {
+    let index = nix::net::if_::if_nametoindex(ifname).map_err(|e| attach_err(e.into()))?;
+    // A qdisc that cannot be added fails the attach below.
+    let created = tc::add_clsact(index).unwrap_or(false);
+    if let (true, Some(path)) = (created, clsact_record) {
+        create_dir_all_racy(path)?;
+    }
+    let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
+    tc::add_bpf_filter(index, ingress, prog, name).map_err(attach_err)?;
+    sys::obj_pin(prog, record).map_err(|source| BpfError::PinRecord {
         path: record.to_path_buf(),
         name,
-        source: Box::new(source),
+        source,
     })
 }
 

@@ -182,7 +182,6 @@ pub fn load<'e>(
 pub struct Programs {
     paths: Vec<PathBuf>,
     fds: Vec<Option<OwnedFd>>,
-    classifiers: Vec<Option<SchedClassifier>>,
 }
 
 impl Programs {
@@ -207,19 +206,10 @@ impl Programs {
         Ok(self.fds[i].as_ref().expect("opened above").as_fd())
     }
 
-    /// The program as an aya classifier (netlink attach path; costs aya's feature probes).
-    pub fn classifier(&mut self, hook: Hook) -> Result<&mut SchedClassifier, BpfError> {
-        let i = Self::index(hook);
-        if self.classifiers[i].is_none() {
-            let path = self.paths[i].clone();
-            let prog =
-                SchedClassifier::from_pin(&path).map_err(|source| BpfError::OpenProgram {
-                    path,
-                    source: Box::new(source),
-                })?;
-            self.classifiers[i] = Some(prog);
-        }
-        Ok(self.classifiers[i].as_mut().expect("opened above"))
+    /// The program's fd for a netlink filter (see `links::attach_netlink`): the same as
+    /// [`Self::fd`].
+    pub fn classifier(&mut self, hook: Hook) -> Result<BorrowedFd<'_>, BpfError> {
+        self.fd(hook)
     }
 
     /// A cgroup program's fd, opened from its pin.
@@ -241,7 +231,6 @@ impl Programs {
             .collect();
         Ok(Self {
             fds: paths.iter().map(|_| None).collect(),
-            classifiers: paths.iter().map(|_| None).collect(),
             paths,
         })
     }

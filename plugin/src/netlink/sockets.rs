@@ -1,5 +1,6 @@
 //! The node's own connected sockets towards a pod that is going away, closed by the
-//! kernel (`SOCK_DESTROY` over `NETLINK_SOCK_DIAG`, as `ss -K` does).
+//! kernel (`SOCK_DESTROY` over `NETLINK_SOCK_DIAG`, as `ss -K` does); and the node's
+//! listeners, which ADD warns about when a host port takes their traffic.
 //!
 //! The socket programs translate a host port at `connect()`: from then on a connected
 //! socket of the node sends to the pod's address itself. When that pod is deleted, the
@@ -28,6 +29,44 @@ const REQ_LEN: usize = 8 + SOCKID_LEN;
 /// TCP states a socket talking to a peer is in (`TCP_ESTABLISHED` .. `TCP_CLOSE_WAIT`,
 /// `TCP_SYN_SENT`); a connected UDP socket is `TCP_ESTABLISHED`.
 const CONNECTED_STATES: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 8);
+/// `TCP_LISTEN`: a listening TCP socket.
+const LISTEN_STATE: u32 = 1 << 10;
+/// `TCP_CLOSE`: an unconnected UDP socket, which receives from anyone.
+const UNCONNECTED_STATE: u32 = 1 << 7;
+
+/// The calling namespace's sockets of `protocol` (`IPPROTO_TCP` or `IPPROTO_UDP`) and
+/// `family` (`AF_INET`, `AF_INET6`) that receive from anyone: listening TCP sockets,
+/// unconnected UDP ones; each as its local address and port (IPv6 addresses as they are,
+/// IPv4-mapped ones included).
+///
+/// A dump of the listening state only: the kernel walks its listening hash and skips the
+/// established one, whose walk (reading `/proc/net/tcp`) costs milliseconds on a machine
+/// with a large hash, whatever the namespace holds.
+pub fn listeners(protocol: u8, family: u8) -> io::Result<Vec<(IpAddr, u16)>> {
+    let states = if protocol == libc::IPPROTO_TCP as u8 {
+        LISTEN_STATE
+    } else {
+        UNCONNECTED_STATE
+    };
+    let mut out = Vec::new();
+    let dump = request_in(SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, family, protocol, states, None);
+    exchange(&dump, |kind, body| {
+        // `struct inet_diag_msg`: family, state, timer, retrans, then the socket id
+        // (source port, destination port, source address, ...).
+        if kind != SOCK_DIAG_BY_FAMILY || body.len() < 4 + SOCKID_LEN {
+            return;
+        }
+        let id = &body[4..4 + SOCKID_LEN];
+        let port = u16::from_be_bytes([id[0], id[1]]);
+        let addr = if body[0] == libc::AF_INET as u8 {
+            IpAddr::from(<[u8; 4]>::try_from(&id[4..8]).expect("4 bytes"))
+        } else {
+            IpAddr::from(<[u8; 16]>::try_from(&id[4..20]).expect("16 bytes"))
+        };
+        out.push((addr, port));
+    })?;
+    Ok(out)
+}
 
 /// Destroys the calling namespace's sockets of `protocol` (`IPPROTO_TCP` or `IPPROTO_UDP`)
 /// connected to `addr:port` (IPv6 sockets connected to an IPv4-mapped `addr` included).
@@ -81,6 +120,18 @@ fn request(
     protocol: u8,
     id: Option<&[u8; SOCKID_LEN]>,
 ) -> Vec<u8> {
+    request_in(kind, flags, family, protocol, CONNECTED_STATES, id)
+}
+
+/// [`request`] for sockets in `states` (a bit per TCP state).
+fn request_in(
+    kind: u16,
+    flags: u16,
+    family: u8,
+    protocol: u8,
+    states: u32,
+    id: Option<&[u8; SOCKID_LEN]>,
+) -> Vec<u8> {
     let len = NLMSG_HDRLEN + REQ_LEN;
     let mut m = Vec::with_capacity(len);
     m.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -89,7 +140,7 @@ fn request(
     m.extend_from_slice(&1u32.to_ne_bytes());
     m.extend_from_slice(&0u32.to_ne_bytes());
     m.extend_from_slice(&[family, protocol, 0, 0]);
-    m.extend_from_slice(&CONNECTED_STATES.to_ne_bytes());
+    m.extend_from_slice(&states.to_ne_bytes());
     m.extend_from_slice(id.unwrap_or(&[0; SOCKID_LEN]));
     m
 }

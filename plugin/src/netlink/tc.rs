@@ -12,6 +12,7 @@
 
 use super::raw::{self, align4, NLMSG_HDRLEN};
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 const TCMSG_LEN: usize = 20;
 const RTM_NEWQDISC: u16 = 36;
@@ -43,6 +44,14 @@ const CLSACT_HANDLE: u32 = 0xffff_0000;
 const CLSACT_INGRESS: u32 = 0xffff_fff2;
 const CLSACT_EGRESS: u32 = 0xffff_fff3;
 const CLSACT: &[u8] = b"clsact\0";
+const BPF: &[u8] = b"bpf\0";
+/// The `bpf` classifier's options: the program's fd, its name, and its flags.
+const TCA_BPF_FD: u16 = 6;
+const TCA_BPF_NAME: u16 = 7;
+const TCA_BPF_FLAGS: u16 = 8;
+/// The program's return value is the action (`TC_ACT_*`).
+const TCA_BPF_FLAG_ACT_DIRECT: u32 = 1;
+const ETH_P_ALL: u16 = 0x0003;
 const FQ: &[u8] = b"fq\0";
 /// `TC_H_ROOT`: the parent of a device's root qdisc.
 const TC_H_ROOT: u32 = 0xffff_ffff;
@@ -63,6 +72,43 @@ pub fn add_clsact(ifindex: u32) -> io::Result<bool> {
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Attaches the program `prog` (an fd) to link `ifindex`'s `clsact` (ingress or egress) as
+/// a direct-action `bpf` filter named `name`, at a priority the kernel picks (as aya's
+/// netlink attach does, so `detach_netlink`, CHECK and inspect find it by that name).
+pub fn add_bpf_filter(
+    ifindex: u32,
+    ingress: bool,
+    prog: BorrowedFd<'_>,
+    name: &str,
+) -> io::Result<()> {
+    let parent = if ingress {
+        CLSACT_INGRESS
+    } else {
+        CLSACT_EGRESS
+    };
+    let mut msg = message(
+        RTM_NEWTFILTER,
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        ifindex,
+        0,
+        parent,
+        Some(BPF),
+    );
+    // tcm_info: priority 0 (the kernel picks one) and every protocol, in network order.
+    let t = NLMSG_HDRLEN;
+    msg[t + 16..t + 20].copy_from_slice(&u32::from(ETH_P_ALL.to_be()).to_ne_bytes());
+    let mut name_z = name.as_bytes().to_vec();
+    name_z.push(0);
+    let fd = u32::try_from(prog.as_raw_fd()).map_err(io::Error::other)?;
+    let mut options = attr(TCA_BPF_FD, &fd.to_ne_bytes());
+    options.extend(attr(TCA_BPF_NAME, &name_z));
+    options.extend(attr(TCA_BPF_FLAGS, &TCA_BPF_FLAG_ACT_DIRECT.to_ne_bytes()));
+    msg.extend(attr(TCA_OPTIONS | NLA_F_NESTED, &options));
+    let len = msg.len() as u32;
+    msg[0..4].copy_from_slice(&len.to_ne_bytes());
+    request(&msg, |_, _| {})
 }
 
 /// How many filters (of any kind and owner) the `clsact` of link `ifindex` holds on both
