@@ -234,6 +234,40 @@ impl Programs {
         })
     }
 
+    /// Runs program `name` `repeat` times on `frame` in one `BPF_PROG_TEST_RUN` and returns
+    /// the kernel's mean time per run in ns (the program's own run, without the system
+    /// call). The runs share one packet: a program that changes it (a TTL decremented)
+    /// sees its own change on the next run, so the frame must leave room for `repeat` of
+    /// them.
+    pub fn time(
+        &self,
+        name: &str,
+        ctx: &SkBuff,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<f64, Refused> {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .and_then(|p| p.try_into().ok())
+            .unwrap_or_else(|| panic!("no TC program {name} in the object"));
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                ctx_in: Some(ctx.as_bytes()),
+                repeat,
+                ..TestRunOptions::default()
+            })
+            .map_err(|e| Refused {
+                errno: match &e {
+                    ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+                    _ => None,
+                },
+                what: format!("BPF_PROG_TEST_RUN of {name} x{repeat}: {e}"),
+            })?;
+        Ok(res.duration.as_nanos() as f64)
+    }
+
     fn hash<K: Plain, V: Plain>(&mut self, map: &str) -> HashMap<&mut aya::maps::MapData, K, V> {
         HashMap::try_from(
             self.ebpf
@@ -406,6 +440,16 @@ impl Programs {
     }
 
     /// A source check entry: the `bits`-bit prefix of the key (its 64 head bits counted).
+    pub fn remove_source(&mut self, bits: u32, key: SourceKey) {
+        let mut t: LpmTrie<_, SourceKey, SourceRule> = LpmTrie::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::SOURCES_MAP)
+                .expect("sources map"),
+        )
+        .expect("sources map type");
+        let _ = t.remove(&Key::new(bits, key));
+    }
+
     pub fn set_source(&mut self, bits: u32, key: SourceKey, rule: SourceRule) {
         let mut t: LpmTrie<_, SourceKey, SourceRule> = LpmTrie::try_from(
             self.ebpf
@@ -615,6 +659,18 @@ impl Lab {
     pub fn try_run(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Result<Run, Refused> {
         let _inside = self.ns.enter().expect("entering the lab's namespace");
         self.progs.run(name, ctx, frame)
+    }
+
+    /// [`Programs::time`] of program `name` on device `ifindex`, in the lab's namespace.
+    pub fn time(
+        &self,
+        name: &str,
+        ifindex: u32,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<f64, Refused> {
+        let _inside = self.ns.enter().expect("entering the lab's namespace");
+        self.progs.time(name, &SkBuff::on(ifindex), frame, repeat)
     }
 
     /// `ecni_from_pod` on pod `p`'s host veth.

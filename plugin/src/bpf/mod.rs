@@ -32,6 +32,7 @@ mod sys;
 mod trace;
 mod tree;
 
+pub use cgroup::settle_links as settle_cgroup_links;
 pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
