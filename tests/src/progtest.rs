@@ -15,7 +15,7 @@
 
 use std::net::IpAddr;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::lpm_trie::Key;
@@ -170,7 +170,12 @@ pub struct Programs {
 impl Programs {
     /// Loads the object from `EBPF_CNI_PROGRAMS_OBJ` and verifies the TC programs `names`.
     pub fn load(names: &[&str]) -> Result<Self> {
-        let path = programs_obj();
+        Self::load_from(&programs_obj(), names)
+    }
+
+    /// [`Programs::load`] of the object at `path`.
+    pub fn load_from(path: &Path, names: &[&str]) -> Result<Self> {
+        let path = path.to_path_buf();
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let mut loader = EbpfLoader::new();
         // As the plugin loads it: no CO-RE relocations to resolve against the kernel's BTF.
@@ -440,16 +445,6 @@ impl Programs {
     }
 
     /// A source check entry: the `bits`-bit prefix of the key (its 64 head bits counted).
-    pub fn remove_source(&mut self, bits: u32, key: SourceKey) {
-        let mut t: LpmTrie<_, SourceKey, SourceRule> = LpmTrie::try_from(
-            self.ebpf
-                .map_mut(ebpf_cni_maps::SOURCES_MAP)
-                .expect("sources map"),
-        )
-        .expect("sources map type");
-        let _ = t.remove(&Key::new(bits, key));
-    }
-
     pub fn set_source(&mut self, bits: u32, key: SourceKey, rule: SourceRule) {
         let mut t: LpmTrie<_, SourceKey, SourceRule> = LpmTrie::try_from(
             self.ebpf
@@ -585,11 +580,19 @@ impl Lab {
     /// A node namespace with pods `a` and `b` (endpoint entries and counters, no other
     /// state) and an uplink; the TC programs loaded.
     pub fn new() -> Result<Self> {
-        let progs = Programs::load(&[
-            ebpf_cni_maps::PROG_FROM_POD,
-            ebpf_cni_maps::PROG_FROM_DEV,
-            ebpf_cni_maps::PROG_TO_POD,
-        ])?;
+        Self::with_object(&programs_obj())
+    }
+
+    /// [`Lab::new`] with the eBPF object at `obj`.
+    pub fn with_object(obj: &Path) -> Result<Self> {
+        let progs = Programs::load_from(
+            obj,
+            &[
+                ebpf_cni_maps::PROG_FROM_POD,
+                ebpf_cni_maps::PROG_FROM_DEV,
+                ebpf_cni_maps::PROG_TO_POD,
+            ],
+        )?;
         let ns = Netns::create("n")?;
         let a = pod(&ns, "ha", "pa", 2, 0x0a)?;
         let b = pod(&ns, "hb", "pb", 3, 0x0b)?;
