@@ -60,8 +60,17 @@ impl Setup {
         let (b, _) = node.add_pod("path-b", topo::caps(&[], None))?;
         let b_ip = b.ip4()?;
         let echo = EchoServer::start(&b.netns, ECHO_PORT)?;
-        load::probe_echo(&a.netns, SocketAddr::from((b_ip, ECHO_PORT)))
-            .context("pod → pod echo")?;
+        // A few tries: the probe's connect waits 1 s, and on this loaded machine the first
+        // SYN of a fresh pod sometimes needs its retransmission (the base build too).
+        let target = SocketAddr::from((b_ip, ECHO_PORT));
+        let mut probe = load::probe_echo(&a.netns, target);
+        for _ in 0..4 {
+            if probe.is_ok() {
+                break;
+            }
+            probe = load::probe_echo(&a.netns, target);
+        }
+        probe.context("pod → pod echo")?;
         let pair = VethPair::new()?;
         let veth_echo = EchoServer::start(&pair.b, ECHO_PORT)?;
         Ok(Self {
