@@ -582,6 +582,10 @@ pub fn node_cgroup_programs(pin_root: &Path) -> Result<std::collections::BTreeSe
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Nothing attached: bpftool prints no JSON at all (it did in the kernel guests).
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Default::default());
+    }
     let attached: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
     Ok(attached
         .as_array()
