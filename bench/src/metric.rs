@@ -147,6 +147,72 @@ impl SourceFigure {
     }
 }
 
+/// A figure of the pod → pod path section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathFigure {
+    RrP50,
+    /// pod → pod's TCP_RR p50 over the veth pair's.
+    RrOfVeth,
+    Crr,
+    /// pod → pod's TCP_CRR as a share of the veth pair's.
+    CrrOfVeth,
+    /// `ecni_from_pod`'s mean run time per packet.
+    FromPodNs,
+    /// `ecni_from_pod`'s own run time for one pod → pod segment (`BPF_PROG_TEST_RUN`).
+    TestRunNs,
+    /// The node's cgroup programs' run time per TCP_CRR connection.
+    CgroupNsPerConn,
+}
+
+impl PathFigure {
+    pub const ALL: [PathFigure; 7] = [
+        PathFigure::RrP50,
+        PathFigure::RrOfVeth,
+        PathFigure::Crr,
+        PathFigure::CrrOfVeth,
+        PathFigure::FromPodNs,
+        PathFigure::TestRunNs,
+        PathFigure::CgroupNsPerConn,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            PathFigure::RrP50 => "TCP_RR p50",
+            PathFigure::RrOfVeth => "TCP_RR p50, pod → pod / plain veth",
+            PathFigure::Crr => "TCP_CRR",
+            PathFigure::CrrOfVeth => "TCP_CRR, pod → pod as % of plain veth",
+            PathFigure::FromPodNs => "ecni_from_pod run time per packet",
+            PathFigure::TestRunNs => "ecni_from_pod, one pod → pod segment in BPF_PROG_TEST_RUN",
+            PathFigure::CgroupNsPerConn => "cgroup programs' run time per connection",
+        }
+    }
+}
+
+/// The state of the node in the pod → pod path section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathPart {
+    /// No host port, no limit on the node.
+    Bare,
+    /// A pod with a host port besides.
+    HostPort,
+    /// And a paced pod.
+    Paced,
+}
+
+impl PathPart {
+    pub const ALL: [PathPart; 3] = [PathPart::Bare, PathPart::HostPort, PathPart::Paced];
+
+    fn label(self) -> &'static str {
+        match self {
+            PathPart::Bare => "node without host port or limit",
+            PathPart::HostPort => "+ a pod with a host port",
+            PathPart::Paced => "+ a host port and a paced pod",
+        }
+    }
+}
+
 /// One figure of the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -235,6 +301,11 @@ pub enum Metric {
     SourceCheck {
         figure: SourceFigure,
         on: bool,
+    },
+    // What pod → pod pays, part by part.
+    PodPath {
+        figure: PathFigure,
+        part: PathPart,
     },
     // Metrics.
     MetricsRead {
@@ -336,6 +407,7 @@ impl Metric {
                 figure.label(),
                 if *on { "on" } else { "off" }
             ),
+            PodPath { figure, part } => format!("{}, {}", figure.label(), part.label()),
             MetricsRead { pods } => {
                 let target = if *pods == METRICS_TARGET_PODS {
                     format!("target < {METRICS_TARGET_MS:.0} ms")
@@ -443,6 +515,13 @@ impl Metric {
                 SourceFigure::Crr => "conn/s",
                 SourceFigure::ProgNs => "ns",
             },
+            PodPath { figure, .. } => match figure {
+                PathFigure::RrP50 => "µs",
+                PathFigure::RrOfVeth => "×",
+                PathFigure::Crr => "conn/s",
+                PathFigure::CrrOfVeth => "%",
+                PathFigure::FromPodNs | PathFigure::TestRunNs | PathFigure::CgroupNsPerConn => "ns",
+            },
             LeftAfterDels => "objects",
             MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",
             FlowTableEntries | FlowTableCapacity => "entries",
@@ -466,6 +545,10 @@ impl Metric {
             | FlowTableCapacity
             | SourceCheck {
                 figure: SourceFigure::Throughput | SourceFigure::Crr,
+                ..
+            }
+            | PodPath {
+                figure: PathFigure::Crr | PathFigure::CrrOfVeth,
                 ..
             } => Better::Higher,
             Accuracy { .. } | FlowsOffered | FlowTableEntries => Better::Neither,

@@ -17,10 +17,11 @@ pub enum Section {
     Metrics,
     SourceCheck,
     Node,
+    PodPath,
 }
 
 impl Section {
-    pub const ALL: [Section; 9] = [
+    pub const ALL: [Section; 10] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -30,6 +31,7 @@ impl Section {
         Section::Metrics,
         Section::SourceCheck,
         Section::Node,
+        Section::PodPath,
     ];
 }
 

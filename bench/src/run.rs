@@ -12,7 +12,8 @@ use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
-    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, node, scale, source_check, traffic,
+    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, node, pod_path, scale, source_check,
+    traffic,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -28,6 +29,7 @@ pub struct Run {
     pub masquerade: Option<masquerade::Output>,
     pub metrics: Option<metrics::Output>,
     pub source_check: Option<source_check::Output>,
+    pub pod_path: Option<pod_path::Output>,
     pub node: Option<node::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
@@ -69,6 +71,7 @@ impl Run {
             masquerade: None,
             metrics: None,
             source_check: None,
+            pod_path: None,
             node: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
@@ -97,6 +100,7 @@ impl Run {
                 Section::Metrics => run.metrics = Some(metrics::run(params, &bins)),
                 Section::SourceCheck => run.source_check = Some(source_check::run(params, &bins)),
                 Section::Node => run.node = Some(node::run(params, &bins)),
+                Section::PodPath => run.pod_path = Some(pod_path::run(params, &bins)),
             }));
             if let Err(panic) = outcome {
                 let msg = panic
@@ -146,6 +150,9 @@ impl Run {
         }
         if let Some(n) = &run.node {
             v.push(&n.table);
+        }
+        if let Some(pp) = &run.pod_path {
+            v.push(&pp.table);
         }
         v
     }

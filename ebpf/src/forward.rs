@@ -20,8 +20,8 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 use aya_log_ebpf::debug;
 
 use crate::{
-    limit::{header_len, pace, paced, police, Verdict, Way},
-    maps::{count, endpoint, tracing, Dir, Event},
+    limit::{header_len, pace, police, towards, Towards, Verdict, Way},
+    maps::{count, endpoint, tracing, AlignedKey, Dir, Event},
     masq::{self, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
@@ -73,7 +73,7 @@ fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
             }
             Some((
                 proto,
-                endpoint(&EndpointKey::v4(ip.daddr)).map_or(Dest::Other, Dest::Pod),
+                endpoint(&AlignedKey::v4(ip.daddr).0).map_or(Dest::Other, Dest::Pod),
             ))
         }
         ETH_P_IPV6 => {
@@ -127,24 +127,24 @@ const PACKET_HOST: u32 = 0;
 #[inline(always)]
 fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     let len = ctx.len();
-    if paced(ep.host_ifindex) {
-        if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
-            return PASS;
+    match towards(ctx, ep.host_ifindex) {
+        Towards::Paced => {
+            if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
+                return PASS;
+            }
+            // SAFETY: plain helper call; egress of the pod's host veth.
+            let rc = unsafe { bpf_redirect(ep.host_ifindex, 0) };
+            if rc == TC_ACT_SHOT {
+                count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
+            }
+            return rc as i32;
         }
-        // SAFETY: plain helper call; egress of the pod's host veth.
-        let rc = unsafe { bpf_redirect(ep.host_ifindex, 0) };
-        if rc == TC_ACT_SHOT {
-            count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
-        }
-        return rc as i32;
-    }
-    match police(ctx, ep.host_ifindex, Way::Ingress) {
-        Verdict::Drop => {
+        Towards::Direct(Verdict::Drop) => {
             count(ep.host_ifindex, Dir::ToPod, Event::Drop, len);
             return TC_ACT_SHOT as i32;
         }
-        Verdict::Mark => count(ep.host_ifindex, Dir::ToPod, Event::Mark, len),
-        Verdict::Pass => {}
+        Towards::Direct(Verdict::Mark) => count(ep.host_ifindex, Dir::ToPod, Event::Mark, len),
+        Towards::Direct(Verdict::Pass) => {}
     }
     // Re-derive packet pointers after the checks: a failed bounds check leaves it to the stack.
     if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
@@ -237,19 +237,36 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
             return rc;
         }
     }
-    // A reply in a host port flow, else maybe a packet to a host port.
+    // A reply in a host port flow, else maybe a packet to a host port. A host port is a
+    // node address, never a local pod's: a packet to a pod skips the host port lookups
+    // (the pod → pod path). In chained mode the destination is looked up only for the
+    // translated packets the programs deliver themselves.
     let mut nat = nat::reverse(ctx);
-    if nat == Nat::None {
-        nat = nat::forward(ctx, me);
+    let mut dest = None;
+    if CHAINED {
+        if nat == Nat::None {
+            nat = nat::forward(ctx, me);
+        }
+    } else {
+        dest = classify(ctx);
+        if nat == Nat::None && !matches!(dest, Some((_, Dest::Pod(_)))) {
+            nat = nat::forward(ctx, me);
+            if nat == Nat::Done || nat == Nat::Hairpin {
+                dest = classify(ctx);
+            }
+        }
     }
     if nat == Nat::Failed {
         count(me, Dir::FromPod, Event::Error, len);
         return TC_ACT_SHOT as i32;
     }
-    if CHAINED && nat == Nat::None {
-        return PASS;
+    if CHAINED {
+        if nat == Nat::None {
+            return PASS;
+        }
+        dest = classify(ctx);
     }
-    match classify(ctx) {
+    match dest {
         // Back into the sending pod only for a hairpin (the pod reached its own host port).
         Some((proto, Dest::Pod(ep)))
             if (ep.host_ifindex != me || nat == Nat::Hairpin) && ours(&ep, nat) =>

@@ -160,11 +160,27 @@ fn remote(ctx: &TcContext, way: Way) -> Option<[u8; 16]> {
     }
 }
 
-/// Whether traffic towards the pod behind `ifindex` is paced: it must then be delivered
-/// through the host veth's egress (its `fq`), not straight into the pod.
+/// How a packet towards the pod behind a host veth is to be delivered.
+pub enum Towards {
+    /// The pod's ingress limit is paced: deliver through the host veth's egress (its
+    /// `fq`), where [`pace`] stamps it, not straight into the pod.
+    Paced,
+    /// Straight into the pod, after policing (a pod without a limit: [`Verdict::Pass`]).
+    Direct(Verdict),
+}
+
+/// The ingress limit of the pod behind host veth `ifindex`, for a packet a program is about
+/// to deliver into it: one lookup of the pod's limits, which answers both whether the
+/// packet is paced and, when not, the policer's verdict.
 #[inline(always)]
-pub fn paced(ifindex: u32) -> bool {
-    bucket(ifindex, Way::Ingress).is_some_and(|b| b.mode & LIMIT_MODE_MASK == LIMIT_EDT)
+pub fn towards(ctx: &TcContext, ifindex: u32) -> Towards {
+    let Some(b) = bucket(ifindex, Way::Ingress) else {
+        return Towards::Direct(Verdict::Pass);
+    };
+    if b.mode & LIMIT_MODE_MASK == LIMIT_EDT {
+        return Towards::Paced;
+    }
+    Towards::Direct(police_bucket(ctx, ifindex, Way::Ingress, b))
 }
 
 /// Applies the limit of the pod behind host veth `ifindex` in direction `way` by policing;
@@ -174,6 +190,12 @@ pub fn police(ctx: &TcContext, ifindex: u32, way: Way) -> Verdict {
     let Some(b) = bucket(ifindex, way) else {
         return Verdict::Pass;
     };
+    police_bucket(ctx, ifindex, way, b)
+}
+
+/// [`police`] with the pod's bucket in hand.
+#[inline(always)]
+fn police_bucket(ctx: &TcContext, ifindex: u32, way: Way, b: &mut Bucket) -> Verdict {
     if b.mode & LIMIT_MODE_MASK == LIMIT_EDT || exempt(ctx, ifindex, way, b) {
         return Verdict::Pass;
     }
@@ -207,7 +229,7 @@ pub fn pace(ctx: &TcContext, ifindex: u32) -> Verdict {
         return Verdict::Pass;
     };
     if b.mode & LIMIT_MODE_MASK != LIMIT_EDT {
-        return police(ctx, ifindex, Way::Ingress);
+        return police_bucket(ctx, ifindex, Way::Ingress, b);
     }
     if exempt(ctx, ifindex, Way::Ingress, b) {
         // Leaves now, uncharged; a receive timestamp would look like the far future to fq.

@@ -191,6 +191,21 @@ const _: () = assert!(str_eq(
     stringify!(ECNI_POD_CNT)
 ));
 
+/// An [`EndpointKey`] on an 8-byte boundary: built by word stores, where the unaligned
+/// 16-byte array alone is zeroed by a call to `memset` (a byte loop in BPF).
+#[repr(C, align(8))]
+pub struct AlignedKey(pub EndpointKey);
+
+impl AlignedKey {
+    /// An IPv4 address, mapped into IPv6 as the maps key it.
+    #[inline(always)]
+    pub fn v4(a: [u8; 4]) -> Self {
+        let low = u64::from_ne_bytes([0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3]]);
+        // SAFETY: two u64 are 16 plain bytes, as the key's array.
+        Self(unsafe { core::mem::transmute::<[u64; 2], EndpointKey>([0, low]) })
+    }
+}
+
 #[inline(always)]
 pub fn endpoint(key: &EndpointKey) -> Option<EndpointInfo> {
     // SAFETY: the value is copied out at once; a concurrent update can at worst give a mix

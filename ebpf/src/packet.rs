@@ -1,8 +1,8 @@
 //! Bounds-checked access to packet headers. Header structs hold byte arrays only, so they
 //! have alignment 1 and reading them through a pointer into the packet is always aligned.
 
+use crate::maps::AlignedKey;
 use aya_ebpf::programs::TcContext;
-use ebpf_cni_maps::EndpointKey;
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -106,8 +106,8 @@ pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Opti
         let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
-        *src = EndpointKey::v4(ip.saddr).addr;
-        *dst = EndpointKey::v4(ip.daddr).addr;
+        copy16(src, &AlignedKey::v4(ip.saddr).0.addr);
+        copy16(dst, &AlignedKey::v4(ip.daddr).0.addr);
         Some(IpHead {
             v4: true,
             proto: ip.protocol,

@@ -47,6 +47,8 @@ pub static ECNI_SOURCES: LpmTrie<SourceKey, SourceRule> = LpmTrie::with_max_entr
 const _: () = assert!(str_eq(ebpf_cni_maps::SOURCES_MAP, stringify!(ECNI_SOURCES)));
 
 const IPPROTO_IGMP: u8 = 2;
+
+const _: () = assert!(core::mem::size_of::<Key<SourceKey>>() == 7 * 4);
 /// IPv6 hop-by-hop options: MLD reports carry one before their ICMPv6 header.
 const IPPROTO_HOPOPTS: u8 = 0;
 
@@ -114,14 +116,10 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
     };
     // SAFETY: bounds checked by `ptr_at`; copied out before any pull moves the data.
     let (mac, proto) = unsafe { ((*eth).src, u16::from_be_bytes((*eth).proto)) };
-    let mut key = Key::new(
-        SOURCE_HEAD_BITS + 128,
-        SourceKey {
-            ifindex,
-            family: 0,
-            addr: [0; 16],
-        },
-    );
+    // The key's fields as 32-bit words, filled below: a packed `Key<SourceKey>` zeroed
+    // whole becomes a call to `memset` (a byte loop in BPF), words are plain stores.
+    let mut family = 0u32;
+    let mut addr = [0u32; 4];
     // The sender MAC an ARP message claims, besides the frame's.
     let mut arp_mac = mac;
     let mut readable = true;
@@ -131,10 +129,10 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
             Some(ip) => {
                 // SAFETY: bounds checked by `header`.
                 let ip = unsafe { &*ip };
-                key.data.family = SOURCE_FAMILY_V4;
-                key.data.addr[..4].copy_from_slice(&ip.saddr);
-                link_only = u32::from_ne_bytes(ip.saddr) == 0
-                    && (ip.protocol == IPPROTO_UDP || ip.protocol == IPPROTO_IGMP);
+                family = SOURCE_FAMILY_V4;
+                addr[0] = u32::from_ne_bytes(ip.saddr);
+                link_only =
+                    addr[0] == 0 && (ip.protocol == IPPROTO_UDP || ip.protocol == IPPROTO_IGMP);
             }
             None => readable = false,
         },
@@ -142,9 +140,14 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
             Some(ip) => {
                 // SAFETY: bounds checked by `header`.
                 let ip = unsafe { &*ip };
-                key.data.family = SOURCE_FAMILY_V6;
-                key.data.addr = ip.saddr;
+                family = SOURCE_FAMILY_V6;
                 let s = &ip.saddr;
+                addr = [
+                    u32::from_ne_bytes([s[0], s[1], s[2], s[3]]),
+                    u32::from_ne_bytes([s[4], s[5], s[6], s[7]]),
+                    u32::from_ne_bytes([s[8], s[9], s[10], s[11]]),
+                    u32::from_ne_bytes([s[12], s[13], s[14], s[15]]),
+                ];
                 link_only = (s[0] == 0xfe && s[1] & 0xc0 == 0x80)
                     || (is_zero16(s)
                         && (ip.nexthdr == IPPROTO_ICMPV6 || ip.nexthdr == IPPROTO_HOPOPTS));
@@ -160,10 +163,10 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
                     && a.hlen == 6
                     && a.plen == 4
                 {
-                    key.data.family = SOURCE_FAMILY_V4;
-                    key.data.addr[..4].copy_from_slice(&a.spa);
+                    family = SOURCE_FAMILY_V4;
+                    addr[0] = u32::from_ne_bytes(a.spa);
                     arp_mac = a.sha;
-                    link_only = u32::from_ne_bytes(a.spa) == 0;
+                    link_only = addr[0] == 0;
                 } else {
                     readable = false;
                 }
@@ -173,7 +176,19 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
         _ => readable = false,
     }
     // Unreadable frames look up the pod's catch-all (family 0 matches no address entry).
-    let Some(rule) = ECNI_SOURCES.get(&key).copied() else {
+    // `Key<SourceKey>`'s layout: prefix length, ifindex, family, address.
+    let key: [u32; 7] = [
+        SOURCE_HEAD_BITS + 128,
+        ifindex,
+        family,
+        addr[0],
+        addr[1],
+        addr[2],
+        addr[3],
+    ];
+    // SAFETY: `Key<SourceKey>` is packed (alignment 1) and 28 plain bytes, as `key` is.
+    let key = unsafe { &*key.as_ptr().cast::<Key<SourceKey>>() };
+    let Some(rule) = ECNI_SOURCES.get(key).copied() else {
         return Source::Pass;
     };
     if !same_mac(&mac, &rule.mac) || !same_mac(&arp_mac, &rule.mac) {

@@ -57,6 +57,11 @@ pub async fn remove_attachment(
     if let Err(e) = NodeId::current().and_then(|node| bpf::del_pod(&node, &key)) {
         errors.push(e.into());
     }
+    // The node's programs on the cgroup root go with their last user (the last host port,
+    // the last paced pod): they would run for every socket of the machine.
+    if let Err(e) = NodeId::current().and_then(|node| bpf::settle_cgroup_links(&node)) {
+        errors.push(e.into());
+    }
 
     if let Some(ipam) = ipam {
         if let Err(e) = ipam.release_host_local(conf, container_id, ifname) {

@@ -532,3 +532,66 @@ pub mod fixture {
         ))
     }
 }
+
+/// The cgroup v2 root the plugin attaches its socket programs to: the first reachable
+/// cgroup2 mount of the hierarchy's root, or the plugin's own mount.
+pub fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            (right.split(' ').next() == Some("cgroup2") && f.get(3) == Some(&"/"))
+                .then(|| f.get(4).map(std::path::PathBuf::from))
+                .flatten()
+        })
+        .chain([std::path::PathBuf::from("/run/ebpf-cni/cgroup2")])
+        .find(|p| {
+            nix::sys::statfs::statfs(p.as_path())
+                .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+        })
+}
+
+/// The names of the programs of the node whose pins are under `pin_root` that are attached
+/// to the cgroup v2 root now (`bpftool cgroup show`): other nodes of the machine attach
+/// their own programs there, told apart by id.
+pub fn node_cgroup_programs(pin_root: &Path) -> Result<std::collections::BTreeSet<String>> {
+    let mut ours = std::collections::BTreeMap::new();
+    if let Ok(revs) = fs::read_dir(pin_root.join(ebpf_cni_maps::pin::PROGRAMS_DIR)) {
+        for rev in revs.flatten() {
+            for p in fs::read_dir(rev.path())?.flatten() {
+                if let Ok(PinnedObject::Prog { id, name }) = pinned_object(&p.path()) {
+                    ours.insert(id, name);
+                }
+            }
+        }
+    }
+    let Some(cg) = cgroup2_root() else {
+        return Ok(Default::default());
+    };
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "cgroup", "show"])
+        .arg(&cg)
+        .output()
+        .context("running bpftool cgroup show")?;
+    if !out.status.success() {
+        bail!(
+            "bpftool cgroup show {}: {}",
+            cg.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Nothing attached: bpftool prints no JSON at all (it did in the kernel guests).
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Default::default());
+    }
+    let attached: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
+    Ok(attached
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["id"].as_u64())
+        .filter_map(|id| ours.get(&(id as u32)).cloned())
+        .collect())
+}

@@ -15,7 +15,7 @@
 
 use std::net::IpAddr;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::lpm_trie::Key;
@@ -170,7 +170,12 @@ pub struct Programs {
 impl Programs {
     /// Loads the object from `EBPF_CNI_PROGRAMS_OBJ` and verifies the TC programs `names`.
     pub fn load(names: &[&str]) -> Result<Self> {
-        let path = programs_obj();
+        Self::load_from(&programs_obj(), names)
+    }
+
+    /// [`Programs::load`] of the object at `path`.
+    pub fn load_from(path: &Path, names: &[&str]) -> Result<Self> {
+        let path = path.to_path_buf();
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let mut loader = EbpfLoader::new();
         // As the plugin loads it: no CO-RE relocations to resolve against the kernel's BTF.
@@ -232,6 +237,40 @@ impl Programs {
             frame: out,
             ctx: ctx_out,
         })
+    }
+
+    /// Runs program `name` `repeat` times on `frame` in one `BPF_PROG_TEST_RUN` and returns
+    /// the kernel's mean time per run in ns (the program's own run, without the system
+    /// call). The runs share one packet: a program that changes it (a TTL decremented)
+    /// sees its own change on the next run, so the frame must leave room for `repeat` of
+    /// them.
+    pub fn time(
+        &self,
+        name: &str,
+        ctx: &SkBuff,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<f64, Refused> {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .and_then(|p| p.try_into().ok())
+            .unwrap_or_else(|| panic!("no TC program {name} in the object"));
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                ctx_in: Some(ctx.as_bytes()),
+                repeat,
+                ..TestRunOptions::default()
+            })
+            .map_err(|e| Refused {
+                errno: match &e {
+                    ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+                    _ => None,
+                },
+                what: format!("BPF_PROG_TEST_RUN of {name} x{repeat}: {e}"),
+            })?;
+        Ok(res.duration.as_nanos() as f64)
     }
 
     fn hash<K: Plain, V: Plain>(&mut self, map: &str) -> HashMap<&mut aya::maps::MapData, K, V> {
@@ -541,11 +580,19 @@ impl Lab {
     /// A node namespace with pods `a` and `b` (endpoint entries and counters, no other
     /// state) and an uplink; the TC programs loaded.
     pub fn new() -> Result<Self> {
-        let progs = Programs::load(&[
-            ebpf_cni_maps::PROG_FROM_POD,
-            ebpf_cni_maps::PROG_FROM_DEV,
-            ebpf_cni_maps::PROG_TO_POD,
-        ])?;
+        Self::with_object(&programs_obj())
+    }
+
+    /// [`Lab::new`] with the eBPF object at `obj`.
+    pub fn with_object(obj: &Path) -> Result<Self> {
+        let progs = Programs::load_from(
+            obj,
+            &[
+                ebpf_cni_maps::PROG_FROM_POD,
+                ebpf_cni_maps::PROG_FROM_DEV,
+                ebpf_cni_maps::PROG_TO_POD,
+            ],
+        )?;
         let ns = Netns::create("n")?;
         let a = pod(&ns, "ha", "pa", 2, 0x0a)?;
         let b = pod(&ns, "hb", "pb", 3, 0x0b)?;
@@ -615,6 +662,18 @@ impl Lab {
     pub fn try_run(&self, name: &str, ctx: &SkBuff, frame: &[u8]) -> Result<Run, Refused> {
         let _inside = self.ns.enter().expect("entering the lab's namespace");
         self.progs.run(name, ctx, frame)
+    }
+
+    /// [`Programs::time`] of program `name` on device `ifindex`, in the lab's namespace.
+    pub fn time(
+        &self,
+        name: &str,
+        ifindex: u32,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<f64, Refused> {
+        let _inside = self.ns.enter().expect("entering the lab's namespace");
+        self.progs.time(name, &SkBuff::on(ifindex), frame, repeat)
     }
 
     /// `ecni_from_pod` on pod `p`'s host veth.

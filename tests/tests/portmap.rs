@@ -7,6 +7,7 @@
 //! own tag and the peer address it saw, and every client checks the reply came from the
 //! address it dialled (TCP: the connection's peer; UDP: the datagram's source).
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
@@ -17,8 +18,8 @@ use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns, Node,
-    PluginUnderTest, ResultExpectation,
+    bpf, require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns,
+    Node, PluginUnderTest, ResultExpectation,
 };
 use serde_json::{json, Value};
 
@@ -643,4 +644,126 @@ exec PLUGIN
         let _ = std::fs::remove_dir(fallback);
         let _ = fallback.parent().map(std::fs::remove_dir);
     }
+}
+
+/// A program on the cgroup v2 root runs for every socket of the machine, pods' included,
+/// whether or not it acts on it. A node attaches its socket programs only while it has a
+/// host port mapping and its pacing program only while a pod's sockets are paced, and
+/// detaches each when its last user is deleted: a node with neither has none there.
+#[test]
+fn cgroup_programs_are_attached_only_while_a_pod_needs_them() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut l = list(&p, &node);
+    l.plugins[0]["capabilities"] = json!({"portMappings": true, "bandwidth": true});
+    let attached = || bpf::node_cgroup_programs(node.pin_root()).unwrap();
+    let sock: BTreeSet<String> = [
+        "ecni_connect4",
+        "ecni_connect6",
+        "ecni_sendmsg4",
+        "ecni_sendmsg6",
+        "ecni_recvmsg4",
+        "ecni_recvmsg6",
+        "ecni_peername4",
+        "ecni_peername6",
+    ]
+    .map(String::from)
+    .into();
+    let pacing: BTreeSet<String> = ["ecni_sockops".to_owned()].into();
+    let cgroup_pins = node.pin_root().join(ebpf_cni_maps::pin::CGROUP_DIR);
+
+    let plain = add(&p, &node, &l, json!([]));
+    assert_eq!(
+        attached(),
+        BTreeSet::new(),
+        "no host port, no limit: nothing on the root"
+    );
+    assert!(!cgroup_pins.exists(), "no cgroup link pinned");
+
+    let mapped = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8093, "containerPort": 80}]),
+    );
+    assert_eq!(
+        attached(),
+        sock,
+        "a host port: the socket programs, no pacing"
+    );
+
+    let paces = bpf::kernel_paces_tcp();
+    let limited = {
+        let netns = node.new_pod().unwrap();
+        let att = Attachment::new(&unique_container_id(), netns.path(), "eth0").with_capability(
+            "bandwidth",
+            json!({"ingressRate": 100_000_000, "ingressBurst": 1_000_000,
+                   "egressRate": 100_000_000, "egressBurst": 1_000_000}),
+        );
+        let result = p
+            .runtime
+            .add(&node, &l, &att)
+            .unwrap_or_else(|e| panic!("ADD of the limited pod: {e}"));
+        (netns, att, result)
+    };
+    if paces {
+        assert_eq!(
+            attached(),
+            sock.union(&pacing).cloned().collect(),
+            "a paced pod: the pacing program too"
+        );
+    }
+    p.runtime
+        .del(&node, &l, &mapped.att, Some(&mapped.result))
+        .unwrap();
+    let want = if paces {
+        pacing.clone()
+    } else {
+        BTreeSet::new()
+    };
+    assert_eq!(
+        attached(),
+        want,
+        "the last host port deleted: its programs go"
+    );
+    p.runtime
+        .del(&node, &l, &limited.1, Some(&limited.2))
+        .unwrap();
+    assert_eq!(
+        attached(),
+        BTreeSet::new(),
+        "the last paced pod deleted: pacing goes"
+    );
+    assert!(
+        !cgroup_pins.exists(),
+        "no cgroup link pinned: {:?}",
+        node.pinned_files()
+    );
+    // The node's switch for the host port lookups went with the last mapping; a new one
+    // turns it on again, with the socket programs.
+    let again = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8093, "containerPort": 80}]),
+    );
+    assert_eq!(
+        attached(),
+        sock,
+        "a host port again: the socket programs again"
+    );
+    let _server = PodServer::start(&again.netns, 80, "again");
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(Ipv4Addr::LOCALHOST, 8093)).unwrap()),
+        "again",
+        "the node's own connection through the re-attached programs"
+    );
+    p.runtime
+        .del(&node, &l, &again.att, Some(&again.result))
+        .unwrap();
+    p.runtime
+        .del(&node, &l, &plain.att, Some(&plain.result))
+        .unwrap();
+    assert!(node.pinned_files().is_empty(), "{:?}", node.pinned_files());
 }

@@ -99,6 +99,7 @@ const PLAN: &[Suite] = &[
             "socket_translation_is_scoped_to_the_node_namespace",
             "each_node_of_a_machine_reaches_its_own_pod_through_loopback",
             "del_without_port_mappings_cleans_up_and_check_sees_tampering",
+            "cgroup_programs_are_attached_only_while_a_pod_needs_them",
         ],
     },
     Suite {

@@ -296,6 +296,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     }
     s.extend(skipped(Section::Node));
 
+    let _ = writeln!(s, "## 10. Pod → pod, part by part\n");
+    if let Some(pp) = &run.pod_path {
+        s.push_str(&md_table(&pp.table, "###"));
+    }
+    s.extend(skipped(Section::PodPath));
+
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
     for t in run.tables() {

@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod masquerade;
 pub mod metrics;
 pub mod node;
+pub mod pod_path;
 pub mod scale;
 pub mod source_check;
 pub mod traffic;

@@ -2,7 +2,11 @@
 //! mounts, or mounted by ebpf-cni), and the links of the programs attached there — the
 //! socket-address programs (host ports for the node's own sockets, attached with the
 //! node's first mapping) and the pacing program (attached with the first paced pod) —
-//! pinned under the node's directory and removed with it.
+//! pinned under the node's directory. A program on the root runs for every socket of the
+//! machine, pods' included, whether or not it acts on it (each costs a run per `connect`,
+//! `sendmsg`, `recvmsg`, `getpeername` or TCP event): so they are attached only while they
+//! have a user, and [`settle_links`] detaches them when the last one goes (after every DEL
+//! and GC removal), and with them the node's switch for the programs' host port lookups.
 
 use std::{
     fs, io,
@@ -11,6 +15,8 @@ use std::{
 };
 
 use super::{
+    lock::NodeLock,
+    maps::{ports::PortMaps, Maps},
     pin::{create_dir_all_racy, NodeId, PinRoot},
     programs::{self, Program, Programs},
     sys, BpfError,
@@ -155,6 +161,65 @@ fn ensure_cgroup_links(
         })?;
     }
     Ok(())
+}
+
+/// The node's cgroup links in line with their users, under the node lock: the socket
+/// programs stay attached while the node has a host port mapping, the pacing program while
+/// a pod's sockets are paced; a link without users is detached (unpinning its only
+/// reference detaches it), and with the socket programs the node's switch for the TC
+/// programs' host port lookups goes off. A node with neither then has no program on the
+/// cgroup root. Nothing to do on a node without pins.
+pub fn settle_links(node: &NodeId) -> Result<(), BpfError> {
+    let root = PinRoot::from_env();
+    if !root.cgroup_dir(node).exists() && !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        return Ok(());
+    }
+    let _lock = NodeLock::take(&root)?;
+    settle_links_locked(&root, node)
+}
+
+/// [`settle_links`] with the node lock held.
+fn settle_links_locked(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+    let dir = root.cgroup_dir(node);
+    if root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        let mut pm = PortMaps::open(root, node)?;
+        if !pm.any_mapping() {
+            // The switch first: the programs act on no socket while their links go.
+            pm.disable()?;
+            for p in programs::sock_addr() {
+                unpin_link(&dir.join(p.name))?;
+            }
+        }
+    }
+    let paced = Maps::open(root, node)?.is_some_and(|m| !m.pacing_by_attachment().is_empty());
+    if !paced {
+        unpin_link(&dir.join(programs::PACING.name))?;
+    }
+    // Empty now: it goes (the next attach creates it again).
+    match fs::remove_dir(&dir) {
+        Err(e)
+            if e.kind() != io::ErrorKind::NotFound
+                && e.kind() != io::ErrorKind::DirectoryNotEmpty =>
+        {
+            Err(BpfError::DetachCgroup {
+                path: dir,
+                source: e,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Removes a link's pin, which detaches the link (nothing else holds it); a missing pin is
+/// fine.
+fn unpin_link(path: &Path) -> Result<(), BpfError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(BpfError::DetachCgroup {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The link pinned at `path` is a live cgroup link of program `name`.

@@ -367,6 +367,13 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    #[error("failed to detach a program from the cgroup v2 root (its link's pin {path})")]
+    DetachCgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("ipMasqPortRange {asked} differs from the range the node's masquerading pods use, {current}: the range is node-wide and changes only when no masquerading pod is left")]
     MasqPortRange { asked: String, current: String },
 

@@ -56,6 +56,10 @@ pub use survey::{readiness, Unready};
 pub use trace::trace;
 pub use tree::{network_attachments, AttachmentDir};
 
+// After every removal (DEL, GC): the node's programs on the cgroup root go with their
+// last user.
+pub use cgroup::settle_links as settle_cgroup_links;
+
 /// The node's lock (see [`NodeLock`]), for work outside this module that must not overlap
 /// another run's ADD or DEL: the reclaim of leases after a reboot.
 pub fn lock_node() -> Result<NodeLock, BpfError> {

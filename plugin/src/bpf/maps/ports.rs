@@ -269,6 +269,27 @@ impl PortMaps {
             .map_err(update_err(CONFIG_MAP, "enable port mappings".to_owned()))
     }
 
+    /// Turns the programs' port-mapping lookups off again (the node's last mapping went);
+    /// the netns cookie stays for the next mapping.
+    pub fn disable(&mut self) -> Result<(), BpfError> {
+        let have = self.config.get(&0, 0).unwrap_or_default();
+        if have.flags & NODE_FLAG_PORTMAP == 0 {
+            return Ok(());
+        }
+        let want = NodeConfig {
+            flags: have.flags & !NODE_FLAG_PORTMAP,
+            ..have
+        };
+        self.config
+            .set(0, want, 0)
+            .map_err(update_err(CONFIG_MAP, "disable port mappings".to_owned()))
+    }
+
+    /// Whether the node has any host port mapping.
+    pub fn any_mapping(&self) -> bool {
+        self.mappings.keys().next().is_some()
+    }
+
     /// The node's netns cookie as the socket programs have it (0: none yet, e.g. a node whose
     /// mappings an older build installed on a kernel without `SO_NETNS_COOKIE`, which
     /// attached no socket programs).
