@@ -129,14 +129,14 @@ impl Setup {
 }
 
 /// The kernel's BPF run-time statistics on while it lives, then as they were.
-struct BpfStats {
+pub(crate) struct BpfStats {
     before: String,
 }
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl BpfStats {
-    fn on() -> Result<Self> {
+    pub(crate) fn on() -> Result<Self> {
         let before = std::fs::read_to_string(BPF_STATS).context(BPF_STATS)?;
         std::fs::write(BPF_STATS, "1").context(BPF_STATS)?;
         Ok(Self { before })
