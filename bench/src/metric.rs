@@ -287,6 +287,12 @@ pub enum Metric {
     /// The control: the same path not translated, the host routing back to the pods.
     MasqCrrRouted,
     MasqDroppedFlows,
+    /// ebpf-cni's run time per packet of `ecni_from_dev` (`dev`) or `ecni_from_pod` over
+    /// the TCP_CRR slices, masqueraded or on the control's untranslated path.
+    MasqProgNs {
+        dev: bool,
+        masq: bool,
+    },
     FlowsOffered,
     FlowsHeld,
     /// Held / offered, of `flows` opened at once.
@@ -395,6 +401,19 @@ impl Metric {
             MasqDroppedFlows => {
                 "new flows the node dropped (all throughput and TCP_CRR runs)".into()
             }
+            MasqProgNs { dev, masq } => format!(
+                "{} run time per packet, TCP_CRR, {}",
+                if *dev {
+                    "ecni_from_dev"
+                } else {
+                    "ecni_from_pod"
+                },
+                if *masq {
+                    "masqueraded"
+                } else {
+                    "not translated (control)"
+                }
+            ),
             FlowsOffered => "flows offered".into(),
             FlowsHeld => "flows held by the node's flow table".into(),
             FlowsHeldShare { .. } => "held / offered".into(),
@@ -522,6 +541,7 @@ impl Metric {
                 PathFigure::CrrOfVeth => "%",
                 PathFigure::FromPodNs | PathFigure::TestRunNs | PathFigure::CgroupNsPerConn => "ns",
             },
+            MasqProgNs { .. } => "ns",
             LeftAfterDels => "objects",
             MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",
             FlowTableEntries | FlowTableCapacity => "entries",

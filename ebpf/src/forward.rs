@@ -417,10 +417,6 @@ fn fib_len(ctx: &TcContext, ip_len: u16) -> u16 {
 /// The IPv4 "don't fragment" flag, in the host-order flags and offset field.
 const IP_DF: u16 = 0x4000;
 
-/// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
-/// use on the route (what masquerade takes).
-const FIB_LOOKUP_SRC: u32 = 1 << 4;
-
 /// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
 /// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
 /// Local destinations, unreachable ones, those needing fragmentation and everything the
@@ -475,13 +471,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
             )
         }
     };
-    let mut src_known = masq;
-    let mut rc = lookup(&mut fib, if masq { FIB_LOOKUP_SRC } else { 0 });
-    if rc < 0 && masq {
-        // A kernel before 6.8 refuses the flag (before reading anything else).
-        src_known = false;
-        rc = lookup(&mut fib, 0);
-    }
+    let rc = lookup(&mut fib, 0);
     trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());
@@ -499,18 +489,10 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         return PASS;
     }
     if masq {
-        let mut src = [0u8; 16];
-        // SAFETY: union fields of plain integers, written by the lookup for this family.
-        unsafe {
-            if proto == ETH_P_IP {
-                src[10] = 0xff;
-                src[11] = 0xff;
-                src[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
-            } else {
-                src = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
-            }
-        }
-        if masq::snat(ctx, fib.ifindex, src_known.then_some(&src)) == Snat::Drop {
+        // A new flow asks the FIB for the node's source address itself: an established
+        // one keeps its own, and the address selection (IPv6's above all) is not paid
+        // for on every packet.
+        if masq::snat(ctx, fib.ifindex) == Snat::Drop {
             count(me, Dir::FromPod, Event::Drop, ctx.len());
             return TC_ACT_SHOT as i32;
         }

@@ -25,11 +25,15 @@
 //! would otherwise leave with the pod's address.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::bpf_ktime_get_ns,
+    bindings::{
+        __sk_buff, bpf_fib_lookup, BPF_ANY, BPF_FIB_LKUP_RET_FRAG_NEEDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_NO_PREALLOC, BPF_NOEXIST,
+    },
+    helpers::{bpf_ktime_get_ns, generated::bpf_fib_lookup as fib_lookup},
     macros::map,
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray},
     programs::TcContext,
+    EbpfContext,
 };
 use ebpf_cni_maps::{
     masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey,
@@ -40,7 +44,7 @@ use ebpf_cni_maps::{
 
 use crate::{
     maps::{endpoint, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
-    packet::{self, copy16, ptr_at, Ipv4Hdr, Ipv6Hdr},
+    packet::{self, copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN},
     rewrite::{self, End},
     tcp_ts,
 };
@@ -619,17 +623,11 @@ pub enum Snat {
     Drop,
 }
 
-/// Masquerades the packet `wanted` accepted, leaving by `out_ifindex`; `fib_src` is the
-/// node's address the FIB chose, when the kernel tells it.
+/// Masquerades the packet `wanted` accepted, leaving by `out_ifindex` (the FIB's answer
+/// for it).
 #[inline(always)]
-pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Snat {
-    let Some(f) = scratch() else {
-        return Snat::Drop;
-    };
-    if let Some(src) = fib_src {
-        copy16(&mut f.csum_to, src);
-    }
-    match ecni_masq_snat(ctx.skb.skb, out_ifindex, u32::from(fib_src.is_some())) {
+pub fn snat(ctx: &TcContext, out_ifindex: u32) -> Snat {
+    match ecni_masq_snat(ctx.skb.skb, out_ifindex) {
         v if v == Snat::Done as u32 => Snat::Done,
         v if v == Snat::Keep as u32 => Snat::Keep,
         _ => Snat::Drop,
@@ -637,18 +635,92 @@ pub fn snat(ctx: &TcContext, out_ifindex: u32, fib_src: Option<&[u8; 16]>) -> Sn
 }
 
 /// `snat` as a global function (see the module's doc): the flow is in this CPU's scratch
-/// slot, and with `src_known` the node's address for it in `csum_to`; returns a `Snat`.
+/// slot; returns a `Snat`.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn ecni_masq_snat(skb: *mut __sk_buff, out_ifindex: u32, src_known: u32) -> u32 {
+pub extern "C" fn ecni_masq_snat(skb: *mut __sk_buff, out_ifindex: u32) -> u32 {
     let Some(f) = scratch() else {
         return Snat::Drop as u32;
     };
-    translate_out(&TcContext::new(skb), f, out_ifindex, src_known == 1) as u32
+    translate_out(&TcContext::new(skb), f, out_ifindex) as u32
+}
+
+/// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
+/// use on the route.
+const FIB_LOOKUP_SRC: u32 = 1 << 4;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// The node's address for a new flow in `f.fwd`, into `f.csum_to`: the one the FIB chooses
+/// for the route (`BPF_FIB_LOOKUP_SRC`, 6.8+: the lookup the caller routed by, asked again
+/// with the flag), else the one user space recorded for the egress device. Only a new flow
+/// asks: the selection (IPv6's `ipv6_dev_get_saddr` above all, 1.7 µs of a packet's run
+/// when every packet asked) is not paid for on an established flow's packets.
+#[inline(never)]
+fn new_flow_source(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> bool {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
+    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    // SAFETY: the context pointer is the program's `__sk_buff`, readable for the whole run.
+    fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    fib.l4_protocol = f.proto;
+    // tot_len stays 0: the caller's lookup judged the packet's size.
+    if f.v4 == 1 {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+            return source(f, out_ifindex);
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        fib.family = AF_INET;
+        fib.__bindgen_anon_2.tos = ip.tos;
+        fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
+        fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
+    } else {
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+            return source(f, out_ifindex);
+        };
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        fib.family = AF_INET6;
+        fib.__bindgen_anon_2.flowinfo =
+            u32::from_ne_bytes(ip.ver_tc_flow) & u32::from_ne_bytes([0x0f, 0xff, 0xff, 0xff]);
+        // SAFETY: [u8; 16] and [u32; 4] have the same size; unaligned reads copy them.
+        unsafe {
+            fib.__bindgen_anon_3.ipv6_src = core::ptr::read_unaligned(ip.saddr.as_ptr().cast());
+            fib.__bindgen_anon_4.ipv6_dst = core::ptr::read_unaligned(ip.daddr.as_ptr().cast());
+        }
+    }
+    // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut fib,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            FIB_LOOKUP_SRC,
+        )
+    };
+    // A kernel before 6.8 refuses the flag (rc < 0, before reading anything else).
+    let chosen = rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS)
+        || rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH)
+        || rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED);
+    if !chosen {
+        return source(f, out_ifindex);
+    }
+    // SAFETY: union fields of plain integers, written by the lookup for this family.
+    unsafe {
+        if f.v4 == 1 {
+            f.csum_to = [0; 16];
+            f.csum_to[10] = 0xff;
+            f.csum_to[11] = 0xff;
+            f.csum_to[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
+        } else {
+            f.csum_to = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
+        }
+    }
+    true
 }
 
 #[inline(always)]
-fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32, src_known: bool) -> Snat {
+fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
     if f.icmp_err == 1 {
         if icmp_error_out(ctx, f) {
             return Snat::Done;
@@ -682,7 +754,7 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32, src_known: 
             if f.proto == IPPROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
                 return Snat::Keep;
             }
-            if !src_known && !source(f, out_ifindex) {
+            if !new_flow_source(ctx, f, out_ifindex) {
                 count(Stat::Untranslatable);
                 return Snat::Drop;
             }

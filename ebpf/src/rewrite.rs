@@ -4,21 +4,14 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::bpf_csum_diff,
     programs::TcContext,
 };
 use ebpf_cni_maps::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 
-use crate::packet::ETH_HLEN;
+use crate::packet::{copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN};
 
 const IPV4_L4_OFF: usize = ETH_HLEN + 20;
 const IPV6_L4_OFF: usize = ETH_HLEN + 40;
-/// Offsets of the addresses and the IPv4 checksum from the start of the IP header.
-const IPV4_SRC: usize = 12;
-const IPV4_DST: usize = 16;
-const IPV4_CHECK: usize = 10;
-const IPV6_SRC: usize = 8;
-const IPV6_DST: usize = 24;
 
 /// Where the transport header starts (constant per family, which the verifier needs):
 /// only headers without IPv4 options or IPv6 extension headers are translated.
@@ -67,8 +60,48 @@ fn l4_sum(v4: bool, proto: u8) -> Sum {
     }
 }
 
+/// The ones' complement sum of the 16-bit words `sum` has gathered, folded to 16 bits.
+#[inline(always)]
+fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
+}
+
+/// The 16-bit word at `i` of `b` (network order).
+#[inline(always)]
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from(u16::from_be_bytes([b[i], b[i + 1]]))
+}
+
+/// What the ones' complement sum of a header gains when `from` (16 bytes) becomes `to`, as
+/// `bpf_csum_diff` gives it (unfolded): in the kernel's convention, the words read in the
+/// machine's byte order, as `bpf_l4_csum_replace` adds it to the checksum field read
+/// likewise.
+#[inline(always)]
+fn diff16(from: &[u8; 16], to: &[u8; 16]) -> u32 {
+    let mut d = 0u32;
+    let mut i = 0;
+    while i < 16 {
+        let (f, t) = (
+            u16::from_ne_bytes([from[i], from[i + 1]]),
+            u16::from_ne_bytes([to[i], to[i + 1]]),
+        );
+        d += u32::from(!f) + u32::from(t);
+        i += 2;
+    }
+    d
+}
+
 /// Rewrites the `end` address from `from` to `to` (IPv4 mapped into IPv6 for IPv4 packets),
 /// patching the IPv4 header checksum and the transport checksum's pseudo header.
+///
+/// The addresses and the IPv4 header checksum are written in place (direct packet access:
+/// the program's prologue has already made the headers writable, so a cloned skb is not
+/// unshared again by each helper), the header checksum by RFC 1624. Only the transport
+/// checksum goes through `bpf_l4_csum_replace`, which alone knows the skb's checksum state
+/// (a `CHECKSUM_PARTIAL` segment's field holds the pseudo header's sum, not the complement,
+/// and `CHECKSUM_COMPLETE`'s `skb->csum` follows): one helper call where there were three.
 #[inline(always)]
 pub fn set_addr(
     ctx: &TcContext,
@@ -81,21 +114,28 @@ pub fn set_addr(
     let sum = l4_sum(v4, proto);
     let covered = sum.present && sum.pseudo;
     if v4 {
-        let off = ETH_HLEN
-            + match end {
-                End::Src => IPV4_SRC,
-                End::Dst => IPV4_DST,
-            };
-        let old = u32::from_ne_bytes([from[12], from[13], from[14], from[15]]);
-        let new_bytes = [to[12], to[13], to[14], to[15]];
-        let new = u32::from_ne_bytes(new_bytes);
-        if ctx
-            .l3_csum_replace(ETH_HLEN + IPV4_CHECK, u64::from(old), u64::from(new), 4)
-            .is_err()
-        {
+        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
             return false;
-        }
+        };
+        // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
+        let ip = unsafe { &mut *ip };
+        let new_bytes = [to[12], to[13], to[14], to[15]];
+        let at = match end {
+            End::Src => &mut ip.saddr,
+            End::Dst => &mut ip.daddr,
+        };
+        // What the header's sum loses (the old address) and gains (the new one).
+        let old_bytes = [from[12], from[13], from[14], from[15]];
+        let gain = (!word(&old_bytes, 0) & 0xffff)
+            + (!word(&old_bytes, 2) & 0xffff)
+            + word(&new_bytes, 0)
+            + word(&new_bytes, 2);
+        let check = !u16::from_be_bytes(ip.check);
+        ip.check = (!fold(u32::from(check) + gain)).to_be_bytes();
+        *at = new_bytes;
         if covered {
+            let old = u32::from_ne_bytes(old_bytes);
+            let new = u32::from_ne_bytes(new_bytes);
             if ctx
                 .l4_csum_replace(
                     IPV4_L4_OFF + sum.off,
@@ -108,37 +148,38 @@ pub fn set_addr(
                 return false;
             }
         }
-        ctx.store(off, &new_bytes, 0).is_ok()
+        true
     } else {
-        let off = ETH_HLEN
-            + match end {
-                End::Src => IPV6_SRC,
-                End::Dst => IPV6_DST,
-            };
         if covered {
-            // SAFETY: both buffers are 16 bytes the caller owns.
-            let diff = unsafe {
-                bpf_csum_diff(from.as_mut_ptr().cast(), 16, to.as_mut_ptr().cast(), 16, 0)
-            };
-            if diff < 0
-                || ctx
-                    .l4_csum_replace(
-                        IPV6_L4_OFF + sum.off,
-                        0,
-                        diff as u64,
-                        sum.flags | u64::from(BPF_F_PSEUDO_HDR),
-                    )
-                    .is_err()
+            let diff = diff16(from, to);
+            if ctx
+                .l4_csum_replace(
+                    IPV6_L4_OFF + sum.off,
+                    0,
+                    u64::from(diff),
+                    sum.flags | u64::from(BPF_F_PSEUDO_HDR),
+                )
+                .is_err()
             {
                 return false;
             }
         }
-        ctx.store(off, to, 0).is_ok()
+        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+            return false;
+        };
+        // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
+        let ip = unsafe { &mut *ip };
+        match end {
+            End::Src => copy16(&mut ip.saddr, to),
+            End::Dst => copy16(&mut ip.daddr, to),
+        }
+        true
     }
 }
 
 /// Rewrites the 16-bit field at `field` bytes into the transport header from `old` to
-/// `new` (host byte order), patching the transport checksum.
+/// `new` (host byte order), patching the transport checksum (by the helper, which knows
+/// the skb's checksum state) and writing the field in place.
 #[inline(always)]
 pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, new: u16) -> bool {
     if old == new {
@@ -159,7 +200,19 @@ pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, 
             return false;
         }
     }
-    ctx.store(l4_off(v4) + field, &to, 0).is_ok()
+    // The fields rewritten lie in the first 8 bytes of every transport header here.
+    let Some(h) = ptr_at::<[u8; 8]>(ctx, l4_off(v4)) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
+    let h = unsafe { &mut *h };
+    match field {
+        SPORT => h[0..2].copy_from_slice(&to),
+        DPORT => h[2..4].copy_from_slice(&to),
+        ECHO_ID => h[4..6].copy_from_slice(&to),
+        _ => return false,
+    }
+    true
 }
 
 /// Offset of the source and destination ports in a TCP, UDP or SCTP header.

@@ -160,6 +160,8 @@ pub struct Run {
     pub frame: Vec<u8>,
     /// The context as the kernel wrote it back (`tstamp`, `mark`, ...).
     pub ctx: SkBuff,
+    /// The run's duration as the kernel measured it (ns), for the cost measurements.
+    pub ns: u64,
 }
 
 /// The eBPF object loaded into maps of its own, its TC programs verified.
@@ -236,6 +238,7 @@ impl Programs {
             verdict: Verdict::of(res.return_value),
             frame: out,
             ctx: ctx_out,
+            ns: res.duration.as_nanos() as u64,
         })
     }
 

@@ -18,8 +18,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use std::process::{Command, Stdio};
+
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use ebpf_cni_tests::Netns;
+use ebpf_cni_tests::{dataplane as dp, Netns};
 use serde_json::{Map, Value};
 
 use crate::log::progress;
@@ -28,6 +30,7 @@ use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
 use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
+use crate::sections::source_check::BpfStats;
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -177,6 +180,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut probe = Probe::new();
 
     let mut crr_routed = Repeats::default();
+    let mut prog_ns: BTreeMap<(bool, bool), Repeats> = BTreeMap::new();
     let mut routed: Vec<(Subject, Setup)> = Vec::new();
     for s in Subject::CNI {
         match Setup::new(s, bins, Egress::Routed) {
@@ -236,6 +240,18 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 Err(e) => tput.set_instead(*s, Cell::failed(&e)),
             }
         }
+        // ebpf-cni's programs' run time over the slices, masqueraded and not.
+        let stats = BpfStats::on();
+        let ours = |masq: bool| {
+            let list = if masq { &setups } else { &routed };
+            list.iter()
+                .find(|(s, _)| *s == Subject::EbpfCni)
+                .map(|(_, setup)| &setup.node)
+        };
+        let before: BTreeMap<(bool, bool), Result<(u64, u64)>> = PROG_FIGURES
+            .iter()
+            .filter_map(|&(dev, masq)| Some(((dev, masq), prog_stats(ours(masq)?, dev))))
+            .collect();
         // Short slices, subjects alternating within each, as in the traffic section.
         let mut conns: BTreeMap<Subject, (usize, f64)> = BTreeMap::new();
         let mut routed_conns: BTreeMap<Subject, (usize, f64)> = BTreeMap::new();
@@ -270,6 +286,21 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 }
             }
         }
+        for (key, b) in &before {
+            let Some(node) = ours(key.1) else { continue };
+            let r = prog_ns.entry(*key).or_default();
+            let per_packet = stats.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|_| {
+                let (ns0, n0) = b.as_ref().map_err(|e| anyhow!("{e:#}"))?;
+                let (ns1, n1) = prog_stats(node, key.0)?;
+                ensure!(n1 > *n0, "the program did not run (statistics off?)");
+                Ok((ns1 - ns0) as f64 / (n1 - n0) as f64)
+            });
+            match per_packet {
+                Ok(ns) => r.push(Subject::EbpfCni, ns),
+                Err(e) => r.set_instead(Subject::EbpfCni, Cell::failed(&e)),
+            }
+        }
+        drop(stats);
         for (s, (n, secs)) in conns {
             if !crr_failed.contains_key(&s) {
                 crr.push(s, n as f64 / secs);
@@ -316,6 +347,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     traffic.rows.push(crr.row(Metric::MasqCrr));
     traffic.rows.push(crr_routed.row(Metric::MasqCrrRouted));
     traffic.rows.push(crr_drops.row(Metric::MasqDroppedFlows));
+    for (dev, masq) in PROG_FIGURES {
+        if let Some(r) = prog_ns.get_mut(&(dev, masq)) {
+            traffic.rows.push(r.row(Metric::MasqProgNs { dev, masq }));
+        }
+    }
     traffic.notes = vec![
         format!(
             "Both subjects with `ipMasq: true`: the reference chain's ptp masquerades with \
@@ -345,6 +381,13 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          path, pod → node → external host, without translation (the reference's ptp adds \
          no MASQUERADE rule there): what each dataplane's path costs before any source NAT."
             .into(),
+        "Run time per packet: ebpf-cni's `ecni_from_pod` (the pod's packets) and \
+         `ecni_from_dev` (the external host's, at the node's uplink), run_time_ns / run_cnt \
+         of the kernel's BPF statistics (kernel.bpf_stats_enabled, on for the TCP_CRR slices \
+         only) on the masquerading node and on the control's: the difference is what \
+         masquerade adds per packet, a new flow's port allocation included (every TCP_CRR \
+         connection is one)."
+            .into(),
         "Dropped new flows: ebpf-cni's `exhausted` + `table_full` counters (`ebpf-cni \
          inspect`), the reference's conntrack `drop` + `early_drop` + `insert_failed` \
          (/proc/net/stat/nf_conntrack of the node), before and after all repeats."
@@ -363,6 +406,40 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         flows,
         probe,
     }
+}
+
+/// The run-time figures, (`ecni_from_dev` rather than `ecni_from_pod`, masqueraded), in
+/// the order they are reported.
+const PROG_FIGURES: [(bool, bool); 4] =
+    [(false, true), (false, false), (true, true), (true, false)];
+
+/// `ecni_from_dev`'s (`dev`) or `ecni_from_pod`'s run time (ns) and run count so far on an
+/// ebpf-cni node, from the kernel's statistics.
+fn prog_stats(node: &BenchNode, dev: bool) -> Result<(u64, u64)> {
+    let name = if dev {
+        dp::PROG_FROM_DEV
+    } else {
+        dp::PROG_FROM_POD
+    };
+    let path = dp::pinned_programs(&node.node)
+        .into_iter()
+        .find(|p| p.ends_with(name))
+        .with_context(|| format!("the node has no pinned {name}"))?;
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show", "pinned"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .context("running bpftool")?;
+    ensure!(
+        out.status.success(),
+        "bpftool prog show pinned {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
+    let get = |k: &str| v[k].as_u64().unwrap_or(0);
+    Ok((get("run_time_ns"), get("run_cnt")))
 }
 
 /// What the node's flow table holds of `setup`'s pod, in words.
