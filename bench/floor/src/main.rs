@@ -47,7 +47,9 @@ fn main() {
     let outcome = Input::read().and_then(|input| match op.as_str() {
         "add" => add(&input),
         "del" => del(&input).map(|()| 0),
-        _ => Err(io::Error::other("usage: ebpf-cni-floor add|del < key=value lines")),
+        _ => Err(io::Error::other(
+            "usage: ebpf-cni-floor add|del < key=value lines",
+        )),
     });
     match outcome {
         Ok(host_ifindex) => {
@@ -548,7 +550,8 @@ impl Msg {
     fn nest(&mut self, kind: u16) {
         self.open.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
     }
 
     fn end(&mut self) {
@@ -659,9 +662,8 @@ impl Netlink {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             // SAFETY: `buf` is writable for its length.
-            let n = unsafe {
-                libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
-            };
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }

@@ -338,7 +338,9 @@ fn repeat(
     drop(pods);
     if let Some(fl) = floor.take() {
         if let Err(e) = fl.finish() {
-            progress(&format!("lifecycle: kernel floor: DEL of its first pod: {e:#}"));
+            progress(&format!(
+                "lifecycle: kernel floor: DEL of its first pod: {e:#}"
+            ));
         }
     }
     floor_samples.summarize(f, rs.get(&Subject::EbpfCni));

@@ -49,7 +49,14 @@ pub fn listeners(protocol: u8, family: u8) -> io::Result<Vec<(IpAddr, u16)>> {
         UNCONNECTED_STATE
     };
     let mut out = Vec::new();
-    let dump = request_in(SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, family, protocol, states, None);
+    let dump = request_in(
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_DUMP,
+        family,
+        protocol,
+        states,
+        None,
+    );
     exchange(&dump, |kind, body| {
         // `struct inet_diag_msg`: family, state, timer, retrans, then the socket id
         // (source port, destination port, source address, ...).
