@@ -554,8 +554,8 @@ pub fn cgroup2_root() -> Option<std::path::PathBuf> {
 }
 
 /// The names of the programs of the node whose pins are under `pin_root` that are attached
-/// to the cgroup v2 root now (`bpftool cgroup show`): other nodes of the machine attach
-/// their own programs there, told apart by id.
+/// to the cgroup v2 root now (`BPF_PROG_QUERY`): other nodes of the machine attach their
+/// own programs there, told apart by id.
 pub fn node_cgroup_programs(pin_root: &Path) -> Result<std::collections::BTreeSet<String>> {
     let mut ours = std::collections::BTreeMap::new();
     if let Ok(revs) = fs::read_dir(pin_root.join(ebpf_cni_maps::pin::PROGRAMS_DIR)) {
@@ -570,28 +570,29 @@ pub fn node_cgroup_programs(pin_root: &Path) -> Result<std::collections::BTreeSe
     let Some(cg) = cgroup2_root() else {
         return Ok(Default::default());
     };
-    let out = std::process::Command::new("bpftool")
-        .args(["-j", "cgroup", "show"])
-        .arg(&cg)
-        .output()
-        .context("running bpftool cgroup show")?;
-    if !out.status.success() {
-        bail!(
-            "bpftool cgroup show {}: {}",
-            cg.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let dir = fs::File::open(&cg).with_context(|| format!("opening {}", cg.display()))?;
+    // The attach types of ebpf-cni's cgroup programs: sock_ops, inet4/6 connect, udp4/6
+    // sendmsg and recvmsg, inet4/6 getpeername (queried one by one, as the kernel asks).
+    let mut attached = Vec::new();
+    for attach_type in [3u32, 10, 11, 14, 15, 19, 20, 29, 30] {
+        const CAP: usize = 64;
+        let mut prog_ids = [0u32; CAP];
+        let mut attr = Buf::new();
+        attr.put_u32(0, dir.as_raw_fd() as u32);
+        attr.put_u32(4, attach_type);
+        attr.put_u64(16, prog_ids.as_mut_ptr() as u64);
+        attr.put_u32(24, CAP as u32);
+        sys_bpf(BPF_PROG_QUERY, &mut attr, 64).with_context(|| {
+            format!(
+                "BPF_PROG_QUERY attach type {attach_type} on {}",
+                cg.display()
+            )
+        })?;
+        let n = (attr.u32_at(24) as usize).min(CAP);
+        attached.extend_from_slice(&prog_ids[..n]);
     }
-    // Nothing attached: bpftool prints no JSON at all (it did in the kernel guests).
-    if out.stdout.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Default::default());
-    }
-    let attached: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
     Ok(attached
-        .as_array()
         .into_iter()
-        .flatten()
-        .filter_map(|a| a["id"].as_u64())
-        .filter_map(|id| ours.get(&(id as u32)).cloned())
+        .filter_map(|id| ours.get(&id).cloned())
         .collect())
 }
