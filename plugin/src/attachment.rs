@@ -239,7 +239,7 @@ pub fn is_chained(conf: &NetConf) -> bool {
 }
 
 /// The pod's netns cookie when its egress limit makes its TCP sockets paced (the pacing
-/// map's key), else 0: reading it costs a thread, which pods without limits are spared.
+/// map's key), else 0: reading it enters the pod's namespace, which pods without limits are spared.
 fn pacing_cookie(limits: &Limits, pod_ns: &Netns) -> Result<u64, CniError> {
     if bpf::pacing_rate(limits.to_map_value()).is_none() || !bpf::kernel::has_netns_cookie() {
         return Ok(0);

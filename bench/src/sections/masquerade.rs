@@ -18,8 +18,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use std::process::{Command, Stdio};
-
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use ebpf_cni_tests::{dataplane as dp, Netns};
 use serde_json::{Map, Value};
@@ -421,25 +419,7 @@ fn prog_stats(node: &BenchNode, dev: bool) -> Result<(u64, u64)> {
     } else {
         dp::PROG_FROM_POD
     };
-    let path = dp::pinned_programs(&node.node)
-        .into_iter()
-        .find(|p| p.ends_with(name))
-        .with_context(|| format!("the node has no pinned {name}"))?;
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show", "pinned"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .output()
-        .context("running bpftool")?;
-    ensure!(
-        out.status.success(),
-        "bpftool prog show pinned {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
-    let get = |k: &str| v[k].as_u64().unwrap_or(0);
-    Ok((get("run_time_ns"), get("run_cnt")))
+    crate::rig::progstats::of(node, name)
 }
 
 /// What the node's flow table holds of `setup`'s pod, in words.

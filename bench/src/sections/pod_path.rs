@@ -16,11 +16,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use serde_json::Value;
 
 use crate::log::progress;
 use crate::metric::{Metric, PathFigure, PathPart};
@@ -89,20 +87,13 @@ impl Setup {
     fn prog_stats(&self) -> Result<BTreeMap<String, (u64, u64)>> {
         let mut m = BTreeMap::new();
         for path in ebpf_cni_tests::dataplane::pinned_programs(&self.node.node) {
-            let out = Command::new("bpftool")
-                .args(["-j", "prog", "show", "pinned"])
-                .arg(&path)
-                .stdin(Stdio::null())
-                .output()
-                .context("running bpftool")?;
-            if !out.status.success() {
+            // A program bpftool cannot show is left out.
+            let Ok(st) = crate::rig::progstats::pinned(&path) else {
                 continue;
-            }
-            let v: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
-            let name = v["name"].as_str().unwrap_or_default().to_owned();
-            let e = m.entry(name).or_insert((0, 0));
-            e.0 += v["run_time_ns"].as_u64().unwrap_or(0);
-            e.1 += v["run_cnt"].as_u64().unwrap_or(0);
+            };
+            let e = m.entry(st.name).or_insert((0, 0));
+            e.0 += st.run_time_ns;
+            e.1 += st.run_cnt;
         }
         Ok(m)
     }

@@ -19,11 +19,9 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use std::process::{Command, Stdio};
-
 use anyhow::{ensure, Context as _, Result};
 use ebpf_cni_tests::dataplane as dp;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::log::progress;
 use crate::metric::{Metric, SourceFigure};
@@ -106,25 +104,7 @@ impl Setup {
 
     /// `ecni_from_pod`'s run time (ns) and run count so far, from the kernel's statistics.
     fn prog_stats(&self) -> Result<(u64, u64)> {
-        let path = dp::pinned_programs(&self.node.node)
-            .into_iter()
-            .find(|p| p.ends_with(dp::PROG_FROM_POD))
-            .context("the node has no pinned ecni_from_pod")?;
-        let out = Command::new("bpftool")
-            .args(["-j", "prog", "show", "pinned"])
-            .arg(&path)
-            .stdin(Stdio::null())
-            .output()
-            .context("running bpftool")?;
-        ensure!(
-            out.status.success(),
-            "bpftool prog show pinned {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
-        let get = |k: &str| v[k].as_u64().unwrap_or(0);
-        Ok((get("run_time_ns"), get("run_cnt")))
+        crate::rig::progstats::of(&self.node, dp::PROG_FROM_POD)
     }
 }
 
