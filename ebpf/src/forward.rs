@@ -21,7 +21,7 @@ use aya_log_ebpf::debug;
 
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
-    maps::{count, endpoint, tracing, AlignedKey, Dir, Event},
+    maps::{count, endpoint, no_limits, tracing, AlignedKey, Dir, Event},
     masq::{self, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
@@ -195,7 +195,12 @@ pub fn from_chained_pod(ctx: &TcContext) -> i32 {
 fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
-    match police(ctx, me, Way::Egress) {
+    let verdict = if no_limits() {
+        Verdict::Pass
+    } else {
+        police(ctx, me, Way::Egress)
+    };
+    match verdict {
         Verdict::Drop => {
             count(me, Dir::FromPod, Event::Drop, len);
             return TC_ACT_SHOT as i32;

@@ -10,7 +10,7 @@ use ebpf_cni_maps::{
     str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
     PodCounters, PortHits, PortKey, PortTarget, RateLimit, ShapeSubnetKey, SockKey, SockOrig,
     MAX_ENDPOINTS, MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS,
-    NODE_FLAG_PORTMAP,
+    NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
 };
 
 #[map]
@@ -92,6 +92,14 @@ pub fn portmap_enabled() -> bool {
     ECNI_CONFIG
         .get(0)
         .is_some_and(|c| c.flags & NODE_FLAG_PORTMAP != 0)
+}
+
+/// Whether no pod of the node has a rate limit (see [`NODE_FLAG_NO_LIMITS`]).
+#[inline(always)]
+pub fn no_limits() -> bool {
+    ECNI_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & NODE_FLAG_NO_LIMITS != 0)
 }
 
 /// The node's netns cookie, when the node has host port mappings.

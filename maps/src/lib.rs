@@ -253,6 +253,17 @@ pub const EP_FLAG_MASQ: u32 = 2;
 /// [`NodeConfig::flags`]: some pod on the node masquerades, so the device program looks
 /// replies up in the masquerade table.
 pub const NODE_FLAG_MASQ: u32 = 2;
+/// [`NodeConfig::flags`]: the node's rate map is empty, so `ecni_from_pod` skips the
+/// lookup of the sending pod's egress limit. Set by the binary that loads a revision or
+/// removes the node's last limit, cleared by the binary that writes a limit, before the
+/// pod's programs attach. A flag that says "nothing to do": a node whose config predates
+/// it keeps every lookup. Safe across releases because a pod's egress limit is applied by
+/// its own programs, which the binary that wrote the limit attached: an older release that
+/// writes a limit while the flag is on attaches its own programs, which ignore the flag.
+/// The limit towards a pod is still looked up on every delivery: that lookup runs in the
+/// sender's programs, and an older release writing a receiver's limit would not turn the
+/// flag off for them.
+pub const NODE_FLAG_NO_LIMITS: u32 = 8;
 
 /// Names of the directories and files under the bpffs mount point. The plugin's `bpf::pin`
 /// module assembles them into paths; nothing else spells them out.

@@ -276,6 +276,19 @@ pub fn endpoints(node: &Node) -> Result<BTreeMap<IpAddr, Endpoint>> {
     Ok(out)
 }
 
+/// The node config's `flags` (`NODE_FLAG_*`); read with bpftool from the pin.
+pub fn node_config_flags(node: &Node) -> Result<u32> {
+    let entries = dump(&map_pin(node, CONFIG_MAP))?;
+    let value = entries
+        .first()
+        .and_then(|e| e.values.first())
+        .context("the node config map has no entry")?;
+    ensure!(value.len() == 16, "node config of {} bytes", value.len());
+    Ok(u32::from_le_bytes(
+        value[8..12].try_into().expect("4 bytes"),
+    ))
+}
+
 /// The per-pod counters by host veth ifindex, each summed over CPUs; read with bpftool.
 pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
     let mut out = BTreeMap::new();

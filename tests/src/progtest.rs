@@ -612,6 +612,28 @@ impl Lab {
         ] {
             ns.ip_ok(&cmd.split(' ').collect::<Vec<_>>())?;
         }
+        // The uplink's IPv6 address is the node's (a FIB lookup to it is not forwarded)
+        // only once its local route is in: the kernel adds it when the veth's carrier is
+        // seen, which the link watcher may report a while after `link set up`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let out = ns.exec(&[
+                "ip",
+                "-6",
+                "route",
+                "show",
+                "table",
+                "local",
+                "2001:db8:1::1",
+            ])?;
+            if !out.stdout.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the uplink's IPv6 address has no local route after 5 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let out = ns.exec(&[
             "sysctl",
             "-qw",
@@ -738,6 +760,16 @@ impl Lab {
         for v4 in [true, false] {
             self.progs.add_node_addr(self.up.addr(v4));
         }
+    }
+
+    /// A node without rate limits, as the plugin writes it: the node config's
+    /// `NODE_FLAG_NO_LIMITS` (the programs then skip the sender's limit lookup).
+    pub fn no_limits(&mut self) {
+        let cfg = NodeConfig {
+            flags: ebpf_cni_maps::NODE_FLAG_NO_LIMITS | self.config().flags,
+            ..self.config()
+        };
+        self.progs.set_config(cfg);
     }
 
     /// The source check of pod `p`: its own addresses pass, every other source is

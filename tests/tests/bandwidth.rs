@@ -126,8 +126,19 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
                     "EgressRate": limit_bps() as u64, "EgressBurst": 4294967295u64});
     let limited_conf = conf_with(&p, &node, Some(bw));
     let plain_conf = conf_with(&p, &node, None);
-    let limited = add(&p, &node, &limited_conf);
+    // The programs skip the sender's limit lookup only on a node without limits: the
+    // node's switch is on after the first load on a node without limits, off while a pod
+    // has one (the traffic below proves the limited pod's limits still hold), on again when
+    // the last limit goes.
+    let no_limits =
+        || dp::node_config_flags(&node).unwrap() & ebpf_cni_maps::NODE_FLAG_NO_LIMITS != 0;
     let plain = add(&p, &node, &plain_conf);
+    assert!(no_limits(), "a node without limits has the switch on");
+    let limited = add(&p, &node, &limited_conf);
+    assert!(
+        !no_limits(),
+        "the no-limits switch is on beside a limited pod"
+    );
     let ext_ip = IpAddr::V4(ext.v4);
 
     // UDP at twice the limit: the receiver gets about the limit (the burst adds at most
@@ -247,6 +258,17 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     assert!(dp::inspect_attachment(&report, &limited.cid).is_none());
     let rates = dp::map_entries(&node, dp::RATE_LIMITS_MAP).unwrap();
     assert_eq!(rates.len(), 0, "limiter entries left: {rates:?}");
+    assert!(no_limits(), "the last limit went, the switch stays off");
+    // CHECK of the unlimited pod still passes with the hint in its entries.
+    let mut c = plain_conf.clone();
+    c["prevResult"] = plain.result.clone();
+    p.run(
+        &node,
+        CniCommand::Check,
+        &p.env(&plain.cid, plain.ns.path(), "eth0"),
+        c.to_string(),
+    )
+    .expect_success("CHECK of the unlimited pod");
     p.run(
         &node,
         CniCommand::Del,

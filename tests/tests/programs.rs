@@ -666,6 +666,58 @@ fn the_policer_drops_past_the_burst_and_counts_the_drop() {
     assert_eq!(lab.progs.counters(b.ifindex).to_pod.packets, 2);
 }
 
+/// A node without limits tells the programs so (`NODE_FLAG_NO_LIMITS`), and they then
+/// skip the sender's limit lookup: an empty egress bucket the switch says is not there
+/// drops nothing. The limit towards the receiver is looked up whatever the switch says (an
+/// older release may have written it, see the flag's doc). Without the switch, both drop.
+#[test]
+fn the_senders_limit_is_looked_up_unless_the_node_says_there_are_none() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    let empty = Bucket {
+        rate_bytes: 1,
+        burst_bytes: 1,
+        mode: LIMIT_POLICE,
+        tokens: 0,
+        last_ns: monotonic_ns() + 3_600_000_000_000,
+    };
+    for p in [&a, &b] {
+        lab.progs.set_rate(
+            p.ifindex,
+            RateLimit {
+                ingress: empty,
+                egress: empty,
+            },
+        );
+    }
+    let frame = from(&a, b.addr(true), L4::udp(40_022, 9)).frame();
+    assert_eq!(
+        lab.from_pod(&a, &frame).verdict,
+        Verdict::Shot,
+        "limits looked up"
+    );
+    assert_eq!(lab.progs.counters(a.ifindex).from_pod.drops, 1);
+    // The switch: a's egress is not looked up, b's ingress still is.
+    lab.no_limits();
+    assert_eq!(lab.from_pod(&a, &frame).verdict, Verdict::Shot);
+    let (ca, cb) = (
+        lab.progs.counters(a.ifindex).from_pod,
+        lab.progs.counters(b.ifindex).to_pod,
+    );
+    assert_eq!((ca.drops, ca.packets), (1, 1), "a's egress passed: {ca:?}");
+    assert_eq!(cb.drops, 1, "b's ingress dropped: {cb:?}");
+    // Without b's limit: delivered.
+    lab.progs.set_rate(
+        b.ifindex,
+        RateLimit {
+            ingress: Bucket::default(),
+            egress: Bucket::default(),
+        },
+    );
+    assert_eq!(lab.from_pod(&a, &frame).verdict, Verdict::Redirect);
+    assert_eq!(lab.progs.counters(b.ifindex).to_pod.packets, 1);
+}
+
 /// While the bucket runs low (under a quarter of the burst), ECN-capable packets pass
 /// marked CE (the IPv4 header checksum patched) and are counted as marks; others pass
 /// unmarked.

@@ -167,6 +167,120 @@ pub fn targets(run: &Run) -> Vec<Target> {
         },
     });
 
+    // Issue 26: pod → pod at the plain veth pair's floor (the dataplane section's medians,
+    // the three columns alternating in every repeat).
+    let crr = Metric::Crr(PathKind::PodToPod);
+    let of_veth = |m: &Metric, s| -> Result<f64, String> {
+        Ok(median_of(rr, m, s)? / median_of(rr, m, Subject::Veth)?)
+    };
+    for (goal, metric, limit, higher) in [
+        (
+            "TCP_CRR pod → pod ≥ 0.95 of a plain veth pair's",
+            &crr,
+            0.95,
+            true,
+        ),
+        (
+            "TCP_RR p50 pod → pod ≤ 1.03× a plain veth pair's",
+            &rr_p50,
+            1.03,
+            false,
+        ),
+    ] {
+        let e = of_veth(metric, Subject::EbpfCni);
+        let r = of_veth(metric, Subject::Reference);
+        let show = |v: &Result<f64, String>| {
+            v.as_ref()
+                .map_or_else(|w| w.clone(), |v| format!("{v:.3}× veth"))
+        };
+        out.push(Target {
+            goal,
+            source: "26",
+            ebpf: show(&e),
+            reference: show(&r),
+            status: match e {
+                Ok(v) => status(if higher { v >= limit } else { v <= limit }),
+                Err(_) => not_yet(),
+            },
+        });
+    }
+
+    // Issue 26: masquerade at the routed path's cost (the masquerade section).
+    let masq = run.masquerade.as_ref().map(|m| &m.traffic);
+    let prog = |masq_on| {
+        median_of(
+            masq,
+            &Metric::MasqProgNs {
+                dev: false,
+                masq: masq_on,
+            },
+            Subject::EbpfCni,
+        )
+    };
+    let extra = prog(true).and_then(|m| Ok(m - prog(false)?));
+    out.push(Target {
+        goal: "masquerade's extra run time per packet of the pod over the routed path ≤ 0.3 µs \
+               (`ecni_from_pod`, TCP_CRR: every connection a new flow)",
+        source: "26",
+        ebpf: extra
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} ns", short_num(*v))),
+        reference: "—".into(),
+        status: match extra {
+            Ok(v) => status(v <= 300.0),
+            Err(_) => not_yet(),
+        },
+    });
+    let share = |s| -> Result<f64, String> {
+        Ok(median_of(masq, &Metric::MasqCrr, s)? / median_of(masq, &Metric::MasqCrrRouted, s)?)
+    };
+    let (e, r) = (share(Subject::EbpfCni), share(Subject::Reference));
+    let show =
+        |v: &Result<f64, String>| v.as_ref().map_or_else(|w| w.clone(), |v| format!("{v:.3}"));
+    out.push(Target {
+        goal: "TCP_CRR pod → external host, masqueraded, ≥ 0.97 of the same path untranslated",
+        source: "26",
+        ebpf: show(&e),
+        reference: show(&r),
+        status: match e {
+            Ok(v) => status(v >= 0.97),
+            Err(_) => not_yet(),
+        },
+    });
+    let e = median_of(masq, &Metric::MasqThroughput, Subject::EbpfCni);
+    let r = median_of(masq, &Metric::MasqThroughput, Subject::Reference);
+    let gbit = |v: &Result<f64, String>| {
+        v.as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} Gbit/s", short_num(*v)))
+    };
+    out.push(Target {
+        goal: "TCP throughput pod → external host, masqueraded, ≥ 1.0× the reference chain's",
+        source: "26",
+        ebpf: match (&e, &r) {
+            (Ok(a), Ok(b)) => format!("{} ({:.2}×)", gbit(&e), a / b),
+            _ => gbit(&e),
+        },
+        reference: gbit(&r),
+        status: match (&e, &r) {
+            (Ok(e), Ok(r)) => status(e >= r),
+            (Err(_), _) | (_, Err(_)) => not_yet(),
+        },
+    });
+    let first = median_of(lat, &Metric::FirstAdd, Subject::EbpfCni);
+    out.push(Target {
+        goal: "first ADD of a node (the programs' load) < 0.25 s",
+        source: "26",
+        ebpf: first
+            .as_ref()
+            .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v))),
+        reference: median_of(lat, &Metric::FirstAdd, Subject::Reference)
+            .map_or_else(|w| w, |v| format!("{} ms", short_num(v))),
+        status: match first {
+            Ok(v) => status(v < 250.0),
+            Err(_) => not_yet(),
+        },
+    });
+
     for (goal, pick, unit) in [
         (
             "connect latency through a hostPort flat (±20%) from K = 0 to 10,000 (the worse of \

@@ -322,6 +322,10 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
             }
         }
     }
+    // The node-wide switches the new programs read and that no pod's ADD sets yet.
+    if let Some(maps) = super::maps::Maps::open(root, node)? {
+        maps.settle_limits_switch(root, node)?;
+    }
     log::info!("loaded and pinned eBPF programs revision {rev} for {node}");
     Ok(())
 }

@@ -44,6 +44,9 @@ impl Capability for Limits {
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
         queue::prepare(veth.host_ifindex, &mut rate, &pod_name)?;
         cx.maps.set_limits(veth.host_ifindex, rate)?;
+        if rate.is_some() {
+            cx.maps.settle_limits_switch(cx.root, cx.node)?;
+        }
         cx.maps
             .set_shape_subnets(veth.host_ifindex, &pod.limits.shape_subnets)?;
         if let Some(paced) = pacing_rate(rate) {
@@ -96,8 +99,12 @@ impl Capability for Limits {
         if let Some(maps) = cx.maps.as_deref_mut() {
             maps.remove_pacing(cx.key.id())?;
             if let Some(ifindex) = cx.host_ifindex {
+                let had = maps.limits(ifindex).is_some();
                 maps.set_limits(ifindex, None)?;
                 maps.set_shape_subnets(ifindex, &[])?;
+                if had {
+                    maps.settle_limits_switch(cx.root, cx.node)?;
+                }
             }
         }
         Ok(removed)

@@ -2,15 +2,52 @@
 //! TCP pacing of its network namespace, and the subnets its limits exempt or select.
 
 use aya::maps::lpm_trie::Key;
+use aya::maps::{Array, HashMap, MapData};
 use ebpf_cni_maps::{
-    Pacing, RateLimit, ShapeSubnetKey, LIMIT_MODE_MASK, LIMIT_SUBNETS_UNSHAPED, PACING_MAP,
-    RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
+    NodeConfig, Pacing, RateLimit, ShapeSubnetKey, CONFIG_MAP, LIMIT_MODE_MASK,
+    LIMIT_SUBNETS_UNSHAPED, NODE_FLAG_NO_LIMITS, PACING_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
 };
 
 use crate::bandwidth::SubnetKey;
 
-use super::{is_not_found, Maps};
-use crate::bpf::BpfError;
+use super::{is_not_found, open_map_err, open_pinned, Maps};
+use crate::bpf::{
+    pin::{NodeId, PinRoot},
+    BpfError,
+};
+
+/// Sets the node's [`NODE_FLAG_NO_LIMITS`] when its rate map `rates` is empty and clears
+/// it otherwise, so `ecni_from_pod` skips the sender's limit lookup on a node without
+/// limits. Under the node lock: after a load (the map may be fresh or hold limits of an
+/// older binary's pods), after a limit is written (before the pod's programs attach) and
+/// after one is removed.
+pub fn settle_limits_switch(
+    root: &PinRoot,
+    node: &NodeId,
+    rates: &HashMap<MapData, u32, RateLimit>,
+) -> Result<(), BpfError> {
+    let Some(map) = open_pinned(root, node, CONFIG_MAP)? else {
+        return Ok(());
+    };
+    let mut config: Array<MapData, NodeConfig> =
+        Array::try_from(map).map_err(open_map_err(root, node, CONFIG_MAP))?;
+    let have = config.get(&0, 0).unwrap_or_default();
+    let flags = if rates.keys().next().is_none() {
+        have.flags | NODE_FLAG_NO_LIMITS
+    } else {
+        have.flags & !NODE_FLAG_NO_LIMITS
+    };
+    if flags == have.flags {
+        return Ok(());
+    }
+    config
+        .set(0, NodeConfig { flags, ..have }, 0)
+        .map_err(|source| BpfError::MapUpdate {
+            map: CONFIG_MAP,
+            what: "set the node's no-limits switch".to_owned(),
+            source: Box::new(source),
+        })
+}
 
 impl Maps {
     /// Pacing rate (bytes/s) by attachment, in one walk of the pacing map.
@@ -121,6 +158,11 @@ impl Maps {
             what: format!("set the limits of ifindex {ifindex}"),
             source: Box::new(source),
         })
+    }
+
+    /// [`settle_limits_switch`] of this node's rate map.
+    pub fn settle_limits_switch(&self, root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
+        settle_limits_switch(root, node, &self.rates)
     }
 
     pub fn limits(&self, ifindex: u32) -> Option<RateLimit> {
