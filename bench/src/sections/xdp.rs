@@ -3,18 +3,19 @@
 //! the TC program `ecni_from_dev` (the product) or by the XDP prototype `ecni_xdp_dev`
 //! attached to the node's uplink veth in native (driver) mode in front of it.
 //!
-//! Both modes run on the same node, pod and servers; every repeat measures TC, then XDP
-//! (attached for that turn and detached after), so a noisy moment hits both. What each mode
-//! costs the veth is part of the figure, not set aside:
-//! - XDP on a veth turns off its peer's segmentation offloads: the external client's TCP
-//!   sends 1500-byte frames instead of 64 KB GSO packets, and the uplink runs in NAPI mode;
-//! - a frame redirected at XDP crosses into the pod as an XDP frame, which the pod's veth
-//!   end takes only with NAPI on: here, GRO on that interface (`ethtool -K eth0 gro on`, on
-//!   Linux 5.13+; before that, an XDP program there). It is on in both modes;
-//! - XDP cannot read an skb's checksum state, so the prototype patches the transport
-//!   checksum as a full one, which is what a frame from a wire has, not the pseudo header's
-//!   sum of a local socket's offloaded (`CHECKSUM_PARTIAL`) one: the external client sends
-//!   with its checksum offload off in both modes (as a NIC's peer does).
+//! Three modes on the same node, pod and servers, alternating within every repeat (XDP
+//! attached for its turn and detached after), so a noisy moment hits all of them:
+//! - TC, the client's offloads on: the product on a veth uplink as it runs, 64 KB GSO
+//!   packets with offloaded checksums crossing the veth whole;
+//! - TC, the client's checksum offload off and GRO on the uplink: full-checksum 1500-byte
+//!   frames, as a NIC's peer sends them and a NIC merges them;
+//! - XDP with those frames. What XDP costs the veth is part of its figure, not set aside:
+//!   attaching it turns off its peer's segmentation offloads (the client's TCP sends
+//!   1500-byte frames), and a frame redirected at XDP crosses into the pod as an XDP frame,
+//!   which the pod's veth end takes only with NAPI on: GRO on that interface (on in every
+//!   mode). XDP cannot read an skb's checksum state, so the prototype patches the transport
+//!   checksum as a full one; with the client's checksum offload on no connection gets
+//!   through, which the section probes once and reports, as it does for NAPI off.
 //!
 //! Only ebpf-cni has the prototype; the reference chain has no column here.
 
