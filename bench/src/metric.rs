@@ -147,6 +147,59 @@ impl SourceFigure {
     }
 }
 
+/// A figure of the XDP section, taken with the host-port DNAT at TC or at XDP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XdpFigure {
+    Throughput,
+    Crr,
+    /// XDP's throughput over the TC mode's, per repeat.
+    ThroughputXdpOver,
+    /// XDP's TCP_CRR over the TC mode's, per repeat.
+    CrrXdpOver,
+}
+
+impl XdpFigure {
+    pub const ALL: [XdpFigure; 4] = [
+        XdpFigure::Throughput,
+        XdpFigure::Crr,
+        XdpFigure::ThroughputXdpOver,
+        XdpFigure::CrrXdpOver,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            XdpFigure::Throughput => "TCP throughput",
+            XdpFigure::Crr => "TCP_CRR",
+            XdpFigure::ThroughputXdpOver => "TCP throughput at XDP over",
+            XdpFigure::CrrXdpOver => "TCP_CRR at XDP over",
+        }
+    }
+}
+
+/// How the XDP section's uplink runs: the host-port DNAT at TC with the external client's
+/// offloads as a veth has them, at TC with the client sending full-checksum 1500-byte
+/// frames (as a NIC's peer does), or at XDP with the same frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UplinkMode {
+    TcOffload,
+    Tc,
+    Xdp,
+}
+
+impl UplinkMode {
+    pub const ALL: [UplinkMode; 3] = [UplinkMode::TcOffload, UplinkMode::Tc, UplinkMode::Xdp];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            UplinkMode::TcOffload => "DNAT at TC, client offloads on (64 KB GSO)",
+            UplinkMode::Tc => "DNAT at TC, client checksum offload off",
+            UplinkMode::Xdp => "DNAT at XDP (native), client checksum offload off",
+        }
+    }
+}
+
 /// A figure of the pod → pod path section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -308,6 +361,11 @@ pub enum Metric {
         figure: SourceFigure,
         on: bool,
     },
+    // External → hostPort with the DNAT at TC or at XDP (the prototype).
+    Xdp {
+        figure: XdpFigure,
+        mode: UplinkMode,
+    },
     // What pod → pod pays, part by part.
     PodPath {
         figure: PathFigure,
@@ -426,6 +484,20 @@ impl Metric {
                 figure.label(),
                 if *on { "on" } else { "off" }
             ),
+            Xdp {
+                figure: f @ (XdpFigure::ThroughputXdpOver | XdpFigure::CrrXdpOver),
+                mode,
+            } => format!(
+                "{} {}, external → hostPort",
+                f.label(),
+                match mode {
+                    UplinkMode::TcOffload => "TC with the client's offloads on",
+                    _ => "TC with the same frames",
+                }
+            ),
+            Xdp { figure, mode } => {
+                format!("{}, external → hostPort, {}", figure.label(), mode.label())
+            }
             PodPath { figure, part } => format!("{}, {}", figure.label(), part.label()),
             MetricsRead { pods } => {
                 let target = if *pods == METRICS_TARGET_PODS {
@@ -534,6 +606,11 @@ impl Metric {
                 SourceFigure::Crr => "conn/s",
                 SourceFigure::ProgNs => "ns",
             },
+            Xdp { figure, .. } => match figure {
+                XdpFigure::Throughput => "Gbit/s",
+                XdpFigure::Crr => "conn/s",
+                XdpFigure::ThroughputXdpOver | XdpFigure::CrrXdpOver => "×",
+            },
             PodPath { figure, .. } => match figure {
                 PathFigure::RrP50 => "µs",
                 PathFigure::RrOfVeth => "×",
@@ -570,7 +647,8 @@ impl Metric {
             | PodPath {
                 figure: PathFigure::Crr | PathFigure::CrrOfVeth,
                 ..
-            } => Better::Higher,
+            }
+            | Xdp { .. } => Better::Higher,
             Accuracy { .. } | FlowsOffered | FlowTableEntries => Better::Neither,
             Headline(m) => m.better(),
             _ => Better::Lower,

@@ -18,10 +18,11 @@ pub enum Section {
     SourceCheck,
     Node,
     PodPath,
+    Xdp,
 }
 
 impl Section {
-    pub const ALL: [Section; 10] = [
+    pub const ALL: [Section; 11] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -32,6 +33,7 @@ impl Section {
         Section::SourceCheck,
         Section::Node,
         Section::PodPath,
+        Section::Xdp,
     ];
 }
 

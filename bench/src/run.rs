@@ -13,7 +13,7 @@ use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
     bandwidth, cleanup, guest, lifecycle, masquerade, metrics, node, pod_path, scale, source_check,
-    traffic,
+    traffic, xdp,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -31,6 +31,7 @@ pub struct Run {
     pub source_check: Option<source_check::Output>,
     pub pod_path: Option<pod_path::Output>,
     pub node: Option<node::Output>,
+    pub xdp: Option<xdp::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -73,6 +74,7 @@ impl Run {
             source_check: None,
             pod_path: None,
             node: None,
+            xdp: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -101,6 +103,7 @@ impl Run {
                 Section::SourceCheck => run.source_check = Some(source_check::run(params, &bins)),
                 Section::Node => run.node = Some(node::run(params, &bins)),
                 Section::PodPath => run.pod_path = Some(pod_path::run(params, &bins)),
+                Section::Xdp => run.xdp = Some(xdp::run(params, &bins)),
             }));
             if let Err(panic) = outcome {
                 let msg = panic
@@ -153,6 +156,9 @@ impl Run {
         }
         if let Some(pp) = &run.pod_path {
             v.push(&pp.table);
+        }
+        if let Some(x) = &run.xdp {
+            v.push(&x.table);
         }
         v
     }

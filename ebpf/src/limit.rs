@@ -183,6 +183,13 @@ pub fn towards(ctx: &TcContext, ifindex: u32) -> Towards {
     Towards::Direct(police_bucket(ctx, ifindex, Way::Ingress, b))
 }
 
+/// Whether the pod behind host veth `ifindex` has an ingress limit (the XDP prototype
+/// leaves such pods to the TC path).
+#[inline(always)]
+pub fn has_ingress_limit(ifindex: u32) -> bool {
+    bucket(ifindex, Way::Ingress).is_some()
+}
+
 /// Applies the limit of the pod behind host veth `ifindex` in direction `way` by policing;
 /// an ingress limit that is paced is left to [`pace`] at the host veth egress.
 #[inline(always)]

@@ -34,10 +34,11 @@ mod rewrite;
 mod sock;
 mod source;
 mod tcp_ts;
+mod xdp;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier, sock_ops},
-    programs::{SockAddrContext, SockOpsContext, TcContext},
+    macros::{cgroup_sock_addr, classifier, sock_ops, xdp},
+    programs::{SockAddrContext, SockOpsContext, TcContext, XdpContext},
 };
 use ebpf_cni_maps::str_eq;
 
@@ -79,6 +80,18 @@ pub fn ecni_to_pod(ctx: TcContext) -> i32 {
 pub fn ecni_from_dev(ctx: TcContext) -> i32 {
     forward::from_dev(&ctx)
 }
+
+/// A measurement prototype of `ecni_from_dev`'s host-port path at XDP, not loaded by the
+/// plugin (see `xdp`).
+#[xdp]
+pub fn ecni_xdp_dev(ctx: XdpContext) -> u32 {
+    xdp::from_dev(&ctx)
+}
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_XDP_DEV,
+    stringify!(ecni_xdp_dev)
+));
 
 /// TCP sockets of a pod with an egress limit pace themselves at it (see `pace`).
 #[sock_ops]

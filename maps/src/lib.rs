@@ -222,6 +222,9 @@ pub const PROG_FROM_POD: &str = "ecni_from_pod";
 pub const PROG_TO_POD: &str = "ecni_to_pod";
 /// TC program at the ingress of the node's external devices: traffic arriving for pods.
 pub const PROG_FROM_DEV: &str = "ecni_from_dev";
+/// The XDP prototype of `ecni_from_dev`'s host-port path: in the object for the benchmark's
+/// `xdp` section and the program tests, never loaded by the plugin (docs/dataplane.md).
+pub const PROG_XDP_DEV: &str = "ecni_xdp_dev";
 /// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
 /// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
@@ -856,6 +859,7 @@ const _: () = assert!(fits_bpf_obj_name(RATE_LIMITS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
+const _: () = assert!(fits_bpf_obj_name(PROG_XDP_DEV));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_CHAIN));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_MAP));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_HITS_MAP));

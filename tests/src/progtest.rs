@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues};
-use aya::programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions};
+use aya::programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader, Pod as Plain};
 use ebpf_cni_maps::{
     masq_src_key, DirCounters, EndpointInfo, EndpointKey, MasqFlow, MasqKey, MasqStats, NatKey,
@@ -240,6 +240,38 @@ impl Programs {
             ctx: ctx_out,
             ns: res.duration.as_nanos() as u64,
         })
+    }
+
+    /// Verifies the XDP program `name` of the object (none is loaded by [`Programs::load`]).
+    pub fn load_xdp(&mut self, name: &str) -> Result<()> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name} in the object"))?
+            .try_into()
+            .with_context(|| format!("{name} is not an XDP program"))?;
+        prog.load()
+            .with_context(|| format!("the verifier refused {name}"))
+    }
+
+    /// Runs the XDP program `name` once on `frame`, in the calling thread's network
+    /// namespace: its XDP verdict (`XDP_PASS` 2, `XDP_REDIRECT` 4, ...) and the frame it left.
+    pub fn run_xdp(&self, name: &str, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(name)
+            .and_then(|p| p.try_into().ok())
+            .with_context(|| format!("no loaded XDP program {name} in the object"))?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            })
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {name} on {} bytes", frame.len()))?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value, out))
     }
 
     /// Runs program `name` `repeat` times on `frame` in one `BPF_PROG_TEST_RUN` and returns
@@ -709,6 +741,27 @@ impl Lab {
     /// `ecni_from_dev` on the uplink.
     pub fn from_dev(&self, frame: &[u8]) -> Run {
         self.run(ebpf_cni_maps::PROG_FROM_DEV, self.up.ifindex, frame)
+    }
+
+    /// The XDP prototype `ecni_xdp_dev` (verified on first use) on the uplink: its XDP
+    /// verdict and the frame it left.
+    pub fn xdp_dev(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let name = ebpf_cni_maps::PROG_XDP_DEV;
+        if self
+            .progs
+            .ebpf
+            .program(name)
+            .and_then(|p| p.fd().ok())
+            .is_none()
+        {
+            self.progs
+                .load_xdp(name)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+        }
+        let _inside = self.ns.enter().expect("entering the lab's namespace");
+        self.progs
+            .run_xdp(name, frame)
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// `ecni_to_pod` on pod `p`'s host veth.

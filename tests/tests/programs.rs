@@ -313,6 +313,93 @@ fn host_port_dnat_reaches_the_pod_and_the_reply_comes_from_the_dialled_port() {
     }
 }
 
+/// XDP's verdicts (linux/bpf.h).
+const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
+
+/// The XDP prototype of the uplink's host-port path (`ecni_xdp_dev`, measured by the
+/// benchmark's `xdp` section, not loaded by the plugin) translates as `ecni_from_dev` does:
+/// IPv4 TCP and UDP to a mapped host port are redirected to the pod with the destination
+/// rewritten, one hop less, the pod's MACs, valid checksums (a zero UDP checksum stays
+/// zero), the reverse entry recorded and the hit counted; the same frame through
+/// `ecni_from_dev` leaves byte for byte the same. Anything else passes unchanged.
+#[test]
+fn the_xdp_prototype_does_the_host_port_dnat_of_the_tc_program() {
+    let mut lab = lab();
+    lab.host_ports();
+    let (a, node, client) = (lab.a.clone(), lab.up.addr(true), lab.up.remote(true));
+    for (i, proto) in [IPPROTO_TCP, IPPROTO_UDP].into_iter().enumerate() {
+        let what = if proto == IPPROTO_TCP { "TCP" } else { "UDP" };
+        let host_port = 9080 + i as u16;
+        let key = map_port(&mut lab, true, proto, host_port, 80);
+        let frame = arriving(
+            &lab,
+            client,
+            node,
+            ports_l4(proto, 41_000, host_port, TCP_SYN),
+        )
+        .payload(33)
+        .frame();
+        let (verdict, out) = lab.xdp_dev(&frame);
+        assert_eq!(verdict, XDP_REDIRECT, "{what}: redirected to the pod");
+        let got = parse(&out);
+        assert_eq!((got.src, got.dst), (client, a.addr(true)), "{what}");
+        assert_eq!(got.ports(), (41_000, 80), "{what}");
+        assert_eq!(
+            (got.src_mac, got.dst_mac),
+            (a.host_mac, a.pod_mac),
+            "{what}"
+        );
+        assert_eq!(got.ttl, 63, "{what}");
+        checksums_ok(&out, what);
+        let rev = NatKey {
+            pod_addr: endpoint_key(a.addr(true)).addr,
+            peer_addr: endpoint_key(client).addr,
+            pod_port: 80,
+            peer_port: 41_000,
+            proto,
+            _pad: [0; 3],
+        };
+        let orig = NatOrig {
+            addr: endpoint_key(node).addr,
+            port: host_port,
+            flags: 0,
+            _pad: [0; 4],
+        };
+        assert_eq!(lab.progs.nat_rev(&rev), Some(orig), "{what}: reverse entry");
+        assert_eq!(lab.progs.port_hits(&key).packets, 1, "{what}: hit counted");
+        let tc = lab.from_dev(&frame);
+        assert_eq!(tc.verdict, Verdict::Redirect, "{what}: TC");
+        assert_eq!(out, tc.frame, "{what}: XDP and TC leave the same frame");
+    }
+    // A UDP datagram without a checksum keeps none.
+    let frame = arriving(&lab, client, node, L4::udp(41_001, 9081))
+        .payload(5)
+        .frame();
+    let mut no_sum = frame.clone();
+    let at = ETH_HLEN + 20 + 6;
+    no_sum[at..at + 2].copy_from_slice(&[0, 0]);
+    let (verdict, out) = lab.xdp_dev(&no_sum);
+    assert_eq!(verdict, XDP_REDIRECT, "UDP without checksum");
+    assert_eq!(&out[at..at + 2], &[0, 0], "a zero UDP checksum stays zero");
+    // Not a host port, IPv6, not a node address: passed unchanged.
+    for frame in [
+        arriving(&lab, client, node, L4::tcp(41_002, 9999, TCP_SYN)).frame(),
+        arriving(
+            &lab,
+            lab.up.remote(false),
+            lab.up.addr(false),
+            L4::tcp(41_003, 9080, TCP_SYN),
+        )
+        .frame(),
+        arriving(&lab, client, a.addr(true), L4::tcp(41_004, 9080, TCP_SYN)).frame(),
+    ] {
+        let (verdict, out) = lab.xdp_dev(&frame);
+        assert_eq!(verdict, XDP_PASS);
+        assert_eq!(out, frame, "passed unchanged");
+    }
+}
+
 /// One masqueraded flow both ways: `out` leaves pod a for the remote end translated to
 /// the uplink's address and a port (echo identifier) of the range, with both flow entries
 /// recorded; `back(port)` arriving for that port reaches the pod translated back.

@@ -302,6 +302,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     }
     s.extend(skipped(Section::PodPath));
 
+    let _ = writeln!(s, "## 11. XDP on the uplink\n");
+    if let Some(x) = &run.xdp {
+        s.push_str(&md_table(&x.table, "###"));
+    }
+    s.extend(skipped(Section::Xdp));
+
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
     for t in run.tables() {

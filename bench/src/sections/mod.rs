@@ -1,7 +1,7 @@
 //! The sections of a run, each measuring both CNI subjects (and the plain veth where it
 //! applies) and returning its tables: [`lifecycle`], [`traffic`], [`scale`], [`bandwidth`]
 //! (on this machine, or in a kernel guest: [`guest`]), [`cleanup`], [`masquerade`],
-//! [`metrics`] and [`source_check`]. They share nothing but the rig and the model.
+//! [`metrics`], [`source_check`] and [`xdp`]. They share nothing but the rig and the model.
 
 pub mod bandwidth;
 pub mod cleanup;
@@ -14,3 +14,4 @@ pub mod pod_path;
 pub mod scale;
 pub mod source_check;
 pub mod traffic;
+pub mod xdp;
