@@ -471,7 +471,24 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
             )
         }
     };
-    let rc = lookup(&mut fib, 0);
+    // A masqueraded TCP SYN asks for the node's source address in the same lookup (6.8+;
+    // an older kernel refuses the flag before reading anything, and the lookup is asked
+    // again without it).
+    // Any other answer (no source address for the route, say) is asked again without
+    // the flag, from the request as it was, and the new flow chooses as before.
+    let mut rc = -1;
+    if masq && masq::opens_tcp_flow() {
+        let mut with_src = fib;
+        let r = lookup(&mut with_src, masq::FIB_LOOKUP_SRC);
+        if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS) || r == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+            masq::fib_source(&with_src);
+            fib = with_src;
+            rc = r;
+        }
+    }
+    if rc < 0 {
+        rc = lookup(&mut fib, 0);
+    }
     trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());

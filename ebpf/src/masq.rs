@@ -120,7 +120,10 @@ pub struct Scratch {
     /// A new TCP flow's SYN: where its timestamp value lies (0: it has none), and the value.
     syn_ts_at: u32,
     syn_ts: u32,
-    _pad: u32,
+    /// 1: the route lookup also chose the node's source address (a TCP SYN's, on 6.8+),
+    /// which is in `csum_to`.
+    src_known: u8,
+    _pad: [u8; 3],
 }
 
 /// Where the next allocation starts in the port range, for the whole node: ports are handed
@@ -296,6 +299,7 @@ pub fn wanted(ctx: &TcContext) -> Want {
     let Some(f) = scratch() else {
         return Want::No;
     };
+    f.src_known = 0;
     let Some(plain) = parse_ip(ctx, f) else {
         return Want::No;
     };
@@ -391,6 +395,8 @@ fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
 const TAKEN: u32 = 0;
 const GOT: u32 = 1;
 const FULL: u32 = 2;
+/// What a map update returns when `BPF_NOEXIST` finds the key there.
+const EEXIST: i32 = 17;
 
 /// Whether `port` of the node's address `f.rev.local` is a host port.
 #[inline(always)]
@@ -431,18 +437,18 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
         return TAKEN;
     }
     f.rev.local_port = port;
-    if ECNI_MASQ_REV
-        .insert(&f.rev, &f.val, u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
-        return GOT;
-    }
+    // Looked up first: once the range has gone round, most ports are held, and a held
+    // port's entry is reused in place (no failed insert, no allocation, no free).
     let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
-        // Not there, yet not inserted: the table is full.
-        return FULL;
+        return match ECNI_MASQ_REV.insert(&f.rev, &f.val, u64::from(BPF_NOEXIST)) {
+            Ok(()) => GOT,
+            // Another CPU took it since the lookup: probe on.
+            Err(e) if e == -EEXIST => TAKEN,
+            Err(_) => FULL,
+        };
     };
-    // SAFETY: a map value; read at once.
-    let held = unsafe { &*held };
+    // SAFETY: a map value; read here, written below only if it is reclaimed.
+    let held = unsafe { &mut *held };
     counterpart(&mut f.other, &held.addr, held.port, &f.rev);
     // SAFETY: read at once.
     let (idle, last) = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
@@ -465,12 +471,11 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
         }
     }
     let _ = ECNI_MASQ_FWD.remove(&f.other);
-    if ECNI_MASQ_REV
-        .insert(&f.rev, &f.val, u64::from(BPF_ANY))
-        .is_err()
-    {
-        return FULL;
-    }
+    // The node-side entry keeps its key (this port towards the same remote end): it is
+    // rewritten in place. A CPU racing for the same idle port writes it too, as a replacing
+    // insert would have let it; the old flow's late replies find the new flow's entry, as
+    // they did.
+    *held = f.val;
     count(Stat::Reclaimed);
     GOT
 }
@@ -647,7 +652,45 @@ pub extern "C" fn ecni_masq_snat(skb: *mut __sk_buff, out_ifindex: u32) -> u32 {
 
 /// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
 /// use on the route.
-const FIB_LOOKUP_SRC: u32 = 1 << 4;
+pub const FIB_LOOKUP_SRC: u32 = 1 << 4;
+
+/// Whether the packet `wanted` accepted is a TCP SYN, which opens a flow when none is
+/// there: its route lookup may as well ask for the node's source address
+/// (`FIB_LOOKUP_SRC`), saving `new_flow_source` a second lookup. Other packets do not ask:
+/// the selection would cost every packet of an established flow (IPv6's above all).
+#[inline(always)]
+pub fn opens_tcp_flow() -> bool {
+    scratch().is_some_and(|f| {
+        f.icmp_err == 0 && f.proto == IPPROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    })
+}
+
+/// Records the source address a route lookup asked with `FIB_LOOKUP_SRC` chose, for a new
+/// flow of the packet `wanted` accepted.
+#[inline(always)]
+pub fn fib_source(fib: &bpf_fib_lookup) {
+    let Some(f) = scratch() else {
+        return;
+    };
+    set_source(f, fib);
+    f.src_known = 1;
+}
+
+/// The source address a lookup with `FIB_LOOKUP_SRC` wrote into `fib`, into `f.csum_to`.
+#[inline(always)]
+fn set_source(f: &mut Scratch, fib: &bpf_fib_lookup) {
+    // SAFETY: union fields of plain integers, written by the lookup for this family.
+    unsafe {
+        if f.v4 == 1 {
+            f.csum_to = [0; 16];
+            f.csum_to[10] = 0xff;
+            f.csum_to[11] = 0xff;
+            f.csum_to[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
+        } else {
+            f.csum_to = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
+        }
+    }
+}
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
@@ -658,6 +701,9 @@ const AF_INET6: u8 = 10;
 /// when every packet asked) is not paid for on an established flow's packets.
 #[inline(never)]
 fn new_flow_source(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> bool {
+    if f.src_known == 1 {
+        return true;
+    }
     // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     // SAFETY: the context pointer is the program's `__sk_buff`, readable for the whole run.
@@ -705,17 +751,7 @@ fn new_flow_source(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> bool {
     if !chosen {
         return source(f, out_ifindex);
     }
-    // SAFETY: union fields of plain integers, written by the lookup for this family.
-    unsafe {
-        if f.v4 == 1 {
-            f.csum_to = [0; 16];
-            f.csum_to[10] = 0xff;
-            f.csum_to[11] = 0xff;
-            f.csum_to[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
-        } else {
-            f.csum_to = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
-        }
-    }
+    set_source(f, &fib);
     true
 }
 
