@@ -7,9 +7,10 @@
 //! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
 //! broken to make room. A new flow probes `MASQ_PROBES` ports from the node's cursor (ports
 //! are handed out in turn) for one no flow holds towards the same remote end, or whose flow
-//! has been idle past its timeout. Host ports are never taken. A flow that takes a port
-//! from an old one towards the same remote end gets its TCP timestamps shifted past the old
-//! flow's (`MASQ_TS_LAST`). When every probe fails, or the table is full, the new flow's
+//! has been idle past its timeout (its node-side entry, same key, rewritten in place).
+//! Host ports are never taken. A flow that takes a port from an old one towards the same
+//! remote end gets its TCP timestamps shifted past the old flow's (`MASQ_TS_LAST`); a
+//! port that needs no shift is preferred. When every probe fails, or the table is full, the new flow's
 //! packet is dropped and counted, and established flows go on.
 //!
 //! `ecni_masq_snat` and `ecni_masq_take` are global functions (exported by the linker, see
@@ -395,6 +396,9 @@ fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
 const TAKEN: u32 = 0;
 const GOT: u32 = 1;
 const FULL: u32 = 2;
+/// Reclaimable, but only with a timestamp shift (which costs each of the flow's segments
+/// an option scan and a checksum patch, both ways): taken only when no probe finds better.
+const SHIFTED: u32 = 3;
 /// What a map update returns when `BPF_NOEXIST` finds the key there.
 const EEXIST: i32 = 17;
 
@@ -425,10 +429,12 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
 /// are filled in): a port no flow holds towards the same remote end, or one whose flow has
 /// been idle past its timeout (that flow's entries go). Every probe may reclaim: with only
 /// the first, a port a reopened connection had touched out of turn stopped a new flow.
+/// With `shift_ok` 0, a port whose old flow would make the new one shift its timestamps
+/// is left (`SHIFTED`), for a later probe to find one that needs no shift.
 /// A global function (see the module's doc): the flow is in this CPU's scratch slot.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
+pub extern "C" fn ecni_masq_take(port: u32, now: u64, shift_ok: u32) -> u32 {
     let Some(f) = scratch() else {
         return FULL;
     };
@@ -463,13 +469,17 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
     }
     // The remote end may still hold the old flow in TIME_WAIT: the new SYN's timestamp
     // must be newer than the last one the old flow sent.
-    f.val.ts_shift = 0;
+    let mut shift = 0;
     if let Some(last) = last {
         let behind = last.wrapping_sub(f.syn_ts);
         if f.syn_ts_at != 0 && behind as i32 >= 0 {
-            f.val.ts_shift = behind.wrapping_add(1);
+            shift = behind.wrapping_add(1);
         }
     }
+    if shift != 0 && shift_ok == 0 {
+        return SHIFTED;
+    }
+    f.val.ts_shift = shift;
     let _ = ECNI_MASQ_FWD.remove(&f.other);
     // The node-side entry keeps its key (this port towards the same remote end): it is
     // rewritten in place. A CPU racing for the same idle port writes it too, as a replacing
@@ -501,12 +511,16 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     let span = u32::from(hi - lo) + 1;
     let start = ECNI_MASQ_NEXT.get(0).copied().unwrap_or(0) % span;
     let mut got = None;
+    // The first port that would need a timestamp shift, should no probe find one free, or
+    // idle without (a pod whose TCP keeps a timestamp clock per 4-tuple, as 6.18's does,
+    // sends a new SYN behind the old flow's last value half the time).
+    let mut shifted = None;
     for i in 0..MASQ_PROBES {
         if i >= span {
             break;
         }
         let port = lo + ((start + i) % span) as u16;
-        match ecni_masq_take(u32::from(port), now) {
+        match ecni_masq_take(u32::from(port), now, 0) {
             GOT => {
                 got = Some(port);
                 break;
@@ -515,7 +529,20 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
                 count(Stat::TableFull);
                 return false;
             }
+            SHIFTED if shifted.is_none() => shifted = Some(port),
             _ => {}
+        }
+    }
+    if got.is_none() {
+        if let Some(port) = shifted {
+            match ecni_masq_take(u32::from(port), now, 1) {
+                GOT => got = Some(port),
+                FULL => {
+                    count(Stat::TableFull);
+                    return false;
+                }
+                _ => {}
+            }
         }
     }
     let Some(port) = got else {
