@@ -124,7 +124,9 @@ pub struct Scratch {
     /// 1: the route lookup also chose the node's source address (a TCP SYN's, on 6.8+),
     /// which is in `csum_to`.
     src_known: u8,
-    _pad: [u8; 3],
+    /// 1: `ecni_masq_take` may reclaim a port that needs a timestamp shift.
+    shift_ok: u8,
+    _pad: [u8; 2],
 }
 
 /// Where the next allocation starts in the port range, for the whole node: ports are handed
@@ -429,12 +431,14 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
 /// are filled in): a port no flow holds towards the same remote end, or one whose flow has
 /// been idle past its timeout (that flow's entries go). Every probe may reclaim: with only
 /// the first, a port a reopened connection had touched out of turn stopped a new flow.
-/// With `shift_ok` 0, a port whose old flow would make the new one shift its timestamps
-/// is left (`SHIFTED`), for a later probe to find one that needs no shift.
+/// Unless `f.shift_ok`, a port whose old flow would make the new one shift its timestamps
+/// is left (`SHIFTED`), for a later probe to find one that needs no shift. (A flag in the
+/// scratch slot rather than an argument: each byte of this frame counts towards the
+/// deepest call chain's 512, which 5.10 and 6.1 reach.)
 /// A global function (see the module's doc): the flow is in this CPU's scratch slot.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn ecni_masq_take(port: u32, now: u64, shift_ok: u32) -> u32 {
+pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
     let Some(f) = scratch() else {
         return FULL;
     };
@@ -476,7 +480,7 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64, shift_ok: u32) -> u32 {
             shift = behind.wrapping_add(1);
         }
     }
-    if shift != 0 && shift_ok == 0 {
+    if shift != 0 && f.shift_ok == 0 {
         return SHIFTED;
     }
     f.val.ts_shift = shift;
@@ -515,12 +519,13 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     // idle without (a pod whose TCP keeps a timestamp clock per 4-tuple, as 6.18's does,
     // sends a new SYN behind the old flow's last value half the time).
     let mut shifted = None;
+    f.shift_ok = 0;
     for i in 0..MASQ_PROBES {
         if i >= span {
             break;
         }
         let port = lo + ((start + i) % span) as u16;
-        match ecni_masq_take(u32::from(port), now, 0) {
+        match ecni_masq_take(u32::from(port), now) {
             GOT => {
                 got = Some(port);
                 break;
@@ -535,7 +540,8 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     }
     if got.is_none() {
         if let Some(port) = shifted {
-            match ecni_masq_take(u32::from(port), now, 1) {
+            f.shift_ok = 1;
+            match ecni_masq_take(u32::from(port), now) {
                 GOT => got = Some(port),
                 FULL => {
                     count(Stat::TableFull);
