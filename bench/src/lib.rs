@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Run only these sections (comma-separated); the others are reported as not run.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
+    /// Repeats of the lifecycle, traffic, masquerade and source check sections, in place of
+    /// the run's own (full: 3, quick: 1): more alternating samples on a noisy machine.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub repeats: Option<u16>,
     /// Where the bandwidth section runs: `host`, or a guest booting Debian's kernel 5.10,
     /// 6.1 or 6.12 [default: 6.12 when this machine's kernel has no sch_fq, else host].
     #[arg(long, value_name = "KERNEL")]
@@ -102,11 +106,14 @@ const STAGE_DIR: &str = "bench-plugin";
 pub fn bench(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
     progress("starting");
-    let params = if args.quick {
+    let mut params = if args.quick {
         Params::quick()
     } else {
         Params::full()
     };
+    if let Some(n) = args.repeats {
+        params.repeats = usize::from(n);
+    }
     if let Some(file) = &args.guest_output {
         xtask::prepare::require_root(TASK)?;
         let plugin = args

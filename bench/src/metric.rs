@@ -346,6 +346,25 @@ pub enum Metric {
         dev: bool,
         masq: bool,
     },
+    /// TCP throughput pod → external host on the control's untranslated path (ebpf-cni's
+    /// FIB and redirect against the reference's kernel forwarding).
+    MasqThroughputRouted,
+    /// A subject's TCP_CRR masqueraded as a share of its untranslated rate, same repeat.
+    MasqCrrShare,
+    /// ebpf-cni's `ecni_from_pod` run time per packet of a bulk TCP stream (an established
+    /// flow's packets, GSO), masqueraded or on the control's untranslated path.
+    MasqBulkProgNs {
+        masq: bool,
+    },
+    /// What masquerade adds to `ecni_from_pod` per packet, masqueraded less untranslated in
+    /// the same repeat: over a bulk stream (`bulk`), or over TCP_CRR (every connection a new
+    /// flow).
+    MasqExtraNs {
+        bulk: bool,
+    },
+    /// What masquerade adds per TCP_CRR connection, `ecni_from_pod` and `ecni_from_dev`
+    /// together (run time per connection, masqueraded less untranslated).
+    MasqExtraPerConn,
     FlowsOffered,
     FlowsHeld,
     /// Held / offered, of `flows` opened at once.
@@ -472,6 +491,31 @@ impl Metric {
                     "not translated (control)"
                 }
             ),
+            MasqThroughputRouted => {
+                "TCP throughput, pod → external host, not translated (the host routes to the pods)"
+                    .into()
+            }
+            MasqCrrShare => "TCP_CRR masqueraded, share of the same path not translated".into(),
+            MasqBulkProgNs { masq } => format!(
+                "ecni_from_pod run time per packet, bulk TCP stream, {}",
+                if *masq {
+                    "masqueraded"
+                } else {
+                    "not translated (control)"
+                }
+            ),
+            MasqExtraNs { bulk } => format!(
+                "masquerade's extra ecni_from_pod run time per packet, {}",
+                if *bulk {
+                    "bulk TCP stream (established flow)"
+                } else {
+                    "TCP_CRR (every connection a new flow)"
+                }
+            ),
+            MasqExtraPerConn => {
+                "masquerade's extra run time per TCP_CRR connection (ecni_from_pod + ecni_from_dev)"
+                    .into()
+            }
             FlowsOffered => "flows offered".into(),
             FlowsHeld => "flows held by the node's flow table".into(),
             FlowsHeldShare { .. } => "held / offered".into(),
@@ -618,7 +662,11 @@ impl Metric {
                 PathFigure::CrrOfVeth => "%",
                 PathFigure::FromPodNs | PathFigure::TestRunNs | PathFigure::CgroupNsPerConn => "ns",
             },
-            MasqProgNs { .. } => "ns",
+            MasqProgNs { .. } | MasqBulkProgNs { .. } | MasqExtraNs { .. } | MasqExtraPerConn => {
+                "ns"
+            }
+            MasqThroughputRouted => "Gbit/s",
+            MasqCrrShare => "%",
             LeftAfterDels => "objects",
             MasqDroppedFlows | FlowsOffered | FlowsHeld | FlowsDropped => "flows",
             FlowTableEntries | FlowTableCapacity => "entries",
@@ -637,6 +685,8 @@ impl Metric {
             | MasqThroughput
             | MasqCrr
             | MasqCrrRouted
+            | MasqThroughputRouted
+            | MasqCrrShare
             | FlowsHeld
             | FlowsHeldShare { .. }
             | FlowTableCapacity

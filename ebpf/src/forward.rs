@@ -422,21 +422,17 @@ fn fib_len(ctx: &TcContext, ip_len: u16) -> u16 {
 /// The IPv4 "don't fragment" flag, in the host-order flags and offset field.
 const IP_DF: u16 = 0x4000;
 
-/// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
-/// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
-/// Local destinations, unreachable ones, those needing fragmentation and everything the
-/// FIB does not resolve go to the stack, which knows how to answer them; but a masqueraded
-/// IPv4 packet that the stack would fragment is dropped and counted.
+/// Fills the route lookup's request for the packet (`fib` all zero, or as a lookup left
+/// it: every field the request reads is written). `None` if the IP header is not there;
+/// else whether an IPv4 packet may be fragmented (no DF).
 #[inline(always)]
-fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
-    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+fn fib_request(ctx: &TcContext, proto: u16, me: u32, fib: &mut bpf_fib_lookup) -> Option<bool> {
     fib.ifindex = me;
     // IPv6 is never fragmented on the way.
     let mut may_fragment = false;
     if proto == ETH_P_IP {
         let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
-            return PASS;
+            return None;
         };
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
@@ -449,7 +445,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
     } else {
         let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
-            return PASS;
+            return None;
         };
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
@@ -465,6 +461,21 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
             fib.__bindgen_anon_4.ipv6_dst = core::ptr::read_unaligned(ip.daddr.as_ptr().cast());
         }
     }
+    Some(may_fragment)
+}
+
+/// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
+/// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
+/// Local destinations, unreachable ones, those needing fragmentation and everything the
+/// FIB does not resolve go to the stack, which knows how to answer them; but a masqueraded
+/// IPv4 packet that the stack would fragment is dropped and counted.
+#[inline(always)]
+fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
+    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    let Some(may_fragment) = fib_request(ctx, proto, me, &mut fib) else {
+        return PASS;
+    };
     let lookup = |fib: &mut bpf_fib_lookup, flags: u32| {
         // SAFETY: `fib` is a valid, writable bpf_fib_lookup of the size passed.
         unsafe {
@@ -476,7 +487,26 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
             )
         }
     };
-    let rc = lookup(&mut fib, 0);
+    // A masqueraded TCP SYN asks for the node's source address in the same lookup (6.8+;
+    // an older kernel refuses the flag before reading anything, and the lookup is asked
+    // again without it).
+    // Any other answer (no source address for the route, say) is asked again without
+    // the flag, from the request as it was, and the new flow chooses as before.
+    // (Made again in place rather than kept in a copy: 64 bytes more of `ecni_from_pod`'s
+    // frame took the deepest call chain past 512 bytes on 5.10 and 6.1.)
+    let mut rc = -1;
+    if masq && masq::opens_tcp_flow() {
+        let r = lookup(&mut fib, masq::FIB_LOOKUP_SRC);
+        if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS) || r == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+            masq::fib_source(&fib);
+            rc = r;
+        } else if fib_request(ctx, proto, me, &mut fib).is_none() {
+            return PASS;
+        }
+    }
+    if rc < 0 {
+        rc = lookup(&mut fib, 0);
+    }
     trace_fib(ctx, me, rc, fib.ifindex);
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());

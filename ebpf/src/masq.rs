@@ -7,9 +7,10 @@
 //! (`ECNI_MASQ_REV`), in hash maps the kernel never evicts from: a live flow is never
 //! broken to make room. A new flow probes `MASQ_PROBES` ports from the node's cursor (ports
 //! are handed out in turn) for one no flow holds towards the same remote end, or whose flow
-//! has been idle past its timeout. Host ports are never taken. A flow that takes a port
-//! from an old one towards the same remote end gets its TCP timestamps shifted past the old
-//! flow's (`MASQ_TS_LAST`). When every probe fails, or the table is full, the new flow's
+//! has been idle past its timeout (its node-side entry, same key, rewritten in place).
+//! Host ports are never taken. A flow that takes a port from an old one towards the same
+//! remote end gets its TCP timestamps shifted past the old flow's (`MASQ_TS_LAST`); a
+//! port that needs no shift is preferred. When every probe fails, or the table is full, the new flow's
 //! packet is dropped and counted, and established flows go on.
 //!
 //! `ecni_masq_snat` and `ecni_masq_take` are global functions (exported by the linker, see
@@ -120,7 +121,12 @@ pub struct Scratch {
     /// A new TCP flow's SYN: where its timestamp value lies (0: it has none), and the value.
     syn_ts_at: u32,
     syn_ts: u32,
-    _pad: u32,
+    /// 1: the route lookup also chose the node's source address (a TCP SYN's, on 6.8+),
+    /// which is in `csum_to`.
+    src_known: u8,
+    /// 1: `ecni_masq_take` may reclaim a port that needs a timestamp shift.
+    shift_ok: u8,
+    _pad: [u8; 2],
 }
 
 /// Where the next allocation starts in the port range, for the whole node: ports are handed
@@ -296,6 +302,7 @@ pub fn wanted(ctx: &TcContext) -> Want {
     let Some(f) = scratch() else {
         return Want::No;
     };
+    f.src_known = 0;
     let Some(plain) = parse_ip(ctx, f) else {
         return Want::No;
     };
@@ -391,6 +398,11 @@ fn expired(proto: u8, a: &MasqFlow, b: &MasqFlow, now: u64) -> bool {
 const TAKEN: u32 = 0;
 const GOT: u32 = 1;
 const FULL: u32 = 2;
+/// Reclaimable, but only with a timestamp shift (which costs each of the flow's segments
+/// an option scan and a checksum patch, both ways): taken only when no probe finds better.
+const SHIFTED: u32 = 3;
+/// What a map update returns when `BPF_NOEXIST` finds the key there.
+const EEXIST: i32 = 17;
 
 /// Whether `port` of the node's address `f.rev.local` is a host port.
 #[inline(always)]
@@ -419,6 +431,10 @@ fn host_port(f: &mut Scratch, port: u16) -> bool {
 /// are filled in): a port no flow holds towards the same remote end, or one whose flow has
 /// been idle past its timeout (that flow's entries go). Every probe may reclaim: with only
 /// the first, a port a reopened connection had touched out of turn stopped a new flow.
+/// Unless `f.shift_ok`, a port whose old flow would make the new one shift its timestamps
+/// is left (`SHIFTED`), for a later probe to find one that needs no shift. (A flag in the
+/// scratch slot rather than an argument: each byte of this frame counts towards the
+/// deepest call chain's 512, which 5.10 and 6.1 reach.)
 /// A global function (see the module's doc): the flow is in this CPU's scratch slot.
 #[no_mangle]
 #[inline(never)]
@@ -431,18 +447,18 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
         return TAKEN;
     }
     f.rev.local_port = port;
-    if ECNI_MASQ_REV
-        .insert(&f.rev, &f.val, u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
-        return GOT;
-    }
+    // Looked up first: once the range has gone round, most ports are held, and a held
+    // port's entry is reused in place (no failed insert, no allocation, no free).
     let Some(held) = ECNI_MASQ_REV.get_ptr_mut(&f.rev) else {
-        // Not there, yet not inserted: the table is full.
-        return FULL;
+        return match ECNI_MASQ_REV.insert(&f.rev, &f.val, u64::from(BPF_NOEXIST)) {
+            Ok(()) => GOT,
+            // Another CPU took it since the lookup: probe on.
+            Err(e) if e == -EEXIST => TAKEN,
+            Err(_) => FULL,
+        };
     };
-    // SAFETY: a map value; read at once.
-    let held = unsafe { &*held };
+    // SAFETY: a map value; read here, written below only if it is reclaimed.
+    let held = unsafe { &mut *held };
     counterpart(&mut f.other, &held.addr, held.port, &f.rev);
     // SAFETY: read at once.
     let (idle, last) = match unsafe { ECNI_MASQ_FWD.get(&f.other) } {
@@ -457,20 +473,23 @@ pub extern "C" fn ecni_masq_take(port: u32, now: u64) -> u32 {
     }
     // The remote end may still hold the old flow in TIME_WAIT: the new SYN's timestamp
     // must be newer than the last one the old flow sent.
-    f.val.ts_shift = 0;
+    let mut shift = 0;
     if let Some(last) = last {
         let behind = last.wrapping_sub(f.syn_ts);
         if f.syn_ts_at != 0 && behind as i32 >= 0 {
-            f.val.ts_shift = behind.wrapping_add(1);
+            shift = behind.wrapping_add(1);
         }
     }
-    let _ = ECNI_MASQ_FWD.remove(&f.other);
-    if ECNI_MASQ_REV
-        .insert(&f.rev, &f.val, u64::from(BPF_ANY))
-        .is_err()
-    {
-        return FULL;
+    if shift != 0 && f.shift_ok == 0 {
+        return SHIFTED;
     }
+    f.val.ts_shift = shift;
+    let _ = ECNI_MASQ_FWD.remove(&f.other);
+    // The node-side entry keeps its key (this port towards the same remote end): it is
+    // rewritten in place. A CPU racing for the same idle port writes it too, as a replacing
+    // insert would have let it; the old flow's late replies find the new flow's entry, as
+    // they did.
+    *held = f.val;
     count(Stat::Reclaimed);
     GOT
 }
@@ -496,6 +515,11 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
     let span = u32::from(hi - lo) + 1;
     let start = ECNI_MASQ_NEXT.get(0).copied().unwrap_or(0) % span;
     let mut got = None;
+    // The first port that would need a timestamp shift, should no probe find one free, or
+    // idle without (a pod whose TCP keeps a timestamp clock per 4-tuple, as 6.18's does,
+    // sends a new SYN behind the old flow's last value half the time).
+    let mut shifted = None;
+    f.shift_ok = 0;
     for i in 0..MASQ_PROBES {
         if i >= span {
             break;
@@ -510,7 +534,21 @@ fn allocate(f: &mut Scratch, now: u64) -> bool {
                 count(Stat::TableFull);
                 return false;
             }
+            SHIFTED if shifted.is_none() => shifted = Some(port),
             _ => {}
+        }
+    }
+    if got.is_none() {
+        if let Some(port) = shifted {
+            f.shift_ok = 1;
+            match ecni_masq_take(u32::from(port), now) {
+                GOT => got = Some(port),
+                FULL => {
+                    count(Stat::TableFull);
+                    return false;
+                }
+                _ => {}
+            }
         }
     }
     let Some(port) = got else {
@@ -647,7 +685,45 @@ pub extern "C" fn ecni_masq_snat(skb: *mut __sk_buff, out_ifindex: u32) -> u32 {
 
 /// `BPF_FIB_LOOKUP_SRC` (6.8+): the lookup also tells the source address the node would
 /// use on the route.
-const FIB_LOOKUP_SRC: u32 = 1 << 4;
+pub const FIB_LOOKUP_SRC: u32 = 1 << 4;
+
+/// Whether the packet `wanted` accepted is a TCP SYN, which opens a flow when none is
+/// there: its route lookup may as well ask for the node's source address
+/// (`FIB_LOOKUP_SRC`), saving `new_flow_source` a second lookup. Other packets do not ask:
+/// the selection would cost every packet of an established flow (IPv6's above all).
+#[inline(always)]
+pub fn opens_tcp_flow() -> bool {
+    scratch().is_some_and(|f| {
+        f.icmp_err == 0 && f.proto == IPPROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    })
+}
+
+/// Records the source address a route lookup asked with `FIB_LOOKUP_SRC` chose, for a new
+/// flow of the packet `wanted` accepted.
+#[inline(always)]
+pub fn fib_source(fib: &bpf_fib_lookup) {
+    let Some(f) = scratch() else {
+        return;
+    };
+    set_source(f, fib);
+    f.src_known = 1;
+}
+
+/// The source address a lookup with `FIB_LOOKUP_SRC` wrote into `fib`, into `f.csum_to`.
+#[inline(always)]
+fn set_source(f: &mut Scratch, fib: &bpf_fib_lookup) {
+    // SAFETY: union fields of plain integers, written by the lookup for this family.
+    unsafe {
+        if f.v4 == 1 {
+            f.csum_to = [0; 16];
+            f.csum_to[10] = 0xff;
+            f.csum_to[11] = 0xff;
+            f.csum_to[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
+        } else {
+            f.csum_to = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
+        }
+    }
+}
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
@@ -658,6 +734,9 @@ const AF_INET6: u8 = 10;
 /// when every packet asked) is not paid for on an established flow's packets.
 #[inline(never)]
 fn new_flow_source(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> bool {
+    if f.src_known == 1 {
+        return true;
+    }
     // SAFETY: an all-zero bpf_fib_lookup is a valid (empty) request.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     // SAFETY: the context pointer is the program's `__sk_buff`, readable for the whole run.
@@ -705,17 +784,7 @@ fn new_flow_source(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> bool {
     if !chosen {
         return source(f, out_ifindex);
     }
-    // SAFETY: union fields of plain integers, written by the lookup for this family.
-    unsafe {
-        if f.v4 == 1 {
-            f.csum_to = [0; 16];
-            f.csum_to[10] = 0xff;
-            f.csum_to[11] = 0xff;
-            f.csum_to[12..].copy_from_slice(&fib.__bindgen_anon_3.ipv4_src.to_ne_bytes());
-        } else {
-            f.csum_to = core::mem::transmute::<[u32; 4], [u8; 16]>(fib.__bindgen_anon_3.ipv6_src);
-        }
-    }
+    set_source(f, &fib);
     true
 }
 

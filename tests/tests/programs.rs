@@ -1281,6 +1281,73 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
     assert_eq!(lab.progs.masq_stats().flows, 0);
 }
 
+/// A new TCP flow towards a server prefers a port it can reclaim without a timestamp shift:
+/// of two idle ports whose old flows towards that server closed, the one whose last
+/// timestamp lies behind the new SYN's, though the other comes first in turn; and with
+/// none such, it takes a shifted one (the SYN's timestamp moved past the old flow's last).
+/// A shifted flow pays an option scan and a checksum patch on each segment both ways.
+#[test]
+fn a_new_flow_prefers_a_port_that_needs_no_timestamp_shift() {
+    let mut lab = masquerading_lab();
+    lab.progs.set_config(ebpf_cni_maps::NodeConfig {
+        flags: ebpf_cni_maps::NODE_FLAG_MASQ,
+        masq_port_min: 61_000,
+        masq_port_max: 61_001,
+        ..Default::default()
+    });
+    let a = lab.a.clone();
+    let remote = lab.up.remote(true);
+    // NOP, NOP, timestamp value, no echo.
+    let seg = |sport, flags, ts: u32| {
+        let mut options = vec![1, 1, 8, 10];
+        options.extend(ts.to_be_bytes());
+        options.extend(0u32.to_be_bytes());
+        from(
+            &a,
+            remote,
+            L4::Tcp {
+                sport,
+                dport: 80,
+                flags,
+                options,
+            },
+        )
+        .frame()
+    };
+    // The port a segment left from and its timestamp value.
+    let sent = |lab: &Lab, frame: Vec<u8>| {
+        let r = lab.from_pod(&a, &frame);
+        assert_eq!(r.verdict, Verdict::Redirect);
+        checksums_ok(&r.frame, "leaving");
+        let got = parse(&r.frame);
+        let ts = u32::from_be_bytes(got.l4[24..28].try_into().unwrap());
+        (got.ports().0, ts)
+    };
+    // Two flows, each closed by the pod (FIN, then a reset): their last timestamps 5,001
+    // on the range's first port, 101 on its second.
+    for (sport, ts, port) in [(30_001, 5_000, 61_000), (30_002, 100, 61_001)] {
+        assert_eq!(sent(&lab, seg(sport, TCP_SYN, ts)), (port, ts));
+        sent(&lab, seg(sport, TCP_ACK | 0x01, ts + 1));
+        sent(&lab, seg(sport, TCP_ACK | 0x04, ts + 1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    // In turn the first port comes next, but its old flow's last timestamp (5,001) is
+    // ahead of the SYN's: the second port, no shift.
+    assert_eq!(
+        sent(&lab, seg(30_003, TCP_SYN, 1_000)),
+        (61_001, 1_000),
+        "the port that needs no shift"
+    );
+    // Only the first port is left: taken, the SYN's timestamp moved past 5,001.
+    assert_eq!(
+        sent(&lab, seg(30_004, TCP_SYN, 1_000)),
+        (61_000, 5_002),
+        "the shifted port, when no other is free"
+    );
+    let stats = lab.progs.masq_stats();
+    assert_eq!((stats.flows, stats.reclaimed, stats.exhausted), (4, 2, 0));
+}
+
 /// Not a check but a measurement (run it with `--ignored --nocapture`): the run time of
 /// `ecni_from_pod` and `ecni_from_dev` on an established TCP flow's segments, masqueraded
 /// (pod a) against routed untranslated (pod b), the cases alternating in rounds; medians
@@ -1356,7 +1423,10 @@ fn masquerade_cost_per_packet() {
 #[ignore = "a measurement, not a check"]
 fn masquerade_new_flow_cost() {
     const PORTS: u16 = 200;
-    const ROUNDS: u16 = 8;
+    let rounds: u16 = std::env::var("ECNI_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let mut lab = masquerading_lab();
     lab.progs.set_config(ebpf_cni_maps::NodeConfig {
         flags: ebpf_cni_maps::NODE_FLAG_MASQ,
@@ -1368,7 +1438,7 @@ fn masquerade_new_flow_cost() {
     let remote = lab.up.remote(true);
     let seg = |p: &Pod, sport, flags| from(p, remote, L4::tcp(sport, 80, flags)).frame();
     let (mut fresh, mut reclaim, mut est, mut routed) = (vec![], vec![], vec![], vec![]);
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         for i in 0..PORTS {
             let sport = 10_000 + round * PORTS + i;
             let r = lab.from_pod(a, &seg(a, sport, TCP_SYN));

@@ -178,7 +178,13 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut probe = Probe::new();
 
     let mut crr_routed = Repeats::default();
+    let mut tput_routed = Repeats::default();
+    let mut crr_share = Repeats::default();
     let mut prog_ns: BTreeMap<(bool, bool), Repeats> = BTreeMap::new();
+    let mut bulk_ns: BTreeMap<bool, Repeats> = BTreeMap::new();
+    let mut extra_bulk = Repeats::default();
+    let mut extra_crr = Repeats::default();
+    let mut extra_conn = Repeats::default();
     let mut routed: Vec<(Subject, Setup)> = Vec::new();
     for s in Subject::CNI {
         match Setup::new(s, bins, Egress::Routed) {
@@ -186,6 +192,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             Err(e) => {
                 progress(&format!("masquerade: {} routed: {e:#}", s.label()));
                 crr_routed.set_instead(s, Cell::failed(&e));
+                tput_routed.set_instead(s, Cell::failed(&e));
             }
         }
     }
@@ -224,31 +231,63 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.iperf_secs,
             p.rr_secs
         ));
-        for (s, setup) in &setups {
-            let ns = &setup.pod.netns;
-            match load::iperf3(
-                ns,
-                iperf_target,
-                p.iperf_secs,
-                p.iperf_omit,
-                false,
-                Proto::Tcp,
-            ) {
-                Ok(res) => tput.push(*s, res.receiver_bps / 1e9),
-                Err(e) => tput.set_instead(*s, Cell::failed(&e)),
+        // Throughput, the subjects and the two paths alternating (statistics off).
+        for (list, r) in [(&setups, &mut tput), (&routed, &mut tput_routed)] {
+            for (s, setup) in list {
+                let ns = &setup.pod.netns;
+                match load::iperf3(
+                    ns,
+                    iperf_target,
+                    p.iperf_secs,
+                    p.iperf_omit,
+                    false,
+                    Proto::Tcp,
+                ) {
+                    Ok(res) => r.push(*s, res.receiver_bps / 1e9),
+                    Err(e) => r.set_instead(*s, Cell::failed(&e)),
+                }
             }
         }
-        // ebpf-cni's programs' run time over the slices, masqueraded and not.
-        let stats = BpfStats::on();
         let ours = |masq: bool| {
             let list = if masq { &setups } else { &routed };
             list.iter()
                 .find(|(s, _)| *s == Subject::EbpfCni)
-                .map(|(_, setup)| &setup.node)
+                .map(|(_, setup)| (&setup.node, &setup.pod.netns))
         };
+        // ebpf-cni's `ecni_from_pod` per packet of a bulk stream (an established flow's
+        // packets), masqueraded and not: a separate short iperf3 run each, with the
+        // statistics on (they cost each program run two clock reads, which the timed
+        // throughput above does not pay).
+        {
+            let stats = BpfStats::on();
+            let mut per: BTreeMap<bool, f64> = BTreeMap::new();
+            for masq in [true, false] {
+                let Some((node, ns)) = ours(masq) else {
+                    continue;
+                };
+                let r = bulk_ns.entry(masq).or_default();
+                let figure = stats.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|_| {
+                    let before = prog_stats(node, false)?;
+                    load::iperf3(ns, iperf_target, BULK_STATS_SECS, 0, false, Proto::Tcp)?;
+                    per_packet(before, prog_stats(node, false)?)
+                });
+                match figure {
+                    Ok(v) => {
+                        per.insert(masq, v);
+                        r.push(Subject::EbpfCni, v);
+                    }
+                    Err(e) => r.set_instead(Subject::EbpfCni, Cell::failed(&e)),
+                }
+            }
+            if let (Some(m), Some(u)) = (per.get(&true), per.get(&false)) {
+                extra_bulk.push(Subject::EbpfCni, m - u);
+            }
+        }
+        // ebpf-cni's programs' run time over the slices, masqueraded and not.
+        let stats = BpfStats::on();
         let before: BTreeMap<(bool, bool), Result<(u64, u64)>> = PROG_FIGURES
             .iter()
-            .filter_map(|&(dev, masq)| Some(((dev, masq), prog_stats(ours(masq)?, dev))))
+            .filter_map(|&(dev, masq)| Some(((dev, masq), prog_stats(ours(masq)?.0, dev))))
             .collect();
         // Short slices, subjects alternating within each, as in the traffic section.
         let mut conns: BTreeMap<Subject, (usize, f64)> = BTreeMap::new();
@@ -284,24 +323,62 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 }
             }
         }
+        // Per key: run time and runs over the slices.
+        let mut spent: BTreeMap<(bool, bool), (u64, u64)> = BTreeMap::new();
         for (key, b) in &before {
-            let Some(node) = ours(key.1) else { continue };
+            let Some((node, _)) = ours(key.1) else {
+                continue;
+            };
             let r = prog_ns.entry(*key).or_default();
-            let per_packet = stats.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|_| {
+            let delta = stats.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|_| {
                 let (ns0, n0) = b.as_ref().map_err(|e| anyhow!("{e:#}"))?;
                 let (ns1, n1) = prog_stats(node, key.0)?;
                 ensure!(n1 > *n0, "the program did not run (statistics off?)");
-                Ok((ns1 - ns0) as f64 / (n1 - n0) as f64)
+                Ok((ns1 - ns0, n1 - n0))
             });
-            match per_packet {
-                Ok(ns) => r.push(Subject::EbpfCni, ns),
+            match delta {
+                Ok((ns, n)) => {
+                    spent.insert(*key, (ns, n));
+                    r.push(Subject::EbpfCni, ns as f64 / n as f64);
+                }
                 Err(e) => r.set_instead(Subject::EbpfCni, Cell::failed(&e)),
             }
         }
         drop(stats);
-        for (s, (n, secs)) in conns {
-            if !crr_failed.contains_key(&s) {
-                crr.push(s, n as f64 / secs);
+        let pod_ns = |masq: bool| {
+            spent
+                .get(&(false, masq))
+                .map(|&(ns, n)| ns as f64 / n as f64)
+        };
+        if let (Some(m), Some(u)) = (pod_ns(true), pod_ns(false)) {
+            extra_crr.push(Subject::EbpfCni, m - u);
+        }
+        // Per connection: every connection the slices made, the untimed warm-ups too (the
+        // statistics count their packets).
+        let made = |c: &BTreeMap<Subject, (usize, f64)>| {
+            c.get(&Subject::EbpfCni)
+                .map(|&(n, _)| (n + load::CRR_WARMUP * RR_SLICES as usize) as f64)
+        };
+        let per_conn = |masq: bool, made: Option<f64>| -> Option<f64> {
+            let (a, _) = spent.get(&(false, masq))?;
+            let (b, _) = spent.get(&(true, masq))?;
+            Some((a + b) as f64 / made?)
+        };
+        if !crr_failed.contains_key(&Subject::EbpfCni) {
+            if let (Some(m), Some(u)) = (
+                per_conn(true, made(&conns)),
+                per_conn(false, made(&routed_conns)),
+            ) {
+                extra_conn.push(Subject::EbpfCni, m - u);
+            }
+        }
+        for (s, &(n, secs)) in &conns {
+            if !crr_failed.contains_key(s) {
+                let rate = n as f64 / secs;
+                crr.push(*s, rate);
+                if let Some(&(rn, rsecs)) = routed_conns.get(s) {
+                    crr_share.push(*s, rate / (rn as f64 / rsecs) * 100.0);
+                }
             }
         }
         for (s, (n, secs)) in routed_conns {
@@ -342,11 +419,27 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     let over = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut traffic = Table::new("Pod → external host through masquerade", over);
     traffic.rows.push(tput.row(Metric::MasqThroughput));
+    traffic
+        .rows
+        .push(tput_routed.row(Metric::MasqThroughputRouted));
     traffic.rows.push(crr.row(Metric::MasqCrr));
     traffic.rows.push(crr_routed.row(Metric::MasqCrrRouted));
+    traffic.rows.push(crr_share.row(Metric::MasqCrrShare));
     traffic.rows.push(crr_drops.row(Metric::MasqDroppedFlows));
+    traffic
+        .rows
+        .push(extra_bulk.row(Metric::MasqExtraNs { bulk: true }));
+    traffic
+        .rows
+        .push(extra_crr.row(Metric::MasqExtraNs { bulk: false }));
+    traffic.rows.push(extra_conn.row(Metric::MasqExtraPerConn));
+    for masq in [true, false] {
+        if let Some(r) = bulk_ns.get(&masq) {
+            traffic.rows.push(r.row(Metric::MasqBulkProgNs { masq }));
+        }
+    }
     for (dev, masq) in PROG_FIGURES {
-        if let Some(r) = prog_ns.get_mut(&(dev, masq)) {
+        if let Some(r) = prog_ns.get(&(dev, masq)) {
             traffic.rows.push(r.row(Metric::MasqProgNs { dev, masq }));
         }
     }
@@ -374,18 +467,26 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.rr_secs,
             topo::EXT_IP
         ),
-        "The control row: each subject on a second node with ipMasq off, whose external \
-         host routes the pod network via the node, measured in the same slices: the same \
-         path, pod → node → external host, without translation (the reference's ptp adds \
-         no MASQUERADE rule there): what each dataplane's path costs before any source NAT."
+        "The control rows: each subject on a second node with ipMasq off, whose external \
+         host routes the pod network via the node: the same path without translation, \
+         throughput and TCP_CRR measured alternately with the masqueraded ones (ebpf-cni's \
+         FIB lookup and bpf_redirect_neigh against the reference's kernel forwarding). The \
+         share is each subject's masqueraded TCP_CRR over its untranslated one, per repeat."
             .into(),
-        "Run time per packet: ebpf-cni's `ecni_from_pod` (the pod's packets) and \
-         `ecni_from_dev` (the external host's, at the node's uplink), run_time_ns / run_cnt \
-         of the kernel's BPF statistics (kernel.bpf_stats_enabled, on for the TCP_CRR slices \
-         only) on the masquerading node and on the control's: the difference is what \
-         masquerade adds per packet, a new flow's port allocation included (every TCP_CRR \
-         connection is one)."
-            .into(),
+        format!(
+            "Run time: ebpf-cni's `ecni_from_pod` (the pod's packets) and `ecni_from_dev` \
+             (the external host's, at the node's uplink), run_time_ns / run_cnt of the \
+             kernel's BPF statistics (kernel.bpf_stats_enabled) on the masquerading node \
+             and on the control's. Bulk: a separate {BULK_STATS_SECS} s iperf3 stream per \
+             path after the timed ones (statistics off for those): an established flow's \
+             packets, most of them GSO. TCP_CRR: over the slices above, where every \
+             connection is a new flow (port allocation, often reclaiming an idle flow's \
+             port). Masquerade's extra is the masqueraded figure less the untranslated one \
+             of the same repeat; per connection, both programs' run time over the slices \
+             divided by every connection made (the {} untimed warm-ups per slice \
+             included).",
+            load::CRR_WARMUP
+        ),
         "Dropped new flows: ebpf-cni's `exhausted` + `table_full` counters (`ebpf-cni \
          inspect`), the reference's conntrack `drop` + `early_drop` + `insert_failed` \
          (/proc/net/stat/nf_conntrack of the node), before and after all repeats."
@@ -404,6 +505,18 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         flows,
         probe,
     }
+}
+
+/// Seconds of each of ebpf-cni's bulk streams measured for run time per packet.
+const BULK_STATS_SECS: u32 = 1;
+
+/// Run time per run between two readings of a program's statistics.
+fn per_packet(before: (u64, u64), after: (u64, u64)) -> Result<f64> {
+    ensure!(
+        after.1 > before.1,
+        "the program did not run (statistics off?)"
+    );
+    Ok((after.0 - before.0) as f64 / (after.1 - before.1) as f64)
 }
 
 /// The run-time figures, (`ecni_from_dev` rather than `ecni_from_pod`, masqueraded), in
