@@ -83,6 +83,26 @@ pub const ARCHES: [Arch; 2] = [
     },
 ];
 
+/// The release architecture of this machine (the one whose binary runs here natively).
+pub fn host_arch() -> Result<Arch> {
+    let rust_arch = std::env::consts::ARCH;
+    ARCHES
+        .into_iter()
+        .find(|a| a.target.triple.split('-').next() == Some(rust_arch))
+        .with_context(|| format!("no release is built for this machine's architecture {rust_arch}"))
+}
+
+/// Builds the binary the release ships for this machine's architecture (static, musl, as
+/// [`dist`] builds it), checks it as [`dist`] does, and stages it to `<target>/<dir>/ebpf-cni`
+/// (see [`build::stage_for`]): what the benchmark measures, so its figures are the
+/// product's as operators install it.
+pub fn stage_release(dir: &str) -> Result<PathBuf> {
+    let arch = host_arch()?;
+    let staged = build::stage_for(dir, Some(arch.target))?;
+    check_binary(&staged, arch, &package(&build::workspace_root())?.version)?;
+    Ok(staged)
+}
+
 /// What one architecture's release consists of.
 #[derive(Clone, Debug)]
 pub struct ArchArtifacts {
@@ -103,6 +123,15 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
+    /// The static binary of this machine's architecture, as the archives hold it.
+    pub fn host_binary(&self) -> Option<&Path> {
+        let arch = host_arch().ok()?;
+        self.arches
+            .iter()
+            .find(|a| a.arch.name == arch.name)
+            .map(|a| a.binary.as_path())
+    }
+
     /// The variables through which the release tests find the artifacts.
     pub fn test_env(&self) -> Vec<(&'static str, PathBuf)> {
         let mut env = vec![(rel::IMAGE_ENV, self.image.clone())];
