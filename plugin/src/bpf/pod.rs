@@ -239,8 +239,8 @@ pub fn ensure_addresses_free(
     ips: &[IpAddr],
 ) -> Result<(), BpfError> {
     key.validate()?;
-    match Maps::open(&PinRoot::from_env(), node)? {
-        Some(maps) => maps.ensure_free(key.id(), ips),
+    match Maps::open_endpoints(&PinRoot::from_env(), node)? {
+        Some(endpoints) => super::maps::ensure_free_in(&endpoints, key.id(), ips),
         None => Ok(()),
     }
 }
