@@ -120,13 +120,17 @@ pub fn add_pod(
                 b?;
             }
             AttachMode::Netlink => {
-                for hook in Hook::pod(pod.chained) {
+                for (i, hook) in Hook::pod(pod.chained).into_iter().enumerate() {
                     links::attach_netlink(
                         progs.classifier(hook)?,
                         hook,
                         &veth.host_name,
                         &pins.netlink_record(hook),
                         None,
+                        Some(links::KnownLink {
+                            ifindex: veth.host_ifindex,
+                            clsact_added: i > 0,
+                        }),
                     )?;
                 }
             }
