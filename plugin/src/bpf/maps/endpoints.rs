@@ -4,7 +4,9 @@
 use std::net::IpAddr;
 
 use aya::maps::{HashMap, MapData, PerCpuValues};
-use ebpf_cni_maps::{EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP};
+use ebpf_cni_maps::{
+    EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+};
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
 use crate::bpf::BpfError;

@@ -118,9 +118,11 @@ impl Maps {
         node: &NodeId,
     ) -> Result<Option<HashMap<MapData, EndpointKey, EndpointInfo>>, BpfError> {
         match open_pinned(root, node, ENDPOINTS_MAP)? {
-            Some(m) => HashMap::try_from(m)
-                .map(Some)
-                .map_err(open_map_err(root, node, ENDPOINTS_MAP)),
+            Some(m) => {
+                HashMap::try_from(m)
+                    .map(Some)
+                    .map_err(open_map_err(root, node, ENDPOINTS_MAP))
+            }
             None => Ok(None),
         }
     }
