@@ -648,3 +648,22 @@ fn image(
     )?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The benchmark measures the release binary of the machine it runs on: each
+    /// architecture Rust names maps to the release of that architecture.
+    #[test]
+    fn the_host_arch_is_the_release_of_this_architecture() {
+        let arch = host_arch().expect("a release is built for this machine");
+        let expected = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => panic!("no release for {other}"),
+        };
+        assert_eq!(arch.name, expected);
+        assert!(arch.target.triple.ends_with("-unknown-linux-musl"));
+    }
+}
