@@ -60,7 +60,8 @@ pub struct BenchArgs {
     /// never overwrites the committed report].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Benchmark this ebpf-cni binary instead of building one.
+    /// Benchmark this ebpf-cni binary instead of building one [default: the static release
+    /// binary of this machine's architecture, built as `cargo xtask dist` builds it].
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
     /// Run only these sections (comma-separated); the others are reported as not run.
@@ -127,7 +128,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         Some(k) => Some(k.to_owned()),
         None => (!guest::host_has_fq()).then(|| "6.12".to_owned()),
     };
-    let plugin = xtask::prepare::prepare(
+    let plugin = xtask::prepare::prepare_release(
         TASK,
         xtask::setup::Scope::Full,
         STAGE_DIR,

@@ -62,7 +62,7 @@ pub async fn create(
     mac: Option<[u8; 6]>,
     ipv6: bool,
 ) -> Result<VethPair, NetlinkError> {
-    host_nl
+    let echoed = host_nl
         .create_veth(host_name, ifname, pod_ns, mtu, mac)
         .await?;
     // Both ends are still down: no link-local address has been generated yet.
@@ -84,10 +84,15 @@ pub async fn create(
             source: e,
         })?;
     }
-    let host = host_nl
-        .link_by_name(host_name)
-        .await?
-        .ok_or_else(|| missing(host_name))?;
+    // The kernel's echo of the new link is the host side as created (index, MAC, peer);
+    // a kernel before 6.1 echoes nothing, and it is asked.
+    let host = match echoed {
+        Some(l) => l,
+        None => host_nl
+            .link_by_name(host_name)
+            .await?
+            .ok_or_else(|| missing(host_name))?,
+    };
     let container = pod_nl
         .link_by_name(ifname)
         .await?

@@ -169,6 +169,12 @@ pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
 /// (tests, benchmark) stages to a directory of its own, so a concurrent run of another
 /// never swaps its binary.
 pub fn stage(dir: &str) -> Result<PathBuf> {
+    stage_for(dir, None)
+}
+
+/// [`stage`] of the plugin built for `target` (`None`: the host's default target), e.g. the
+/// static binary the release ships (see `dist`).
+pub fn stage_for(dir: &str, target: Option<CrossTarget>) -> Result<PathBuf> {
     let tree = Tree::current()?;
     let obj = build_ebpf(&tree)?;
     let built = build_plugin(
@@ -177,7 +183,7 @@ pub fn stage(dir: &str) -> Result<PathBuf> {
         &BuildOptions {
             debug_plugin: false,
         },
-        None,
+        target,
     )?;
     let dir = target_dir()?.join(dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -83,6 +83,26 @@ pub const ARCHES: [Arch; 2] = [
     },
 ];
 
+/// The release architecture of this machine (the one whose binary runs here natively).
+pub fn host_arch() -> Result<Arch> {
+    let rust_arch = std::env::consts::ARCH;
+    ARCHES
+        .into_iter()
+        .find(|a| a.target.triple.split('-').next() == Some(rust_arch))
+        .with_context(|| format!("no release is built for this machine's architecture {rust_arch}"))
+}
+
+/// Builds the binary the release ships for this machine's architecture (static, musl, as
+/// [`dist`] builds it), checks it as [`dist`] does, and stages it to `<target>/<dir>/ebpf-cni`
+/// (see [`build::stage_for`]): what the benchmark measures, so its figures are the
+/// product's as operators install it.
+pub fn stage_release(dir: &str) -> Result<PathBuf> {
+    let arch = host_arch()?;
+    let staged = build::stage_for(dir, Some(arch.target))?;
+    check_binary(&staged, arch, &package(&build::workspace_root())?.version)?;
+    Ok(staged)
+}
+
 /// What one architecture's release consists of.
 #[derive(Clone, Debug)]
 pub struct ArchArtifacts {
@@ -103,6 +123,15 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
+    /// The static binary of this machine's architecture, as the archives hold it.
+    pub fn host_binary(&self) -> Option<&Path> {
+        let arch = host_arch().ok()?;
+        self.arches
+            .iter()
+            .find(|a| a.arch.name == arch.name)
+            .map(|a| a.binary.as_path())
+    }
+
     /// The variables through which the release tests find the artifacts.
     pub fn test_env(&self) -> Vec<(&'static str, PathBuf)> {
         let mut env = vec![(rel::IMAGE_ENV, self.image.clone())];
@@ -618,4 +647,23 @@ fn image(
             .arg(&tag),
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The benchmark measures the release binary of the machine it runs on: each
+    /// architecture Rust names maps to the release of that architecture.
+    #[test]
+    fn the_host_arch_is_the_release_of_this_architecture() {
+        let arch = host_arch().expect("a release is built for this machine");
+        let expected = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => panic!("no release for {other}"),
+        };
+        assert_eq!(arch.name, expected);
+        assert!(arch.target.triple.ends_with("-unknown-linux-musl"));
+    }
 }

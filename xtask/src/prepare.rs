@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{build, setup};
+use crate::{build, dist, setup};
 
 /// Where `test`, `demo` and `vmtest` stage the plugin (the benchmark has its own directory,
 /// so a run of one never swaps the other's binary).
@@ -37,5 +37,25 @@ pub fn prepare(
             .canonicalize()
             .with_context(|| format!("--plugin {}", p.display())),
         None => build::stage(stage_dir),
+    }
+}
+
+/// [`prepare`] for a task that measures the product as shipped (the benchmark): the plugin
+/// when given, else the static release binary of this machine's architecture, built as
+/// `cargo xtask dist` builds it ([`dist::stage_release`]), staged to
+/// `<target>/<stage_dir>/ebpf-cni`.
+pub fn prepare_release(
+    task: &str,
+    scope: setup::Scope,
+    stage_dir: &str,
+    plugin: Option<&Path>,
+) -> Result<PathBuf> {
+    match plugin {
+        Some(_) => prepare(task, scope, stage_dir, plugin),
+        None => {
+            require_root(task)?;
+            setup::setup(scope)?;
+            dist::stage_release(stage_dir)
+        }
     }
 }

@@ -42,7 +42,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     let _ = writeln!(
         s,
         "Subjects: the **reference chain** (Debian's ptp + host-local + portmap + bandwidth, \
-         {}), **ebpf-cni** ({}) and a **plain veth** pair between two namespaces (the \
+         {}), **ebpf-cni** ({}; binary: {}) and a **plain veth** pair between two namespaces (the \
          physical limit). Both CNI subjects are driven as a runtime drives them, from inside \
          a test-made node namespace, alternating within every repeat. Ratios are ebpf-cni / \
          reference chain (medians).\n",
@@ -53,6 +53,10 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         m.versions
             .iter()
             .find(|(t, _)| t == "ebpf-cni")
+            .map_or("", |(_, v)| v.as_str()),
+        m.versions
+            .iter()
+            .find(|(t, _)| t == "ebpf-cni binary")
             .map_or("", |(_, v)| v.as_str())
     );
 

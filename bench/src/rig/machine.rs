@@ -58,6 +58,7 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
     let plugin_version = cmd::output(Command::new(ebpf_cni).arg("version"))
         .map(|s| first_line(&s))
         .unwrap_or_else(|_| "unknown".into());
+    let plugin_build = binary_kind(ebpf_cni);
     let dpkg = |pkg: &str| out("dpkg-query", &["-W", "-f=${Version}", pkg]);
     Machine {
         date_utc: out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
@@ -83,6 +84,7 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
         ),
         versions: vec![
             ("ebpf-cni".into(), plugin_version),
+            ("ebpf-cni binary".into(), plugin_build),
             (
                 "reference plugins (Debian containernetworking-plugins)".into(),
                 dpkg("containernetworking-plugins"),
@@ -93,6 +95,29 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
             ("rustc".into(), out("rustc", &["-V"])),
         ],
     }
+}
+
+/// What the measured plugin binary is: static (as the release ships it, `cargo xtask dist`)
+/// or dynamically linked (a host build), its size and path.
+fn binary_kind(bin: &Path) -> String {
+    let size = std::fs::metadata(bin).map_or(0, |m| m.len());
+    let kind = match ebpf_cni_tests::release::ElfFacts::read(bin) {
+        Ok(elf) if elf.is_static() => {
+            "static, no dynamic loader or shared library (the release binary, as `cargo xtask \
+             dist` builds it)"
+                .to_owned()
+        }
+        Ok(elf) => format!(
+            "dynamically linked ({}): a host build, not the released static binary",
+            elf.needed
+                .iter()
+                .filter_map(|n| n.split('[').nth(1)?.split(']').next())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => format!("unknown ({})", first_line(&format!("{e:#}"))),
+    };
+    format!("{kind}, {:.1} MB, {}", size as f64 / 1e6, bin.display())
 }
 
 /// (busy, total) jiffies of all CPUs, from /proc/stat.

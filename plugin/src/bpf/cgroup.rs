@@ -139,7 +139,7 @@ fn ensure_cgroup_links(
             .cgroup_attach_type()
             .expect("only cgroup programs are attached here");
         let path = dir.join(name);
-        if check_sock_link(&path, name).is_ok() {
+        if link_live(&path) {
             continue;
         }
         let _ = fs::remove_file(&path);
@@ -220,6 +220,15 @@ fn unpin_link(path: &Path) -> Result<(), BpfError> {
         }),
         _ => Ok(()),
     }
+}
+
+/// ADD's test of a link it may have to create: one pinned at `path` that is a cgroup link
+/// still attached (two `bpf()` calls). Only ebpf-cni pins there, and always the program of
+/// the pin's name, so the program's name is left to CHECK ([`check_sock_link`]), which
+/// reads it too.
+fn link_live(path: &Path) -> bool {
+    super::links::describe(path)
+        .is_ok_and(|info| info.link_type == sys::BPF_LINK_TYPE_CGROUP && info.ifindex != 0)
 }
 
 /// The link pinned at `path` is a live cgroup link of program `name`.

@@ -192,8 +192,10 @@ fn plan(root: &PinRoot, node: &NodeId, view: &NodeView) -> Result<Plan, BpfError
             }
         }
     }
-    if let Some(m) = MasqMaps::open(root, node)? {
-        p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
+    if MasqMaps::active_on(root, node)? {
+        if let Some(m) = MasqMaps::open(root, node)? {
+            p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
+        }
     }
     Ok(p)
 }
@@ -291,6 +293,7 @@ fn attach_device(
                 &dev.name,
                 &record,
                 Some(&root.device_clsact_record(node, &dev.name)),
+                None,
             )
         }
         AttachMode::Tcx => {

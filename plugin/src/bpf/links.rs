@@ -35,6 +35,15 @@ pub fn attach(
     })
 }
 
+/// What the caller of [`attach_netlink`] already knows of the link (a pod's host veth,
+/// which ADD created): its index (no lookup by name), and whether this ADD's earlier hook
+/// already added the `clsact` qdisc (no second request that can only answer `EEXIST`).
+#[derive(Clone, Copy, Debug)]
+pub struct KnownLink {
+    pub ifindex: u32,
+    pub clsact_added: bool,
+}
+
 /// Netlink mode: adds the `clsact` qdisc if missing, attaches `prog` (an fd of a pinned
 /// program) as a direct-action `bpf` filter named after the program (which the kernel keeps
 /// after this process exits) and pins the program at `record`, so DEL, CHECK and the node
@@ -51,6 +60,7 @@ pub fn attach_netlink(
     ifname: &str,
     record: &Path,
     clsact_record: Option<&Path>,
+    known: Option<KnownLink>,
 ) -> Result<(), BpfError> {
     let name = hook.program();
     let attach_err = |source| BpfError::Attach {
@@ -59,11 +69,19 @@ pub fn attach_netlink(
         direction: hook.label(),
         source,
     };
-    let index = nix::net::if_::if_nametoindex(ifname).map_err(|e| attach_err(e.into()))?;
-    // A qdisc that cannot be added fails the attach below.
-    let created = tc::add_clsact(index).unwrap_or(false);
-    if let (true, Some(path)) = (created, clsact_record) {
-        create_dir_all_racy(path)?;
+    let (index, clsact_added) = match known {
+        Some(k) => (k.ifindex, k.clsact_added),
+        None => (
+            nix::net::if_::if_nametoindex(ifname).map_err(|e| attach_err(e.into()))?,
+            false,
+        ),
+    };
+    if !clsact_added {
+        // A qdisc that cannot be added fails the attach below.
+        let created = tc::add_clsact(index).unwrap_or(false);
+        if let (true, Some(path)) = (created, clsact_record) {
+            create_dir_all_racy(path)?;
+        }
     }
     let ingress = hook.tc_attach_type() == aya::programs::TcAttachType::Ingress;
     tc::add_bpf_filter(index, ingress, prog, name).map_err(attach_err)?;

@@ -182,6 +182,18 @@ impl MasqMaps {
     }
 
     /// Whether the node masquerades (some pod of it has `ipMasq`).
+    /// [`Self::active`] from the node's config map alone (`false` without one): what a
+    /// check needs before it opens the five masquerade maps, which a node without
+    /// masquerade never reads.
+    pub fn active_on(root: &PinRoot, node: &NodeId) -> Result<bool, BpfError> {
+        let Some(config) = open_pinned(root, node, CONFIG_MAP)? else {
+            return Ok(false);
+        };
+        let config: Array<MapData, NodeConfig> =
+            Array::try_from(config).map_err(open_map_err(root, node, CONFIG_MAP))?;
+        Ok(config.get(&0, 0).unwrap_or_default().flags & NODE_FLAG_MASQ != 0)
+    }
+
     pub fn active(&self) -> bool {
         self.node_config().flags & NODE_FLAG_MASQ != 0
     }

@@ -120,13 +120,17 @@ pub fn add_pod(
                 b?;
             }
             AttachMode::Netlink => {
-                for hook in Hook::pod(pod.chained) {
+                for (i, hook) in Hook::pod(pod.chained).into_iter().enumerate() {
                     links::attach_netlink(
                         progs.classifier(hook)?,
                         hook,
                         &veth.host_name,
                         &pins.netlink_record(hook),
                         None,
+                        Some(links::KnownLink {
+                            ifindex: veth.host_ifindex,
+                            clsact_added: i > 0,
+                        }),
                     )?;
                 }
             }
@@ -239,8 +243,8 @@ pub fn ensure_addresses_free(
     ips: &[IpAddr],
 ) -> Result<(), BpfError> {
     key.validate()?;
-    match Maps::open(&PinRoot::from_env(), node)? {
-        Some(maps) => maps.ensure_free(key.id(), ips),
+    match Maps::open_endpoints(&PinRoot::from_env(), node)? {
+        Some(endpoints) => super::maps::ensure_free_in(&endpoints, key.id(), ips),
         None => Ok(()),
     }
 }

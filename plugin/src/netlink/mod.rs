@@ -221,7 +221,9 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Creates a veth pair: `host` here, `peer` created straight inside `peer_ns`.
+    /// Creates a veth pair: `host` here, `peer` created straight inside `peer_ns`. Asks the
+    /// kernel to echo the new link (`NLM_F_ECHO`, honoured for a new link since Linux 6.1):
+    /// the host side as created, or `None` from a kernel that does not echo it.
     pub async fn create_veth(
         &self,
         host: &str,
@@ -229,7 +231,12 @@ impl Netlink {
         peer_ns: &Netns,
         mtu: Option<u32>,
         peer_mac: Option<[u8; 6]>,
-    ) -> Result<(), NetlinkError> {
+    ) -> Result<Option<Link>, NetlinkError> {
+        use rtnetlink::packet_core::{
+            NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL,
+            NLM_F_REQUEST,
+        };
+        use rtnetlink::packet_route::RouteNetlinkMessage;
         let mut p = LinkUnspec::new_with_name(peer).setns_by_fd(peer_ns.raw_fd());
         if let Some(m) = mtu {
             p = p.mtu(m);
@@ -243,12 +250,25 @@ impl Netlink {
         if let Some(m) = mtu {
             h = h.mtu(m);
         }
-        self.handle
-            .link()
-            .add(h.build())
-            .execute()
-            .await
-            .map_err(req(format!("create veth pair {host} / {peer}")))
+        let err = |e| req(format!("create veth pair {host} / {peer}"))(e);
+        let mut msg = NetlinkMessage::from(RouteNetlinkMessage::NewLink(h.build()));
+        msg.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE | NLM_F_ECHO;
+        let mut answers = self.handle.clone().request(msg).map_err(err)?;
+        let mut echoed = None;
+        while let Some(m) = futures::StreamExt::next(&mut answers).await {
+            match m.payload {
+                NetlinkPayload::Error(e) => return Err(err(rtnetlink::Error::NetlinkError(e))),
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l))
+                    if l.attributes
+                        .iter()
+                        .any(|a| matches!(a, LinkAttribute::IfName(n) if n == host)) =>
+                {
+                    echoed = Some(Link::from_msg(&l));
+                }
+                _ => {}
+            }
+        }
+        Ok(echoed)
     }
 
     pub async fn set_up(&self, index: u32) -> Result<(), NetlinkError> {

@@ -3,8 +3,10 @@
 
 use std::net::IpAddr;
 
-use aya::maps::PerCpuValues;
-use ebpf_cni_maps::{EndpointInfo, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP};
+use aya::maps::{HashMap, MapData, PerCpuValues};
+use ebpf_cni_maps::{
+    EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+};
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
 use crate::bpf::BpfError;
@@ -37,25 +39,35 @@ impl PodEndpoint {
     }
 }
 
+/// [`Maps::ensure_free`] on the endpoint map alone (opened by [`Maps::open_endpoints`]: ADD's
+/// check before it changes anything needs no other map).
+pub fn ensure_free_in(
+    endpoints: &HashMap<MapData, EndpointKey, EndpointInfo>,
+    attachment_id: u64,
+    ips: &[IpAddr],
+) -> Result<(), BpfError> {
+    for ip in ips {
+        if let Ok(v) = endpoints.get(&endpoint_key(*ip), 0) {
+            if v.attachment_id != attachment_id
+                && nix::net::if_::if_indextoname(v.host_ifindex).is_ok()
+            {
+                return Err(BpfError::AddressInUse {
+                    ip: *ip,
+                    host_ifindex: v.host_ifindex,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Maps {
     /// Refuses an address another live attachment of this node already holds: the map is
     /// keyed by address alone, so two networks with overlapping subnets on one node would
     /// silently steal each other's pods. An entry whose host veth is gone is stale (its DEL
     /// never came) and may be replaced.
     pub fn ensure_free(&self, attachment_id: u64, ips: &[IpAddr]) -> Result<(), BpfError> {
-        for ip in ips {
-            if let Ok(v) = self.endpoints.get(&endpoint_key(*ip), 0) {
-                if v.attachment_id != attachment_id
-                    && nix::net::if_::if_indextoname(v.host_ifindex).is_ok()
-                {
-                    return Err(BpfError::AddressInUse {
-                        ip: *ip,
-                        host_ifindex: v.host_ifindex,
-                    });
-                }
-            }
-        }
-        Ok(())
+        ensure_free_in(&self.endpoints, attachment_id, ips)
     }
 
     pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {

@@ -9,7 +9,7 @@ mod open;
 pub mod ports;
 mod sources;
 
-pub use endpoints::PodEndpoint;
+pub use endpoints::{ensure_free_in, PodEndpoint};
 pub use sources::{PodSources, SourceCheck, SourceRecord};
 
 pub use super::keys::{endpoint_key, key_ip};

@@ -57,14 +57,16 @@ pub(in crate::bpf) fn open_pinned(
     name: &'static str,
 ) -> Result<Option<Map>, BpfError> {
     let path = root.map(node, name);
-    if !path.exists() {
-        return Ok(None);
-    }
     let err = |source| BpfError::OpenMap {
         path: path.clone(),
         source: Box::new(source),
     };
-    let data = MapData::from_pin(&path).map_err(err)?;
+    // No stat first: a missing pin is the open's own ENOENT.
+    let data = match MapData::from_pin(&path) {
+        Ok(d) => d,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
     let actual = sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo {
         path: path.clone(),
         source,
@@ -107,6 +109,22 @@ impl Maps {
                 None => None,
             },
         }))
+    }
+
+    /// The endpoint map alone, `None` when this node has none: for a check that reads
+    /// nothing else (each map opened costs a stat-free pin open and two info reads).
+    pub fn open_endpoints(
+        root: &PinRoot,
+        node: &NodeId,
+    ) -> Result<Option<HashMap<MapData, EndpointKey, EndpointInfo>>, BpfError> {
+        match open_pinned(root, node, ENDPOINTS_MAP)? {
+            Some(m) => {
+                HashMap::try_from(m)
+                    .map(Some)
+                    .map_err(open_map_err(root, node, ENDPOINTS_MAP))
+            }
+            None => Ok(None),
+        }
     }
 
     /// A pod's counters summed over CPUs.
