@@ -62,7 +62,7 @@ fn l4_sum(v4: bool, proto: u8) -> Sum {
 
 /// The ones' complement sum of the 16-bit words `sum` has gathered, folded to 16 bits.
 #[inline(always)]
-fn fold(mut sum: u32) -> u16 {
+pub fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     sum as u16

@@ -32,6 +32,7 @@ use crate::{
         Event, ECNI_NAT_REV,
     },
     packet::{copy16, EthHdr, Ipv4Hdr, ETH_HLEN, ETH_P_IP},
+    rewrite::fold,
 };
 
 const L4_OFF: usize = ETH_HLEN + 20;
@@ -45,14 +46,6 @@ fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
         return None;
     }
     Some((start + offset) as *mut T)
-}
-
-/// The ones' complement sum folded to 16 bits.
-#[inline(always)]
-fn fold(mut sum: u32) -> u16 {
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum as u16
 }
 
 /// A checksum field (network order bytes) after 16-bit words `old` became `new`
