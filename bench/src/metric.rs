@@ -210,9 +210,10 @@ pub enum PathFigure {
     Crr,
     /// pod → pod's TCP_CRR as a share of the veth pair's.
     CrrOfVeth,
-    /// `ecni_from_pod`'s mean run time per packet.
+    /// The mean run time per packet of `ecni_from_pod` (of `ecni_floor_pod` in the floor's
+    /// state).
     FromPodNs,
-    /// `ecni_from_pod`'s own run time for one pod → pod segment (`BPF_PROG_TEST_RUN`).
+    /// The same program's own run time for one pod → pod segment (`BPF_PROG_TEST_RUN`).
     TestRunNs,
     /// The node's cgroup programs' run time per TCP_CRR connection.
     CgroupNsPerConn,
@@ -235,8 +236,8 @@ impl PathFigure {
             PathFigure::RrOfVeth => "TCP_RR p50, pod → pod / plain veth",
             PathFigure::Crr => "TCP_CRR",
             PathFigure::CrrOfVeth => "TCP_CRR, pod → pod as % of plain veth",
-            PathFigure::FromPodNs => "ecni_from_pod run time per packet",
-            PathFigure::TestRunNs => "ecni_from_pod, one pod → pod segment in BPF_PROG_TEST_RUN",
+            PathFigure::FromPodNs => "the pod program's run time per packet",
+            PathFigure::TestRunNs => "the pod program, one pod → pod segment in BPF_PROG_TEST_RUN",
             PathFigure::CgroupNsPerConn => "cgroup programs' run time per connection",
         }
     }
@@ -248,6 +249,10 @@ impl PathFigure {
 pub enum PathPart {
     /// No host port, no limit on the node.
     Bare,
+    /// The same node with `ecni_floor_pod` in front of the two pods' `ecni_from_pod`: the
+    /// floor of routing pod → pod at TC (destination lookup, TTL and MACs,
+    /// `bpf_redirect_peer`), without the features.
+    Floor,
     /// A pod with a host port besides.
     HostPort,
     /// And a paced pod.
@@ -255,11 +260,17 @@ pub enum PathPart {
 }
 
 impl PathPart {
-    pub const ALL: [PathPart; 3] = [PathPart::Bare, PathPart::HostPort, PathPart::Paced];
+    pub const ALL: [PathPart; 4] = [
+        PathPart::Bare,
+        PathPart::Floor,
+        PathPart::HostPort,
+        PathPart::Paced,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             PathPart::Bare => "node without host port or limit",
+            PathPart::Floor => "the routing floor ecni_floor_pod in front of ecni_from_pod",
             PathPart::HostPort => "+ a pod with a host port",
             PathPart::Paced => "+ a host port and a paced pod",
         }

@@ -31,7 +31,7 @@ use crate::{
     source::{self, Source},
 };
 
-const PASS: i32 = TCX_NEXT;
+pub(crate) const PASS: i32 = TCX_NEXT;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 /// `TC_ACT_SHOT`: what the redirect helpers return when they refuse.
@@ -44,7 +44,7 @@ fn ifindex(ctx: &TcContext) -> u32 {
 }
 
 /// Where the destination address leads.
-enum Dest {
+pub(crate) enum Dest {
     /// A local pod, and how to reach it.
     Pod(EndpointInfo),
     /// Not a local pod: ask the FIB.
@@ -55,7 +55,7 @@ enum Dest {
 
 /// Looks at the IP header: TTL handling, and which destination. Rewrites nothing.
 #[inline(always)]
-fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
+pub(crate) fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     // SAFETY: `ptr_at` checked the whole header is inside the packet.
     let proto = u16::from_be_bytes(unsafe { (*eth).proto });
@@ -94,7 +94,7 @@ fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
 
 /// Decrements TTL / hop limit: we are routing the packet.
 #[inline(always)]
-fn hop(ctx: &TcContext, proto: u16) -> Option<()> {
+pub(crate) fn hop(ctx: &TcContext, proto: u16) -> Option<()> {
     if proto == ETH_P_IP {
         let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN)?;
         // SAFETY: bounds checked; TC programs may write packet data.
@@ -108,7 +108,7 @@ fn hop(ctx: &TcContext, proto: u16) -> Option<()> {
 }
 
 #[inline(always)]
-fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
+pub(crate) fn set_macs(ctx: &TcContext, src: &[u8; 6], dst: &[u8; 6]) -> Option<()> {
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     // SAFETY: bounds checked; TC programs may write packet data.
     unsafe {

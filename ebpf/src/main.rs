@@ -23,6 +23,7 @@
 #![no_std]
 #![no_main]
 
+mod floor;
 mod forward;
 mod limit;
 mod maps;
@@ -91,6 +92,18 @@ pub fn ecni_xdp_dev(ctx: XdpContext) -> u32 {
 const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_XDP_DEV,
     stringify!(ecni_xdp_dev)
+));
+
+/// The floor of routing pod → pod at TC, for the benchmark; not loaded by the plugin (see
+/// `floor`).
+#[classifier]
+pub fn ecni_floor_pod(ctx: TcContext) -> i32 {
+    floor::route(&ctx)
+}
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_FLOOR_POD,
+    stringify!(ecni_floor_pod)
 ));
 
 /// TCP sockets of a pod with an egress limit pace themselves at it (see `pace`).

@@ -225,6 +225,11 @@ pub const PROG_FROM_DEV: &str = "ecni_from_dev";
 /// The XDP prototype of `ecni_from_dev`'s host-port path: in the object for the benchmark's
 /// `xdp` section and the program tests, never loaded by the plugin (docs/dataplane.md).
 pub const PROG_XDP_DEV: &str = "ecni_xdp_dev";
+/// The floor of routing pod → pod at TC: what any program on a pod's host veth must do to
+/// deliver to a local pod (the destination's endpoint, TTL and MACs, `bpf_redirect_peer`)
+/// and nothing else. In the object for the benchmark's pod-path section and the program
+/// tests, never loaded by the plugin.
+pub const PROG_FLOOR_POD: &str = "ecni_floor_pod";
 /// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
 /// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
@@ -860,6 +865,7 @@ const _: () = assert!(fits_bpf_obj_name(PROG_FROM_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
 const _: () = assert!(fits_bpf_obj_name(PROG_XDP_DEV));
+const _: () = assert!(fits_bpf_obj_name(PROG_FLOOR_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_CHAIN));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_MAP));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_HITS_MAP));

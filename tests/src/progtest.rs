@@ -243,6 +243,18 @@ impl Programs {
     }
 
     /// Verifies the XDP program `name` of the object (none is loaded by [`Programs::load`]).
+    /// Verifies the TC program `name` of the object, which [`Programs::load`] left out.
+    pub fn load_tc(&mut self, name: &str) -> Result<()> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name} in the object"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a TC program"))?;
+        prog.load()
+            .with_context(|| format!("the verifier refused {name}"))
+    }
+
     pub fn load_xdp(&mut self, name: &str) -> Result<()> {
         let prog: &mut Xdp = self
             .ebpf
@@ -762,6 +774,22 @@ impl Lab {
         self.progs
             .run_xdp(name, frame)
             .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// The floor of routing pod → pod, `ecni_floor_pod` (verified on first use), on pod
+    /// `p`'s host veth.
+    pub fn floor_pod(&mut self, p: &Pod, frame: &[u8]) -> Run {
+        let name = ebpf_cni_maps::PROG_FLOOR_POD;
+        if self
+            .progs
+            .ebpf
+            .program(name)
+            .and_then(|p| p.fd().ok())
+            .is_none()
+        {
+            self.progs.load_tc(name).unwrap_or_else(|e| panic!("{e:#}"));
+        }
+        self.run(name, p.ifindex, frame)
     }
 
     /// `ecni_to_pod` on pod `p`'s host veth.

@@ -313,6 +313,47 @@ fn host_port_dnat_reaches_the_pod_and_the_reply_comes_from_the_dialled_port() {
     }
 }
 
+/// The floor of routing pod → pod (`ecni_floor_pod`, measured by the benchmark's pod-path
+/// section, not loaded by the plugin) leaves a pod → pod frame byte for byte as
+/// `ecni_from_pod` does and redirects it the same way, IPv4 and IPv6, while counting
+/// nothing; anything not for a local pod goes on to the stack unchanged.
+#[test]
+fn the_routing_floor_delivers_pod_to_pod_as_ecni_from_pod_does() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    for v4 in [true, false] {
+        let f = family(v4);
+        let frame = from(&a, b.addr(v4), L4::tcp(40_000, 80, TCP_ACK))
+            .payload(30)
+            .frame();
+        let floor = lab.floor_pod(&a, &frame);
+        let full = lab.from_pod(&a, &frame);
+        assert_eq!(floor.verdict, Verdict::Redirect, "{f}: redirected");
+        assert_eq!(floor.verdict, full.verdict, "{f}: as ecni_from_pod");
+        assert_eq!(
+            floor.frame, full.frame,
+            "{f}: the same frame as ecni_from_pod"
+        );
+        let got = parse(&floor.frame);
+        assert_eq!((got.src_mac, got.dst_mac), (b.host_mac, b.pod_mac), "{f}");
+        assert_eq!(got.ttl, 63, "{f}");
+        checksums_ok(&floor.frame, f);
+    }
+    // Only ecni_from_pod's two runs are counted.
+    let (ca, cb) = (lab.progs.counters(a.ifindex), lab.progs.counters(b.ifindex));
+    assert_eq!((ca.from_pod.packets, cb.to_pod.packets), (2, 2));
+    // Not a local pod (a FIB destination), or not IP: to the stack, unchanged.
+    for frame in [
+        from(&a, lab.up.remote(true), L4::tcp(40_001, 80, TCP_SYN)).frame(),
+        from(&a, lab.up.remote(false), L4::udp(40_002, 53)).frame(),
+        Arp::request(a.pod_mac, a.v4.octets(), b.v4.octets()).frame([0xff; 6], a.pod_mac),
+    ] {
+        let r = lab.floor_pod(&a, &frame);
+        assert_eq!(r.verdict, Verdict::Next, "to the stack");
+        assert_eq!(r.frame, frame, "unchanged");
+    }
+}
+
 /// XDP's verdicts (linux/bpf.h).
 const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;

@@ -7,6 +7,13 @@
 //! turn and deletes the two extra pods at its end, so the bare state of the next repeat
 //! also proves the node took its cgroup programs off with their last user.
 //!
+//! Right after the bare state, the same node with the routing floor `ecni_floor_pod` (a
+//! netlink filter in front of `ecni_from_pod` on both pods' host veths, detached after):
+//! the least a TC program must do to route pod → pod (destination lookup, TTL and MACs,
+//! `bpf_redirect_peer`), with `ecni_from_pod`'s own code for those steps and none of its
+//! features. Against the veth pair it says what the TC hook and the redirect into the
+//! receiver's namespace cost by themselves; the bare state's gap over it is the features.
+//!
 //! With the kernel's BPF statistics on (`kernel.bpf_stats_enabled`, only while the slices
 //! run: they add two clock reads to every program run of the machine) each state also
 //! gives `ecni_from_pod`'s run time per packet and the node's cgroup programs' run time
@@ -18,7 +25,10 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
+use aya::programs::tc::{NlOptions, SchedClassifierLinkId, TcAttachOptions, TcAttachType};
+use aya::programs::SchedClassifier;
+use aya::{Ebpf, EbpfLoader};
 
 use crate::log::progress;
 use crate::metric::{Metric, PathFigure, PathPart};
@@ -44,11 +54,114 @@ struct Setup {
     // Servers first: they must stop before their namespaces go.
     _echo: EchoServer,
     _veth_echo: EchoServer,
+    floor: Floor,
     a: Pod,
     b_ip: Ipv4Addr,
     _b: Pod,
     pair: VethPair,
     node: BenchNode,
+}
+
+/// The routing floor `ecni_floor_pod`, loaded from the plugin's object into the node's
+/// pinned maps (it looks the node's endpoints up), attached to the two pods' host veths for
+/// its state only.
+struct Floor {
+    ebpf: Ebpf,
+    /// The pods' host veths.
+    hosts: [String; 2],
+    links: Vec<SchedClassifierLinkId>,
+}
+
+/// Ahead of the plugin's filter (the kernel numbers a first filter 49152).
+const FLOOR_PRIORITY: u16 = 1;
+
+impl Floor {
+    fn load(bins: &Binaries, node: &BenchNode, a: &Pod, b: &Pod) -> Result<Self> {
+        let obj = xtask::build::staged_object(&bins.ebpf_cni);
+        let bytes = std::fs::read(&obj).with_context(|| format!("reading {}", obj.display()))?;
+        let mut loader = EbpfLoader::new();
+        loader.btf(None);
+        for map in ebpf_cni_maps::NODE_MAPS {
+            loader.map_pin_path(
+                map.name,
+                ebpf_cni_tests::dataplane::map_pin(&node.node, map.name),
+            );
+        }
+        let mut ebpf = loader
+            .load(&bytes)
+            .with_context(|| format!("loading {}", obj.display()))?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(ebpf_cni_maps::PROG_FLOOR_POD)
+            .context("no routing floor in the object")?
+            .try_into()?;
+        prog.load().context("verifying the routing floor")?;
+        Ok(Self {
+            ebpf,
+            hosts: [host_veth(a)?, host_veth(b)?],
+            links: Vec::new(),
+        })
+    }
+
+    fn prog(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(self
+            .ebpf
+            .program_mut(ebpf_cni_maps::PROG_FLOOR_POD)
+            .context("no routing floor")?
+            .try_into()?)
+    }
+
+    /// Attaches the floor in front of `ecni_from_pod` on both host veths, or detaches it.
+    fn attach(&mut self, node: &BenchNode, on: bool) -> Result<()> {
+        if on {
+            let hosts = self.hosts.clone();
+            for host in &hosts {
+                let prog = self.prog()?;
+                let id = node
+                    .node
+                    .netns()
+                    .run_in(|| {
+                        prog.attach_with_options(
+                            host,
+                            TcAttachType::Ingress,
+                            TcAttachOptions::Netlink(NlOptions {
+                                priority: FLOOR_PRIORITY,
+                                ..NlOptions::default()
+                            }),
+                        )
+                    })?
+                    .with_context(|| format!("attaching the routing floor to {host}"))?;
+                self.links.push(id);
+            }
+        } else {
+            for id in std::mem::take(&mut self.links) {
+                let prog = self.prog()?;
+                node.node
+                    .netns()
+                    .run_in(|| prog.detach(id))?
+                    .context("detaching the routing floor")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The floor's run time (ns) and count so far (0 when the statistics are off).
+    fn stats(&mut self) -> Result<(u64, u64)> {
+        let info = self.prog()?.info()?;
+        Ok((info.run_time().as_nanos() as u64, info.run_count()))
+    }
+}
+
+/// Pod `p`'s host veth, as its ADD result names it (the first interface).
+fn host_veth(p: &Pod) -> Result<String> {
+    let name = p
+        .cached
+        .as_ref()
+        .and_then(|r| r.get("interfaces")?.get(0)?.get("name")?.as_str())
+        .map(str::to_owned);
+    match name {
+        Some(n) if !n.is_empty() => Ok(n),
+        _ => bail!("the pod's ADD result names no host interface"),
+    }
 }
 
 impl Setup {
@@ -71,9 +184,11 @@ impl Setup {
         probe.context("pod → pod echo")?;
         let pair = VethPair::new()?;
         let veth_echo = EchoServer::start(&pair.b, ECHO_PORT)?;
+        let floor = Floor::load(bins, &node, &a, &b)?;
         Ok(Self {
             _echo: echo,
             _veth_echo: veth_echo,
+            floor,
             a,
             b_ip,
             _b: b,
@@ -156,7 +271,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             }
         }
     };
-    let setup = match Setup::new(bins) {
+    let mut setup = match Setup::new(bins) {
         Ok(s) => s,
         Err(e) => {
             progress(&format!("pod path: setting up failed: {e:#}"));
@@ -178,6 +293,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         for part in PathPart::ALL {
             let added = match part {
                 PathPart::Bare => Ok(None),
+                PathPart::Floor => setup.floor.attach(&setup.node, true).map(|()| None),
                 PathPart::HostPort => setup
                     .node
                     .add_pod("path-hostport", topo::caps(&[(HOST_PORT, 80)], None))
@@ -190,16 +306,24 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             match added {
                 Ok(pod) => extra.extend(pod),
                 Err(e) => {
+                    let _ = setup.floor.attach(&setup.node, false);
                     fail_all(&mut fig, &e);
                     break;
                 }
             }
             let stats = BpfStats::on();
             let before = setup.prog_stats();
+            let floor_before = setup.floor.stats();
             let mut got = Slices::default();
             let r = measure(&setup, slice, &mut got);
             let after = setup.prog_stats();
+            let floor_after = setup.floor.stats();
             drop(stats);
+            if part == PathPart::Floor {
+                if let Err(e) = setup.floor.attach(&setup.node, false) {
+                    progress(&format!("pod path: {e:#}"));
+                }
+            }
             if let Err(e) = r {
                 for f in PathFigure::ALL {
                     for s in [Subject::EbpfCni, Subject::Veth] {
@@ -228,7 +352,13 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 let (t0, c0) = before.get(name).copied().unwrap_or_default();
                 (t1.saturating_sub(t0), c1.saturating_sub(c0))
             };
-            let (t, c) = delta(ebpf_cni_maps_names::FROM_POD);
+            let (t, c) = match (part, floor_before, floor_after) {
+                (PathPart::Floor, Ok((t0, c0)), Ok((t1, c1))) => {
+                    (t1.saturating_sub(t0), c1.saturating_sub(c0))
+                }
+                (PathPart::Floor, ..) => (0, 0),
+                _ => delta(ebpf_cni_maps_names::FROM_POD),
+            };
             if c > 0 {
                 fig.entry((PathFigure::FromPodNs, part))
                     .or_default()
@@ -262,7 +392,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             }
         }
         Err(e) => {
-            for part in [PathPart::Bare, PathPart::HostPort] {
+            for part in [PathPart::Bare, PathPart::Floor, PathPart::HostPort] {
                 fig.entry((PathFigure::TestRunNs, part))
                     .or_default()
                     .set_instead(Subject::EbpfCni, Cell::failed(&e));
@@ -274,7 +404,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     }
 }
 
-/// `ecni_from_pod`'s own run time for one pod → pod TCP segment (1 byte of payload), in
+/// `ecni_from_pod`'s own run time (and the routing floor's) for one pod → pod TCP segment (1 byte of payload), in
 /// the program tests' lab (`progtest`: the object loaded into maps of its own, nothing of
 /// a node touched): the kernel's mean over 200 runs of one `BPF_PROG_TEST_RUN`, the median
 /// of 40 such calls; with the source check on, on a node without host ports or limits (its
@@ -307,11 +437,11 @@ fn program_cost(bins: &Binaries) -> Result<Vec<(PathPart, f64)>> {
             verdict: SOURCE_PASS,
         },
     );
-    let time = |lab: &ebpf_cni_tests::progtest::Lab| -> Result<f64> {
+    let time = |lab: &ebpf_cni_tests::progtest::Lab, prog: &str| -> Result<f64> {
         let mut v = Vec::with_capacity(40);
         for _ in 0..40 {
             v.push(
-                lab.time(ebpf_cni_maps_names::FROM_POD, a.ifindex, &frame, 200)
+                lab.time(prog, a.ifindex, &frame, 200)
                     .map_err(|e| anyhow::anyhow!("{e}"))?,
             );
         }
@@ -319,11 +449,14 @@ fn program_cost(bins: &Binaries) -> Result<Vec<(PathPart, f64)>> {
     };
     // As the plugin writes a node without limits: the programs look no limit up.
     lab.no_limits();
-    let bare = time(&lab)?;
+    let bare = time(&lab, ebpf_cni_maps_names::FROM_POD)?;
+    lab.progs.load_tc(ebpf_cni_maps::PROG_FLOOR_POD)?;
+    let floor = time(&lab, ebpf_cni_maps::PROG_FLOOR_POD)?;
     lab.host_ports();
-    let host_port = time(&lab)?;
+    let host_port = time(&lab, ebpf_cni_maps_names::FROM_POD)?;
     Ok(vec![
         (PathPart::Bare, bare),
+        (PathPart::Floor, floor),
         (PathPart::HostPort, host_port),
     ])
 }
@@ -371,22 +504,26 @@ fn table(p: &Params, mut fig: BTreeMap<(PathFigure, PathPart), Repeats>) -> Tabl
              veth pair, measured in turn: TCP_RR and TCP_CRR as in the dataplane section, {} s \
              per state and repeat in {RR_SLICES} slices alternating pod → pod and the veth \
              pair, client and server pinned to CPU {}. States: bare (no host port, no \
-             limit on the node); + a pod with host port {HOST_PORT}; + a pod limited to {} \
-             Mbit/s (its TCP paced). The ratios are per repeat.",
+             limit on the node); the routing floor, ecni_floor_pod (the destination's \
+             endpoint, TTL and MACs, bpf_redirect_peer, with ecni_from_pod's code for each \
+             and nothing else), as a filter in front of both pods' ecni_from_pod on the bare \
+             node; + a pod with host port {HOST_PORT}; + a pod limited to {} Mbit/s (its TCP \
+             paced). The ratios are per repeat.",
             p.rr_secs,
             load::rr_cpu(),
             LIMIT_BPS / 1_000_000
         ),
         "Run times from the kernel's BPF statistics (run_time_ns / run_cnt), on for the \
          slices only; they include the statistics' own two clock reads per run. \
-         ecni_from_pod per packet of both TCP_RR and TCP_CRR; the cgroup programs (the \
+         ecni_from_pod (ecni_floor_pod in the floor's state) per packet of both TCP_RR \
+         and TCP_CRR; the cgroup programs (the \
          node's socket programs and ecni_sockops) summed over every connection of the \
          slices, the veth pair's included, since programs on the cgroup root run for every \
          socket of the machine. Programs other nodes of this machine attached are not \
          counted, but their runs slow both columns alike. BPF_PROG_TEST_RUN: the \
          program alone on one pod → pod TCP segment in the program tests' lab (mean of 200 \
          runs, median of 40 calls; no statistics' clock reads), source check on, on a node \
-         without host ports and with."
+         without host ports (ecni_from_pod, then the floor) and with."
             .to_owned(),
     ];
     table

@@ -1,0 +1,28 @@
+//! `ecni_floor_pod`: the floor of routing pod → pod at TC, for the benchmark (never loaded
+//! by the plugin). It does what any program on a pod's host veth must do to deliver a
+//! packet to another local pod, with `ecni_from_pod`'s own code for each step: look the
+//! destination's endpoint up, take one hop off the TTL (or hop limit), address the frame
+//! to the pod from its gateway, and `bpf_redirect_peer` it into the pod's namespace.
+//! Everything else `ecni_from_pod` does per packet is left out: the counters, the rate
+//! limits, the source check, ARP, host ports, masquerade, the FIB. Anything that is not
+//! for a local pod goes on to the stack.
+//!
+//! The benchmark attaches it in front of `ecni_from_pod` on two pods' host veths and
+//! measures pod → pod against a plain veth pair, so the figure says what the TC hook and
+//! the redirect cost by themselves, apart from the features.
+
+use aya_ebpf::{helpers::generated::bpf_redirect_peer, programs::TcContext};
+
+use crate::forward::{classify, hop, set_macs, Dest, PASS};
+
+#[inline(always)]
+pub fn route(ctx: &TcContext) -> i32 {
+    let Some((proto, Dest::Pod(ep))) = classify(ctx) else {
+        return PASS;
+    };
+    if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
+        return PASS;
+    }
+    // SAFETY: plain helper call; it only records the target for after the program returns.
+    unsafe { bpf_redirect_peer(ep.host_ifindex, 0) as i32 }
+}
