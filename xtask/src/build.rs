@@ -229,7 +229,7 @@ impl CrossTarget {
     /// The variables that make `cc` the target's linker (cargo's
     /// `CARGO_TARGET_<TRIPLE>_LINKER`) and C compiler (cc-rs's `CC_<triple>`): set on the
     /// build's command only, so no global configuration is needed.
-    fn cc_env(&self, cc: &'static str) -> [(String, &'static str); 2] {
+    pub fn cc_env(&self, cc: &'static str) -> [(String, &'static str); 2] {
         let triple = self.triple.replace(['-', '.'], "_");
         [
             (format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase()), cc),

@@ -2,7 +2,9 @@
 //! figure and whether the goal is met.
 
 use crate::format::{short_num, thousands};
-use crate::metric::{Metric, PathKind, METRICS_TARGET_MS, METRICS_TARGET_PODS};
+use crate::metric::{
+    Metric, PathFigure, PathKind, PathPart, METRICS_TARGET_MS, METRICS_TARGET_PODS,
+};
 use crate::model::{Cell, Row, Subject, Table};
 use crate::run::Run;
 use crate::sections::scale::Point;
@@ -173,18 +175,34 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let of_veth = |m: &Metric, s| -> Result<f64, String> {
         Ok(median_of(rr, m, s)? / median_of(rr, m, Subject::Veth)?)
     };
-    for (goal, metric, limit, higher) in [
+    // Beside it, the routing floor at TC (the pod-path section's `ecni_floor_pod` state: the
+    // least any TC program routing pod → pod pays), per repeat over the veth pair.
+    let path = run.pod_path.as_ref().map(|p| &p.table);
+    let floor = |figure, scale: f64| {
+        median_of(
+            path,
+            &Metric::PodPath {
+                figure,
+                part: PathPart::Floor,
+            },
+            Subject::EbpfCni,
+        )
+        .map(|v| v / scale)
+    };
+    for (goal, metric, limit, higher, floor) in [
         (
             "TCP_CRR pod → pod ≥ 0.95 of a plain veth pair's",
             &crr,
             0.95,
             true,
+            floor(PathFigure::CrrOfVeth, 100.0),
         ),
         (
             "TCP_RR p50 pod → pod ≤ 1.03× a plain veth pair's",
             &rr_p50,
             1.03,
             false,
+            floor(PathFigure::RrOfVeth, 1.0),
         ),
     ] {
         let e = of_veth(metric, Subject::EbpfCni);
@@ -193,10 +211,14 @@ pub fn targets(run: &Run) -> Vec<Target> {
             v.as_ref()
                 .map_or_else(|w| w.clone(), |v| format!("{v:.3}× veth"))
         };
+        let at_floor = floor.map_or_else(
+            |_| String::new(),
+            |v| format!(" (the routing floor at TC: {v:.3}×)"),
+        );
         out.push(Target {
             goal,
             source: "26",
-            ebpf: show(&e),
+            ebpf: format!("{}{at_floor}", show(&e)),
             reference: show(&r),
             status: match e {
                 Ok(v) => status(if higher { v >= limit } else { v <= limit }),

@@ -146,8 +146,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          the pod's namespace, the pod's address, link up and default route via the gateway \
          (on-link), the host side up and its host route, the endpoint, rate, host port and \
          source check entries, and the clsact qdisc with the two bpf filters; one netlink \
-         request per message, each acknowledged, as ebpf-cni sends them. It is run as a \
-         plugin is (forked into the node namespace, reaped with wait4), one floor pod right \
+         request per message, each acknowledged, as ebpf-cni sends them. It is linked as the \
+         released plugin is (statically, against musl) and run as a plugin is (forked into \
+         the node namespace, reaped with wait4), one floor pod right \
          after each ebpf-cni pod; its DEL (the map entries, then the veth) right after each \
          ebpf-cni DEL. \"timed inside its process\" leaves out fork, exec and the process \
          start. The IPv4 gateway is the node's, held once on lo: no per-pod work. Not in \
