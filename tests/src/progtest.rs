@@ -242,28 +242,32 @@ impl Programs {
         })
     }
 
-    /// Verifies the XDP program `name` of the object (none is loaded by [`Programs::load`]).
-    /// Verifies the TC program `name` of the object, which [`Programs::load`] left out.
+    /// Verifies the TC program `name` of the object, which [`Programs::load`] left out,
+    /// unless it already is.
     pub fn load_tc(&mut self, name: &str) -> Result<()> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(name)
-            .with_context(|| format!("no program {name} in the object"))?
-            .try_into()
-            .with_context(|| format!("{name} is not a TC program"))?;
-        prog.load()
-            .with_context(|| format!("the verifier refused {name}"))
+        self.load_one(name, |p| <&mut SchedClassifier>::try_from(p)?.load())
     }
 
+    /// Verifies the XDP program `name` of the object (none is loaded by [`Programs::load`]),
+    /// unless it already is.
     pub fn load_xdp(&mut self, name: &str) -> Result<()> {
-        let prog: &mut Xdp = self
+        self.load_one(name, |p| <&mut Xdp>::try_from(p)?.load())
+    }
+
+    /// Verifies program `name` with its type's `load`, unless it already is.
+    fn load_one(
+        &mut self,
+        name: &str,
+        load: impl FnOnce(&mut aya::programs::Program) -> Result<(), ProgramError>,
+    ) -> Result<()> {
+        let prog = self
             .ebpf
             .program_mut(name)
-            .with_context(|| format!("no program {name} in the object"))?
-            .try_into()
-            .with_context(|| format!("{name} is not an XDP program"))?;
-        prog.load()
-            .with_context(|| format!("the verifier refused {name}"))
+            .with_context(|| format!("no program {name} in the object"))?;
+        if prog.fd().is_ok() {
+            return Ok(());
+        }
+        load(prog).with_context(|| format!("the verifier refused {name}"))
     }
 
     /// Runs the XDP program `name` once on `frame`, in the calling thread's network
@@ -759,17 +763,9 @@ impl Lab {
     /// verdict and the frame it left.
     pub fn xdp_dev(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
         let name = ebpf_cni_maps::PROG_XDP_DEV;
-        if self
-            .progs
-            .ebpf
-            .program(name)
-            .and_then(|p| p.fd().ok())
-            .is_none()
-        {
-            self.progs
-                .load_xdp(name)
-                .unwrap_or_else(|e| panic!("{e:#}"));
-        }
+        self.progs
+            .load_xdp(name)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let _inside = self.ns.enter().expect("entering the lab's namespace");
         self.progs
             .run_xdp(name, frame)
@@ -780,15 +776,7 @@ impl Lab {
     /// `p`'s host veth.
     pub fn floor_pod(&mut self, p: &Pod, frame: &[u8]) -> Run {
         let name = ebpf_cni_maps::PROG_FLOOR_POD;
-        if self
-            .progs
-            .ebpf
-            .program(name)
-            .and_then(|p| p.fd().ok())
-            .is_none()
-        {
-            self.progs.load_tc(name).unwrap_or_else(|e| panic!("{e:#}"));
-        }
+        self.progs.load_tc(name).unwrap_or_else(|e| panic!("{e:#}"));
         self.run(name, p.ifindex, frame)
     }
 

@@ -1,9 +1,12 @@
 //! What the sections measure with: nodes and pods on the test harness's namespaces
 //! ([`topo`]), plugin processes timed with their resource usage ([`exec`]), traffic
-//! generators ([`load`]), the programs' run-time statistics ([`progstats`]) and the machine's description and idle wait ([`machine`]).
+//! generators ([`load`]), the programs' run-time statistics ([`progstats`]), the plugin's
+//! object loaded into a node's maps for the programs it never loads ([`object`]) and the
+//! machine's description and idle wait ([`machine`]).
 
 pub mod exec;
 pub mod load;
 pub mod machine;
+pub mod object;
 pub mod progstats;
 pub mod topo;

@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use aya::programs::tc::{NlOptions, SchedClassifierLinkId, TcAttachOptions, TcAttachType};
 use aya::programs::SchedClassifier;
-use aya::{Ebpf, EbpfLoader};
+use aya::Ebpf;
 
 use crate::log::progress;
 use crate::metric::{Metric, PathFigure, PathPart};
@@ -77,19 +77,7 @@ const FLOOR_PRIORITY: u16 = 1;
 
 impl Floor {
     fn load(bins: &Binaries, node: &BenchNode, a: &Pod, b: &Pod) -> Result<Self> {
-        let obj = xtask::build::staged_object(&bins.ebpf_cni);
-        let bytes = std::fs::read(&obj).with_context(|| format!("reading {}", obj.display()))?;
-        let mut loader = EbpfLoader::new();
-        loader.btf(None);
-        for map in ebpf_cni_maps::NODE_MAPS {
-            loader.map_pin_path(
-                map.name,
-                ebpf_cni_tests::dataplane::map_pin(&node.node, map.name),
-            );
-        }
-        let mut ebpf = loader
-            .load(&bytes)
-            .with_context(|| format!("loading {}", obj.display()))?;
+        let mut ebpf = crate::rig::object::on_node(bins, node)?;
         let prog: &mut SchedClassifier = ebpf
             .program_mut(ebpf_cni_maps::PROG_FLOOR_POD)
             .context("no routing floor in the object")?

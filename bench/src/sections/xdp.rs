@@ -25,8 +25,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use aya::programs::{xdp::XdpLinkId, Xdp, XdpMode};
-use aya::{Ebpf, EbpfLoader};
-use ebpf_cni_tests::dataplane as dp;
+use aya::Ebpf;
 use ebpf_cni_tests::Netns;
 
 use crate::log::progress;
@@ -137,16 +136,7 @@ impl Setup {
         let ext = &node.external;
         let iperf = Iperf3Server::start(&pod.netns, ip, IPERF_PORT)?;
         let echo = EchoServer::start(&pod.netns, ECHO_PORT)?;
-        let obj = xtask::build::staged_object(&bins.ebpf_cni);
-        let bytes = std::fs::read(&obj).with_context(|| format!("reading {}", obj.display()))?;
-        let mut loader = EbpfLoader::new();
-        loader.btf(None);
-        for map in ebpf_cni_maps::NODE_MAPS {
-            loader.map_pin_path(map.name, dp::map_pin(&node.node, map.name));
-        }
-        let mut ebpf = loader
-            .load(&bytes)
-            .with_context(|| format!("loading {}", obj.display()))?;
+        let mut ebpf = crate::rig::object::on_node(bins, &node)?;
         let prog: &mut Xdp = ebpf
             .program_mut(ebpf_cni_maps::PROG_XDP_DEV)
             .context("no XDP prototype in the object")?
