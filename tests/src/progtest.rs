@@ -2,9 +2,9 @@
 //! `BPF_PROG_TEST_RUN` (Cilium's `bpf/tests` is the model), and what they return, the bytes
 //! they leave and what they write into their maps are checked.
 //!
-//! Each [`Lab`] loads the object built by `cargo xtask build` (`EBPF_CNI_PROGRAMS_OBJ`)
-//! with aya into maps of its own (small, unpinned: nothing of a node is touched), and
-//! builds a network namespace in which the helpers that ask the kernel (`bpf_fib_lookup`,
+//! Each [`Lab`] runs the object built by `cargo xtask build` (`EBPF_CNI_PROGRAMS_OBJ`),
+//! loaded with aya into maps of its own (small, unpinned: nothing of a node is touched),
+//! and builds a network namespace in which the helpers that ask the kernel (`bpf_fib_lookup`,
 //! the redirects' device checks) find what the test says: two pod host veths, an uplink
 //! with addresses, routes to two external networks and their gateway's neighbour entries,
 //! forwarding on. A program runs with the calling thread in that namespace and the
@@ -12,14 +12,22 @@
 //!
 //! `BPF_PROG_TEST_RUN` returns the program's verdict without acting on it: a redirect is
 //! `TC_ACT_REDIRECT` (the target is not observable), `TCX_NEXT` is the verdict -1.
+//!
+//! The verifier is most of a lab's cost (`ecni_from_pod` takes about half a second on the
+//! host and minutes in the kernel matrix's emulated 5.10 guest), so a test process verifies
+//! the object once: its labs take the loaded object in turn ([`LabPrograms`]), each finding
+//! every map as empty as a fresh load leaves it, and each in a network namespace of its own.
 
+use std::io;
 use std::net::IpAddr;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::lpm_trie::Key;
-use aya::maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, LpmTrie, Map, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use aya::programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader, Pod as Plain};
 use ebpf_cni_maps::{
@@ -169,7 +177,158 @@ pub struct Programs {
     ebpf: Ebpf,
 }
 
+/// The object a test process verified, with the path it came from.
+struct Shared {
+    obj: PathBuf,
+    progs: Programs,
+}
+
+/// The one loaded object of the process (see the module doc); a [`Lab`] holds it for its
+/// life, so labs run one at a time.
+static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
+
+/// A lab's hold on the process's loaded object: [`Programs`] with every map as a fresh
+/// load leaves it.
+pub struct LabPrograms(MutexGuard<'static, Option<Shared>>);
+
+impl LabPrograms {
+    /// The object at `obj` with the TC programs `names` verified: loaded on first use, and
+    /// emptied for every later lab. A lab that panicked leaves the lock poisoned, which
+    /// says nothing about the object: the next lab empties it as usual.
+    fn take(obj: &Path, names: &[&str]) -> Result<Self> {
+        let mut held = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        match held.as_mut() {
+            Some(s) if s.obj == obj => s.progs.empty_maps()?,
+            _ => {
+                *held = Some(Shared {
+                    obj: obj.to_path_buf(),
+                    progs: Programs::load_from(obj, names)?,
+                })
+            }
+        }
+        Ok(Self(held))
+    }
+}
+
+impl std::ops::Deref for LabPrograms {
+    type Target = Programs;
+    fn deref(&self) -> &Programs {
+        &self.0.as_ref().expect("taken with an object").progs
+    }
+}
+
+impl std::ops::DerefMut for LabPrograms {
+    fn deref_mut(&mut self) -> &mut Programs {
+        &mut self.0.as_mut().expect("taken with an object").progs
+    }
+}
+
+/// `union bpf_attr` for the map element commands (linux/bpf.h).
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    /// The value, or the next key for `BPF_MAP_GET_NEXT_KEY`.
+    value: u64,
+    flags: u64,
+}
+
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// One map element command on `fd`; `Err` with the kernel's errno.
+fn elem(cmd: libc::c_long, fd: u32, key: *const u8, value: *mut u8) -> io::Result<()> {
+    let attr = ElemAttr {
+        map_fd: fd,
+        _pad: 0,
+        key: key as u64,
+        value: value as u64,
+        flags: 0,
+    };
+    // SAFETY: bpf(2) with an attribute of the element commands' layout; `key` and `value`
+    // point to buffers of the map's key and value sizes (or are null where the command
+    // allows it).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &attr as *const ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Deletes every element of a hash-like map (hash, LRU, per-CPU hash, LPM trie).
+fn delete_all(fd: u32, key_size: usize) -> io::Result<()> {
+    let mut key = vec![0u8; key_size];
+    loop {
+        match elem(BPF_MAP_GET_NEXT_KEY, fd, std::ptr::null(), key.as_mut_ptr()) {
+            Ok(()) => elem(BPF_MAP_DELETE_ELEM, fd, key.as_ptr(), std::ptr::null_mut())?,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes zeroes over every element of an array, `value_len` bytes each (all CPUs' slots
+/// of a per-CPU array).
+fn zero_all(fd: u32, max_entries: u32, value_len: usize) -> io::Result<()> {
+    let mut zero = vec![0u8; value_len];
+    for i in 0..max_entries {
+        elem(
+            BPF_MAP_UPDATE_ELEM,
+            fd,
+            i.to_ne_bytes().as_ptr(),
+            zero.as_mut_ptr(),
+        )?;
+    }
+    Ok(())
+}
+
 impl Programs {
+    /// Empties every map the programs declare as a fresh load leaves them: hash-like maps
+    /// with no element, arrays all zero. The object's data sections (`.rodata*`, which the
+    /// kernel freezes, and `.data`/`.bss` were there any) and the log ring buffer are left
+    /// as they are.
+    fn empty_maps(&mut self) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+        for (name, map) in self.ebpf.maps() {
+            if name.starts_with('.') {
+                continue;
+            }
+            let (data, per_cpu_array, array) = match map {
+                Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuHashMap(d)
+                | Map::PerCpuLruHashMap(d)
+                | Map::LpmTrie(d) => (d, false, false),
+                Map::Array(d) => (d, false, true),
+                Map::PerCpuArray(d) => (d, true, true),
+                _ => continue,
+            };
+            let info = data
+                .info()
+                .with_context(|| format!("reading map {name}'s info"))?;
+            let fd = data.fd().as_fd().as_raw_fd() as u32;
+            let emptied = if !array {
+                delete_all(fd, info.key_size() as usize)
+            } else if per_cpu_array {
+                let slot = (info.value_size() as usize).div_ceil(8) * 8;
+                zero_all(fd, info.max_entries(), slot * cpus)
+            } else {
+                zero_all(fd, info.max_entries(), info.value_size() as usize)
+            };
+            emptied.with_context(|| format!("emptying map {name}"))?;
+        }
+        Ok(())
+    }
+
     /// Loads the object from `EBPF_CNI_PROGRAMS_OBJ` and verifies the TC programs `names`.
     pub fn load(names: &[&str]) -> Result<Self> {
         Self::load_from(&programs_obj(), names)
@@ -618,7 +777,7 @@ impl Uplink {
 /// A node namespace for program runs, and the programs loaded.
 pub struct Lab {
     pub ns: Netns,
-    pub progs: Programs,
+    pub progs: LabPrograms,
     pub a: Pod,
     pub b: Pod,
     pub up: Uplink,
@@ -636,7 +795,7 @@ impl Lab {
 
     /// [`Lab::new`] with the eBPF object at `obj`.
     pub fn with_object(obj: &Path) -> Result<Self> {
-        let progs = Programs::load_from(
+        let progs = LabPrograms::take(
             obj,
             &[
                 ebpf_cni_maps::PROG_FROM_POD,
@@ -645,36 +804,51 @@ impl Lab {
             ],
         )?;
         let ns = Netns::create("n")?;
-        let a = pod(&ns, "ha", "pa", 2, 0x0a)?;
-        let b = pod(&ns, "hb", "pb", 3, 0x0b)?;
-        for cmd in [
-            "link add up0 address 02:00:00:00:00:01 type veth peer name up0p",
-            "link set up0 up",
-            "link set up0p up",
-            "addr add 192.0.2.1/24 dev up0",
-            "addr add 2001:db8:1::1/64 dev up0 nodad",
-            "neigh add 192.0.2.254 lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
-            "neigh add 2001:db8:1::fe lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
-            "route add 203.0.113.0/24 via 192.0.2.254",
-            "route add 2001:db8:99::/48 via 2001:db8:1::fe",
-        ] {
-            ns.ip_ok(&cmd.split(' ').collect::<Vec<_>>())?;
+        // One `ip` process for the whole topology and one for the indexes: under the
+        // kernel matrix's emulation every process costs a good part of a second.
+        let mut batch: Vec<String> = Vec::new();
+        for (host, peer, tag) in [("ha", "pa", 0x0a), ("hb", "pb", 0x0b)] {
+            batch.extend([
+                format!(
+                    "link add {host} address {} type veth peer name {peer} address {}",
+                    mac_text(pod_host_mac(tag)),
+                    mac_text(pod_mac(tag))
+                ),
+                format!("link set {host} up"),
+                format!("link set {peer} up"),
+            ]);
         }
+        batch.extend(
+            [
+                "link add up0 address 02:00:00:00:00:01 type veth peer name up0p",
+                "link set up0 up",
+                "link set up0p up",
+                "addr add 192.0.2.1/24 dev up0",
+                "addr add 2001:db8:1::1/64 dev up0 nodad",
+                "neigh add 192.0.2.254 lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
+                "neigh add 2001:db8:1::fe lladdr 02:00:00:00:fe:fe dev up0 nud permanent",
+                "route add 203.0.113.0/24 via 192.0.2.254",
+                "route add 2001:db8:99::/48 via 2001:db8:1::fe",
+            ]
+            .map(str::to_owned),
+        );
+        ip_batch(&ns, &batch)?;
+        let indexes = ifindexes(&ns)?;
+        let index = |name: &str| {
+            indexes
+                .get(name)
+                .copied()
+                .with_context(|| format!("no device {name} in the lab"))
+        };
+        let a = pod(index("ha")?, 2, 0x0a, "ha");
+        let b = pod(index("hb")?, 3, 0x0b, "hb");
         // The uplink's IPv6 address is the node's (a FIB lookup to it is not forwarded)
         // only once its local route is in: the kernel adds it when the veth's carrier is
         // seen, which the link watcher may report a while after `link set up`.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
-            let out = ns.exec(&[
-                "ip",
-                "-6",
-                "route",
-                "show",
-                "table",
-                "local",
-                "2001:db8:1::1",
-            ])?;
-            if !out.stdout.is_empty() {
+            let out = ns.ip_ok(&["-6", "route", "show", "table", "local", "2001:db8:1::1"])?;
+            if !out.is_empty() {
                 break;
             }
             if std::time::Instant::now() > deadline {
@@ -682,20 +856,16 @@ impl Lab {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let out = ns.exec(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-        ])?;
-        if !out.status.success() {
-            bail!(
-                "enabling forwarding: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        {
+            // Written from a thread inside the namespace: /proc/sys/net is the opener's.
+            let _inside = ns.enter()?;
+            for key in ["ipv4/ip_forward", "ipv6/conf/all/forwarding"] {
+                std::fs::write(format!("/proc/sys/net/{key}"), "1")
+                    .with_context(|| format!("enabling net.{key} in the lab"))?;
+            }
         }
         let up = Uplink {
-            ifindex: ifindex(&ns, "up0")?,
+            ifindex: index("up0")?,
             mac: [0x02, 0, 0, 0, 0, 0x01],
             v4: Ipv4Addr::new(192, 0, 2, 1),
             v6: "2001:db8:1::1".parse().expect("literal"),
@@ -887,47 +1057,79 @@ impl Lab {
 
 /// A pod's host veth `host` with its peer `peer` in the lab's namespace (the peer only has
 /// to exist), addresses 10.88.0.`n` and fd00:88::`n`, MACs ending in `tag`.
-fn pod(ns: &Netns, host: &str, peer: &str, n: u8, tag: u8) -> Result<Pod> {
-    let host_mac = [0x02, 0, 0, 0, tag, 0x01];
-    let pod_mac = [0x02, 0, 0, 0, tag, 0x02];
-    let mac = |m: [u8; 6]| {
-        m.iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
-    };
-    ns.ip_ok(&[
-        "link",
-        "add",
-        host,
-        "address",
-        &mac(host_mac),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        peer,
-        "address",
-        &mac(pod_mac),
-    ])?;
-    ns.ip_ok(&["link", "set", host, "up"])?;
-    ns.ip_ok(&["link", "set", peer, "up"])?;
-    Ok(Pod {
+/// The host side's MAC of the lab's pod `tag`.
+fn pod_host_mac(tag: u8) -> [u8; 6] {
+    [0x02, 0, 0, 0, tag, 0x01]
+}
+
+/// The pod side's MAC of the lab's pod `tag`.
+fn pod_mac(tag: u8) -> [u8; 6] {
+    [0x02, 0, 0, 0, tag, 0x02]
+}
+
+fn mac_text(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The lab's pod `n` (its addresses end in `n`), whose host veth `host` has index `ifindex`.
+fn pod(ifindex: u32, n: u8, tag: u8, host: &str) -> Pod {
+    Pod {
         host_if: host.to_string(),
-        ifindex: ifindex(ns, host)?,
-        host_mac,
-        pod_mac,
+        ifindex,
+        host_mac: pod_host_mac(tag),
+        pod_mac: pod_mac(tag),
         v4: Ipv4Addr::new(10, 88, 0, n),
         v6: Ipv6Addr::new(0xfd00, 0x88, 0, 0, 0, 0, 0, u16::from(n)),
         gateway4: Ipv4Addr::new(10, 88, 0, 1),
         attachment_id: 0xa770_0000 + u64::from(n),
-    })
+    }
 }
 
-fn ifindex(ns: &Netns, name: &str) -> Result<u32> {
-    let out = ns.ip_ok(&["-o", "link", "show", "dev", name])?;
-    out.split(':')
-        .next()
-        .and_then(|n| n.trim().parse().ok())
-        .with_context(|| format!("no ifindex in `ip link show {name}`: {out}"))
+/// Runs `commands` in one `ip -n <ns> -batch -`, failing with its stderr unless every one
+/// succeeds.
+fn ip_batch(ns: &Netns, commands: &[String]) -> Result<()> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("ip")
+        .args(["-n", ns.name(), "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running `ip -batch`")?;
+    child
+        .stdin
+        .take()
+        .context("ip's stdin")?
+        .write_all(commands.join("\n").as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "`ip -n {} -batch` failed: {}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Every device of the namespace by name, with its index.
+fn ifindexes(ns: &Netns) -> Result<std::collections::HashMap<String, u32>> {
+    let out = ns.ip_ok(&["-o", "link", "show"])?;
+    let mut m = std::collections::HashMap::new();
+    for line in out.lines() {
+        // "7: ha@pa: <...> ..."
+        let mut parts = line.splitn(3, ':');
+        let (Some(index), Some(name)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let name = name.trim();
+        let name = name.split('@').next().unwrap_or(name);
+        if let Ok(i) = index.trim().parse() {
+            m.insert(name.to_owned(), i);
+        }
+    }
+    Ok(m)
 }
