@@ -368,6 +368,46 @@ fn a_colliding_host_port_is_refused_and_rolled_back() {
         .expect("udp 8080 is free");
 }
 
+/// A host port whose pod's veth is gone without a DEL (a runtime that crashed and removed
+/// the namespace) is stale: the next pod that asks for it gets it and is reached through
+/// it. (nix's if_indextoname took "no such interface" for a name, "": the port stayed
+/// "already mapped" to the vanished pod, error 108.)
+#[test]
+fn a_host_port_whose_pods_veth_is_gone_goes_to_the_next_pod() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = list(&p, &node);
+    let gone = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
+    let out = node
+        .netns()
+        .exec(&["ip", "link", "del", &gone.r.host_ifname])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let next = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
+    let _server = PodServer::start(&next.netns, 80, "next");
+    let target = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 8080);
+    assert_eq!(tag_of(&tcp_ask(node.netns(), target).unwrap()), "next");
+    p.runtime
+        .check(&node, &l, &next.att, &next.result)
+        .expect("CHECK of the pod that took the port");
+    // The vanished pod's DEL still comes, late, and leaves the new owner's port alone.
+    p.runtime
+        .del(&node, &l, &gone.att, Some(&gone.result))
+        .expect("DEL of the vanished pod");
+    assert_eq!(tag_of(&tcp_ask(node.netns(), target).unwrap()), "next");
+}
+
 /// Invalid entries get error 7 naming the entry, before anything is created.
 #[test]
 fn invalid_entries_get_error_7_naming_the_entry() {

@@ -207,9 +207,9 @@ fn remove_attachment(
         .filter(|h| pins.netlink_record(*h).exists())
         .collect();
     if !recorded.is_empty() {
-        if let Some(ifname) = host_ifindex.and_then(|i| nix::net::if_::if_indextoname(i).ok()) {
+        if let Some(ifname) = host_ifindex.and_then(crate::netlink::ifname::name_of) {
             for hook in recorded {
-                links::detach_netlink(hook, &ifname.to_string_lossy());
+                links::detach_netlink(hook, &ifname);
             }
         }
     }

@@ -23,6 +23,7 @@ use crate::netns::{Netns, NetnsError};
 
 pub mod addrs;
 pub mod events;
+pub mod ifname;
 mod raw;
 pub mod sockets;
 pub mod tc;

@@ -49,7 +49,7 @@ pub fn ensure_free_in(
     for ip in ips {
         if let Ok(v) = endpoints.get(&endpoint_key(*ip), 0) {
             if v.attachment_id != attachment_id
-                && nix::net::if_::if_indextoname(v.host_ifindex).is_ok()
+                && crate::netlink::ifname::name_of(v.host_ifindex).is_some()
             {
                 return Err(BpfError::AddressInUse {
                     ip: *ip,

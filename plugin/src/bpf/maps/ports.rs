@@ -119,7 +119,7 @@ impl PortMaps {
             let key = port_key(e);
             if let Ok(t) = self.mappings.get(&key, 0) {
                 if t.attachment_id != attachment_id
-                    && nix::net::if_::if_indextoname(t.host_ifindex).is_ok()
+                    && crate::netlink::ifname::name_of(t.host_ifindex).is_some()
                 {
                     return Err(BpfError::PortInUse {
                         mapping: describe_key(&key),
