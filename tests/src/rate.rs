@@ -1,7 +1,7 @@
 //! Rates measured with iperf3 between test namespaces (the tests' generous checks; the
 //! benchmark measures precisely).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,29 @@ pub fn floor(host: f64, vm: f64) -> f64 {
     } else {
         host
     }
+}
+
+/// Sends `bytes` of UDP datagrams (1,400 bytes each) from `from` to `to` as fast as the
+/// socket takes them, and returns how many bytes the socket took. An offer no emulated
+/// sender fails to make: `bytes` well over a limit's burst plus what its rate refills while
+/// the loop runs overruns it whatever the guest's speed, where iperf3's paced offer may not.
+pub fn burst(from: &Netns, to: SocketAddr, bytes: usize) -> anyhow::Result<usize> {
+    from.run_in(|| -> anyhow::Result<usize> {
+        let any: IpAddr = match to {
+            SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let sock = UdpSocket::bind((any, 0))?;
+        let datagram = [0x5au8; 1400];
+        let mut sent = 0;
+        while sent < bytes {
+            // An ICMP error for an earlier datagram may surface here; the offer goes on.
+            if let Ok(n) = sock.send_to(&datagram, to) {
+                sent += n;
+            }
+        }
+        Ok(sent)
+    })?
 }
 
 /// Held for the length of each measurement: the tests of one binary run in parallel, and two

@@ -221,6 +221,12 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
         free > floor(10.0, 1.5) * limit,
         "TCP from the bridge pod without limits: {free:.0} bit/s"
     );
+    // In a matrix guest the emulated sender may not reach the limit at all (`rate::VM_ENV`;
+    // seen on 6.1: no drop in either direction): there 2 MiB offered at once overruns the
+    // policer's 128 KiB burst, unless the loop took nearly 4 s at its 500 kB/s.
+    if rate::in_vm() {
+        rate::burst(&a.netns, sa(ext_ip, 9), 2 << 20).unwrap();
+    }
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     let ra = dp::inspect_attachment(&report, &a.att.container_id).expect("pod A in inspect");
     assert_eq!(
@@ -232,11 +238,10 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
         ra["to_pod"]["drops"].as_u64() > Some(0),
         ra["from_pod"]["drops"].as_u64() > Some(0),
     );
-    // In a matrix guest the sender may not even reach the limit in one direction (see
-    // `rate::VM_ENV`): there the drops of the direction it did overrun are enough.
+    // In a matrix guest iperf3 may overrun neither direction: the burst's drops are counted.
     assert!(
         if rate::in_vm() {
-            drops_in || drops_out
+            drops_out
         } else {
             drops_in && drops_out
         },
