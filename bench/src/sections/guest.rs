@@ -82,7 +82,13 @@ pub fn bandwidth(series: &str, params: &Params, plugin: &Path) -> Result<bandwid
         if params.quick { " --quick" } else { "" }
     );
     progress(&format!("bandwidth: in a guest booting kernel {series}"));
-    let booted = vmtest::boot(kernel, accel, &dir, &script, GUEST_TIMEOUT, None);
+    // Two vCPUs: the section measures rates, which want the guest's sender and receiver
+    // on CPUs of their own, and runs alone.
+    let shape = vmtest::Guest {
+        cpus: 2,
+        append: vmtest::KVM_GUEST.append,
+    };
+    let booted = vmtest::boot(kernel, (accel, &shape), &dir, &script, GUEST_TIMEOUT, None);
     let log = fs::read_to_string(dir.join("bench.log")).unwrap_or_default();
     let text = booted
         .and_then(|()| fs::read_to_string(&file).context("reading the guest's results"))
