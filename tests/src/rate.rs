@@ -41,11 +41,14 @@ pub fn burst(from: &Netns, to: SocketAddr, bytes: usize) -> anyhow::Result<usize
         };
         let sock = UdpSocket::bind((any, 0))?;
         let datagram = [0x5au8; 1400];
-        let mut sent = 0;
+        let (mut sent, mut failed) = (0, 0);
         while sent < bytes {
-            // An ICMP error for an earlier datagram may surface here; the offer goes on.
-            if let Ok(n) = sock.send_to(&datagram, to) {
-                sent += n;
+            // An ICMP error for an earlier datagram may surface here; the offer goes on,
+            // unless no datagram leaves at all (a path that refuses every send).
+            match sock.send_to(&datagram, to) {
+                Ok(n) => (sent, failed) = (sent + n, 0),
+                Err(e) if failed >= 100 => anyhow::bail!("sending to {to}: {e}"),
+                Err(_) => failed += 1,
             }
         }
         Ok(sent)
