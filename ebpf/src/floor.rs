@@ -13,11 +13,12 @@
 
 use aya_ebpf::{helpers::generated::bpf_redirect_peer, programs::TcContext};
 
-use crate::forward::{classify, hop, set_macs, Dest, PASS};
+use crate::forward::{classify, hop, set_macs, PASS};
 
 #[inline(always)]
 pub fn route(ctx: &TcContext) -> i32 {
-    let Some((proto, Dest::Pod(ep))) = classify(ctx) else {
+    let dest = classify(ctx);
+    let (Some(ep), proto) = (dest.pod, dest.proto) else {
         return PASS;
     };
     if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {

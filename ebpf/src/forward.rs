@@ -17,11 +17,9 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 
-use aya_log_ebpf::debug;
-
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
-    maps::{count, endpoint, no_limits, tracing, AlignedKey, Dir, Event},
+    maps::{count, endpoint, endpoint_in_map, no_limits, AlignedKey, Dir, Event},
     masq::{self, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
@@ -29,6 +27,7 @@ use crate::{
         Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
     source::{self, Source},
+    trace::{note, Note},
 };
 
 pub(crate) const PASS: i32 = TCX_NEXT;
@@ -43,52 +42,75 @@ fn ifindex(ctx: &TcContext) -> u32 {
     unsafe { (*ctx.skb.skb).ifindex }
 }
 
-/// Where the destination address leads.
-pub(crate) enum Dest {
-    /// A local pod, and how to reach it.
-    Pod(EndpointInfo),
-    /// Not a local pod: ask the FIB.
-    Other,
+/// Where a packet's destination address leads. A plain struct whose every field each path
+/// writes, where an `Option<(u16, enum)>` left the enum's payload unwritten on the paths
+/// without one: LLVM then read the payload from the stack before testing which variant it
+/// was, harmless to LLVM and refused by 5.10's verifier ("invalid read from stack").
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    /// A local pod's entry, read in place: the pod the packet is for.
+    pub pod: Option<&'static EndpointInfo>,
+    /// The frame's EtherType (0 when the frame is too short to have one).
+    pub proto: u16,
+    /// Not a local pod, and the FIB may route it (false: leave it to the stack).
+    pub routed: bool,
+}
+
+impl Dest {
     /// Leave it to the stack.
-    Stack,
+    #[inline(always)]
+    const fn stack(proto: u16) -> Self {
+        Self {
+            pod: None,
+            proto,
+            routed: false,
+        }
+    }
+
+    /// The local pod the address is, else a destination for the FIB.
+    #[inline(always)]
+    fn looked_up(proto: u16, pod: Option<&'static EndpointInfo>) -> Self {
+        Self {
+            pod,
+            proto,
+            routed: pod.is_none(),
+        }
+    }
 }
 
 /// Looks at the IP header: TTL handling, and which destination. Rewrites nothing.
 #[inline(always)]
-pub(crate) fn classify(ctx: &TcContext) -> Option<(u16, Dest)> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+pub(crate) fn classify(ctx: &TcContext) -> Dest {
+    let Some(eth) = ptr_at::<EthHdr>(ctx, 0) else {
+        return Dest::stack(0);
+    };
     // SAFETY: `ptr_at` checked the whole header is inside the packet.
     let proto = u16::from_be_bytes(unsafe { (*eth).proto });
     match proto {
         ETH_P_IP => {
-            let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_HLEN)?;
+            let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
+                return Dest::stack(proto);
+            };
             // SAFETY: bounds checked by `ptr_at`.
             let ip = unsafe { &*ip };
-            if ip.ver_ihl >> 4 != 4 || ipv4_is_special(&ip.daddr) {
-                return Some((proto, Dest::Stack));
-            }
             // The stack answers an expiring TTL with ICMP time exceeded.
-            if ip.ttl <= 1 {
-                return Some((proto, Dest::Stack));
+            if ip.ver_ihl >> 4 != 4 || ipv4_is_special(&ip.daddr) || ip.ttl <= 1 {
+                return Dest::stack(proto);
             }
-            Some((
-                proto,
-                endpoint(&AlignedKey::v4(ip.daddr).0).map_or(Dest::Other, Dest::Pod),
-            ))
+            Dest::looked_up(proto, endpoint_in_map(&AlignedKey::v4(ip.daddr).0))
         }
         ETH_P_IPV6 => {
-            let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_HLEN)?;
+            let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
+                return Dest::stack(proto);
+            };
             // SAFETY: bounds checked by `ptr_at`.
             let ip = unsafe { &*ip };
             if ip.ver_tc_flow[0] >> 4 != 6 || ipv6_is_special(&ip.daddr) || ip.hop_limit <= 1 {
-                return Some((proto, Dest::Stack));
+                return Dest::stack(proto);
             }
-            Some((
-                proto,
-                endpoint(&EndpointKey::v6(ip.daddr)).map_or(Dest::Other, Dest::Pod),
-            ))
+            Dest::looked_up(proto, endpoint_in_map(&EndpointKey::v6(ip.daddr)))
         }
-        _ => Some((proto, Dest::Stack)),
+        _ => Dest::stack(proto),
     }
 }
 
@@ -160,15 +182,7 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     }
     // SAFETY: plain helper call; it only records the target for after the program returns.
     let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };
-    if tracing() {
-        debug!(
-            ctx,
-            "if {}: redirect_peer to pod behind if {} (rc {})",
-            ifindex(ctx),
-            ep.host_ifindex,
-            rc
-        );
-    }
+    note(Note::RedirectPeer(ifindex(ctx), ep.host_ifindex, rc));
     if rc == TC_ACT_SHOT {
         count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
     } else {
@@ -215,22 +229,12 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     match source::check(ctx, me) {
         Source::BadAddress => {
             count(me, Dir::FromPod, Event::SourceDrop, len);
-            if tracing() {
-                debug!(
-                    ctx,
-                    "if {}: from pod, dropped: source address not the pod's", me
-                );
-            }
+            note(Note::SourceDropped(me));
             return TC_ACT_SHOT as i32;
         }
         Source::BadMac => {
             count(me, Dir::FromPod, Event::MacDrop, len);
-            if tracing() {
-                debug!(
-                    ctx,
-                    "if {}: from pod, dropped: source MAC not the pod's", me
-                );
-            }
+            note(Note::MacDropped(me));
             return TC_ACT_SHOT as i32;
         }
         // Link-local and unspecified sources: the stack's, never forwarded.
@@ -247,14 +251,14 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     // (the pod → pod path). In chained mode the destination is looked up only for the
     // translated packets the programs deliver themselves.
     let mut nat = nat::reverse(ctx);
-    let mut dest = None;
+    let mut dest = Dest::stack(0);
     if CHAINED {
         if nat == Nat::None {
             nat = nat::forward(ctx, me);
         }
     } else {
         dest = classify(ctx);
-        if nat == Nat::None && !matches!(dest, Some((_, Dest::Pod(_)))) {
+        if nat == Nat::None && dest.pod.is_none() {
             nat = nat::forward(ctx, me);
             if nat == Nat::Done || nat == Nat::Hairpin {
                 dest = classify(ctx);
@@ -271,32 +275,25 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         }
         dest = classify(ctx);
     }
-    match dest {
+    if let Some(ep) = dest.pod {
         // Back into the sending pod only for a hairpin (the pod reached its own host port).
-        Some((proto, Dest::Pod(ep)))
-            if (ep.host_ifindex != me || nat == Nat::Hairpin) && ours(&ep, nat) =>
-        {
-            deliver(ctx, proto, &ep)
+        if (ep.host_ifindex != me || nat == Nat::Hairpin) && ours(ep, nat) {
+            return deliver(ctx, dest.proto, ep);
         }
-        Some((proto, Dest::Other)) => {
-            let masq = if CHAINED || nat != Nat::None {
-                Want::No
-            } else {
-                masq::wanted(ctx)
-            };
-            if masq == Want::Untranslatable {
-                count(me, Dir::FromPod, Event::Drop, len);
-                return TC_ACT_SHOT as i32;
-            }
-            route(ctx, proto, me, masq == Want::Yes)
+    } else if dest.routed {
+        let masq = if CHAINED || nat != Nat::None {
+            Want::No
+        } else {
+            masq::wanted(ctx)
+        };
+        if masq == Want::Untranslatable {
+            count(me, Dir::FromPod, Event::Drop, len);
+            return TC_ACT_SHOT as i32;
         }
-        _ => {
-            if tracing() {
-                debug!(ctx, "if {}: from pod, to the stack", me);
-            }
-            PASS
-        }
+        return route(ctx, dest.proto, me, masq == Want::Yes);
     }
+    note(Note::ToStack(me));
+    PASS
 }
 
 /// The pod asks for its gateway's MAC address: the reply, with the host veth's, goes
@@ -340,9 +337,7 @@ fn answer_arp(ctx: &TcContext, me: u32) -> Option<i32> {
         (*eth).dst = (*eth).src;
         (*eth).src = ep.host_mac;
     }
-    if tracing() {
-        debug!(ctx, "if {}: answered ARP for the pod's gateway", me);
-    }
+    note(Note::ArpAnswered(me));
     // SAFETY: plain helper call; egress of the device the request came in on.
     Some(unsafe { bpf_redirect(me, 0) } as i32)
 }
@@ -376,12 +371,13 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
     if nat == Nat::Failed {
         return TC_ACT_SHOT as i32;
     }
-    match classify(ctx) {
-        Some((proto, Dest::Pod(ep))) if ours(&ep, nat) => {
+    let dest = classify(ctx);
+    match dest.pod {
+        Some(ep) if ours(ep, nat) => {
             if nat == Nat::None && ep.flags & EP_FLAG_MASQ != 0 {
                 masq::inbound(ctx);
             }
-            deliver(ctx, proto, &ep)
+            deliver(ctx, dest.proto, ep)
         }
         _ => PASS,
     }
@@ -393,13 +389,6 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
 #[inline(always)]
 fn ours(ep: &EndpointInfo, nat: Nat) -> bool {
     ep.flags & EP_FLAG_CHAINED == 0 || nat != Nat::None
-}
-
-#[inline(always)]
-fn trace_fib(ctx: &TcContext, me: u32, rc: i64, out: u32) {
-    if tracing() {
-        debug!(ctx, "if {}: fib lookup rc {} out if {}", me, rc, out);
-    }
 }
 
 /// The IP length the FIB checks against the egress device's MTU: a GSO packet's segments'
@@ -507,7 +496,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
     if rc < 0 {
         rc = lookup(&mut fib, 0);
     }
-    trace_fib(ctx, me, rc, fib.ifindex);
+    note(Note::Fib(me, rc, fib.ifindex));
     if rc < 0 {
         count(me, Dir::FromPod, Event::Error, ctx.len());
         return PASS;

@@ -35,6 +35,7 @@ mod rewrite;
 mod sock;
 mod source;
 mod tcp_ts;
+mod trace;
 mod xdp;
 
 use aya_ebpf::{

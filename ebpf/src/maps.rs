@@ -221,6 +221,16 @@ pub fn endpoint(key: &EndpointKey) -> Option<EndpointInfo> {
     unsafe { ECNI_ENDPOINTS.get(key).copied() }
 }
 
+/// The endpoint's entry in place, for reading the fields a packet needs: no copy of the
+/// whole entry on the stack. (A copy made LLVM read an unwritten stack slot on the path
+/// where the lookup found nothing, which 5.10's verifier refuses.)
+#[inline(always)]
+pub fn endpoint_in_map(key: &EndpointKey) -> Option<&'static EndpointInfo> {
+    // SAFETY: a map value, valid for the whole run; a concurrent update can at worst give
+    // a mix of old and new fields of one entry, which the next packet corrects.
+    unsafe { ECNI_ENDPOINTS.get(key) }
+}
+
 /// Which half of a pod's counters.
 #[derive(Clone, Copy)]
 pub enum Dir {

@@ -27,8 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Stream the eBPF programs' debug log lines (aya-log) until Ctrl-C or --seconds.
-    /// The programs only log while a trace runs.
+    /// Stream the eBPF programs' decisions (redirects, drops, FIB lookups) until Ctrl-C or --seconds.
+    /// The programs only note them while a trace runs.
     Trace {
         /// Stop after this many seconds.
         #[arg(long)]

@@ -407,6 +407,19 @@ impl Programs {
         self.load_one(name, |p| <&mut SchedClassifier>::try_from(p)?.load())
     }
 
+    /// How many instructions the verifier walked to accept program `name` (loaded): `None`
+    /// where the kernel does not count them (before 5.16).
+    pub fn verified_instructions(&self, name: &str) -> Result<Option<u32>> {
+        let prog = self
+            .ebpf
+            .program(name)
+            .with_context(|| format!("no program {name} in the object"))?;
+        let info = prog
+            .info()
+            .with_context(|| format!("the program info of {name}"))?;
+        Ok(info.verified_instruction_count())
+    }
+
     /// Verifies the XDP program `name` of the object (none is loaded by [`Programs::load`]),
     /// unless it already is.
     pub fn load_xdp(&mut self, name: &str) -> Result<()> {
