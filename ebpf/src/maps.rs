@@ -13,13 +13,17 @@ use ebpf_cni_maps::{
     NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
 };
 
+// The hashes whose entries only user space inserts (at ADD; the programs read them or
+// update them in place) are not preallocated. Preallocating 65,536 entries of each per-CPU
+// hash on every CPU took ~190 ms of a node's first ADD (seconds in an emulated guest); the
+// four plain ones of 65,536 entries (endpoints, limits, host ports, pacing) took ~9 ms of
+// the maps' 35 ms and 26 MiB of kernel memory on every node (56.5 against 30.4 MiB for the
+// node's maps), however few pods it has.
+// Only the LRU hashes, which the programs fill and the kernel must evict from, are.
 #[map]
 pub static ECNI_ENDPOINTS: HashMap<EndpointKey, EndpointInfo> =
-    HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+    HashMap::with_max_entries(MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
-// The per-CPU hashes are not preallocated: user space inserts every entry (at ADD) and the
-// programs only update them in place, while preallocating 65,536 entries on every CPU took
-// ~190 ms of a node's first ADD (seconds in an emulated guest).
 #[map]
 pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> =
     PerCpuHashMap::with_max_entries(MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
@@ -28,7 +32,8 @@ pub static ECNI_POD_CNT: PerCpuHashMap<u32, PodCounters> =
 pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
-pub static ECNI_RATES: HashMap<u32, RateLimit> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+pub static ECNI_RATES: HashMap<u32, RateLimit> =
+    HashMap::with_max_entries(MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
 /// The subnets of limited pods' `unshapedSubnets` / `shapedSubnets` (see `limit.rs`).
 #[map]
@@ -37,7 +42,7 @@ pub static ECNI_SHAPE_NET: LpmTrie<ShapeSubnetKey, u32> =
 
 #[map]
 pub static ECNI_PORTMAP: HashMap<PortKey, PortTarget> =
-    HashMap::with_max_entries(MAX_PORT_MAPPINGS, 0);
+    HashMap::with_max_entries(MAX_PORT_MAPPINGS, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static ECNI_PM_HITS: PerCpuHashMap<PortKey, PortHits> =
@@ -58,7 +63,8 @@ pub static ECNI_NODE_ADDR: HashMap<EndpointKey, u32> = HashMap::with_max_entries
 pub static ECNI_CONFIG: Array<NodeConfig> = Array::with_max_entries(1, 0);
 
 #[map]
-pub static ECNI_PACING: HashMap<u64, Pacing> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+pub static ECNI_PACING: HashMap<u64, Pacing> =
+    HashMap::with_max_entries(MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
 const _: () = assert!(str_eq(ebpf_cni_maps::PACING_MAP, stringify!(ECNI_PACING)));
 

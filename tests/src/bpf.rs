@@ -412,6 +412,27 @@ impl LinkInfo {
     }
 }
 
+/// The flags the map pinned at `path` was created with (`map_flags` of its fdinfo), e.g.
+/// `BPF_F_NO_PREALLOC` (1).
+pub fn pinned_map_flags(path: &Path) -> Result<u32> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut attr = Buf::new();
+    attr.put_u64(0, c.as_ptr() as u64);
+    let fd = fd_from(
+        sys_bpf(BPF_OBJ_GET, &mut attr, 16)
+            .with_context(|| format!("BPF_OBJ_GET {}", path.display()))?,
+    );
+    let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .context("reading fdinfo")?;
+    let hex = fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("map_flags:"))
+        .with_context(|| format!("{} is not a map: {fdinfo}", path.display()))?
+        .trim();
+    u32::from_str_radix(hex.trim_start_matches("0x"), 16)
+        .with_context(|| format!("map_flags {hex:?} of {}", path.display()))
+}
+
 /// Opens a pin and says what it is.
 pub fn pinned_object(path: &Path) -> Result<PinnedObject> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
