@@ -415,15 +415,7 @@ impl LinkInfo {
 /// The flags the map pinned at `path` was created with (`map_flags` of its fdinfo), e.g.
 /// `BPF_F_NO_PREALLOC` (1).
 pub fn pinned_map_flags(path: &Path) -> Result<u32> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())?;
-    let mut attr = Buf::new();
-    attr.put_u64(0, c.as_ptr() as u64);
-    let fd = fd_from(
-        sys_bpf(BPF_OBJ_GET, &mut attr, 16)
-            .with_context(|| format!("BPF_OBJ_GET {}", path.display()))?,
-    );
-    let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-        .context("reading fdinfo")?;
+    let (_fd, fdinfo) = open_pin(path)?;
     let hex = fdinfo
         .lines()
         .find_map(|l| l.strip_prefix("map_flags:"))
@@ -433,8 +425,8 @@ pub fn pinned_map_flags(path: &Path) -> Result<u32> {
         .with_context(|| format!("map_flags {hex:?} of {}", path.display()))
 }
 
-/// Opens a pin and says what it is.
-pub fn pinned_object(path: &Path) -> Result<PinnedObject> {
+/// Opens the object pinned at `path`: its fd and its fdinfo text.
+fn open_pin(path: &Path) -> Result<(OwnedFd, String)> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
     let mut attr = Buf::new();
     attr.put_u64(0, c.as_ptr() as u64);
@@ -444,6 +436,12 @@ pub fn pinned_object(path: &Path) -> Result<PinnedObject> {
     );
     let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
         .context("reading fdinfo")?;
+    Ok((fd, fdinfo))
+}
+
+/// Opens a pin and says what it is.
+pub fn pinned_object(path: &Path) -> Result<PinnedObject> {
+    let (fd, fdinfo) = open_pin(path)?;
     let info = obj_info(&fd).with_context(|| format!("info of {}", path.display()))?;
     Ok(if fdinfo.contains("link_type:") {
         let link_type = info.u32_at(0);

@@ -20,7 +20,7 @@ use ebpf_cni_maps::{
 use super::{pin::PinRoot, revision, BpfError, Hook, NodeId};
 
 /// The line of one note, as `ebpf-cni trace` prints it.
-pub fn line(n: &TraceNote) -> String {
+fn line(n: &TraceNote) -> String {
     let me = n.ifindex;
     match n.what {
         NOTE_REDIRECT_PEER => format!(
