@@ -83,16 +83,19 @@ fn pod_to_pod_is_redirected_with_the_peers_macs_and_one_hop_less() {
 /// most of a node's first ADD (`ecni_from_pod` alone was 219 ms of 387 here), and a log
 /// call or a value copied where the verifier cannot prune multiplies it. Before: 122,848
 /// for `ecni_from_pod`, 17,532 for `ecni_from_dev` and 23,870 for `ecni_from_chain` on 6.18
-/// (six aya-log calls walked on every path, the destination's endpoint copied); after:
-/// 61,075, 13,719 and 12,527 (6.1: 45,813 and 17,397 for the first two). Kernels before
-/// 5.16 do not count (asserted as such, so the test notices one that starts).
+/// (six aya-log calls walked on every path, the destination's endpoint copied); then
+/// 61,075, 13,719 and 12,527 (6.1: 45,813 and 17,397 for the first two); with the host
+/// port translations as global functions (the verifier walked each of `ecni_from_pod`'s
+/// three calls again for every state it reached them in), 43,490, 15,335 and 12,015.
+/// Kernels before 5.16 do not count (asserted as such, so the test notices one that
+/// starts).
 #[test]
 fn the_pod_programs_verify_within_their_budget_of_instructions() {
     let mut lab = lab();
     lab.progs.load_tc(PROG_FROM_CHAIN).unwrap();
     let kernel = ebpf_cni_tests::bpf::kernel_version();
     for (name, budget) in [
-        (PROG_FROM_POD, 80_000),
+        (PROG_FROM_POD, 50_000),
         (PROG_FROM_DEV, 20_000),
         (PROG_FROM_CHAIN, 20_000),
     ] {

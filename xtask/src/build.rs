@@ -21,7 +21,13 @@ const BPF_TARGET: &str = "bpfel-unknown-none";
 const BPF_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
 /// The eBPF functions the linker keeps global (it makes every other one static): the
 /// verifier checks a global function once, not at each call (see ebpf/src/masq.rs).
-const BPF_GLOBAL_FUNCTIONS: &[&str] = &["ecni_masq_snat", "ecni_masq_take", "ecni_source_check"];
+const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
+    "ecni_masq_snat",
+    "ecni_masq_take",
+    "ecni_nat_forward",
+    "ecni_nat_reverse",
+    "ecni_source_check",
+];
 
 const PLUGIN_PACKAGE: &str = "ebpf-cni";
 const PLUGIN_BIN: &str = "ebpf-cni";
