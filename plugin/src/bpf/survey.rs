@@ -78,35 +78,38 @@ pub fn readiness(node: &NodeId) -> Vec<Unready> {
     }
 
     let mut problems = Vec::new();
-    let attachments = match tree::attachments(&root, node) {
-        Ok(all) => all.len(),
-        Err(e) => {
-            problems.push(Unready::from_error(&e, false));
-            0
-        }
-    };
+    // The tree must be readable (ADD writes into it): one directory read says so. The
+    // whole walk reads a directory per pod (about 500 system calls on a node of 100, on
+    // every STATUS kubelet sends); it is made only when the maps are missing, to say how
+    // many pods that cuts off.
+    if let Err(e) = tree::networks(&root, node) {
+        problems.push(Unready::from_error(&e, false));
+    }
+    let pinned_attachments = || tree::attachments(&root, node).map_or(0, |all| all.len());
     let rev = revision();
     // As `Programs::open_or_load` decides whether ADD loads them (the pacing program is
     // optional there).
     let programs_pinned = programs::required_pinned(&root, node, rev);
     match Maps::open(&root, node) {
         Ok(Some(_)) => {}
-        Ok(None) if attachments > 0 => problems.push(Unready::new(
-            format!(
-                "the node's maps under {} are missing while {attachments} attachment(s) are pinned: their pods' traffic is no longer delivered by address, and pods added now would get new maps the existing pods do not see",
-                root.node_dir(node).display()
-            ),
-            true,
-        )),
-        Ok(None) if programs_pinned => problems.push(Unready::new(
-            format!(
-                "programs of revision {rev} are pinned under {} but the node's maps are missing: ADD would not find them",
-                root.node_dir(node).display()
-            ),
-            false,
-        )),
-        Ok(None) => {}
-        Err(e) => problems.push(Unready::from_error(&e, attachments > 0)),
+        Ok(None) => match pinned_attachments() {
+            0 if programs_pinned => problems.push(Unready::new(
+                format!(
+                    "programs of revision {rev} are pinned under {} but the node's maps are missing: ADD would not find them",
+                    root.node_dir(node).display()
+                ),
+                false,
+            )),
+            0 => {}
+            attachments => problems.push(Unready::new(
+                format!(
+                    "the node's maps under {} are missing while {attachments} attachment(s) are pinned: their pods' traffic is no longer delivered by address, and pods added now would get new maps the existing pods do not see",
+                    root.node_dir(node).display()
+                ),
+                true,
+            )),
+        },
+        Err(e) => problems.push(Unready::from_error(&e, pinned_attachments() > 0)),
     }
     if !programs_pinned {
         problems.extend(probe_load().err());

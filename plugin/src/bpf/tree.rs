@@ -1,7 +1,7 @@
 //! The attachments tree on bpffs: `attachments/<network>/<container id>/<ifname>/`, one
 //! directory per attachment holding its pins. The one walk of it, read without changing
 //! anything: DEL's test for the node's last pod, `inspect`, GC's inventory of a network
-//! and STATUS.
+//! and STATUS (which reads only the first level unless the node's maps are missing).
 
 use std::{fs, io, path::Path};
 
@@ -50,6 +50,12 @@ pub fn attachments(root: &PinRoot, node: &NodeId) -> Result<Vec<AttachmentDir>, 
             }
         })
         .collect())
+}
+
+/// The networks with attachments pinned on `node` (the tree's first level), unsorted:
+/// whether the tree can be read, at the cost of one directory.
+pub fn networks(root: &PinRoot, node: &NodeId) -> Result<Vec<String>, BpfError> {
+    subdirs(&root.attachments_dir(node))
 }
 
 /// `(container id, ifname)` of every attachment of `network` pinned on `node`, sorted.

@@ -237,7 +237,7 @@ impl SetUsage {
 /// needs one free address in every set.
 pub fn usage(conf: &HostLocalConfig, network: &str) -> Result<Vec<SetUsage>, IpamError> {
     let leased: Vec<IpAddr> = match open_existing(conf, network)? {
-        Some(store) => store.leases()?.iter().map(|l| l.ip).collect(),
+        Some(store) => store.leased()?,
         None => Vec::new(),
     };
     Ok(conf
