@@ -210,9 +210,12 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
     let offered = format!("{}", 2 * limit_bps());
     let out = iperf(&a.netns, ext.netns(), ext_ip, &["-u", "-b", &offered]);
     let inn = iperf(&a.netns, ext.netns(), ext_ip, &["-u", "-b", &offered, "-R"]);
+    // Above: a guest's emulated receiver can report over the 3 s run's budget (the limit's
+    // rate plus its burst, 1.09x here); seen once on 6.12: 1.257x.
+    let ceiling = if rate::in_vm() { 1.4 } else { 1.25 };
     for (what, rate) in [("egress", out), ("ingress", inn)] {
         assert!(
-            (floor(0.75, 0.05) * limit..=1.25 * limit).contains(&rate),
+            (floor(0.75, 0.05) * limit..=ceiling * limit).contains(&rate),
             "UDP {what} of the limited bridge pod at 2x the limit: {rate:.0} bit/s"
         );
     }
