@@ -158,8 +158,9 @@ pub fn port_target(
 
 #[inline(always)]
 pub fn is_v4_mapped(a: &[u8; 16]) -> bool {
-    // Word compares: a slice compare becomes memset and bcmp calls, byte loops the
-    // verifier walks one byte at a time on every path that reaches them.
+    // Word compares: a slice compare is a byte compare per byte at best (unaligned), and
+    // was memset and bcmp calls, byte loops the verifier walks one byte at a time, under
+    // the linker's default (see xtask's `BPF_RUSTFLAGS`).
     u64::from_ne_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]) == 0
         && u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) == u32::from_ne_bytes([0, 0, 0xff, 0xff])
 }
@@ -206,7 +207,7 @@ const _: () = assert!(str_eq(
 ));
 
 /// An [`EndpointKey`] on an 8-byte boundary: built by word stores, where the unaligned
-/// 16-byte array alone is zeroed by a call to `memset` (a byte loop in BPF).
+/// 16-byte array alone is zeroed by 16 byte stores.
 #[repr(C, align(8))]
 pub struct AlignedKey(pub EndpointKey);
 

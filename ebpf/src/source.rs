@@ -95,7 +95,7 @@ fn header<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
     ptr_at::<T>(ctx, offset)
 }
 
-/// Word compares: a slice compare becomes a bcmp call (see `maps::is_v4_mapped`).
+/// Word compares, not a slice compare (see `maps::is_v4_mapped`).
 #[inline(always)]
 fn same_mac(a: &[u8; 6], b: &[u8; 6]) -> bool {
     u32::from_ne_bytes([a[0], a[1], a[2], a[3]]) == u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
@@ -117,7 +117,7 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
     // SAFETY: bounds checked by `ptr_at`; copied out before any pull moves the data.
     let (mac, proto) = unsafe { ((*eth).src, u16::from_be_bytes((*eth).proto)) };
     // The key's fields as 32-bit words, filled below: a packed `Key<SourceKey>` zeroed
-    // whole becomes a call to `memset` (a byte loop in BPF), words are plain stores.
+    // whole is 28 byte stores (alignment 1), words are 7 stores.
     let mut family = 0u32;
     let mut addr = [0u32; 4];
     // The sender MAC an ARP message claims, besides the frame's.

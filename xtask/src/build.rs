@@ -18,7 +18,12 @@ const EBPF_PACKAGE: &str = "ebpf-cni-ebpf";
 const EBPF_BIN: &str = "ebpf-cni-programs";
 const BPF_TARGET: &str = "bpfel-unknown-none";
 /// BTF lets the kernel and bpftool show the programs' types and source lines.
-const BPF_RUSTFLAGS: &str = "-C debuginfo=2 -C link-arg=--btf";
+/// `--disable-expand-memcpy-in-order`: without it bpf-linker passes LLVM
+/// `--bpf-expand-memcpy-in-order`, which keeps only `memcpy` inline and turns every `memset`
+/// and `memmove` into a call to a byte loop (75 calls, on every packet's path; the program
+/// test `no_program_calls_a_memory_builtin` holds the object to none).
+const BPF_RUSTFLAGS: &str =
+    "-C debuginfo=2 -C link-arg=--btf -C link-arg=--disable-expand-memcpy-in-order";
 /// The eBPF functions the linker keeps global (it makes every other one static): the
 /// verifier checks a global function once, not at each call (see ebpf/src/masq.rs).
 const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
