@@ -88,7 +88,7 @@ fn pod_to_pod_is_redirected_with_the_peers_macs_and_one_hop_less() {
 /// port translations as global functions (the verifier walked each of `ecni_from_pod`'s
 /// three calls again for every state it reached them in), 43,490, 15,335 and 12,015; with
 /// no calls to the byte loops of `memset` and `memmove` (each call's loop walked byte by
-/// byte, see `no_program_calls_a_memory_builtin`), 32,825, 11,804 and 9,214.
+/// byte, see `no_program_calls_a_memory_builtin`), 32,571, 11,648 and 9,247.
 /// Kernels before 5.16 do not count (asserted as such, so the test notices one that
 /// starts).
 #[test]

@@ -71,13 +71,34 @@ pub fn target_dir() -> Result<PathBuf> {
     }
 }
 
-/// The eBPF build's RUSTFLAGS, keeping `globals` global.
-fn bpf_rustflags(globals: &[impl AsRef<str>]) -> String {
+/// The eBPF build's RUSTFLAGS: `base`, keeping `globals` global.
+fn bpf_rustflags(base: &str, globals: &[impl AsRef<str>]) -> String {
     if globals.is_empty() {
-        return BPF_RUSTFLAGS.to_string();
+        return base.to_string();
     }
     let names: Vec<&str> = globals.iter().map(AsRef::as_ref).collect();
-    format!("{BPF_RUSTFLAGS} -C link-arg=--export={}", names.join(","))
+    format!("{base} -C link-arg=--export={}", names.join(","))
+}
+
+/// The eBPF build's base RUSTFLAGS that the xtask of the workspace at `root` names (its
+/// `BPF_RUSTFLAGS`): another revision's object is built as that revision built it. The
+/// flags change what the object is, not only how fast it is built: the previous release's
+/// `ecni_from_dev`, linked with the current `--disable-expand-memcpy-in-order`, needs 544
+/// bytes of stack, which every verifier refuses.
+pub fn bpf_rustflags_of(root: &Path) -> Result<String> {
+    let path = root.join("xtask").join("src").join("build.rs");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let Some((_, rest)) = text.split_once("const BPF_RUSTFLAGS: &str =") else {
+        bail!("{}: no `const BPF_RUSTFLAGS: &str =`", path.display());
+    };
+    match rest.split('"').nth(1) {
+        Some(flags) if rest.trim_start().starts_with('"') => Ok(flags.to_string()),
+        _ => bail!(
+            "{}: `BPF_RUSTFLAGS` is not a string literal",
+            path.display()
+        ),
+    }
 }
 
 /// The `#[no_mangle]` functions of the eBPF crate whose sources are in `src` (its
@@ -122,6 +143,8 @@ pub struct Tree {
     pub target_dir: PathBuf,
     /// The eBPF functions the linker must keep global.
     pub bpf_globals: Vec<String>,
+    /// The eBPF build's base RUSTFLAGS (see [`bpf_rustflags_of`]).
+    pub bpf_flags: String,
 }
 
 impl Tree {
@@ -131,6 +154,7 @@ impl Tree {
             root: workspace_root(),
             target_dir: target_dir()?,
             bpf_globals: BPF_GLOBAL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
+            bpf_flags: BPF_RUSTFLAGS.to_string(),
         })
     }
 }
@@ -141,6 +165,7 @@ pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
         root,
         target_dir,
         bpf_globals,
+        bpf_flags,
     } = tree;
     let started = Instant::now();
     let mut build = cmd::nightly("cargo");
@@ -149,7 +174,7 @@ pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
         .args(["build", "--package", EBPF_PACKAGE, "--release"])
         .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
         .env("CARGO_TARGET_DIR", target_dir)
-        .env("RUSTFLAGS", bpf_rustflags(bpf_globals))
+        .env("RUSTFLAGS", bpf_rustflags(bpf_flags, bpf_globals))
         // Either of these would override or add to RUSTFLAGS above.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
@@ -310,8 +335,39 @@ mod tests {
         let mut listed: Vec<String> = BPF_GLOBAL_FUNCTIONS.iter().map(|s| s.to_string()).collect();
         listed.sort();
         assert_eq!(found, listed);
-        assert!(bpf_rustflags(&listed).contains("--export=ecni_masq_snat,ecni_masq_take"));
-        assert_eq!(bpf_rustflags(&[] as &[&str]), BPF_RUSTFLAGS);
+        assert!(bpf_rustflags(BPF_RUSTFLAGS, &listed)
+            .contains("--export=ecni_masq_snat,ecni_masq_take"));
+        assert_eq!(bpf_rustflags(BPF_RUSTFLAGS, &[] as &[&str]), BPF_RUSTFLAGS);
+    }
+
+    /// Another revision's flags are read from its xtask as this one's would be: here, this
+    /// workspace's own, whatever line breaks rustfmt gives the constant.
+    #[test]
+    fn a_trees_ebpf_flags_are_read_from_its_xtask() {
+        assert_eq!(bpf_rustflags_of(&workspace_root()).unwrap(), BPF_RUSTFLAGS);
+        let old = tempfile_dir("old-tree");
+        let src = old.join("xtask").join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(
+            src.join("build.rs"),
+            "const BPF_RUSTFLAGS: &str = \"-C debuginfo=2 -C link-arg=--btf\";\n",
+        )
+        .unwrap();
+        assert_eq!(
+            bpf_rustflags_of(&old).unwrap(),
+            "-C debuginfo=2 -C link-arg=--btf"
+        );
+        std::fs::write(src.join("build.rs"), "const BPF_RUSTFLAGS: &str = FLAGS;\n").unwrap();
+        assert!(bpf_rustflags_of(&old).is_err());
+        std::fs::remove_dir_all(&old).unwrap();
+    }
+
+    /// A fresh directory for one test under the system's temporary directory.
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     #[test]

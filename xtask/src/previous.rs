@@ -5,7 +5,8 @@
 //! The release is [`PREVIOUS_RELEASE`], a commit of this repository. Its sources come out
 //! of git (`git archive`, no worktree registered in the repository) into
 //! `<target>/previous/src-<commit>/` and build with the same two steps as `cargo xtask
-//! build` ([`build::build_tree`]), into a target directory of their own,
+//! build` ([`build::build_tree`]), with the eBPF flags that release's xtask names
+//! ([`build::bpf_rustflags_of`]), into a target directory of their own,
 //! `<target>/previous/target/`: building the old sources in the workspace's target
 //! directory would put the old binary at `target/release/ebpf-cni`, where the current one is
 //! expected. That directory stays from one pinned commit to the next, so a bump rebuilds
@@ -52,6 +53,7 @@ pub fn build() -> Result<PathBuf> {
     extract(&repo, PREVIOUS_RELEASE, &src)?;
     let tree = Tree {
         bpf_globals: build::no_mangle_functions(&src.join("ebpf").join("src"))?,
+        bpf_flags: build::bpf_rustflags_of(&src)?,
         root: src,
         target_dir: base.join("target"),
     };
