@@ -345,7 +345,8 @@ mod tests {
     #[test]
     fn a_trees_ebpf_flags_are_read_from_its_xtask() {
         assert_eq!(bpf_rustflags_of(&workspace_root()).unwrap(), BPF_RUSTFLAGS);
-        let old = tempfile_dir("old-tree");
+        let old = tempfile::tempdir().unwrap();
+        let old = old.path();
         let src = old.join("xtask").join("src");
         std::fs::create_dir_all(&src).unwrap();
         std::fs::write(
@@ -354,20 +355,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            bpf_rustflags_of(&old).unwrap(),
+            bpf_rustflags_of(old).unwrap(),
             "-C debuginfo=2 -C link-arg=--btf"
         );
         std::fs::write(src.join("build.rs"), "const BPF_RUSTFLAGS: &str = FLAGS;\n").unwrap();
-        assert!(bpf_rustflags_of(&old).is_err());
-        std::fs::remove_dir_all(&old).unwrap();
-    }
-
-    /// A fresh directory for one test under the system's temporary directory.
-    fn tempfile_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        assert!(bpf_rustflags_of(old).is_err());
     }
 
     #[test]

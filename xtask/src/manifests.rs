@@ -137,7 +137,8 @@ mod tests {
 
     #[test]
     fn broken_manifests_fail() {
-        let tmp = tempfile_dir();
+        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tmp.path().to_path_buf();
         for (from, to) in [
             ("hostNetwork: true", "hostNetwrok: true"),
             ("args: [\"install\"]", "args: \"install\""),
@@ -154,15 +155,5 @@ mod tests {
                 "{from:?} -> {to:?}: {err:#}"
             );
         }
-        std::fs::remove_dir_all(&tmp).unwrap();
-    }
-
-    /// A fresh directory under the target dir (xtask has no tempfile dependency).
-    fn tempfile_dir() -> PathBuf {
-        let dir = build::workspace_root()
-            .join("target")
-            .join(format!("xtask-manifests-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 }
