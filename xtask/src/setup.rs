@@ -70,7 +70,8 @@ pub const TEST_PACKAGES: Install = Install {
 /// gcc, which also links that build, with the arm64 C headers it only recommends (rustup's
 /// self-contained musl objects are the C runtime and libc); `qemu-aarch64` to run that build
 /// here; `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed
-/// into; podman builds and runs the image (listed again so this list stands alone).
+/// into; podman builds and runs the image (listed again so this list stands alone);
+/// `strace` counts the static binary's memory mappings during an ADD.
 pub const DIST_PACKAGES: Install = Install {
     purpose: "the release artifacts and their tests",
     packages: &[
@@ -80,6 +81,7 @@ pub const DIST_PACKAGES: Install = Install {
         "qemu-user",
         "mmdebstrap",
         "podman",
+        "strace",
     ],
     target_release: None,
 };
