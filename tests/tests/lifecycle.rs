@@ -1,7 +1,8 @@
 //! ebpf-cni's attachment lifecycle against the real kernel: ADD/CHECK/DEL per spec version
 //! as a runtime runs them (section 3), the ptp-style kernel state, dual-stack traffic, DEL
 //! idempotence and late DELs, CHECK noticing damage, rollback of failed ADDs, concurrent
-//! ADD/DEL, and sharing the IPAM store with the reference host-local.
+//! ADD/DEL, sharing the IPAM store with the reference host-local, and the store rewriting
+//! the round robin's file in place.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -657,4 +658,70 @@ fn shares_data_dir_with_reference_host_local() {
             .expect_success("host-local DEL");
     }
     assert!(node.leases(NETWORK).is_empty());
+}
+
+/// An ADD rewrites the round robin's `last_reserved_ip.<N>` in place rather than opening it
+/// with `O_TRUNC`: on ext4, cutting the file to zero bytes and writing it again cost
+/// 0.3–0.5 ms of an ADD of 5–6 ms (the block is freed, and at close ext4 writes the new
+/// data out at once). The second pod's ADD runs under `strace -e trace=openat`; the file
+/// must be opened for writing without `O_TRUNC` and hold exactly the new address after.
+#[test]
+fn add_rewrites_last_reserved_in_place() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let traced = tempfile::tempdir().unwrap();
+    let log = traced.path().join("strace.log");
+    let wrapper = traced.path().join("ebpf-cni");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec strace -f -qq -e trace=openat -o {} {} \"$@\"\n",
+            log.display(),
+            p.bin.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let node = Node::new().unwrap();
+    let mut added = Vec::new();
+    for plugin in [p.clone(), PluginUnderTest::at(wrapper)] {
+        let pod = node.new_pod().unwrap();
+        let list = NetConfList::single(&plugin.conf("1.0.0", &node, Stack::V4));
+        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+        let result = plugin
+            .runtime
+            .add(&node, &list, &att)
+            .unwrap_or_else(|e| panic!("ADD with {}: {e}", plugin.bin.display()));
+        added.push((list, att, result, pod));
+    }
+    let trace = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let writes: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("/last_reserved_ip.0\"") && l.contains("O_WRONLY"))
+        .collect();
+    assert_eq!(
+        writes.len(),
+        1,
+        "the second ADD should write last_reserved_ip.0 once; openat calls:\n{trace}"
+    );
+    assert!(
+        !writes[0].contains("O_TRUNC"),
+        "last_reserved_ip.0 is opened with O_TRUNC: {}",
+        writes[0]
+    );
+    let second = added[1].2["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split_once('/'))
+        .map(|(ip, _)| ip.to_owned())
+        .expect("the second ADD's address");
+    let last =
+        std::fs::read_to_string(node.data_dir().join(NETWORK).join("last_reserved_ip.0")).unwrap();
+    assert_eq!(last, second, "last_reserved_ip.0 after the second ADD");
+    for (list, att, result, _pod) in &added {
+        p.runtime
+            .del(&node, list, att, Some(result))
+            .unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
 }

@@ -60,6 +60,9 @@ pub const TEST_PACKAGES: Install = Install {
         // The kernel matrix's virtme-ng and the manifests' kubernetes-validate live in venvs
         // of their own (Debian's python3 needs this package for `python3 -m venv`).
         "python3-venv",
+        // What an ADD asks of the kernel, counted (`strace`): the static binary's memory
+        // mappings (tests/tests/release.rs), the IPAM store's file opens (lifecycle.rs).
+        "strace",
     ],
     target_release: None,
 };
@@ -70,8 +73,7 @@ pub const TEST_PACKAGES: Install = Install {
 /// gcc, which also links that build, with the arm64 C headers it only recommends (rustup's
 /// self-contained musl objects are the C runtime and libc); `qemu-aarch64` to run that build
 /// here; `mmdebstrap` for the clean Debian 11 and 12 systems the artifacts are installed
-/// into; podman builds and runs the image (listed again so this list stands alone);
-/// `strace` counts the static binary's memory mappings during an ADD.
+/// into; podman builds and runs the image (listed again so this list stands alone).
 pub const DIST_PACKAGES: Install = Install {
     purpose: "the release artifacts and their tests",
     packages: &[
@@ -81,7 +83,6 @@ pub const DIST_PACKAGES: Install = Install {
         "qemu-user",
         "mmdebstrap",
         "podman",
-        "strace",
     ],
     target_release: None,
 };

@@ -240,7 +240,7 @@ impl LockedStore {
             return Err(e);
         }
         let last = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
-        if let Err(source) = write_file(&last, ip.to_string().as_bytes()) {
+        if let Err(source) = overwrite_file(&last, ip.to_string().as_bytes()) {
             remove_quietly(&path);
             self.remove_record(ip);
             return Err(IpamError::Io {
@@ -547,6 +547,28 @@ fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .write_all(bytes)
 }
 
+/// Replaces a small file's content in place: writes over it from the start, then cuts
+/// what the old content had beyond the new. An `O_TRUNC` open costs ext4 far more (on
+/// the test machine 0.3–0.5 ms of an ADD's 5–6 ms): cutting a file to zero frees its block
+/// and, at close, makes ext4 write the new data out at once (its `auto_da_alloc`
+/// replace-by-truncate heuristic). A crash in between leaves a valid or garbled address,
+/// which costs the round robin what a broken file costs it (see
+/// [`LockedStore::last_reserved`]).
+fn overwrite_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)?;
+    file.write_all(bytes)?;
+    let len = bytes.len() as u64;
+    if file.metadata()?.len() > len {
+        file.set_len(len)?;
+    }
+    Ok(())
+}
+
 fn remove_quietly(path: &Path) {
     if let Err(e) = fs::remove_file(path) {
         log::warn!(
@@ -594,6 +616,20 @@ mod tests {
         assert_eq!(fs::read(tmp.path().join("lock")).unwrap(), b"");
         assert_eq!(s.last_reserved(0), Some(ip("10.9.0.2")));
         assert_eq!(s.last_reserved(7), None);
+    }
+
+    #[test]
+    fn last_reserved_is_rewritten_whole_when_shorter() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        let last = tmp.path().join("last_reserved_ip.0");
+        assert!(s.reserve(ip("10.9.0.100"), "ctr1", "eth0", 0).unwrap());
+        assert!(s.reserve(ip("10.9.0.9"), "ctr2", "eth0", 0).unwrap());
+        // The reference parses the file without trimming: no byte of "10.9.0.100" may stay.
+        assert_eq!(fs::read(&last).unwrap(), b"10.9.0.9");
+        assert!(s.reserve(ip("10.9.0.10"), "ctr3", "eth0", 0).unwrap());
+        assert_eq!(fs::read(&last).unwrap(), b"10.9.0.10");
+        assert_eq!(s.last_reserved(0), Some(ip("10.9.0.10")));
     }
 
     #[test]
