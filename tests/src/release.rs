@@ -242,12 +242,15 @@ volume_path = "{root}/volumes"
     }
 }
 
-/// ELF facts `readelf` reports about `bin`: its machine, and whether it asks for a program
-/// interpreter or shared libraries (a static binary does neither).
+/// ELF facts `readelf` reports about `bin`: its machine, its type, and whether it asks for a
+/// program interpreter or shared libraries (a static binary does neither).
 #[derive(Debug)]
 pub struct ElfFacts {
     /// `Machine:` of the file header (`Advanced Micro Devices X86-64`, `AArch64`).
     pub machine: String,
+    /// `Type:` of the file header: `EXEC (Executable file)` for a binary loaded at a fixed
+    /// address, `DYN (…)` for a position-independent one (static-pie included).
+    pub file_type: String,
     /// Whether it has a PT_INTERP program header (a dynamic loader to start it).
     pub interp: bool,
     /// Its DT_NEEDED entries (shared libraries).
@@ -274,6 +277,11 @@ impl ElfFacts {
             .find_map(|l| l.trim().strip_prefix("Machine:"))
             .map(|m| m.trim().to_owned())
             .unwrap_or_default();
+        let file_type = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Type:"))
+            .map(|m| m.trim().to_owned())
+            .unwrap_or_default();
         let interp = text.lines().any(|l| l.trim_start().starts_with("INTERP "));
         let needed = text
             .lines()
@@ -282,6 +290,7 @@ impl ElfFacts {
             .collect();
         Ok(Self {
             machine,
+            file_type,
             interp,
             needed,
         })
@@ -290,5 +299,10 @@ impl ElfFacts {
     /// Starts without a dynamic loader or shared library (`static-pie` included).
     pub fn is_static(&self) -> bool {
         !self.interp && self.needed.is_empty()
+    }
+
+    /// Loaded at any address, relocating itself at start (ELF type `DYN`).
+    pub fn is_position_independent(&self) -> bool {
+        self.file_type.starts_with("DYN")
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! - The tarballs: the `.sha256` checks with `sha256sum -c`; the members are exactly the
 //!   documented ones, owned by root, with one time; LICENSE, INSTALL.md and the examples
-//!   are the repository's; the binary is static and of the right machine.
+//!   are the repository's; the binary is static, not position-independent, and of the
+//!   right machine.
 //! - The amd64 tarball's binary, extracted alone into an empty directory as INSTALL.md
 //!   says, runs a pod's ADD, CHECK and DEL on a test node (its eBPF programs load and
 //!   attach), and starts in a Debian 11 system (glibc 2.31, older than this machine's: a
@@ -238,6 +239,10 @@ fn check_tarball(tarball: &Path, arch: &str, machine: &str) {
     let elf = ElfFacts::read(&all.path().join("ebpf-cni")).unwrap();
     assert_eq!(elf.machine, machine);
     assert!(elf.is_static(), "the binary is not static: {elf:?}");
+    assert!(
+        !elf.is_position_independent(),
+        "the binary is position-independent (it relocates itself at every start): {elf:?}"
+    );
 }
 
 #[test]
@@ -569,6 +574,7 @@ fn arm64_artifacts_run_under_emulation() {
     let elf = ElfFacts::read(&deb_bin).unwrap();
     assert_eq!(elf.machine, ARM64_MACHINE);
     assert!(elf.is_static(), "{elf:?}");
+    assert!(!elf.is_position_independent(), "{elf:?}");
     assert_answers_version(
         || plugin_command(Some("qemu-aarch64"), &deb_bin),
         "the arm64 .deb's binary",

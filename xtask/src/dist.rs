@@ -323,6 +323,15 @@ fn check_binary(bin: &Path, arch: Arch, version: &str) -> Result<()> {
             elf.needed
         );
     }
+    if elf.is_position_independent() {
+        bail!(
+            "{} is position-independent ({}): it would relocate itself at every start, \
+             copying the pages that hold its pointers (.cargo/config.toml sets the release \
+             targets' relocation model)",
+            bin.display(),
+            elf.file_type
+        );
+    }
     let mut run = match arch.runner {
         Some(runner) => {
             let mut c = Command::new(runner);
@@ -338,7 +347,10 @@ fn check_binary(bin: &Path, arch: Arch, version: &str) -> Result<()> {
             bin.display()
         );
     }
-    eprintln!("{} binary: static, starts, programs embedded", arch.name);
+    eprintln!(
+        "{} binary: static, not position-independent, starts, programs embedded",
+        arch.name
+    );
     Ok(())
 }
 

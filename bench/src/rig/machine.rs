@@ -102,9 +102,14 @@ pub fn collect(ebpf_cni: &Path) -> Machine {
 fn binary_kind(bin: &Path) -> String {
     let size = std::fs::metadata(bin).map_or(0, |m| m.len());
     let kind = match ebpf_cni_tests::release::ElfFacts::read(bin) {
+        Ok(elf) if elf.is_static() && !elf.is_position_independent() => {
+            "static, no dynamic loader or shared library, not position-independent (the \
+             release binary, as `cargo xtask dist` builds it)"
+                .to_owned()
+        }
         Ok(elf) if elf.is_static() => {
-            "static, no dynamic loader or shared library (the release binary, as `cargo xtask \
-             dist` builds it)"
+            "static-pie: no dynamic loader or shared library, but relocating itself at start \
+             (not the release binary, which `cargo xtask dist` links at a fixed address)"
                 .to_owned()
         }
         Ok(elf) => format!(
