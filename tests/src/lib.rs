@@ -42,6 +42,7 @@ pub mod result;
 pub mod runtime;
 pub mod spoof;
 pub mod state;
+pub mod strace;
 
 use std::path::PathBuf;
 

@@ -11,6 +11,7 @@ use std::path::Path;
 use ebpf_cni_tests::config::{self, Stack, NETWORK};
 use ebpf_cni_tests::net::{tcp_echo, udp_echo};
 use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
+use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     kernel, require_root, unique_container_id, AddResult, Attachment, CniCommand, ListError,
     NetConfList, Node, NodeSnapshot, PluginUnderTest, ResultExpectation, REFERENCE_HOST_LOCAL,
@@ -667,26 +668,13 @@ fn shares_data_dir_with_reference_host_local() {
 /// must be opened for writing without `O_TRUNC` and hold exactly the new address after.
 #[test]
 fn add_rewrites_last_reserved_in_place() {
-    use std::os::unix::fs::PermissionsExt;
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let traced = tempfile::tempdir().unwrap();
-    let log = traced.path().join("strace.log");
-    let wrapper = traced.path().join("ebpf-cni");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexec strace -f -qq -e trace=openat -o {} {} \"$@\"\n",
-            log.display(),
-            p.bin.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let traced = Traced::new(&p.bin, "openat").unwrap();
 
     let node = Node::new().unwrap();
     let mut added = Vec::new();
-    for plugin in [p.clone(), PluginUnderTest::at(wrapper)] {
+    for plugin in [p.clone(), PluginUnderTest::at(traced.wrapper.clone())] {
         let pod = node.new_pod().unwrap();
         let list = NetConfList::single(&plugin.conf("1.0.0", &node, Stack::V4));
         let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
@@ -696,7 +684,7 @@ fn add_rewrites_last_reserved_in_place() {
             .unwrap_or_else(|e| panic!("ADD with {}: {e}", plugin.bin.display()));
         added.push((list, att, result, pod));
     }
-    let trace = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let trace = traced.log().unwrap();
     let writes: Vec<&str> = trace
         .lines()
         .filter(|l| l.contains("/last_reserved_ip.0\"") && l.contains("O_WRONLY"))

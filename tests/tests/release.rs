@@ -31,6 +31,7 @@ use std::process::{Command, Output, Stdio};
 use ebpf_cni_tests::config::{self, Stack};
 use ebpf_cni_tests::release::{self as rel, artifact, deploy_dir, ElfFacts, ScratchRootfs};
 use ebpf_cni_tests::state::{assert_attachment, assert_gone};
+use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, NetConfList, Node, PluginUnderTest,
     ResultExpectation,
@@ -316,25 +317,13 @@ fn tarball_binary_reuses_the_memory_it_frees() {
     let tarball = artifact(rel::TARBALL_ENV, "the amd64 release tarball");
     let dir = unpack_binary(&tarball);
     let bin = dir.path().join("ebpf-cni");
-    let traced = tempfile::tempdir().unwrap();
-    let log = traced.path().join("strace.log");
-    let wrapper = traced.path().join("ebpf-cni");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexec strace -f -qq -e trace=mmap,munmap -o {} {} \"$@\"\n",
-            log.display(),
-            bin.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let traced = Traced::new(&bin, "mmap,munmap").unwrap();
 
     let node = Node::new().unwrap();
     let mut added = Vec::new();
     for p in [
         PluginUnderTest::at(bin.clone()),
-        PluginUnderTest::at(wrapper),
+        PluginUnderTest::at(traced.wrapper.clone()),
     ] {
         let pod = node.new_pod().unwrap();
         let mut conf = p.conf("1.0.0", &node, Stack::Dual);
@@ -350,7 +339,7 @@ fn tarball_binary_reuses_the_memory_it_frees() {
             .unwrap_or_else(|e| panic!("ADD with {}: {e}", p.bin.display()));
         added.push((list, att, result, pod));
     }
-    let trace = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let trace = traced.log().unwrap();
     let calls = trace
         .lines()
         .filter(|l| !l.contains("resumed>") && (l.contains(" mmap(") || l.contains(" munmap(")))
