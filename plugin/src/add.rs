@@ -239,15 +239,11 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
 
     veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;
     step("container side");
-    veth::configure_host(host_nl, pair.host.index, &addrs).await?;
-    step("host side");
-    if addrs.iter().any(|a| a.address.is_ipv4()) {
-        write_sysctl("net.ipv4.ip_forward", "1")?;
-    }
-    if addrs.iter().any(|a| a.address.is_ipv6()) {
-        write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
-    }
 
+    // The programs go on the host side while it is still down: the pod's first packet
+    // meets them, and the kernel adds the clsact qdisc to a down device without
+    // deactivating it (an expedited RCU grace period, RTNL held, when it is up).
+    veth::add_host_gateways(host_nl, pair.host.index, &addrs).await?;
     let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let view = crate::node::node_view(host_nl, conf, &gateways).await?;
@@ -263,6 +259,15 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
         crate::node::attach_modes(conf, false).pod,
     )?;
     step("eBPF attached");
+
+    veth::bring_up_host(host_nl, pair.host.index, &addrs).await?;
+    step("host side");
+    if addrs.iter().any(|a| a.address.is_ipv4()) {
+        write_sysctl("net.ipv4.ip_forward", "1")?;
+    }
+    if addrs.iter().any(|a| a.address.is_ipv6()) {
+        write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
+    }
     crate::node::failpoint()?;
 
     result.interfaces = vec![

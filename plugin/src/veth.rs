@@ -162,18 +162,30 @@ pub async fn configure_container(
     Ok(())
 }
 
-/// Host side: link up, each IPv6 gateway as a /128 (the node holds IPv4 gateways once, on
-/// `lo`: see `gateway`), a host route to each pod address with its gateway as the source.
-pub async fn configure_host(
+/// Host side, still down: each IPv6 gateway as a /128 (the node holds IPv4 gateways once,
+/// on `lo`: see `gateway`). Before the node's addresses are read, which include them.
+pub async fn add_host_gateways(
+    host_nl: &Netlink,
+    index: u32,
+    addrs: &[PodAddress],
+) -> Result<(), NetlinkError> {
+    for a in addrs {
+        if let Some(gw @ IpAddr::V6(_)) = a.gateway {
+            host_nl.add_address(index, host_prefix(gw), false).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Host side, once the programs are on it: link up, a host route to each pod address with
+/// its gateway as the source.
+pub async fn bring_up_host(
     host_nl: &Netlink,
     index: u32,
     addrs: &[PodAddress],
 ) -> Result<(), NetlinkError> {
     host_nl.set_up(index).await?;
     for a in addrs {
-        if let Some(gw @ IpAddr::V6(_)) = a.gateway {
-            host_nl.add_address(index, host_prefix(gw), false).await?;
-        }
         host_nl
             .add_route(&RouteSpec {
                 dst: host_prefix(a.address.ip()),

@@ -213,6 +213,21 @@ pub fn link(ns: &Netns, name: &str) -> Result<Option<Link>> {
     Ok(links(ns)?.into_iter().find(|l| l.ifname == name))
 }
 
+/// The queues a link was created with, `(transmit, receive)` (`ip -d -j link`:
+/// `num_tx_queues`, `num_rx_queues`, what the device allocated, not how many it uses).
+pub fn link_queues(ns: &Netns, name: &str) -> Result<(u32, u32)> {
+    #[derive(Deserialize)]
+    struct Queues {
+        num_tx_queues: u32,
+        num_rx_queues: u32,
+    }
+    let links: Vec<Queues> = ip_json(ns, &["-d", "link", "show", "dev", name])?;
+    let q = links
+        .first()
+        .with_context(|| format!("no link {name} in {}", ns.name()))?;
+    Ok((q.num_tx_queues, q.num_rx_queues))
+}
+
 /// All links with their addresses (`ip -j addr`).
 pub fn addrs(ns: &Netns) -> Result<Vec<Link>> {
     ip_json(ns, &["addr", "show"])

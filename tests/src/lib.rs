@@ -39,6 +39,7 @@ pub mod progtest;
 pub mod rate;
 pub mod release;
 pub mod result;
+pub mod rtevents;
 pub mod runtime;
 pub mod spoof;
 pub mod state;

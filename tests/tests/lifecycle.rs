@@ -10,6 +10,7 @@ use std::path::Path;
 
 use ebpf_cni_tests::config::{self, Stack, NETWORK};
 use ebpf_cni_tests::net::{tcp_echo, udp_echo};
+use ebpf_cni_tests::rtevents::{Event, RtEvents};
 use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
 use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
@@ -711,5 +712,93 @@ fn add_rewrites_last_reserved_in_place() {
         p.runtime
             .del(&node, list, att, Some(result))
             .unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
+}
+
+/// The veth pair is created with the one queue each way a veth uses, asked for in the
+/// request: unasked, a recent kernel allocates one per possible CPU, then cuts each end to
+/// one, and each cut waits out an expedited RCU grace period with the RTNL lock held. Both
+/// ends report the queues they were created with; a veth made here without asking is shown
+/// for contrast (one queue per possible CPU: more than one on a machine of two or more).
+#[test]
+fn add_creates_the_veth_with_one_queue_each_way() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    node.netns()
+        .ip_ok(&[
+            "link", "add", "qref0", "type", "veth", "peer", "name", "qref1",
+        ])
+        .unwrap();
+    let unasked = kernel::link_queues(node.netns(), "qref0").unwrap();
+    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+    let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+    let result = p
+        .runtime
+        .add(&node, &list, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let host = result["interfaces"][0]["name"].as_str().expect("host side");
+    for (side, ns, name) in [("host", node.netns(), host), ("pod", &pod, "eth0")] {
+        assert_eq!(
+            kernel::link_queues(ns, name).unwrap(),
+            (1, 1),
+            "{side} side {name}: queues (transmit, receive) as created; a veth made \
+             without asking has {unasked:?}"
+        );
+    }
+    p.runtime
+        .del(&node, &list, &att, Some(&result))
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+}
+
+/// The pod's programs are on the host side before it comes up: the kernel announces the
+/// clsact qdisc and both filters on the host veth before the link goes up, so no packet of
+/// the pod crosses the node unfiltered (and the qdisc goes on a device that is down, which
+/// the kernel does not deactivate first: no RCU grace period for it).
+#[test]
+fn add_attaches_the_programs_before_the_host_side_comes_up() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let list = NetConfList::single(&p.conf("1.0.0", &node, Stack::Dual));
+    // The node's first pod (programs loaded, node set up) and a second one.
+    for round in ["first", "second"] {
+        let pod = node.new_pod().unwrap();
+        let events = RtEvents::subscribe(node.netns()).unwrap();
+        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+        let result = p
+            .runtime
+            .add(&node, &list, &att)
+            .unwrap_or_else(|e| panic!("ADD of the {round} pod: {e}"));
+        let seen = events.drain().unwrap();
+        let host = result["interfaces"][0]["name"].as_str().expect("host side");
+        let index = kernel::link(node.netns(), host)
+            .unwrap()
+            .expect("the host side exists")
+            .ifindex;
+        let up = seen
+            .iter()
+            .position(|e| *e == Event::Link { index, up: true })
+            .unwrap_or_else(|| panic!("{round} pod: {host} never came up: {seen:?}"));
+        let before = &seen[..up];
+        assert!(
+            before.contains(&Event::Qdisc {
+                index,
+                kind: "clsact".into()
+            }),
+            "{round} pod: {host} came up before its clsact qdisc was added: {seen:?}"
+        );
+        assert_eq!(
+            before
+                .iter()
+                .filter(|e| **e == Event::Filter { index })
+                .count(),
+            2,
+            "{round} pod: {host} came up before both its filters were attached: {seen:?}"
+        );
+        p.runtime
+            .del(&node, &list, &att, Some(&result))
+            .unwrap_or_else(|e| panic!("DEL of the {round} pod: {e}"));
     }
 }

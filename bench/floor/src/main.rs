@@ -8,16 +8,16 @@
 //!
 //! - creates the veth pair with its peer straight in the pod's namespace (one
 //!   `RTM_NEWLINK`, echoed, which gives the host side's index and MAC and the peer's
-//!   index; the pod side's MAC is chosen here), and turns IPv6 off on the host side as
-//!   ebpf-cni does for IPv4 pods;
+//!   index; the pod side's MAC is chosen here; one queue each way on both ends), and turns
+//!   IPv6 off on the host side as ebpf-cni does for IPv4 pods;
 //! - in the pod (a netlink socket opened there: two `setns`): the address, the link up,
 //!   the default route via the gateway, on-link;
-//! - on the node: the host side up, the host route to the pod with the gateway as its
-//!   source (the gateway itself is the node's, on `lo`, held once per node: not per pod);
 //! - the pinned map writes the pod's dataplane reads: its endpoint entry, its rate limits,
 //!   its host port, its source check (its address and the catch-all);
 //! - the `clsact` qdisc and the two `bpf` filters of the pinned pod programs
-//!   (direct-action, as ebpf-cni's netlink mode attaches them).
+//!   (direct-action, as ebpf-cni's netlink mode attaches them), on the host side still down;
+//! - on the node: the host side up, the host route to the pod with the gateway as its
+//!   source (the gateway itself is the node's, on `lo`, held once per node: not per pod).
 //!
 //! One request per netlink message, each waiting for its acknowledgement, as ebpf-cni sends
 //! them (no batching it does not do). What it leaves out on purpose: the IPAM lease (a file
@@ -147,6 +147,10 @@ fn add(input: &Input) -> io::Result<u32> {
     msg.ifinfo(0, 0, 0);
     msg.attr_str(IFLA_IFNAME, &pod.host);
     msg.attr_u32(IFLA_MTU, pod.mtu);
+    // One queue each way, asked for at creation as ebpf-cni asks (no cut to one queue,
+    // which waits for an RCU grace period).
+    msg.attr_u32(IFLA_NUM_TX_QUEUES, 1);
+    msg.attr_u32(IFLA_NUM_RX_QUEUES, 1);
     msg.nest(IFLA_LINKINFO);
     msg.attr_str(IFLA_INFO_KIND, "veth");
     msg.nest(IFLA_INFO_DATA);
@@ -154,6 +158,8 @@ fn add(input: &Input) -> io::Result<u32> {
     msg.ifinfo(0, 0, 0);
     msg.attr_str(IFLA_IFNAME, &pod.ifname);
     msg.attr_u32(IFLA_MTU, pod.mtu);
+    msg.attr_u32(IFLA_NUM_TX_QUEUES, 1);
+    msg.attr_u32(IFLA_NUM_RX_QUEUES, 1);
     msg.attr(IFLA_ADDRESS, &pod_mac);
     msg.attr_u32(IFLA_NET_NS_FD, pod_ns.as_raw_fd() as u32);
     msg.end();
@@ -186,15 +192,6 @@ fn add(input: &Input) -> io::Result<u32> {
     msg.attr(RTA_GATEWAY, &pod.gateway.octets());
     msg.attr_u32(RTA_OIF, pod_ifindex);
     pod_nl.request(msg, "add the pod's default route")?;
-
-    // The node's side.
-    host_nl.request(link_up(host.index), "set the host side up")?;
-    let mut msg = Msg::new(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL);
-    msg.rtmsg(32, RT_SCOPE_LINK, 0);
-    msg.attr(RTA_DST, &pod.ip.octets());
-    msg.attr(RTA_PREFSRC, &pod.gateway.octets());
-    msg.attr_u32(RTA_OIF, host.index);
-    host_nl.request(msg, "add the host route")?;
 
     // The dataplane's entries.
     let endpoints = obj_get(&format!("{}/{}", pod.maps, m::ENDPOINTS_MAP))?;
@@ -269,6 +266,16 @@ fn add(input: &Input) -> io::Result<u32> {
         msg.end();
         host_nl.request(msg, "attach a pod program")?;
     }
+
+    // The node's side, up once the programs are on it (as ebpf-cni: the qdisc then goes
+    // on a down device, which the kernel does not deactivate first).
+    host_nl.request(link_up(host.index), "set the host side up")?;
+    let mut msg = Msg::new(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL);
+    msg.rtmsg(32, RT_SCOPE_LINK, 0);
+    msg.attr(RTA_DST, &pod.ip.octets());
+    msg.attr(RTA_PREFSRC, &pod.gateway.octets());
+    msg.attr_u32(RTA_OIF, host.index);
+    host_nl.request(msg, "add the host route")?;
     Ok(host.index)
 }
 
@@ -429,6 +436,8 @@ const IFLA_MTU: u16 = 4;
 const IFLA_LINK: u16 = 5;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_NET_NS_FD: u16 = 28;
+const IFLA_NUM_TX_QUEUES: u16 = 31;
+const IFLA_NUM_RX_QUEUES: u16 = 32;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
 const VETH_INFO_PEER: u16 = 1;

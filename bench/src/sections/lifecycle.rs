@@ -143,9 +143,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         "The kernel floor (ebpf-cni's column) is `bench/floor`, a small program that does \
          only the kernel work of one of these ADDs on ebpf-cni's programs and maps, already \
          loaded on its node by a first ebpf-cni pod: the veth pair with its peer created in \
-         the pod's namespace, the pod's address, link up and default route via the gateway \
-         (on-link), the host side up and its host route, the endpoint, rate, host port and \
-         source check entries, and the clsact qdisc with the two bpf filters; one netlink \
+         the pod's namespace (one queue each way on both ends), the pod's address, link up \
+         and default route via the gateway (on-link), the endpoint, rate, host port and \
+         source check entries, the clsact qdisc with the two bpf filters on the host side \
+         while it is down, then the host side up and its host route; one netlink \
          request per message, each acknowledged, as ebpf-cni sends them. It is linked as the \
          released plugin is (statically, against musl) and run as a plugin is (forked into \
          the node namespace, reaped with wait4), one floor pod right \

@@ -238,7 +238,15 @@ impl Netlink {
             NLM_F_REQUEST,
         };
         use rtnetlink::packet_route::RouteNetlinkMessage;
+        // One queue each way on both ends, asked for at creation: the one queue a veth
+        // uses by default. Unasked, a recent kernel allocates one per possible CPU, then
+        // cuts each end to one, and each cut waits for an expedited RCU grace period with
+        // the RTNL lock held (two per ADD, every other link change of the node waiting).
+        let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
         let mut p = LinkUnspec::new_with_name(peer).setns_by_fd(peer_ns.raw_fd());
+        for a in &one_queue {
+            p = p.append_extra_attribute(a.clone());
+        }
         if let Some(m) = mtu {
             p = p.mtu(m);
         }
@@ -248,6 +256,9 @@ impl Netlink {
         let mut h = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
             .name(host.to_owned())
             .set_info_data(InfoData::Veth(InfoVeth::Peer(p.build())));
+        for a in one_queue {
+            h = h.append_extra_attribute(a);
+        }
         if let Some(m) = mtu {
             h = h.mtu(m);
         }
