@@ -665,13 +665,14 @@ fn shares_data_dir_with_reference_host_local() {
 /// An ADD rewrites the round robin's `last_reserved_ip.<N>` in place rather than opening it
 /// with `O_TRUNC`: on ext4, cutting the file to zero bytes and writing it again cost
 /// 0.3–0.5 ms of an ADD of 5–6 ms (the block is freed, and at close ext4 writes the new
-/// data out at once). The second pod's ADD runs under `strace -e trace=openat`; the file
-/// must be opened for writing without `O_TRUNC` and hold exactly the new address after.
+/// data out at once). The second pod's ADD runs under `strace -e trace=open,openat` (the
+/// static musl build calls `open`); the file must be opened for writing without `O_TRUNC`
+/// and hold exactly the new address after.
 #[test]
 fn add_rewrites_last_reserved_in_place() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let traced = Traced::new(&p.bin, "openat").unwrap();
+    let traced = Traced::new(&p.bin, "open,openat").unwrap();
 
     let node = Node::new().unwrap();
     let mut added = Vec::new();
@@ -693,7 +694,7 @@ fn add_rewrites_last_reserved_in_place() {
     assert_eq!(
         writes.len(),
         1,
-        "the second ADD should write last_reserved_ip.0 once; openat calls:\n{trace}"
+        "the second ADD should write last_reserved_ip.0 once; open and openat calls:\n{trace}"
     );
     assert!(
         !writes[0].contains("O_TRUNC"),
