@@ -192,7 +192,7 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// One exposition of `node`, read from its pins now.
 fn exposition(node: &NodeId) -> Result<String, bpf::BpfError> {
     let t = std::time::Instant::now();
-    let report = bpf::inspect(node)?;
+    let report = bpf::inspect(node, bpf::Links::Skip)?;
     Ok(crate::report::exposition(
         &report,
         t.elapsed().as_secs_f64(),
@@ -336,7 +336,7 @@ fn confirm_netlink_filters(
 
 fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     let node = node_of(netns.clone())?;
-    let mut r = bpf::inspect(&node)?;
+    let mut r = bpf::inspect(&node, bpf::Links::Read)?;
     confirm_netlink_filters(&mut r, netns.as_ref())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -286,8 +286,21 @@ fn map_usage(root: &PinRoot, node: &NodeId) -> Vec<MapUsageReport> {
         .collect()
 }
 
-/// Everything this node has pinned, with the kernel's view of each link and the counters.
-pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
+/// Whether [`inspect`] reads each device's and pod's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// The links and filters with their programs, as `ebpf-cni inspect` prints them.
+    Read,
+    /// Not read: the metrics exporter's report, whose series say nothing of links (a link's
+    /// state is CHECK's and STATUS's). A pod's links cost five pin lookups and two program
+    /// queries, most of a pod's share of a scrape; a pod without endpoint entries still has
+    /// them read, for the host interface they name.
+    Skip,
+}
+
+/// Everything this node has pinned, with the kernel's view of each link (unless `links`
+/// says otherwise) and the counters.
+pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
     let root = PinRoot::from_env();
     let maps = Maps::open(&root, node)?;
     let list = |p: &Path| -> Vec<String> {
@@ -305,6 +318,9 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
     let devices = list(&root.devices_dir(node))
         .into_iter()
         .map(|name| {
+            if links == Links::Skip {
+                return DeviceReport { name, link: None };
+            }
             let link = link_report(
                 &mut prog_names,
                 Hook::FromDev,
@@ -340,19 +356,25 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         let id = dir.key().id();
         names.insert(id, dir.to_string());
         let pins = root.attachment(node, &dir.key());
-        let mut links: Vec<LinkReport> = Hook::ANY_POD
-            .iter()
-            .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h)))
-            .collect();
         let mut entries = by_attachment.remove(&id).unwrap_or_default();
         entries.sort_by_key(|(ip, _)| *ip);
+        let mut pod_links: Vec<LinkReport> = Vec::new();
+        if links == Links::Read || entries.is_empty() {
+            pod_links.extend(
+                Hook::ANY_POD
+                    .iter()
+                    .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h))),
+            );
+        }
         let host_ifindex = entries
             .first()
             .map(|(_, e)| e.host_ifindex)
-            .or_else(|| links.first().map(|l| l.ifindex));
-        links.extend(Hook::ANY_POD.iter().filter_map(|h| {
-            netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
-        }));
+            .or_else(|| pod_links.first().map(|l| l.ifindex));
+        if links == Links::Read {
+            pod_links.extend(Hook::ANY_POD.iter().filter_map(|h| {
+                netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
+            }));
+        }
         let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
         let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
         let report = |b: ebpf_cni_maps::Bucket| {
@@ -367,7 +389,7 @@ pub fn inspect(node: &NodeId) -> Result<NodeReport, BpfError> {
         attachments.push(AttachmentReport {
             addresses: entries.iter().map(|(ip, _)| *ip).collect(),
             host_ifindex,
-            links,
+            links: pod_links,
             from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
             to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
             ingress_limit: limits.and_then(|l| report(l.ingress)),

@@ -40,7 +40,7 @@ pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
 pub use hook::{AttachMode, AttachModes, Device, Hook};
 pub use inspect::{
-    inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport,
+    inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport, Links,
     MapUsageReport, NodeReport, PortMappingReport, ShapeSubnetsReport, SourceCheckReport,
 };
 pub use keys::AttachmentKey;
