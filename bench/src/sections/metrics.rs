@@ -70,7 +70,8 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         ),
         "Reading the maps: the time the process itself reports in \
          `ebpf_cni_metrics_read_seconds` (every node map walked once, per-CPU values summed, \
-         plus each pod's links). Process: from starting the binary to its exit, the whole \
+         plus a look at each pod's attachment directory; a pod's links are `inspect`'s, not \
+         read for metrics). Process: from starting the binary to its exit, the whole \
          exposition read from its stdout; its CPU time from wait4's rusage. Each run's \
          exposition is checked to list every pod."
             .to_owned(),
