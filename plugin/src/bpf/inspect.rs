@@ -292,9 +292,10 @@ pub enum Links {
     /// The links and filters with their programs, as `ebpf-cni inspect` prints them.
     Read,
     /// Not read: the metrics exporter's report, whose series say nothing of links (a link's
-    /// state is CHECK's and STATUS's). A pod's links cost five pin lookups and two program
-    /// queries, most of a pod's share of a scrape; a pod without endpoint entries still has
-    /// them read, for the host interface they name.
+    /// state is CHECK's and STATUS's). A pod's links cost six pin lookups (a TCX link and a
+    /// filter record per hook) and a program query per record found, about half of a
+    /// scrape; a pod without endpoint entries still has them read, for the host interface
+    /// they name.
     Skip,
 }
 
