@@ -482,16 +482,28 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         );
 
         // At 100 Mbit/s the emulated sender itself runs short when the matrix's three guests
-        // share two cores (0.945 in one run, 0.804 in a CI run; the benchmark's single guest
-        // measures 99.8%): there the floor only catches a collapse (half the limit) and the
-        // accuracy is held at 10 Mbit/s and by the benchmark. Nothing may exceed the limit by
-        // more than 5%.
-        let floor = if limit > 50e6 { 0.5 } else { 0.95 };
-        let within = |what: &str, goodput: f64, udp_payload: Option<u32>| {
+        // share two cores (0.945 in one run, 0.804 and 0.452 in CI runs; the benchmark's
+        // single guest measures 99.8%). There the floor is half of what the same sender gets
+        // towards the unlimited pod just before and just after (the lesser): it catches a
+        // collapse of the paced path, not the guest's speed. The accuracy is held at 10
+        // Mbit/s and by the benchmark. Nothing may exceed the limit by more than 5%.
+        let fast = limit > 50e6;
+        let capacity = || {
+            let got = on_the_wire(iperf_for(&plain.ns, ext.netns(), ext_ip, 5, &["-R"]), None);
+            eprintln!("the unlimited pod from a host behind the node: {got:.0} bit/s");
+            got
+        };
+        let mut before = if fast { capacity() } else { f64::INFINITY };
+        let mut within = |what: &str, goodput: f64, udp_payload: Option<u32>| {
             let got = on_the_wire(goodput, udp_payload);
+            let after = if fast { capacity() } else { f64::INFINITY };
+            let reachable = f64::min(limit, before).min(after);
+            let floor = if fast { 0.5 * reachable } else { 0.95 * limit };
+            before = after;
             assert!(
-                (floor * limit..=1.05 * limit).contains(&got),
-                "{what} towards a pod limited to {limit} bit/s: {got:.0} bit/s on the wire ({:.3} of the limit)",
+                (floor..=1.05 * limit).contains(&got),
+                "{what} towards a pod limited to {limit} bit/s: {got:.0} bit/s on the wire ({:.3} \
+                 of the limit; floor {floor:.0}, the unlimited pod got {reachable:.0} around it)",
                 got / limit
             );
             eprintln!("{what}, limit {limit}: {:.4} of the limit", got / limit);
