@@ -503,7 +503,8 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
             assert!(
                 (floor..=1.05 * limit).contains(&got),
                 "{what} towards a pod limited to {limit} bit/s: {got:.0} bit/s on the wire ({:.3} \
-                 of the limit; floor {floor:.0}, the unlimited pod got {reachable:.0} around it)",
+                 of the limit; floor {floor:.0}: half the lesser of the limit and what the unlimited pod \
+                 got around it, {reachable:.0})",
                 got / limit
             );
             eprintln!("{what}, limit {limit}: {:.4} of the limit", got / limit);

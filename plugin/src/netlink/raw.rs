@@ -49,7 +49,7 @@ pub(super) fn exchange(
         return Err(io::Error::last_os_error());
     }
     // Not zeroed: an answer is a few hundred bytes, and zeroing the whole buffer on every
-    // request touched 16 fresh pages per process (16 page faults of an ADD's 122).
+    // request touched 16 fresh pages per process (16 of an ADD's 121 page faults).
     let mut buf: Vec<u8> = Vec::with_capacity(BUF_LEN);
     loop {
         // SAFETY: `buf`'s capacity is writable for `BUF_LEN` bytes.
