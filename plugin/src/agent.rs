@@ -43,8 +43,6 @@ pub enum AgentError {
     Subscribe(#[source] std::io::Error),
     #[error("reading the rtnetlink announcements")]
     Events(#[source] std::io::Error),
-    #[error("starting the async runtime")]
-    Runtime(#[source] std::io::Error),
 }
 
 /// The network the agent converges for: the `ebpf-cni` plugin of the conflist (or the
@@ -97,12 +95,8 @@ fn plugin_of(raw: Value) -> Option<Value> {
 pub fn run(conf: &NetConf, resync: Duration, once: bool) -> Result<(), AgentError> {
     // Joined before the first look: a change during it is announced, not missed.
     let events = Events::subscribe().map_err(AgentError::Subscribe)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(AgentError::Runtime)?;
     let converge = || {
-        if let Err(e) = rt.block_on(crate::converge::converge(conf, ConvergedBy::Agent)) {
+        if let Err(e) = crate::block_on(crate::converge::converge(conf, ConvergedBy::Agent)) {
             // Tried again at the next announcement or resync.
             log::error!("converging the node: {e}");
         }

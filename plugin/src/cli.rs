@@ -299,7 +299,7 @@ fn confirm_netlink_filters(
     netns: Option<&PathBuf>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let ns = netns.map(|p| Netns::open(p)).transpose()?;
-    crate::runtime()?.block_on(async {
+    crate::block_on(async {
         let nl = match &ns {
             Some(ns) => Netlink::connect_in(ns)?,
             None => Netlink::connect()?,

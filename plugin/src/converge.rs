@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// Converges the node of the calling thread's namespace for `conf` (its `devices` and
-/// attach mode); returns what changed, one line each. Must run inside the tokio runtime.
+/// attach mode); returns what changed, one line each.
 pub async fn converge(conf: &NetConf, by: ConvergedBy) -> Result<Vec<String>, CniError> {
     let node = NodeId::current()?;
     if !PinRoot::from_env().node_dir(&node).exists() {

@@ -66,8 +66,8 @@ fn cni_main(command: &str) -> i32 {
             logging::configure_from_config(&stdin);
             execute(command, &stdin)
         }
-        // The edge itself (no module below it read stdin): built here, as are the other
-        // two CniErrors of this file (the async runtime; GC and STATUS on an older config).
+        // The edge itself (no module below it read stdin): built here, as is the other
+        // CniError of this file (GC and STATUS on an older config).
         Err(e) => Err(CniError::new(
             code::IO_FAILURE,
             "failed to read the network configuration from stdin",
@@ -98,14 +98,11 @@ fn print_json(v: &Value) {
     let _ = out.flush();
 }
 
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            CniError::new(code::INTERNAL, "failed to start the async runtime")
-                .with_details(e.to_string())
-        })
+/// Runs a command's future to completion on the calling thread. Nothing in it waits on a
+/// reactor or a timer (the netlink calls answer synchronously), so no async runtime is
+/// started: tokio's took an ADD an epoll instance, an eventfd and its scheduler.
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    futures::executor::block_on(f)
 }
 
 fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
@@ -121,7 +118,7 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     if command != Command::Del {
         conf.refuse_unimplemented()?;
     }
-    runtime()?.block_on(async {
+    block_on(async {
         match command {
             Command::Add if attachment::is_chained(&conf) => {
                 chained::add(&env, &conf).await.map(Some)
@@ -154,7 +151,7 @@ fn execute_network(command: Command, stdin: &[u8]) -> Result<(), CniError> {
             ),
         ));
     }
-    runtime()?.block_on(async {
+    block_on(async {
         match command {
             Command::Gc => gc::gc(&env, &conf, stdin).await,
             Command::Status => status::status(&env, &conf, stdin).await,

@@ -103,7 +103,7 @@ pub async fn create(
 fn missing(name: &str) -> NetlinkError {
     NetlinkError::Request {
         op: format!("find link {name} right after creating it"),
-        source: rtnetlink::Error::RequestFailed,
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such link"),
     }
 }
 

@@ -1,5 +1,11 @@
-//! Typed netlink calls (links, addresses, routes) over rtnetlink, one socket per namespace;
-//! the node's addresses and `clsact` qdiscs also synchronously (`addrs`, `tc`).
+//! Typed netlink calls (links, addresses, routes), one socket per namespace; the node's
+//! addresses and `clsact` qdiscs also hand-parsed (`addrs`, `tc`).
+//!
+//! The messages are rtnetlink's types (its builders, netlink-packet-route's codec); each
+//! request goes out on the namespace's raw socket and its answer is read at once, in the
+//! calling thread (`raw`). rtnetlink's own connection (a task on the async runtime, its
+//! socket polled through the runtime's reactor) cost an ADD more CPU than the requests'
+//! encoding and decoding. The calls stay `async` for their callers.
 //!
 //! A socket belongs to the namespace it was created in, so `Netlink::connect_in` enters the
 //! target namespace only for the socket's creation. Every request asks for an ACK; deleting
@@ -7,16 +13,22 @@
 
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use ipnetwork::IpNetwork;
 use rtnetlink::{
+    packet_core::{
+        NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NLM_F_ACK,
+        NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
+    },
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressMessage},
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
-        AddressFamily,
+        tc::TcMessage,
+        AddressFamily, RouteNetlinkMessage,
     },
-    Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
+    AddressMessageBuilder, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
 };
 
 use crate::netns::{Netns, NetnsError};
@@ -34,11 +46,12 @@ pub enum NetlinkError {
     Connect(#[source] std::io::Error),
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    /// The kernel's answer was an error (its errno), or the answer could not be read.
     #[error("netlink: failed to {op}")]
     Request {
         op: String,
         #[source]
-        source: rtnetlink::Error,
+        source: std::io::Error,
     },
     #[error("netlink: failed to list the addresses")]
     Addresses(#[source] std::io::Error),
@@ -56,18 +69,10 @@ impl NetlinkError {
     /// The kernel's errno for a failed request, if it sent one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Request {
-                source: rtnetlink::Error::NetlinkError(m),
-                ..
-            } => m.code.map(|c| -c.get()),
+            Self::Request { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
-}
-
-fn req(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
-    let op = op.into();
-    move |source| NetlinkError::Request { op, source }
 }
 
 /// What we read back about a link.
@@ -151,15 +156,18 @@ fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
 }
 
 pub struct Netlink {
-    handle: Handle,
+    sock: raw::Socket,
+    /// The last request's sequence number.
+    seq: AtomicU32,
 }
 
 impl Netlink {
-    /// A socket in the calling thread's namespace. Must run inside the tokio runtime.
+    /// A socket in the calling thread's namespace.
     pub fn connect() -> Result<Self, NetlinkError> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
-        tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self {
+            sock: raw::Socket::open(libc::NETLINK_ROUTE).map_err(NetlinkError::Connect)?,
+            seq: AtomicU32::new(0),
+        })
     }
 
     /// A socket in `ns`; the calling thread stays where it was.
@@ -168,27 +176,75 @@ impl Netlink {
         Self::connect()
     }
 
-    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut s = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_owned())
-            .execute();
-        match s.try_next().await {
-            Ok(m) => Ok(m.as_ref().map(Link::from_msg)),
-            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
-            Err(e) => Err(req(format!("get link {name}"))(e)),
+    /// Sends `payload` with `flags` (`NLM_F_REQUEST` added) and hands each message of the
+    /// answer to `each`; `op` says what failed. A request that is not a dump asks for the
+    /// kernel's acknowledgement, which ends its answer.
+    fn request(
+        &self,
+        payload: RouteNetlinkMessage,
+        flags: u16,
+        op: impl FnOnce() -> String,
+        mut each: impl FnMut(RouteNetlinkMessage),
+    ) -> Result<(), NetlinkError> {
+        let mut msg = NetlinkMessage::from(payload);
+        msg.header.flags = NLM_F_REQUEST | flags;
+        if flags & NLM_F_DUMP != NLM_F_DUMP {
+            msg.header.flags |= NLM_F_ACK;
+        }
+        msg.header.sequence_number = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        msg.finalize();
+        let mut bytes = vec![0; msg.buffer_len()];
+        msg.serialize(&mut bytes);
+        let mut undecodable = None;
+        let sent = self.sock.exchange(&bytes, "the rtnetlink answer", |m| {
+            let mut header = NetlinkHeader::default();
+            header.length = (raw::NLMSG_HDRLEN + m.body.len()) as u32;
+            header.message_type = m.kind;
+            header.flags = m.flags;
+            match RouteNetlinkMessage::deserialize(&header, m.body) {
+                Ok(answer) => each(answer),
+                Err(e) => {
+                    undecodable.get_or_insert(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("undecodable answer of type {}: {e}", m.kind),
+                    ));
+                }
+            }
+        });
+        match sent.err().or(undecodable) {
+            None => Ok(()),
+            Some(source) => Err(NetlinkError::Request { op: op(), source }),
         }
     }
 
-    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>, NetlinkError> {
-        let mut s = self.handle.link().get().match_index(index).execute();
-        match s.try_next().await {
-            Ok(m) => Ok(m.as_ref().map(Link::from_msg)),
-            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
-            Err(e) => Err(req(format!("get link {index}"))(e)),
+    /// The one link a request asked for; `None` when the kernel answers `ENODEV`.
+    fn get_link(
+        &self,
+        message: LinkMessage,
+        op: impl FnOnce() -> String,
+    ) -> Result<Option<Link>, NetlinkError> {
+        let mut found = None;
+        match self.request(RouteNetlinkMessage::GetLink(message), 0, op, |m| {
+            if let RouteNetlinkMessage::NewLink(l) = m {
+                found.get_or_insert_with(|| Link::from_msg(&l));
+            }
+        }) {
+            Ok(()) => Ok(found),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
         }
+    }
+
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        self.get_link(m, || format!("get link {name}"))
+    }
+
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>, NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        self.get_link(m, || format!("get link {index}"))
     }
 
     /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
@@ -197,28 +253,38 @@ impl Netlink {
         index: u32,
         ingress: bool,
     ) -> Result<Vec<String>, NetlinkError> {
-        use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
-        let mut h = self.handle.traffic_filter(index as i32);
-        let r = h.get();
-        let r = if ingress { r.ingress() } else { r.egress() };
-        let mut s = r.execute();
+        use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcOption};
+        let mut m = TcMessage::with_index(index as i32);
+        m.header.parent = TcHandle {
+            major: 0xffff,
+            minor: if ingress {
+                TcHandle::MIN_INGRESS
+            } else {
+                TcHandle::MIN_EGRESS
+            },
+        };
         let mut out = Vec::new();
-        while let Some(m) = s
-            .try_next()
-            .await
-            .map_err(req(format!("list tc filters of link {index}")))?
-        {
-            for a in &m.attributes {
-                if let TcAttribute::Options(opts) = a {
-                    for o in opts {
-                        if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
-                            // The kernel reports "<prog name>" or "<prog name>:[…]" by loader.
-                            out.push(n.split(':').next().unwrap_or(n).to_owned());
+        self.request(
+            RouteNetlinkMessage::GetTrafficFilter(m),
+            NLM_F_DUMP,
+            || format!("list tc filters of link {index}"),
+            |m| {
+                let RouteNetlinkMessage::NewTrafficFilter(m) = m else {
+                    return;
+                };
+                for a in &m.attributes {
+                    if let TcAttribute::Options(opts) = a {
+                        for o in opts {
+                            if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
+                                // The kernel reports "<prog name>" or "<prog name>:[…]" by
+                                // loader.
+                                out.push(n.split(':').next().unwrap_or(n).to_owned());
+                            }
                         }
                     }
                 }
-            }
-        }
+            },
+        )?;
         Ok(out)
     }
 
@@ -233,11 +299,6 @@ impl Netlink {
         mtu: Option<u32>,
         peer_mac: Option<[u8; 6]>,
     ) -> Result<Option<Link>, NetlinkError> {
-        use rtnetlink::packet_core::{
-            NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL,
-            NLM_F_REQUEST,
-        };
-        use rtnetlink::packet_route::RouteNetlinkMessage;
         // One queue each way on both ends, asked for at creation: the one queue a veth
         // uses by default. Unasked, a recent kernel allocates one per possible CPU, then
         // cuts each end to one, and each cut waits for an expedited RCU grace period with
@@ -262,15 +323,13 @@ impl Netlink {
         if let Some(m) = mtu {
             h = h.mtu(m);
         }
-        let err = |e| req(format!("create veth pair {host} / {peer}"))(e);
-        let mut msg = NetlinkMessage::from(RouteNetlinkMessage::NewLink(h.build()));
-        msg.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE | NLM_F_ECHO;
-        let mut answers = self.handle.clone().request(msg).map_err(err)?;
         let mut echoed = None;
-        while let Some(m) = futures::StreamExt::next(&mut answers).await {
-            match m.payload {
-                NetlinkPayload::Error(e) => return Err(err(rtnetlink::Error::NetlinkError(e))),
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l))
+        self.request(
+            RouteNetlinkMessage::NewLink(h.build()),
+            NLM_F_EXCL | NLM_F_CREATE | NLM_F_ECHO,
+            || format!("create veth pair {host} / {peer}"),
+            |m| match m {
+                RouteNetlinkMessage::NewLink(l)
                     if l.attributes
                         .iter()
                         .any(|a| matches!(a, LinkAttribute::IfName(n) if n == host)) =>
@@ -278,26 +337,33 @@ impl Netlink {
                     echoed = Some(Link::from_msg(&l));
                 }
                 _ => {}
-            }
-        }
+            },
+        )?;
         Ok(echoed)
     }
 
     pub async fn set_up(&self, index: u32) -> Result<(), NetlinkError> {
-        self.handle
-            .link()
-            .set(LinkUnspec::new_with_index(index).up().build())
-            .execute()
-            .await
-            .map_err(req(format!("set link {index} up")))
+        self.request(
+            RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
+            NLM_F_EXCL | NLM_F_CREATE,
+            || format!("set link {index} up"),
+            |_| {},
+        )
     }
 
     /// `Ok(false)` when the link was already gone.
     pub async fn delete_link(&self, index: u32) -> Result<bool, NetlinkError> {
-        match self.handle.link().del(index).execute().await {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        match self.request(
+            RouteNetlinkMessage::DelLink(m),
+            0,
+            || format!("delete link {index}"),
+            |_| {},
+        ) {
             Ok(()) => Ok(true),
-            Err(e) if is_errno(&e, libc::ENODEV) => Ok(false),
-            Err(e) => Err(req(format!("delete link {index}"))(e)),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -310,17 +376,27 @@ impl Netlink {
         addr: IpNetwork,
         prefix_route: bool,
     ) -> Result<(), NetlinkError> {
-        let mut r = self.handle.address().add(index, addr.ip(), addr.prefix());
+        let mut m = match addr {
+            IpNetwork::V4(a) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(a.ip(), a.prefix())
+                .build(),
+            IpNetwork::V6(a) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(a.ip(), a.prefix())
+                .build(),
+        };
         let mut flags = AddressFlags::Nodad;
         if !prefix_route {
             flags |= AddressFlags::Noprefixroute;
         }
-        r.message_mut()
-            .attributes
-            .push(AddressAttribute::Flags(flags));
-        r.execute()
-            .await
-            .map_err(req(format!("add address {addr} to link {index}")))
+        m.attributes.push(AddressAttribute::Flags(flags));
+        self.request(
+            RouteNetlinkMessage::NewAddress(m),
+            NLM_F_EXCL | NLM_F_CREATE,
+            || format!("add address {addr} to link {index}"),
+            |_| {},
+        )
     }
 
     /// [`Self::add_address`] where the address may be there already (`Ok(false)` then).
@@ -346,37 +422,41 @@ impl Netlink {
             m.attributes.push(AddressAttribute::Local(addr.ip()));
         }
         m.attributes.push(AddressAttribute::Address(addr.ip()));
-        match self.handle.address().del(m).execute().await {
+        match self.request(
+            RouteNetlinkMessage::DelAddress(m),
+            0,
+            || format!("delete address {addr} from link {index}"),
+            |_| {},
+        ) {
             Ok(()) => Ok(true),
-            Err(e) if is_errno(&e, libc::EADDRNOTAVAIL) || is_errno(&e, libc::ENOENT) => Ok(false),
-            Err(e) => Err(req(format!("delete address {addr} from link {index}"))(e)),
+            Err(e) if matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, NetlinkError> {
-        let mut s = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
+        let m = AddressMessage::default();
         let mut out = Vec::new();
-        while let Some(m) = s
-            .try_next()
-            .await
-            .map_err(req(format!("list addresses of link {index}")))?
-        {
-            if m.header.index != index {
-                continue;
-            }
-            for a in &m.attributes {
-                if let AddressAttribute::Address(ip) = a {
-                    if let Ok(n) = IpNetwork::new(*ip, m.header.prefix_len) {
-                        out.push(n);
+        self.request(
+            RouteNetlinkMessage::GetAddress(m),
+            NLM_F_DUMP,
+            || format!("list addresses of link {index}"),
+            |m| {
+                let RouteNetlinkMessage::NewAddress(m) = m else {
+                    return;
+                };
+                if m.header.index != index {
+                    return;
+                }
+                for a in &m.attributes {
+                    if let AddressAttribute::Address(ip) = a {
+                        if let Ok(n) = IpNetwork::new(*ip, m.header.prefix_len) {
+                            out.push(n);
+                        }
                     }
                 }
-            }
-        }
+            },
+        )?;
         Ok(out)
     }
 
@@ -400,16 +480,15 @@ impl Netlink {
         if r.scope_link {
             b = b.scope(RouteScope::Link);
         }
-        let what = match r.gw {
-            Some(gw) => format!("add route {} via {gw} dev {}", r.dst, r.oif),
-            None => format!("add route {} dev {}", r.dst, r.oif),
-        };
-        self.handle
-            .route()
-            .add(b.build())
-            .execute()
-            .await
-            .map_err(req(what))
+        self.request(
+            RouteNetlinkMessage::NewRoute(b.build()),
+            NLM_F_EXCL | NLM_F_CREATE,
+            || match r.gw {
+                Some(gw) => format!("add route {} via {gw} dev {}", r.dst, r.oif),
+                None => format!("add route {} dev {}", r.dst, r.oif),
+            },
+            |_| {},
+        )
     }
 
     /// Routes of the main table for one family.
@@ -420,44 +499,47 @@ impl Netlink {
         } else {
             AddressFamily::Inet
         };
-        let mut s = self.handle.route().get(msg).execute();
         let mut out = Vec::new();
-        while let Some(m) = s.try_next().await.map_err(req("list routes"))? {
-            let mut table = u32::from(m.header.table);
-            let (mut dst, mut gw, mut oif) = (None, None, None);
-            for a in &m.attributes {
-                match a {
-                    RouteAttribute::Table(t) => table = *t,
-                    RouteAttribute::Destination(d) => dst = route_addr(d),
-                    RouteAttribute::Gateway(g) => gw = route_addr(g),
-                    RouteAttribute::Oif(i) => oif = Some(*i),
-                    _ => {}
+        self.request(
+            RouteNetlinkMessage::GetRoute(msg),
+            NLM_F_DUMP,
+            || "list routes".to_owned(),
+            |m| {
+                let RouteNetlinkMessage::NewRoute(m) = m else {
+                    return;
+                };
+                let mut table = u32::from(m.header.table);
+                let (mut dst, mut gw, mut oif) = (None, None, None);
+                for a in &m.attributes {
+                    match a {
+                        RouteAttribute::Table(t) => table = *t,
+                        RouteAttribute::Destination(d) => dst = route_addr(d),
+                        RouteAttribute::Gateway(g) => gw = route_addr(g),
+                        RouteAttribute::Oif(i) => oif = Some(*i),
+                        _ => {}
+                    }
                 }
-            }
-            if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
-                continue;
-            }
-            let dst = dst.unwrap_or(if v6 {
-                IpAddr::from([0u16; 8])
-            } else {
-                IpAddr::from([0u8; 4])
-            });
-            let Ok(dst) = IpNetwork::new(dst, m.header.destination_prefix_length) else {
-                continue;
-            };
-            out.push(RouteEntry {
-                dst,
-                gw,
-                oif,
-                scope_link: m.header.scope == RouteScope::Link,
-            });
-        }
+                if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+                    return;
+                }
+                let dst = dst.unwrap_or(if v6 {
+                    IpAddr::from([0u16; 8])
+                } else {
+                    IpAddr::from([0u8; 4])
+                });
+                let Ok(dst) = IpNetwork::new(dst, m.header.destination_prefix_length) else {
+                    return;
+                };
+                out.push(RouteEntry {
+                    dst,
+                    gw,
+                    oif,
+                    scope_link: m.header.scope == RouteScope::Link,
+                });
+            },
+        )?;
         Ok(out)
     }
-}
-
-fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.map(|c| -c.get()) == Some(errno))
 }
 
 /// Makes a link's IPv6 addresses usable at once, link-local included: its addresses are

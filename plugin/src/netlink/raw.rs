@@ -1,7 +1,8 @@
-//! One request over a raw netlink socket, its answer read into one buffer and parsed in
-//! place: the loop the hand-written netlink calls share (the address dump in `addrs`, the
-//! qdisc and filter calls in `tc`, the socket closing in `sockets`), each of which builds
-//! its own request and reads its own message bodies.
+//! Requests over a raw netlink socket, each answer read into one buffer and split in
+//! place: the loop every netlink call shares. The hand-written ones (the address dump in
+//! `addrs`, the qdisc and filter calls in `tc`, the socket closing in `sockets`) build
+//! their own requests and read their own message bodies on a fresh socket each; the typed
+//! calls of [`super::Netlink`] keep one socket per namespace.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -22,81 +23,113 @@ pub(super) struct Message<'a> {
 }
 
 /// Sends `msg` on a fresh socket of netlink `protocol` (`NETLINK_ROUTE`,
-/// `NETLINK_SOCK_DIAG`) and hands every answer message to `each` until the dump's
-/// `NLMSG_DONE` or the request's acknowledgement; an error answer becomes its errno.
-/// `what` names the answer in the errors of a short or malformed one.
+/// `NETLINK_SOCK_DIAG`) and hands every answer message to `each` (see
+/// [`Socket::exchange`]).
 pub(super) fn exchange(
     protocol: libc::c_int,
     msg: &[u8],
     what: &str,
-    mut each: impl FnMut(Message<'_>),
+    each: impl FnMut(Message<'_>),
 ) -> io::Result<()> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+    Socket::open(protocol)?.exchange(msg, what, each)
+}
+
+/// A netlink socket of the namespace the calling thread was in when it was opened, for
+/// requests one after another, each answered in full before the next is sent.
+pub(super) struct Socket(OwnedFd);
+
+impl Socket {
+    pub fn open(protocol: libc::c_int) -> io::Result<Self> {
+        // SAFETY: plain socket(2); the fd is owned right away.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                protocol,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
-    if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // Not zeroed: an answer is a few hundred bytes, and zeroing the whole buffer on every
-    // request touched 16 fresh pages per process (16 of an ADD's 121 page faults).
-    let mut buf: Vec<u8> = Vec::with_capacity(BUF_LEN);
-    loop {
-        // SAFETY: `buf`'s capacity is writable for `BUF_LEN` bytes.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), BUF_LEN, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+
+    /// Sends `msg` and hands every answer message to `each` until the dump's `NLMSG_DONE`
+    /// or the request's acknowledgement; an error answer becomes its errno. A request
+    /// that is neither a dump nor asks for an acknowledgement would have no end here: every
+    /// request sets `NLM_F_DUMP` or `NLM_F_ACK`. `what` names the answer in the errors of
+    /// a short or malformed one.
+    pub fn exchange(
+        &self,
+        msg: &[u8],
+        what: &str,
+        mut each: impl FnMut(Message<'_>),
+    ) -> io::Result<()> {
+        let sock = &self.0;
+        // Answers carry their request's sequence number: anything else (what a request
+        // that failed half-way left unread) is not this request's.
+        let seq = msg.get(8..12).map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+        // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
+        if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Not zeroed: an answer is a few hundred bytes, and zeroing the whole buffer on
+        // every request touched 16 fresh pages per process (16 of an ADD's 121 page faults).
+        let mut buf: Vec<u8> = Vec::with_capacity(BUF_LEN);
+        loop {
+            // SAFETY: `buf`'s capacity is writable for `BUF_LEN` bytes.
+            let n =
+                unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), BUF_LEN, 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{what} ended early"),
-            ));
-        }
-        // SAFETY: recv(2) wrote the first `n` bytes (at most `BUF_LEN`, the capacity).
-        unsafe { buf.set_len(n as usize) };
-        let mut msgs = buf.as_slice();
-        while msgs.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || len > msgs.len() {
+            if n == 0 {
                 return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("malformed message of length {len} in {what}"),
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{what} ended early"),
                 ));
             }
-            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
-            let flags = u16::from_ne_bytes([msgs[6], msgs[7]]);
-            let body = &msgs[NLMSG_HDRLEN..len];
-            match kind {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let errno = body
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                        .unwrap_or(-libc::EIO);
-                    return if errno == 0 {
-                        Ok(())
-                    } else {
-                        Err(io::Error::from_raw_os_error(-errno))
-                    };
+            // SAFETY: recv(2) wrote the first `n` bytes (at most `BUF_LEN`, the capacity).
+            unsafe { buf.set_len(n as usize) };
+            let mut msgs = buf.as_slice();
+            while msgs.len() >= NLMSG_HDRLEN {
+                let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4 bytes")) as usize;
+                if len < NLMSG_HDRLEN || len > msgs.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("malformed message of length {len} in {what}"),
+                    ));
                 }
-                _ => each(Message { kind, flags, body }),
+                let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
+                let flags = u16::from_ne_bytes([msgs[6], msgs[7]]);
+                let body = &msgs[NLMSG_HDRLEN..len];
+                let theirs = u32::from_ne_bytes(msgs[8..12].try_into().expect("4 bytes"));
+                if theirs != seq {
+                    msgs = &msgs[align4(len).min(msgs.len())..];
+                    continue;
+                }
+                match kind {
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => {
+                        let errno = body
+                            .get(0..4)
+                            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                            .unwrap_or(-libc::EIO);
+                        return if errno == 0 {
+                            Ok(())
+                        } else {
+                            Err(io::Error::from_raw_os_error(-errno))
+                        };
+                    }
+                    _ => each(Message { kind, flags, body }),
+                }
+                msgs = &msgs[align4(len).min(msgs.len())..];
             }
-            msgs = &msgs[align4(len).min(msgs.len())..];
         }
     }
 }
