@@ -62,6 +62,10 @@ pub async fn create(
     mac: Option<[u8; 6]>,
     ipv6: bool,
 ) -> Result<VethPair, NetlinkError> {
+    // The pod side's MAC is chosen here when the request names none, as the kernel chooses
+    // one (random, unicast, locally administered): with the peer's index in the kernel's
+    // echo, the pod side is then known without asking for it.
+    let mac = mac.or_else(random_mac);
     let echoed = host_nl
         .create_veth(host_name, ifname, pod_ns, mtu, mac)
         .await?;
@@ -93,11 +97,35 @@ pub async fn create(
             .await?
             .ok_or_else(|| missing(host_name))?,
     };
-    let container = pod_nl
-        .link_by_name(ifname)
-        .await?
-        .ok_or_else(|| missing(ifname))?;
+    let container = match (host.peer_index, mac) {
+        (Some(index), Some(mac)) => Link {
+            index,
+            name: ifname.to_owned(),
+            mac: Some(mac),
+            mtu: host.mtu,
+            up: false,
+            kind: host.kind.clone(),
+            peer_index: Some(host.index),
+        },
+        _ => pod_nl
+            .link_by_name(ifname)
+            .await?
+            .ok_or_else(|| missing(ifname))?,
+    };
     Ok(VethPair { host, container })
+}
+
+/// A random unicast, locally administered MAC (what the kernel's `eth_random_addr` makes);
+/// `None` if the kernel gives no random bytes (the kernel then chooses one itself).
+fn random_mac() -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    // SAFETY: `mac` is writable for its 6 bytes.
+    let n = unsafe { libc::getrandom(mac.as_mut_ptr().cast(), mac.len(), 0) };
+    if n != mac.len() as isize {
+        return None;
+    }
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    Some(mac)
 }
 
 fn missing(name: &str) -> NetlinkError {
@@ -221,5 +249,18 @@ mod tests {
         assert_ne!(a, name("net2", "c1", "eth0"));
         // The separator keeps ("ab","c") and ("a","bc") apart.
         assert_ne!(name("ab", "c", "e"), name("a", "bc", "e"));
+    }
+
+    #[test]
+    fn chosen_macs_are_unicast_locally_administered_and_random() {
+        let macs: Vec<[u8; 6]> = (0..64).map(|_| random_mac().expect("getrandom")).collect();
+        for m in &macs {
+            assert_eq!(m[0] & 0x01, 0, "{m:02x?} is multicast");
+            assert_eq!(m[0] & 0x02, 0x02, "{m:02x?} is not locally administered");
+        }
+        let mut distinct = macs.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), macs.len(), "64 random MACs repeat one");
     }
 }
