@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use ipnetwork::IpNetwork;
 use rtnetlink::{
     packet_core::{
-        NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NLM_F_ACK,
-        NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
+        NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+        NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
     },
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressMessage},

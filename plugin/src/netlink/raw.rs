@@ -69,7 +69,9 @@ impl Socket {
         let sock = &self.0;
         // Answers carry their request's sequence number: anything else (what a request
         // that failed half-way left unread) is not this request's.
-        let seq = msg.get(8..12).map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+        let seq = msg
+            .get(8..12)
+            .map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")));
         // SAFETY: `msg` is a valid buffer of its length; the peer is the kernel by default.
         if unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
             return Err(io::Error::last_os_error());
@@ -79,8 +81,7 @@ impl Socket {
         let mut buf: Vec<u8> = Vec::with_capacity(BUF_LEN);
         loop {
             // SAFETY: `buf`'s capacity is writable for `BUF_LEN` bytes.
-            let n =
-                unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), BUF_LEN, 0) };
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), BUF_LEN, 0) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
