@@ -262,6 +262,8 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
 
     veth::bring_up_host(host_nl, pair.host.index, &addrs).await?;
     step("host side");
+    veth::await_container_side(pod_nl, pair.container.index).await?;
+    step("pod side running");
     if addrs.iter().any(|a| a.address.is_ipv4()) {
         write_sysctl("net.ipv4.ip_forward", "1")?;
     }

@@ -227,6 +227,30 @@ pub async fn bring_up_host(
     Ok(())
 }
 
+/// Returns once the pod side can send. The side brought up first (the pod's) gets its
+/// carrier only when the host side comes up, and the kernel activates its transmit queue
+/// later, from its link-watch worker: until then whatever the pod sends is dropped, the
+/// ARP reply to the node's first request among them (the node asks again a second later).
+/// Asking for the link runs that pending work at once on Linux 6.8+; an older kernel is
+/// asked until the worker has run, for at most [`SETTLE_LIMIT`] (then ADD goes on).
+pub async fn await_container_side(pod_nl: &Netlink, index: u32) -> Result<(), NetlinkError> {
+    let started = std::time::Instant::now();
+    while !pod_nl.oper_up(index).await? {
+        if started.elapsed() >= SETTLE_LIMIT {
+            log::warn!(
+                "the pod side (link {index}) is still not operationally up after {SETTLE_LIMIT:?}; going on"
+            );
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// How long ADD waits for the kernel to activate the pod side (see
+/// [`await_container_side`]).
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 #[cfg(test)]
 mod tests {
     use super::*;

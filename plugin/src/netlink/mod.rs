@@ -247,6 +247,32 @@ impl Netlink {
         self.get_link(m, || format!("get link {index}"))
     }
 
+    /// Whether a link's operational state is up (`IFLA_OPERSTATE`). Asking for one link
+    /// runs its pending link-watch work first (Linux 6.8+), so the state is the one the
+    /// kernel honours now.
+    pub async fn oper_up(&self, index: u32) -> Result<bool, NetlinkError> {
+        use rtnetlink::packet_route::link::{LinkExtentMask, State};
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let mut up = false;
+        self.request(
+            RouteNetlinkMessage::GetLink(m),
+            0,
+            || format!("get the state of link {index}"),
+            |m| {
+                if let RouteNetlinkMessage::NewLink(l) = m {
+                    up = l
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, LinkAttribute::OperState(State::Up)));
+                }
+            },
+        )?;
+        Ok(up)
+    }
+
     /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
     pub async fn bpf_filters(
         &self,
