@@ -104,6 +104,7 @@ pub async fn create(
             mac: Some(mac),
             mtu: host.mtu,
             up: false,
+            oper_up: false,
             kind: host.kind.clone(),
             peer_index: Some(host.index),
         },
@@ -235,7 +236,12 @@ pub async fn bring_up_host(
 /// asked until the worker has run, for at most [`SETTLE_LIMIT`] (then ADD goes on).
 pub async fn await_container_side(pod_nl: &Netlink, index: u32) -> Result<(), NetlinkError> {
     let started = std::time::Instant::now();
-    while !pod_nl.oper_up(index).await? {
+    while !pod_nl
+        .link_by_index(index)
+        .await?
+        .ok_or_else(|| missing(&format!("{index}")))?
+        .oper_up
+    {
         if started.elapsed() >= SETTLE_LIMIT {
             log::warn!(
                 "the pod side (link {index}) is still not operationally up after {SETTLE_LIMIT:?}; going on"

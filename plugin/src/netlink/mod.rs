@@ -23,7 +23,10 @@ use rtnetlink::{
     },
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressMessage},
-        link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+        link::{
+            InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
+            LinkMessage, State,
+        },
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
         tc::TcMessage,
         AddressFamily, RouteNetlinkMessage,
@@ -83,6 +86,9 @@ pub struct Link {
     pub mac: Option<[u8; 6]>,
     pub mtu: u32,
     pub up: bool,
+    /// IFLA_OPERSTATE is up. Asking for one link runs its pending link-watch work first
+    /// (Linux 6.8+), so this is the state the kernel honours now.
+    pub oper_up: bool,
     pub kind: Option<String>,
     /// IFLA_LINK: for a veth, the peer's index (in the peer's namespace).
     pub peer_index: Option<u32>,
@@ -96,6 +102,7 @@ impl Link {
             mac: None,
             mtu: 0,
             up: m.header.flags.contains(LinkFlags::Up),
+            oper_up: false,
             kind: None,
             peer_index: None,
         };
@@ -107,6 +114,7 @@ impl Link {
                 }
                 LinkAttribute::Mtu(v) => l.mtu = *v,
                 LinkAttribute::Link(i) => l.peer_index = Some(*i),
+                LinkAttribute::OperState(State::Up) => l.oper_up = true,
                 LinkAttribute::LinkInfo(infos) => {
                     for i in infos {
                         if let LinkInfo::Kind(k) = i {
@@ -217,12 +225,16 @@ impl Netlink {
         }
     }
 
-    /// The one link a request asked for; `None` when the kernel answers `ENODEV`.
+    /// The one link a request asked for; `None` when the kernel answers `ENODEV`. Its
+    /// statistics, which `Link` does not hold, are left out of the answer.
     fn get_link(
         &self,
-        message: LinkMessage,
+        mut message: LinkMessage,
         op: impl FnOnce() -> String,
     ) -> Result<Option<Link>, NetlinkError> {
+        message
+            .attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
         let mut found = None;
         match self.request(RouteNetlinkMessage::GetLink(message), 0, op, |m| {
             if let RouteNetlinkMessage::NewLink(l) = m {
@@ -245,32 +257,6 @@ impl Netlink {
         let mut m = LinkMessage::default();
         m.header.index = index;
         self.get_link(m, || format!("get link {index}"))
-    }
-
-    /// Whether a link's operational state is up (`IFLA_OPERSTATE`). Asking for one link
-    /// runs its pending link-watch work first (Linux 6.8+), so the state is the one the
-    /// kernel honours now.
-    pub async fn oper_up(&self, index: u32) -> Result<bool, NetlinkError> {
-        use rtnetlink::packet_route::link::{LinkExtentMask, State};
-        let mut m = LinkMessage::default();
-        m.header.index = index;
-        m.attributes
-            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
-        let mut up = false;
-        self.request(
-            RouteNetlinkMessage::GetLink(m),
-            0,
-            || format!("get the state of link {index}"),
-            |m| {
-                if let RouteNetlinkMessage::NewLink(l) = m {
-                    up = l
-                        .attributes
-                        .iter()
-                        .any(|a| matches!(a, LinkAttribute::OperState(State::Up)));
-                }
-            },
-        )?;
-        Ok(up)
     }
 
     /// Names of the programs of the `bpf` filters on a link's ingress or egress hook.
