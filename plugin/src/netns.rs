@@ -2,9 +2,12 @@
 //!
 //! A namespace switch is per thread; the guard restores the original namespace (taken from
 //! `/proc/thread-self/ns/net`, not `/proc/<pid>/…`, which names the main thread) and is
-//! `!Send` so it cannot be dropped on another thread.
+//! `!Send` so it cannot be dropped on another thread. Every switch goes through a guard, so
+//! a thread with no guard alive is in its own namespace: that one is opened once per thread
+//! (an ADD enters the pod's namespace three times), a nested guard's original each time.
 
 use std::{
+    cell::{Cell, OnceCell},
     fs::File,
     marker::PhantomData,
     os::fd::{AsFd, AsRawFd},
@@ -19,6 +22,15 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// namespace file. `libc::Ioctl`: the request's type differs between glibc (`c_ulong`) and
 /// musl (`c_int`), and the release binaries are static musl builds.
 const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
+/// The calling thread's own namespace; `/proc/self/…` would name the main thread's.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+thread_local! {
+    /// The thread's namespace while no guard of it is alive, once opened.
+    static HOME: OnceCell<File> = const { OnceCell::new() };
+    /// The thread's live guards.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -90,9 +102,12 @@ impl Netns {
     /// node's), where ADD would put the pod's interface, addresses and routes on the node.
     pub fn open_pod(path: &Path) -> Result<Self, NetnsError> {
         let ns = Self::open(path)?;
-        let current = Self::current()?;
-        let (a, b) = (ns.file.metadata(), current.file.metadata());
-        if let (Ok(a), Ok(b)) = (a, b) {
+        let current = if DEPTH.get() == 0 {
+            with_home(|home| home.metadata())?
+        } else {
+            std::fs::metadata(THREAD_NETNS)
+        };
+        if let (Ok(a), Ok(b)) = (ns.file.metadata(), current) {
             if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
                 return Err(NetnsError::NodeNetns {
                     path: path.to_owned(),
@@ -100,11 +115,6 @@ impl Netns {
             }
         }
         Ok(ns)
-    }
-
-    /// The namespace of the calling thread.
-    pub fn current() -> Result<Self, NetnsError> {
-        Self::open(Path::new("/proc/thread-self/ns/net"))
     }
 
     pub fn path(&self) -> &Path {
@@ -125,21 +135,47 @@ impl Netns {
     }
 }
 
+/// Runs `f` on the thread's own namespace file, opening it on first use. Only while no
+/// guard is alive on the thread is that the namespace it is in.
+fn with_home<T>(f: impl FnOnce(&File) -> T) -> Result<T, NetnsError> {
+    HOME.with(|home| {
+        if home.get().is_none() {
+            let file = File::open(THREAD_NETNS).map_err(|source| NetnsError::Open {
+                path: THREAD_NETNS.into(),
+                source,
+            })?;
+            let _ = home.set(file);
+        }
+        Ok(f(home.get().expect("set above")))
+    })
+}
+
 /// While alive, the current thread is in another network namespace.
 pub struct NetnsGuard {
-    original: Netns,
+    /// `None`: the thread's own namespace ([`HOME`]); a nested guard's original is the
+    /// namespace the outer one entered.
+    original: Option<File>,
     _not_send: PhantomData<*const ()>,
 }
 
 impl NetnsGuard {
     fn enter(target: &Netns) -> Result<Self, NetnsError> {
-        let original = Netns::current()?;
+        let original = if DEPTH.get() == 0 {
+            with_home(|_| ())?;
+            None
+        } else {
+            Some(File::open(THREAD_NETNS).map_err(|source| NetnsError::Open {
+                path: THREAD_NETNS.into(),
+                source,
+            })?)
+        };
         setns(target.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
             NetnsError::Enter {
                 path: target.path.clone(),
                 source,
             }
         })?;
+        DEPTH.set(DEPTH.get() + 1);
         Ok(Self {
             original,
             _not_send: PhantomData,
@@ -149,11 +185,19 @@ impl NetnsGuard {
 
 impl Drop for NetnsGuard {
     fn drop(&mut self) {
-        if let Err(e) = setns(self.original.file.as_fd(), CloneFlags::CLONE_NEWNET) {
+        let back = match &self.original {
+            Some(file) => setns(file.as_fd(), CloneFlags::CLONE_NEWNET),
+            None => HOME.with(|home| {
+                let home = home.get().expect("opened by the outermost guard");
+                setns(home.as_fd(), CloneFlags::CLONE_NEWNET)
+            }),
+        };
+        if let Err(e) = back {
             // Carrying on in the wrong namespace would configure the wrong network.
             log::error!("failed to return to the original network namespace: {e}");
             std::process::abort();
         }
+        DEPTH.set(DEPTH.get() - 1);
     }
 }
 
@@ -182,7 +226,56 @@ mod tests {
         }
         let err = Netns::open(&tmp.path().join("missing")).unwrap_err();
         assert!(err.is_not_found(), "{err}");
-        assert!(Netns::open(Path::new("/proc/thread-self/ns/net")).is_ok());
+        assert!(Netns::open(Path::new(THREAD_NETNS)).is_ok());
+    }
+
+    fn thread_netns_inode() -> u64 {
+        std::fs::metadata(THREAD_NETNS).unwrap().ino()
+    }
+
+    /// Needs CAP_SYS_ADMIN (the suite runs as root): a thread's own namespace is opened
+    /// once and nested guards each return to the namespace they left.
+    #[test]
+    fn nested_guards_return_to_the_namespace_each_left() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "entering namespaces needs root"
+        );
+        // A namespace of its own, made by a thread that then stays in it.
+        let other = std::thread::spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
+            Netns::open(Path::new(THREAD_NETNS)).unwrap()
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(move || {
+            let own = Netns::open(Path::new(THREAD_NETNS)).unwrap();
+            // A path that names this namespace from any other.
+            let own_path = PathBuf::from(format!("/proc/self/fd/{}", own.raw_fd()));
+            let (home, away) = (own.inode(), other.inode());
+            assert_ne!(home, away);
+            for _ in 0..2 {
+                let outer = other.enter().unwrap();
+                assert_eq!(thread_netns_inode(), away);
+                {
+                    let _inner = own.enter().unwrap();
+                    assert_eq!(thread_netns_inode(), home);
+                    let err = Netns::open_pod(&own_path).unwrap_err();
+                    assert!(matches!(err, NetnsError::NodeNetns { .. }), "{err}");
+                }
+                assert_eq!(
+                    thread_netns_inode(),
+                    away,
+                    "the inner guard returns to the outer's"
+                );
+                assert!(Netns::open_pod(&own_path).is_ok());
+                drop(outer);
+                assert_eq!(thread_netns_inode(), home);
+                assert_eq!(DEPTH.get(), 0);
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
