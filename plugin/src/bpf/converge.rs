@@ -175,11 +175,16 @@ impl Plan {
 }
 
 /// Compares the node's state with `view`; reads only.
-fn plan(root: &PinRoot, node: &NodeId, view: &NodeView) -> Result<Plan, BpfError> {
+fn plan(
+    root: &PinRoot,
+    node: &NodeId,
+    view: &NodeView,
+    ports: &mut Option<PortMaps>,
+) -> Result<Plan, BpfError> {
     let mut p = Plan::default();
     plan_devices(root, node, &view.devices, view.mode, &mut p);
-    if root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
-        let pm = PortMaps::open(root, node)?;
+    if ports.is_some() || root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        let pm = PortMaps::opened(ports, root, node)?;
         if pm.enabled() {
             let have = pm.node_addrs();
             let mut want = view.addrs.clone();
@@ -244,6 +249,7 @@ fn apply(
     view: &NodeView,
     plan: &Plan,
     progs: &mut Option<Programs>,
+    ports: &mut Option<PortMaps>,
 ) -> Result<(), BpfError> {
     let mut device_err = None;
     for dev in plan.attach.iter().chain(&plan.reattach) {
@@ -262,7 +268,7 @@ fn apply(
         let _ = links::remove_dir_pins(&dir, &path);
     }
     if plan.node_addrs.is_some() {
-        PortMaps::open(root, node)?.sync_node_addrs(&view.addrs)?;
+        PortMaps::opened(ports, root, node)?.sync_node_addrs(&view.addrs)?;
     }
     if plan.masq_sources {
         if let Some(mut m) = MasqMaps::open(root, node)? {
@@ -315,7 +321,7 @@ fn attach_device(
 /// the node was in line or has no pods (no node directory: nothing to converge).
 pub fn converge(node: &NodeId, view: &NodeView, by: ConvergedBy) -> Result<Vec<String>, BpfError> {
     let root = PinRoot::from_env();
-    if !root.node_dir(node).exists() || plan(&root, node, view)?.is_empty() {
+    if !root.node_dir(node).exists() || plan(&root, node, view, &mut None)?.is_empty() {
         return Ok(Vec::new());
     }
     let _lock = NodeLock::take(&root)?;
@@ -323,23 +329,25 @@ pub fn converge(node: &NodeId, view: &NodeView, by: ConvergedBy) -> Result<Vec<S
     if !root.node_dir(node).exists() {
         return Ok(Vec::new());
     }
-    converge_locked(&root, node, view, by, &mut None)
+    converge_locked(&root, node, view, by, &mut None, &mut None)
 }
 
-/// Converges the node with the lock held (ADD holds it, with its programs open).
+/// Converges the node with the lock held (ADD holds it, with its programs open, and keeps
+/// the host-port maps `ports` opened for its own entries).
 pub(super) fn converge_locked(
     root: &PinRoot,
     node: &NodeId,
     view: &NodeView,
     by: ConvergedBy,
     progs: &mut Option<Programs>,
+    ports: &mut Option<PortMaps>,
 ) -> Result<Vec<String>, BpfError> {
-    let plan = plan(root, node, view)?;
+    let plan = plan(root, node, view, ports)?;
     if plan.is_empty() {
         return Ok(Vec::new());
     }
     let lines = plan.describe();
-    let res = apply(root, node, view, &plan, progs);
+    let res = apply(root, node, view, &plan, progs, ports);
     // Recorded even when a device failed: the rest changed.
     record(root, node, by)?;
     for l in &lines {

@@ -159,7 +159,12 @@ impl PinRoot {
 
     /// A loaded program of one object revision.
     pub fn program(&self, node: &NodeId, revision: &str, name: &str) -> PathBuf {
-        self.programs_dir(node).join(revision).join(name)
+        self.revision_dir(node, revision).join(name)
+    }
+
+    /// `programs/<revision>`: the programs one build loaded, each pinned under its name.
+    pub fn revision_dir(&self, node: &NodeId, revision: &str) -> PathBuf {
+        self.programs_dir(node).join(revision)
     }
 
     /// `cgroup/`: the links of the socket programs on the cgroup v2 root, each pinned under

@@ -50,7 +50,10 @@ pub fn add_pod(
         path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
     })?;
     step("maps");
-    if let Err(e) = converge::converge_locked(&root, node, view, ConvergedBy::Add, &mut progs) {
+    let mut ports = None;
+    if let Err(e) =
+        converge::converge_locked(&root, node, view, ConvergedBy::Add, &mut progs, &mut ports)
+    {
         // The pod works without them (traffic from devices then takes the stack).
         log::warn!("node devices: {e}");
     }
@@ -73,6 +76,7 @@ pub fn add_pod(
             key,
             pins: &pins,
             maps: &mut maps,
+            ports: &mut ports,
             view,
         };
         for cap in CAPABILITIES {

@@ -25,7 +25,7 @@ impl Capability for HostPorts {
             return Ok(());
         }
         let (root, node, id) = (cx.root, cx.node, cx.key.id());
-        let mut pm = PortMaps::open(root, node)?;
+        let pm = PortMaps::opened(cx.ports, root, node)?;
         pm.ensure_free(id, &pod.ports)?;
         // Attached first: without SO_NETNS_COOKIE (before 5.14) `ecni_connect4` itself
         // tells the node's cookie. Until the config holds it, the programs act on no socket.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use super::spec::{PodSpec, Veth};
 use crate::bpf::{
     converge::NodeView,
-    maps::Maps,
+    maps::{ports::PortMaps, Maps},
     pin::{AttachmentPins, NodeId, PinRoot},
     AttachmentKey, BpfError,
 };
@@ -33,6 +33,9 @@ pub(in crate::bpf) struct Install<'a> {
     pub key: &'a AttachmentKey<'a>,
     pub pins: &'a AttachmentPins,
     pub maps: &'a mut Maps,
+    /// The host-port maps, once something of this ADD opened them (the node's convergence
+    /// reads them before the capabilities run): opened once per ADD, not once per use.
+    pub ports: &'a mut Option<PortMaps>,
     /// The node as ADD found it (its addresses, masquerade's sources).
     pub view: &'a NodeView,
 }

@@ -112,6 +112,18 @@ impl PortMaps {
         })
     }
 
+    /// The maps in `slot`, opened there first if they are not yet.
+    pub fn opened<'s>(
+        slot: &'s mut Option<Self>,
+        root: &PinRoot,
+        node: &NodeId,
+    ) -> Result<&'s mut Self, BpfError> {
+        if slot.is_none() {
+            *slot = Some(Self::open(root, node)?);
+        }
+        Ok(slot.as_mut().expect("opened above"))
+    }
+
     /// Refuses a host port another live attachment holds. An entry whose host veth is gone
     /// is stale (its DEL never came) and may be replaced.
     pub fn ensure_free(&self, attachment_id: u64, entries: &[PortEntry]) -> Result<(), BpfError> {
