@@ -9,7 +9,7 @@ use super::{
 };
 use crate::bpf::{
     cgroup, cookie,
-    maps::ports::{self, PortMaps},
+    maps::ports::{self, PortMaps, RemovedMapping},
     BpfError,
 };
 
@@ -81,8 +81,19 @@ impl Capability for HostPorts {
             return Ok(false);
         }
         let removed = PortMaps::open(root, node)?.remove(cx.key.id(), &keys)?;
-        for (key, target) in &removed {
+        for RemovedMapping {
+            key,
+            target,
+            node_sockets,
+        } in &removed
+        {
             if key.proto != ebpf_cni_maps::IPPROTO_TCP && key.proto != ebpf_cni_maps::IPPROTO_UDP {
+                continue;
+            }
+            // No socket of the node ever went through this mapping: nothing to close, and
+            // no dump (each walks the kernel's whole established hash, every namespace's,
+            // milliseconds on a large machine).
+            if *node_sockets == 0 {
                 continue;
             }
             let pod = crate::bpf::keys::key_ip(&ebpf_cni_maps::EndpointKey {

@@ -90,6 +90,17 @@ pub struct PortMaps {
     config: Array<MapData, NodeConfig>,
 }
 
+/// A mapping [`PortMaps::remove`] took out.
+#[derive(Debug, Clone)]
+pub struct RemovedMapping {
+    pub key: PortKey,
+    pub target: PortTarget,
+    /// Connections and datagrams of the node's own processes the socket programs sent
+    /// through it (its `socket` hits, summed over CPUs): with none, no socket of the node
+    /// can be connected to the pod through it.
+    pub node_sockets: u64,
+}
+
 /// One installed mapping, for `inspect`.
 #[derive(Debug, Clone)]
 pub struct InstalledMapping {
@@ -173,7 +184,7 @@ impl PortMaps {
         &mut self,
         attachment_id: u64,
         keys: &[PortKey],
-    ) -> Result<Vec<(PortKey, PortTarget)>, BpfError> {
+    ) -> Result<Vec<RemovedMapping>, BpfError> {
         let mut removed = Vec::new();
         for key in keys {
             let target = match self.mappings.get(key, 0) {
@@ -184,8 +195,20 @@ impl PortMaps {
                 Err(e) if !is_not_found(&e) => {
                     return Err(update_err(PORTMAP_MAP, describe_key(key))(e))
                 }
-                _ => removed.push((*key, target)),
+                _ => {}
             }
+            // Read once the mapping is gone, so no socket program translates through it
+            // any more (one already running on another CPU may still count after this).
+            let node_sockets = self.hits.get(key, 0).map_or(0, |per_cpu| {
+                per_cpu
+                    .iter()
+                    .fold(0u64, |sum, h| sum.wrapping_add(h.socket))
+            });
+            removed.push(RemovedMapping {
+                key: *key,
+                target,
+                node_sockets,
+            });
             match self.hits.remove(key) {
                 Err(e) if !is_not_found(&e) => {
                     return Err(update_err(PORTMAP_HITS_MAP, describe_key(key))(e))
