@@ -1021,3 +1021,71 @@ fn inspect_shows_the_masquerade_state() {
     );
     del(&p, &node, &pod, &conf);
 }
+
+/// Whether the DEL traced in `trace` (`strace -e trace=bpf,close`) walked the flow table:
+/// a `BPF_MAP_GET_NEXT_KEY` from the start on a descriptor of `ECNI_MASQ_FWD`, before that
+/// descriptor's close.
+fn walked_the_flow_table(trace: &str) -> bool {
+    let mut fwd: Option<String> = None;
+    for line in trace.lines() {
+        if line.contains("BPF_OBJ_GET") && line.contains("/ECNI_MASQ_FWD\"") {
+            fwd = line.rsplit("= ").next().map(|fd| fd.trim().to_owned());
+        } else if let Some(fd) = &fwd {
+            if line.contains(&format!("BPF_MAP_GET_NEXT_KEY, {{map_fd={fd}, key=NULL")) {
+                return true;
+            }
+            if line.contains(&format!("close({fd})")) {
+                fwd = None;
+            }
+        }
+    }
+    false
+}
+
+/// DEL removes a pod's masqueraded flows by walking the node's whole flow table (a large
+/// hash: about 0.5 ms even empty). A node that does not masquerade holds no flow of a live
+/// pod (the flag goes on with its first masquerading pod and off with its last, after that
+/// pod's flows), so there DEL does not walk it; on a masquerading node it does, and the
+/// pod's flows go.
+#[test]
+fn del_walks_the_flow_table_only_on_a_masquerading_node() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    for masquerading in [false, true] {
+        let traced = ebpf_cni_tests::strace::Traced::new(&p.bin, "bpf,close").unwrap();
+        let t = PluginUnderTest::at(traced.wrapper.clone());
+        let node = Node::new().unwrap();
+        let ext = unrouted_host(&node, 86);
+        let mut conf = p.conf("1.0.0", &node, Stack::V4);
+        conf["ipMasq"] = json!(masquerading);
+        let pod = add(&p, &node, &conf);
+        // A second pod keeps the node (and its maps) when the first goes.
+        let other = add(&p, &node, &conf);
+        if masquerading {
+            udp_echo(&pod.ns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
+            assert_eq!(
+                dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len(),
+                1,
+                "control: the pod's UDP flow"
+            );
+        }
+        del(&t, &node, &pod, &conf);
+        let trace = traced.log().unwrap();
+        assert!(
+            trace.contains("/ECNI_MASQ_FWD\""),
+            "control: the DEL opened the flow table; its bpf calls:\n{trace}"
+        );
+        assert_eq!(
+            walked_the_flow_table(&trace),
+            masquerading,
+            "masquerading node: {masquerading}; the DEL's bpf and close calls:\n{trace}"
+        );
+        if masquerading {
+            assert!(
+                dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().is_empty(),
+                "the pod's flow goes with it"
+            );
+        }
+        del(&p, &node, &other, &conf);
+    }
+}

@@ -198,6 +198,12 @@ impl MasqMaps {
         self.node_config().flags & NODE_FLAG_MASQ != 0
     }
 
+    /// Whether the node masquerades, or holds ports reserved for it: what a pod that
+    /// masquerades turns on and the node's last one turns off.
+    pub fn engaged(&self) -> bool {
+        self.node_config().flags & (NODE_FLAG_MASQ | NODE_FLAG_MASQ_RESERVED) != 0
+    }
+
     /// Whether the source map holds exactly what [`Self::sync_sources`] would write.
     pub fn sources_in_line(&self, sources: &[(u32, IpAddr)]) -> bool {
         let have: std::collections::BTreeMap<u64, EndpointKey> =

@@ -47,7 +47,15 @@ impl Capability for Masquerade {
         let Some(mut m) = MasqMaps::open(cx.root, cx.node)? else {
             return Ok(false);
         };
-        let n = m.remove_flows(&cx.ips);
+        // A node that does not masquerade holds no flow of a live pod: the flag goes on
+        // with its first masquerading pod and off with the last, after that pod's flows.
+        // Skipped there, the walk of the whole flow table (a large hash, ~0.5 ms even
+        // when empty) is paid on masquerading nodes only.
+        let n = if m.engaged() {
+            m.remove_flows(&cx.ips)
+        } else {
+            0
+        };
         if n > 0 {
             log::debug!("removed {n} masqueraded flows of {:?}", cx.ips);
         }
