@@ -135,16 +135,20 @@ impl Netns {
     }
 }
 
+/// The namespace the calling thread is in now, opened (no checks: it is one).
+fn open_thread_netns() -> Result<File, NetnsError> {
+    File::open(THREAD_NETNS).map_err(|source| NetnsError::Open {
+        path: THREAD_NETNS.into(),
+        source,
+    })
+}
+
 /// Runs `f` on the thread's own namespace file, opening it on first use. Only while no
 /// guard is alive on the thread is that the namespace it is in.
 fn with_home<T>(f: impl FnOnce(&File) -> T) -> Result<T, NetnsError> {
     HOME.with(|home| {
         if home.get().is_none() {
-            let file = File::open(THREAD_NETNS).map_err(|source| NetnsError::Open {
-                path: THREAD_NETNS.into(),
-                source,
-            })?;
-            let _ = home.set(file);
+            let _ = home.set(open_thread_netns()?);
         }
         Ok(f(home.get().expect("set above")))
     })
@@ -164,10 +168,7 @@ impl NetnsGuard {
             with_home(|_| ())?;
             None
         } else {
-            Some(File::open(THREAD_NETNS).map_err(|source| NetnsError::Open {
-                path: THREAD_NETNS.into(),
-                source,
-            })?)
+            Some(open_thread_netns()?)
         };
         setns(target.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
             NetnsError::Enter {
@@ -233,8 +234,9 @@ mod tests {
         std::fs::metadata(THREAD_NETNS).unwrap().ino()
     }
 
-    /// Needs CAP_SYS_ADMIN (the suite runs as root): a thread's own namespace is opened
-    /// once and nested guards each return to the namespace they left.
+    /// Needs CAP_SYS_ADMIN (the suite runs as root): guards, nested and repeated, each
+    /// return to the namespace they left (the outermost to the thread's own, opened once),
+    /// and a pod's namespace is compared with the one the thread is in.
     #[test]
     fn nested_guards_return_to_the_namespace_each_left() {
         assert!(
