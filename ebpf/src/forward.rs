@@ -20,7 +20,7 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
     maps::{count, endpoint, endpoint_in_map, no_limits, AlignedKey, Dir, Event},
-    masq::{self, Reply, Snat, Want},
+    masq::{self, MasqHint, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
@@ -226,7 +226,7 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     // After the limiter and the count: every frame of the pod spends its tokens and is
     // counted, spoofed or not, and the verifier walks the limiter once, not once per
     // verdict of the check.
-    match source::check(ctx, me) {
+    let src_masq = match source::check(ctx, me) {
         Source::BadAddress => {
             count(me, Dir::FromPod, Event::SourceDrop, len);
             note(Note::SourceDropped(me));
@@ -239,8 +239,9 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         }
         // Link-local and unspecified sources: the stack's, never forwarded.
         Source::Stack => return PASS,
-        Source::Pass => {}
-    }
+        Source::Pass => MasqHint::LookUp,
+        Source::PassMasq => MasqHint::Yes,
+    };
     if !CHAINED {
         if let Some(rc) = answer_arp(ctx, me) {
             return rc;
@@ -284,7 +285,7 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         let masq = if CHAINED || nat != Nat::None {
             Want::No
         } else {
-            masq::wanted(ctx)
+            masq::wanted(ctx, src_masq)
         };
         if masq == Want::Untranslatable {
             count(me, Dir::FromPod, Event::Drop, len);

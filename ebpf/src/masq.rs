@@ -45,7 +45,7 @@ use ebpf_cni_maps::{
 };
 
 use crate::{
-    maps::{endpoint, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
+    maps::{endpoint_in_map, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
     packet::{self, copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN},
     rewrite::{self, End},
     tcp_ts,
@@ -292,11 +292,23 @@ fn local_port_field(proto: u8, leaving: bool) -> usize {
     }
 }
 
+/// What the source check's rule told about the sending pod's masquerade.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MasqHint {
+    /// Nothing (no rule, an extra prefix, a pod that does not masquerade, a rule of an
+    /// earlier release): the source's endpoint says.
+    LookUp = 0,
+    /// The source is the pod's own address and the pod masquerades (`SOURCE_PASS_MASQ`).
+    Yes = 1,
+}
+
 /// A packet a pod sends to a destination that is not a local pod: whether it is to be
 /// masqueraded (its pod masquerades, the destination is outside the skip trie), and if so
-/// whether it can be. The flow is left in the scratch slot for `snat`.
+/// whether it can be. The flow is left in the scratch slot for `snat`. `hint` is the
+/// source check's word on the pod: with `Yes`, its endpoint is not looked up again.
 #[inline(never)]
-pub fn wanted(ctx: &TcContext) -> Want {
+pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
     if !enabled() {
         return Want::No;
     }
@@ -307,9 +319,11 @@ pub fn wanted(ctx: &TcContext) -> Want {
     let Some(plain) = parse_ip(ctx, f) else {
         return Want::No;
     };
-    match endpoint(&EndpointKey { addr: f.fwd.local }) {
-        Some(ep) if ep.flags & EP_FLAG_MASQ != 0 => {}
-        _ => return Want::No,
+    if hint != MasqHint::Yes {
+        match endpoint_in_map(&EndpointKey { addr: f.fwd.local }) {
+            Some(ep) if ep.flags & EP_FLAG_MASQ != 0 => {}
+            _ => return Want::No,
+        }
     }
     f.skip.prefix_len = 128;
     copy16(&mut f.skip.data, &f.fwd.remote);

@@ -34,7 +34,7 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{
     str_eq, SourceKey, SourceRule, IPPROTO_ICMPV6, IPPROTO_UDP, MAX_SOURCES, SOURCE_FAMILY_V4,
-    SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_PASS,
+    SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_PASS, SOURCE_PASS_MASQ,
 };
 
 use crate::packet::{
@@ -64,6 +64,9 @@ pub enum Source {
     BadAddress = 2,
     /// The source MAC is not the pod interface's: drop.
     BadMac = 3,
+    /// As `Pass`, from the pod's own address, and the pod masquerades
+    /// ([`SOURCE_PASS_MASQ`]): masquerade need not look the source's endpoint up.
+    PassMasq = 4,
 }
 
 /// The check of the frame in `ctx`, sent by the pod behind host veth `ifindex`.
@@ -71,6 +74,7 @@ pub enum Source {
 pub fn check(ctx: &TcContext, ifindex: u32) -> Source {
     match ecni_source_check(ctx.skb.skb, ifindex) {
         v if v == Source::Pass as u32 => Source::Pass,
+        v if v == Source::PassMasq as u32 => Source::PassMasq,
         v if v == Source::Stack as u32 => Source::Stack,
         v if v == Source::BadMac as u32 => Source::BadMac,
         _ => Source::BadAddress,
@@ -199,6 +203,9 @@ fn verdict(ctx: &TcContext, ifindex: u32) -> Source {
     }
     if rule.verdict == SOURCE_PASS {
         return Source::Pass;
+    }
+    if rule.verdict == SOURCE_PASS_MASQ {
+        return Source::PassMasq;
     }
     if link_only {
         return Source::Stack;

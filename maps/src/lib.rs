@@ -703,7 +703,8 @@ pub struct SourceRule {
     pub attachment_id: u64,
     /// The pod interface's MAC: frames from the pod must carry it as their source.
     pub mac: [u8; 6],
-    /// [`SOURCE_PASS`] or [`SOURCE_REFUSE`]; the programs refuse any other.
+    /// [`SOURCE_PASS`], [`SOURCE_PASS_MASQ`] or [`SOURCE_REFUSE`]; the programs refuse any
+    /// other.
     pub verdict: u16,
 }
 
@@ -711,6 +712,15 @@ const _: () = assert!(core::mem::size_of::<SourceRule>() == 16);
 
 /// [`SourceRule::verdict`]: the pod may send from this address or prefix.
 pub const SOURCE_PASS: u16 = 1;
+/// The pod may send from this address, its own, and it masquerades (`ipMasq`, its
+/// endpoints carry [`EP_FLAG_MASQ`]): the programs take masquerade's decision from the
+/// rule the source check found, with no second lookup of the source's endpoint. Only a
+/// pod's own addresses (/32, /128) carry it, only where the pod masquerades; an extra
+/// prefix, and the own address of a pod that does not masquerade, are [`SOURCE_PASS`],
+/// as every entry of a release before this verdict is: the programs then look the
+/// endpoint up. Programs of such a release would refuse it; they never read it (each
+/// pod's entries are written by the release whose programs its host veth holds).
+pub const SOURCE_PASS_MASQ: u16 = 3;
 /// A pod's catch-all: any other source is dropped (IPv6 link-local and the unspecified
 /// addresses excepted where their protocols need them).
 pub const SOURCE_REFUSE: u16 = 2;

@@ -167,7 +167,7 @@ impl SourceConf {
 pub fn result_value(check: &SourceCheck) -> Value {
     match check {
         SourceCheck::Off => json!({ "enabled": false }),
-        SourceCheck::On { mac, allowed } => json!({
+        SourceCheck::On { mac, allowed, .. } => json!({
             "enabled": true,
             "mac": format_mac(mac),
             "allowedPrefixes": allowed.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -253,6 +253,7 @@ mod tests {
                     "10.88.0.5/32".parse().unwrap(),
                     "fd00::5/128".parse().unwrap()
                 ],
+                masq_addrs: Vec::new(),
             }
         );
         assert_eq!(

@@ -1027,9 +1027,14 @@ impl Lab {
     /// The source check of pod `p`: its own addresses pass, every other source is
     /// refused, frames must carry its MAC.
     pub fn source_check(&mut self, p: &Pod) {
+        self.source_check_as(p, ebpf_cni_maps::SOURCE_PASS);
+    }
+
+    /// [`Self::source_check`] with `own` as the verdict of the pod's own addresses
+    /// (`SOURCE_PASS`, or `SOURCE_PASS_MASQ` as ADD writes it for a masquerading pod).
+    pub fn source_check_as(&mut self, p: &Pod, own: u16) {
         use ebpf_cni_maps::{
-            SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_PASS, SOURCE_POD_BITS,
-            SOURCE_REFUSE,
+            SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_POD_BITS, SOURCE_REFUSE,
         };
         let rule = |verdict| SourceRule {
             attachment_id: p.attachment_id,
@@ -1045,7 +1050,7 @@ impl Lab {
                 family: SOURCE_FAMILY_V4,
                 addr: v4,
             },
-            rule(SOURCE_PASS),
+            rule(own),
         );
         self.progs.set_source(
             SOURCE_HEAD_BITS + 128,
@@ -1054,7 +1059,7 @@ impl Lab {
                 family: SOURCE_FAMILY_V6,
                 addr: p.v6.octets(),
             },
-            rule(SOURCE_PASS),
+            rule(own),
         );
         self.progs.set_source(
             SOURCE_POD_BITS,

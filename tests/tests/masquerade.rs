@@ -14,7 +14,7 @@ use std::time::Duration;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo};
+use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo, udp_echo_with};
 use ebpf_cni_tests::{require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest};
 use serde_json::{json, Value};
 
@@ -1088,4 +1088,101 @@ fn del_walks_the_flow_table_only_on_a_masquerading_node() {
         }
         del(&p, &node, &other, &conf);
     }
+}
+
+/// The source map's entry of a masquerading pod's own address says that the pod
+/// masquerades (`SOURCE_PASS_MASQ`), and the pod program decides from that entry, which
+/// its source check has just found: it does not look the pod's endpoint up a second time.
+/// An extra prefix, and the own address of a pod that does not masquerade, keep
+/// `SOURCE_PASS`. Entries written by an earlier release also say `SOURCE_PASS`: CHECK
+/// accepts them, and the programs then look the endpoint up.
+#[test]
+fn a_masquerading_pods_source_entries_say_it_masquerades() {
+    use ebpf_cni_maps::{SOURCE_PASS, SOURCE_PASS_MASQ};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, 87);
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    conf["allowedSourcePrefixes"] = json!(["10.99.0.0/16"]);
+    let pod = add(&p, &node, &conf);
+    let plain_conf = p.conf("1.0.0", &node, Stack::V4);
+    let plain = add(&p, &node, &plain_conf);
+    let entry = |ip: IpAddr, bits: u8| {
+        dp::sources(&node)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.prefix == Some((ip, bits)))
+            .unwrap_or_else(|| panic!("no source entry for {ip}/{bits}"))
+    };
+    let set_verdict = |e: &dp::SourceEntry, verdict: u16| {
+        let mut value = e.raw_value.clone();
+        value[14..16].copy_from_slice(&verdict.to_le_bytes());
+        dp::update_raw(&node, dp::SOURCES_MAP, &e.raw_key, &value).unwrap();
+    };
+    let check = |pod: &Pod, conf: &Value| {
+        let mut c = conf.clone();
+        c["prevResult"] = pod.result.clone();
+        p.run(
+            &node,
+            CniCommand::Check,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            c.to_string(),
+        )
+    };
+    let (own, plain_own) = (entry(pod.ips[0], 32), entry(plain.ips[0], 32));
+    assert_eq!(own.verdict, SOURCE_PASS_MASQ, "{own:?}");
+    let extra = entry("10.99.0.0".parse().unwrap(), 16);
+    assert_eq!(extra.verdict, SOURCE_PASS, "an extra prefix: {extra:?}");
+    assert_eq!(plain_own.verdict, SOURCE_PASS, "{plain_own:?}");
+    check(&pod, &conf).expect_success("CHECK of the masquerading pod");
+    check(&plain, &plain_conf).expect_success("CHECK of the other pod");
+
+    let dst = IpAddr::V4(ext.v4);
+    let seen_from = |from: &Pod| {
+        udp_echo_with(&from.ns, ext.netns(), dst, 0, Duration::from_secs(3))
+            .map(|e| e.client_addr.ip())
+    };
+    let node_addr = IpAddr::V4(ext.node_v4);
+    assert_eq!(seen_from(&pod).unwrap(), node_addr, "the masquerading pod");
+    assert!(
+        seen_from(&plain).is_err(),
+        "control: a pod without ipMasq reached {dst}, which has no route to it"
+    );
+
+    // As an earlier release wrote it: CHECK passes, the endpoint decides.
+    set_verdict(&own, SOURCE_PASS);
+    check(&pod, &conf).expect_success("CHECK of an entry an earlier release wrote");
+    assert_eq!(
+        seen_from(&pod).unwrap(),
+        node_addr,
+        "the masquerading pod, its entry as an earlier release wrote it"
+    );
+
+    // The entry decides: the other pod's, made to say it masquerades, sends its packets
+    // out masqueraded although its endpoint does not; CHECK finds the entry is not ADD's.
+    set_verdict(&plain_own, SOURCE_PASS_MASQ);
+    let err = check(&plain, &plain_conf).expect_error(105, "CHECK of a tampered entry");
+    let text = err.text_lower();
+    for w in ["source check", &format!("{}/32", plain.ips[0]), "verdict 3"] {
+        assert!(
+            text.contains(w),
+            "CHECK's message does not name {w:?}: {err:?}"
+        );
+    }
+    assert_eq!(
+        seen_from(&plain).expect("the other pod, its entry saying it masquerades"),
+        node_addr,
+        "the other pod, its entry saying it masquerades"
+    );
+    set_verdict(&plain_own, SOURCE_PASS);
+    check(&plain, &plain_conf).expect_success("CHECK of the entry put back");
+
+    del(&p, &node, &pod, &conf);
+    del(&p, &node, &plain, &plain_conf);
+    assert!(
+        dp::sources(&node).unwrap().is_empty(),
+        "DEL left source entries"
+    );
 }

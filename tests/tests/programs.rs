@@ -639,6 +639,59 @@ fn masquerade_translates_icmp_echo_out_and_back() {
     }
 }
 
+/// The source entry of a pod's own address can say that the pod masquerades
+/// (`SOURCE_PASS_MASQ`, as ADD writes it for an `ipMasq` pod): the pod program then
+/// masquerades on the word of the entry its check found, without the endpoint's flag.
+/// With `SOURCE_PASS` (an extra prefix, an entry of an earlier release) the endpoint
+/// decides, as it does for a pod without a source check.
+#[test]
+fn masquerade_takes_the_pods_word_from_its_source_entry() {
+    use ebpf_cni_maps::{SOURCE_PASS, SOURCE_PASS_MASQ};
+    let mut lab = masquerading_lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    let mut port = 40_100;
+    for v4 in [true, false] {
+        let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
+        let mut leaves_from = |lab: &Lab, p: &Pod| {
+            port += 1;
+            let frame = from(p, remote, L4::udp(port, 53)).payload(16).frame();
+            let r = lab.from_pod(p, &frame);
+            assert_eq!(
+                r.verdict,
+                Verdict::Redirect,
+                "{} from {:?}",
+                family(v4),
+                p.v4
+            );
+            checksums_ok(&r.frame, family(v4));
+            parse(&r.frame).src
+        };
+        lab.source_check_as(&a, SOURCE_PASS);
+        lab.source_check_as(&b, SOURCE_PASS);
+        assert_eq!(
+            leaves_from(&lab, &a),
+            node,
+            "{}: a's endpoint masquerades",
+            family(v4)
+        );
+        assert_eq!(
+            leaves_from(&lab, &b),
+            b.addr(v4),
+            "{}: b's does not",
+            family(v4)
+        );
+        lab.source_check_as(&a, SOURCE_PASS_MASQ);
+        lab.source_check_as(&b, SOURCE_PASS_MASQ);
+        assert_eq!(leaves_from(&lab, &a), node, "{}: a's entry", family(v4));
+        assert_eq!(
+            leaves_from(&lab, &b),
+            node,
+            "{}: b's entry says it masquerades, its endpoint does not",
+            family(v4)
+        );
+    }
+}
+
 /// Packets of an established flow (after its first, which allocated the port): each
 /// leaves from the node's address and port, and each answer comes back to the pod's,
 /// with every checksum valid and the payload untouched, in both families, for TCP
@@ -1482,10 +1535,15 @@ fn a_new_flow_prefers_a_port_that_needs_no_timestamp_shift() {
 fn masquerade_cost_per_packet() {
     const ROUNDS: usize = 40;
     const PER_ROUND: usize = 500;
-    let lab = masquerading_lab();
-    let (a, b) = (&lab.a, &lab.b);
+    let mut lab = masquerading_lab();
+    // Both pods checked, as ADD leaves them by default.
+    let (pa, pb) = (lab.a.clone(), lab.b.clone());
+    lab.source_check_as(&pa, ebpf_cni_maps::SOURCE_PASS_MASQ);
+    lab.source_check(&pb);
+    let (a, b) = (&pa, &pb);
     for v4 in [true, false] {
         let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
+        lab.source_check_as(a, ebpf_cni_maps::SOURCE_PASS_MASQ);
         let syn = from(a, remote, L4::tcp(40_000, 80, TCP_SYN)).frame();
         let port = parse(&lab.from_pod(a, &syn).frame).ports().0;
         let seg = |p: &Pod| {
@@ -1498,25 +1556,47 @@ fn masquerade_cost_per_packet() {
                 .payload(64)
                 .frame()
         };
-        let cases: [(&str, &str, u32, Vec<u8>); 4] = [
-            ("from_pod routed", PROG_FROM_POD, b.ifindex, seg(b)),
-            ("from_pod masqueraded", PROG_FROM_POD, a.ifindex, seg(a)),
+        // The last field: the verdict of pod a's own entries for the case (`SOURCE_PASS`:
+        // as an earlier release wrote them, so the program looks a's endpoint up).
+        let masq_entry = Some(ebpf_cni_maps::SOURCE_PASS_MASQ);
+        type Case<'a> = (&'a str, &'a str, u32, Vec<u8>, Option<u16>);
+        let cases: [Case; 5] = [
+            ("from_pod routed", PROG_FROM_POD, b.ifindex, seg(b), None),
+            (
+                "from_pod masqueraded",
+                PROG_FROM_POD,
+                a.ifindex,
+                seg(a),
+                masq_entry,
+            ),
+            (
+                "from_pod masqueraded, endpoint looked up",
+                PROG_FROM_POD,
+                a.ifindex,
+                seg(a),
+                Some(ebpf_cni_maps::SOURCE_PASS),
+            ),
             (
                 "from_dev to pod",
                 PROG_FROM_DEV,
                 lab.up.ifindex,
                 back(b.addr(v4), 40_000),
+                None,
             ),
             (
                 "from_dev masq reply",
                 PROG_FROM_DEV,
                 lab.up.ifindex,
                 back(node, port),
+                None,
             ),
         ];
         let mut ns: Vec<Vec<u64>> = vec![Vec::new(); cases.len()];
         for _ in 0..ROUNDS {
-            for (i, (what, prog, ifindex, frame)) in cases.iter().enumerate() {
+            for (i, (what, prog, ifindex, frame, entry)) in cases.iter().enumerate() {
+                if let Some(verdict) = entry {
+                    lab.source_check_as(a, *verdict);
+                }
                 for _ in 0..PER_ROUND {
                     let r = lab.run(prog, *ifindex, frame);
                     assert_eq!(r.verdict, Verdict::Redirect, "{what}");

@@ -84,6 +84,11 @@ impl PodSpec {
             Some(allowed) => SourceCheck::On {
                 mac: veth.pod_mac,
                 allowed: allowed.clone(),
+                masq_addrs: if self.masq.is_some() {
+                    self.ips()
+                } else {
+                    Vec::new()
+                },
             },
         }
     }

@@ -15,7 +15,7 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use ebpf_cni_maps::{
     SourceKey, SourceRule, SOURCES_MAP, SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS,
-    SOURCE_PASS, SOURCE_POD_BITS, SOURCE_REFUSE,
+    SOURCE_PASS, SOURCE_PASS_MASQ, SOURCE_POD_BITS, SOURCE_REFUSE,
 };
 use ipnetwork::IpNetwork;
 
@@ -34,7 +34,22 @@ pub enum SourceCheck {
         /// The prefixes the pod may send from: its own addresses (/32, /128) and the
         /// extra prefixes, each with its host bits clear, sorted, without duplicates.
         allowed: Vec<IpNetwork>,
+        /// The pod's own addresses when it masquerades (`ipMasq`), else none: their
+        /// entries say so ([`SOURCE_PASS_MASQ`]), and the programs take masquerade's
+        /// decision from the rule they found.
+        masq_addrs: Vec<IpAddr>,
     },
+}
+
+/// The verdict of the entry that lets the pod send from `net`: [`SOURCE_PASS_MASQ`] for an
+/// own address of a masquerading pod, else [`SOURCE_PASS`].
+fn pass_verdict(net: &IpNetwork, masq_addrs: &[IpAddr]) -> u16 {
+    let host = net.prefix() == if net.is_ipv4() { 32 } else { 128 };
+    if host && masq_addrs.contains(&net.ip()) {
+        SOURCE_PASS_MASQ
+    } else {
+        SOURCE_PASS
+    }
 }
 
 impl SourceCheck {
@@ -176,7 +191,12 @@ impl Maps {
         if map.get(&catch_all(ifindex), 0).is_ok() {
             self.remove_sources_where(|k, _| k.data().ifindex == ifindex)?;
         }
-        let SourceCheck::On { mac, allowed } = check else {
+        let SourceCheck::On {
+            mac,
+            allowed,
+            masq_addrs,
+        } = check
+        else {
             // Off: no entries, the pod is not checked.
             return Ok(());
         };
@@ -189,8 +209,12 @@ impl Maps {
         // The address entries before the catch-all: until it is there the pod is not
         // checked, so no frame of it meets a half-written list.
         for net in allowed {
-            map.insert(&prefix_key(ifindex, net), rule(SOURCE_PASS), 0)
-                .map_err(update_err(format!("allow {net} from ifindex {ifindex}")))?;
+            map.insert(
+                &prefix_key(ifindex, net),
+                rule(pass_verdict(net, masq_addrs)),
+                0,
+            )
+            .map_err(update_err(format!("allow {net} from ifindex {ifindex}")))?;
         }
         map.insert(&catch_all(ifindex), rule(SOURCE_REFUSE), 0)
             .map_err(update_err(format!(
@@ -312,7 +336,7 @@ impl Maps {
             actual,
             expected,
         };
-        let wanted = match (check, record) {
+        let (wanted, masq_addrs) = match (check, record) {
             (_, SourceRecord::None) if entries.is_empty() => return Ok(()),
             (SourceCheck::Off, SourceRecord::Off) if entries.is_empty() => return Ok(()),
             (SourceCheck::Off, _) => {
@@ -325,18 +349,33 @@ impl Maps {
             (SourceCheck::On { .. }, SourceRecord::Off) => {
                 return Err(stale("off".to_owned(), describe_check(check)))
             }
-            (SourceCheck::On { mac, allowed }, _) => PodSources {
-                verdict: SOURCE_REFUSE,
-                mac: *mac,
-                allowed: allowed.clone(),
-            },
+            (
+                SourceCheck::On {
+                    mac,
+                    allowed,
+                    masq_addrs,
+                },
+                _,
+            ) => (
+                PodSources {
+                    verdict: SOURCE_REFUSE,
+                    mac: *mac,
+                    allowed: allowed.clone(),
+                },
+                masq_addrs,
+            ),
         };
         if actual != wanted {
             return Err(stale(describe(&actual), describe(&wanted)));
         }
         for (net, v) in &entries {
             if let Some(net) = net {
-                if v.verdict != SOURCE_PASS || v.mac != wanted.mac {
+                let verdict = pass_verdict(net, masq_addrs);
+                // An earlier release wrote `SOURCE_PASS` for a masquerading pod's own
+                // address too; its programs, and these, then look the endpoint up.
+                let as_written =
+                    v.verdict == verdict || verdict == SOURCE_PASS_MASQ && v.verdict == SOURCE_PASS;
+                if !as_written || v.mac != wanted.mac {
                     return Err(stale(
                         format!(
                             "{net} with verdict {} and MAC {}",
@@ -344,7 +383,7 @@ impl Maps {
                             crate::netlink::format_mac(&v.mac)
                         ),
                         format!(
-                            "{net} allowed (verdict {SOURCE_PASS}) with MAC {}",
+                            "{net} allowed (verdict {verdict}) with MAC {}",
                             crate::netlink::format_mac(&wanted.mac)
                         ),
                     ));
@@ -358,7 +397,7 @@ impl Maps {
 fn describe_check(check: &SourceCheck) -> String {
     match check {
         SourceCheck::Off => "off".to_owned(),
-        SourceCheck::On { mac, allowed } => describe(&PodSources {
+        SourceCheck::On { mac, allowed, .. } => describe(&PodSources {
             verdict: SOURCE_REFUSE,
             mac: *mac,
             allowed: allowed.clone(),
@@ -369,6 +408,23 @@ fn describe_check(check: &SourceCheck) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_masquerading_pods_own_addresses_say_it_masquerades() {
+        let own: Vec<IpAddr> = vec!["10.88.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let net = |s: &str| s.parse::<IpNetwork>().unwrap();
+        for (n, masq, want) in [
+            ("10.88.0.5/32", true, SOURCE_PASS_MASQ),
+            ("fd00::5/128", true, SOURCE_PASS_MASQ),
+            ("10.88.0.5/32", false, SOURCE_PASS),
+            // An extra prefix: the address it holds may be another pod's.
+            ("10.88.0.0/24", true, SOURCE_PASS),
+            ("10.99.0.7/32", true, SOURCE_PASS),
+        ] {
+            let masq_addrs = if masq { own.clone() } else { Vec::new() };
+            assert_eq!(pass_verdict(&net(n), &masq_addrs), want, "{n}, masq {masq}");
+        }
+    }
 
     #[test]
     fn keys_put_the_family_before_the_address() {
