@@ -40,3 +40,36 @@ impl Traced {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
     }
 }
+
+/// The `BPF_MAP_GET_NEXT_KEY` calls a trace of `bpf,close` made on the pinned map `name`,
+/// following each fd from its `BPF_OBJ_GET` to its `close`: for each call, whether it
+/// asked for the first key (`key=NULL`, how every walk starts). A walk of a map of `n`
+/// entries is `n + 1` calls; asking whether it holds any, one.
+pub fn next_key_calls(trace: &str, name: &str) -> Vec<bool> {
+    let pin = format!("/{name}\"");
+    let mut fds: Vec<String> = Vec::new();
+    let mut calls = Vec::new();
+    for line in trace.lines() {
+        if line.contains("BPF_OBJ_GET,") && line.contains(&pin) {
+            if let Some(fd) = line.rsplit("= ").next() {
+                fds.push(fd.trim().to_owned());
+            }
+        } else if let Some(i) = fds
+            .iter()
+            .position(|fd| line.contains(&format!("close({fd})")))
+        {
+            fds.remove(i);
+        } else if let Some(fd) = fds
+            .iter()
+            .find(|fd| line.contains(&format!("BPF_MAP_GET_NEXT_KEY, {{map_fd={fd}, ")))
+        {
+            calls.push(line.contains(&format!("map_fd={fd}, key=NULL")));
+        }
+    }
+    calls
+}
+
+/// How many walks (or first-key asks) of the pinned map `name` the trace made.
+pub fn walks(trace: &str, name: &str) -> usize {
+    next_key_calls(trace, name).iter().filter(|s| **s).count()
+}

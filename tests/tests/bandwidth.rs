@@ -838,3 +838,57 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
     }
     assert_eq!(after, before, "a refused ADD changed the node");
 }
+
+/// The DEL of a paced pod removes its pacing entry with one walk of the pacing map; whether
+/// the node still paces any pod (which keeps the pacing program on the cgroup root) is
+/// then the map's first key, not a second walk. Both pods are paced (an egress limit).
+#[test]
+fn del_asks_the_pacing_map_for_one_key_after_removing_the_pods() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let traced = ebpf_cni_tests::strace::Traced::new(&p.bin, "bpf,close").unwrap();
+    let t = PluginUnderTest::at(traced.wrapper.clone());
+    let node = Node::new().unwrap();
+    let conf = conf_with(
+        &p,
+        &node,
+        Some(json!({"egressRate": 100_000_000, "egressBurst": 1_000_000})),
+    );
+    let (a, b) = (add(&p, &node, &conf), add(&p, &node, &conf));
+    assert_eq!(
+        dp::map_entries(&node, dp::PACING_MAP).unwrap().len(),
+        2,
+        "control: both pods are paced"
+    );
+    let del = |p: &PluginUnderTest, pod: &Pod| {
+        p.run(
+            &node,
+            CniCommand::Del,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            conf.to_string(),
+        )
+        .expect_success("DEL")
+    };
+    del(&t, &a);
+    let trace = traced.log().unwrap();
+    assert_eq!(
+        ebpf_cni_tests::strace::next_key_calls(&trace, dp::PACING_MAP),
+        // The removal's walk (two entries, then the end), then one first key.
+        vec![true, false, false, true],
+        "the DEL's bpf and close calls:\n{trace}"
+    );
+    assert_eq!(dp::map_entries(&node, dp::PACING_MAP).unwrap().len(), 1);
+    let sockops = ebpf_cni_maps::PROG_SOCKOPS;
+    let paced = || {
+        ebpf_cni_tests::bpf::node_cgroup_programs(node.pin_root())
+            .unwrap()
+            .contains(sockops)
+    };
+    assert!(
+        paced(),
+        "{sockops} stays on the cgroup root while a pod is paced"
+    );
+    // The node's last pod: its maps go with it.
+    del(&p, &b);
+    assert!(!paced(), "{sockops} goes with the last paced pod");
+}

@@ -1022,26 +1022,6 @@ fn inspect_shows_the_masquerade_state() {
     del(&p, &node, &pod, &conf);
 }
 
-/// Whether the DEL traced in `trace` (`strace -e trace=bpf,close`) walked the flow table:
-/// a `BPF_MAP_GET_NEXT_KEY` from the start on a descriptor of `ECNI_MASQ_FWD`, before that
-/// descriptor's close.
-fn walked_the_flow_table(trace: &str) -> bool {
-    let mut fwd: Option<String> = None;
-    for line in trace.lines() {
-        if line.contains("BPF_OBJ_GET") && line.contains("/ECNI_MASQ_FWD\"") {
-            fwd = line.rsplit("= ").next().map(|fd| fd.trim().to_owned());
-        } else if let Some(fd) = &fwd {
-            if line.contains(&format!("BPF_MAP_GET_NEXT_KEY, {{map_fd={fd}, key=NULL")) {
-                return true;
-            }
-            if line.contains(&format!("close({fd})")) {
-                fwd = None;
-            }
-        }
-    }
-    false
-}
-
 /// DEL removes a pod's masqueraded flows by walking the node's whole flow table (a large
 /// hash: about 0.5 ms even empty). A node that does not masquerade holds no flow of a live
 /// pod (the flag goes on with its first masquerading pod and off with its last, after that
@@ -1076,7 +1056,7 @@ fn del_walks_the_flow_table_only_on_a_masquerading_node() {
             "control: the DEL opened the flow table; its bpf calls:\n{trace}"
         );
         assert_eq!(
-            walked_the_flow_table(&trace),
+            ebpf_cni_tests::strace::walks(&trace, "ECNI_MASQ_FWD") > 0,
             masquerading,
             "masquerading node: {masquerading}; the DEL's bpf and close calls:\n{trace}"
         );
@@ -1185,4 +1165,40 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
         dp::sources(&node).unwrap().is_empty(),
         "DEL left source entries"
     );
+}
+
+/// DEL reads the pod's endpoint entries with one walk of the endpoint map (a hash: each
+/// walk scans all its buckets, whatever it holds) and removes them by address, with no
+/// second walk. Whether another pod masquerades, which decides whether the node stops
+/// masquerading, takes one more walk on a masquerading node only: on the others the
+/// node's flag already says no pod does.
+#[test]
+fn del_walks_the_endpoint_map_once_unless_the_node_masquerades() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    for masquerading in [false, true] {
+        let traced = ebpf_cni_tests::strace::Traced::new(&p.bin, "bpf,close").unwrap();
+        let t = PluginUnderTest::at(traced.wrapper.clone());
+        let node = Node::new().unwrap();
+        let mut conf = p.conf("1.0.0", &node, Stack::V4);
+        conf["ipMasq"] = json!(masquerading);
+        let pod = add(&p, &node, &conf);
+        let other = add(&p, &node, &conf);
+        del(&t, &node, &pod, &conf);
+        let trace = traced.log().unwrap();
+        let calls = ebpf_cni_tests::strace::next_key_calls(&trace, "ECNI_ENDPOINTS");
+        let walks = calls.iter().filter(|first| **first).count();
+        assert_eq!(
+            walks,
+            1 + usize::from(masquerading),
+            "masquerading node: {masquerading}; the DEL's bpf and close calls:\n{trace}"
+        );
+        // The walk that found the entries: both pods' and its end.
+        assert!(calls.len() >= 3, "{calls:?}");
+        assert!(
+            dp::map_entries(&node, "ECNI_ENDPOINTS").unwrap().len() == other.ips.len(),
+            "the DEL left the other pod's entries alone and removed its own"
+        );
+        del(&p, &node, &other, &conf);
+    }
 }

@@ -16,7 +16,7 @@ use std::{
 
 use super::{
     lock::NodeLock,
-    maps::{ports::PortMaps, Maps},
+    maps::{any_pacing, ports::PortMaps},
     pin::{create_dir_all_racy, NodeId, PinRoot},
     programs::{self, Program, Programs},
     sys, BpfError,
@@ -191,7 +191,7 @@ fn settle_links_locked(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
             }
         }
     }
-    let paced = Maps::open(root, node)?.is_some_and(|m| !m.pacing_by_attachment().is_empty());
+    let paced = any_pacing(root, node)?;
     if !paced {
         unpin_link(&dir.join(programs::PACING.name))?;
     }

@@ -41,7 +41,7 @@ impl Capability for Endpoint {
 
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
         match cx.maps.as_deref_mut() {
-            Some(maps) => Ok(maps.remove_endpoints(cx.key.id())? > 0),
+            Some(maps) => Ok(maps.remove_endpoints(cx.key.id(), &cx.ips)? > 0),
             None => Ok(false),
         }
     }

@@ -59,7 +59,9 @@ impl Capability for Masquerade {
         if n > 0 {
             log::debug!("removed {n} masqueraded flows of {:?}", cx.ips);
         }
-        if !maps.any_masq_besides(cx.key.id()) {
+        // Off, the flag says no pod of the node masquerades: no walk of the endpoints to
+        // learn it again.
+        if !m.engaged() || !maps.any_masq_besides(cx.key.id()) {
             m.release()?;
         }
         Ok(n > 0)

@@ -49,6 +49,19 @@ pub fn settle_limits_switch(
         })
 }
 
+/// Whether any pod of the node is paced: the pacing map alone opened, and asked for its
+/// first key (no walk). A map that cannot be read counts as paced (the caller keeps the
+/// pacing program's link).
+pub fn any_pacing(root: &PinRoot, node: &NodeId) -> Result<bool, BpfError> {
+    let Some(map) = open_pinned(root, node, PACING_MAP)? else {
+        return Ok(false);
+    };
+    let pacing: HashMap<MapData, u64, Pacing> =
+        HashMap::try_from(map).map_err(open_map_err(root, node, PACING_MAP))?;
+    let first = pacing.keys().next();
+    Ok(first.is_some())
+}
+
 impl Maps {
     /// Pacing rate (bytes/s) by attachment, in one walk of the pacing map.
     pub fn pacing_by_attachment(&self) -> std::collections::HashMap<u64, u32> {

@@ -10,6 +10,7 @@ pub mod ports;
 mod sources;
 
 pub use endpoints::{ensure_free_in, PodEndpoint};
+pub use limits::any_pacing;
 pub use sources::{PodSources, SourceCheck, SourceRecord};
 
 pub use super::keys::{endpoint_key, key_ip};
