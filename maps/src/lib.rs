@@ -330,6 +330,10 @@ pub mod pin {
     /// (`sourceCheck: false`), and it has no entries. Without either record the pod was
     /// attached by a release before the check (and has no entries either).
     pub const SOURCE_CHECK_OFF_RECORD: &str = "source_check_off";
+    /// Prefix of an empty directory in an attachment's directory whose name says where the
+    /// pod's entries are in the node maps (its host veth, addresses, paced namespace and
+    /// source entries), so DEL removes them by key instead of walking the maps.
+    pub const PLACEMENT_RECORD_PREFIX: &str = "placed-";
 }
 
 /// Key of [`ENDPOINTS_MAP`]: an IPv6 address, or an IPv4 address mapped into IPv6

@@ -839,11 +839,12 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
     assert_eq!(after, before, "a refused ADD changed the node");
 }
 
-/// The DEL of a paced pod removes its pacing entry with one walk of the pacing map; whether
-/// the node still paces any pod (which keeps the pacing program on the cgroup root) is
-/// then the map's first key, not a second walk. Both pods are paced (an egress limit).
+/// The DEL of a paced pod removes its pacing entry by the key its placement record names
+/// (its namespace's cookie), with no walk of the pacing map; whether the node still paces
+/// any pod (which keeps the pacing program on the cgroup root) is then the map's first
+/// key, not a walk. Both pods are paced (an egress limit).
 #[test]
-fn del_asks_the_pacing_map_for_one_key_after_removing_the_pods() {
+fn del_removes_the_pacing_entry_by_key_and_asks_for_one_more() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let traced = ebpf_cni_tests::strace::Traced::new(&p.bin, "bpf,close").unwrap();
@@ -873,8 +874,8 @@ fn del_asks_the_pacing_map_for_one_key_after_removing_the_pods() {
     let trace = traced.log().unwrap();
     assert_eq!(
         ebpf_cni_tests::strace::next_key_calls(&trace, dp::PACING_MAP),
-        // The removal's walk (two entries, then the end), then one first key.
-        vec![true, false, false, true],
+        // The first key, after the removal by key.
+        vec![true],
         "the DEL's bpf and close calls:\n{trace}"
     );
     assert_eq!(dp::map_entries(&node, dp::PACING_MAP).unwrap().len(), 1);

@@ -803,3 +803,181 @@ fn add_attaches_the_programs_before_the_host_side_comes_up() {
             .unwrap_or_else(|e| panic!("DEL of the {round} pod: {e}"));
     }
 }
+
+/// DEL finds a pod's entries in the node maps by the placement record ADD leaves in its pin
+/// directory (`placed-…`): by key, with no walk of the endpoint, pacing or source maps (a
+/// walk costs a system call per entry of every pod of the node, and a scan of the map's
+/// buckets). A pod with extra source prefixes has its source entries found by a walk; a
+/// pod without the record (attached by a release before it) has all of them found by
+/// walks. Each DEL removes its pod's entries and nobody else's.
+#[test]
+fn del_finds_a_pods_entries_by_its_placement_record() {
+    use ebpf_cni_tests::dataplane as dp;
+    use ebpf_cni_tests::strace::{next_key_calls, walks};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let traced = Traced::new(&p.bin, "bpf,close").unwrap();
+    let t = PluginUnderTest::at(traced.wrapper.clone());
+    let node = Node::new().unwrap();
+    let mut paced = p.conf("1.0.0", &node, Stack::V4);
+    paced["runtimeConfig"] =
+        json!({"bandwidth": {"egressRate": 100_000_000, "egressBurst": 1_000_000}});
+    let mut extra = paced.clone();
+    extra["allowedSourcePrefixes"] = json!(["10.99.0.0/16"]);
+    let plain = p.conf("1.0.0", &node, Stack::V4);
+
+    struct Pod {
+        ns: ebpf_cni_tests::Netns,
+        cid: String,
+        id: u64,
+        conf: Value,
+    }
+    let add = |conf: &Value| {
+        let ns = node.new_pod().unwrap();
+        let cid = unique_container_id();
+        let r = p
+            .run(
+                &node,
+                CniCommand::Add,
+                &p.env(&cid, ns.path(), "eth0"),
+                conf.to_string(),
+            )
+            .expect_success("ADD");
+        let ip: IpAddr = r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let id = dp::endpoints(&node).unwrap()[&ip].attachment_id;
+        Pod {
+            ns,
+            cid,
+            id,
+            conf: conf.clone(),
+        }
+    };
+    // (endpoint, source, pacing) entries of attachment `id`.
+    let owned = |id: u64| {
+        let pacing = dp::map_entries(&node, dp::PACING_MAP)
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                let v = dp::hex_bytes(&e["value"]).unwrap();
+                u64::from_le_bytes(v[8..16].try_into().unwrap()) == id
+            })
+            .count();
+        (
+            dp::endpoints(&node)
+                .unwrap()
+                .values()
+                .filter(|e| e.attachment_id == id)
+                .count(),
+            dp::sources(&node)
+                .unwrap()
+                .iter()
+                .filter(|e| e.attachment_id == id)
+                .count(),
+            pacing,
+        )
+    };
+    let pin_dir = |pod: &Pod| {
+        node.pin_root()
+            .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
+            .join(NETWORK)
+            .join(&pod.cid)
+            .join("eth0")
+    };
+    let record = |pod: &Pod| {
+        std::fs::read_dir(pin_dir(pod))
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|e| {
+                e.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(ebpf_cni_maps::pin::PLACEMENT_RECORD_PREFIX))
+            })
+    };
+    let del = |p: &PluginUnderTest, pod: &Pod| {
+        p.run(
+            &node,
+            CniCommand::Del,
+            &p.env(&pod.cid, pod.ns.path(), "eth0"),
+            pod.conf.to_string(),
+        )
+        .expect_success("DEL");
+        traced.log().unwrap_or_default()
+    };
+
+    let (a, b, c) = (add(&paced), add(&extra), add(&paced));
+    // Keeps the node (and its maps) when the others go.
+    let anchor = add(&plain);
+    for (pod, want) in [
+        (&a, (1, 2, 1)),
+        (&b, (1, 3, 1)),
+        (&c, (1, 2, 1)),
+        (&anchor, (1, 2, 0)),
+    ] {
+        assert_eq!(owned(pod.id), want, "control: the entries of {}", pod.cid);
+        assert!(
+            record(pod).is_some(),
+            "ADD left no placement record in {}",
+            pin_dir(pod).display()
+        );
+    }
+
+    let trace = del(&t, &a);
+    assert_eq!(
+        walks(&trace, dp::ENDPOINTS_MAP),
+        0,
+        "endpoint map walked:\n{trace}"
+    );
+    assert_eq!(
+        walks(&trace, dp::SOURCES_MAP),
+        0,
+        "source map walked:\n{trace}"
+    );
+    // Only whether any pod is still paced: one first key.
+    assert_eq!(
+        next_key_calls(&trace, dp::PACING_MAP),
+        vec![true],
+        "{trace}"
+    );
+    assert_eq!(owned(a.id), (0, 0, 0), "the DEL left entries of its pod");
+    for (pod, want) in [(&b, (1, 3, 1)), (&c, (1, 2, 1)), (&anchor, (1, 2, 0))] {
+        assert_eq!(
+            owned(pod.id),
+            want,
+            "the DEL of {} took entries of {}",
+            a.cid,
+            pod.cid
+        );
+    }
+
+    // Extra prefixes: the source map is walked for them.
+    let trace = del(&t, &b);
+    assert_eq!(
+        walks(&trace, dp::ENDPOINTS_MAP),
+        0,
+        "endpoint map walked:\n{trace}"
+    );
+    assert_eq!(walks(&trace, dp::SOURCES_MAP), 1, "{trace}");
+    assert_eq!(owned(b.id), (0, 0, 0), "the DEL left entries of its pod");
+
+    // No record, as a release before it left the pod: every map is walked.
+    std::fs::remove_dir(record(&c).unwrap()).unwrap();
+    let trace = del(&t, &c);
+    assert_eq!(walks(&trace, dp::ENDPOINTS_MAP), 1, "{trace}");
+    assert_eq!(walks(&trace, dp::SOURCES_MAP), 1, "{trace}");
+    assert_eq!(
+        walks(&trace, dp::PACING_MAP),
+        2,
+        "the removal's walk, then the first key:\n{trace}"
+    );
+    assert_eq!(owned(c.id), (0, 0, 0), "the DEL left entries of its pod");
+    assert_eq!(owned(anchor.id), (1, 2, 0));
+    del(&p, &anchor);
+}

@@ -24,6 +24,7 @@ mod lock;
 mod maps;
 mod masq;
 pub mod pin;
+mod placement;
 mod pod;
 mod programs;
 mod purge;

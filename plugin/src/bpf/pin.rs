@@ -35,6 +35,8 @@
 //!         link_from_chain | netlink_from_chain  chained mode, in place of *_from_pod
 //!         ecni_att_ports              the host port mappings it installed (an array map)
 //!         source_check/ | source_check_off/     its source check: on or off
+//!         placed-<ifindex>-<cookie>-<n|o|x>-<addr>…/  where its map entries are, by key
+//!                                     (`placement.rs`): DEL removes them without walks
 //! ```
 //!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node

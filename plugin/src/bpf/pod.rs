@@ -14,6 +14,7 @@ use super::{
     maps::Maps,
     masq::MasqMaps,
     pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
+    placement::Placement,
     programs::{self, Programs},
     tree, AttachMode, AttachmentKey, BpfError, Hook,
 };
@@ -68,8 +69,11 @@ pub fn add_pod(
         collect("removal of the stale attachment", failures)?;
     }
     maps.ensure_free(key.id(), &pod.ips())?;
+    let placement = Placement::of(pod, veth);
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
+        // Before the entries it names: DEL finds them by it.
+        placement.record(&pins)?;
         let mut cx = Install {
             root: &root,
             node,
@@ -159,11 +163,7 @@ pub fn add_pod(
             links::detach_netlink(hook, &veth.host_name);
         }
     }
-    let placed = Placed {
-        host_ifindex: veth.host_ifindex,
-        ips: pod.ips(),
-    };
-    undo.extend(remove_attachment(&root, node, key, &pins, Some(&mut maps), Some(placed)).1);
+    undo.extend(remove_attachment(&root, node, key, &pins, Some(&mut maps), Some(placement)).1);
     if undo.is_empty() {
         return Err(error);
     }
@@ -172,13 +172,6 @@ pub fn add_pod(
         error: Box::new(error),
         undo,
     })
-}
-
-/// Where a pod's parts are, when the caller knows (a failed ADD): its host veth and
-/// addresses. Without it they are read from the attachment's endpoint entries.
-struct Placed {
-    host_ifindex: u32,
-    ips: Vec<IpAddr>,
 }
 
 /// Removes what an attachment holds: each capability's part (in the reverse of ADD's
@@ -191,21 +184,32 @@ fn remove_attachment(
     key: &AttachmentKey<'_>,
     pins: &AttachmentPins,
     maps: Option<&mut Maps>,
-    placed: Option<Placed>,
+    plan: Option<Placement>,
 ) -> (bool, Vec<BpfError>) {
-    let placed = placed.unwrap_or_else(|| {
-        let entries = maps
-            .as_ref()
-            .map(|m| m.entries_of(key.id()))
-            .unwrap_or_default();
-        Placed {
-            // On a device that outlives the pod (chained mode: the previous plugin's
-            // veth), the netlink filters and the fq must go: the entries name it.
-            host_ifindex: entries.first().map_or(0, |(_, e)| e.host_ifindex),
-            ips: entries.iter().map(|(ip, _)| *ip).collect(),
+    let (host_ifindex, ips, placement) = match plan {
+        // A failed ADD knows where it put the pod.
+        Some(p) => (p.host_ifindex, p.ips.clone(), Some(p)),
+        None => {
+            // DEL: the entries the placement record names, looked up, or (a pod of a
+            // release before the record) those a walk of the endpoint map finds.
+            let placement = Placement::recorded(pins);
+            let entries = maps
+                .as_ref()
+                .map(|m| match &placement {
+                    Some(p) => m.entries_at(key.id(), &p.ips),
+                    None => m.entries_of(key.id()),
+                })
+                .unwrap_or_default();
+            (
+                // On a device that outlives the pod (chained mode: the previous plugin's
+                // veth), the netlink filters and the fq must go: the entries name it.
+                entries.first().map_or(0, |(_, e)| e.host_ifindex),
+                entries.iter().map(|(ip, _)| *ip).collect(),
+                placement,
+            )
         }
-    });
-    let host_ifindex = (placed.host_ifindex != 0).then_some(placed.host_ifindex);
+    };
+    let host_ifindex = (host_ifindex != 0).then_some(host_ifindex);
     let recorded: Vec<Hook> = Hook::ANY_POD
         .into_iter()
         .filter(|h| pins.netlink_record(*h).exists())
@@ -224,7 +228,8 @@ fn remove_attachment(
         pins,
         maps,
         host_ifindex,
-        ips: placed.ips,
+        ips,
+        placement,
     };
     let (mut removed, mut failures) = capability::remove_all(&mut cx);
     if failures.is_empty() {

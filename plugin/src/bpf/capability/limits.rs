@@ -97,7 +97,7 @@ impl Capability for Limits {
             removed |= queue::remove(ifindex)?;
         }
         if let Some(maps) = cx.maps.as_deref_mut() {
-            maps.remove_pacing(cx.key.id())?;
+            maps.remove_pacing(cx.key.id(), cx.placement.as_ref().map(|p| p.netns_cookie))?;
             if let Some(ifindex) = cx.host_ifindex {
                 let had = maps.limits(ifindex).is_some();
                 maps.set_limits(ifindex, None)?;

@@ -8,6 +8,7 @@ use super::{
 use crate::bpf::{
     maps::SourceRecord,
     pin::{create_dir_all_racy, AttachmentPins},
+    placement::PlacedSources,
     BpfError,
 };
 
@@ -49,11 +50,21 @@ impl Capability for Sources {
         )
     }
 
-    /// The record goes with the attachment's directory.
+    /// The record goes with the attachment's directory. The entries are looked up by key
+    /// where the placement says the pod has only its own addresses and its catch-all;
+    /// else the map is walked for the attachment's id.
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
-        match cx.maps.as_deref_mut() {
-            Some(maps) => Ok(maps.remove_sources(cx.key.id())? > 0),
-            None => Ok(false),
-        }
+        let Some(maps) = cx.maps.as_deref_mut() else {
+            return Ok(false);
+        };
+        let id = cx.key.id();
+        let gone = match &cx.placement {
+            Some(p) if p.sources == PlacedSources::Off => 0,
+            Some(p) if p.sources == PlacedSources::Own => {
+                maps.remove_own_sources(id, p.host_ifindex, &p.ips)?
+            }
+            _ => maps.remove_sources(id)?,
+        };
+        Ok(gone > 0)
     }
 }

@@ -8,6 +8,7 @@ use crate::bpf::{
     converge::NodeView,
     maps::{ports::PortMaps, Maps},
     pin::{AttachmentPins, NodeId, PinRoot},
+    placement::Placement,
     AttachmentKey, BpfError,
 };
 
@@ -63,4 +64,7 @@ pub(in crate::bpf) struct Removal<'a> {
     pub host_ifindex: Option<u32>,
     /// The pod's addresses.
     pub ips: Vec<IpAddr>,
+    /// Where its entries are, from its placement record or the failed ADD's plan: `None`
+    /// (a pod of a release before the record) and the removals walk the maps for them.
+    pub placement: Option<Placement>,
 }

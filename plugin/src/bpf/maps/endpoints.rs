@@ -146,22 +146,26 @@ impl Maps {
         self.endpoints.keys().filter_map(Result::ok).count()
     }
 
+    /// The entries of `ips` that are attachment `attachment_id`'s (looked up, no walk).
+    pub fn entries_at(&self, attachment_id: u64, ips: &[IpAddr]) -> Vec<(IpAddr, EndpointInfo)> {
+        ips.iter()
+            .filter_map(|ip| {
+                let v = self.endpoints.get(&endpoint_key(*ip), 0).ok()?;
+                (v.attachment_id == attachment_id).then_some((*ip, v))
+            })
+            .collect()
+    }
+
     /// Removes an attachment's entries, those of `ips` that carry its id (the removal
-    /// found them with [`Maps::entries_of`], or a failed ADD knows them: no second walk of
-    /// the map), and the counters of its host veth; returns how many entries went. Entries
-    /// already gone are fine (a concurrent or repeated DEL).
+    /// found them with [`Maps::entries_of`] or [`Maps::entries_at`], or a failed ADD knows
+    /// them: no second walk of the map), and the counters of its host veth; returns how
+    /// many entries went. Entries already gone are fine (a concurrent or repeated DEL).
     pub fn remove_endpoints(
         &mut self,
         attachment_id: u64,
         ips: &[IpAddr],
     ) -> Result<usize, BpfError> {
-        let entries: Vec<(IpAddr, EndpointInfo)> = ips
-            .iter()
-            .filter_map(|ip| {
-                let v = self.endpoints.get(&endpoint_key(*ip), 0).ok()?;
-                (v.attachment_id == attachment_id).then_some((*ip, v))
-            })
-            .collect();
+        let entries = self.entries_at(attachment_id, ips);
         let mut ifindexes: Vec<u32> = entries.iter().map(|(_, e)| e.host_ifindex).collect();
         ifindexes.dedup();
         for (ip, _) in &entries {

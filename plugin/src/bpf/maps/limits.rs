@@ -102,18 +102,35 @@ impl Maps {
             })
     }
 
-    /// Removes the attachment's pacing entries, found by their value: DEL may come without
-    /// the pod's namespace. The map holds only limited pods, so the scan is short.
-    pub fn remove_pacing(&mut self, attachment_id: u64) -> Result<(), BpfError> {
+    /// Removes the attachment's pacing entries: the one of `netns_cookie` when the
+    /// attachment's placement record names it (0: the pod is not paced), else those a walk
+    /// finds by their value (DEL may come without the pod's namespace). Only entries that
+    /// carry the attachment's id go.
+    pub fn remove_pacing(
+        &mut self,
+        attachment_id: u64,
+        netns_cookie: Option<u64>,
+    ) -> Result<(), BpfError> {
         let Some(map) = self.pacing.as_mut() else {
             return Ok(());
         };
-        let cookies: Vec<u64> = map
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, v)| v.attachment_id == attachment_id)
-            .map(|(k, _)| k)
-            .collect();
+        let cookies: Vec<u64> = match netns_cookie {
+            // Not paced.
+            Some(0) => return Ok(()),
+            Some(c) => map
+                .get(&c, 0)
+                .ok()
+                .filter(|v| v.attachment_id == attachment_id)
+                .map(|_| c)
+                .into_iter()
+                .collect(),
+            None => map
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, v)| v.attachment_id == attachment_id)
+                .map(|(k, _)| k)
+                .collect(),
+        };
         for c in cookies {
             match map.remove(&c) {
                 Err(e) if !is_not_found(&e) => {

@@ -260,6 +260,46 @@ impl Maps {
         self.remove_sources_where(|_, v| v.attachment_id == attachment_id)
     }
 
+    /// [`Maps::remove_sources`] of a pod whose entries are known: the pod's own addresses
+    /// `ips` and its catch-all, on host veth `ifindex` (its placement record says it has
+    /// no other). Looked up by key, no walk; only entries that carry the id go, the
+    /// catch-all last (see [`Maps::remove_sources_where`]).
+    pub fn remove_own_sources(
+        &mut self,
+        attachment_id: u64,
+        ifindex: u32,
+        ips: &[IpAddr],
+    ) -> Result<usize, BpfError> {
+        let Some(map) = self.sources.as_mut() else {
+            return Ok(0);
+        };
+        let keys = ips
+            .iter()
+            .map(|ip| prefix_key(ifindex, &IpNetwork::from(*ip)))
+            .chain([catch_all(ifindex)]);
+        let mut gone = 0;
+        for k in keys {
+            // A lookup is a longest match: without the key itself it may find the pod's
+            // catch-all, and the removal of the exact key then finds nothing.
+            if !map
+                .get(&k, 0)
+                .is_ok_and(|v| v.attachment_id == attachment_id)
+            {
+                continue;
+            }
+            match map.remove(&k) {
+                Ok(()) => gone += 1,
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => {
+                    return Err(update_err(format!("remove an entry of ifindex {ifindex}"))(
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(gone)
+    }
+
     /// GC: removes the entries of attachments not in `live` (left by a DEL of a release
     /// that did not know the map, or by a veth deleted without DEL). Returns how many went.
     pub fn sweep_sources(
