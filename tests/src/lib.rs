@@ -128,6 +128,20 @@ impl PluginUnderTest {
         ContainerEnv::new(container_id, netns, ifname).with_cni_path(&self.runtime.cni_path_env())
     }
 
+    /// CHECK of the attachment `env` names, with `conf` and `prev_result` as its
+    /// `prevResult` (what a runtime sends).
+    pub fn check(
+        &self,
+        node: &Node,
+        env: &ContainerEnv,
+        conf: &serde_json::Value,
+        prev_result: &serde_json::Value,
+    ) -> PluginOutput {
+        let mut c = conf.clone();
+        c["prevResult"] = prev_result.clone();
+        self.run(node, CniCommand::Check, env, c.to_string())
+    }
+
     /// One invocation in `node`.
     pub fn run(
         &self,

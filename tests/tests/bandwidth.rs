@@ -231,13 +231,11 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
 
     // CHECK passes with the config, fails when the config asks for other rates.
     let check = |conf: &Value| {
-        let mut c = conf.clone();
-        c["prevResult"] = limited.result.clone();
-        p.run(
+        p.check(
             &node,
-            CniCommand::Check,
             &p.env(&limited.cid, limited.ns.path(), "eth0"),
-            c.to_string(),
+            conf,
+            &limited.result,
         )
     };
     check(&limited_conf).expect_success("CHECK with the ADD's config");
@@ -713,13 +711,11 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
 
     // CHECK passes, and fails once the shaped pod's entry is gone from the subnet map.
     let check = |pod: &Pod, conf: &Value| {
-        let mut c = conf.clone();
-        c["prevResult"] = pod.result.clone();
-        p.run(
+        p.check(
             &node,
-            CniCommand::Check,
             &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            c.to_string(),
+            conf,
+            &pod.result,
         )
     };
     check(&unshaped, &unshaped_conf).expect_success("CHECK of the unshaped pod");

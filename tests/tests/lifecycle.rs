@@ -843,14 +843,7 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
                 conf.to_string(),
             )
             .expect_success("ADD");
-        let ip: IpAddr = r["ips"][0]["address"]
-            .as_str()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ip = AddResult::parse(&r).unwrap().ip4().unwrap().addr;
         let id = dp::endpoints(&node).unwrap()[&ip].attachment_id;
         Pod {
             ns,

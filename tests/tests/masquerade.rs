@@ -1102,13 +1102,11 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
         dp::update_raw(&node, dp::SOURCES_MAP, &e.raw_key, &value).unwrap();
     };
     let check = |pod: &Pod, conf: &Value| {
-        let mut c = conf.clone();
-        c["prevResult"] = pod.result.clone();
-        p.run(
+        p.check(
             &node,
-            CniCommand::Check,
             &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            c.to_string(),
+            conf,
+            &pod.result,
         )
     };
     let (own, plain_own) = (entry(pod.ips[0], 32), entry(plain.ips[0], 32));
