@@ -16,6 +16,7 @@ use ebpf_cni_maps::pin::PLACEMENT_RECORD_PREFIX;
 
 use super::{
     capability::{PodSpec, Veth},
+    maps::is_one_of,
     pin::{create_dir_all_racy, AttachmentPins},
     BpfError,
 };
@@ -68,10 +69,7 @@ impl Placement {
         let sources = match &pod.sources {
             None => PlacedSources::Off,
             Some(allowed) => {
-                let own = |n: &ipnetwork::IpNetwork| {
-                    n.prefix() == if n.is_ipv4() { 32 } else { 128 } && ips.contains(&n.ip())
-                };
-                if allowed.iter().all(own) {
+                if allowed.iter().all(|n| is_one_of(n, &ips)) {
                     PlacedSources::Own
                 } else {
                     PlacedSources::Extra

@@ -11,6 +11,7 @@ mod sources;
 
 pub use endpoints::{ensure_free_in, PodEndpoint};
 pub use limits::any_pacing;
+pub use sources::is_one_of;
 pub use sources::{PodSources, SourceCheck, SourceRecord};
 
 pub use super::keys::{endpoint_key, key_ip};

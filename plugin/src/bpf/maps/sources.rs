@@ -41,11 +41,16 @@ pub enum SourceCheck {
     },
 }
 
+/// Whether the allowed prefix `net` is one of `addrs` (a /32 or /128 of it), not a wider
+/// or other prefix.
+pub fn is_one_of(net: &IpNetwork, addrs: &[IpAddr]) -> bool {
+    net.prefix() == if net.is_ipv4() { 32 } else { 128 } && addrs.contains(&net.ip())
+}
+
 /// The verdict of the entry that lets the pod send from `net`: [`SOURCE_PASS_MASQ`] for an
 /// own address of a masquerading pod, else [`SOURCE_PASS`].
 fn pass_verdict(net: &IpNetwork, masq_addrs: &[IpAddr]) -> u16 {
-    let host = net.prefix() == if net.is_ipv4() { 32 } else { 128 };
-    if host && masq_addrs.contains(&net.ip()) {
+    if is_one_of(net, masq_addrs) {
         SOURCE_PASS_MASQ
     } else {
         SOURCE_PASS
