@@ -154,6 +154,13 @@ fn with_home<T>(f: impl FnOnce(&File) -> T) -> Result<T, NetnsError> {
     })
 }
 
+/// Whether the calling thread is in its own namespace: no guard of it is alive. Every
+/// switch of namespace goes through a guard, so a thread at home stays in the same
+/// namespace between two such calls unless a guard came and went in between.
+pub fn at_home() -> bool {
+    DEPTH.get() == 0
+}
+
 /// While alive, the current thread is in another network namespace.
 pub struct NetnsGuard {
     /// `None`: the thread's own namespace ([`HOME`]); a nested guard's original is the

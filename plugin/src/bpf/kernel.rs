@@ -119,9 +119,29 @@ pub fn has_netns_cookie() -> bool {
     })
 }
 
+thread_local! {
+    /// The cookie of the thread's own namespace, once read (see [`socket_netns_cookie`]).
+    static HOME_COOKIE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
 /// The cookie of the calling thread's network namespace, from an unbound socket opened
-/// there (a new pod namespace may not even have loopback up).
+/// there (a new pod namespace may not even have loopback up). In the thread's own
+/// namespace (no namespace guard alive: see `netns::at_home`) it is read once and kept,
+/// where an ADD read the node's three times (the probe of the option, the host-port step,
+/// the pacing entry), a socket each.
 pub fn socket_netns_cookie() -> io::Result<u64> {
+    let at_home = crate::netns::at_home();
+    if let Some(cookie) = HOME_COOKIE.get().filter(|_| at_home) {
+        return Ok(cookie);
+    }
+    let cookie = read_socket_netns_cookie()?;
+    if at_home {
+        HOME_COOKIE.set(Some(cookie));
+    }
+    Ok(cookie)
+}
+
+fn read_socket_netns_cookie() -> io::Result<u64> {
     const SO_NETNS_COOKIE: libc::c_int = 71;
     // SAFETY: plain socket(2); the fd is owned right below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };

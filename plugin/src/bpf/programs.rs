@@ -248,7 +248,11 @@ impl Programs {
     /// node whose binary was replaced, until the next ADD loads this revision, only the
     /// previous build's programs are pinned, its pods paced (CHECK of them failed with
     /// "TCP pacing ... expected none" when this looked at this revision only).
+    /// This revision's pin is looked for first (one `stat`), the others only without it.
     pub fn pacing_available(root: &PinRoot, node: &NodeId) -> bool {
+        if root.program(node, revision(), PACING.name).exists() {
+            return true;
+        }
         let Ok(revisions) = fs::read_dir(root.programs_dir(node)) else {
             return false;
         };

@@ -4,6 +4,7 @@
 //! their own requests and read their own message bodies on a fresh socket each; the typed
 //! calls of [`super::Netlink`] keep one socket per namespace.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -22,16 +23,47 @@ pub(super) struct Message<'a> {
     pub body: &'a [u8],
 }
 
-/// Sends `msg` on a fresh socket of netlink `protocol` (`NETLINK_ROUTE`,
-/// `NETLINK_SOCK_DIAG`) and hands every answer message to `each` (see
-/// [`Socket::exchange`]).
+thread_local! {
+    /// The sockets [`exchange`] opened in the thread's own namespace, one per protocol,
+    /// with the last sequence number each used: kept for the thread's next requests there.
+    static HOME_SOCKETS: RefCell<Vec<(libc::c_int, Socket, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sends `msg` on a socket of netlink `protocol` (`NETLINK_ROUTE`, `NETLINK_SOCK_DIAG`) and
+/// hands every answer message to `each` (see [`Socket::exchange`]). In the thread's own
+/// namespace (no namespace guard alive, see [`crate::netns::at_home`]) the socket is
+/// kept for the next request of that protocol, each request numbered after the last: an
+/// ADD's qdisc, filters, address dump and listener dumps share two sockets instead of
+/// opening one each. Under a guard, a fresh socket of that namespace. A request that
+/// fails gives its socket up (a dump cut short may have left messages unread).
 pub(super) fn exchange(
     protocol: libc::c_int,
     msg: &[u8],
     what: &str,
     each: impl FnMut(Message<'_>),
 ) -> io::Result<()> {
-    Socket::open(protocol)?.exchange(msg, what, each)
+    if !crate::netns::at_home() {
+        return Socket::open(protocol)?.exchange(msg, what, each);
+    }
+    let kept = HOME_SOCKETS.with_borrow_mut(|socks| {
+        socks
+            .iter()
+            .position(|(p, ..)| *p == protocol)
+            .map(|i| socks.swap_remove(i))
+    });
+    let (sock, seq) = match kept {
+        Some((_, sock, seq)) => (sock, seq.wrapping_add(1).max(1)),
+        None => (Socket::open(protocol)?, 1),
+    };
+    let mut numbered = msg.to_vec();
+    if let Some(field) = numbered.get_mut(8..12) {
+        field.copy_from_slice(&seq.to_ne_bytes());
+    }
+    let res = sock.exchange(&numbered, what, each);
+    if res.is_ok() {
+        HOME_SOCKETS.with_borrow_mut(|socks| socks.push((protocol, sock, seq)));
+    }
+    res
 }
 
 /// A netlink socket of the namespace the calling thread was in when it was opened, for
@@ -138,4 +170,53 @@ impl Socket {
 /// Netlink's 4-byte alignment of messages and attributes.
 pub(super) const fn align4(n: usize) -> usize {
     (n + 3) & !3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `RTM_GETLINK` of link `ifindex` (no root needed), asking for an acknowledgement.
+    fn get_link(ifindex: i32) -> Vec<u8> {
+        const RTM_GETLINK: u16 = 18;
+        let mut m = vec![0u8; NLMSG_HDRLEN + 16];
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m[4..6].copy_from_slice(&RTM_GETLINK.to_ne_bytes());
+        m[6..8].copy_from_slice(&(0x1u16 | 0x4).to_ne_bytes());
+        m[8..12].copy_from_slice(&7u32.to_ne_bytes());
+        m[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].copy_from_slice(&ifindex.to_ne_bytes());
+        m
+    }
+
+    fn kept() -> Vec<(libc::c_int, i32, u32)> {
+        HOME_SOCKETS.with_borrow(|s| {
+            s.iter()
+                .map(|(p, sock, seq)| (*p, sock.0.as_raw_fd(), *seq))
+                .collect()
+        })
+    }
+
+    /// Requests in the thread's own namespace share one socket per protocol, each numbered
+    /// after the last whatever number its message carried; a failed request gives the
+    /// socket up, and the next one opens another.
+    #[test]
+    fn requests_at_home_share_a_socket_until_one_fails() {
+        let mut links = 0;
+        exchange(libc::NETLINK_ROUTE, &get_link(1), "lo", |_| links += 1).unwrap();
+        let first = kept();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!((first[0].0, first[0].2), (libc::NETLINK_ROUTE, 1));
+        exchange(libc::NETLINK_ROUTE, &get_link(1), "lo", |_| links += 1).unwrap();
+        let second = kept();
+        assert_eq!(second.len(), 1, "{second:?}");
+        assert_eq!(second[0].1, first[0].1, "the same socket");
+        assert_eq!(second[0].2, 2, "numbered after the first");
+        assert_eq!(links, 2, "each answer read whole, once");
+        let gone = exchange(libc::NETLINK_ROUTE, &get_link(i32::MAX), "none", |_| {});
+        assert_eq!(gone.unwrap_err().raw_os_error(), Some(libc::ENODEV));
+        assert!(kept().is_empty(), "a failed request gives its socket up");
+        exchange(libc::NETLINK_ROUTE, &get_link(1), "lo", |_| {}).unwrap();
+        assert_eq!(kept().len(), 1);
+    }
 }
