@@ -65,6 +65,8 @@ impl NetnsError {
 pub struct Netns {
     file: File,
     path: PathBuf,
+    /// The namespace's cookie, once a socket opened there told it (see [`Netns::cookie`]).
+    cookie: std::sync::OnceLock<u64>,
 }
 
 impl Netns {
@@ -95,6 +97,7 @@ impl Netns {
         Ok(Self {
             file,
             path: path.to_owned(),
+            cookie: std::sync::OnceLock::new(),
         })
     }
 
@@ -132,6 +135,19 @@ impl Netns {
 
     pub fn enter(&self) -> Result<NetnsGuard, NetnsError> {
         NetnsGuard::enter(self)
+    }
+
+    /// The namespace's cookie (`SO_NETNS_COOKIE`), if a socket opened there told it: a
+    /// netlink connection there records it ([`Netns::learn_cookie`]), so whoever needs the
+    /// cookie next (the pacing map's key) neither enters the namespace again nor opens a
+    /// socket of its own.
+    pub fn cookie(&self) -> Option<u64> {
+        self.cookie.get().copied()
+    }
+
+    /// Records the cookie a socket opened in this namespace told.
+    pub fn learn_cookie(&self, cookie: u64) {
+        let _ = self.cookie.set(cookie);
     }
 }
 

@@ -36,7 +36,13 @@ use super::{
 /// single-threaded runtime and this call does not yield, so nothing else runs on the thread
 /// meanwhile. (A thread of its own cost ADD a thread start and glibc a second malloc arena:
 /// about 0.2 ms and 0.3 MiB of peak RSS.)
+///
+/// A cookie the namespace already knows (a netlink connection there told it) is taken as
+/// it is: ADD connects to the pod's namespace first, so it enters it once, not twice.
 pub fn netns_cookie_of(ns: &crate::netns::Netns) -> Result<u64, BpfError> {
+    if let Some(cookie) = ns.cookie() {
+        return Ok(cookie);
+    }
     let _in = ns.enter().map_err(|e| BpfError::NetnsCookie {
         source: io::Error::other(e.to_string()),
     })?;

@@ -178,10 +178,17 @@ impl Netlink {
         })
     }
 
-    /// A socket in `ns`; the calling thread stays where it was.
+    /// A socket in `ns`; the calling thread stays where it was. The socket tells `ns` its
+    /// cookie where the kernel can ([`Netns::learn_cookie`]).
     pub fn connect_in(ns: &Netns) -> Result<Self, NetlinkError> {
-        let _guard = ns.enter()?;
-        Self::connect()
+        let nl = {
+            let _guard = ns.enter()?;
+            Self::connect()?
+        };
+        if let Ok(cookie) = nl.sock.netns_cookie() {
+            ns.learn_cookie(cookie);
+        }
+        Ok(nl)
     }
 
     /// Sends `payload` with `flags` (`NLM_F_REQUEST` added) and hands each message of the
