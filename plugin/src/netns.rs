@@ -30,6 +30,8 @@ thread_local! {
     static HOME: OnceCell<File> = const { OnceCell::new() };
     /// The thread's live guards.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The cookie of the thread's own namespace, once a socket opened there told it.
+    static HOME_COOKIE: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +177,18 @@ fn with_home<T>(f: impl FnOnce(&File) -> T) -> Result<T, NetnsError> {
 /// namespace between two such calls unless a guard came and went in between.
 pub fn at_home() -> bool {
     DEPTH.get() == 0
+}
+
+/// The cookie (`SO_NETNS_COOKIE`) of the calling thread's own namespace, if a socket
+/// opened there told it ([`learn_home_cookie`]).
+pub fn home_cookie() -> Option<u64> {
+    HOME_COOKIE.get()
+}
+
+/// Records the cookie a socket opened in the calling thread's own namespace (no guard
+/// alive) told.
+pub fn learn_home_cookie(cookie: u64) {
+    HOME_COOKIE.set(Some(cookie));
 }
 
 /// While alive, the current thread is in another network namespace.

@@ -119,24 +119,20 @@ pub fn has_netns_cookie() -> bool {
     })
 }
 
-thread_local! {
-    /// The cookie of the thread's own namespace, once read (see [`socket_netns_cookie`]).
-    static HOME_COOKIE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-}
-
 /// The cookie of the calling thread's network namespace, from an unbound socket opened
 /// there (a new pod namespace may not even have loopback up). In the thread's own
-/// namespace (no namespace guard alive: see `netns::at_home`) it is read once and kept,
+/// namespace (no namespace guard alive) the cookie is read once and kept
+/// ([`crate::netns::home_cookie`], which a netlink connection opened there also tells),
 /// where an ADD read the node's three times (the probe of the option, the host-port step,
 /// the pacing entry), a socket each.
 pub fn socket_netns_cookie() -> io::Result<u64> {
     let at_home = crate::netns::at_home();
-    if let Some(cookie) = HOME_COOKIE.get().filter(|_| at_home) {
+    if let Some(cookie) = crate::netns::home_cookie().filter(|_| at_home) {
         return Ok(cookie);
     }
     let cookie = read_socket_netns_cookie()?;
     if at_home {
-        HOME_COOKIE.set(Some(cookie));
+        crate::netns::learn_home_cookie(cookie);
     }
     Ok(cookie)
 }

@@ -170,10 +170,17 @@ pub struct Netlink {
 }
 
 impl Netlink {
-    /// A socket in the calling thread's namespace.
+    /// A socket in the calling thread's namespace. In the thread's own namespace, the
+    /// socket tells it its cookie where the kernel can ([`crate::netns::learn_home_cookie`]).
     pub fn connect() -> Result<Self, NetlinkError> {
+        let sock = raw::Socket::open(libc::NETLINK_ROUTE).map_err(NetlinkError::Connect)?;
+        if crate::netns::at_home() && crate::netns::home_cookie().is_none() {
+            if let Ok(cookie) = sock.netns_cookie() {
+                crate::netns::learn_home_cookie(cookie);
+            }
+        }
         Ok(Self {
-            sock: raw::Socket::open(libc::NETLINK_ROUTE).map_err(NetlinkError::Connect)?,
+            sock,
             seq: AtomicU32::new(0),
         })
     }
