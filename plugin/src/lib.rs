@@ -30,6 +30,7 @@ pub mod portmap;
 pub mod reboot;
 pub mod removal;
 pub mod report;
+mod sockopt;
 pub mod source_check;
 pub mod status;
 pub mod version;

@@ -10,7 +10,7 @@ use std::{
     cell::{Cell, OnceCell},
     fs::File,
     marker::PhantomData,
-    os::fd::{AsFd, AsRawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -177,6 +177,13 @@ fn with_home<T>(f: impl FnOnce(&File) -> T) -> Result<T, NetnsError> {
 /// namespace between two such calls unless a guard came and went in between.
 pub fn at_home() -> bool {
     DEPTH.get() == 0
+}
+
+/// The cookie (`SO_NETNS_COOKIE`, Linux 5.14+; `ENOPROTOOPT` before) of the namespace the
+/// socket `sock` was opened in.
+pub fn socket_cookie(sock: BorrowedFd<'_>) -> std::io::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    crate::sockopt::u64_option(sock, SO_NETNS_COOKIE)
 }
 
 /// The cookie (`SO_NETNS_COOKIE`) of the calling thread's own namespace, if a socket

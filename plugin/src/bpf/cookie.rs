@@ -17,7 +17,7 @@
 use std::{
     io,
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
-    os::fd::AsRawFd,
+    os::fd::AsFd,
 };
 
 use aya::maps::{Array, MapData};
@@ -133,22 +133,7 @@ fn probe(root: &PinRoot, node: &NodeId) -> Result<u64, BpfError> {
 /// `getsockopt(SO_COOKIE)` (4.12+): the value `bpf_get_socket_cookie` gives the programs.
 fn socket_cookie(sock: &UdpSocket) -> io::Result<u64> {
     const SO_COOKIE: libc::c_int = 57;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt on a socket we own into a u64 of the length passed.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
+    crate::sockopt::u64_option(sock.as_fd(), SO_COOKIE)
 }
 
 /// Fills `buf` from the kernel's random pool.

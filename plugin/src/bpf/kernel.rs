@@ -138,7 +138,6 @@ pub fn socket_netns_cookie() -> io::Result<u64> {
 }
 
 fn read_socket_netns_cookie() -> io::Result<u64> {
-    const SO_NETNS_COOKIE: libc::c_int = 71;
     // SAFETY: plain socket(2); the fd is owned right below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -146,22 +145,7 @@ fn read_socket_netns_cookie() -> io::Result<u64> {
     }
     // SAFETY: `fd` is a new descriptor nobody else owns.
     let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt on a socket we own into a u64 of the length passed.
-    let rc = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&sock),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
+    crate::netns::socket_cookie(std::os::fd::AsFd::as_fd(&sock))
 }
 
 /// How one part of the dataplane runs on this kernel.

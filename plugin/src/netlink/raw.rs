@@ -6,7 +6,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 /// `struct nlmsghdr`'s length.
 pub(super) const NLMSG_HDRLEN: usize = 16;
@@ -87,26 +87,10 @@ impl Socket {
         Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    /// The cookie of the namespace the socket was opened in (`SO_NETNS_COOKIE`, Linux
-    /// 5.14+; `ENOPROTOOPT` before).
+    /// The cookie of the namespace the socket was opened in (see
+    /// [`crate::netns::socket_cookie`]).
     pub fn netns_cookie(&self) -> io::Result<u64> {
-        const SO_NETNS_COOKIE: libc::c_int = 71;
-        let mut cookie: u64 = 0;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        // SAFETY: getsockopt on a socket we own into a u64 of the length passed.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.0.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_NETNS_COOKIE,
-                (&mut cookie as *mut u64).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(cookie)
+        crate::netns::socket_cookie(self.0.as_fd())
     }
 
     /// Sends `msg` and hands every answer message to `each` until the dump's `NLMSG_DONE`
