@@ -1,8 +1,9 @@
 //! Requests over a raw netlink socket, each answer read into one buffer and split in
 //! place: the loop every netlink call shares. The hand-written ones (the address dump in
 //! `addrs`, the qdisc and filter calls in `tc`, the socket closing in `sockets`) build
-//! their own requests and read their own message bodies on a fresh socket each; the typed
-//! calls of [`super::Netlink`] keep one socket per namespace.
+//! their own requests and read their own message bodies through [`exchange`], which keeps
+//! one socket per protocol in the thread's own namespace and opens a fresh one under a
+//! namespace guard; the typed calls of [`super::Netlink`] keep one socket per namespace.
 
 use std::cell::RefCell;
 use std::io;
