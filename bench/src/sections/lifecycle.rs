@@ -6,8 +6,11 @@
 //! (reference pod i, ebpf-cni pod i, reference pod i+1, …), so machine noise hits both.
 //! The IPv4 repeats also build a node for ebpf-cni's kernel floor (`bench/floor`: the
 //! kernel work of one ADD alone, on ebpf-cni's programs and maps loaded by a first ebpf-cni
-//! pod there), whose pods come right after ebpf-cni's (… ebpf-cni pod i, floor pod i, …),
-//! and whose DELs right after ebpf-cni's: ADD and DEL are reported as multiples of it.
+//! pod there), whose pods take turns with ebpf-cni's: right after ebpf-cni pod i for even
+//! i, right before it (so right after the reference's) for odd i, and their DELs the same.
+//! Whatever runs right after the reference chain's ADD (tens of milliseconds of iptables
+//! and forks) finds the CPU's caches cold and pays for it; in a fixed order that was always
+//! ebpf-cni. ADD and DEL are reported as multiples of the floor.
 //! Every pod carries one hostPort and a bandwidth limit in `runtimeConfig`; all pods of a
 //! repeat exist at once (ADD all, CHECK all, DEL all).
 
@@ -149,9 +152,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          while it is down, then the host side up and its host route; one netlink \
          request per message, each acknowledged, as ebpf-cni sends them. It is linked as the \
          released plugin is (statically, against musl) and run as a plugin is (forked into \
-         the node namespace, reaped with wait4), one floor pod right \
-         after each ebpf-cni pod; its DEL (the map entries, then the veth) right after each \
-         ebpf-cni DEL. \"timed inside its process\" leaves out fork, exec and the process \
+         the node namespace, reaped with wait4). Its pods take turns with ebpf-cni's: right \
+         after ebpf-cni's pod on even pods, right before it (so right after the reference \
+         chain's ADD, which leaves the CPU's caches cold) on odd ones; its DELs (the map \
+         entries, then the veth) the same. \"timed inside its process\" leaves out fork, exec and the process \
          start. The IPv4 gateway is the node's, held once on lo: no per-pod work. Not in \
          it: the IPAM lease (a file), ebpf-cni's records (pins), the checks before any \
          change."
@@ -270,6 +274,9 @@ fn repeat(
             if broken.contains(&s) {
                 continue;
             }
+            if s == Subject::EbpfCni && FloorTurn::of(i) == FloorTurn::Before {
+                floor_add(&mut floor, &mut floor_samples, f, i);
+            }
             let caps = topo::caps(&[(FIRST_HOST_PORT + i as u16, 80)], Some(POD_RATE_BPS));
             match node.add_pod(&format!("pod-{i}"), caps) {
                 Ok((pod, cost)) => {
@@ -281,16 +288,8 @@ fn repeat(
                     broken.insert(s);
                 }
             }
-            if s == Subject::EbpfCni {
-                if let Some(fl) = floor.as_mut() {
-                    match fl.add(i) {
-                        Ok(a) => floor_samples.add.push(a),
-                        Err(e) => {
-                            fail_floor(f, &e);
-                            floor = None;
-                        }
-                    }
-                }
+            if s == Subject::EbpfCni && FloorTurn::of(i) == FloorTurn::After {
+                floor_add(&mut floor, &mut floor_samples, f, i);
             }
         }
     }
@@ -316,6 +315,9 @@ fn repeat(
             let Some(pod) = pods.get(&s).and_then(|v| v.get(i)) else {
                 continue;
             };
+            if s == Subject::EbpfCni && FloorTurn::of(i) == FloorTurn::Before {
+                floor_del(&mut floor, &mut floor_samples, f, i);
+            }
             match node.del(pod) {
                 Ok(c) => rs.entry(s).or_default().del.push(ms(c.wall)),
                 Err(e) => {
@@ -323,17 +325,8 @@ fn repeat(
                     f.del_p95.set_instead(s, Cell::failed(&e));
                 }
             }
-            if s == Subject::EbpfCni {
-                if let Some(fl) = floor.as_mut() {
-                    match fl.del(i) {
-                        Ok(Some(d)) => floor_samples.del.push(d),
-                        Ok(None) => {}
-                        Err(e) => {
-                            fail_floor(f, &e);
-                            floor = None;
-                        }
-                    }
-                }
+            if s == Subject::EbpfCni && FloorTurn::of(i) == FloorTurn::After {
+                floor_del(&mut floor, &mut floor_samples, f, i);
             }
         }
     }
@@ -408,6 +401,49 @@ fn repeat(
     }
 }
 
+/// Where a floor pod's ADD or DEL goes beside ebpf-cni's pod of the same number.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum FloorTurn {
+    Before,
+    After,
+}
+
+impl FloorTurn {
+    /// After ebpf-cni's pod on even pods, before it on odd ones (see the module docs).
+    fn of(pod: usize) -> Self {
+        if pod % 2 == 1 {
+            Self::Before
+        } else {
+            Self::After
+        }
+    }
+}
+
+/// ADD of floor pod `i`; a failure is reported and ends the floor's repeat.
+fn floor_add(floor: &mut Option<FloorNode>, samples: &mut FloorSamples, f: &mut Figures, i: usize) {
+    let Some(fl) = floor.as_mut() else { return };
+    match fl.add(i) {
+        Ok(a) => samples.add.push(a),
+        Err(e) => {
+            fail_floor(f, &e);
+            *floor = None;
+        }
+    }
+}
+
+/// DEL of floor pod `i`; a failure is reported and ends the floor's repeat.
+fn floor_del(floor: &mut Option<FloorNode>, samples: &mut FloorSamples, f: &mut Figures, i: usize) {
+    let Some(fl) = floor.as_mut() else { return };
+    match fl.del(i) {
+        Ok(Some(d)) => samples.del.push(d),
+        Ok(None) => {}
+        Err(e) => {
+            fail_floor(f, &e);
+            *floor = None;
+        }
+    }
+}
+
 /// The kernel floor's samples of one repeat (ms).
 #[derive(Default)]
 struct FloorSamples {
@@ -448,7 +484,7 @@ struct FloorAdd {
 
 /// A pod of the kernel floor: its namespace and what its DEL needs.
 struct FloorPod {
-    _netns: Netns,
+    netns: Netns,
     input: String,
     host_ifindex: u32,
 }
@@ -462,6 +498,10 @@ struct FloorNode {
     maps: PathBuf,
     programs: PathBuf,
     pods: BTreeMap<usize, FloorPod>,
+    /// The namespaces of deleted floor pods, kept until the repeat ends as the subjects'
+    /// pods are: the kernel tears a namespace down in the background, and that work would
+    /// land on whichever DEL comes next.
+    deleted: Vec<Netns>,
 }
 
 impl FloorNode {
@@ -488,6 +528,7 @@ impl FloorNode {
             seed,
             node,
             pods: BTreeMap::new(),
+            deleted: Vec::new(),
         })
     }
 
@@ -515,7 +556,7 @@ impl FloorNode {
         self.pods.insert(
             i,
             FloorPod {
-                _netns: netns,
+                netns,
                 input,
                 host_ifindex,
             },
@@ -532,7 +573,9 @@ impl FloorNode {
             return Ok(None);
         };
         let input = format!("{}host_ifindex={}\n", pod.input, pod.host_ifindex);
-        Ok(Some(ms(self.run("del", &input)?.wall)))
+        let wall = ms(self.run("del", &input)?.wall);
+        self.deleted.push(pod.netns);
+        Ok(Some(wall))
     }
 
     fn run(&self, op: &str, input: &str) -> Result<exec::Exit> {
