@@ -99,6 +99,7 @@ pub fn reclaim(
 mod tests {
     use std::fs;
     use std::net::IpAddr;
+    use std::os::unix::fs::MetadataExt;
     use std::path::Path;
 
     use serde_json::json;
@@ -158,10 +159,12 @@ mod tests {
         let dir = tmp.path().join(NET);
         // Created with the first lease, holding this boot.
         assert_eq!(recorded_boot(&dir).unwrap().as_deref(), Some(boot.as_str()));
-        assert_eq!(
-            fs::read_to_string(dir.join("ebpf-cni").join(a.to_string())).unwrap(),
-            "a/eth0"
-        );
+        // The record is the lease file under a second name: no file of its own.
+        let record = dir.join("ebpf-cni").join(a.to_string());
+        let lease = dir.join(a.to_string());
+        assert_eq!(fs::read_to_string(&record).unwrap(), "a\r\neth0");
+        assert_eq!(inode(&record), inode(&lease));
+        assert_eq!(fs::metadata(&lease).unwrap().nlink(), 2);
         assert_eq!(
             records(tmp.path()),
             [a.to_string(), b.to_string(), "boot_id".into()]
@@ -171,6 +174,62 @@ mod tests {
         gc(&c, NET, &[]).unwrap();
         assert_eq!(records(tmp.path()), ["boot_id"]);
         assert!(!needs_check(&c, NET, &boot).unwrap());
+    }
+
+    fn inode(p: &Path) -> u64 {
+        fs::metadata(p).unwrap().ino()
+    }
+
+    #[test]
+    fn a_record_file_of_an_earlier_build_still_counts_and_a_left_record_is_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let ours = alloc(&c, "ours");
+        // An earlier build's record: a file of its own naming the owner as `<id>/<ifname>`.
+        let old = "10.9.0.9".parse::<IpAddr>().unwrap();
+        fs::write(dir.join(old.to_string()), "older\r\neth0").unwrap();
+        fs::write(dir.join("ebpf-cni").join(old.to_string()), "older/eth0").unwrap();
+        let listed = |c: &HostLocalConfig| {
+            leases_of_another_boot(c, NET, "next-boot")
+                .unwrap()
+                .unwrap()
+                .leases
+        };
+        assert_eq!(listed(&c), [own(ours, "ours"), own(old, "older")]);
+
+        // Another plugin releases `ours`'s address (its lease file goes, our record stays);
+        // reserving it again links the new lease in place of the left record.
+        fs::remove_file(dir.join(ours.to_string())).unwrap();
+        assert_eq!(listed(&c), [own(old, "older")]);
+        let again = allocate(
+            &c,
+            &IpamRequest {
+                fresh: true,
+                network: NET,
+                container_id: "again",
+                ifname: "eth0",
+                requested: &[ours],
+            },
+        )
+        .unwrap()
+        .ips[0]
+            .address
+            .ip();
+        assert_eq!(again, ours);
+        let record = dir.join("ebpf-cni").join(ours.to_string());
+        assert_eq!(inode(&record), inode(&dir.join(ours.to_string())));
+        assert_eq!(fs::read_to_string(&record).unwrap(), "again\r\neth0");
+        // The reclaim after a reboot releases both, whichever form their record has.
+        let released = reclaim(
+            &c,
+            NET,
+            &[own(ours, "again"), own(old, "older")],
+            "next-boot",
+        )
+        .unwrap();
+        assert_eq!(released, [own(ours, "again"), own(old, "older")]);
+        assert_eq!(records(tmp.path()), ["boot_id"]);
     }
 
     #[test]

@@ -11,9 +11,17 @@
 //! Beside them, in `ebpf-cni/`, what only ebpf-cni reads (the reference matches a file's
 //! content against `<containerID>\r\n<ifname>` or `<containerID>`, which these never are,
 //! so it neither counts nor removes them):
-//! - `ebpf-cni/<ip>`: `<containerID>/<ifname>`, written for each lease ebpf-cni reserves
-//!   and removed with it: what tells ebpf-cni's leases from those of another plugin sharing
-//!   the directory (a lease counts as ours only while its owner is the record's);
+//! - `ebpf-cni/<ip>`: a hard link to the lease file of each lease ebpf-cni reserves
+//!   (holding what it holds), removed with it: what tells ebpf-cni's leases from those of
+//!   another plugin sharing the directory (a lease counts as ours only while its owner is
+//!   the record's: a lease released and reserved again is a new file, the record keeps the
+//!   old one). A link is a name, not a file: ext4 allocates no inode for it, which was a
+//!   tenth of an ADD's CPU time. Where the filesystem refuses hard links, and as earlier
+//!   builds wrote it, the record is a file of its own holding `<containerID>/<ifname>`;
+//!   both are read. A build that only knows the file (the upgrade test's previous release,
+//!   167c4dc, among them) takes a link for a record that describes no lease and removes it,
+//!   the lease staying: rolled back to such a build, a node's reboot leaves those pods'
+//!   addresses to the runtime's DEL or GC to release;
 //! - `ebpf-cni/boot_id`: the boot (`/proc/sys/kernel/random/boot_id`) the records were
 //!   last checked in; the directory is created with it, so a record never exists without
 //!   a boot to compare (see `boot`).
@@ -114,9 +122,19 @@ pub struct OwnLease {
     pub ifname: String,
 }
 
-/// A record's content: `/` appears in neither a container ID nor an interface name.
+/// A record's content where it is a file of its own: `/` appears in neither a container ID
+/// nor an interface name.
 fn record(container_id: &str, ifname: &str) -> String {
     format!("{}/{ifname}", container_id.trim())
+}
+
+/// The owner a record names: a link to the lease holds the lease's `<id>\r\n<ifname>`, a
+/// record file `<id>/<ifname>`.
+fn record_owner(content: &str) -> Option<(&str, &str)> {
+    let content = content.trim();
+    content
+        .split_once(LINE_BREAK)
+        .or_else(|| content.split_once('/'))
 }
 
 /// This boot's id.
@@ -388,15 +406,33 @@ impl LockedStore {
         }
     }
 
-    /// Records `ip` as ours. The records' directory is made with the current boot in it
-    /// (in a temporary directory renamed into place), so no record is ever without one.
+    /// Records `ip` as ours: a hard link to its lease file, just written; a file of its own
+    /// where the filesystem has no hard links. A record left at that name (its lease was
+    /// removed by another plugin) is replaced. The records' directory is made with the
+    /// current boot in it (in a temporary directory renamed into place), so no record is
+    /// ever without one.
     fn write_record(&self, ip: IpAddr, container_id: &str, ifname: &str) -> Result<(), IpamError> {
         let own = own_dir(&self.dir);
         if !own.is_dir() {
             self.create_own_dir(&current_boot()?)?;
         }
         let path = own.join(ip.to_string());
-        write_file(&path, record(container_id, ifname).as_bytes()).map_err(|source| IpamError::Io {
+        let lease = self.dir.join(ip.to_string());
+        let linked = match fs::hard_link(&lease, &path) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                self.remove_record(ip);
+                fs::hard_link(&lease, &path)
+            }
+            r => r,
+        };
+        match linked {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                log::debug!("a record file instead of a link at {}: {e}", path.display());
+                write_file(&path, record(container_id, ifname).as_bytes())
+            }
+        }
+        .map_err(|source| IpamError::Io {
             op: "write",
             path,
             source,
@@ -475,7 +511,7 @@ impl LockedStore {
                 continue;
             };
             let owner = fs::read_to_string(entry.path()).unwrap_or_default();
-            let Some((container_id, ifname)) = owner.trim().split_once('/') else {
+            let Some((container_id, ifname)) = record_owner(&owner) else {
                 stale.push(ip);
                 continue;
             };
@@ -509,12 +545,13 @@ impl LockedStore {
     pub fn release_own(&self, lease: &OwnLease) -> Result<bool, IpamError> {
         let path = self.dir.join(lease.ip.to_string());
         let record_path = own_dir(&self.dir).join(lease.ip.to_string());
-        let names = |p: &Path, want: &str| {
-            fs::read(p).is_ok_and(|b| String::from_utf8_lossy(&b).trim() == want)
-        };
-        if !names(&path, &key(&lease.container_id, &lease.ifname))
-            || !names(&record_path, &record(&lease.container_id, &lease.ifname))
-        {
+        let lease_names = fs::read(&path).is_ok_and(|b| {
+            String::from_utf8_lossy(&b).trim() == key(&lease.container_id, &lease.ifname)
+        });
+        let record_names = fs::read_to_string(&record_path).is_ok_and(|r| {
+            record_owner(&r) == Some((lease.container_id.as_str(), lease.ifname.as_str()))
+        });
+        if !lease_names || !record_names {
             return Ok(false);
         }
         match fs::remove_file(&path) {
