@@ -144,9 +144,67 @@ mod tests {
         let mut v: Vec<String> = fs::read_dir(dir.join(NET).join("ebpf-cni"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != "spare")
             .collect();
         v.sort();
         v
+    }
+
+    fn spares(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir.join(NET).join("ebpf-cni/spare"))
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_released_lease_file_serves_the_next_reservation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        let a_inode = inode(&dir.join(a.to_string()));
+        release(&c, NET, "a", "eth0").unwrap();
+        // Released: the lease and its record are gone; the file is a spare naming nobody.
+        assert!(!dir.join(a.to_string()).exists());
+        assert_eq!(records(tmp.path()), ["boot_id"]);
+        assert_eq!(spares(tmp.path()), [a.to_string()]);
+        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
+        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
+        assert_eq!(inode(&spare), a_inode);
+
+        // The next reservation (another address: round robin) takes it, with its owner's
+        // content exactly (shorter than before: nothing of the old one is left).
+        let b = alloc(&c, "b");
+        assert_ne!(a, b);
+        let lease = dir.join(b.to_string());
+        assert_eq!(inode(&lease), a_inode);
+        assert_eq!(fs::read_to_string(&lease).unwrap(), "b\r\neth0");
+        assert_eq!(fs::metadata(&lease).unwrap().nlink(), 2);
+        assert_eq!(
+            inode(&dir.join("ebpf-cni").join(b.to_string())),
+            a_inode,
+            "the spare's name became the record"
+        );
+        assert!(spares(tmp.path()).is_empty());
+
+        // A spare still linked elsewhere (a crash between linking it in and renaming it)
+        // is no spare: its name goes, the file it shares stays as it is.
+        release(&c, NET, "b", "eth0").unwrap();
+        let other = dir.join("10.9.0.12");
+        fs::write(&other, "someone\r\neth0").unwrap();
+        let spare_b = dir.join("ebpf-cni/spare").join(b.to_string());
+        fs::remove_file(&spare_b).unwrap();
+        fs::hard_link(&other, &spare_b).unwrap();
+        let d = alloc(&c, "d");
+        assert_ne!(inode(&dir.join(d.to_string())), inode(&other));
+        assert_eq!(fs::read_to_string(&other).unwrap(), "someone\r\neth0");
+        assert_eq!(fs::metadata(&other).unwrap().nlink(), 1);
+        assert!(spares(tmp.path()).is_empty());
     }
 
     #[test]

@@ -8,20 +8,31 @@
 //!   no trailing newline (the reference parses it without trimming);
 //! - `lock`: an empty file the reference `flock(LOCK_EX)`s around every transaction.
 //!
-//! Beside them, in `ebpf-cni/`, what only ebpf-cni reads (the reference matches a file's
-//! content against `<containerID>\r\n<ifname>` or `<containerID>`, which these never are,
-//! so it neither counts nor removes them):
+//! Beside them, in `ebpf-cni/`, what only ebpf-cni writes. The reference looks for a
+//! container's leases in the whole directory, subdirectories included, matching a file's
+//! content against `<containerID>\r\n<ifname>` or `<containerID>`: a record is the lease
+//! file itself (it finds the address twice, and its DEL removes both names); a spare and
+//! the boot id never match.
 //! - `ebpf-cni/<ip>`: a hard link to the lease file of each lease ebpf-cni reserves
 //!   (holding what it holds), removed with it: what tells ebpf-cni's leases from those of
 //!   another plugin sharing the directory (a lease counts as ours only while its owner is
 //!   the record's: a lease released and reserved again is a new file, the record keeps the
-//!   old one). A link is a name, not a file: ext4 allocates no inode for it, which was a
-//!   tenth of an ADD's CPU time. Where the filesystem refuses hard links, and as earlier
+//!   old one). A link is a name, not a file: ext4 allocates no inode for it. Where the filesystem refuses hard links, and as earlier
 //!   builds wrote it, the record is a file of its own holding `<containerID>/<ifname>`;
 //!   both are read. A build that only knows the file (the upgrade test's previous release,
 //!   167c4dc, among them) takes a link for a record that describes no lease and removes it,
 //!   the lease staying: rolled back to such a build, a node's reboot leaves those pods'
 //!   addresses to the runtime's DEL or GC to release;
+//! - `ebpf-cni/spare/<ip>`: lease files released, kept for their inodes. A release renames
+//!   the lease file there (the lease is gone as at once as an unlink makes it) and marks it
+//!   (`#` for its first byte: it names no owner); a
+//!   reservation writes the new owner into a spare, links it in as the lease (failing as
+//!   `O_EXCL` would where the address is taken) and renames the spare to the lease's
+//!   record. On ext4 a new file's inode costs an allocator scan over the recently deleted
+//!   ones, which busy pod churn makes long (a tenth of an ADD's CPU time); a name costs
+//!   nothing of the kind. A spare still linked elsewhere (a crash between two of these
+//!   steps) is no spare: its name is dropped when found. At most one spare per address;
+//!   without one, a reservation creates its file;
 //! - `ebpf-cni/boot_id`: the boot (`/proc/sys/kernel/random/boot_id`) the records were
 //!   last checked in; the directory is created with it, so a record never exists without
 //!   a boot to compare (see `boot`).
@@ -33,7 +44,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -53,6 +64,8 @@ pub const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
 /// ebpf-cni's own records (see the module docs).
 const OWN_DIR: &str = "ebpf-cni";
 const BOOT_ID_FILE: &str = "boot_id";
+/// Released lease files kept for their inodes (see the module docs), in [`OWN_DIR`].
+const SPARE_DIR: &str = "spare";
 const LINE_BREAK: &str = "\r\n";
 /// The reference's modes; the lock file's is ours (the reference's 0750 has no meaning).
 const FILE_MODE: u32 = 0o644;
@@ -228,34 +241,14 @@ impl LockedStore {
         set_index: usize,
     ) -> Result<bool, IpamError> {
         let path = self.dir.join(ip.to_string());
-        let mut file = match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(FILE_MODE)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
-            Err(source) => {
-                return Err(IpamError::Io {
-                    op: "create",
-                    path,
-                    source,
-                })
+        match self.reserve_spare(ip, &path, container_id, ifname)? {
+            Spare::Reserved => {}
+            Spare::Taken => return Ok(false),
+            Spare::None => {
+                if !self.reserve_new(ip, &path, container_id, ifname)? {
+                    return Ok(false);
+                }
             }
-        };
-        if let Err(source) = file.write_all(key(container_id, ifname).as_bytes()) {
-            remove_quietly(&path);
-            return Err(IpamError::Io {
-                op: "write",
-                path,
-                source,
-            });
-        }
-        drop(file);
-        if let Err(e) = self.write_record(ip, container_id, ifname) {
-            remove_quietly(&path);
-            return Err(e);
         }
         let last = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
         if let Err(source) = overwrite_file(&last, ip.to_string().as_bytes()) {
@@ -268,6 +261,134 @@ impl LockedStore {
             });
         }
         Ok(true)
+    }
+
+    /// [`Self::reserve`] with a new lease file, and its record.
+    fn reserve_new(
+        &self,
+        ip: IpAddr,
+        path: &Path,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<bool, IpamError> {
+        let mut file = match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+            Err(source) => {
+                return Err(IpamError::Io {
+                    op: "create",
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        if let Err(source) = file.write_all(key(container_id, ifname).as_bytes()) {
+            remove_quietly(path);
+            return Err(IpamError::Io {
+                op: "write",
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+        drop(file);
+        if let Err(e) = self.write_record(ip, container_id, ifname) {
+            remove_quietly(path);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// [`Self::reserve`] with a spare lease file (see the module docs): the owner written
+    /// into it, linked in as the lease at `path`, then renamed to the record.
+    fn reserve_spare(
+        &self,
+        ip: IpAddr,
+        path: &Path,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Spare, IpamError> {
+        let Some(spare) = self.filled_spare(key(container_id, ifname).as_bytes()) else {
+            return Ok(Spare::None);
+        };
+        match fs::hard_link(&spare, path) {
+            Ok(()) => {}
+            // Taken: the spare stays one (its content is written again when used).
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(Spare::Taken),
+            Err(e) => {
+                log::debug!("no lease from the spare {}: {e}", spare.display());
+                return Ok(Spare::None);
+            }
+        }
+        let record = own_dir(&self.dir).join(ip.to_string());
+        if fs::rename(&spare, &record).is_err() {
+            // The spare's name stays linked to the lease (it is dropped as no spare when
+            // found); the record is linked as a new lease's is.
+            if let Err(e) = self.write_record(ip, container_id, ifname) {
+                remove_quietly(path);
+                return Err(e);
+            }
+        }
+        Ok(Spare::Reserved)
+    }
+
+    /// A spare lease file holding exactly `content`, `None` when there is none. Names of
+    /// files that are no spare (still linked elsewhere, or unwritable) are removed.
+    fn filled_spare(&self, content: &[u8]) -> Option<PathBuf> {
+        let dir = own_dir(&self.dir).join(SPARE_DIR);
+        for entry in fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            let Ok(mut file) = OpenOptions::new().write(true).open(&path) else {
+                let _ = fs::remove_file(&path);
+                continue;
+            };
+            let alone = file.metadata().is_ok_and(|m| m.nlink() == 1);
+            if alone
+                && file
+                    .write_all(content)
+                    .and_then(|()| file.set_len(content.len() as u64))
+                    .is_ok()
+            {
+                return Some(path);
+            }
+            let _ = fs::remove_file(&path);
+        }
+        None
+    }
+
+    /// Removes the lease file at `path` (of address `ip`): into the spares when it can,
+    /// else unlinked. `NotFound` when there was none.
+    fn retire_lease(&self, ip: IpAddr, path: &Path) -> std::io::Result<()> {
+        let spares = own_dir(&self.dir).join(SPARE_DIR);
+        let spare = spares.join(ip.to_string());
+        let renamed = fs::rename(path, &spare).or_else(|e| {
+            if e.kind() == ErrorKind::NotFound && path.exists() {
+                // No spare directory yet: the first release makes it.
+                fs::DirBuilder::new().mode(DIR_MODE).create(&spares)?;
+                fs::rename(path, &spare)
+            } else {
+                Err(e)
+            }
+        });
+        match renamed {
+            // Renaming a name onto another of the same file does nothing: a lease linked
+            // as its spare too (a crash mid-reservation) is still there.
+            Ok(()) if fs::symlink_metadata(path).is_ok() => fs::remove_file(path),
+            Ok(()) => {
+                // The reference looks for leases in the whole directory, spares included:
+                // a spare must name no owner. If it cannot be marked, it goes.
+                if mark_spare(&spare).is_err() {
+                    let _ = fs::remove_file(&spare);
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(e),
+            Err(_) => fs::remove_file(path),
+        }
     }
 
     /// The last address reserved from set `set_index`; `None` when unknown. A broken file
@@ -372,7 +493,7 @@ impl LockedStore {
         let mut removed = Vec::new();
         let mut first_err = None;
         for lease in leases {
-            match fs::remove_file(&lease.path) {
+            match self.retire_lease(lease.ip, &lease.path) {
                 Ok(()) => {
                     self.remove_record(lease.ip);
                     removed.push(lease.ip);
@@ -393,7 +514,7 @@ impl LockedStore {
     /// Removes the lease of `ip` if any (undo of [`Self::reserve`]).
     pub fn release_ip(&self, ip: IpAddr) -> Result<(), IpamError> {
         let path = self.dir.join(ip.to_string());
-        match fs::remove_file(&path) {
+        match self.retire_lease(ip, &path) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(IpamError::Io {
                 op: "remove",
                 path,
@@ -554,7 +675,7 @@ impl LockedStore {
         if !lease_names || !record_names {
             return Ok(false);
         }
-        match fs::remove_file(&path) {
+        match self.retire_lease(lease.ip, &path) {
             Ok(()) => {
                 self.remove_record(lease.ip);
                 Ok(true)
@@ -567,6 +688,27 @@ impl LockedStore {
             }),
         }
     }
+}
+
+/// Makes a spare's content name no owner: its first byte becomes `#`, which begins no
+/// container ID (the spec allows letters, digits, `_`, `-` and `.`), so the reference's
+/// search of the directory for `<id>\r\n<ifname>` or `<id>` never matches it.
+fn mark_spare(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all_at(b"#", 0)
+}
+
+/// What [`LockedStore::reserve_spare`] did.
+enum Spare {
+    /// The lease and its record are in place.
+    Reserved,
+    /// The address has a lease already.
+    Taken,
+    /// No spare could serve: the lease is to be created.
+    None,
 }
 
 /// IPv4 before IPv6, then numeric.
