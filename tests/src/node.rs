@@ -129,9 +129,16 @@ impl Node {
         )
     }
 
-    /// Every file below the dataDir, relative to it.
+    /// Every file below the dataDir, relative to it, but the spare lease files
+    /// (`<network>/ebpf-cni/spare/<ip>`): released leases' files kept for the next
+    /// reservation, a cache of at most one file per address (it is named by the address),
+    /// which no attachment owns and a rollback may add to.
     pub fn data_dir_files(&self) -> Vec<PathBuf> {
-        fsutil::list_files(&self.data_dir).expect("listing dataDir")
+        fsutil::list_files(&self.data_dir)
+            .expect("listing dataDir")
+            .into_iter()
+            .filter(|f| !is_spare_lease(f))
+            .collect()
     }
 
     /// Every file below this node's pin root, relative to it.
@@ -228,4 +235,10 @@ impl Drop for Node {
         }
         // The namespace and the scratch directory go with their own Drop impls.
     }
+}
+
+/// A spare lease file of ebpf-cni's IPAM store (see [`Node::data_dir_files`]).
+pub fn is_spare_lease(path: &Path) -> bool {
+    path.parent()
+        .is_some_and(|dir| dir.ends_with("ebpf-cni/spare"))
 }

@@ -546,7 +546,7 @@ fn nothing_left(node: &Node, pods: &[Pod]) -> Result<()> {
     show(&format!("ls -R {}", data_dir.display()), &files.join("\n"));
     let leases = node.leases(NETWORK);
     if leases.is_empty() {
-        ok("no leases (what remains is host-local's lock and last-reserved bookkeeping)");
+        ok("no leases (what remains is host-local's lock and last-reserved bookkeeping, and in ebpf-cni/ the boot id and the released lease files kept for reuse)");
     } else {
         problems.push(format!("leases left: {leases:?}"));
     }
