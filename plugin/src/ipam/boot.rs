@@ -291,6 +291,36 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_still_linked_as_its_spare_is_released_and_its_spare_marked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        // A crash between linking a spare in as the lease and renaming it to the record:
+        // the lease's file has its spare's name too.
+        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
+        fs::create_dir_all(spare.parent().unwrap()).unwrap();
+        fs::hard_link(dir.join(a.to_string()), &spare).unwrap();
+        release(&c, NET, "a", "eth0").unwrap();
+        assert!(!dir.join(a.to_string()).exists(), "the lease is released");
+        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
+        assert_eq!(records(tmp.path()), ["boot_id"]);
+    }
+
+    #[test]
+    fn releasing_another_plugins_lease_where_ebpf_cni_never_reserved_removes_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("10.9.0.2"), "theirs\r\neth0").unwrap();
+        release(&c, NET, "theirs", "eth0").unwrap();
+        assert!(!dir.join("10.9.0.2").exists(), "the lease is released");
+        // No directory of ebpf-cni's appears (it is only ever made with the boot id).
+        assert!(!dir.join("ebpf-cni").exists());
+    }
+
+    #[test]
     fn nothing_is_checked_or_written_where_ebpf_cni_never_reserved() {
         let tmp = tempfile::tempdir().unwrap();
         let c = conf(tmp.path());

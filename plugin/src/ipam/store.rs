@@ -365,20 +365,22 @@ impl LockedStore {
     fn retire_lease(&self, ip: IpAddr, path: &Path) -> std::io::Result<()> {
         let spares = own_dir(&self.dir).join(SPARE_DIR);
         let spare = spares.join(ip.to_string());
-        let renamed = fs::rename(path, &spare).or_else(|e| {
-            if e.kind() == ErrorKind::NotFound && path.exists() {
-                // No spare directory yet: the first release makes it.
-                fs::DirBuilder::new().mode(DIR_MODE).create(&spares)?;
-                fs::rename(path, &spare)
-            } else {
-                Err(e)
-            }
-        });
+        let renamed = match fs::rename(path, &spare) {
+            // No spare directory yet: the first release makes it, in ebpf-cni's directory
+            // only where that exists (it is made with the boot id: see `write_record`).
+            Err(e) if e.kind() == ErrorKind::NotFound && path.exists() => fs::DirBuilder::new()
+                .mode(DIR_MODE)
+                .create(&spares)
+                .and_then(|()| fs::rename(path, &spare)),
+            r => r,
+        };
         match renamed {
-            // Renaming a name onto another of the same file does nothing: a lease linked
-            // as its spare too (a crash mid-reservation) is still there.
-            Ok(()) if fs::symlink_metadata(path).is_ok() => fs::remove_file(path),
             Ok(()) => {
+                // Renaming a name onto another of the same file does nothing: a lease
+                // linked as its spare too (a crash mid-reservation) is still there.
+                if fs::symlink_metadata(path).is_ok() {
+                    fs::remove_file(path)?;
+                }
                 // The reference looks for leases in the whole directory, spares included:
                 // a spare must name no owner. If it cannot be marked, it goes.
                 if mark_spare(&spare).is_err() {
@@ -386,7 +388,7 @@ impl LockedStore {
                 }
                 Ok(())
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(e),
+            Err(e) if e.kind() == ErrorKind::NotFound && !path.exists() => Err(e),
             Err(_) => fs::remove_file(path),
         }
     }
