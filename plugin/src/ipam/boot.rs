@@ -291,6 +291,36 @@ mod tests {
     }
 
     #[test]
+    fn a_taken_address_leaves_the_spare_as_it_was() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        let b = alloc(&c, "b");
+        release(&c, NET, "a", "eth0").unwrap();
+        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
+        // A request for `b`'s address is refused; the spare still names no owner (the
+        // reference searches the spares too) and `b`'s lease is untouched.
+        let refused = allocate(
+            &c,
+            &IpamRequest {
+                fresh: true,
+                network: NET,
+                container_id: "c",
+                ifname: "eth0",
+                requested: &[b],
+            },
+        );
+        assert!(refused.is_err(), "{refused:?}");
+        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
+        assert_eq!(
+            fs::read_to_string(dir.join(b.to_string())).unwrap(),
+            "b\r\neth0"
+        );
+        assert_eq!(spares(tmp.path()), [a.to_string()]);
+    }
+
+    #[test]
     fn a_lease_still_linked_as_its_spare_is_released_and_its_spare_marked() {
         let tmp = tempfile::tempdir().unwrap();
         let c = conf(tmp.path());

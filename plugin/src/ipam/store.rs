@@ -17,22 +17,21 @@
 //!   (holding what it holds), removed with it: what tells ebpf-cni's leases from those of
 //!   another plugin sharing the directory (a lease counts as ours only while its owner is
 //!   the record's: a lease released and reserved again is a new file, the record keeps the
-//!   old one). A link is a name, not a file: ext4 allocates no inode for it. Where the filesystem refuses hard links, and as earlier
-//!   builds wrote it, the record is a file of its own holding `<containerID>/<ifname>`;
-//!   both are read. A build that only knows the file (the upgrade test's previous release,
-//!   167c4dc, among them) takes a link for a record that describes no lease and removes it,
-//!   the lease staying: rolled back to such a build, a node's reboot leaves those pods'
-//!   addresses to the runtime's DEL or GC to release;
+//!   old one). A link is a name, not a file: ext4 allocates no inode for it. Where the
+//!   filesystem refuses hard links, and as earlier builds wrote it, the record is a file
+//!   of its own holding `<containerID>/<ifname>`; both are read. A build that only knows
+//!   the file (the upgrade test's previous release, 167c4dc, among them) takes a link for
+//!   a record that describes no lease and removes it, the lease staying: rolled back to
+//!   such a build, a node's reboot leaves those pods' addresses to the runtime's DEL or GC;
 //! - `ebpf-cni/spare/<ip>`: lease files released, kept for their inodes. A release renames
-//!   the lease file there (the lease is gone as at once as an unlink makes it) and marks it
-//!   (`#` for its first byte: it names no owner); a
-//!   reservation writes the new owner into a spare, links it in as the lease (failing as
-//!   `O_EXCL` would where the address is taken) and renames the spare to the lease's
-//!   record. On ext4 a new file's inode costs an allocator scan over the recently deleted
-//!   ones, which busy pod churn makes long (a tenth of an ADD's CPU time); a name costs
-//!   nothing of the kind. A spare still linked elsewhere (a crash between two of these
-//!   steps) is no spare: its name is dropped when found. At most one spare per address;
-//!   without one, a reservation creates its file;
+//!   the lease file there (the lease is gone as at once as an unlink would make it) and
+//!   marks it (`#` for its first byte: it names no owner). A reservation links a spare in
+//!   as the lease (failing as `O_EXCL` would where the address is taken), writes its owner
+//!   into it and renames the spare to the lease's record. On ext4 a new file's inode costs
+//!   an allocator scan over the recently deleted ones, which busy pod churn makes long (a
+//!   tenth of an ADD's CPU time); a name costs nothing of the kind. A spare still linked
+//!   elsewhere (a crash between two of these steps) is no spare: its name is dropped when
+//!   found. At most one spare per address; without one, a reservation creates its file;
 //! - `ebpf-cni/boot_id`: the boot (`/proc/sys/kernel/random/boot_id`) the records were
 //!   last checked in; the directory is created with it, so a record never exists without
 //!   a boot to compare (see `boot`).
@@ -303,8 +302,9 @@ impl LockedStore {
         Ok(true)
     }
 
-    /// [`Self::reserve`] with a spare lease file (see the module docs): the owner written
-    /// into it, linked in as the lease at `path`, then renamed to the record.
+    /// [`Self::reserve`] with a spare lease file (see the module docs): linked in as the
+    /// lease at `path`, its owner written into it, then renamed to the record. A taken
+    /// address leaves the spare as it was, marked.
     fn reserve_spare(
         &self,
         ip: IpAddr,
@@ -312,17 +312,36 @@ impl LockedStore {
         container_id: &str,
         ifname: &str,
     ) -> Result<Spare, IpamError> {
-        let Some(spare) = self.filled_spare(key(container_id, ifname).as_bytes()) else {
+        // A taken address costs what the exclusive create cost: one system call.
+        if fs::symlink_metadata(path).is_ok() {
+            return Ok(Spare::Taken);
+        }
+        let Some(spare) = self.first_spare() else {
             return Ok(Spare::None);
         };
         match fs::hard_link(&spare, path) {
             Ok(()) => {}
-            // Taken: the spare stays one (its content is written again when used).
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(Spare::Taken),
             Err(e) => {
                 log::debug!("no lease from the spare {}: {e}", spare.display());
                 return Ok(Spare::None);
             }
+        }
+        // The spare's file is the lease now, and nothing else's: a spare linked elsewhere
+        // too (a crash between two of these steps) is no spare, and both new names go.
+        let content = key(container_id, ifname);
+        let written = OpenOptions::new().write(true).open(path).and_then(|mut f| {
+            if f.metadata()?.nlink() != 2 {
+                return Err(std::io::Error::other("the spare is linked elsewhere"));
+            }
+            f.write_all(content.as_bytes())?;
+            f.set_len(content.len() as u64)
+        });
+        if let Err(e) = written {
+            log::debug!("no lease from the spare {}: {e}", spare.display());
+            let _ = fs::remove_file(path);
+            let _ = fs::remove_file(&spare);
+            return Ok(Spare::None);
         }
         let record = own_dir(&self.dir).join(ip.to_string());
         if fs::rename(&spare, &record).is_err() {
@@ -336,28 +355,10 @@ impl LockedStore {
         Ok(Spare::Reserved)
     }
 
-    /// A spare lease file holding exactly `content`, `None` when there is none. Names of
-    /// files that are no spare (still linked elsewhere, or unwritable) are removed.
-    fn filled_spare(&self, content: &[u8]) -> Option<PathBuf> {
+    /// A spare lease file's path, `None` when there is none.
+    fn first_spare(&self) -> Option<PathBuf> {
         let dir = own_dir(&self.dir).join(SPARE_DIR);
-        for entry in fs::read_dir(dir).ok()?.flatten() {
-            let path = entry.path();
-            let Ok(mut file) = OpenOptions::new().write(true).open(&path) else {
-                let _ = fs::remove_file(&path);
-                continue;
-            };
-            let alone = file.metadata().is_ok_and(|m| m.nlink() == 1);
-            if alone
-                && file
-                    .write_all(content)
-                    .and_then(|()| file.set_len(content.len() as u64))
-                    .is_ok()
-            {
-                return Some(path);
-            }
-            let _ = fs::remove_file(&path);
-        }
-        None
+        fs::read_dir(dir).ok()?.flatten().next().map(|e| e.path())
     }
 
     /// Removes the lease file at `path` (of address `ip`): into the spares when it can,
