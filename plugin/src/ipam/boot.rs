@@ -118,6 +118,15 @@ mod tests {
     }
 
     fn alloc(c: &HostLocalConfig, id: &str) -> IpAddr {
+        alloc_requested(c, id, &[]).unwrap()
+    }
+
+    /// The address `id`'s eth0 gets, asking for `requested`.
+    fn alloc_requested(
+        c: &HostLocalConfig,
+        id: &str,
+        requested: &[IpAddr],
+    ) -> Result<IpAddr, crate::ipam::IpamError> {
         let r = allocate(
             c,
             &IpamRequest {
@@ -125,11 +134,10 @@ mod tests {
                 network: NET,
                 container_id: id,
                 ifname: "eth0",
-                requested: &[],
+                requested,
             },
-        )
-        .unwrap();
-        r.ips[0].address.ip()
+        )?;
+        Ok(r.ips[0].address.ip())
     }
 
     fn own(ip: IpAddr, id: &str) -> OwnLease {
@@ -260,20 +268,7 @@ mod tests {
         // reserving it again links the new lease in place of the left record.
         fs::remove_file(dir.join(ours.to_string())).unwrap();
         assert_eq!(listed(&c), [own(old, "older")]);
-        let again = allocate(
-            &c,
-            &IpamRequest {
-                fresh: true,
-                network: NET,
-                container_id: "again",
-                ifname: "eth0",
-                requested: &[ours],
-            },
-        )
-        .unwrap()
-        .ips[0]
-            .address
-            .ip();
+        let again = alloc_requested(&c, "again", &[ours]).unwrap();
         assert_eq!(again, ours);
         let record = dir.join("ebpf-cni").join(ours.to_string());
         assert_eq!(inode(&record), inode(&dir.join(ours.to_string())));
@@ -301,16 +296,7 @@ mod tests {
         let spare = dir.join("ebpf-cni/spare").join(a.to_string());
         // A request for `b`'s address is refused; the spare still names no owner (the
         // reference searches the spares too) and `b`'s lease is untouched.
-        let refused = allocate(
-            &c,
-            &IpamRequest {
-                fresh: true,
-                network: NET,
-                container_id: "c",
-                ifname: "eth0",
-                requested: &[b],
-            },
-        );
+        let refused = alloc_requested(&c, "c", &[b]);
         assert!(refused.is_err(), "{refused:?}");
         assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
         assert_eq!(
