@@ -284,13 +284,80 @@ const RELEASE_LINK: [(&str, &str); 2] = [
     ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1"),
 ];
 
+/// The target whose release build is optimized with a profile of its runs (see
+/// [`profile_of`]): the static x86_64 binary, the one the benchmark measures and the
+/// training can run here.
+pub const PROFILED_TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// Where the profile of the plugin's runs built for `triple` is kept in the sources of the
+/// workspace at `root` (`cargo xtask pgo` writes it).
+pub fn profile_of(root: &Path, triple: &str) -> PathBuf {
+    root.join("plugin")
+        .join("pgo")
+        .join(format!("{triple}.profdata"))
+}
+
+/// What a plugin build does with LLVM's profile-guided optimization.
+#[derive(Clone, Debug)]
+pub enum Pgo {
+    /// A release build for [`PROFILED_TARGET`] is optimized with the profile the tree keeps
+    /// ([`profile_of`]), if it keeps one (an older revision's tree has none); any other
+    /// build is built as without.
+    Use,
+    /// Instrumented: each run of the binary adds its counts to a `.profraw` file in this
+    /// directory (`cargo xtask pgo`).
+    Generate(PathBuf),
+}
+
+/// The variable and value that give the plugin's build for `target` its profile flag
+/// (cargo's `CARGO_TARGET_<TRIPLE>_RUSTFLAGS`, which cargo adds to the target's
+/// `rustflags` of `.cargo/config.toml`: the static relocation model stays), or `None`.
+/// The flag goes to every crate of the plugin's build (all of them are one unit after LTO)
+/// and to no build script; the eBPF build sets its own RUSTFLAGS.
+pub fn profile_env(
+    root: &Path,
+    opts: &BuildOptions,
+    target: Option<CrossTarget>,
+    pgo: &Pgo,
+) -> Option<(String, String)> {
+    let triple = target?.triple;
+    let flag = match pgo {
+        Pgo::Generate(dir) => format!("-Cprofile-generate={}", dir.display()),
+        Pgo::Use if opts.debug_plugin || triple != PROFILED_TARGET => return None,
+        Pgo::Use => {
+            let profile = profile_of(root, triple);
+            if !profile.is_file() {
+                return None;
+            }
+            format!("-Cprofile-use={}", profile.display())
+        }
+    };
+    let var = format!(
+        "CARGO_TARGET_{}_RUSTFLAGS",
+        triple.replace(['-', '.'], "_").to_uppercase()
+    );
+    Some((var, flag))
+}
+
 /// Builds the plugin embedding the eBPF object `obj` (from [`build_ebpf`]), for the host or
-/// for `target`; returns the binary's path.
+/// for `target`; returns the binary's path. A release build for [`PROFILED_TARGET`] is
+/// optimized with the tree's profile ([`Pgo::Use`]).
 pub fn build_plugin(
     tree: &Tree,
     obj: &Path,
     opts: &BuildOptions,
     target: Option<CrossTarget>,
+) -> Result<PathBuf> {
+    build_plugin_with(tree, obj, opts, target, &Pgo::Use)
+}
+
+/// [`build_plugin`], with what the build does with profiles.
+pub fn build_plugin_with(
+    tree: &Tree,
+    obj: &Path,
+    opts: &BuildOptions,
+    target: Option<CrossTarget>,
+    pgo: &Pgo,
 ) -> Result<PathBuf> {
     let obj = obj
         .canonicalize()
@@ -304,6 +371,10 @@ pub fn build_plugin(
         .env(OBJ_ENV, &obj);
     if !opts.debug_plugin {
         build.arg("--release").envs(RELEASE_LINK);
+    }
+    let profiled = profile_env(&tree.root, opts, target, pgo);
+    if let Some((var, flag)) = &profiled {
+        build.env(var, flag);
     }
     let mut out_dir = tree.target_dir.clone();
     if let Some(t) = target {
@@ -324,9 +395,12 @@ pub fn build_plugin(
         bail!("the plugin build left no binary at {}", plugin.display());
     }
     eprintln!(
-        "plugin built{} in {:.1}s",
+        "plugin built{}{} in {:.1}s",
         target
             .map(|t| format!(" for {}", t.triple))
+            .unwrap_or_default(),
+        profiled
+            .map(|(_, flag)| format!(" ({flag})"))
             .unwrap_or_default(),
         started.elapsed().as_secs_f64()
     );
@@ -370,6 +444,60 @@ mod tests {
         );
         std::fs::write(src.join("build.rs"), "const BPF_RUSTFLAGS: &str = FLAGS;\n").unwrap();
         assert!(bpf_rustflags_of(old).is_err());
+    }
+
+    const MUSL: CrossTarget = CrossTarget {
+        triple: PROFILED_TARGET,
+        cross_cc: None,
+    };
+
+    /// The static x86_64 release build is optimized with the profile the sources keep, and
+    /// the file is an indexed LLVM profile; the flag goes with cargo's variable for that
+    /// target, which adds to `.cargo/config.toml`'s rustflags (the static relocation model).
+    #[test]
+    fn the_static_x86_64_release_build_uses_the_kept_profile() {
+        let root = workspace_root();
+        let (var, flag) =
+            profile_env(&root, &BuildOptions::default(), Some(MUSL), &Pgo::Use).unwrap();
+        assert_eq!(var, "CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS");
+        let profile = profile_of(&root, PROFILED_TARGET);
+        assert_eq!(flag, format!("-Cprofile-use={}", profile.display()));
+        let head = std::fs::read(&profile).unwrap();
+        assert_eq!(
+            head.get(..8),
+            Some(&b"\xfflprofi\x81"[..]),
+            "{} is not an indexed LLVM profile",
+            profile.display()
+        );
+    }
+
+    /// No profile for a debug build, the host's build (the tests'), another architecture,
+    /// or a tree that keeps none (an older revision's); the instrumented build gets its flag.
+    #[test]
+    fn only_the_profiled_release_target_takes_a_profile() {
+        let root = workspace_root();
+        let release = BuildOptions::default();
+        let debug = BuildOptions { debug_plugin: true };
+        let arm = CrossTarget {
+            triple: "aarch64-unknown-linux-musl",
+            cross_cc: Some("aarch64-linux-gnu-gcc"),
+        };
+        assert_eq!(profile_env(&root, &debug, Some(MUSL), &Pgo::Use), None);
+        assert_eq!(profile_env(&root, &release, None, &Pgo::Use), None);
+        assert_eq!(profile_env(&root, &release, Some(arm), &Pgo::Use), None);
+        let old = tempfile::tempdir().unwrap();
+        assert_eq!(
+            profile_env(old.path(), &release, Some(MUSL), &Pgo::Use),
+            None
+        );
+        let raw = Pgo::Generate(PathBuf::from("/tmp/raw"));
+        assert_eq!(
+            profile_env(old.path(), &release, Some(MUSL), &raw),
+            Some((
+                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS".to_owned(),
+                "-Cprofile-generate=/tmp/raw".to_owned()
+            ))
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod dist;
 pub mod imports;
 pub mod kernels;
 pub mod manifests;
+pub mod pgo;
 pub mod prepare;
 pub mod previous;
 pub mod setup;

@@ -24,6 +24,9 @@ enum Task {
     /// Build the release artifacts into <target>/dist/: static amd64 and arm64 tarballs
     /// (with .sha256), Debian packages and an OCI image archive (see docs/release.md).
     Dist,
+    /// Rewrite plugin/pgo/: build the plugin instrumented, run it as a busy node's runtime
+    /// would, and keep the profile its release build is optimized with (needs root).
+    Pgo,
     /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
     /// is built already; prints the binary's path.
     BuildPrevious,
@@ -71,6 +74,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Dist => xtask::dist::dist().map(drop),
+        Task::Pgo => xtask::pgo::pgo(),
         Task::BuildPrevious => {
             let plugin = xtask::previous::build()?;
             println!("{}", plugin.display());
