@@ -26,7 +26,12 @@ enum Task {
     Dist,
     /// Rewrite plugin/pgo/: build the plugin instrumented, run it as a busy node's runtime
     /// would, and keep the profile its release build is optimized with (needs root).
-    Pgo,
+    Pgo {
+        /// Write the profile into the target directory and compare the kept one with it,
+        /// leaving plugin/pgo/ as it is (what `cargo xtask test` runs).
+        #[arg(long)]
+        check: bool,
+    },
     /// Build the previous release's plugin (a fixed commit, for the upgrade test) unless it
     /// is built already; prints the binary's path.
     BuildPrevious,
@@ -74,7 +79,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Dist => xtask::dist::dist().map(drop),
-        Task::Pgo => xtask::pgo::pgo(),
+        Task::Pgo { check: false } => xtask::pgo::pgo(),
+        Task::Pgo { check: true } => xtask::pgo::check(),
         Task::BuildPrevious => {
             let plugin = xtask::previous::build()?;
             println!("{}", plugin.display());

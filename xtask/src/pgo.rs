@@ -62,7 +62,37 @@ fn profraws(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// `cargo xtask pgo`: the profile, written where the release build reads it.
 pub fn pgo() -> Result<()> {
+    let kept = build::profile_of(&build::workspace_root(), PROFILED_TARGET);
+    write_profile(&kept)
+}
+
+/// What `cargo xtask test` runs, so the training cannot rot: the whole task, its profile
+/// written into the target directory (the kept one stays as it is), then compared with the
+/// kept one (`llvm-profdata overlap`: how much of the kept profile still matches the code).
+pub fn check() -> Result<()> {
+    let out = build::target_dir()?.join("pgo").join("check.profdata");
+    write_profile(&out)?;
+    let kept = build::profile_of(&build::workspace_root(), PROFILED_TARGET);
+    let overlap = cmd::output(
+        Command::new(llvm_profdata()?)
+            .arg("overlap")
+            .arg(&kept)
+            .arg(&out),
+    )?;
+    for line in overlap.lines().filter(|l| {
+        l.contains("Edge profile overlap")
+            || l.contains("Mismatched-function")
+            || l.contains("Overlap:")
+    }) {
+        eprintln!("the kept profile against this training: {}", line.trim());
+    }
+    Ok(())
+}
+
+/// Builds the plugin instrumented, trains it and writes the merged profile to `out`.
+fn write_profile(out: &Path) -> Result<()> {
     require_root();
     let profdata = llvm_profdata()?;
     let current = Tree::current()?;
@@ -100,15 +130,16 @@ pub fn pgo() -> Result<()> {
         raw.display(),
         once.display()
     );
-    let out = build::profile_of(&current.root, PROFILED_TARGET);
-    std::fs::create_dir_all(out.parent().expect("a file in plugin/pgo"))?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     cmd::run(
         Command::new(&profdata)
             .args(["merge", "-o"])
-            .arg(&out)
+            .arg(out)
             .args(&runs),
     )?;
-    let summary = cmd::output(Command::new(&profdata).arg("show").arg(&out))?;
+    let summary = cmd::output(Command::new(&profdata).arg("show").arg(out))?;
     eprintln!("{}: {}", out.display(), summary.trim().replace('\n', "; "));
     Ok(())
 }

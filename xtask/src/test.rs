@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the README's test command and what CI runs. Installs what is
 //! missing, builds the real plugin with its eBPF programs (and the previous release's, for
 //! the upgrade test: see `previous`), then runs every test: unit tests of pure logic and the
-//! integration tests that drive the real binary against this machine's kernel, then the
+//! integration tests that drive the real binary against this machine's kernel, the demo's
+//! checks, the quick benchmark and the release profile's training (`pgo`), then the
 //! kernel matrix (the integration suites in VMs booting the kernels nodes run, see
 //! `vmtest`). clippy runs first, with the workspace's lints and `-D warnings`: a warning
 //! fails the run.
@@ -69,6 +70,9 @@ pub fn test(extra: &[String]) -> Result<()> {
     // It asserts no timing.
     println!("quick benchmark (checks that it runs and reports; asserts no timing)");
     let bench = bench::run(&bench::quick_for_ci());
+    // The profile's training too (`cargo xtask pgo`, into the target directory).
+    println!("the release build's profile: its training runs (the kept profile is left as it is)");
+    let pgo = crate::pgo::check().map_err(|e| e.context("the profile's training failed"));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     installs?;
@@ -81,5 +85,6 @@ pub fn test(extra: &[String]) -> Result<()> {
     bench
         .map(|()| println!("quick benchmark: ok"))
         .map_err(|e| e.context("the quick benchmark failed"))?;
+    pgo?;
     matrix.map_err(|e| e.context("the kernel matrix failed"))
 }
