@@ -65,6 +65,7 @@ fn cni_main(command: &str) -> i32 {
     let outcome = match std::io::stdin().read_to_end(&mut stdin) {
         Ok(_) => {
             logging::configure_from_config(&stdin);
+            bpf::walk::walk_under_lock();
             execute(command, &stdin)
         }
         // The edge itself (no module below it read stdin): built here, as is the other

@@ -778,6 +778,129 @@ fn add_rewrites_last_reserved_in_place() {
     }
 }
 
+/// While a run holds the node lock (and while CHECK reads), bpffs's layout directory
+/// (`/sys/fs/bpf/ebpf-cni/v1`, the lock's) is its working directory, and the system calls
+/// on pin paths are given the paths below it: the kernel then skips the walk of the prefix,
+/// a sysfs directory and a mount crossing (docs/performance.md, "Pin paths below the
+/// lock's directory"). The plugin runs from a directory of the test's, under
+/// `strace -e trace=bpf,fchdir`, for ADD (a host port and a limit, so every map and the
+/// socket programs' links are opened), CHECK and DEL of one pod: the pins it opens and
+/// makes are named below the layout directory (ADD's check of the pod's addresses, before
+/// the lock, is the one absolute name), and each run comes back to its own directory. The
+/// IPAM's `dataDir` is relative, as a runtime may give it: the lease is where that names
+/// from the directory the plugin was started in, and DEL removes it from there.
+#[test]
+fn pin_paths_are_walked_from_the_lock_directory_and_the_run_comes_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let dir = tempfile::tempdir().unwrap();
+    let (bin_dir, work, log) = (
+        dir.path().join("bin"),
+        dir.path().join("work"),
+        dir.path().join("strace.log"),
+    );
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let wrapper = bin_dir.join(p.bin.file_name().unwrap());
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncd {} && exec strace -f -qq -A -e trace=bpf,fchdir -o {} {} \"$@\"\n",
+            work.display(),
+            log.display(),
+            p.bin.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let t = PluginUnderTest::at(wrapper);
+
+    let node = Node::new().unwrap();
+    let mut conf = t.conf("1.0.0", &node, Stack::V4);
+    conf["ipam"]["dataDir"] = json!("leases");
+    conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
+    let list = NetConfList::single(&conf);
+    let attachment = |pod: &Path, port: u16| {
+        Attachment::new(&unique_container_id(), pod, "eth0")
+            .with_capability(
+                "portMappings",
+                json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]),
+            )
+            .with_capability(
+                "bandwidth",
+                json!({"egressRate": 100_000_000, "egressBurst": 1_000_000}),
+            )
+    };
+    let add = |port: u16| {
+        let pod = node.new_pod().unwrap();
+        let att = attachment(pod.path(), port);
+        let result = t
+            .runtime
+            .add(&node, &list, &att)
+            .unwrap_or_else(|e| panic!("ADD of the pod with host port {port}: {e}"));
+        (pod, att, result)
+    };
+    // The node's first ADD (the programs' load, which aya pins by whole paths) is not
+    // counted: the trace starts after it.
+    let (_first_pod, first, first_result) = add(28_700);
+    std::fs::remove_file(&log).unwrap();
+
+    let (_pod, att, result) = add(28_701);
+    let ip = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split_once('/'))
+        .map(|(ip, _)| ip.to_owned())
+        .expect("the ADD's address");
+    let lease = work.join("leases").join(NETWORK).join(&ip);
+    assert!(
+        lease.is_file(),
+        "the lease of {ip} is not at {} (the relative dataDir from the plugin's own directory)",
+        lease.display()
+    );
+    t.runtime
+        .check(&node, &list, &att, &result)
+        .unwrap_or_else(|e| panic!("CHECK: {e}"));
+    t.runtime
+        .del(&node, &list, &att, Some(&result))
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    assert!(!lease.exists(), "DEL left the lease at {}", lease.display());
+    let trace = std::fs::read_to_string(&log).unwrap();
+    let named: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("BPF_OBJ_GET, {pathname=") || l.contains("BPF_OBJ_PIN, {pathname="))
+        .collect();
+    let absolute: Vec<&&str> = named
+        .iter()
+        .filter(|l| l.contains("pathname=\"/"))
+        .collect();
+    let below = named.len() - absolute.len();
+    assert!(
+        below >= 40 && absolute.len() <= 1,
+        "{below} pins named below the layout directory (at least 40 expected over ADD, CHECK \
+         and DEL), {} by absolute path (at most 1: ADD's look at the endpoints before the \
+         lock):\n{}",
+        absolute.len(),
+        absolute
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Into the directory and back, once per lock taken (and per CHECK).
+    let fchdirs = trace.lines().filter(|l| l.contains("fchdir(")).count();
+    assert!(
+        fchdirs >= 6 && fchdirs % 2 == 0,
+        "{fchdirs} fchdir calls: each run should enter the layout directory and come back:\n{trace}"
+    );
+    t.runtime
+        .del(&node, &list, &first, Some(&first_result))
+        .unwrap_or_else(|e| panic!("DEL of the first pod: {e}"));
+}
+
 /// The veth pair is created with the one queue each way a veth uses, asked for in the
 /// request: unasked, a recent kernel allocates one per possible CPU, then cuts each end to
 /// one, and each cut waits out an expedited RCU grace period with the RTNL lock held. Both

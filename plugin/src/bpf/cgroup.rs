@@ -17,7 +17,7 @@ use std::{
 use super::{
     lock::NodeLock,
     maps::{any_pacing, ports::PortMaps},
-    pin::{create_dir_all_racy, NodeId, PinRoot},
+    pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     programs::{self, Program, Programs},
     sys, BpfError,
 };
@@ -171,7 +171,9 @@ fn ensure_cgroup_links(
 /// cgroup root. Nothing to do on a node without pins.
 pub fn settle_links(node: &NodeId) -> Result<(), BpfError> {
     let root = PinRoot::from_env();
-    if !root.cgroup_dir(node).exists() && !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+    if !walk(&root.cgroup_dir(node)).exists()
+        && !walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists()
+    {
         return Ok(());
     }
     let _lock = NodeLock::take(&root)?;
@@ -181,7 +183,7 @@ pub fn settle_links(node: &NodeId) -> Result<(), BpfError> {
 /// [`settle_links`] with the node lock held.
 fn settle_links_locked(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.cgroup_dir(node);
-    if root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+    if walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
         let mut pm = PortMaps::open(root, node)?;
         if !pm.any_mapping() {
             // The switch first: the programs act on no socket while their links go.

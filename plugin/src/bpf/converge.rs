@@ -19,7 +19,7 @@ use super::{
     links,
     lock::NodeLock,
     masq::MasqMaps,
-    pin::{create_dir_all_racy, NodeId, PinRoot},
+    pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     ports::PortMaps,
     programs::Programs,
     AttachMode, BpfError, Device, Hook,
@@ -183,7 +183,7 @@ fn plan(
 ) -> Result<Plan, BpfError> {
     let mut p = Plan::default();
     plan_devices(root, node, &view.devices, view.mode, &mut p);
-    if ports.is_some() || root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+    if ports.is_some() || walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
         let pm = PortMaps::opened(ports, root, node)?;
         if pm.enabled() {
             let have = pm.node_addrs();
@@ -197,7 +197,13 @@ fn plan(
             }
         }
     }
-    if MasqMaps::active_on(root, node)? {
+    // The host-port maps hold the node's config map open already (on any node with
+    // programs): its masquerade flag is read there.
+    let masquerading = match ports.as_ref() {
+        Some(pm) => MasqMaps::active_in(pm.node_config()),
+        None => MasqMaps::active_on(root, node)?,
+    };
+    if masquerading {
         if let Some(m) = MasqMaps::open(root, node)? {
             p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
         }
@@ -211,7 +217,7 @@ fn plan_devices(root: &PinRoot, node: &NodeId, devices: &[Device], mode: AttachM
     for dev in devices {
         match mode {
             AttachMode::Netlink => {
-                if !root.device_netlink_record(node, &dev.name).exists() {
+                if !walk(&root.device_netlink_record(node, &dev.name)).exists() {
                     p.attach.push(dev.clone());
                 }
             }
@@ -231,7 +237,7 @@ fn plan_devices(root: &PinRoot, node: &NodeId, devices: &[Device], mode: AttachM
             }
         }
     }
-    if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
+    if let Ok(entries) = fs::read_dir(walk(&root.devices_dir(node))) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !devices.iter().any(|d| d.name == name) {
@@ -321,12 +327,12 @@ fn attach_device(
 /// the node was in line or has no pods (no node directory: nothing to converge).
 pub fn converge(node: &NodeId, view: &NodeView, by: ConvergedBy) -> Result<Vec<String>, BpfError> {
     let root = PinRoot::from_env();
-    if !root.node_dir(node).exists() || plan(&root, node, view, &mut None)?.is_empty() {
+    if !walk(&root.node_dir(node)).exists() || plan(&root, node, view, &mut None)?.is_empty() {
         return Ok(Vec::new());
     }
     let _lock = NodeLock::take(&root)?;
     // The last pod may have gone meanwhile, and the node with it.
-    if !root.node_dir(node).exists() {
+    if !walk(&root.node_dir(node)).exists() {
         return Ok(Vec::new());
     }
     converge_locked(&root, node, view, by, &mut None, &mut None)

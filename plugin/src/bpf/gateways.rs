@@ -12,7 +12,7 @@ use std::{fs, io, net::Ipv4Addr, path::PathBuf};
 
 use super::{
     lock::NodeLock,
-    pin::{create_dir_all_racy, ensure_bpffs_at, PinRoot},
+    pin::{create_dir_all_racy, ensure_bpffs_at, walk, PinRoot},
     BpfError, NodeId,
 };
 
@@ -83,7 +83,7 @@ impl GatewayLock {
             gateways.join(gw_name(gw)),
             gateways,
         ] {
-            if !dir.exists() && !created.0.contains(&dir) {
+            if !walk(&dir).exists() && !created.0.contains(&dir) {
                 created.0.push(dir);
             }
         }
@@ -95,7 +95,7 @@ impl GatewayLock {
     /// holds anything now (another ADD's use, the node's maps) stays, with its parents.
     pub fn remove_created(&self, created: &CreatedDirs) {
         for dir in created.0.iter().rev() {
-            match fs::remove_dir(dir) {
+            match fs::remove_dir(walk(dir)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => log::debug!("keeping {}: {e}", dir.display()),
@@ -107,7 +107,7 @@ impl GatewayLock {
     /// addresses the caller removes before it lets go of the lock. Idempotent.
     pub fn remove_user(&self, node: &NodeId, id: u64) -> Result<Vec<Ipv4Addr>, BpfError> {
         let base = self.root.gateways_dir(node);
-        let entries = match fs::read_dir(&base) {
+        let entries = match fs::read_dir(walk(&base)) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io_err(base)(e)),
@@ -118,7 +118,7 @@ impl GatewayLock {
                 continue;
             };
             let mine = user_dir(&self.root, node, gw, id);
-            match fs::remove_dir(&mine) {
+            match fs::remove_dir(walk(&mine)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io_err(mine)(e)),
@@ -135,7 +135,7 @@ impl GatewayLock {
 /// CHECK: attachment `id`'s use of `gw` is recorded.
 pub fn check_user(node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> {
     let path = user_dir(&PinRoot::from_env(), node, gw, id);
-    if path.is_dir() {
+    if walk(&path).is_dir() {
         Ok(())
     } else {
         Err(BpfError::PinMissing {

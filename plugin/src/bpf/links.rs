@@ -8,7 +8,11 @@ use std::{
     path::Path,
 };
 
-use super::{error::RemoveFailure, pin::create_dir_all_racy, sys, BpfError, Hook};
+use super::{
+    error::RemoveFailure,
+    pin::{create_dir_all_racy, walk},
+    sys, BpfError, Hook,
+};
 use crate::netlink::tc;
 
 /// Attaches the program `prog` (an fd of a pinned program) to device `ifindex` at `hook`
@@ -126,7 +130,7 @@ pub fn detach_device_netlink(ifname: &str, clsact_record: &Path) {
 }
 
 pub fn require_pin(what: &'static str, path: &Path) -> Result<(), BpfError> {
-    match fs::symlink_metadata(path) {
+    match fs::symlink_metadata(walk(path)) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(BpfError::PinMissing {
             what,

@@ -181,7 +181,11 @@ impl MasqMaps {
         Ok(())
     }
 
-    /// Whether the node masquerades (some pod of it has `ipMasq`).
+    /// Whether the node masquerades (some pod of it has `ipMasq`), from its switches.
+    pub fn active_in(config: NodeConfig) -> bool {
+        config.flags & NODE_FLAG_MASQ != 0
+    }
+
     /// [`Self::active`] from the node's config map alone (`false` without one): what a
     /// check needs before it opens the five masquerade maps, which a node without
     /// masquerade never reads.
@@ -191,11 +195,11 @@ impl MasqMaps {
         };
         let config: Array<MapData, NodeConfig> =
             Array::try_from(config).map_err(open_map_err(root, node, CONFIG_MAP))?;
-        Ok(config.get(&0, 0).unwrap_or_default().flags & NODE_FLAG_MASQ != 0)
+        Ok(Self::active_in(config.get(&0, 0).unwrap_or_default()))
     }
 
     pub fn active(&self) -> bool {
-        self.node_config().flags & NODE_FLAG_MASQ != 0
+        Self::active_in(self.node_config())
     }
 
     /// Whether the node masquerades, or holds ports reserved for it: what a pod that

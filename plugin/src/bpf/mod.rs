@@ -33,6 +33,7 @@ mod survey;
 mod sys;
 mod trace;
 mod tree;
+pub mod walk;
 
 pub use capability::{pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
 pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};

@@ -55,6 +55,8 @@ use nix::{
     sys::statfs::{statfs, BPF_FS_MAGIC},
 };
 
+pub(crate) use super::walk::walk;
+pub(super) use super::walk::LayoutCwd;
 use super::{AttachmentKey, BpfError, Hook};
 
 /// Where bpffs is mounted on a normal system.
@@ -321,7 +323,7 @@ pub(crate) fn ensure_bpffs_at(root: &PinRoot) -> Result<(), BpfError> {
 pub(crate) fn create_dir_all_racy(dir: &Path) -> Result<(), BpfError> {
     let mut attempts = 0;
     loop {
-        match fs::create_dir_all(dir) {
+        match fs::create_dir_all(walk(dir)) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
             Err(source) => {

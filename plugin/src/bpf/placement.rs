@@ -17,7 +17,7 @@ use ebpf_cni_maps::pin::PLACEMENT_RECORD_PREFIX;
 use super::{
     capability::{PodSpec, Veth},
     maps::is_one_of,
-    pin::{create_dir_all_racy, AttachmentPins},
+    pin::{create_dir_all_racy, walk, AttachmentPins},
     BpfError,
 };
 
@@ -133,7 +133,7 @@ impl Placement {
 
     /// The record of the attachment, if it has one (one read of its directory).
     pub fn recorded(pins: &AttachmentPins) -> Option<Self> {
-        fs::read_dir(pins.dir())
+        fs::read_dir(walk(pins.dir()))
             .ok()?
             .filter_map(Result::ok)
             .find_map(|e| Self::parse(e.file_name().to_str()?))

@@ -13,7 +13,7 @@ use super::{
     lock::NodeLock,
     maps::Maps,
     masq::MasqMaps,
-    pin::{create_dir_all_racy, ensure_bpffs_at, AttachmentPins, NodeId, PinRoot},
+    pin::{create_dir_all_racy, ensure_bpffs_at, walk, AttachmentPins, LayoutCwd, NodeId, PinRoot},
     placement::Placement,
     programs::{self, Programs},
     tree, AttachMode, AttachmentKey, BpfError, Hook,
@@ -62,7 +62,7 @@ pub fn add_pod(
     step("devices");
 
     let pins = root.attachment(node, key);
-    if fs::symlink_metadata(pins.dir()).is_ok() {
+    if fs::symlink_metadata(walk(pins.dir())).is_ok() {
         log::warn!("replacing the stale attachment at {}", pins.dir().display());
         // Scans the whole endpoint map: only for this rare case, so ADD stays O(1).
         let (_, failures) = remove_attachment(&root, node, key, &pins, Some(&mut maps), None);
@@ -212,7 +212,7 @@ fn remove_attachment(
     let host_ifindex = (host_ifindex != 0).then_some(host_ifindex);
     let recorded: Vec<Hook> = Hook::ANY_POD
         .into_iter()
-        .filter(|h| pins.netlink_record(*h).exists())
+        .filter(|h| walk(&pins.netlink_record(*h)).exists())
         .collect();
     if !recorded.is_empty() {
         if let Some(ifname) = host_ifindex.and_then(crate::netlink::ifname::name_of) {
@@ -267,7 +267,7 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
     key.validate()?;
     let root = PinRoot::from_env();
     ensure_bpffs_at(&root)?;
-    if !root.node_dir(node).exists() {
+    if !walk(&root.node_dir(node)).exists() {
         return Ok(false);
     }
     let _lock = NodeLock::take(&root)?;
@@ -303,7 +303,7 @@ pub fn del_pod(node: &NodeId, key: &AttachmentKey<'_>) -> Result<bool, BpfError>
 /// holds, are removed (see [`MasqMaps::sweep`]); returns how many.
 pub fn sweep_masq(node: &NodeId) -> Result<usize, BpfError> {
     let root = PinRoot::from_env();
-    if !root.node_dir(node).exists() {
+    if !walk(&root.node_dir(node)).exists() {
         return Ok(0);
     }
     let _lock = NodeLock::take(&root)?;
@@ -318,7 +318,7 @@ pub fn sweep_masq(node: &NodeId) -> Result<usize, BpfError> {
 /// did not know the source map, a veth deleted without DEL) are removed; returns how many.
 pub fn sweep_sources(node: &NodeId) -> Result<usize, BpfError> {
     let root = PinRoot::from_env();
-    if !root.node_dir(node).exists() {
+    if !walk(&root.node_dir(node)).exists() {
         return Ok(0);
     }
     // Under the lock: an ADD creates its attachment's directory before its entries.
@@ -345,6 +345,8 @@ pub fn check_pod(
 ) -> Result<(), BpfError> {
     key.validate()?;
     let root = PinRoot::from_env();
+    // CHECK reads without the lock: it enters the layout directory itself.
+    let _cwd = LayoutCwd::open(&root.layout_dir());
     let pins = root.attachment(node, key);
     for hook in Hook::pod(pod.chained) {
         match mode {

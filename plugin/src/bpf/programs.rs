@@ -17,7 +17,7 @@ use aya::{
 
 use super::{
     kernel,
-    pin::{create_dir_all_racy, NodeId, PinRoot},
+    pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     sys, BpfError, Hook,
 };
 
@@ -143,7 +143,7 @@ pub fn sock_addr() -> impl Iterator<Item = &'static Program> {
 /// instead of loading).
 pub fn required_pinned(root: &PinRoot, node: &NodeId, rev: &str) -> bool {
     // One read of the directory, not a stat per program (twelve on every ADD).
-    let Ok(entries) = fs::read_dir(root.revision_dir(node, rev)) else {
+    let Ok(entries) = fs::read_dir(walk(&root.revision_dir(node, rev))) else {
         return false;
     };
     let pinned: Vec<std::ffi::OsString> = entries.flatten().map(|e| e.file_name()).collect();
@@ -250,10 +250,10 @@ impl Programs {
     /// "TCP pacing ... expected none" when this looked at this revision only).
     /// This revision's pin is looked for first (one `stat`), the others only without it.
     pub fn pacing_available(root: &PinRoot, node: &NodeId) -> bool {
-        if root.program(node, revision(), PACING.name).exists() {
+        if walk(&root.program(node, revision(), PACING.name)).exists() {
             return true;
         }
-        let Ok(revisions) = fs::read_dir(root.programs_dir(node)) else {
+        let Ok(revisions) = fs::read_dir(walk(&root.programs_dir(node))) else {
             return false;
         };
         revisions
@@ -332,8 +332,8 @@ fn load_and_pin(root: &PinRoot, node: &NodeId, rev: &str) -> Result<(), BpfError
         }
     }
     // The node-wide switches the new programs read and that no pod's ADD sets yet.
-    if let Some(maps) = super::maps::Maps::open(root, node)? {
-        maps.settle_limits_switch(root, node)?;
+    if let Some(mut maps) = super::maps::Maps::open(root, node)? {
+        maps.settle_limits_switch()?;
     }
     log::info!("loaded and pinned eBPF programs revision {rev} for {node}");
     Ok(())

@@ -65,7 +65,7 @@ struct ObjGetAttr {
 
 /// Opens the object pinned at `path` (`BPF_OBJ_GET`).
 pub(crate) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
+    let c_path = CString::new(super::walk::walk(path).as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = ObjGetAttr {
         pathname: c_path.as_ptr() as u64,
@@ -200,7 +200,7 @@ struct ObjPinAttr {
 
 /// Pins `fd` at `path` (`BPF_OBJ_PIN`).
 pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
+    let c_path = CString::new(super::walk::walk(path).as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = ObjPinAttr {
         pathname: c_path.as_ptr() as u64,

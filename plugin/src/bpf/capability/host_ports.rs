@@ -10,6 +10,7 @@ use super::{
 use crate::bpf::{
     cgroup, cookie,
     maps::ports::{self, PortMaps, RemovedMapping},
+    pin::walk,
     BpfError,
 };
 
@@ -77,7 +78,7 @@ impl Capability for HostPorts {
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
         let (root, node) = (cx.root, cx.node);
         let keys = ports::attachment_ports(&cx.pins.ports())?;
-        if keys.is_empty() || !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        if keys.is_empty() || !walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
             return Ok(false);
         }
         let removed = PortMaps::open(root, node)?.remove(cx.key.id(), &keys)?;

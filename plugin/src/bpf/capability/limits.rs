@@ -45,7 +45,7 @@ impl Capability for Limits {
         queue::prepare(veth.host_ifindex, &mut rate, &pod_name)?;
         cx.maps.set_limits(veth.host_ifindex, rate)?;
         if rate.is_some() {
-            cx.maps.settle_limits_switch(cx.root, cx.node)?;
+            cx.maps.settle_limits_switch()?;
         }
         cx.maps
             .set_shape_subnets(veth.host_ifindex, &pod.limits.shape_subnets)?;
@@ -103,7 +103,7 @@ impl Capability for Limits {
                 maps.set_limits(ifindex, None)?;
                 maps.set_shape_subnets(ifindex, &[])?;
                 if had {
-                    maps.settle_limits_switch(cx.root, cx.node)?;
+                    maps.settle_limits_switch()?;
                 }
             }
         }

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::bpf::{
     maps::SourceRecord,
-    pin::{create_dir_all_racy, AttachmentPins},
+    pin::{create_dir_all_racy, walk, AttachmentPins},
     placement::PlacedSources,
     BpfError,
 };
@@ -16,9 +16,9 @@ pub(super) struct Sources;
 
 /// What the attachment's record says ADD did about its source check.
 pub(in crate::bpf) fn record(pins: &AttachmentPins) -> SourceRecord {
-    if pins.source_check_record(true).exists() {
+    if walk(&pins.source_check_record(true)).exists() {
         SourceRecord::On
-    } else if pins.source_check_record(false).exists() {
+    } else if walk(&pins.source_check_record(false)).exists() {
         SourceRecord::Off
     } else {
         SourceRecord::None

@@ -21,16 +21,10 @@ use crate::bpf::{
 /// limits. Under the node lock: after a load (the map may be fresh or hold limits of an
 /// older binary's pods), after a limit is written (before the pod's programs attach) and
 /// after one is removed.
-pub fn settle_limits_switch(
-    root: &PinRoot,
-    node: &NodeId,
+fn settle_limits_switch(
+    config: &mut Array<MapData, NodeConfig>,
     rates: &HashMap<MapData, u32, RateLimit>,
 ) -> Result<(), BpfError> {
-    let Some(map) = open_pinned(root, node, CONFIG_MAP)? else {
-        return Ok(());
-    };
-    let mut config: Array<MapData, NodeConfig> =
-        Array::try_from(map).map_err(open_map_err(root, node, CONFIG_MAP))?;
     let have = config.get(&0, 0).unwrap_or_default();
     let flags = if rates.keys().next().is_none() {
         have.flags | NODE_FLAG_NO_LIMITS
@@ -190,9 +184,13 @@ impl Maps {
         })
     }
 
-    /// [`settle_limits_switch`] of this node's rate map.
-    pub fn settle_limits_switch(&self, root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
-        settle_limits_switch(root, node, &self.rates)
+    /// [`settle_limits_switch`] of this node's rate map, in its config map (nothing on a
+    /// node without one).
+    pub fn settle_limits_switch(&mut self) -> Result<(), BpfError> {
+        match self.config.as_mut() {
+            Some(config) => settle_limits_switch(config, &self.rates),
+            None => Ok(()),
+        }
     }
 
     pub fn limits(&self, ifindex: u32) -> Option<RateLimit> {

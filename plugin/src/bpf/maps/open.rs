@@ -3,11 +3,11 @@
 
 use std::os::fd::AsFd;
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, Pacing, PodCounters, RateLimit, ShapeSubnetKey, SourceKey,
-    SourceRule, ENDPOINTS_MAP, PACING_MAP, POD_COUNTERS_MAP, RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP,
-    SOURCES_MAP,
+    EndpointInfo, EndpointKey, NodeConfig, Pacing, PodCounters, RateLimit, ShapeSubnetKey,
+    SourceKey, SourceRule, CONFIG_MAP, ENDPOINTS_MAP, PACING_MAP, POD_COUNTERS_MAP,
+    RATE_LIMITS_MAP, SHAPE_SUBNETS_MAP, SOURCES_MAP,
 };
 
 use crate::bpf::{
@@ -36,6 +36,10 @@ pub struct Maps {
     /// `None` on a node whose maps predate the source check (until this binary loads its
     /// programs, which creates the map beside the others).
     pub(super) sources: Option<LpmTrie<MapData, SourceKey, SourceRule>>,
+    /// The node's switches (`NodeConfig`), opened once with the others for the limits'
+    /// switch, which ADD and DEL would each open it again for. `None` on a node whose maps
+    /// predate it.
+    pub(super) config: Option<Array<MapData, NodeConfig>>,
 }
 
 /// The error of a pinned map that did not open as the type its user expects.
@@ -62,7 +66,7 @@ pub(in crate::bpf) fn open_pinned(
         source: Box::new(source),
     };
     // No stat first: a missing pin is the open's own ENOENT.
-    let data = match MapData::from_pin(&path) {
+    let data = match MapData::from_pin(crate::bpf::pin::walk(&path)) {
         Ok(d) => d,
         Err(e) if is_not_found(&e) => return Ok(None),
         Err(e) => return Err(err(e)),
@@ -106,6 +110,10 @@ impl Maps {
             },
             sources: match open_pinned(root, node, SOURCES_MAP)? {
                 Some(m) => Some(LpmTrie::try_from(m).map_err(conv(SOURCES_MAP))?),
+                None => None,
+            },
+            config: match open_pinned(root, node, CONFIG_MAP)? {
+                Some(m) => Some(Array::try_from(m).map_err(conv(CONFIG_MAP))?),
                 None => None,
             },
         }))

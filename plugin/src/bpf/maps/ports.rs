@@ -14,7 +14,7 @@ use ebpf_cni_maps::{
 
 use super::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned};
 use crate::bpf::{
-    pin::{NodeId, PinRoot},
+    pin::{walk, NodeId, PinRoot},
     sys, BpfError,
 };
 use crate::portmap::{PortEntry, Protocol};
@@ -329,7 +329,13 @@ impl PortMaps {
     /// mappings an older build installed on a kernel without `SO_NETNS_COOKIE`, which
     /// attached no socket programs).
     pub fn netns_cookie(&self) -> u64 {
-        self.config.get(&0, 0).map_or(0, |c| c.netns_cookie)
+        self.node_config().netns_cookie
+    }
+
+    /// The node's switches (zero where the map cannot be read): this set holds the node's
+    /// config map open, so others read it here rather than open it again.
+    pub fn node_config(&self) -> NodeConfig {
+        self.config.get(&0, 0).unwrap_or_default()
     }
 
     pub fn enabled(&self) -> bool {
@@ -381,14 +387,14 @@ pub fn pin_attachment_ports(path: &Path, keys: &[PortKey]) -> Result<(), BpfErro
 
 /// The keys pinned at `path`; empty if there is no pin.
 pub fn attachment_ports(path: &Path) -> Result<Vec<PortKey>, BpfError> {
-    if fs::symlink_metadata(path).is_err() {
+    if fs::symlink_metadata(walk(path)).is_err() {
         return Ok(Vec::new());
     }
     let err = |source| BpfError::OpenMap {
         path: path.to_path_buf(),
         source: Box::new(source),
     };
-    let data = MapData::from_pin(path).map_err(err)?;
+    let data = MapData::from_pin(walk(path)).map_err(err)?;
     let arr: Array<MapData, PortKey> = Array::try_from(Map::Array(data)).map_err(err)?;
     let mut out = Vec::new();
     for i in 0..arr.len() {
