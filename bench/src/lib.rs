@@ -179,6 +179,17 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         }
     };
     let machine = rig::machine::collect(&plugin);
+    // Every binary the sections run starts from disk, as on a node after a reboot (after
+    // the machine's description, which reads the plugin's headers).
+    let reference = ["ptp", "host-local", "portmap", "bandwidth"]
+        .map(|tool| Path::new(ebpf_cni_tests::REFERENCE_PLUGIN_DIR).join(tool));
+    for bin in [Some(plugin.as_path()), floor.as_deref()]
+        .into_iter()
+        .flatten()
+        .chain(reference.iter().map(PathBuf::as_path))
+    {
+        rig::cache::drop_cached(bin)?;
+    }
     progress(&format!(
         "{} run, plugin {}, report to {}",
         if args.quick { "quick" } else { "full" },

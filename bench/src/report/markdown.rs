@@ -343,6 +343,11 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
          (setns between fork and exec; never `ip netns exec`, which would hide the host's \
          bpffs) and reaped with wait4, which gives exact wall time and the rusage of the \
          plugin and every child it waited for.",
+        "Every binary the sections run (ebpf-cni's, the kernel floor's, the reference \
+         plugins') is dropped from the page cache before they start, so each starts from \
+         disk as on a node after a reboot: a binary the build has just written sits in the \
+         page cache in large folios, which an exec maps a whole folio per fault, and would \
+         take fewer page faults than the same bytes read back.",
         "Subjects alternate within each repeat (reference, ebpf-cni, veth; pod by pod in \
          the lifecycle section), so the noise of this shared 2-core machine hits all of them; \
          tables give medians with the range over repeats, never a single best run.",
