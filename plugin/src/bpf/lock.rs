@@ -14,7 +14,7 @@ use super::{
 /// Held while a plugin run changes the node's eBPF state (flock on the layout directory,
 /// which is never removed). Released on drop, or by the kernel if the process dies.
 pub struct NodeLock {
-    /// The layout directory as the working directory (see `pin::walk_under_lock`); left
+    /// The layout directory as the working directory (see `walk.rs`); left
     /// before the lock goes (fields drop in order).
     _cwd: Option<LayoutCwd>,
     _file: File,
