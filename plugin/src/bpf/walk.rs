@@ -9,8 +9,12 @@
 //! relative paths the runtime gave (a `dataDir`, `CNI_PATH`) mean what they meant.
 
 use std::{
+    ffi::OsStr,
     fs,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    os::{
+        fd::{AsFd, BorrowedFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -78,12 +82,48 @@ impl Drop for LayoutCwd {
 /// is the layout directory `path` is in ([`LayoutCwd`]), else as it is.
 pub(crate) fn walk(path: &Path) -> &Path {
     let root = WALK_ROOT.lock().unwrap_or_else(PoisonError::into_inner);
-    match root
-        .as_deref()
-        .and_then(|root| path.strip_prefix(root).ok())
+    root.as_deref()
+        .and_then(|root| below(root, path))
+        .unwrap_or(path)
+}
+
+/// `path` from `root` when it is `root` (`.`) or below it. Pin paths are joined onto the
+/// root as it is, so a byte prefix ending at a `/` is the root's components
+/// (`Path::strip_prefix` parses both paths' components, about as long as the kernel's
+/// walk this saves).
+fn below<'p>(root: &Path, path: &'p Path) -> Option<&'p Path> {
+    match path
+        .as_os_str()
+        .as_bytes()
+        .strip_prefix(root.as_os_str().as_bytes())?
     {
-        Some(below) if below.as_os_str().is_empty() => Path::new("."),
-        Some(below) => below,
-        None => path,
+        [] => Some(Path::new(".")),
+        [b'/', rest @ ..] if !rest.is_empty() => Some(Path::new(OsStr::from_bytes(rest))),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Paths below the root come out relative, the root itself as `.`; another root, a
+    /// name that only starts like it and a relative path are not below it.
+    #[test]
+    fn paths_below_the_root_are_given_from_it() {
+        let root = Path::new("/sys/fs/bpf/ebpf-cni/v1");
+        for (path, want) in [
+            (
+                "/sys/fs/bpf/ebpf-cni/v1/netns-1/maps/M",
+                Some("netns-1/maps/M"),
+            ),
+            ("/sys/fs/bpf/ebpf-cni/v1", Some(".")),
+            ("/sys/fs/bpf/ebpf-cni/v1/", None),
+            ("/sys/fs/bpf/ebpf-cni/v10/netns-1", None),
+            ("/sys/fs/bpf/other/v1/netns-1", None),
+            ("netns-1/maps/M", None),
+        ] {
+            assert_eq!(below(root, Path::new(path)), want.map(Path::new), "{path}");
+        }
     }
 }
