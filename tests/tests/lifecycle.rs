@@ -788,7 +788,8 @@ fn add_rewrites_last_reserved_in_place() {
 /// makes are named below the layout directory (ADD's check of the pod's addresses, before
 /// the lock, is the one absolute name), and each run comes back to its own directory. The
 /// IPAM's `dataDir` is relative, as a runtime may give it: the lease is where that names
-/// from the directory the plugin was started in, and DEL removes it from there.
+/// from the directory the plugin was started in, and DEL removes it from there. The ADD
+/// opens the node's config map at most twice.
 #[test]
 fn pin_paths_are_walked_from_the_lock_directory_and_the_run_comes_back() {
     require_root();
@@ -860,6 +861,18 @@ fn pin_paths_are_walked_from_the_lock_directory_and_the_run_comes_back() {
         lease.is_file(),
         "the lease of {ip} is not at {} (the relative dataDir from the plugin's own directory)",
         lease.display()
+    );
+    // The node's config map is opened with the node maps (its limits' switch) and with the
+    // host-port maps (the convergence reads its masquerade flag there): twice, where the
+    // convergence and the limits' switch each opened it once more.
+    let add_trace = std::fs::read_to_string(&log).unwrap();
+    let config_opens = add_trace
+        .lines()
+        .filter(|l| l.contains("BPF_OBJ_GET, {pathname=") && l.contains("/ECNI_CONFIG\""))
+        .count();
+    assert!(
+        (1..=2).contains(&config_opens),
+        "the ADD opened ECNI_CONFIG {config_opens} times (at most 2):\n{add_trace}"
     );
     t.runtime
         .check(&node, &list, &att, &result)
