@@ -11,7 +11,7 @@ use ebpf_cni_maps::{
 };
 
 use crate::bpf::{
-    pin::{NodeId, PinRoot},
+    pin::{walk, NodeId, PinRoot},
     sys, BpfError,
 };
 
@@ -36,9 +36,9 @@ pub struct Maps {
     /// `None` on a node whose maps predate the source check (until this binary loads its
     /// programs, which creates the map beside the others).
     pub(super) sources: Option<LpmTrie<MapData, SourceKey, SourceRule>>,
-    /// The node's switches (`NodeConfig`), opened once with the others for the limits'
-    /// switch, which ADD and DEL would each open it again for. `None` on a node whose maps
-    /// predate it.
+    /// The node's switches (`NodeConfig`), opened with the others so that writing the
+    /// limits' switch (ADD, DEL) opens nothing more. `None` on a node whose maps predate
+    /// it.
     pub(super) config: Option<Array<MapData, NodeConfig>>,
 }
 
@@ -66,7 +66,7 @@ pub(in crate::bpf) fn open_pinned(
         source: Box::new(source),
     };
     // No stat first: a missing pin is the open's own ENOENT.
-    let data = match MapData::from_pin(crate::bpf::pin::walk(&path)) {
+    let data = match MapData::from_pin(walk(&path)) {
         Ok(d) => d,
         Err(e) if is_not_found(&e) => return Ok(None),
         Err(e) => return Err(err(e)),
