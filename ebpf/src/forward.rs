@@ -19,7 +19,10 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
-    maps::{count, endpoint, endpoint_in_map, no_limits, AlignedKey, Dir, Event},
+    maps::{
+        count, count_in, endpoint, endpoint_in_map, no_ingress_limit, no_limits, pod_counters,
+        AlignedKey, Dir, Event,
+    },
     masq::{self, MasqHint, Reply, Snat, Want},
     nat::{self, Nat},
     packet::{
@@ -149,7 +152,15 @@ const PACKET_HOST: u32 = 0;
 #[inline(always)]
 fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     let len = ctx.len();
-    match towards(ctx, ep.host_ifindex) {
+    // The pod's counters, looked up once: they say whether it has no ingress limit to look
+    // up (most pods), and take the count.
+    let counters = pod_counters(ep.host_ifindex);
+    let limit = if no_ingress_limit(counters) {
+        Towards::Direct(Verdict::Pass)
+    } else {
+        towards(ctx, ep.host_ifindex)
+    };
+    match limit {
         Towards::Paced => {
             if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
                 return PASS;
@@ -157,15 +168,15 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
             // SAFETY: plain helper call; egress of the pod's host veth.
             let rc = unsafe { bpf_redirect(ep.host_ifindex, 0) };
             if rc == TC_ACT_SHOT {
-                count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
+                count_in(counters, Dir::ToPod, Event::Error, len);
             }
             return rc as i32;
         }
         Towards::Direct(Verdict::Drop) => {
-            count(ep.host_ifindex, Dir::ToPod, Event::Drop, len);
+            count_in(counters, Dir::ToPod, Event::Drop, len);
             return TC_ACT_SHOT as i32;
         }
-        Towards::Direct(Verdict::Mark) => count(ep.host_ifindex, Dir::ToPod, Event::Mark, len),
+        Towards::Direct(Verdict::Mark) => count_in(counters, Dir::ToPod, Event::Mark, len),
         Towards::Direct(Verdict::Pass) => {}
     }
     // Re-derive packet pointers after the checks: a failed bounds check leaves it to the stack.
@@ -184,9 +195,9 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
     let rc = unsafe { bpf_redirect_peer(ep.host_ifindex, 0) };
     note(Note::RedirectPeer(ifindex(ctx), ep.host_ifindex, rc));
     if rc == TC_ACT_SHOT {
-        count(ep.host_ifindex, Dir::ToPod, Event::Error, len);
+        count_in(counters, Dir::ToPod, Event::Error, len);
     } else {
-        count(ep.host_ifindex, Dir::ToPod, Event::Packet, len);
+        count_in(counters, Dir::ToPod, Event::Packet, len);
     }
     rc as i32
 }

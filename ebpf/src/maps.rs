@@ -9,8 +9,8 @@ use aya_ebpf::{
 use ebpf_cni_maps::{
     str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
     PodCounters, PortHits, PortKey, PortTarget, RateLimit, ShapeSubnetKey, SockKey, SockOrig,
-    MAX_ENDPOINTS, MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS,
-    NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
+    COUNTERS_NO_INGRESS_LIMIT, MAX_ENDPOINTS, MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS,
+    MAX_SHAPE_SUBNETS, NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
 };
 
 // The hashes whose entries only user space inserts (at ADD; the programs read them or
@@ -266,7 +266,29 @@ pub enum Event {
 /// up or torn down) is simply not counted.
 #[inline(always)]
 pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
-    let Some(c) = ECNI_POD_CNT.get_ptr_mut(&ifindex) else {
+    count_in(pod_counters(ifindex), dir, event, len);
+}
+
+/// This CPU's counters of the pod whose host veth is `ifindex`, looked up once for a
+/// delivery that reads their flags first (see [`no_ingress_limit`]) and counts into them
+/// after.
+#[inline(always)]
+pub fn pod_counters(ifindex: u32) -> Option<*mut PodCounters> {
+    ECNI_POD_CNT.get_ptr_mut(&ifindex)
+}
+
+/// Whether the pod's counters say it has no ingress limit
+/// ([`ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT`]; no counters: not known).
+#[inline(always)]
+pub fn no_ingress_limit(c: Option<*mut PodCounters>) -> bool {
+    // SAFETY: this CPU's slot, valid during the program run; only user space writes flags.
+    c.is_some_and(|c| unsafe { (*c).to_pod.flags } & COUNTERS_NO_INGRESS_LIMIT != 0)
+}
+
+/// [`count`] into counters already looked up.
+#[inline(always)]
+pub fn count_in(c: Option<*mut PodCounters>, dir: Dir, event: Event, len: u32) {
+    let Some(c) = c else {
         return;
     };
     // SAFETY: this CPU's slot, valid during the program run; TC programs run with bottom

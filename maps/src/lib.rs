@@ -403,11 +403,23 @@ pub struct DirCounters {
     /// From the pod only: frames the source check dropped because their source MAC (or
     /// ARP's sender MAC) is not the pod interface's.
     pub mac_drops: u64,
-    /// Room for counters a newer binary adds without changing the pinned layout.
-    pub _spare: u64,
+    /// Not a count: written by ADD into every CPU's slot, never by the programs, and not
+    /// summed. In `to_pod`: [`COUNTERS_NO_INGRESS_LIMIT`] or 0; in `from_pod`: 0 (spare
+    /// room). Releases before it wrote 0 here (the field was spare room).
+    pub flags: u64,
 }
 
+/// [`DirCounters::flags`] of `to_pod`: the pod has no ingress limit, so a program
+/// delivering to it skips the lookup of its limit (it reads these counters anyway, to
+/// count the packet). A flag that says "nothing to do": 0, which every earlier release
+/// writes, keeps the lookup, so a pod whose counters an earlier release wrote (with or
+/// without a limit) is limited as that release set it up. Written with the counters, at
+/// ADD, where the pod's limits are known; CHECK fails if it is set on a pod with an
+/// ingress limit.
+pub const COUNTERS_NO_INGRESS_LIMIT: u64 = 1;
+
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 64);
+const _: () = assert!(core::mem::offset_of!(DirCounters, flags) == 56);
 const _: () = assert!(core::mem::offset_of!(DirCounters, source_drops) == 40);
 const _: () = assert!(core::mem::offset_of!(DirCounters, mac_drops) == 48);
 

@@ -6,8 +6,8 @@
 //! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
 //! `attachment_id u64, host_ifindex u32, flags u32, host_mac [6], pod_mac [6], gateway4 [4]`;
 //! `ECNI_POD_CNT` is a per-CPU hash from the host veth's ifindex (u32) to 128 bytes:
-//! `from_pod {packets, bytes, drops, errors, marks, source_drops, mac_drops, spare}` then
-//! `to_pod {…}`, all u64. `ECNI_SOURCES` is an LPM trie whose 28-byte key is `prefix_len
+//! `from_pod {packets, bytes, drops, errors, marks, source_drops, mac_drops, flags}` then
+//! `to_pod {…}`, all u64 (`flags` is not a count: ADD writes it in every CPU's slot). `ECNI_SOURCES` is an LPM trie whose 28-byte key is `prefix_len
 //! u32, ifindex u32, family u32 (4, 6; 0 in a pod's catch-all), addr [16]` (IPv4 in its
 //! first 4 bytes) and whose 16-byte value is `attachment_id u64, mac [6], verdict u16`
 //! (1 pass, 2 refuse).
@@ -304,6 +304,33 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
         out.insert(ifindex, c);
     }
     Ok(out)
+}
+
+/// The `to_pod` flags of each pod's counters (`COUNTERS_NO_INGRESS_LIMIT`), by host veth
+/// ifindex, one per CPU as ADD wrote them into every CPU's slot; read with bpftool.
+pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<u64>>> {
+    let mut out = BTreeMap::new();
+    for RawEntry { key, values } in dump(&map_pin(node, POD_COUNTERS_MAP))? {
+        ensure!(key.len() == 4, "counters key of {} bytes", key.len());
+        let ifindex = u32::from_le_bytes(key[..4].try_into().expect("4 bytes"));
+        let flags = values
+            .iter()
+            .map(|v| {
+                ensure!(v.len() == 128, "counters value of {} bytes", v.len());
+                Ok(u64::from_le_bytes(v[120..128].try_into().expect("8 bytes")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.insert(ifindex, flags);
+    }
+    Ok(out)
+}
+
+/// Damage for CHECK tests: the pod's counters rewritten as zero counts with these `to_pod`
+/// flags (bpftool writes the value into every CPU's slot).
+pub fn set_pod_counter_flags(node: &Node, ifindex: u32, flags: u64) -> Result<()> {
+    let mut value = [0u8; 128];
+    value[120..].copy_from_slice(&flags.to_le_bytes());
+    update_raw(node, POD_COUNTERS_MAP, &ifindex.to_le_bytes(), &value)
 }
 
 /// One entry of the source map, decoded.

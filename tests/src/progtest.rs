@@ -528,6 +528,19 @@ impl Programs {
     /// Zero counters for the pod behind `ifindex` (ADD inserts them; the programs only
     /// count pods that have them).
     pub fn watch_pod(&mut self, ifindex: u32) {
+        self.set_counters(ifindex, PodCounters::default());
+    }
+
+    /// Zero counters for the pod behind `ifindex` whose `to_pod` flags say it has no
+    /// ingress limit (`COUNTERS_NO_INGRESS_LIMIT`), in every CPU's slot, as ADD writes them
+    /// for such a pod.
+    pub fn watch_pod_without_ingress_limit(&mut self, ifindex: u32) {
+        let mut c = PodCounters::default();
+        c.to_pod.flags = ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT;
+        self.set_counters(ifindex, c);
+    }
+
+    fn set_counters(&mut self, ifindex: u32, first: PodCounters) {
         let n = aya::util::nr_cpus().expect("number of CPUs");
         let mut m: PerCpuHashMap<_, u32, PodCounters> = PerCpuHashMap::try_from(
             self.ebpf
@@ -535,8 +548,8 @@ impl Programs {
                 .expect("counters map"),
         )
         .expect("counters map type");
-        let zero = PerCpuValues::try_from(vec![PodCounters::default(); n]).expect("values");
-        m.insert(ifindex, zero, 0).expect("inserting counters");
+        let values = PerCpuValues::try_from(vec![first; n]).expect("values");
+        m.insert(ifindex, values, 0).expect("inserting counters");
     }
 
     /// The counters of the pod behind `ifindex`, summed over the CPUs.

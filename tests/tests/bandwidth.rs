@@ -139,6 +139,22 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         !no_limits(),
         "the no-limits switch is on beside a limited pod"
     );
+    // Each pod's counters tell the programs delivering to it whether to look its ingress
+    // limit up, in every CPU's slot: the plain pod's say there is none (the lookup is
+    // skipped), the limited pod's do not (the traffic below proves its limit holds, pod
+    // to pod included).
+    let flags = dp::pod_counter_flags(&node).unwrap();
+    let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
+    assert!(
+        flags[&pi]
+            .iter()
+            .all(|f| *f == ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT),
+        "the plain pod's counters flags: {flags:?}"
+    );
+    assert!(
+        flags[&li].iter().all(|f| *f == 0),
+        "the limited pod's counters flags: {flags:?}"
+    );
     let ext_ip = IpAddr::V4(ext.v4);
 
     // UDP at twice the limit: the receiver gets about the limit (the burst adds at most
@@ -193,7 +209,6 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
 
     // Drops are counted for the limited pod only, and inspect shows the limits.
     let counters = dp::pod_counters(&node).unwrap();
-    let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
     assert!(
         // In a matrix guest the sender may not overrun the limit in both directions.
         if ebpf_cni_tests::rate::in_vm() {
@@ -243,6 +258,20 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     other["runtimeConfig"]["bandwidth"]["EgressRate"] = json!(10_000_000);
     let err = check(&other).expect_error(105, "CHECK with other rates");
     assert!(err.msg.contains("rate limiter"), "{err:?}");
+    // Counters that would let the programs skip the limited pod's ingress limit: CHECK
+    // fails, naming them (the flag off on the plain pod, as an earlier release writes it,
+    // is fine: the programs then look up a limit and find none).
+    dp::set_pod_counter_flags(&node, li, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT).unwrap();
+    let err = check(&limited_conf).expect_error(105, "CHECK with the ingress limit skipped");
+    assert!(
+        err.msg
+            .contains(&format!("counters of host veth ifindex {li}"))
+            && err.msg.contains("no ingress limit"),
+        "{err:?}"
+    );
+    dp::set_pod_counter_flags(&node, li, 0).unwrap();
+    check(&limited_conf).expect_success("CHECK with the counters as ADD wrote them");
+    dp::set_pod_counter_flags(&node, pi, 0).unwrap();
 
     // DEL removes the limiter entry; the other pod keeps none.
     p.run(

@@ -982,6 +982,46 @@ fn the_senders_limit_is_looked_up_unless_the_node_says_there_are_none() {
     assert_eq!(lab.progs.counters(b.ifindex).to_pod.packets, 1);
 }
 
+/// A receiver whose counters say it has no ingress limit (`COUNTERS_NO_INGRESS_LIMIT`, as
+/// ADD writes them for such a pod) is delivered to without a lookup of its limit: an empty
+/// ingress bucket the flag says is not there drops nothing. Counters without the flag (an
+/// earlier release's, or a limited pod's) keep the lookup, and the bucket drops.
+#[test]
+fn the_receivers_limit_is_looked_up_unless_its_counters_say_it_has_none() {
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    let empty = Bucket {
+        rate_bytes: 1,
+        burst_bytes: 1,
+        mode: LIMIT_POLICE,
+        tokens: 0,
+        last_ns: monotonic_ns() + 3_600_000_000_000,
+    };
+    lab.progs.set_rate(
+        b.ifindex,
+        RateLimit {
+            ingress: empty,
+            egress: Bucket::default(),
+        },
+    );
+    let frame = from(&a, b.addr(true), L4::udp(40_023, 9)).frame();
+    assert_eq!(
+        lab.from_pod(&a, &frame).verdict,
+        Verdict::Shot,
+        "flag off: the receiver's limit looked up"
+    );
+    let c = lab.progs.counters(b.ifindex).to_pod;
+    assert_eq!((c.drops, c.packets), (1, 0), "{c:?}");
+    lab.progs.watch_pod_without_ingress_limit(b.ifindex);
+    assert_eq!(
+        lab.from_pod(&a, &frame).verdict,
+        Verdict::Redirect,
+        "flag on: not looked up"
+    );
+    let c = lab.progs.counters(b.ifindex).to_pod;
+    assert_eq!((c.drops, c.packets), (0, 1), "{c:?}");
+}
+
 /// While the bucket runs low (under a quarter of the burst), ECN-capable packets pass
 /// marked CE (the IPv4 header checksum patched) and are counted as marks; others pass
 /// unmarked.
@@ -1605,6 +1645,65 @@ fn masquerade_cost_per_packet() {
             }
         }
         for (i, (what, ..)) in cases.iter().enumerate() {
+            let v = &mut ns[i];
+            v.sort_unstable();
+            eprintln!(
+                "{} {what}: p50 {} ns, p25 {} ns, p75 {} ns",
+                family(v4),
+                v[v.len() / 2],
+                v[v.len() / 4],
+                v[v.len() * 3 / 4]
+            );
+        }
+    }
+}
+
+/// Not a check but a measurement, like `masquerade_cost_per_packet`: `ecni_from_pod` on a
+/// pod → pod TCP segment, the receiver's counters saying it has no ingress limit (as ADD
+/// writes them) against counters without the flag (as earlier releases wrote them, so
+/// the program looks the limit up and finds none), with the routing floor
+/// `ecni_floor_pod` beside them; the cases alternating in rounds, medians of the kernel's
+/// per-run durations.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn pod_to_pod_cost_per_packet() {
+    const ROUNDS: usize = 40;
+    const PER_ROUND: usize = 500;
+    let mut lab = lab();
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    lab.source_check(&a);
+    for v4 in [true, false] {
+        let frame = from(&a, b.addr(v4), L4::tcp(40_000, 80, TCP_ACK))
+            .payload(1400)
+            .frame();
+        // Loads the floor program too.
+        assert_eq!(lab.floor_pod(&a, &frame).verdict, Verdict::Redirect);
+        let cases = [
+            "floor",
+            "receiver's limit looked up",
+            "receiver's flag: none",
+        ];
+        let mut ns: Vec<Vec<u64>> = vec![Vec::new(); cases.len()];
+        for _ in 0..ROUNDS {
+            for (i, what) in cases.iter().enumerate() {
+                match i {
+                    1 => lab.progs.watch_pod(b.ifindex),
+                    2 => lab.progs.watch_pod_without_ingress_limit(b.ifindex),
+                    _ => {}
+                }
+                let prog = if i == 0 {
+                    ebpf_cni_maps::PROG_FLOOR_POD
+                } else {
+                    PROG_FROM_POD
+                };
+                for _ in 0..PER_ROUND {
+                    let r = lab.run(prog, a.ifindex, &frame);
+                    assert_eq!(r.verdict, Verdict::Redirect, "{what}");
+                    ns[i].push(r.ns);
+                }
+            }
+        }
+        for (i, what) in cases.iter().enumerate() {
             let v = &mut ns[i];
             v.sort_unstable();
             eprintln!(

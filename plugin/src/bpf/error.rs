@@ -223,6 +223,12 @@ pub enum BpfError {
         actual: String,
         expected: String,
     },
+    #[error("counters of host veth ifindex {ifindex} say the pod has no ingress limit (flags {flags:#x} on CPU {cpu}), but it has one")]
+    CountersStale {
+        ifindex: u32,
+        cpu: usize,
+        flags: u64,
+    },
     #[error("endpoint map has no entry for pod address {ip}")]
     EndpointMissing { ip: std::net::IpAddr },
     #[error("endpoint map entry for {ip} is stale: {field} is {actual}, expected {expected}")]
@@ -420,6 +426,7 @@ impl BpfError {
             | Self::PacingQdiscMissing { .. }
             | Self::PacingQdiscLeft { .. }
             | Self::EndpointStale { .. }
+            | Self::CountersStale { .. }
             | Self::PortMappingMissing { .. }
             | Self::PortMappingStale { .. }
             | Self::PacingStale { .. }

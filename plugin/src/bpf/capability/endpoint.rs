@@ -1,6 +1,7 @@
 //! Endpoints: each address of the pod in the endpoint map, with its host veth and both
 //! MACs (the programs deliver to it and answer ARP for its gateway), and the per-pod
-//! counters of its host veth.
+//! counters of its host veth (which also tell the programs whether the pod has an ingress
+//! limit to look up).
 
 use super::{
     spec::{PodSpec, Veth},
@@ -26,17 +27,26 @@ fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
         .collect()
 }
 
+/// Whether the pod has a limit towards it, which its counters then do not let the programs
+/// skip (see [`ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT`]).
+fn ingress_limit(pod: &PodSpec) -> bool {
+    pod.limits.rate.is_some_and(|r| r.ingress.rate_bytes > 0)
+}
+
 impl Capability for Endpoint {
     fn name(&self) -> &'static str {
         "endpoints"
     }
 
     fn install(&self, pod: &PodSpec, veth: &Veth, cx: &mut Install<'_>) -> Result<(), BpfError> {
-        cx.maps.insert_pod(cx.key.id(), &endpoints(pod, veth))
+        cx.maps
+            .insert_pod(cx.key.id(), &endpoints(pod, veth), ingress_limit(pod))
     }
 
     fn check(&self, pod: &PodSpec, veth: &Veth, cx: &Check<'_>) -> Result<(), BpfError> {
-        cx.maps.check_pod(cx.key.id(), &endpoints(pod, veth))
+        cx.maps.check_pod(cx.key.id(), &endpoints(pod, veth))?;
+        cx.maps
+            .check_counters(veth.host_ifindex, ingress_limit(pod))
     }
 
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {

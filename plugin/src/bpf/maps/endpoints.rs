@@ -5,10 +5,20 @@ use std::net::IpAddr;
 
 use aya::maps::{HashMap, MapData, PerCpuValues};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+    EndpointInfo, EndpointKey, PodCounters, COUNTERS_NO_INGRESS_LIMIT, ENDPOINTS_MAP,
+    EP_FLAGS_NONE, POD_COUNTERS_MAP,
 };
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
+
+/// The flags of a pod's `to_pod` counters (see [`COUNTERS_NO_INGRESS_LIMIT`]).
+fn counters_flags(ingress_limit: bool) -> u64 {
+    if ingress_limit {
+        0
+    } else {
+        COUNTERS_NO_INGRESS_LIMIT
+    }
+}
 use crate::bpf::BpfError;
 
 /// One address of a pod and where it lives, as the endpoint map records it.
@@ -70,11 +80,20 @@ impl Maps {
         ensure_free_in(&self.endpoints, attachment_id, ips)
     }
 
-    pub fn insert_pod(&mut self, attachment_id: u64, eps: &[PodEndpoint]) -> Result<(), BpfError> {
+    /// Inserts the pod's entries, and zero counters for its host veth, which carry in every
+    /// CPU's slot whether the programs may skip the lookup of its ingress limit
+    /// ([`COUNTERS_NO_INGRESS_LIMIT`]: `ingress_limit` false).
+    pub fn insert_pod(
+        &mut self,
+        attachment_id: u64,
+        eps: &[PodEndpoint],
+        ingress_limit: bool,
+    ) -> Result<(), BpfError> {
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
+        let mut first = PodCounters::default();
+        first.to_pod.flags = counters_flags(ingress_limit);
         for ep in eps {
-            let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus])
-                .expect("one value per CPU");
+            let zero = PerCpuValues::try_from(vec![first; cpus]).expect("one value per CPU");
             self.counters
                 .insert(ep.host_ifindex, zero, 0)
                 .map_err(|source| BpfError::MapUpdate {
@@ -193,6 +212,31 @@ impl Maps {
             }
         }
         Ok(entries.len())
+    }
+
+    /// CHECK: the counters of host veth `ifindex` do not tell the programs to skip the
+    /// lookup of an ingress limit the pod has (which would leave it unenforced towards
+    /// the pod for every delivery but the stack's). The flag off where the pod has no limit
+    /// is fine (counters of an earlier release: the programs look it up and find none), as
+    /// are counters not there (nothing is skipped).
+    pub fn check_counters(&self, ifindex: u32, ingress_limit: bool) -> Result<(), BpfError> {
+        if !ingress_limit {
+            return Ok(());
+        }
+        let Ok(per_cpu) = self.counters.get(&ifindex, 0) else {
+            return Ok(());
+        };
+        match per_cpu
+            .iter()
+            .position(|c| c.to_pod.flags & COUNTERS_NO_INGRESS_LIMIT != 0)
+        {
+            Some(cpu) => Err(BpfError::CountersStale {
+                ifindex,
+                cpu,
+                flags: per_cpu[cpu].to_pod.flags,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// CHECK: each address maps to this attachment's host veth and MACs.
