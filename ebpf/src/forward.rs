@@ -20,8 +20,8 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
     maps::{
-        count, count_in, endpoint, endpoint_in_map, no_ingress_limit, no_limits, pod_counters,
-        AlignedKey, Dir, Event,
+        count, count_in, endpoint, endpoint_in_map, no_host_ports, no_ingress_limit, no_limits,
+        pod_counters, AlignedKey, Dir, Event,
     },
     masq::{self, MasqHint, Reply, Snat, Want},
     nat::{self, Nat},
@@ -220,6 +220,13 @@ pub fn from_chained_pod(ctx: &TcContext) -> i32 {
 fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
+    // The pod's counters, looked up once for the limiter's verdict and the packet's count,
+    // and what they say: whether a host port leads to the pod (else no packet of it is a
+    // host port reply). They are not held past that: a pointer that may be null, kept
+    // alive, would have the verifier walk the rest of the program twice; the rare counts
+    // below look them up again.
+    let counters = pod_counters(me);
+    let host_ports = !no_host_ports(counters);
     let verdict = if no_limits() {
         Verdict::Pass
     } else {
@@ -227,13 +234,13 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     };
     match verdict {
         Verdict::Drop => {
-            count(me, Dir::FromPod, Event::Drop, len);
+            count_in(counters, Dir::FromPod, Event::Drop, len);
             return TC_ACT_SHOT as i32;
         }
-        Verdict::Mark => count(me, Dir::FromPod, Event::Mark, len),
+        Verdict::Mark => count_in(counters, Dir::FromPod, Event::Mark, len),
         Verdict::Pass => {}
     }
-    count(me, Dir::FromPod, Event::Packet, len);
+    count_in(counters, Dir::FromPod, Event::Packet, len);
     // After the limiter and the count: every frame of the pod spends its tokens and is
     // counted, spoofed or not, and the verifier walks the limiter once, not once per
     // verdict of the check.
@@ -260,9 +267,10 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     }
     // A reply in a host port flow, else maybe a packet to a host port. A host port is a
     // node address, never a local pod's: a packet to a pod skips the host port lookups
-    // (the pod → pod path). In chained mode the destination is looked up only for the
-    // translated packets the programs deliver themselves.
-    let mut nat = nat::reverse(ctx);
+    // (the pod → pod path). A pod no host port leads to sends no replies in such flows.
+    // In chained mode the destination is looked up only for the translated packets the
+    // programs deliver themselves.
+    let mut nat = nat::reverse(ctx, host_ports);
     let mut dest = Dest::stack(0);
     if CHAINED {
         if nat == Nat::None {

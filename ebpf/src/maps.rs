@@ -9,8 +9,8 @@ use aya_ebpf::{
 use ebpf_cni_maps::{
     str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
     PodCounters, PortHits, PortKey, PortTarget, RateLimit, ShapeSubnetKey, SockKey, SockOrig,
-    COUNTERS_NO_INGRESS_LIMIT, MAX_ENDPOINTS, MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS,
-    MAX_SHAPE_SUBNETS, NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
+    COUNTERS_NO_HOST_PORTS, COUNTERS_NO_INGRESS_LIMIT, MAX_ENDPOINTS, MAX_NAT_FLOWS,
+    MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS, NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
 };
 
 // The hashes whose entries only user space inserts (at ADD; the programs read them or
@@ -283,6 +283,14 @@ pub fn pod_counters(ifindex: u32) -> Option<*mut PodCounters> {
 pub fn no_ingress_limit(c: Option<*mut PodCounters>) -> bool {
     // SAFETY: this CPU's slot, valid during the program run; only user space writes flags.
     c.is_some_and(|c| unsafe { (*c).to_pod.flags } & COUNTERS_NO_INGRESS_LIMIT != 0)
+}
+
+/// Whether the pod's counters say no host port leads to it
+/// ([`ebpf_cni_maps::COUNTERS_NO_HOST_PORTS`]; no counters: not known).
+#[inline(always)]
+pub fn no_host_ports(c: Option<*mut PodCounters>) -> bool {
+    // SAFETY: as in `no_ingress_limit`.
+    c.is_some_and(|c| unsafe { (*c).from_pod.flags } & COUNTERS_NO_HOST_PORTS != 0)
 }
 
 /// [`count`] into counters already looked up.

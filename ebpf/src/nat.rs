@@ -229,16 +229,22 @@ fn translate_forward(ctx: &TcContext, from_pod: u32) -> Nat {
 }
 
 /// A pod's reply in a translated flow: its source becomes what the client dialled (and a
-/// hairpin's destination the pod again).
+/// hairpin's destination the pod again). `host_ports` false: the sending pod's counters say
+/// no host port leads to it, so none of its packets is such a reply (nothing is looked
+/// up). The caller passes it in rather than branching around the call: one path for the
+/// verifier to walk after it, not two.
 #[inline(always)]
-pub fn reverse(ctx: &TcContext) -> Nat {
-    Nat::from_u32(ecni_nat_reverse(ctx.skb.skb))
+pub fn reverse(ctx: &TcContext, host_ports: bool) -> Nat {
+    Nat::from_u32(ecni_nat_reverse(ctx.skb.skb, u32::from(host_ports)))
 }
 
 /// [`reverse`] as a global function; returns a [`Nat`].
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn ecni_nat_reverse(skb: *mut __sk_buff) -> u32 {
+pub extern "C" fn ecni_nat_reverse(skb: *mut __sk_buff, host_ports: u32) -> u32 {
+    if host_ports == 0 {
+        return Nat::None as u32;
+    }
     translate_reverse(&TcContext::new(skb)) as u32
 }
 

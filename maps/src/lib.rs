@@ -404,8 +404,9 @@ pub struct DirCounters {
     /// ARP's sender MAC) is not the pod interface's.
     pub mac_drops: u64,
     /// Not a count: written by ADD into every CPU's slot, never by the programs, and not
-    /// summed. In `to_pod`: [`COUNTERS_NO_INGRESS_LIMIT`] or 0; in `from_pod`: 0 (spare
-    /// room). Releases before it wrote 0 here (the field was spare room).
+    /// summed. In `to_pod`: [`COUNTERS_NO_INGRESS_LIMIT`] or 0; in `from_pod`:
+    /// [`COUNTERS_NO_HOST_PORTS`] or 0. Releases before it wrote 0 here (the field was
+    /// spare room).
     pub flags: u64,
 }
 
@@ -417,6 +418,15 @@ pub struct DirCounters {
 /// ADD, where the pod's limits are known; CHECK fails if it is set on a pod with an
 /// ingress limit.
 pub const COUNTERS_NO_INGRESS_LIMIT: u64 = 1;
+
+/// [`DirCounters::flags`] of `from_pod`: no host port mapping leads to the pod, so none of
+/// its packets can be a reply in a host port flow, and `ecni_from_pod` (or
+/// `ecni_from_chain`) skips the reverse translation's flow lookup for them (it reads these
+/// counters anyway, to count the packet). "Nothing to do", as
+/// [`COUNTERS_NO_INGRESS_LIMIT`]: 0, which earlier releases write, keeps the lookup. The
+/// pod's mappings are its own, installed by its ADD, which writes the flag; CHECK fails if
+/// it is set on a pod with a mapping.
+pub const COUNTERS_NO_HOST_PORTS: u64 = 2;
 
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 64);
 const _: () = assert!(core::mem::offset_of!(DirCounters, flags) == 56);

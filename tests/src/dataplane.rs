@@ -306,18 +306,20 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
     Ok(out)
 }
 
-/// The `to_pod` flags of each pod's counters (`COUNTERS_NO_INGRESS_LIMIT`), by host veth
-/// ifindex, one per CPU as ADD wrote them into every CPU's slot; read with bpftool.
-pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<u64>>> {
+/// The flags of each pod's counters, `(from_pod, to_pod)` (`COUNTERS_NO_HOST_PORTS`,
+/// `COUNTERS_NO_INGRESS_LIMIT`), by host veth ifindex, one pair per CPU as ADD wrote them
+/// into every CPU's slot; read with bpftool.
+pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<(u64, u64)>>> {
     let mut out = BTreeMap::new();
     for RawEntry { key, values } in dump(&map_pin(node, POD_COUNTERS_MAP))? {
         ensure!(key.len() == 4, "counters key of {} bytes", key.len());
         let ifindex = u32::from_le_bytes(key[..4].try_into().expect("4 bytes"));
+        let word = |v: &[u8], at: usize| u64::from_le_bytes(v[at..at + 8].try_into().expect("8"));
         let flags = values
             .iter()
             .map(|v| {
                 ensure!(v.len() == 128, "counters value of {} bytes", v.len());
-                Ok(u64::from_le_bytes(v[120..128].try_into().expect("8 bytes")))
+                Ok((word(v, 56), word(v, 120)))
             })
             .collect::<Result<Vec<_>>>()?;
         out.insert(ifindex, flags);
@@ -325,11 +327,12 @@ pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<u64>>> {
     Ok(out)
 }
 
-/// Damage for CHECK tests: the pod's counters rewritten as zero counts with these `to_pod`
-/// flags (bpftool writes the value into every CPU's slot).
-pub fn set_pod_counter_flags(node: &Node, ifindex: u32, flags: u64) -> Result<()> {
+/// Damage for CHECK tests: the pod's counters rewritten as zero counts with these flags
+/// (bpftool writes the value into every CPU's slot).
+pub fn set_pod_counter_flags(node: &Node, ifindex: u32, from_pod: u64, to_pod: u64) -> Result<()> {
     let mut value = [0u8; 128];
-    value[120..].copy_from_slice(&flags.to_le_bytes());
+    value[56..64].copy_from_slice(&from_pod.to_le_bytes());
+    value[120..].copy_from_slice(&to_pod.to_le_bytes());
     update_raw(node, POD_COUNTERS_MAP, &ifindex.to_le_bytes(), &value)
 }
 

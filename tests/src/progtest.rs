@@ -531,12 +531,13 @@ impl Programs {
         self.set_counters(ifindex, PodCounters::default());
     }
 
-    /// Zero counters for the pod behind `ifindex` whose `to_pod` flags say it has no
-    /// ingress limit (`COUNTERS_NO_INGRESS_LIMIT`), in every CPU's slot, as ADD writes them
-    /// for such a pod.
-    pub fn watch_pod_without_ingress_limit(&mut self, ifindex: u32) {
+    /// Zero counters for the pod behind `ifindex` with these flags (`from_pod`'s, e.g.
+    /// `COUNTERS_NO_HOST_PORTS`; `to_pod`'s, e.g. `COUNTERS_NO_INGRESS_LIMIT`), in every
+    /// CPU's slot, as ADD writes them.
+    pub fn watch_pod_flagged(&mut self, ifindex: u32, from_pod: u64, to_pod: u64) {
         let mut c = PodCounters::default();
-        c.to_pod.flags = ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT;
+        c.from_pod.flags = from_pod;
+        c.to_pod.flags = to_pod;
         self.set_counters(ifindex, c);
     }
 
@@ -567,6 +568,17 @@ impl Programs {
             add_dir(&mut total.to_pod, &c.to_pod);
         }
         total
+    }
+
+    /// The node config as the programs read it.
+    pub fn node_config(&self) -> NodeConfig {
+        let a: Array<_, NodeConfig> = Array::try_from(
+            self.ebpf
+                .map(ebpf_cni_maps::CONFIG_MAP)
+                .expect("config map"),
+        )
+        .expect("config map type");
+        a.get(&0, 0).expect("the node config")
     }
 
     pub fn set_config(&mut self, cfg: NodeConfig) {
@@ -1004,14 +1016,7 @@ impl Lab {
     }
 
     fn config(&self) -> NodeConfig {
-        let a: Array<_, NodeConfig> = Array::try_from(
-            self.progs
-                .ebpf
-                .map(ebpf_cni_maps::CONFIG_MAP)
-                .expect("config map"),
-        )
-        .expect("config map type");
-        a.get(&0, 0).expect("the node config")
+        self.progs.node_config()
     }
 
     /// Host ports are on: the node config's flag and the uplink's addresses as node

@@ -142,17 +142,18 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // Each pod's counters tell the programs delivering to it whether to look its ingress
     // limit up, in every CPU's slot: the plain pod's say there is none (the lookup is
     // skipped), the limited pod's do not (the traffic below proves its limit holds, pod
-    // to pod included).
+    // to pod included). Neither has a host port: both say so for their own packets.
     let flags = dp::pod_counter_flags(&node).unwrap();
     let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
+    let no_ports = ebpf_cni_maps::COUNTERS_NO_HOST_PORTS;
     assert!(
         flags[&pi]
             .iter()
-            .all(|f| *f == ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT),
+            .all(|f| *f == (no_ports, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT)),
         "the plain pod's counters flags: {flags:?}"
     );
     assert!(
-        flags[&li].iter().all(|f| *f == 0),
+        flags[&li].iter().all(|f| *f == (no_ports, 0)),
         "the limited pod's counters flags: {flags:?}"
     );
     let ext_ip = IpAddr::V4(ext.v4);
@@ -261,7 +262,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // Counters that would let the programs skip the limited pod's ingress limit: CHECK
     // fails, naming them (the flag off on the plain pod, as an earlier release writes it,
     // is fine: the programs then look up a limit and find none).
-    dp::set_pod_counter_flags(&node, li, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT).unwrap();
+    dp::set_pod_counter_flags(&node, li, 0, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT).unwrap();
     let err = check(&limited_conf).expect_error(105, "CHECK with the ingress limit skipped");
     assert!(
         err.msg
@@ -269,9 +270,9 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
             && err.msg.contains("no ingress limit"),
         "{err:?}"
     );
-    dp::set_pod_counter_flags(&node, li, 0).unwrap();
-    check(&limited_conf).expect_success("CHECK with the counters as ADD wrote them");
-    dp::set_pod_counter_flags(&node, pi, 0).unwrap();
+    dp::set_pod_counter_flags(&node, li, 0, 0).unwrap();
+    check(&limited_conf).expect_success("CHECK with the counters an earlier release wrote");
+    dp::set_pod_counter_flags(&node, pi, 0, 0).unwrap();
 
     // DEL removes the limiter entry; the other pod keeps none.
     p.run(

@@ -509,6 +509,35 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
     );
     dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &victim.raw_value).unwrap();
 
+    // The pod's counters let its program skip the host port replies' lookup only where
+    // no host port leads to it: ADD left the flag off here (on for a pod without ports, see
+    // the bandwidth suite), and CHECK refuses it on.
+    let ifindex = bpf::ifindex_in(
+        node.netns(),
+        a.result["interfaces"][0]["name"].as_str().unwrap(),
+    )
+    .unwrap();
+    let flags = dp::pod_counter_flags(&node).unwrap();
+    assert!(
+        flags[&ifindex].iter().all(|(from, _)| *from == 0),
+        "the counters of a pod with host ports: {flags:?}"
+    );
+    dp::set_pod_counter_flags(&node, ifindex, ebpf_cni_maps::COUNTERS_NO_HOST_PORTS, 0).unwrap();
+    let msg = p
+        .runtime
+        .check(&node, &l, &a.att, &a.result)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!("counters of host veth ifindex {ifindex}"))
+            && msg.contains("no host port"),
+        "CHECK names the counters: {msg}"
+    );
+    dp::set_pod_counter_flags(&node, ifindex, 0, 0).unwrap();
+    p.runtime
+        .check(&node, &l, &a.att, &a.result)
+        .expect("the counters as an earlier release wrote them");
+
     // DEL as a runtime that lost the capability args (and the cached result).
     let bare = Attachment::new(&a.att.container_id, a.netns.path(), "eth0");
     p.runtime.del(&node, &l, &bare, None).unwrap();

@@ -223,9 +223,10 @@ pub enum BpfError {
         actual: String,
         expected: String,
     },
-    #[error("counters of host veth ifindex {ifindex} say the pod has no ingress limit (flags {flags:#x} on CPU {cpu}), but it has one")]
+    #[error("counters of host veth ifindex {ifindex} say the pod has no {what} (flags {flags:#x} on CPU {cpu}), but it has one")]
     CountersStale {
         ifindex: u32,
+        what: &'static str,
         cpu: usize,
         flags: u64,
     },

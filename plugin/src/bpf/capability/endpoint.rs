@@ -1,13 +1,16 @@
 //! Endpoints: each address of the pod in the endpoint map, with its host veth and both
 //! MACs (the programs deliver to it and answer ARP for its gateway), and the per-pod
 //! counters of its host veth (which also tell the programs whether the pod has an ingress
-//! limit to look up).
+//! limit or host ports to look up).
 
 use super::{
     spec::{PodSpec, Veth},
     unit::{Capability, Check, Install, Removal},
 };
-use crate::bpf::{maps::PodEndpoint, BpfError};
+use crate::bpf::{
+    maps::{CounterHints, PodEndpoint},
+    BpfError,
+};
 
 pub(super) struct Endpoint;
 
@@ -27,10 +30,13 @@ fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
         .collect()
 }
 
-/// Whether the pod has a limit towards it, which its counters then do not let the programs
-/// skip (see [`ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT`]).
-fn ingress_limit(pod: &PodSpec) -> bool {
-    pod.limits.rate.is_some_and(|r| r.ingress.rate_bytes > 0)
+/// What the pod's counters tell the programs: whether it has a limit towards it and host
+/// ports leading to it, which the programs then look up.
+fn hints(pod: &PodSpec) -> CounterHints {
+    CounterHints {
+        ingress_limit: pod.limits.rate.is_some_and(|r| r.ingress.rate_bytes > 0),
+        host_ports: !pod.ports.is_empty(),
+    }
 }
 
 impl Capability for Endpoint {
@@ -40,13 +46,12 @@ impl Capability for Endpoint {
 
     fn install(&self, pod: &PodSpec, veth: &Veth, cx: &mut Install<'_>) -> Result<(), BpfError> {
         cx.maps
-            .insert_pod(cx.key.id(), &endpoints(pod, veth), ingress_limit(pod))
+            .insert_pod(cx.key.id(), &endpoints(pod, veth), hints(pod))
     }
 
     fn check(&self, pod: &PodSpec, veth: &Veth, cx: &Check<'_>) -> Result<(), BpfError> {
         cx.maps.check_pod(cx.key.id(), &endpoints(pod, veth))?;
-        cx.maps
-            .check_counters(veth.host_ifindex, ingress_limit(pod))
+        cx.maps.check_counters(veth.host_ifindex, hints(pod))
     }
 
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {

@@ -5,18 +5,44 @@ use std::net::IpAddr;
 
 use aya::maps::{HashMap, MapData, PerCpuValues};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, COUNTERS_NO_INGRESS_LIMIT, ENDPOINTS_MAP,
-    EP_FLAGS_NONE, POD_COUNTERS_MAP,
+    EndpointInfo, EndpointKey, PodCounters, COUNTERS_NO_HOST_PORTS, COUNTERS_NO_INGRESS_LIMIT,
+    ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
 };
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
 
-/// The flags of a pod's `to_pod` counters (see [`COUNTERS_NO_INGRESS_LIMIT`]).
-fn counters_flags(ingress_limit: bool) -> u64 {
-    if ingress_limit {
-        0
-    } else {
-        COUNTERS_NO_INGRESS_LIMIT
+/// What a pod's counters tell the programs that read them: whether a limit towards the pod
+/// or a host port leading to it needs a lookup (see [`COUNTERS_NO_INGRESS_LIMIT`] and
+/// [`COUNTERS_NO_HOST_PORTS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterHints {
+    pub ingress_limit: bool,
+    pub host_ports: bool,
+}
+
+impl CounterHints {
+    /// The pod's counters before its first packet.
+    fn first(self) -> PodCounters {
+        let mut c = PodCounters::default();
+        if !self.ingress_limit {
+            c.to_pod.flags |= COUNTERS_NO_INGRESS_LIMIT;
+        }
+        if !self.host_ports {
+            c.from_pod.flags |= COUNTERS_NO_HOST_PORTS;
+        }
+        c
+    }
+
+    /// A flag of `c` that says there is nothing to look up where the pod has something:
+    /// its direction's name and the flags.
+    fn contradicted_by(self, c: &PodCounters) -> Option<(&'static str, u64)> {
+        if self.ingress_limit && c.to_pod.flags & COUNTERS_NO_INGRESS_LIMIT != 0 {
+            return Some(("ingress limit", c.to_pod.flags));
+        }
+        if self.host_ports && c.from_pod.flags & COUNTERS_NO_HOST_PORTS != 0 {
+            return Some(("host port", c.from_pod.flags));
+        }
+        None
     }
 }
 use crate::bpf::BpfError;
@@ -80,18 +106,16 @@ impl Maps {
         ensure_free_in(&self.endpoints, attachment_id, ips)
     }
 
-    /// Inserts the pod's entries, and zero counters for its host veth, which carry in every
-    /// CPU's slot whether the programs may skip the lookup of its ingress limit
-    /// ([`COUNTERS_NO_INGRESS_LIMIT`]: `ingress_limit` false).
+    /// Inserts the pod's entries, and zero counters for its host veth, which carry `hints`
+    /// in every CPU's slot.
     pub fn insert_pod(
         &mut self,
         attachment_id: u64,
         eps: &[PodEndpoint],
-        ingress_limit: bool,
+        hints: CounterHints,
     ) -> Result<(), BpfError> {
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
-        let mut first = PodCounters::default();
-        first.to_pod.flags = counters_flags(ingress_limit);
+        let first = hints.first();
         for ep in eps {
             let zero = PerCpuValues::try_from(vec![first; cpus]).expect("one value per CPU");
             self.counters
@@ -215,28 +239,26 @@ impl Maps {
     }
 
     /// CHECK: the counters of host veth `ifindex` do not tell the programs to skip the
-    /// lookup of an ingress limit the pod has (which would leave it unenforced towards
-    /// the pod for every delivery but the stack's). The flag off where the pod has no limit
-    /// is fine (counters of an earlier release: the programs look it up and find none), as
-    /// are counters not there (nothing is skipped).
-    pub fn check_counters(&self, ifindex: u32, ingress_limit: bool) -> Result<(), BpfError> {
-        if !ingress_limit {
-            return Ok(());
-        }
+    /// lookup of an ingress limit or a host port the pod has (which would leave the limit
+    /// unenforced for every delivery but the stack's, or the pod's host port replies
+    /// untranslated). A flag off where the pod has nothing is fine (counters of an earlier
+    /// release: the programs look it up and find none), as are counters not there
+    /// (nothing is skipped).
+    pub fn check_counters(&self, ifindex: u32, hints: CounterHints) -> Result<(), BpfError> {
         let Ok(per_cpu) = self.counters.get(&ifindex, 0) else {
             return Ok(());
         };
-        match per_cpu
-            .iter()
-            .position(|c| c.to_pod.flags & COUNTERS_NO_INGRESS_LIMIT != 0)
-        {
-            Some(cpu) => Err(BpfError::CountersStale {
-                ifindex,
-                cpu,
-                flags: per_cpu[cpu].to_pod.flags,
-            }),
-            None => Ok(()),
+        for (cpu, c) in per_cpu.iter().enumerate() {
+            if let Some((what, flags)) = hints.contradicted_by(c) {
+                return Err(BpfError::CountersStale {
+                    ifindex,
+                    what,
+                    cpu,
+                    flags,
+                });
+            }
         }
+        Ok(())
     }
 
     /// CHECK: each address maps to this attachment's host veth and MACs.

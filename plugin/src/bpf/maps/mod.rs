@@ -9,7 +9,7 @@ mod open;
 pub mod ports;
 mod sources;
 
-pub use endpoints::{ensure_free_in, PodEndpoint};
+pub use endpoints::{ensure_free_in, CounterHints, PodEndpoint};
 pub use limits::any_pacing;
 pub use sources::is_one_of;
 pub use sources::{PodSources, SourceCheck, SourceRecord};
