@@ -269,9 +269,9 @@ pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
     count_in(pod_counters(ifindex), dir, event, len);
 }
 
-/// This CPU's counters of the pod whose host veth is `ifindex`, looked up once for a
-/// delivery that reads their flags first (see [`no_ingress_limit`]) and counts into them
-/// after.
+/// This CPU's counters of the pod whose host veth is `ifindex`, looked up once where a
+/// program reads their flags (see [`no_ingress_limit`], [`no_host_ports`]) and counts into
+/// them.
 #[inline(always)]
 pub fn pod_counters(ifindex: u32) -> Option<*mut PodCounters> {
     ECNI_POD_CNT.get_ptr_mut(&ifindex)

@@ -1709,6 +1709,8 @@ fn pod_to_pod_cost_per_packet() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
     lab.source_check(&a);
+    // Host ports off: the node as the lab makes it (each family's rounds turn them on).
+    let plain = lab.progs.node_config();
     for v4 in [true, false] {
         let frame = from(&a, b.addr(v4), L4::tcp(40_000, 80, TCP_ACK))
             .payload(1400)
@@ -1722,7 +1724,6 @@ fn pod_to_pod_cost_per_packet() {
             "and host ports on the node",
             "and the sender's flag: none",
         ];
-        let plain = lab.progs.node_config();
         let mut ns: Vec<Vec<u64>> = vec![Vec::new(); cases.len()];
         for _ in 0..ROUNDS {
             for (i, what) in cases.iter().enumerate() {
