@@ -476,14 +476,21 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
         .collect();
     assert_eq!(mine.len(), 4, "two ports x two families: {entries:?}");
 
+    // CHECK's error once the state is damaged.
+    let check_err = || {
+        p.runtime
+            .check(&node, &l, &a.att, &a.result)
+            .unwrap_err()
+            .to_string()
+    };
+
     // Missing.
     let victim = mine
         .iter()
         .find(|e| e.host_port == 8443 && e.pod == a.v4())
         .unwrap();
     dp::delete_raw(&node, dp::PORTMAP_MAP, &victim.raw_key).unwrap();
-    let err = p.runtime.check(&node, &l, &a.att, &a.result).unwrap_err();
-    let msg = err.to_string();
+    let msg = check_err();
     assert!(
         msg.contains("0.0.0.0:8443/tcp") && msg.contains("missing"),
         "CHECK names the missing mapping: {msg}"
@@ -498,11 +505,7 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
     let keep_key = dp::endpoint_key(keep.v4());
     wrong[8..24].copy_from_slice(&keep_key);
     dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &wrong).unwrap();
-    let msg = p
-        .runtime
-        .check(&node, &l, &a.att, &a.result)
-        .unwrap_err()
-        .to_string();
+    let msg = check_err();
     assert!(
         msg.contains("0.0.0.0:8443/tcp") && msg.contains("points to"),
         "CHECK names the misdirected mapping: {msg}"
@@ -523,11 +526,7 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
         "the counters of a pod with host ports: {flags:?}"
     );
     dp::set_pod_counter_flags(&node, ifindex, ebpf_cni_maps::COUNTERS_NO_HOST_PORTS, 0).unwrap();
-    let msg = p
-        .runtime
-        .check(&node, &l, &a.att, &a.result)
-        .unwrap_err()
-        .to_string();
+    let msg = check_err();
     assert!(
         msg.contains(&format!("counters of host veth ifindex {ifindex}"))
             && msg.contains("no host port"),

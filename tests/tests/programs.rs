@@ -923,16 +923,21 @@ fn masquerade_translates_the_pods_icmp_errors_about_a_flow() {
     }
 }
 
-/// Pod a's egress limit: `rate_bytes` 1 (no refill to speak of) and `tokens` bytes now.
-fn police_egress(lab: &mut Lab, tokens: u64, burst: u32) {
-    let egress = Bucket {
+/// A policer's bucket holding `tokens` bytes now that does not refill: `rate_bytes` 1 and
+/// its last refill in the future (no time has passed).
+fn held_bucket(tokens: u64, burst: u32) -> Bucket {
+    Bucket {
         rate_bytes: 1,
         burst_bytes: burst,
         mode: LIMIT_POLICE,
         tokens,
-        // A last refill in the future: no time has passed, nothing refills.
         last_ns: monotonic_ns() + 3_600_000_000_000,
-    };
+    }
+}
+
+/// Pod a's egress limit: `rate_bytes` 1 (no refill to speak of) and `tokens` bytes now.
+fn police_egress(lab: &mut Lab, tokens: u64, burst: u32) {
+    let egress = held_bucket(tokens, burst);
     let a = lab.a.ifindex;
     lab.progs.set_rate(
         a,
@@ -973,13 +978,7 @@ fn the_policer_drops_past_the_burst_and_counts_the_drop() {
 fn the_senders_limit_is_looked_up_unless_the_node_says_there_are_none() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    let empty = Bucket {
-        rate_bytes: 1,
-        burst_bytes: 1,
-        mode: LIMIT_POLICE,
-        tokens: 0,
-        last_ns: monotonic_ns() + 3_600_000_000_000,
-    };
+    let empty = held_bucket(0, 1);
     for p in [&a, &b] {
         lab.progs.set_rate(
             p.ifindex,
@@ -1025,13 +1024,7 @@ fn the_senders_limit_is_looked_up_unless_the_node_says_there_are_none() {
 fn the_receivers_limit_is_looked_up_unless_its_counters_say_it_has_none() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    let empty = Bucket {
-        rate_bytes: 1,
-        burst_bytes: 1,
-        mode: LIMIT_POLICE,
-        tokens: 0,
-        last_ns: monotonic_ns() + 3_600_000_000_000,
-    };
+    let empty = held_bucket(0, 1);
     lab.progs.set_rate(
         b.ifindex,
         RateLimit {
@@ -1601,6 +1594,18 @@ fn a_new_flow_prefers_a_port_that_needs_no_timestamp_shift() {
     assert_eq!((stats.flows, stats.reclaimed, stats.exhausted), (4, 2, 0));
 }
 
+/// A measurement's line: the median and quartiles of the kernel's run durations in `ns`.
+fn report_quartiles(what: &str, ns: &mut [u64]) {
+    ns.sort_unstable();
+    eprintln!(
+        "{what}: p50 {} ns, p25 {} ns, p75 {} ns ({} runs)",
+        ns[ns.len() / 2],
+        ns[ns.len() / 4],
+        ns[ns.len() * 3 / 4],
+        ns.len()
+    );
+}
+
 /// Not a check but a measurement (run it with `--ignored --nocapture`): the run time of
 /// `ecni_from_pod` and `ecni_from_dev` on an established TCP flow's segments, masqueraded
 /// (pod a) against routed untranslated (pod b), the cases alternating in rounds; medians
@@ -1681,15 +1686,7 @@ fn masquerade_cost_per_packet() {
             }
         }
         for (i, (what, ..)) in cases.iter().enumerate() {
-            let v = &mut ns[i];
-            v.sort_unstable();
-            eprintln!(
-                "{} {what}: p50 {} ns, p25 {} ns, p75 {} ns",
-                family(v4),
-                v[v.len() / 2],
-                v[v.len() / 4],
-                v[v.len() * 3 / 4]
-            );
+            report_quartiles(&format!("{} {what}", family(v4)), &mut ns[i]);
         }
     }
 }
@@ -1759,15 +1756,7 @@ fn pod_to_pod_cost_per_packet() {
             }
         }
         for (i, what) in cases.iter().enumerate() {
-            let v = &mut ns[i];
-            v.sort_unstable();
-            eprintln!(
-                "{} {what}: p50 {} ns, p25 {} ns, p75 {} ns",
-                family(v4),
-                v[v.len() / 2],
-                v[v.len() / 4],
-                v[v.len() * 3 / 4]
-            );
+            report_quartiles(&format!("{} {what}", family(v4)), &mut ns[i]);
         }
     }
 }
@@ -1816,14 +1805,7 @@ fn masquerade_new_flow_cost() {
         ("SYN, port free", &mut fresh),
         ("SYN reclaiming an idle flow's port", &mut reclaim),
     ] {
-        v.sort_unstable();
-        eprintln!(
-            "IPv4 from_pod {what}: p50 {} ns, p25 {} ns, p75 {} ns ({} runs)",
-            v[v.len() / 2],
-            v[v.len() / 4],
-            v[v.len() * 3 / 4],
-            v.len()
-        );
+        report_quartiles(&format!("IPv4 from_pod {what}"), v);
     }
     eprintln!(
         "flows {} reclaimed {} exhausted {} table full {}",
