@@ -468,6 +468,13 @@ pub struct Bucket {
     pub last_ns: u64,
 }
 
+impl Bucket {
+    /// Whether it limits its direction (`rate_bytes` 0: no limit).
+    pub const fn limits(&self) -> bool {
+        self.rate_bytes > 0
+    }
+}
+
 const _: () = assert!(core::mem::size_of::<Bucket>() == 32);
 const _: () = assert!(core::mem::offset_of!(Bucket, mode) == 12);
 const _: () = assert!(core::mem::offset_of!(Bucket, tokens) == 16);

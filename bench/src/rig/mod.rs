@@ -1,8 +1,9 @@
 //! What the sections measure with: the binaries started from disk ([`cache`]), nodes and
-//! pods on the test harness's namespaces ([`topo`]), plugin processes timed with their resource usage ([`exec`]), traffic
-//! generators ([`load`]), the programs' run-time statistics ([`progstats`]), the plugin's
-//! object loaded into a node's maps for the programs it never loads ([`object`]) and the
-//! machine's description and idle wait ([`machine`]).
+//! pods on the test harness's namespaces ([`topo`]), plugin processes timed with their
+//! resource usage ([`exec`]), traffic generators ([`load`]), the programs' run-time
+//! statistics ([`progstats`]), the plugin's object loaded into a node's maps for the
+//! programs it never loads ([`object`]) and the machine's description and idle wait
+//! ([`machine`]).
 
 pub mod cache;
 pub mod exec;

@@ -10,7 +10,7 @@
 //! when the pod goes: only ebpf-cni's own handle is ever removed.
 
 use ebpf_cni_maps::{
-    RateLimit, EDT_QDISC_HANDLE, LIMIT_EDT, LIMIT_MODE_MASK, LIMIT_POLICE,
+    Bucket, RateLimit, EDT_QDISC_HANDLE, LIMIT_EDT, LIMIT_MODE_MASK, LIMIT_POLICE,
     LIMIT_POLICE_FOREIGN_QDISC, LIMIT_POLICE_NO_FQ,
 };
 
@@ -36,7 +36,7 @@ pub fn prepare(
     limits: &mut Option<RateLimit>,
     pod: &dyn std::fmt::Display,
 ) -> Result<bool, BpfError> {
-    let Some(l) = limits.as_mut().filter(|l| l.ingress.rate_bytes > 0) else {
+    let Some(l) = limits.as_mut().filter(|l| l.ingress.limits()) else {
         return Ok(false);
     };
     let qdisc_err = |what, source| BpfError::Qdisc {
@@ -95,7 +95,7 @@ pub fn check(host_ifindex: u32, actual: Option<RateLimit>) -> Result<(), BpfErro
         ifindex: host_ifindex,
         source,
     })?;
-    let ingress = actual.map(|l| l.ingress).filter(|b| b.rate_bytes > 0);
+    let ingress = actual.map(|l| l.ingress).filter(Bucket::limits);
     match ingress {
         Some(b) if b.mode & LIMIT_MODE_MASK == LIMIT_EDT && kind != "fq" => {
             Err(BpfError::PacingQdiscMissing {

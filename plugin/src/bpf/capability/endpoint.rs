@@ -34,7 +34,7 @@ fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
 /// ports leading to it, which the programs then look up.
 fn hints(pod: &PodSpec) -> CounterHints {
     CounterHints {
-        ingress_limit: pod.limits.rate.is_some_and(|r| r.ingress.rate_bytes > 0),
+        ingress_limit: pod.limits.rate.is_some_and(|r| r.ingress.limits()),
         host_ports: !pod.ports.is_empty(),
     }
 }

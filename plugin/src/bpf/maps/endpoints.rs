@@ -10,6 +10,7 @@ use ebpf_cni_maps::{
 };
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
+use crate::bpf::BpfError;
 
 /// What a pod's counters tell the programs that read them: whether a limit towards the pod
 /// or a host port leading to it needs a lookup (see [`COUNTERS_NO_INGRESS_LIMIT`] and
@@ -45,7 +46,6 @@ impl CounterHints {
         None
     }
 }
-use crate::bpf::BpfError;
 
 /// One address of a pod and where it lives, as the endpoint map records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +107,8 @@ impl Maps {
     }
 
     /// Inserts the pod's entries, and zero counters for its host veth, which carry `hints`
-    /// in every CPU's slot.
+    /// in every CPU's slot: once per host veth (a dual-stack pod's two addresses share
+    /// one), before the first entry that leads the programs to it.
     pub fn insert_pod(
         &mut self,
         attachment_id: u64,
@@ -116,15 +117,19 @@ impl Maps {
     ) -> Result<(), BpfError> {
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
         let first = hints.first();
+        let mut counted = Vec::with_capacity(1);
         for ep in eps {
-            let zero = PerCpuValues::try_from(vec![first; cpus]).expect("one value per CPU");
-            self.counters
-                .insert(ep.host_ifindex, zero, 0)
-                .map_err(|source| BpfError::MapUpdate {
-                    map: POD_COUNTERS_MAP,
-                    what: format!("reset counters of ifindex {}", ep.host_ifindex),
-                    source: Box::new(source),
-                })?;
+            if !counted.contains(&ep.host_ifindex) {
+                let values = PerCpuValues::try_from(vec![first; cpus]).expect("one value per CPU");
+                self.counters
+                    .insert(ep.host_ifindex, values, 0)
+                    .map_err(|source| BpfError::MapUpdate {
+                        map: POD_COUNTERS_MAP,
+                        what: format!("reset counters of ifindex {}", ep.host_ifindex),
+                        source: Box::new(source),
+                    })?;
+                counted.push(ep.host_ifindex);
+            }
             let info = EndpointInfo {
                 attachment_id,
                 host_ifindex: ep.host_ifindex,
