@@ -20,8 +20,8 @@ use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 use crate::{
     limit::{header_len, pace, police, towards, Towards, Verdict, Way},
     maps::{
-        count, count_in, endpoint, endpoint_in_map, no_host_ports, no_ingress_limit, no_limits,
-        pod_counters, AlignedKey, Dir, Event,
+        count, count_in, endpoint, endpoint_in_map, no_egress_limit, no_host_ports,
+        no_ingress_limit, no_limits, pod_counters, AlignedKey, Dir, Event,
     },
     masq::{self, MasqHint, Reply, Snat, Want},
     nat::{self, Nat},
@@ -221,13 +221,14 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     let me = ifindex(ctx);
     let len = ctx.len();
     // The pod's counters, looked up once for the limiter's verdict and the packet's count,
-    // and what they say: whether a host port leads to the pod (else no packet of it is a
-    // host port reply). They are not held past that: a pointer that may be null, kept
-    // alive, would have the verifier walk the rest of the program twice; the rare counts
-    // below look them up again.
+    // and what they say: whether the pod has an egress limit (else its limit is not looked
+    // up, on a node where other pods have one), whether a host port leads to it (else no
+    // packet of it is a host port reply). They are not held past that: a pointer that may
+    // be null, kept alive, would have the verifier walk the rest of the program twice; the
+    // rare counts below look them up again.
     let counters = pod_counters(me);
     let host_ports = !no_host_ports(counters);
-    let verdict = if no_limits() {
+    let verdict = if no_limits() || no_egress_limit(counters) {
         Verdict::Pass
     } else {
         police(ctx, me, Way::Egress)

@@ -9,8 +9,9 @@ use aya_ebpf::{
 use ebpf_cni_maps::{
     str_eq, DirCounters, EndpointInfo, EndpointKey, NatKey, NatOrig, NodeConfig, NsProbe, Pacing,
     PodCounters, PortHits, PortKey, PortTarget, RateLimit, ShapeSubnetKey, SockKey, SockOrig,
-    COUNTERS_NO_HOST_PORTS, COUNTERS_NO_INGRESS_LIMIT, MAX_ENDPOINTS, MAX_NAT_FLOWS,
-    MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS, NODE_FLAG_NO_LIMITS, NODE_FLAG_PORTMAP,
+    COUNTERS_NO_EGRESS_LIMIT, COUNTERS_NO_HOST_PORTS, COUNTERS_NO_INGRESS_LIMIT, MAX_ENDPOINTS,
+    MAX_NAT_FLOWS, MAX_NODE_ADDRS, MAX_PORT_MAPPINGS, MAX_SHAPE_SUBNETS, NODE_FLAG_NO_LIMITS,
+    NODE_FLAG_PORTMAP,
 };
 
 // The hashes whose entries only user space inserts (at ADD; the programs read them or
@@ -270,7 +271,8 @@ pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
 }
 
 /// This CPU's counters of the pod whose host veth is `ifindex`, looked up once where a
-/// program reads their flags (see [`no_ingress_limit`], [`no_host_ports`]) and counts into
+/// program reads their flags (see [`no_ingress_limit`], [`no_host_ports`],
+/// [`no_egress_limit`]) and counts into
 /// them.
 #[inline(always)]
 pub fn pod_counters(ifindex: u32) -> Option<*mut PodCounters> {
@@ -291,6 +293,14 @@ pub fn no_ingress_limit(c: Option<*mut PodCounters>) -> bool {
 pub fn no_host_ports(c: Option<*mut PodCounters>) -> bool {
     // SAFETY: as in `no_ingress_limit`.
     c.is_some_and(|c| unsafe { (*c).from_pod.flags } & COUNTERS_NO_HOST_PORTS != 0)
+}
+
+/// Whether the pod's counters say it has no egress limit
+/// ([`ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT`]; no counters: not known).
+#[inline(always)]
+pub fn no_egress_limit(c: Option<*mut PodCounters>) -> bool {
+    // SAFETY: as in `no_ingress_limit`.
+    c.is_some_and(|c| unsafe { (*c).from_pod.flags } & COUNTERS_NO_EGRESS_LIMIT != 0)
 }
 
 /// [`count`] into counters already looked up.

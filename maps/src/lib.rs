@@ -405,8 +405,8 @@ pub struct DirCounters {
     pub mac_drops: u64,
     /// Not a count: written by ADD into every CPU's slot, never by the programs, and not
     /// summed. In `to_pod`: [`COUNTERS_NO_INGRESS_LIMIT`] or 0; in `from_pod`:
-    /// [`COUNTERS_NO_HOST_PORTS`] or 0. Releases before it wrote 0 here (the field was
-    /// spare room).
+    /// [`COUNTERS_NO_HOST_PORTS`] and [`COUNTERS_NO_EGRESS_LIMIT`], or 0. Releases before
+    /// it wrote 0 here (the field was spare room).
     pub flags: u64,
 }
 
@@ -427,6 +427,13 @@ pub const COUNTERS_NO_INGRESS_LIMIT: u64 = 1;
 /// pod's mappings are its own, installed by its ADD, which writes the flag; CHECK fails if
 /// it is set on a pod with a mapping.
 pub const COUNTERS_NO_HOST_PORTS: u64 = 2;
+
+/// [`DirCounters::flags`] of `from_pod`: the pod has no egress limit, so `ecni_from_pod`
+/// (or `ecni_from_chain`) skips the lookup of its limit on a node where some pod has one
+/// (where none has, [`NODE_FLAG_NO_LIMITS`] skips it for every pod). "Nothing to do", as
+/// [`COUNTERS_NO_INGRESS_LIMIT`], and written with it; CHECK fails if it is set on a pod
+/// with an egress limit.
+pub const COUNTERS_NO_EGRESS_LIMIT: u64 = 4;
 
 const _: () = assert!(core::mem::size_of::<DirCounters>() == 64);
 const _: () = assert!(core::mem::offset_of!(DirCounters, flags) == 56);

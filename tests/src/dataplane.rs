@@ -306,8 +306,8 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
     Ok(out)
 }
 
-/// The flags of each pod's counters, `(from_pod, to_pod)` (`COUNTERS_NO_HOST_PORTS`,
-/// `COUNTERS_NO_INGRESS_LIMIT`), by host veth ifindex, one pair per CPU as ADD wrote them
+/// The flags of each pod's counters, `(from_pod, to_pod)` (`COUNTERS_NO_HOST_PORTS` and
+/// `COUNTERS_NO_EGRESS_LIMIT`, `COUNTERS_NO_INGRESS_LIMIT`), by host veth ifindex, one pair per CPU as ADD wrote them
 /// into every CPU's slot; read with bpftool.
 pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<(u64, u64)>>> {
     let mut out = BTreeMap::new();

@@ -139,17 +139,21 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         !no_limits(),
         "the no-limits switch is on beside a limited pod"
     );
-    // Each pod's counters tell the programs delivering to it whether to look its ingress
-    // limit up, in every CPU's slot: the plain pod's say there is none (the lookup is
-    // skipped), the limited pod's do not (the traffic below proves its limit holds, pod
-    // to pod included). Neither has a host port: both say so for their own packets.
+    // Each pod's counters tell the programs whether to look its limits up, in every CPU's
+    // slot: the plain pod's say there are none (the lookups are skipped, its packets' and
+    // those delivered to it), the limited pod's do not (the traffic below proves its
+    // limits hold, pod to pod included). Neither has a host port: both say so for their
+    // own packets.
     let flags = dp::pod_counter_flags(&node).unwrap();
     let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
     let no_ports = ebpf_cni_maps::COUNTERS_NO_HOST_PORTS;
+    let no_egress = ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT;
     assert!(
-        flags[&pi]
-            .iter()
-            .all(|f| *f == (no_ports, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT)),
+        flags[&pi].iter().all(|f| *f
+            == (
+                no_ports | no_egress,
+                ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT
+            )),
         "the plain pod's counters flags: {flags:?}"
     );
     assert!(
@@ -268,6 +272,15 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         err.msg
             .contains(&format!("counters of host veth ifindex {li}"))
             && err.msg.contains("no ingress limit"),
+        "{err:?}"
+    );
+    // And the egress limit: the sender's own flag.
+    dp::set_pod_counter_flags(&node, li, no_ports | no_egress, 0).unwrap();
+    let err = check(&limited_conf).expect_error(105, "CHECK with the egress limit skipped");
+    assert!(
+        err.msg
+            .contains(&format!("counters of host veth ifindex {li}"))
+            && err.msg.contains("no egress limit"),
         "{err:?}"
     );
     dp::set_pod_counter_flags(&node, li, 0, 0).unwrap();

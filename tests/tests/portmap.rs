@@ -513,19 +513,27 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
     dp::update_raw(&node, dp::PORTMAP_MAP, &victim.raw_key, &victim.raw_value).unwrap();
 
     // The pod's counters let its program skip the host port replies' lookup only where
-    // no host port leads to it: ADD left the flag off here (on for a pod without ports, see
-    // the bandwidth suite), and CHECK refuses it on.
+    // no host port leads to it: ADD left that flag off here (on for a pod without ports,
+    // see the bandwidth suite; the pod has no egress limit, which its counters say), and
+    // CHECK refuses it on.
     let ifindex = bpf::ifindex_in(
         node.netns(),
         a.result["interfaces"][0]["name"].as_str().unwrap(),
     )
     .unwrap();
     let flags = dp::pod_counter_flags(&node).unwrap();
+    let no_egress = ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT;
     assert!(
-        flags[&ifindex].iter().all(|(from, _)| *from == 0),
+        flags[&ifindex].iter().all(|(from, _)| *from == no_egress),
         "the counters of a pod with host ports: {flags:?}"
     );
-    dp::set_pod_counter_flags(&node, ifindex, ebpf_cni_maps::COUNTERS_NO_HOST_PORTS, 0).unwrap();
+    dp::set_pod_counter_flags(
+        &node,
+        ifindex,
+        ebpf_cni_maps::COUNTERS_NO_HOST_PORTS | no_egress,
+        0,
+    )
+    .unwrap();
     let msg = check_err();
     assert!(
         msg.contains(&format!("counters of host veth ifindex {ifindex}"))

@@ -90,7 +90,7 @@ fn pod_to_pod_is_redirected_with_the_peers_macs_and_one_hop_less() {
 /// no calls to the byte loops of `memset` and `memmove` (each call's loop walked byte by
 /// byte, see `no_program_calls_a_memory_builtin`), 32,571, 11,648 and 9,247; with the
 /// pods' counters read for their flags (the receiver's held through delivery), 36,185,
-/// 12,178 and 10,158.
+/// 12,178 and 10,158; with the sender's egress limit flag too, 36,307, 12,178 and 10,162.
 /// Kernels before 5.16 do not count (asserted as such, so the test notices one that
 /// starts).
 #[test]
@@ -1022,33 +1022,57 @@ fn the_senders_limit_is_looked_up_unless_the_node_says_there_are_none() {
 /// earlier release's, or a limited pod's) keep the lookup, and the bucket drops.
 #[test]
 fn the_receivers_limit_is_looked_up_unless_its_counters_say_it_has_none() {
+    limit_looked_up_unless_the_counters_say_none(true);
+}
+
+/// A sender whose counters say it has no egress limit (`COUNTERS_NO_EGRESS_LIMIT`, as ADD
+/// writes them for such a pod) leaves without a lookup of its limit, on a node where pods
+/// may have limits (the switch off): as for the receiver.
+#[test]
+fn the_senders_limit_is_looked_up_unless_its_counters_say_it_has_none() {
+    limit_looked_up_unless_the_counters_say_none(false);
+}
+
+/// Pod a sends to pod b, whose limit (`ingress`) or a's own holds an empty bucket: the
+/// packet is dropped while the limited pod's counters have no flag, and delivered once
+/// they say there is no limit that way; counted in that pod's direction either way.
+fn limit_looked_up_unless_the_counters_say_none(ingress: bool) {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    let empty = held_bucket(0, 1);
-    lab.progs.set_rate(
-        b.ifindex,
-        RateLimit {
+    let (pod, empty) = (if ingress { &b } else { &a }, held_bucket(0, 1));
+    let (limit, flags) = if ingress {
+        let limit = RateLimit {
             ingress: empty,
             egress: Bucket::default(),
-        },
-    );
+        };
+        (limit, (0, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT))
+    } else {
+        let limit = RateLimit {
+            ingress: Bucket::default(),
+            egress: empty,
+        };
+        (limit, (ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT, 0))
+    };
+    lab.progs.set_rate(pod.ifindex, limit);
+    let counted = |lab: &Lab| {
+        let c = lab.progs.counters(pod.ifindex);
+        let c = if ingress { c.to_pod } else { c.from_pod };
+        (c.drops, c.packets)
+    };
     let frame = from(&a, b.addr(true), L4::udp(40_023, 9)).frame();
     assert_eq!(
         lab.from_pod(&a, &frame).verdict,
         Verdict::Shot,
-        "flag off: the receiver's limit looked up"
+        "flag off: the limit looked up (ingress: {ingress})"
     );
-    let c = lab.progs.counters(b.ifindex).to_pod;
-    assert_eq!((c.drops, c.packets), (1, 0), "{c:?}");
-    lab.progs
-        .watch_pod_flagged(b.ifindex, 0, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT);
+    assert_eq!(counted(&lab), (1, 0), "ingress: {ingress}");
+    lab.progs.watch_pod_flagged(pod.ifindex, flags.0, flags.1);
     assert_eq!(
         lab.from_pod(&a, &frame).verdict,
         Verdict::Redirect,
-        "flag on: not looked up"
+        "flag on: not looked up (ingress: {ingress})"
     );
-    let c = lab.progs.counters(b.ifindex).to_pod;
-    assert_eq!((c.drops, c.packets), (0, 1), "{c:?}");
+    assert_eq!(counted(&lab), (0, 1), "ingress: {ingress}");
 }
 
 /// While the bucket runs low (under a quarter of the burst), ECN-capable packets pass
@@ -1696,8 +1720,10 @@ fn masquerade_cost_per_packet() {
 /// receiver's counters without flags (as earlier releases wrote them: its limit looked up,
 /// none found), then saying it has no ingress limit (as ADD writes them); then host ports
 /// on the node (the reverse translation's lookup for every packet), then the sender's
-/// counters saying no host port leads to it. The cases alternate in rounds; medians of the
-/// kernel's per-run durations.
+/// counters saying no host port leads to it, then that it has no egress limit (its limit
+/// not looked up on this node, where pods may have limits), then the node's own switch
+/// saying no pod has a limit. The cases alternate in rounds; medians of the kernel's
+/// per-run durations.
 #[test]
 #[ignore = "a measurement, not a check"]
 fn pod_to_pod_cost_per_packet() {
@@ -1720,6 +1746,8 @@ fn pod_to_pod_cost_per_packet() {
             "receiver's flag: none",
             "and host ports on the node",
             "and the sender's flag: none",
+            "and the sender's flag: no egress limit",
+            "and no limit on the node",
         ];
         let mut ns: Vec<Vec<u64>> = vec![Vec::new(); cases.len()];
         for _ in 0..ROUNDS {
@@ -1741,6 +1769,17 @@ fn pod_to_pod_cost_per_packet() {
                         ebpf_cni_maps::COUNTERS_NO_HOST_PORTS,
                         0,
                     ),
+                    5 => lab.progs.watch_pod_flagged(
+                        a.ifindex,
+                        ebpf_cni_maps::COUNTERS_NO_HOST_PORTS
+                            | ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT,
+                        0,
+                    ),
+                    6 => {
+                        let mut c = lab.progs.node_config();
+                        c.flags |= ebpf_cni_maps::NODE_FLAG_NO_LIMITS;
+                        lab.progs.set_config(c);
+                    }
                     _ => {}
                 }
                 let prog = if i == 0 {

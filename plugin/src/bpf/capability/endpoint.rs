@@ -35,6 +35,7 @@ fn endpoints(pod: &PodSpec, veth: &Veth) -> Vec<PodEndpoint> {
 fn hints(pod: &PodSpec) -> CounterHints {
     CounterHints {
         ingress_limit: pod.limits.rate.is_some_and(|r| r.ingress.limits()),
+        egress_limit: pod.limits.rate.is_some_and(|r| r.egress.limits()),
         host_ports: !pod.ports.is_empty(),
     }
 }

@@ -5,19 +5,21 @@ use std::net::IpAddr;
 
 use aya::maps::{HashMap, MapData, PerCpuValues};
 use ebpf_cni_maps::{
-    EndpointInfo, EndpointKey, PodCounters, COUNTERS_NO_HOST_PORTS, COUNTERS_NO_INGRESS_LIMIT,
-    ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
+    EndpointInfo, EndpointKey, PodCounters, COUNTERS_NO_EGRESS_LIMIT, COUNTERS_NO_HOST_PORTS,
+    COUNTERS_NO_INGRESS_LIMIT, ENDPOINTS_MAP, EP_FLAGS_NONE, POD_COUNTERS_MAP,
 };
 
 use super::{endpoint_key, is_not_found, key_ip, Maps};
 use crate::bpf::BpfError;
 
 /// What a pod's counters tell the programs that read them: whether a limit towards the pod
-/// or a host port leading to it needs a lookup (see [`COUNTERS_NO_INGRESS_LIMIT`] and
+/// or from it, or a host port leading to it, needs a lookup (see
+/// [`COUNTERS_NO_INGRESS_LIMIT`], [`COUNTERS_NO_EGRESS_LIMIT`] and
 /// [`COUNTERS_NO_HOST_PORTS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CounterHints {
     pub ingress_limit: bool,
+    pub egress_limit: bool,
     pub host_ports: bool,
 }
 
@@ -27,6 +29,9 @@ impl CounterHints {
         let mut c = PodCounters::default();
         if !self.ingress_limit {
             c.to_pod.flags |= COUNTERS_NO_INGRESS_LIMIT;
+        }
+        if !self.egress_limit {
+            c.from_pod.flags |= COUNTERS_NO_EGRESS_LIMIT;
         }
         if !self.host_ports {
             c.from_pod.flags |= COUNTERS_NO_HOST_PORTS;
@@ -39,6 +44,9 @@ impl CounterHints {
     fn contradicted_by(self, c: &PodCounters) -> Option<(&'static str, u64)> {
         if self.ingress_limit && c.to_pod.flags & COUNTERS_NO_INGRESS_LIMIT != 0 {
             return Some(("ingress limit", c.to_pod.flags));
+        }
+        if self.egress_limit && c.from_pod.flags & COUNTERS_NO_EGRESS_LIMIT != 0 {
+            return Some(("egress limit", c.from_pod.flags));
         }
         if self.host_ports && c.from_pod.flags & COUNTERS_NO_HOST_PORTS != 0 {
             return Some(("host port", c.from_pod.flags));
