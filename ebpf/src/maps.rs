@@ -271,9 +271,8 @@ pub fn count(ifindex: u32, dir: Dir, event: Event, len: u32) {
 }
 
 /// This CPU's counters of the pod whose host veth is `ifindex`, looked up once where a
-/// program reads their flags (see [`no_ingress_limit`], [`no_host_ports`],
-/// [`no_egress_limit`]) and counts into
-/// them.
+/// program reads their flags (see [`no_ingress_limit`], [`no_egress_limit`],
+/// [`no_host_ports`]) and counts into them.
 #[inline(always)]
 pub fn pod_counters(ifindex: u32) -> Option<*mut PodCounters> {
     ECNI_POD_CNT.get_ptr_mut(&ifindex)
