@@ -307,8 +307,8 @@ pub fn pod_counters(node: &Node) -> Result<BTreeMap<u32, PodCounts>> {
 }
 
 /// The flags of each pod's counters, `(from_pod, to_pod)` (`COUNTERS_NO_HOST_PORTS` and
-/// `COUNTERS_NO_EGRESS_LIMIT`, `COUNTERS_NO_INGRESS_LIMIT`), by host veth ifindex, one pair per CPU as ADD wrote them
-/// into every CPU's slot; read with bpftool.
+/// `COUNTERS_NO_EGRESS_LIMIT`, `COUNTERS_NO_INGRESS_LIMIT`), by host veth ifindex, one
+/// pair per CPU as ADD wrote them into every CPU's slot; read with bpftool.
 pub fn pod_counter_flags(node: &Node) -> Result<BTreeMap<u32, Vec<(u64, u64)>>> {
     let mut out = BTreeMap::new();
     for RawEntry { key, values } in dump(&map_pin(node, POD_COUNTERS_MAP))? {

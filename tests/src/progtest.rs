@@ -533,8 +533,7 @@ impl Programs {
 
     /// Zero counters for the pod behind `ifindex` with these flags (`from_pod`'s, e.g.
     /// `COUNTERS_NO_HOST_PORTS`, `COUNTERS_NO_EGRESS_LIMIT`; `to_pod`'s, e.g.
-    /// `COUNTERS_NO_INGRESS_LIMIT`), in every
-    /// CPU's slot, as ADD writes them.
+    /// `COUNTERS_NO_INGRESS_LIMIT`), in every CPU's slot, as ADD writes them.
     pub fn watch_pod_flagged(&mut self, ifindex: u32, from_pod: u64, to_pod: u64) {
         let mut c = PodCounters::default();
         c.from_pod.flags = from_pod;

@@ -263,26 +263,25 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     other["runtimeConfig"]["bandwidth"]["EgressRate"] = json!(10_000_000);
     let err = check(&other).expect_error(105, "CHECK with other rates");
     assert!(err.msg.contains("rate limiter"), "{err:?}");
-    // Counters that would let the programs skip the limited pod's ingress limit: CHECK
-    // fails, naming them (the flag off on the plain pod, as an earlier release writes it,
-    // is fine: the programs then look up a limit and find none).
-    dp::set_pod_counter_flags(&node, li, 0, ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT).unwrap();
-    let err = check(&limited_conf).expect_error(105, "CHECK with the ingress limit skipped");
-    assert!(
-        err.msg
-            .contains(&format!("counters of host veth ifindex {li}"))
-            && err.msg.contains("no ingress limit"),
-        "{err:?}"
-    );
-    // And the egress limit: the sender's own flag.
-    dp::set_pod_counter_flags(&node, li, no_ports | no_egress, 0).unwrap();
-    let err = check(&limited_conf).expect_error(105, "CHECK with the egress limit skipped");
-    assert!(
-        err.msg
-            .contains(&format!("counters of host veth ifindex {li}"))
-            && err.msg.contains("no egress limit"),
-        "{err:?}"
-    );
+    // Counters that would let the programs skip either of the limited pod's limits (the
+    // receiver's flag, the sender's own): CHECK fails, naming them (the flags off on the
+    // plain pod, as an earlier release writes them, are fine: the programs then look up a
+    // limit and find none).
+    let no_ingress = ebpf_cni_maps::COUNTERS_NO_INGRESS_LIMIT;
+    for (from_pod, to_pod, way) in [
+        (0, no_ingress, "ingress"),
+        (no_ports | no_egress, 0, "egress"),
+    ] {
+        dp::set_pod_counter_flags(&node, li, from_pod, to_pod).unwrap();
+        let err =
+            check(&limited_conf).expect_error(105, &format!("CHECK with the {way} limit skipped"));
+        assert!(
+            err.msg
+                .contains(&format!("counters of host veth ifindex {li}"))
+                && err.msg.contains(&format!("no {way} limit")),
+            "{way}: {err:?}"
+        );
+    }
     dp::set_pod_counter_flags(&node, li, 0, 0).unwrap();
     check(&limited_conf).expect_success("CHECK with the counters an earlier release wrote");
     dp::set_pod_counter_flags(&node, pi, 0, 0).unwrap();
