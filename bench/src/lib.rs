@@ -190,6 +190,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     {
         rig::cache::drop_cached(bin)?;
     }
+    // Then laid out as a node leaves ebpf-cni's binary (its install, its boot-time
+    // `ebpf-cni layout`), and the floor's alike: in 2 MiB folios.
+    for bin in [Some(plugin.as_path()), floor.as_deref()]
+        .into_iter()
+        .flatten()
+    {
+        rig::cache::lay_out(&plugin, bin)?;
+    }
     progress(&format!(
         "{} run, plugin {}, report to {}",
         if args.quick { "quick" } else { "full" },

@@ -93,6 +93,15 @@ enum Cmd {
     /// Remove what install wrote (the binary and the conflist, only if they are ours);
     /// with --purge also the node's pinned eBPF state, refused while a pod is attached.
     Uninstall(crate::install::UninstallArgs),
+    /// Read this binary (or FILE) back into the page cache in 2 MiB folios, so that each
+    /// ADD maps its code in fewer and cheaper page faults: for a unit that runs at boot
+    /// before the container runtime (install does it for the binary it installs). Pages
+    /// a running process maps stay as they are.
+    Layout {
+        /// The binary to lay out (default: this one).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
 }
 
 pub fn main() -> i32 {
@@ -168,6 +177,16 @@ pub fn main() -> i32 {
                 e.exit_code()
             }
         },
+        Cmd::Layout { file } => match layout(file) {
+            Ok((path, l)) => {
+                println!("{}: {l}", path.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("ebpf-cni layout: {}", chain(&e));
+                1
+            }
+        },
         Cmd::Uninstall(args) => match crate::install::uninstall(&args) {
             Ok(report) => {
                 println!("{report}");
@@ -179,6 +198,28 @@ pub fn main() -> i32 {
             }
         },
     }
+}
+
+/// Lays `file` (default: this binary) out in the page cache, from a copy of this binary
+/// in memory when it is the binary this process runs from.
+fn layout(
+    file: Option<PathBuf>,
+) -> Result<(PathBuf, crate::page_cache::Layout), crate::page_cache::LayoutError> {
+    use crate::page_cache::{exec_from_memory, is_running_binary, lay_out, LayoutError};
+    let path = match file {
+        Some(p) => p,
+        None => std::env::current_exe().map_err(|source| LayoutError::Open {
+            path: "/proc/self/exe".into(),
+            source,
+        })?,
+    };
+    if is_running_binary(&path) {
+        return Err(exec_from_memory(
+            &path,
+            &["layout".as_ref(), path.as_os_str()],
+        ));
+    }
+    lay_out(&path).map(|l| (path, l))
 }
 
 /// An error with its causes, one after the other.

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod netns;
 pub mod node;
+pub mod page_cache;
 pub mod portmap;
 pub mod reboot;
 pub mod removal;

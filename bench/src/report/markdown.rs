@@ -347,7 +347,10 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
          plugins') is dropped from the page cache before they start, so each starts from \
          disk as on a node after a reboot: a binary the build has just written sits in the \
          page cache in large folios, which an exec maps a whole folio per fault, and would \
-         take fewer page faults than the same bytes read back.",
+         take fewer page faults than the same bytes read back. Then ebpf-cni's binary and \
+         the floor's are read back in 2 MiB folios with `ebpf-cni layout`, as ebpf-cni's \
+         install and its boot-time `ebpf-cni layout` leave the plugin on a node; the \
+         reference plugins stay as an exec reads them.",
         "Subjects alternate within each repeat (reference, ebpf-cni, veth; pod by pod in \
          the lifecycle section), so the noise of this shared 2-core machine hits all of them; \
          tables give medians with the range over repeats, never a single best run.",

@@ -3,7 +3,9 @@
 //! whole folio: such a copy of the plugin took up to 12 fewer page faults per ADD than the
 //! same bytes read back from disk (docs/performance.md, "Pin paths below the lock's
 //! directory"). Dropping every binary from the page cache before the sections run starts
-//! each as on a node after a reboot, the same way for all subjects and every run.
+//! each as on a node after a reboot, the same way for all subjects and every run; then
+//! ebpf-cni's binary and the floor's are read back in 2 MiB folios, as ebpf-cni's install
+//! and its boot-time `ebpf-cni layout` leave the plugin on a node.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -23,6 +25,26 @@ pub fn drop_cached(path: &Path) -> Result<()> {
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc))
             .with_context(|| format!("dropping {} from the page cache", path.display()));
+    }
+    Ok(())
+}
+
+/// Reads `path` back into the page cache in 2 MiB folios with the plugin's own
+/// `ebpf-cni layout` (see plugin/src/page_cache.rs).
+pub fn lay_out(plugin: &Path, path: &Path) -> Result<()> {
+    let out = std::process::Command::new(plugin)
+        .arg("layout")
+        .arg(path)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .with_context(|| format!("running {} layout", plugin.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} layout {}: {}",
+            plugin.display(),
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

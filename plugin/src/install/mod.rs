@@ -85,6 +85,8 @@ pub enum SubnetOrigin {
 pub struct InstallReport {
     pub binary: PathBuf,
     pub binary_put: Put,
+    /// The installed binary's page cache, or why it was not laid out (install goes on).
+    pub binary_layout: Result<crate::page_cache::Layout, String>,
     pub conflist: PathBuf,
     pub conflist_put: Put,
     pub network: String,
@@ -106,9 +108,13 @@ impl fmt::Display for InstallReport {
             SubnetOrigin::Settings => "from the settings".to_owned(),
             SubnetOrigin::Node(node, field) => format!("from node {node}'s {field}"),
         };
+        let layout = match &self.binary_layout {
+            Ok(l) => format!("{l}"),
+            Err(e) => format!("page cache not laid out: {e}"),
+        };
         writeln!(
             f,
-            "{}: {}",
+            "{}: {}; {layout}",
             self.binary.display(),
             put_word(self.binary_put, "installed")
         )?;
@@ -146,10 +152,20 @@ pub fn install(args: &InstallArgs) -> Result<InstallReport, InstallError> {
     })?;
     let binary = files::read(&s.source)?;
     let binary_put = files::put(&s.target.binary(), &binary, 0o755)?;
+    // Also when unchanged: after a reboot the binary is back in small folios.
+    let binary_layout = crate::page_cache::lay_out(&s.target.binary()).map_err(|e| {
+        let e = std::iter::once(e.to_string())
+            .chain(crate::cni::error::source_lines(&e))
+            .collect::<Vec<_>>()
+            .join(": ");
+        log::warn!("{e}");
+        e
+    });
     let conflist_put = files::put(&s.target.conflist(), text.as_bytes(), 0o644)?;
     Ok(InstallReport {
         binary: s.target.binary(),
         binary_put,
+        binary_layout,
         conflist: s.target.conflist(),
         conflist_put,
         network: s.network,

@@ -199,3 +199,74 @@ pub fn run(bin: &Path, args: &[String], env: &[(&str, String)]) -> Run {
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
+
+/// How many of `path`'s pages the page cache holds in 2 MiB folios (512 pages, x86-64),
+/// read from the kernel's page flags: each page of a mapping of the file, its frame from
+/// `/proc/self/pagemap`, the frame's flags from `/proc/kpageflags` (root), a folio a head
+/// page and the tail pages after it.
+pub fn pages_in_2mib_folios(path: &Path) -> usize {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    const HEAD: u64 = 1 << 15;
+    const TAIL: u64 = 1 << 16;
+    const PRESENT: u64 = 1 << 63;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let pages = len.div_ceil(4096);
+    // SAFETY: a private read-only mapping of a file we opened, unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED, "mapping {}", path.display());
+    let mut pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let mut kpageflags = std::fs::File::open("/proc/kpageflags").unwrap();
+    let word = |f: &mut std::fs::File, at: u64| {
+        let mut b = [0u8; 8];
+        f.seek(SeekFrom::Start(at * 8)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        u64::from_le_bytes(b)
+    };
+    let mut flags = Vec::with_capacity(pages);
+    for i in 0..pages {
+        // SAFETY: inside the mapping; the read maps the page (it is in the page cache).
+        unsafe { std::ptr::read_volatile((addr as *const u8).add(i * 4096)) };
+        let entry = word(&mut pagemap, addr as u64 / 4096 + i as u64);
+        assert!(
+            entry & PRESENT != 0,
+            "page {i} of {} not mapped",
+            path.display()
+        );
+        flags.push(word(&mut kpageflags, entry & ((1 << 55) - 1)));
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    let mut in_2mib = 0;
+    let mut i = 0;
+    while i < pages {
+        let tails = flags[i + 1..].iter().take_while(|f| *f & TAIL != 0).count();
+        let folio = if flags[i] & HEAD != 0 { 1 + tails } else { 1 };
+        if folio == 512 {
+            in_2mib += folio;
+        }
+        i += folio;
+    }
+    in_2mib
+}
+
+/// Drops `path` from the page cache (written out first): read back by a plain mapping, it
+/// lands in small folios, as the binary does after a reboot.
+pub fn drop_cached(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    file.sync_all().unwrap();
+    // SAFETY: plain syscall on an fd we own.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "dropping {} from the page cache", path.display());
+}

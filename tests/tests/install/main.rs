@@ -10,7 +10,10 @@
 //! returning the directories to their first state and keeping what it did not write;
 //! settings that are missing or invalid failing by name before anything is written; the
 //! pod subnets read from the Node object, and each way that can fail named; `--purge`
-//! refusing while a pod is attached and removing the node's pins when none is.
+//! refusing while a pod is attached and removing the node's pins when none is; install and
+//! `ebpf-cni layout` leaving the binary in the page cache in 2 MiB folios (where the kernel
+//! and the filesystem, this machine's ext4 on 6.18, give a file large folios; the suite
+//! runs on the host only).
 
 mod host;
 mod kube_api;
@@ -27,7 +30,7 @@ use ebpf_cni_tests::{
     ebpf_cni_bin, fsutil, require_root, unique_container_id, Attachment, NetConfList, Node,
     PluginUnderTest, ResultExpectation,
 };
-use host::{run, strings, Host, Run};
+use host::{drop_cached, pages_in_2mib_folios, run, strings, Host, Run};
 use kube_api::{node, Answer, Ca, KubeApi};
 use serde_json::{json, Value};
 
@@ -95,6 +98,10 @@ fn install_puts_the_binary_then_a_conflist_the_plugin_runs_pods_with() {
         std::fs::read(ebpf_cni_bin()).unwrap(),
         "the binary is the running one"
     );
+    // Read back in 2 MiB folios (a file just written sits in smaller ones).
+    assert!(out.stdout.contains("in 2 MiB folios"), "{}", out.stdout);
+    let in_2mib = pages_in_2mib_folios(&host.binary());
+    assert!(in_2mib >= 1024, "{in_2mib} pages in 2 MiB folios");
     let snap = host.snapshot();
     assert_eq!(snap.names(), ["bin/ebpf-cni", "conf/10-ebpf-cni.conflist"]);
     let bin = &snap.0[Path::new("bin/ebpf-cni")];
@@ -781,4 +788,56 @@ fn spawn_fresh_executable(cmd: &mut Command) -> std::process::Child {
             other => return other.expect("the old build starts"),
         }
     }
+}
+
+/// `ebpf-cni layout FILE` reads a binary the page cache holds in small folios (as after a
+/// reboot) back in 2 MiB folios, and so does a binary laying itself out (it runs from a
+/// copy in memory: the pages a process maps stay where they are). A missing file fails by
+/// name.
+#[test]
+fn layout_reads_a_binary_back_in_2mib_folios() {
+    require_root();
+    let host = Host::new();
+    let copy = host.binary();
+    std::fs::copy(ebpf_cni_bin(), &copy).unwrap();
+    for args in [
+        strings(&["layout", &copy.to_string_lossy()]),
+        strings(&["layout"]),
+    ] {
+        drop_cached(&copy);
+        assert_eq!(
+            pages_in_2mib_folios(&copy),
+            0,
+            "read back in small folios first"
+        );
+        let bin = if args.len() == 2 {
+            ebpf_cni_bin()
+        } else {
+            copy.clone()
+        };
+        let out = run(&bin, &args, &[]);
+        out.assert_ok();
+        let mib: f64 = out
+            .stdout
+            .strip_prefix(&format!("{}: ", copy.display()))
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{args:?}: {}", out.stdout));
+        assert!(mib >= 4.0, "{args:?}: {}", out.stdout);
+        let in_2mib = pages_in_2mib_folios(&copy);
+        assert!(in_2mib >= 1024, "{args:?}: {in_2mib} pages in 2 MiB folios");
+    }
+    let missing = host.bin_dir().join("absent");
+    let out = run(
+        &ebpf_cni_bin(),
+        &strings(&["layout", &missing.to_string_lossy()]),
+        &[],
+    );
+    out.assert_failed(1);
+    assert!(
+        out.stderr
+            .contains(&format!("cannot open {}", missing.display())),
+        "{}",
+        out.stderr
+    );
 }
