@@ -164,8 +164,13 @@ pub fn exec_from_memory(path: &Path, args: &[&std::ffi::OsStr]) -> LayoutError {
 
 /// `FilePmdMapped` of the mapping that starts at `addr`, in bytes.
 fn pmd_mapped(smaps: &str, addr: usize) -> Option<u64> {
-    let head = format!("{addr:x}-");
-    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    // The kernel pads the address to 8 digits: compared as a number, not as text.
+    let starts_at = |l: &str| {
+        l.split_once('-')
+            .and_then(|(a, _)| usize::from_str_radix(a, 16).ok())
+            == Some(addr)
+    };
+    let mut lines = smaps.lines().skip_while(|l| !starts_at(l));
     lines.next()?;
     lines
         // The next mapping's head line has no colon after its first word.
@@ -266,6 +271,8 @@ FilePmdMapped:      2048 kB
                    7f0000400000-7f0000600000 r--p 00000000 fe:00 2 /y\nFilePmdMapped: 2048 kB\n";
         assert_eq!(pmd_mapped(old, 0x7f00_0000_0000), None);
         assert_eq!(pmd_mapped(SMAPS, 0x1000), None);
+        let padded = "00400000-00600000 r--p 00000000 fe:00 1 /low\nFilePmdMapped: 2048 kB\n";
+        assert_eq!(pmd_mapped(padded, 0x40_0000), Some(2048 * 1024));
     }
 
     #[test]

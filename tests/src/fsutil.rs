@@ -1,5 +1,6 @@
 //! Listing and removing directory trees, on ordinary filesystems and on bpffs (where pins
-//! are removed by unlinking files and removing the emptied directories).
+//! are removed by unlinking files and removing the emptied directories); dropping a file
+//! from the page cache.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -80,4 +81,19 @@ fn ignore_missing(r: io::Result<()>) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         r => r,
     }
+}
+
+/// Writes out `path`'s dirty pages and drops its pages from the page cache (those a process
+/// maps stay): read again, it comes from disk, as a binary does after a reboot.
+pub fn drop_cached(path: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path)?;
+    // Only clean pages are dropped.
+    file.sync_all()?;
+    // SAFETY: plain syscall on an fd we own.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
 }

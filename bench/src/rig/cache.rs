@@ -16,17 +16,8 @@ use anyhow::{Context as _, Result};
 /// Writes out `path`'s dirty pages and drops its pages from the page cache (those a
 /// process maps stay).
 pub fn drop_cached(path: &Path) -> Result<()> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // Only clean pages are dropped.
-    file.sync_all()
-        .with_context(|| format!("writing out {}", path.display()))?;
-    // SAFETY: plain syscall on an fd we own.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(rc))
-            .with_context(|| format!("dropping {} from the page cache", path.display()));
-    }
-    Ok(())
+    ebpf_cni_tests::fsutil::drop_cached(path)
+        .with_context(|| format!("dropping {} from the page cache", path.display()))
 }
 
 /// Reads `path` back into the page cache in 2 MiB folios with the plugin's own

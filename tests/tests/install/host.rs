@@ -259,14 +259,3 @@ pub fn pages_in_2mib_folios(path: &Path) -> usize {
     }
     in_2mib
 }
-
-/// Drops `path` from the page cache (written out first): read back by a plain mapping, it
-/// lands in small folios, as the binary does after a reboot.
-pub fn drop_cached(path: &Path) {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path).unwrap();
-    file.sync_all().unwrap();
-    // SAFETY: plain syscall on an fd we own.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "dropping {} from the page cache", path.display());
-}

@@ -30,7 +30,7 @@ use ebpf_cni_tests::{
     ebpf_cni_bin, fsutil, require_root, unique_container_id, Attachment, NetConfList, Node,
     PluginUnderTest, ResultExpectation,
 };
-use host::{drop_cached, pages_in_2mib_folios, run, strings, Host, Run};
+use host::{pages_in_2mib_folios, run, strings, Host, Run};
 use kube_api::{node, Answer, Ca, KubeApi};
 use serde_json::{json, Value};
 
@@ -804,7 +804,7 @@ fn layout_reads_a_binary_back_in_2mib_folios() {
         strings(&["layout", &copy.to_string_lossy()]),
         strings(&["layout"]),
     ] {
-        drop_cached(&copy);
+        fsutil::drop_cached(&copy).unwrap();
         assert_eq!(
             pages_in_2mib_folios(&copy),
             0,
