@@ -525,7 +525,8 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
     let rc = rc as u32;
     if masq && may_fragment && rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
         // The stack would fragment it and forward the fragments with the pod's address
-        // (fragments are not translated). Without DF it gets no ICMP error either way.
+        // (the stack's fragments never pass the programs). Without DF it gets no ICMP
+        // error either way.
         masq::untranslatable();
         count(me, Dir::FromPod, Event::Drop, ctx.len());
         return TC_ACT_SHOT as i32;

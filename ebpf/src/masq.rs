@@ -21,10 +21,12 @@
 //! arguments are the context and scalars (what 5.10 accepts); the flow travels in this
 //! CPU's scratch slot.
 //!
-//! Only plain headers are translated: IPv4 without options or fragments, IPv6 with TCP, UDP
-//! or ICMPv6 right after the fixed header, and of ICMP only echo requests and replies.
-//! Anything else a masquerading pod sends out of its network is dropped and counted: it
-//! would otherwise leave with the pod's address.
+//! Only plain headers are translated: IPv4 without options, IPv6 with TCP, UDP or ICMPv6
+//! right after the fixed header, and of ICMP only echo requests and replies. An IPv4
+//! datagram in fragments is translated by its first fragment, which carries the transport
+//! header and finds the flow, and leaves a record (`ECNI_MASQ_FRAG`) that its later
+//! fragments are translated by. Anything else a masquerading pod sends out of its network
+//! is dropped and counted: it would otherwise leave with the pod's address.
 
 use aya_ebpf::{
     bindings::{
@@ -33,15 +35,16 @@ use aya_ebpf::{
     },
     helpers::{bpf_ktime_get_ns, generated::bpf_fib_lookup as fib_lookup},
     macros::map,
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::TcContext,
     EbpfContext,
 };
 use ebpf_cni_maps::{
-    masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqKey, MasqStats, PortKey,
-    EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN,
-    MASQ_FIN_OUT, MASQ_INBOUND, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST,
-    MASQ_TS_LAST, MAX_MASQ_FLOWS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
+    masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqFrag, MasqFragKey, MasqKey,
+    MasqStats, PortKey, EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+    MASQ_FIN_IN, MASQ_FIN_OUT, MASQ_FRAG_IN, MASQ_FRAG_OUT, MASQ_FRAG_TTL_NS, MASQ_INBOUND,
+    MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST, MASQ_TS_LAST,
+    MAX_MASQ_FLOWS, MAX_MASQ_FRAGS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
 };
 
 use crate::{
@@ -68,6 +71,10 @@ pub static ECNI_MASQ_SRC: HashMap<u64, EndpointKey> = HashMap::with_max_entries(
 #[map]
 pub static ECNI_MASQ_STAT: PerCpuArray<MasqStats> = PerCpuArray::with_max_entries(1, 0);
 
+#[map]
+pub static ECNI_MASQ_FRAG: LruHashMap<MasqFragKey, MasqFrag> =
+    LruHashMap::with_max_entries(MAX_MASQ_FRAGS, 0);
+
 const _: () = assert!(str_eq(
     ebpf_cni_maps::MASQ_FWD_MAP,
     stringify!(ECNI_MASQ_FWD)
@@ -87,6 +94,10 @@ const _: () = assert!(str_eq(
 const _: () = assert!(str_eq(
     ebpf_cni_maps::MASQ_STATS_MAP,
     stringify!(ECNI_MASQ_STAT)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_FRAG_MAP,
+    stringify!(ECNI_MASQ_FRAG)
 ));
 
 const ICMP_ECHO_REQUEST: u8 = 8;
@@ -127,8 +138,23 @@ pub struct Scratch {
     src_known: u8,
     /// 1: `ecni_masq_take` may reclaim a port that needs a timestamp shift.
     shift_ok: u8,
-    _pad: [u8; 2],
+    /// What follows the IP header: `PLAIN`, `FIRST`, `LATER` or `OTHER`.
+    shape: u8,
+    _pad: u8,
+    /// A fragmented datagram's record: its key (the identification read with the header)
+    /// and its value.
+    frag_key: MasqFragKey,
+    _pad2: [u8; 4],
+    frag_val: MasqFrag,
 }
+
+/// What follows the IP header (`Scratch::shape`): the transport header of a whole packet;
+/// that of a datagram's first fragment (IPv4); a later fragment's payload (IPv4); anything
+/// else (IPv4 options), which is not translated.
+const PLAIN: u8 = 0;
+const FIRST: u8 = 1;
+const LATER: u8 = 2;
+const OTHER: u8 = 3;
 
 /// Where the next allocation starts in the port range, for the whole node: ports are handed
 /// out in turn, so the first one tried is the one given out longest ago, the likeliest to
@@ -198,14 +224,84 @@ fn enabled() -> bool {
 }
 
 /// Reads the addresses into `f.fwd.local` (source) and `f.fwd.remote` (destination), and
-/// `f.v4`, `f.proto`. `None` if the IP header is not there; else whether the transport
-/// header directly follows a fixed-size, unfragmented IP header.
+/// `f.v4`, `f.proto`, `f.shape` (returned too) and a fragment's identification. `None` if
+/// the IP header is not there.
 #[inline(always)]
-fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<bool> {
+fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<u8> {
     let ip = packet::parse_ip(ctx, &mut f.fwd.local, &mut f.fwd.remote)?;
     f.v4 = u8::from(ip.v4);
     f.proto = ip.proto;
-    Some(ip.plain)
+    f.shape = if ip.plain {
+        PLAIN
+    } else if ip.frag == packet::FRAG_FIRST {
+        FIRST
+    } else if ip.frag == packet::FRAG_LATER {
+        LATER
+    } else {
+        OTHER
+    };
+    f.frag_key.id = ip.id;
+    Some(f.shape)
+}
+
+/// The key of the datagram `f` holds, in direction `dir`: its addresses as the packet
+/// carries them (leaving, the pod's is the source; arriving, the node's is the
+/// destination).
+#[inline(always)]
+fn frag_key(f: &mut Scratch, dir: u8) {
+    let (src, dst) = if dir == MASQ_FRAG_OUT {
+        (&f.fwd.local, &f.fwd.remote)
+    } else {
+        (&f.fwd.remote, &f.fwd.local)
+    };
+    f.frag_key.src = [src[12], src[13], src[14], src[15]];
+    f.frag_key.dst = [dst[12], dst[13], dst[14], dst[15]];
+    f.frag_key.proto = f.proto;
+    f.frag_key.dir = dir;
+}
+
+/// Records the address the later fragments of the datagram whose first fragment `f` holds
+/// take: the one in `f.csum_to` (an IPv4 address mapped into IPv6).
+#[inline(always)]
+fn record_frag(f: &mut Scratch, dir: u8, now: u64) {
+    frag_key(f, dir);
+    let addr = &f.csum_to;
+    f.frag_val.addr = [addr[12], addr[13], addr[14], addr[15]];
+    f.frag_val._pad = [0; 4];
+    f.frag_val.at_ns = now;
+    // A full table evicts its oldest record: the datagrams of the moment keep theirs.
+    let _ = ECNI_MASQ_FRAG.insert(&f.frag_key, &f.frag_val, u64::from(BPF_ANY));
+}
+
+/// Finds the record of the datagram whose later fragment `f` holds, made by its first
+/// fragment within `MASQ_FRAG_TTL_NS`; its address goes to `f.csum_to` (mapped into IPv6).
+#[inline(always)]
+fn find_frag(f: &mut Scratch, dir: u8) -> bool {
+    frag_key(f, dir);
+    // SAFETY: copied out at once.
+    let Some(rec) = (unsafe { ECNI_MASQ_FRAG.get(&f.frag_key) }) else {
+        return false;
+    };
+    // SAFETY: plain helper call.
+    if unsafe { bpf_ktime_get_ns() }.wrapping_sub(rec.at_ns) > MASQ_FRAG_TTL_NS {
+        return false;
+    }
+    f.csum_to = [0; 16];
+    f.csum_to[10] = 0xff;
+    f.csum_to[11] = 0xff;
+    f.csum_to[12..].copy_from_slice(&rec.addr);
+    true
+}
+
+/// A later fragment (IPv4: no transport header) of a datagram whose first fragment was
+/// translated: its `end` address becomes the one in `f.csum_to` (the IPv4 header checksum
+/// patched; the transport checksum travels in the first fragment).
+#[inline(always)]
+fn translate_later(ctx: &TcContext, f: &mut Scratch, end: End) -> bool {
+    // The address rewritten: the pod's source leaving, the node's destination arriving
+    // (`reply` has turned the addresses round).
+    copy16(&mut f.csum_from, &f.fwd.local);
+    rewrite::set_addr(ctx, true, 0, end, &mut f.csum_from, &mut f.csum_to)
 }
 
 /// A TCP header without options. The whole of it must be there: a segment cut short
@@ -316,7 +412,7 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
         return Want::No;
     };
     f.src_known = 0;
-    let Some(plain) = parse_ip(ctx, f) else {
+    let Some(shape) = parse_ip(ctx, f) else {
         return Want::No;
     };
     if hint != MasqHint::Yes {
@@ -331,7 +427,17 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
         return Want::No;
     }
     f.icmp_err = 0;
-    if plain && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
+    if shape == LATER {
+        // Translated as its datagram's first fragment was; without its record it would
+        // leave with the pod's address.
+        f.tcp_flags = 0;
+        if find_frag(f, MASQ_FRAG_OUT) {
+            return Want::Yes;
+        }
+        count(Stat::Untranslatable);
+        return Want::Untranslatable;
+    }
+    if shape == PLAIN && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
         let v4 = f.v4 == 1;
         if let Some(h) = ptr_at::<[u8; 2]>(ctx, rewrite::l4_off(v4)) {
             // SAFETY: bounds checked by `ptr_at`.
@@ -346,7 +452,7 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
             }
         }
     }
-    if !plain || !parse_l4(ctx, f, true) {
+    if (shape != PLAIN && shape != FIRST) || !parse_l4(ctx, f, true) {
         count(Stat::Untranslatable);
         return Want::Untranslatable;
     }
@@ -812,6 +918,15 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
         count(Stat::Untranslatable);
         return Snat::Drop;
     }
+    if f.shape == LATER {
+        // `wanted` found its datagram's record.
+        if !translate_later(ctx, f, End::Src) {
+            count(Stat::Untranslatable);
+            return Snat::Drop;
+        }
+        count(Stat::Out);
+        return Snat::Done;
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match ECNI_MASQ_FWD.get_ptr_mut(&f.fwd) {
@@ -823,6 +938,11 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
             }
             touch(v, tcp_state(f, MASQ_FIN_OUT), now);
             if v.state & MASQ_INBOUND != 0 {
+                if f.shape == FIRST {
+                    // Its later fragments keep the pod's address too.
+                    copy16(&mut f.csum_to, &f.fwd.local);
+                    record_frag(f, MASQ_FRAG_OUT, now);
+                }
                 return Snat::Keep;
             }
             if f.proto == IPPROTO_TCP && !stamp_out(ctx, f.v4 == 1, v) {
@@ -863,6 +983,9 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
             f.val.port
         }
     };
+    if f.shape == FIRST {
+        record_frag(f, MASQ_FRAG_OUT, now);
+    }
     copy16(&mut f.csum_from, &f.fwd.local);
     let v4 = f.v4 == 1;
     if !rewrite::set_addr(ctx, v4, f.proto, End::Src, &mut f.csum_from, &mut f.csum_to)
@@ -891,7 +1014,7 @@ pub fn inbound(ctx: &TcContext) {
     let Some(f) = scratch() else {
         return;
     };
-    if parse_ip(ctx, f) != Some(true) || f.proto != IPPROTO_UDP {
+    if parse_ip(ctx, f) != Some(PLAIN) || f.proto != IPPROTO_UDP {
         return;
     }
     // Seen from the pod: the local end is the destination.
@@ -944,15 +1067,28 @@ pub fn reply(ctx: &TcContext) -> Reply {
     let Some(f) = scratch() else {
         return Reply::None;
     };
-    if parse_ip(ctx, f) != Some(true) {
+    let Some(shape) = parse_ip(ctx, f) else {
+        return Reply::None;
+    };
+    if shape == OTHER {
         return Reply::None;
     }
     // Seen from the node: the local end is the destination.
     let (src, dst) = (f.fwd.local, f.fwd.remote);
     f.fwd.local = dst;
     f.fwd.remote = src;
+    if shape == LATER {
+        if !find_frag(f, MASQ_FRAG_IN) {
+            return Reply::None;
+        }
+        if !translate_later(ctx, f, End::Dst) {
+            return Reply::Failed;
+        }
+        count(Stat::In);
+        return Reply::Done;
+    }
     if !parse_l4(ctx, f, false) {
-        if f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
+        if shape == PLAIN && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
             return icmp_error(ctx, f);
         }
         return Reply::None;
@@ -974,6 +1110,9 @@ pub fn reply(ctx: &TcContext) -> Reply {
     }
     copy16(&mut f.csum_to, &v.addr);
     let pod_port = v.port;
+    if shape == FIRST {
+        record_frag(f, MASQ_FRAG_IN, now);
+    }
     copy16(&mut f.csum_from, &f.fwd.local);
     let v4 = f.v4 == 1;
     if !rewrite::set_addr(ctx, v4, f.proto, End::Dst, &mut f.csum_from, &mut f.csum_to)

@@ -93,7 +93,17 @@ pub struct IpHead {
     /// without options and not a fragment (MF clear, offset 0); IPv6 always (an extension
     /// header shows in `proto`).
     pub plain: bool,
+    /// An IPv4 header without options that is a fragment: [`FRAG_FIRST`] (the transport
+    /// header follows it) or [`FRAG_LATER`] (the datagram's payload does); else
+    /// [`FRAG_NONE`].
+    pub frag: u8,
+    /// IPv4: the identification, which the fragments of one datagram share.
+    pub id: [u8; 2],
 }
+
+pub const FRAG_NONE: u8 = 0;
+pub const FRAG_FIRST: u8 = 1;
+pub const FRAG_LATER: u8 = 2;
 
 /// Parses the Ethernet and IP headers of an IPv4 or IPv6 packet (host ports and
 /// masquerade both start here): the source and destination addresses go to `src` and
@@ -111,10 +121,23 @@ pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Opti
         let ip = unsafe { &*ip };
         copy16(src, &AlignedKey::v4(ip.saddr).0.addr);
         copy16(dst, &AlignedKey::v4(ip.daddr).0.addr);
+        // Flags (reserved, DF, MF) and the offset in 8-byte units.
+        let off = u16::from_be_bytes(ip.frag_off);
+        let frag = if ip.ver_ihl != 0x45 {
+            FRAG_NONE
+        } else if off & 0x1fff != 0 {
+            FRAG_LATER
+        } else if off & 0x2000 != 0 {
+            FRAG_FIRST
+        } else {
+            FRAG_NONE
+        };
         Some(IpHead {
             v4: true,
             proto: ip.protocol,
-            plain: ip.ver_ihl == 0x45 && u16::from_be_bytes(ip.frag_off) & 0x3fff == 0,
+            plain: ip.ver_ihl == 0x45 && off & 0x3fff == 0,
+            frag,
+            id: ip.id,
         })
     } else if ethertype == ETH_P_IPV6 {
         let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
@@ -126,6 +149,8 @@ pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Opti
             v4: false,
             proto: ip.nexthdr,
             plain: true,
+            frag: FRAG_NONE,
+            id: [0; 2],
         })
     } else {
         None

@@ -81,7 +81,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 19] = [
+pub const NODE_MAPS: [NodeMap; 20] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -98,6 +98,7 @@ pub const NODE_MAPS: [NodeMap; 19] = [
     NodeMap::keyed(MASQ_SKIP_MAP),
     NodeMap::keyed(MASQ_SRC_MAP),
     NodeMap::array(MASQ_STATS_MAP),
+    NodeMap::keyed(MASQ_FRAG_MAP),
     NodeMap::array(NS_PROBE_MAP),
     NodeMap::keyed(SHAPE_SUBNETS_MAP),
     NodeMap::keyed(SOURCES_MAP),
@@ -120,6 +121,25 @@ pub const MASQ_SKIP_MAP: &str = "ECNI_MASQ_SKIP";
 pub const MASQ_SRC_MAP: &str = "ECNI_MASQ_SRC";
 /// Node-wide per-CPU array with one [`MasqStats`].
 pub const MASQ_STATS_MAP: &str = "ECNI_MASQ_STAT";
+/// Node-wide LRU hash of the IPv4 datagrams of masqueraded flows that travel in fragments:
+/// [`MasqFragKey`] (the datagram's addresses, identification and protocol as the packet
+/// carries them, and the direction) → [`MasqFrag`] (the address its fragments take). Only a
+/// datagram's first fragment carries the transport header that finds the flow: it is
+/// translated with the flow and recorded here, and the later fragments are translated by
+/// this record.
+pub const MASQ_FRAG_MAP: &str = "ECNI_MASQ_FRAG";
+/// Capacity of [`MASQ_FRAG_MAP`]: datagrams in flight at once (the kernel evicts the
+/// least recently used record).
+pub const MAX_MASQ_FRAGS: u32 = 4_096;
+/// How long a fragment record is used after its first fragment was seen, nanoseconds: the
+/// fragments of one datagram are sent back to back. An older record with the same key (the
+/// identification came round) is not used, so a late fragment never follows another
+/// datagram's translation.
+pub const MASQ_FRAG_TTL_NS: u64 = 5_000_000_000;
+/// [`MasqFragKey::dir`]: a datagram a pod sends (the key holds the pod's address).
+pub const MASQ_FRAG_OUT: u8 = 1;
+/// [`MasqFragKey::dir`]: a datagram a remote end sends to the node's address.
+pub const MASQ_FRAG_IN: u8 = 2;
 /// Capacity of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`] (allocated as flows come).
 pub const MAX_MASQ_FLOWS: u32 = 262_144;
 /// Capacity of [`MASQ_SKIP_MAP`].
@@ -847,6 +867,35 @@ pub struct MasqFlow {
 
 const _: () = assert!(core::mem::size_of::<MasqFlow>() == 40);
 
+/// Key of [`MASQ_FRAG_MAP`]: an IPv4 datagram as its fragments carry it, before their
+/// translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MasqFragKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    /// The IPv4 header's identification, network byte order.
+    pub id: [u8; 2],
+    pub proto: u8,
+    /// [`MASQ_FRAG_OUT`] or [`MASQ_FRAG_IN`].
+    pub dir: u8,
+}
+
+const _: () = assert!(core::mem::size_of::<MasqFragKey>() == 12);
+
+/// Value of [`MASQ_FRAG_MAP`]: the address the datagram's fragments take (the node's,
+/// leaving; the pod's, arriving), and when its first fragment was translated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MasqFrag {
+    pub addr: [u8; 4],
+    pub _pad: [u8; 4],
+    /// `bpf_ktime_get_ns` of the first fragment.
+    pub at_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MasqFrag>() == 16);
+
 /// Value of [`MASQ_STATS_MAP`] (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -935,6 +984,8 @@ plain_old_data!(
     Pacing,
     MasqKey,
     MasqFlow,
+    MasqFragKey,
+    MasqFrag,
     MasqStats,
     SourceKey,
     SourceRule,
@@ -973,6 +1024,7 @@ const _: () = assert!(fits_bpf_obj_name(MASQ_SKIP_MAP));
 const _: () = assert!(fits_bpf_obj_name(SHAPE_SUBNETS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG_MAP));
 const _: () = assert!(fits_bpf_obj_name(SOURCES_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));

@@ -107,6 +107,8 @@ pub struct Pkt {
     pub tos: u8,
     /// IPv4 flags and fragment offset (host order); `IP_DF` by default.
     pub frag: u16,
+    /// IPv4 identification; 0x1234 by default.
+    pub ident: u16,
     /// IPv6 extension headers before the transport header, by type
     /// (`IPPROTO_HOPOPTS`, `IPPROTO_DSTOPTS`, `IPPROTO_FRAGMENT`), each 8 bytes.
     pub ext: Vec<u8>,
@@ -126,6 +128,7 @@ impl Pkt {
             ttl: 64,
             tos: 0,
             frag: IP_DF,
+            ident: 0x1234,
             ext: Vec::new(),
             l4,
             payload: Vec::new(),
@@ -150,6 +153,11 @@ impl Pkt {
 
     pub fn frag(mut self, frag: u16) -> Self {
         self.frag = frag;
+        self
+    }
+
+    pub fn ident(mut self, ident: u16) -> Self {
+        self.ident = ident;
         self
     }
 
@@ -250,7 +258,7 @@ impl Pkt {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let mut h = vec![0x45, self.tos];
                 h.extend(((20 + t.len()) as u16).to_be_bytes());
-                h.extend(0x1234u16.to_be_bytes());
+                h.extend(self.ident.to_be_bytes());
                 h.extend(self.frag.to_be_bytes());
                 h.extend([self.ttl, proto, 0, 0]);
                 h.extend(s.octets());
@@ -400,6 +408,78 @@ fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
         _ => unreachable!("one family"),
     }
     p
+}
+
+/// An IPv4 frame (no options) cut into fragments of at most `chunk` bytes of payload each
+/// (a multiple of 8), as a sender's stack cuts a datagram larger than its MTU: the same
+/// Ethernet header, identification and addresses, the offsets and MF set, each header's
+/// length and checksum made anew.
+pub fn fragment(frame: &[u8], chunk: usize) -> Vec<Vec<u8>> {
+    assert_eq!(chunk % 8, 0, "fragments carry multiples of 8 bytes");
+    let ip = &frame[ETH_HLEN..];
+    assert_eq!(ip[0], 0x45, "IPv4 without options");
+    let total = usize::from(be16(ip, 2));
+    let data = &ip[20..total];
+    let parts: Vec<&[u8]> = data.chunks(chunk).collect();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let mut h = ip[..20].to_vec();
+            h[2..4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
+            let mf = if i + 1 < parts.len() { IP_MF } else { 0 };
+            h[6..8].copy_from_slice(&(mf | (i * chunk / 8) as u16).to_be_bytes());
+            h[10..12].copy_from_slice(&[0, 0]);
+            let sum = checksum(&h);
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            h.extend_from_slice(part);
+            let mut f = frame[..ETH_HLEN].to_vec();
+            f.extend(h);
+            f
+        })
+        .collect()
+}
+
+/// The IPv4 fragments `frames` (in order, every one's header checksum verified) put back
+/// into one frame: the first's Ethernet and IP headers, not a fragment any more, and the
+/// fragments' payloads at their offsets. Panics when they do not fit together (addresses,
+/// identification, protocol or offsets differ).
+pub fn reassemble(frames: &[Vec<u8>]) -> Vec<u8> {
+    let first = &frames[0][ETH_HLEN..];
+    let mut data = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        let ip = &f[ETH_HLEN..];
+        assert_eq!(ip[0], 0x45, "fragment {i}: IPv4 without options");
+        assert_eq!(
+            fold(sum(&ip[..20])),
+            0xffff,
+            "fragment {i}: header checksum"
+        );
+        assert_eq!(
+            (&ip[4..6], ip[9], &ip[12..20]),
+            (&first[4..6], first[9], &first[12..20]),
+            "fragment {i}: identification, protocol and addresses of the first"
+        );
+        let off = usize::from(be16(ip, 6) & 0x1fff) * 8;
+        assert_eq!(off, data.len(), "fragment {i}: offset");
+        let more = be16(ip, 6) & IP_MF != 0;
+        assert_eq!(
+            more,
+            i + 1 < frames.len(),
+            "fragment {i}: more fragments flag"
+        );
+        data.extend_from_slice(&ip[20..usize::from(be16(ip, 2))]);
+    }
+    let mut h = first[..20].to_vec();
+    h[2..4].copy_from_slice(&((20 + data.len()) as u16).to_be_bytes());
+    h[6..8].copy_from_slice(&[0, 0]);
+    h[10..12].copy_from_slice(&[0, 0]);
+    let s = checksum(&h);
+    h[10..12].copy_from_slice(&s.to_be_bytes());
+    h.extend(data);
+    let mut f = frames[0][..ETH_HLEN].to_vec();
+    f.extend(h);
+    f
 }
 
 /// A frame read back: its Ethernet and IP headers and where the transport starts. Only

@@ -730,15 +730,16 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
 
 /// A datagram without DF larger than the node's uplink MTU: the node's stack would
 /// fragment it and forward the fragments with the pod's address, where masquerade does not
-/// reach (fragments are not translated). It is dropped and counted instead; a datagram
-/// that fits leaves masqueraded.
+/// reach (the stack's fragments never pass the programs). It is dropped and counted
+/// instead; a datagram that fits leaves masqueraded.
 #[test]
 fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let (node, ext, conf, pod) = masquerading_pod(&p, 86, None);
-    // After the ADD, so the pod keeps MTU 1500 and sends the datagram whole (with the
-    // device's MTU at ADD, the pod would fragment it itself, and fragments are dropped).
+    // After the ADD, so the pod keeps its MTU and sends the datagram whole (with the
+    // device's MTU at ADD, the pod would fragment it itself, and its fragments would be
+    // masqueraded: `fragmented_datagrams_are_masqueraded_both_ways`).
     node.netns()
         .ip_ok(&["link", "set", "up0", "mtu", "1000"])
         .unwrap();
@@ -797,6 +798,66 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
         .recv_from(&mut buf)
         .expect("the datagram that fits");
     assert_eq!((n, from.ip()), (500, IpAddr::V4(ext.node_v4)));
+    del(&p, &node, &pod, &conf);
+}
+
+/// IPv4 datagrams larger than the path's MTU travel in fragments, both ways: a pod sends a
+/// 4,000-byte UDP datagram to a host beyond the node (the pod's stack cuts it into three
+/// fragments) and the host gets it whole, from the node's address and a port of the range;
+/// the host answers that address and port with 6,000 bytes (its stack cuts them into
+/// five), and the pod gets them whole, from the host. Only each datagram's first fragment
+/// carries the ports: the later ones are translated by the record it left. (Before, the
+/// pod's fragments were dropped as untranslatable, and the host's went to the node's stack
+/// and were lost.)
+#[test]
+fn fragmented_datagrams_are_masqueraded_both_ways() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 87, None);
+    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7003);
+    let host = ext
+        .netns()
+        .run_in(|| std::net::UdpSocket::bind(server))
+        .unwrap()
+        .unwrap();
+    let sock = pod
+        .ns
+        .run_in(|| std::net::UdpSocket::bind("0.0.0.0:0"))
+        .unwrap()
+        .unwrap();
+    for s in [&host, &sock] {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    }
+    let mut buf = vec![0u8; 65_536];
+    for round in 0..3 {
+        let out: Vec<u8> = (0..4000).map(|i| ((i + round) % 251) as u8).collect();
+        sock.send_to(&out, server).unwrap();
+        let (n, from) = host
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("round {round}: the pod's datagram, whole: {e}"));
+        assert_eq!(
+            (n, from.ip()),
+            (4000, IpAddr::V4(ext.node_v4)),
+            "round {round}"
+        );
+        assert!(buf[..n] == out[..], "round {round}: the pod's bytes");
+        assert!(PORTS.contains(&from.port()), "round {round}: port {from}");
+
+        let back: Vec<u8> = (0..6000).map(|i| ((i + round) % 239) as u8).collect();
+        host.send_to(&back, from).unwrap();
+        let (n, src) = sock
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("round {round}: the host's answer, whole: {e}"));
+        assert_eq!((n, src), (6000, server), "round {round}");
+        assert!(buf[..n] == back[..], "round {round}: the host's bytes");
+    }
+    let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
+    assert_eq!(
+        report["masquerade"]["untranslatable"].as_u64(),
+        Some(0),
+        "{}",
+        report["masquerade"]
+    );
     del(&p, &node, &pod, &conf);
 }
 

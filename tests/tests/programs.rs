@@ -12,9 +12,9 @@ use ebpf_cni_maps::{
 };
 use ebpf_cni_maps::{PROG_FROM_CHAIN, PROG_FROM_DEV, PROG_FROM_POD};
 use ebpf_cni_tests::packet::{
-    self, parse, verify_checksums, Arp, Pkt, ARP_REPLY, ETH_HLEN, ICMPV6_DEST_UNREACH,
-    ICMPV6_PORT_UNREACH, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT,
-    IPPROTO_HOPOPTS, IP_DF, IP_MF, L4, TCP_ACK, TCP_SYN,
+    self, fragment, parse, reassemble, verify_checksums, Arp, Pkt, ARP_REPLY, ETH_HLEN,
+    ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH,
+    IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IP_DF, L4, TCP_ACK, TCP_SYN,
 };
 use ebpf_cni_tests::progtest::{
     endpoint_key, monotonic_ns, Lab, Pod, SkBuff, Verdict, GATEWAY_MAC,
@@ -672,6 +672,141 @@ fn masquerade_translates_icmp_echo_out_and_back() {
         let proto = if v4 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
         masquerade_round_trip(&lab, v4, proto, L4::echo_request(0x4242), L4::echo_reply);
     }
+}
+
+/// A masqueraded IPv4 datagram in fragments, both ways (UDP, and an ICMP echo): the first
+/// fragment carries the transport header and is translated with its flow; the later ones
+/// carry none and are translated by the record the first left (`ECNI_MASQ_FRAG`). Put
+/// back together, each datagram has its transport checksum right over the translated
+/// addresses and port, so the first fragment's incremental patch held for the whole
+/// datagram. A later fragment whose first was never seen has nothing to be translated by:
+/// leaving, it is dropped and counted (it would leave with the pod's address); arriving,
+/// it goes to the stack as it is.
+#[test]
+fn masquerade_translates_ipv4_fragments_both_ways() {
+    let lab = masquerading_lab();
+    let (a, node, remote) = (&lab.a, lab.up.addr(true), lab.up.remote(true));
+    // What leaves the pod, and the answer to the node's port (echo identifier).
+    type Answer = fn(u16) -> L4;
+    let cases: [(&str, L4, Answer); 2] = [
+        ("UDP", L4::udp(40_070, 5300), |p| L4::udp(5300, p)),
+        ("ICMP echo", L4::echo_request(0x4343), L4::echo_reply),
+    ];
+    for (i, (what, out, back)) in cases.into_iter().enumerate() {
+        let ident = 0x4000 + i as u16;
+        let whole = from(a, remote, out)
+            .frag(0)
+            .ident(ident)
+            .payload(2500)
+            .frame();
+        let sent = parse(&whole);
+        let frags = fragment(&whole, 1024);
+        assert_eq!(frags.len(), 3, "{what}");
+        let left: Vec<Vec<u8>> = frags
+            .iter()
+            .enumerate()
+            .map(|(k, f)| {
+                let r = lab.from_pod(a, f);
+                assert_eq!(r.verdict, Verdict::Redirect, "{what}: fragment {k} leaving");
+                let got = parse(&r.frame);
+                assert_eq!(
+                    (got.src, got.dst, got.ttl),
+                    (node, remote, 63),
+                    "{what}: {k}"
+                );
+                r.frame
+            })
+            .collect();
+        let datagram = reassemble(&left);
+        checksums_ok(&datagram, &format!("{what}, leaving, put back together"));
+        let got = parse(&datagram);
+        let node_port = if what == "UDP" {
+            assert_eq!(got.ports().1, 5300, "{what}: remote port");
+            got.ports().0
+        } else {
+            got.echo_id()
+        };
+        let pod_port = if what == "UDP" {
+            sent.ports().0
+        } else {
+            sent.echo_id()
+        };
+        assert!(
+            (61_000..=61_009).contains(&node_port),
+            "{what}: port {node_port} is outside the range"
+        );
+        assert_eq!(
+            got.l4[8..],
+            sent.l4[8..],
+            "{what}: the payload arrives as sent"
+        );
+
+        let reply = arriving(&lab, remote, node, back(node_port))
+            .frag(0)
+            .ident(ident)
+            .payload(2500)
+            .frame();
+        let arrived: Vec<Vec<u8>> = fragment(&reply, 1024)
+            .iter()
+            .enumerate()
+            .map(|(k, f)| {
+                let r = lab.from_dev(f);
+                assert_eq!(
+                    r.verdict,
+                    Verdict::Redirect,
+                    "{what}: fragment {k} arriving"
+                );
+                let got = parse(&r.frame);
+                assert_eq!((got.src, got.dst), (remote, a.addr(true)), "{what}: {k}");
+                assert_eq!(
+                    (got.src_mac, got.dst_mac),
+                    (a.host_mac, a.pod_mac),
+                    "{what}: {k}"
+                );
+                r.frame
+            })
+            .collect();
+        let datagram = reassemble(&arrived);
+        checksums_ok(&datagram, &format!("{what}, arriving, put back together"));
+        let got = parse(&datagram);
+        if what == "UDP" {
+            assert_eq!(got.ports(), (5300, pod_port), "{what}: reply ports");
+        } else {
+            assert_eq!(got.echo_id(), pod_port, "{what}: reply identifier");
+        }
+    }
+
+    // Later fragments of datagrams whose first fragment never came this way.
+    let lone = fragment(
+        &from(a, remote, L4::udp(40_071, 5300))
+            .frag(0)
+            .ident(0x5000)
+            .payload(2500)
+            .frame(),
+        1024,
+    );
+    let before = lab.progs.masq_stats();
+    let r = lab.from_pod(a, &lone[1]);
+    assert_eq!(r.verdict, Verdict::Shot, "a later fragment alone, leaving");
+    assert_eq!(
+        lab.progs.masq_stats().untranslatable - before.untranslatable,
+        1,
+        "counted"
+    );
+    let lone_in = fragment(
+        &arriving(&lab, remote, node, L4::udp(5300, 61_005))
+            .frag(0)
+            .ident(0x5001)
+            .payload(2500)
+            .frame(),
+        1024,
+    );
+    let r = lab.from_dev(&lone_in[1]);
+    assert_eq!(
+        (r.verdict, &r.frame),
+        (Verdict::Next, &lone_in[1]),
+        "a later fragment alone, arriving"
+    );
 }
 
 /// The source entry of a pod's own address can say that the pod masquerades
@@ -1464,9 +1599,11 @@ fn frames_cut_short_at_a_device_are_never_half_translated() {
     report_refused(&refused);
 }
 
-/// IPv6 extension headers and fragments are never translated: from a masquerading pod
-/// they are dropped and counted (they would leave with the pod's address); to a host port
-/// they go to the stack untranslated; to a pod they are delivered with the headers intact.
+/// IPv6 extension headers (fragments among them) and IPv4 fragments outside a translated
+/// datagram (a later fragment whose first never came) are never translated: from a
+/// masquerading pod they are dropped and counted (they would leave with the pod's
+/// address); to a host port they go to the stack untranslated; to a pod they are delivered
+/// with the headers intact.
 #[test]
 fn extension_headers_and_fragments_are_never_translated() {
     let mut lab = lab();
@@ -1483,12 +1620,10 @@ fn extension_headers_and_fragments_are_never_translated() {
             Pkt::new(a.addr(false), lab.up.remote(false), L4::udp(40_050, 8081)).ext(ext),
         ));
     }
-    for (what, frag) in [("first", IP_MF), ("later", 100)] {
-        odd.push((
-            format!("IPv4 {what} fragment"),
-            Pkt::new(a.addr(true), lab.up.remote(true), L4::udp(40_050, 8081)).frag(frag),
-        ));
-    }
+    odd.push((
+        "IPv4 later fragment, its first unseen".to_owned(),
+        Pkt::new(a.addr(true), lab.up.remote(true), L4::udp(40_050, 8081)).frag(100),
+    ));
     for (what, pkt) in &odd {
         let v4 = pkt.src.is_ipv4();
         let before = (
@@ -1530,8 +1665,9 @@ fn extension_headers_and_fragments_are_never_translated() {
 }
 
 /// A masqueraded IPv4 datagram without DF that the uplink's MTU would have the stack
-/// fragment is dropped and counted (fragments are not translated: they would leave with
-/// the pod's address); with DF it goes to the stack, which answers "fragmentation needed".
+/// fragment is dropped and counted (the stack's fragments never pass the programs: they
+/// would leave with the pod's address); with DF it goes to the stack, which answers
+/// "fragmentation needed".
 #[test]
 fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
     let lab = masquerading_lab();

@@ -246,6 +246,12 @@ const PLAN: &[Suite] = &[
         on: ALL,
         only: &["pods_reach_a_host_without_a_route_back_through_the_node_address"],
     },
+    // IPv4 fragments on the oldest verifier and the LRU map of their records.
+    Suite {
+        test: "masquerade",
+        on: K5_10,
+        only: &["fragmented_datagrams_are_masqueraded_both_ways"],
+    },
     Suite {
         test: "masquerade",
         on: K6_1,
