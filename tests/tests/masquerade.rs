@@ -814,6 +814,17 @@ fn fragmented_datagrams_are_masqueraded_both_ways() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let (node, ext, conf, pod) = masquerading_pod(&p, 87, None);
+    // The host's link carries what the pod's does, so its fragments fit the pod's device:
+    // 5.10's `bpf_redirect_peer` drops a packet longer than the receiving device's MTU.
+    ext.netns()
+        .ip_ok(&[
+            "link",
+            "set",
+            ebpf_cni_tests::external::HOST_IFNAME,
+            "mtu",
+            &ebpf_cni_tests::config::MTU.to_string(),
+        ])
+        .unwrap();
     let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7003);
     let host = ext
         .netns()
