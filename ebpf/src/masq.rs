@@ -919,7 +919,12 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
         return Snat::Drop;
     }
     if f.shape == LATER {
-        // `wanted` found its datagram's record.
+        // `wanted` found its datagram's record. One that kept the pod's address (a flow
+        // the remote end opened) keeps it for every fragment, as for a whole packet.
+        let (to, own) = (&f.csum_to, &f.fwd.local);
+        if [to[12], to[13], to[14], to[15]] == [own[12], own[13], own[14], own[15]] {
+            return Snat::Keep;
+        }
         if !translate_later(ctx, f, End::Src) {
             count(Stat::Untranslatable);
             return Snat::Drop;

@@ -693,6 +693,7 @@ fn masquerade_translates_ipv4_fragments_both_ways() {
         ("ICMP echo", L4::echo_request(0x4343), L4::echo_reply),
     ];
     for (i, (what, out, back)) in cases.into_iter().enumerate() {
+        let echo = matches!(out, L4::Echo { .. });
         let ident = 0x4000 + i as u16;
         let whole = from(a, remote, out)
             .frag(0)
@@ -720,16 +721,11 @@ fn masquerade_translates_ipv4_fragments_both_ways() {
         let datagram = reassemble(&left);
         checksums_ok(&datagram, &format!("{what}, leaving, put back together"));
         let got = parse(&datagram);
-        let node_port = if what == "UDP" {
+        let (pod_port, node_port) = if echo {
+            (sent.echo_id(), got.echo_id())
+        } else {
             assert_eq!(got.ports().1, 5300, "{what}: remote port");
-            got.ports().0
-        } else {
-            got.echo_id()
-        };
-        let pod_port = if what == "UDP" {
-            sent.ports().0
-        } else {
-            sent.echo_id()
+            (sent.ports().0, got.ports().0)
         };
         assert!(
             (61_000..=61_009).contains(&node_port),
@@ -769,12 +765,42 @@ fn masquerade_translates_ipv4_fragments_both_ways() {
         let datagram = reassemble(&arrived);
         checksums_ok(&datagram, &format!("{what}, arriving, put back together"));
         let got = parse(&datagram);
-        if what == "UDP" {
-            assert_eq!(got.ports(), (5300, pod_port), "{what}: reply ports");
-        } else {
+        if echo {
             assert_eq!(got.echo_id(), pod_port, "{what}: reply identifier");
+        } else {
+            assert_eq!(got.ports(), (5300, pod_port), "{what}: reply ports");
         }
     }
+
+    // A flow the remote end opened to the pod's own address (its first datagram recorded
+    // it): the pod's answer keeps the pod's address in every fragment, as a whole packet
+    // of the flow does, and none of them counts as translated.
+    let opened = arriving(&lab, remote, a.addr(true), L4::udp(5400, 7000)).frame();
+    assert_eq!(
+        lab.from_dev(&opened).verdict,
+        Verdict::Redirect,
+        "the remote end's datagram to the pod"
+    );
+    let before = lab.progs.masq_stats();
+    let answer = from(a, remote, L4::udp(7000, 5400))
+        .frag(0)
+        .ident(0x5002)
+        .payload(2500)
+        .frame();
+    for (k, f) in fragment(&answer, 1024).iter().enumerate() {
+        let r = lab.from_pod(a, f);
+        assert_eq!(r.verdict, Verdict::Redirect, "the answer's fragment {k}");
+        assert_eq!(
+            parse(&r.frame).src,
+            a.addr(true),
+            "the answer's fragment {k}"
+        );
+    }
+    assert_eq!(
+        lab.progs.masq_stats().out_packets,
+        before.out_packets,
+        "the answer's fragments counted as translated"
+    );
 
     // Later fragments of datagrams whose first fragment never came this way.
     let lone = fragment(
