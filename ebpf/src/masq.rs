@@ -22,11 +22,13 @@
 //! CPU's scratch slot.
 //!
 //! Only plain headers are translated: IPv4 without options, IPv6 with TCP, UDP or ICMPv6
-//! right after the fixed header, and of ICMP only echo requests and replies. An IPv4
-//! datagram in fragments is translated by its first fragment, which carries the transport
-//! header and finds the flow, and leaves a record (`ECNI_MASQ_FRAG`) that its later
-//! fragments are translated by. Anything else a masquerading pod sends out of its network
-//! is dropped and counted: it would otherwise leave with the pod's address.
+//! right after the fixed header, and of ICMP only echo requests and replies. A datagram in
+//! fragments is translated by its first fragment, which carries the transport header and
+//! finds the flow, and leaves a record (`ECNI_MASQ_FRAG`, IPv6's `ECNI_MASQ_FRAG6`) that
+//! its later fragments are translated by. IPv6's fragment header must follow the fixed
+//! header, and carry UDP or ICMPv6 (TCP sizes its segments to the path: no stack sends it
+//! in fragments). Anything else a masquerading pod sends out of its network is dropped
+//! and counted: it would otherwise leave with the pod's address.
 
 use aya_ebpf::{
     bindings::{
@@ -40,11 +42,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use ebpf_cni_maps::{
-    masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqFrag, MasqFragKey, MasqKey,
-    MasqStats, PortKey, EP_FLAG_MASQ, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
-    MASQ_FIN_IN, MASQ_FIN_OUT, MASQ_FRAG_IN, MASQ_FRAG_OUT, MASQ_FRAG_TTL_NS, MASQ_INBOUND,
-    MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES, MASQ_REPLIED, MASQ_RST, MASQ_TS_LAST,
-    MAX_MASQ_FLOWS, MAX_MASQ_FRAGS, MAX_MASQ_SKIP, MAX_NODE_ADDRS, NODE_FLAG_MASQ,
+    masq_src_key, masq_timeout_ns, str_eq, EndpointKey, MasqFlow, MasqFrag, MasqFrag6,
+    MasqFrag6Key, MasqFragKey, MasqKey, MasqStats, PortKey, EP_FLAG_MASQ, IPPROTO_ICMP,
+    IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, MASQ_FIN_IN, MASQ_FIN_OUT, MASQ_FRAG_IN,
+    MASQ_FRAG_OUT, MASQ_FRAG_TTL_NS, MASQ_INBOUND, MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_PROBES,
+    MASQ_REPLIED, MASQ_RST, MASQ_TS_LAST, MAX_MASQ_FLOWS, MAX_MASQ_FRAGS, MAX_MASQ_SKIP,
+    MAX_NODE_ADDRS, NODE_FLAG_MASQ,
 };
 
 use crate::{
@@ -75,6 +78,10 @@ pub static ECNI_MASQ_STAT: PerCpuArray<MasqStats> = PerCpuArray::with_max_entrie
 pub static ECNI_MASQ_FRAG: LruHashMap<MasqFragKey, MasqFrag> =
     LruHashMap::with_max_entries(MAX_MASQ_FRAGS, 0);
 
+#[map]
+pub static ECNI_MASQ_FRAG6: LruHashMap<MasqFrag6Key, MasqFrag6> =
+    LruHashMap::with_max_entries(MAX_MASQ_FRAGS, 0);
+
 const _: () = assert!(str_eq(
     ebpf_cni_maps::MASQ_FWD_MAP,
     stringify!(ECNI_MASQ_FWD)
@@ -98,6 +105,10 @@ const _: () = assert!(str_eq(
 const _: () = assert!(str_eq(
     ebpf_cni_maps::MASQ_FRAG_MAP,
     stringify!(ECNI_MASQ_FRAG)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::MASQ_FRAG6_MAP,
+    stringify!(ECNI_MASQ_FRAG6)
 ));
 
 const ICMP_ECHO_REQUEST: u8 = 8;
@@ -140,17 +151,20 @@ pub struct Scratch {
     shift_ok: u8,
     /// What follows the IP header: `PLAIN`, `FIRST`, `LATER` or `OTHER`.
     shape: u8,
-    _pad: u8,
+    /// 1: IPv6 with a fragment header, which a first fragment's transport header follows.
+    frag6: u8,
     /// A fragmented datagram's record: its key (the identification read with the header)
-    /// and its value.
+    /// and its value; IPv6's in `frag6_key` and `frag6_val`.
     frag_key: MasqFragKey,
     _pad2: [u8; 4],
     frag_val: MasqFrag,
+    frag6_key: MasqFrag6Key,
+    frag6_val: MasqFrag6,
 }
 
 /// What follows the IP header (`Scratch::shape`): the transport header of a whole packet;
-/// that of a datagram's first fragment (IPv4); a later fragment's payload (IPv4); anything
-/// else (IPv4 options), which is not translated.
+/// that of a datagram's first fragment; a later fragment's payload; anything else (IPv4
+/// options), which is not translated.
 const PLAIN: u8 = 0;
 const FIRST: u8 = 1;
 const LATER: u8 = 2;
@@ -169,6 +183,7 @@ static ECNI_MASQ_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0)
 
 /// What `wanted` found.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Want {
     /// Not masqueraded: route it as it is.
     No,
@@ -228,7 +243,8 @@ fn enabled() -> bool {
 /// the IP header is not there.
 #[inline(always)]
 fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<u8> {
-    let ip = packet::parse_ip(ctx, &mut f.fwd.local, &mut f.fwd.remote)?;
+    let mut ip = packet::parse_ip(ctx, &mut f.fwd.local, &mut f.fwd.remote)?;
+    packet::parse_frag6(ctx, &mut ip);
     f.v4 = u8::from(ip.v4);
     f.proto = ip.proto;
     f.shape = if ip.plain {
@@ -240,7 +256,9 @@ fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<u8> {
     } else {
         OTHER
     };
-    f.frag_key.id = ip.id;
+    f.frag6 = u8::from(ip.frag6);
+    f.frag_key.id = [ip.id[0], ip.id[1]];
+    f.frag6_key.id = ip.id;
     Some(f.shape)
 }
 
@@ -254,54 +272,132 @@ fn frag_key(f: &mut Scratch, dir: u8) {
     } else {
         (&f.fwd.remote, &f.fwd.local)
     };
-    f.frag_key.src = [src[12], src[13], src[14], src[15]];
-    f.frag_key.dst = [dst[12], dst[13], dst[14], dst[15]];
-    f.frag_key.proto = f.proto;
-    f.frag_key.dir = dir;
+    if f.v4 == 1 {
+        f.frag_key.src = [src[12], src[13], src[14], src[15]];
+        f.frag_key.dst = [dst[12], dst[13], dst[14], dst[15]];
+        f.frag_key.proto = f.proto;
+        f.frag_key.dir = dir;
+    } else {
+        copy16(&mut f.frag6_key.src, src);
+        copy16(&mut f.frag6_key.dst, dst);
+        f.frag6_key.proto = f.proto;
+        f.frag6_key.dir = dir;
+        f.frag6_key._pad = [0; 2];
+    }
 }
 
 /// Records the address the later fragments of the datagram whose first fragment `f` holds
-/// take: the one in `f.csum_to` (an IPv4 address mapped into IPv6).
+/// take: the one in `f.csum_to`.
 #[inline(always)]
-fn record_frag(f: &mut Scratch, dir: u8, now: u64) {
-    frag_key(f, dir);
-    let addr = &f.csum_to;
-    f.frag_val.addr = [addr[12], addr[13], addr[14], addr[15]];
-    f.frag_val._pad = [0; 4];
-    f.frag_val.at_ns = now;
+fn record_frag(_f: &mut Scratch, dir: u8, now: u64) {
+    ecni_masq_frag_record(u32::from(dir), now);
+}
+
+/// `record_frag` as a global function (see the module's doc), for the datagram in this
+/// CPU's scratch slot.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_masq_frag_record(dir: u32, now: u64) -> u32 {
+    let Some(f) = scratch() else {
+        return 0;
+    };
+    frag_key(f, dir as u8);
     // A full table evicts its oldest record: the datagrams of the moment keep theirs.
-    let _ = ECNI_MASQ_FRAG.insert(&f.frag_key, &f.frag_val, u64::from(BPF_ANY));
+    if f.v4 == 1 {
+        let addr = &f.csum_to;
+        f.frag_val.addr = [addr[12], addr[13], addr[14], addr[15]];
+        f.frag_val._pad = [0; 4];
+        f.frag_val.at_ns = now;
+        let _ = ECNI_MASQ_FRAG.insert(&f.frag_key, &f.frag_val, u64::from(BPF_ANY));
+    } else {
+        copy16(&mut f.frag6_val.addr, &f.csum_to);
+        f.frag6_val.at_ns = now;
+        let _ = ECNI_MASQ_FRAG6.insert(&f.frag6_key, &f.frag6_val, u64::from(BPF_ANY));
+    }
+    1
 }
 
 /// Finds the record of the datagram whose later fragment `f` holds, made by its first
-/// fragment within `MASQ_FRAG_TTL_NS`; its address goes to `f.csum_to` (mapped into IPv6).
+/// fragment within `MASQ_FRAG_TTL_NS`; its address goes to `f.csum_to` (IPv4 mapped into
+/// IPv6).
 #[inline(always)]
-fn find_frag(f: &mut Scratch, dir: u8) -> bool {
-    frag_key(f, dir);
-    // SAFETY: copied out at once.
-    let Some(rec) = (unsafe { ECNI_MASQ_FRAG.get(&f.frag_key) }) else {
-        return false;
-    };
-    // SAFETY: plain helper call.
-    if unsafe { bpf_ktime_get_ns() }.wrapping_sub(rec.at_ns) > MASQ_FRAG_TTL_NS {
-        return false;
-    }
-    f.csum_to = [0; 16];
-    f.csum_to[10] = 0xff;
-    f.csum_to[11] = 0xff;
-    f.csum_to[12..].copy_from_slice(&rec.addr);
-    true
+fn find_frag(_f: &mut Scratch, dir: u8) -> bool {
+    ecni_masq_frag_find(u32::from(dir)) == 1
 }
 
-/// A later fragment (IPv4: no transport header) of a datagram whose first fragment was
-/// translated: its `end` address becomes the one in `f.csum_to` (the IPv4 header checksum
-/// patched; the transport checksum travels in the first fragment).
+/// `find_frag` as a global function, for the datagram in this CPU's scratch slot: 1 when
+/// found.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_masq_frag_find(dir: u32) -> u32 {
+    let Some(f) = scratch() else {
+        return 0;
+    };
+    frag_key(f, dir as u8);
+    let at_ns = if f.v4 == 1 {
+        // SAFETY: copied out at once.
+        let Some(rec) = (unsafe { ECNI_MASQ_FRAG.get(&f.frag_key) }) else {
+            return 0;
+        };
+        f.csum_to = [0; 16];
+        f.csum_to[10] = 0xff;
+        f.csum_to[11] = 0xff;
+        f.csum_to[12..].copy_from_slice(&rec.addr);
+        rec.at_ns
+    } else {
+        // SAFETY: copied out at once.
+        let Some(rec) = (unsafe { ECNI_MASQ_FRAG6.get(&f.frag6_key) }) else {
+            return 0;
+        };
+        copy16(&mut f.csum_to, &rec.addr);
+        rec.at_ns
+    };
+    // SAFETY: plain helper call.
+    u32::from(unsafe { bpf_ktime_get_ns() }.wrapping_sub(at_ns) <= MASQ_FRAG_TTL_NS)
+}
+
+/// Whether two 16-byte addresses are the same (byte by byte: no `bcmp` in BPF).
+#[inline(always)]
+fn same16(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let mut d = 0;
+    let mut i = 0;
+    while i < 16 {
+        d |= a[i] ^ b[i];
+        i += 1;
+    }
+    d == 0
+}
+
+/// A later fragment (no transport header) of a datagram whose first fragment was
+/// translated: its `end` address becomes the one in `f.csum_to` (IPv4: the header
+/// checksum patched; the transport checksum travels in the first fragment).
 #[inline(always)]
 fn translate_later(ctx: &TcContext, f: &mut Scratch, end: End) -> bool {
     // The address rewritten: the pod's source leaving, the node's destination arriving
     // (`reply` has turned the addresses round).
     copy16(&mut f.csum_from, &f.fwd.local);
-    rewrite::set_addr(ctx, true, 0, end, &mut f.csum_from, &mut f.csum_to)
+    let v4 = f.v4 == 1;
+    rewrite::set_addr(ctx, v4, 0, end, &mut f.csum_from, &mut f.csum_to)
+}
+
+/// Where the transport header lies, for code that reads or rewrites it (a const generic:
+/// each mode gets its own code, so the offset is a constant for the verifier).
+/// `FIXED`: right after the fixed IP header of either family (whole packets, IPv4
+/// fragments). `FRAG6`: after IPv6's fragment header (an IPv6 first fragment, handled by
+/// global functions of its own, so that no path of the rest is walked twice for it).
+const FIXED: u8 = 0;
+const FRAG6: u8 = 2;
+
+/// An IPv6 first fragment's transport header.
+const FRAG6_L4_OFF: usize = ETH_HLEN + 40 + packet::FRAG6_HLEN;
+
+/// The family (true: IPv4) and the transport header's offset, by `MODE`.
+#[inline(always)]
+fn layout<const MODE: u8>(f: &Scratch) -> (bool, usize) {
+    match MODE {
+        FRAG6 => (false, FRAG6_L4_OFF),
+        _ => (f.v4 == 1, rewrite::l4_off(f.v4 == 1)),
+    }
 }
 
 /// A TCP header without options. The whole of it must be there: a segment cut short
@@ -324,10 +420,15 @@ const _: () = assert!(core::mem::size_of::<TcpHead>() == 20);
 /// Reads the ports (ICMP echo: the identifier as the local port, 0 remote) into `f.fwd`,
 /// with `echo` the ICMP type that may pass (request leaving, reply returning). False if
 /// the transport is not one that is translated.
+/// `MODE`: where the transport header lies (`FIXED`, `FRAG6`).
 #[inline(always)]
-fn parse_l4(ctx: &TcContext, f: &mut Scratch, leaving: bool) -> bool {
-    let v4 = f.v4 == 1;
-    let off = rewrite::l4_off(v4);
+fn parse_l4<const MODE: u8>(ctx: &TcContext, f: &mut Scratch, leaving: bool) -> bool {
+    // TCP in IPv6 fragments: its timestamp handling reads the options at the fixed
+    // header's offset (and no stack fragments TCP).
+    if MODE != FIXED && f.frag6 == 1 && f.proto == IPPROTO_TCP {
+        return false;
+    }
+    let (v4, off) = layout::<MODE>(f);
     f.tcp_flags = 0;
     match f.proto {
         IPPROTO_TCP => {
@@ -427,6 +528,13 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
         return Want::No;
     }
     f.icmp_err = 0;
+    if f.frag6 == 1 {
+        return match ecni_masq_wanted_frag6(ctx.skb.skb) {
+            v if v == Want::Yes as u32 => Want::Yes,
+            v if v == Want::No as u32 => Want::No,
+            _ => Want::Untranslatable,
+        };
+    }
     if shape == LATER {
         // Translated as its datagram's first fragment was; without its record it would
         // leave with the pod's address.
@@ -437,26 +545,75 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
         count(Stat::Untranslatable);
         return Want::Untranslatable;
     }
-    if shape == PLAIN && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
+    if (shape == PLAIN || shape == FIRST) && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6)
+    {
         let v4 = f.v4 == 1;
         if let Some(h) = ptr_at::<[u8; 2]>(ctx, rewrite::l4_off(v4)) {
             // SAFETY: bounds checked by `ptr_at`.
             let t = unsafe { (*h)[0] };
-            if icmp_is_error(v4, t) {
+            // An error quotes a packet of at most the minimum MTU: never in fragments.
+            if shape == PLAIN && icmp_is_error(v4, t) {
                 f.icmp_err = 1;
                 return Want::Yes;
             }
-            // An echo reply answers a ping to the pod's own address: it keeps it.
+            // An echo reply answers a ping to the pod's own address: it keeps it, in
+            // every fragment of a large one.
             if t == ICMP_ECHO_REPLY && v4 || t == ICMPV6_ECHO_REPLY && !v4 {
+                if shape == FIRST {
+                    keep_frag(f);
+                }
                 return Want::No;
             }
         }
     }
-    if (shape != PLAIN && shape != FIRST) || !parse_l4(ctx, f, true) {
+    if (shape != PLAIN && shape != FIRST) || !parse_l4::<FIXED>(ctx, f, true) {
         count(Stat::Untranslatable);
         return Want::Untranslatable;
     }
     Want::Yes
+}
+
+/// Records that the later fragments of the datagram whose first fragment `f` holds keep
+/// the pod's address.
+#[inline(always)]
+fn keep_frag(f: &mut Scratch) {
+    copy16(&mut f.csum_to, &f.fwd.local);
+    // SAFETY: plain helper call.
+    record_frag(f, MASQ_FRAG_OUT, unsafe { bpf_ktime_get_ns() });
+}
+
+/// `wanted` for an IPv6 fragment (the packet `wanted` parsed into this CPU's scratch
+/// slot), as a global function (see the module's doc), verified once with its constant
+/// offsets: a `Want`.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_masq_wanted_frag6(skb: *mut __sk_buff) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return Want::No as u32;
+    };
+    if f.shape == LATER {
+        f.tcp_flags = 0;
+        if find_frag(f, MASQ_FRAG_OUT) {
+            return Want::Yes as u32;
+        }
+        count(Stat::Untranslatable);
+        return Want::Untranslatable as u32;
+    }
+    if f.proto == IPPROTO_ICMPV6 {
+        if let Some(h) = ptr_at::<[u8; 2]>(&ctx, FRAG6_L4_OFF) {
+            // SAFETY: bounds checked by `ptr_at`.
+            if unsafe { (*h)[0] } == ICMPV6_ECHO_REPLY {
+                keep_frag(f);
+                return Want::No as u32;
+            }
+        }
+    }
+    if f.shape != FIRST || !parse_l4::<FRAG6>(&ctx, f, true) {
+        count(Stat::Untranslatable);
+        return Want::Untranslatable as u32;
+    }
+    Want::Yes as u32
 }
 
 /// The state bits a TCP segment adds, in the direction `fin` names.
@@ -921,8 +1078,7 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
     if f.shape == LATER {
         // `wanted` found its datagram's record. One that kept the pod's address (a flow
         // the remote end opened) keeps it for every fragment, as for a whole packet.
-        let (to, own) = (&f.csum_to, &f.fwd.local);
-        if [to[12], to[13], to[14], to[15]] == [own[12], own[13], own[14], own[15]] {
+        if same16(&f.csum_to, &f.fwd.local) {
             return Snat::Keep;
         }
         if !translate_later(ctx, f, End::Src) {
@@ -992,22 +1148,49 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
         record_frag(f, MASQ_FRAG_OUT, now);
     }
     copy16(&mut f.csum_from, &f.fwd.local);
-    let v4 = f.v4 == 1;
-    if !rewrite::set_addr(ctx, v4, f.proto, End::Src, &mut f.csum_from, &mut f.csum_to)
-        || !rewrite::set_l4_u16(
-            ctx,
-            v4,
-            f.proto,
-            local_port_field(f.proto, true),
-            f.fwd.local_port,
-            port,
-        )
-    {
+    // An IPv6 fragment's rewrite is a global function: a second copy of the rewrite here
+    // would have the verifier walk it again on the flow's every path.
+    let rewritten = if f.frag6 == 1 {
+        ecni_masq_out_frag6(ctx.skb.skb, u32::from(port)) == 1
+    } else {
+        rewrite_local::<FIXED>(ctx, f, End::Src, port)
+    };
+    if !rewritten {
         count(Stat::Untranslatable);
         return Snat::Drop;
     }
     count(Stat::Out);
     Snat::Done
+}
+
+/// Rewrites the node's end of the flow in `f` (`End::Src` leaving, the pod's address and
+/// port becoming the node's; `End::Dst` arriving, the other way round): the address from
+/// `f.csum_from` to `f.csum_to`, the local port field from `f.fwd.local_port` to `port`.
+/// `translate_out`'s rewrite of an IPv6 first fragment (in this CPU's scratch slot) to the
+/// node's address and `port`, as a global function with its constant offsets: 1 when done.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_masq_out_frag6(skb: *mut __sk_buff, port: u32) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return 0;
+    };
+    u32::from(rewrite_local::<FRAG6>(&ctx, f, End::Src, port as u16))
+}
+
+/// `MODE`: where the transport header lies (`FIXED`, `FRAG6`).
+#[inline(always)]
+fn rewrite_local<const MODE: u8>(ctx: &TcContext, f: &mut Scratch, end: End, port: u16) -> bool {
+    let (v4, at) = layout::<MODE>(f);
+    let leaving = matches!(end, End::Src);
+    let field = local_port_field(f.proto, leaving);
+    if MODE != FIXED {
+        rewrite::set_addr_at(ctx, v4, at, f.proto, end, &mut f.csum_from, &mut f.csum_to)
+            && rewrite::set_l4_u16_at(ctx, v4, at, f.proto, field, f.fwd.local_port, port)
+    } else {
+        rewrite::set_addr(ctx, v4, f.proto, end, &mut f.csum_from, &mut f.csum_to)
+            && rewrite::set_l4_u16(ctx, v4, f.proto, field, f.fwd.local_port, port)
+    }
 }
 
 /// A UDP packet arriving from a node device for a masquerading pod's own address, outside
@@ -1026,7 +1209,7 @@ pub fn inbound(ctx: &TcContext) {
     let src = f.fwd.local;
     copy16(&mut f.fwd.local, &f.fwd.remote);
     f.fwd.remote = src;
-    if !parse_l4(ctx, f, false) {
+    if !parse_l4::<FIXED>(ctx, f, false) {
         return;
     }
     // SAFETY: plain helper call.
@@ -1053,6 +1236,7 @@ pub fn inbound(ctx: &TcContext) {
 
 /// What `reply` did.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Reply {
     /// Not a reply in a masqueraded flow.
     None,
@@ -1082,6 +1266,13 @@ pub fn reply(ctx: &TcContext) -> Reply {
     let (src, dst) = (f.fwd.local, f.fwd.remote);
     f.fwd.local = dst;
     f.fwd.remote = src;
+    if f.frag6 == 1 {
+        return match ecni_masq_reply_frag6(ctx.skb.skb) {
+            v if v == Reply::Done as u32 => Reply::Done,
+            v if v == Reply::Failed as u32 => Reply::Failed,
+            _ => Reply::None,
+        };
+    }
     if shape == LATER {
         if !find_frag(f, MASQ_FRAG_IN) {
             return Reply::None;
@@ -1092,12 +1283,45 @@ pub fn reply(ctx: &TcContext) -> Reply {
         count(Stat::In);
         return Reply::Done;
     }
-    if !parse_l4(ctx, f, false) {
+    if !parse_l4::<FIXED>(ctx, f, false) {
         if shape == PLAIN && (f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) {
             return icmp_error(ctx, f);
         }
         return Reply::None;
     }
+    reply_flow::<FIXED>(ctx, f)
+}
+
+/// `reply` for an IPv6 fragment (in this CPU's scratch slot, its addresses turned round),
+/// as a global function (see `ecni_masq_wanted_frag6`), verified once with its constant
+/// offsets: a `Reply`.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_masq_reply_frag6(skb: *mut __sk_buff) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return Reply::None as u32;
+    };
+    if f.shape == LATER {
+        if !find_frag(f, MASQ_FRAG_IN) {
+            return Reply::None as u32;
+        }
+        if !translate_later(&ctx, f, End::Dst) {
+            return Reply::Failed as u32;
+        }
+        count(Stat::In);
+        return Reply::Done as u32;
+    }
+    if !parse_l4::<FRAG6>(&ctx, f, false) {
+        return Reply::None as u32;
+    }
+    reply_flow::<FRAG6>(&ctx, f) as u32
+}
+
+/// A reply's flow looked up and the packet translated back to the pod; a first fragment
+/// leaves its record for the later ones. `MODE`: where the transport header lies.
+#[inline(always)]
+fn reply_flow<const MODE: u8>(ctx: &TcContext, f: &mut Scratch) -> Reply {
     let Some(v) = ECNI_MASQ_REV.get_ptr_mut(&f.fwd) else {
         return Reply::None;
     };
@@ -1106,7 +1330,8 @@ pub fn reply(ctx: &TcContext) -> Reply {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     touch(v, tcp_state(f, MASQ_FIN_IN) | MASQ_REPLIED, now);
-    if f.proto == IPPROTO_TCP
+    if MODE == FIXED
+        && f.proto == IPPROTO_TCP
         && v.ts_shift != 0
         && f.tcp_flags & TCP_ACK != 0
         && !unstamp_in(ctx, f.v4 == 1, v.ts_shift)
@@ -1115,21 +1340,11 @@ pub fn reply(ctx: &TcContext) -> Reply {
     }
     copy16(&mut f.csum_to, &v.addr);
     let pod_port = v.port;
-    if shape == FIRST {
+    if MODE == FRAG6 || f.shape == FIRST {
         record_frag(f, MASQ_FRAG_IN, now);
     }
     copy16(&mut f.csum_from, &f.fwd.local);
-    let v4 = f.v4 == 1;
-    if !rewrite::set_addr(ctx, v4, f.proto, End::Dst, &mut f.csum_from, &mut f.csum_to)
-        || !rewrite::set_l4_u16(
-            ctx,
-            v4,
-            f.proto,
-            local_port_field(f.proto, false),
-            f.fwd.local_port,
-            pod_port,
-        )
-    {
+    if !rewrite_local::<MODE>(ctx, f, End::Dst, pod_port) {
         return Reply::Failed;
     }
     count(Stat::In);

@@ -87,23 +87,43 @@ pub fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
 #[derive(Clone, Copy)]
 pub struct IpHead {
     pub v4: bool,
-    /// The transport protocol (IPv6: the next header, an extension header's number too).
+    /// The transport protocol (IPv6: the next header, an extension header's number too;
+    /// after a fragment header, the fragment header's next header).
     pub proto: u8,
     /// The transport header directly follows a fixed-size, unfragmented IP header: IPv4
     /// without options and not a fragment (MF clear, offset 0); IPv6 always (an extension
-    /// header shows in `proto`).
+    /// header shows in `proto`), unless [`parse_frag6`] found a fragment header.
     pub plain: bool,
-    /// An IPv4 header without options that is a fragment: [`FRAG_FIRST`] (the transport
-    /// header follows it) or [`FRAG_LATER`] (the datagram's payload does); else
-    /// [`FRAG_NONE`].
+    /// A fragment: [`FRAG_FIRST`] (the transport header follows the IPv4 header without
+    /// options, or IPv6's fragment header) or [`FRAG_LATER`] (the datagram's payload
+    /// does); else [`FRAG_NONE`].
     pub frag: u8,
-    /// IPv4: the identification, which the fragments of one datagram share.
-    pub id: [u8; 2],
+    /// IPv6 with a fragment header right after the fixed one, read by [`parse_frag6`]: a
+    /// first fragment's transport header lies [`FRAG6_HLEN`] bytes further than a whole
+    /// packet's.
+    pub frag6: bool,
+    /// The identification the fragments of one datagram share (IPv4: the first two bytes).
+    pub id: [u8; 4],
 }
 
 pub const FRAG_NONE: u8 = 0;
 pub const FRAG_FIRST: u8 = 1;
 pub const FRAG_LATER: u8 = 2;
+
+/// IPv6's fragment header (RFC 8200, 4.5).
+#[repr(C)]
+pub struct Frag6Hdr {
+    pub nexthdr: u8,
+    pub _reserved: u8,
+    /// Offset in 8-byte units (13 bits), two reserved bits, M (more fragments).
+    pub frag_off: [u8; 2],
+    pub id: [u8; 4],
+}
+
+pub const IPPROTO_FRAGMENT: u8 = 44;
+pub const FRAG6_HLEN: usize = 8;
+
+const _: () = assert!(core::mem::size_of::<Frag6Hdr>() == FRAG6_HLEN);
 
 /// Parses the Ethernet and IP headers of an IPv4 or IPv6 packet (host ports and
 /// masquerade both start here): the source and destination addresses go to `src` and
@@ -137,7 +157,8 @@ pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Opti
             proto: ip.protocol,
             plain: ip.ver_ihl == 0x45 && off & 0x3fff == 0,
             frag,
-            id: ip.id,
+            frag6: false,
+            id: [ip.id[0], ip.id[1], 0, 0],
         })
     } else if ethertype == ETH_P_IPV6 {
         let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
@@ -150,11 +171,39 @@ pub fn parse_ip(ctx: &TcContext, src: &mut [u8; 16], dst: &mut [u8; 16]) -> Opti
             proto: ip.nexthdr,
             plain: true,
             frag: FRAG_NONE,
-            id: [0; 2],
+            frag6: false,
+            id: [0; 4],
         })
     } else {
         None
     }
+}
+
+/// Completes `head`, an IPv6 packet's whose next header is a fragment header, from a fragment
+/// header right after the fixed one: the transport protocol, the fragment's place, the
+/// identification (only masquerade, which translates fragments, reads it). A header cut
+/// short leaves `head` as it was: an extension header, not translated.
+#[inline(always)]
+pub fn parse_frag6(ctx: &TcContext, head: &mut IpHead) {
+    if head.v4 || head.proto != IPPROTO_FRAGMENT {
+        return;
+    }
+    let Some(h) = ptr_at::<Frag6Hdr>(ctx, ETH_HLEN + 40) else {
+        return;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let h = unsafe { &*h };
+    head.proto = h.nexthdr;
+    head.plain = false;
+    head.frag6 = true;
+    head.id = h.id;
+    // An offset of 0 without M (an atomic fragment, RFC 6946) is a whole datagram:
+    // translated as a first fragment, its record never used.
+    head.frag = if u16::from_be_bytes(h.frag_off) & 0xfff8 != 0 {
+        FRAG_LATER
+    } else {
+        FRAG_FIRST
+    };
 }
 
 /// Decrements the IPv4 TTL and patches the header checksum incrementally (RFC 1624): the

@@ -13,8 +13,9 @@ use crate::packet::{copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN};
 const IPV4_L4_OFF: usize = ETH_HLEN + 20;
 const IPV6_L4_OFF: usize = ETH_HLEN + 40;
 
-/// Where the transport header starts (constant per family, which the verifier needs):
-/// only headers without IPv4 options or IPv6 extension headers are translated.
+/// Where the transport header starts after a fixed-size IP header (constant per family):
+/// only headers without IPv4 options or IPv6 extension headers are translated, but for
+/// masquerade's IPv6 fragments (`set_addr_at`, `set_l4_u16_at`).
 #[inline(always)]
 pub fn l4_off(v4: bool) -> usize {
     if v4 {
@@ -111,6 +112,37 @@ pub fn set_addr(
     from: &mut [u8; 16],
     to: &mut [u8; 16],
 ) -> bool {
+    set_addr_in::<false>(ctx, v4, 0, proto, end, from, to)
+}
+
+/// [`set_addr`] for a packet whose transport header starts at `l4` (an IPv6 first
+/// fragment's lies after the fragment header).
+#[inline(always)]
+pub fn set_addr_at(
+    ctx: &TcContext,
+    v4: bool,
+    l4: usize,
+    proto: u8,
+    end: End,
+    from: &mut [u8; 16],
+    to: &mut [u8; 16],
+) -> bool {
+    set_addr_in::<true>(ctx, v4, l4, proto, end, from, to)
+}
+
+/// `VAR`: the transport header starts at `l4`; else at the family's constant offset (a
+/// value chosen before the family's branch would reach each branch as either, and the
+/// verifier walk both).
+#[inline(always)]
+fn set_addr_in<const VAR: bool>(
+    ctx: &TcContext,
+    v4: bool,
+    l4: usize,
+    proto: u8,
+    end: End,
+    from: &mut [u8; 16],
+    to: &mut [u8; 16],
+) -> bool {
     let sum = l4_sum(v4, proto);
     let covered = sum.present && sum.pseudo;
     if v4 {
@@ -138,7 +170,7 @@ pub fn set_addr(
             let new = u32::from_ne_bytes(new_bytes);
             if ctx
                 .l4_csum_replace(
-                    IPV4_L4_OFF + sum.off,
+                    if VAR { l4 } else { IPV4_L4_OFF } + sum.off,
                     u64::from(old),
                     u64::from(new),
                     sum.flags | u64::from(BPF_F_PSEUDO_HDR) | 4,
@@ -154,7 +186,7 @@ pub fn set_addr(
             let diff = diff16(from, to);
             if ctx
                 .l4_csum_replace(
-                    IPV6_L4_OFF + sum.off,
+                    if VAR { l4 } else { IPV6_L4_OFF } + sum.off,
                     0,
                     u64::from(diff),
                     sum.flags | u64::from(BPF_F_PSEUDO_HDR),
@@ -182,6 +214,21 @@ pub fn set_addr(
 /// the skb's checksum state) and writing the field in place.
 #[inline(always)]
 pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, new: u16) -> bool {
+    set_l4_u16_at(ctx, v4, l4_off(v4), proto, field, old, new)
+}
+
+/// [`set_l4_u16`] for a packet whose transport header starts at `l4` (an IPv6 first
+/// fragment's lies after the fragment header).
+#[inline(always)]
+pub fn set_l4_u16_at(
+    ctx: &TcContext,
+    v4: bool,
+    l4: usize,
+    proto: u8,
+    field: usize,
+    old: u16,
+    new: u16,
+) -> bool {
     if old == new {
         return true;
     }
@@ -190,7 +237,7 @@ pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, 
     if sum.present {
         if ctx
             .l4_csum_replace(
-                l4_off(v4) + sum.off,
+                l4 + sum.off,
                 u64::from(u16::from_ne_bytes(from)),
                 u64::from(u16::from_ne_bytes(to)),
                 sum.flags | 2,
@@ -201,7 +248,7 @@ pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, 
         }
     }
     // The fields rewritten lie in the first 8 bytes of every transport header here.
-    let Some(h) = ptr_at::<[u8; 8]>(ctx, l4_off(v4)) else {
+    let Some(h) = ptr_at::<[u8; 8]>(ctx, l4) else {
         return false;
     };
     // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.

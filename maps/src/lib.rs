@@ -81,7 +81,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 20] = [
+pub const NODE_MAPS: [NodeMap; 21] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -99,6 +99,7 @@ pub const NODE_MAPS: [NodeMap; 20] = [
     NodeMap::keyed(MASQ_SRC_MAP),
     NodeMap::array(MASQ_STATS_MAP),
     NodeMap::keyed(MASQ_FRAG_MAP),
+    NodeMap::keyed(MASQ_FRAG6_MAP),
     NodeMap::array(NS_PROBE_MAP),
     NodeMap::keyed(SHAPE_SUBNETS_MAP),
     NodeMap::keyed(SOURCES_MAP),
@@ -128,6 +129,10 @@ pub const MASQ_STATS_MAP: &str = "ECNI_MASQ_STAT";
 /// translated with the flow and recorded here, and the later fragments are translated by
 /// this record.
 pub const MASQ_FRAG_MAP: &str = "ECNI_MASQ_FRAG";
+/// The same for IPv6 datagrams: [`MasqFrag6Key`] → [`MasqFrag6`], of [`MAX_MASQ_FRAGS`]
+/// records. A map of its own, so that the IPv4 records keep the layout nodes already have
+/// pinned.
+pub const MASQ_FRAG6_MAP: &str = "ECNI_MASQ_FRAG6";
 /// Capacity of [`MASQ_FRAG_MAP`]: datagrams in flight at once (the kernel evicts the
 /// least recently used record).
 pub const MAX_MASQ_FRAGS: u32 = 4_096;
@@ -896,6 +901,36 @@ pub struct MasqFrag {
 
 const _: () = assert!(core::mem::size_of::<MasqFrag>() == 16);
 
+/// Key of [`MASQ_FRAG6_MAP`]: an IPv6 datagram as its fragments carry it, before their
+/// translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MasqFrag6Key {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// The fragment header's identification, network byte order.
+    pub id: [u8; 4],
+    /// The fragment header's next header (the transport protocol).
+    pub proto: u8,
+    /// [`MASQ_FRAG_OUT`] or [`MASQ_FRAG_IN`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<MasqFrag6Key>() == 40);
+
+/// Value of [`MASQ_FRAG6_MAP`]: the address the datagram's fragments take, and when its
+/// first fragment was translated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MasqFrag6 {
+    pub addr: [u8; 16],
+    /// `bpf_ktime_get_ns` of the first fragment.
+    pub at_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MasqFrag6>() == 24);
+
 /// Value of [`MASQ_STATS_MAP`] (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1025,6 +1060,7 @@ const _: () = assert!(fits_bpf_obj_name(SHAPE_SUBNETS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG_MAP));
+const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG6_MAP));
 const _: () = assert!(fits_bpf_obj_name(SOURCES_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));

@@ -109,6 +109,9 @@ pub struct Pkt {
     pub frag: u16,
     /// IPv4 identification; 0x1234 by default.
     pub ident: u16,
+    /// An IPv6 fragment header's offset (in bytes, a multiple of 8) and M (its lowest
+    /// bit); 1 by default (a first fragment).
+    pub frag6: u16,
     /// IPv6 extension headers before the transport header, by type
     /// (`IPPROTO_HOPOPTS`, `IPPROTO_DSTOPTS`, `IPPROTO_FRAGMENT`), each 8 bytes.
     pub ext: Vec<u8>,
@@ -129,6 +132,7 @@ impl Pkt {
             tos: 0,
             frag: IP_DF,
             ident: 0x1234,
+            frag6: 1,
             ext: Vec::new(),
             l4,
             payload: Vec::new(),
@@ -158,6 +162,11 @@ impl Pkt {
 
     pub fn ident(mut self, ident: u16) -> Self {
         self.ident = ident;
+        self
+    }
+
+    pub fn frag6(mut self, frag6: u16) -> Self {
+        self.frag6 = frag6;
         self
     }
 
@@ -273,8 +282,12 @@ impl Pkt {
                 for (i, kind) in self.ext.iter().enumerate() {
                     let next = self.ext.get(i + 1).copied().unwrap_or(proto);
                     match *kind {
-                        // Fragment: offset 0, more fragments, an identification.
-                        IPPROTO_FRAGMENT => ext.extend([next, 0, 0, 1, 0, 0, 0x56, 0x78]),
+                        // Fragment: offset and M, an identification.
+                        IPPROTO_FRAGMENT => {
+                            ext.extend([next, 0]);
+                            ext.extend(self.frag6.to_be_bytes());
+                            ext.extend([0, 0, 0x56, 0x78]);
+                        }
                         // Options: one PadN filling the 8 bytes.
                         _ => ext.extend([next, 0, 1, 4, 0, 0, 0, 0]),
                     }
@@ -440,11 +453,14 @@ pub fn fragment(frame: &[u8], chunk: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The IPv4 fragments `frames` (in order, every one's header checksum verified) put back
-/// into one frame: the first's Ethernet and IP headers, not a fragment any more, and the
+/// The fragments `frames` (in order; IPv4's every one's header checksum verified, IPv6's
+/// fragment header right after the fixed one) put back into one frame: the first's Ethernet and IP headers, not a fragment any more, and the
 /// fragments' payloads at their offsets. Panics when they do not fit together (addresses,
 /// identification, protocol or offsets differ).
 pub fn reassemble(frames: &[Vec<u8>]) -> Vec<u8> {
+    if frames[0][ETH_HLEN] >> 4 == 6 {
+        return reassemble6(frames);
+    }
     let first = &frames[0][ETH_HLEN..];
     let mut data = Vec::new();
     for (i, f) in frames.iter().enumerate() {
@@ -476,6 +492,72 @@ pub fn reassemble(frames: &[Vec<u8>]) -> Vec<u8> {
     h[10..12].copy_from_slice(&[0, 0]);
     let s = checksum(&h);
     h[10..12].copy_from_slice(&s.to_be_bytes());
+    h.extend(data);
+    let mut f = frames[0][..ETH_HLEN].to_vec();
+    f.extend(h);
+    f
+}
+
+/// An IPv6 frame without extension headers cut into fragments of at most `chunk` bytes of
+/// payload each (a multiple of 8), as a sender's stack cuts a datagram larger than its
+/// path MTU (RFC 8200, 4.5): the fixed header, then a fragment header (the transport
+/// protocol, the offset and M, identification `id`), then the part.
+pub fn fragment6(frame: &[u8], chunk: usize, id: u32) -> Vec<Vec<u8>> {
+    assert_eq!(chunk % 8, 0, "fragments carry multiples of 8 bytes");
+    let ip = &frame[ETH_HLEN..];
+    assert_eq!(ip[0] >> 4, 6, "IPv6");
+    let proto = ip[6];
+    assert_ne!(proto, IPPROTO_FRAGMENT, "a whole datagram");
+    let data = &ip[40..40 + usize::from(be16(ip, 4))];
+    let parts: Vec<&[u8]> = data.chunks(chunk).collect();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let mut h = ip[..40].to_vec();
+            h[4..6].copy_from_slice(&((8 + part.len()) as u16).to_be_bytes());
+            h[6] = IPPROTO_FRAGMENT;
+            let more = u16::from(i + 1 < parts.len());
+            // The offset in 8-byte units sits above three bits: its byte count, as is.
+            h.extend([proto, 0]);
+            h.extend(((i * chunk) as u16 | more).to_be_bytes());
+            h.extend(id.to_be_bytes());
+            h.extend_from_slice(part);
+            let mut f = frame[..ETH_HLEN].to_vec();
+            f.extend(h);
+            f
+        })
+        .collect()
+}
+
+/// [`reassemble`] for IPv6 fragments.
+fn reassemble6(frames: &[Vec<u8>]) -> Vec<u8> {
+    let first = &frames[0][ETH_HLEN..];
+    let mut data = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        let ip = &f[ETH_HLEN..];
+        assert_eq!(ip[6], IPPROTO_FRAGMENT, "fragment {i}: a fragment header");
+        assert_eq!(
+            (&ip[8..40], ip[40], &ip[44..48]),
+            (&first[8..40], first[40], &first[44..48]),
+            "fragment {i}: addresses, protocol and identification of the first"
+        );
+        let field = be16(ip, 42);
+        assert_eq!(
+            usize::from(field & 0xfff8),
+            data.len(),
+            "fragment {i}: offset"
+        );
+        assert_eq!(
+            field & 1 == 1,
+            i + 1 < frames.len(),
+            "fragment {i}: more fragments flag"
+        );
+        data.extend_from_slice(&ip[48..40 + usize::from(be16(ip, 4))]);
+    }
+    let mut h = first[..40].to_vec();
+    h[4..6].copy_from_slice(&(data.len() as u16).to_be_bytes());
+    h[6] = first[40];
     h.extend(data);
     let mut f = frames[0][..ETH_HLEN].to_vec();
     f.extend(h);

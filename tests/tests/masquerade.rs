@@ -801,19 +801,23 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
     del(&p, &node, &pod, &conf);
 }
 
-/// IPv4 datagrams larger than the path's MTU travel in fragments, both ways: a pod sends a
-/// 4,000-byte UDP datagram to a host beyond the node (the pod's stack cuts it into three
-/// fragments) and the host gets it whole, from the node's address and a port of the range;
-/// the host answers that address and port with 6,000 bytes (its stack cuts them into
-/// five), and the pod gets them whole, from the host. Only each datagram's first fragment
-/// carries the ports: the later ones are translated by the record it left. (Before, the
-/// pod's fragments were dropped as untranslatable, and the host's went to the node's stack
-/// and were lost.)
+/// Datagrams larger than the path's MTU travel in fragments, both ways, IPv4 and IPv6: a
+/// pod sends a 4,000-byte UDP datagram to a host beyond the node (the pod's stack cuts it
+/// into three fragments) and the host gets it whole, from the node's address and a port of
+/// the range; the host answers that address and port with 6,000 bytes (its stack cuts them
+/// into five), and the pod gets them whole, from the host. Only each datagram's first
+/// fragment carries the ports: the later ones are translated by the record it left.
+/// (Before, the pod's fragments were dropped as untranslatable, and the host's went to the
+/// node's stack and were lost: IPv4's until the IPv4 records, IPv6's until IPv6's.)
 #[test]
 fn fragmented_datagrams_are_masqueraded_both_ways() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let (node, ext, conf, pod) = masquerading_pod(&p, 87, None);
+    let node = Node::new().unwrap();
+    let ext = unrouted_host(&node, 87);
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["ipMasq"] = json!(true);
+    let pod = add(&p, &node, &conf);
     // The host's link carries what the pod's does, so its fragments fit the pod's device:
     // 5.10's `bpf_redirect_peer` drops a packet longer than the receiving device's MTU.
     ext.netns()
@@ -825,42 +829,51 @@ fn fragmented_datagrams_are_masqueraded_both_ways() {
             &ebpf_cni_tests::config::MTU.to_string(),
         ])
         .unwrap();
-    let server = std::net::SocketAddr::new(IpAddr::V4(ext.v4), 7003);
-    let host = ext
-        .netns()
-        .run_in(|| std::net::UdpSocket::bind(server))
-        .unwrap()
-        .unwrap();
-    let sock = pod
-        .ns
-        .run_in(|| std::net::UdpSocket::bind("0.0.0.0:0"))
-        .unwrap()
-        .unwrap();
-    for s in [&host, &sock] {
-        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    }
-    let mut buf = vec![0u8; 65_536];
-    for round in 0..3 {
-        let out: Vec<u8> = (0..4000).map(|i| ((i + round) % 251) as u8).collect();
-        sock.send_to(&out, server).unwrap();
-        let (n, from) = host
-            .recv_from(&mut buf)
-            .unwrap_or_else(|e| panic!("round {round}: the pod's datagram, whole: {e}"));
-        assert_eq!(
-            (n, from.ip()),
-            (4000, IpAddr::V4(ext.node_v4)),
-            "round {round}"
-        );
-        assert!(buf[..n] == out[..], "round {round}: the pod's bytes");
-        assert!(PORTS.contains(&from.port()), "round {round}: port {from}");
+    let families = [
+        (IpAddr::V4(ext.v4), IpAddr::V4(ext.node_v4), "0.0.0.0:0"),
+        (IpAddr::V6(ext.v6), IpAddr::V6(ext.node_v6), "[::]:0"),
+    ];
+    for (host_addr, node_addr, any) in families {
+        let server = std::net::SocketAddr::new(host_addr, 7003);
+        let host = ext
+            .netns()
+            .run_in(|| std::net::UdpSocket::bind(server))
+            .unwrap()
+            .unwrap();
+        let sock = pod
+            .ns
+            .run_in(|| std::net::UdpSocket::bind(any))
+            .unwrap()
+            .unwrap();
+        for s in [&host, &sock] {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        }
+        let mut buf = vec![0u8; 65_536];
+        for round in 0..3 {
+            let out: Vec<u8> = (0..4000).map(|i| ((i + round) % 251) as u8).collect();
+            sock.send_to(&out, server).unwrap();
+            let (n, from) = host.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("{host_addr}, round {round}: the pod's datagram, whole: {e}")
+            });
+            assert_eq!((n, from.ip()), (4000, node_addr), "round {round}");
+            assert!(
+                buf[..n] == out[..],
+                "{host_addr}, round {round}: the pod's bytes"
+            );
+            assert!(PORTS.contains(&from.port()), "round {round}: port {from}");
 
-        let back: Vec<u8> = (0..6000).map(|i| ((i + round) % 239) as u8).collect();
-        host.send_to(&back, from).unwrap();
-        let (n, src) = sock
-            .recv_from(&mut buf)
-            .unwrap_or_else(|e| panic!("round {round}: the host's answer, whole: {e}"));
-        assert_eq!((n, src), (6000, server), "round {round}");
-        assert!(buf[..n] == back[..], "round {round}: the host's bytes");
+            let back: Vec<u8> = (0..6000).map(|i| ((i + round) % 239) as u8).collect();
+            host.send_to(&back, from).unwrap();
+            let (n, src) = sock.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("{host_addr}, round {round}: the host's answer, whole: {e}")
+            });
+            assert_eq!((n, src.ip()), (6000, host_addr), "round {round}");
+            assert_eq!(src.port(), 7003, "{host_addr}, round {round}");
+            assert!(
+                buf[..n] == back[..],
+                "{host_addr}, round {round}: the host's bytes"
+            );
+        }
     }
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
     assert_eq!(

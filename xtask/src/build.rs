@@ -27,8 +27,13 @@ const BPF_RUSTFLAGS: &str =
 /// The eBPF functions the linker keeps global (it makes every other one static): the
 /// verifier checks a global function once, not at each call (see ebpf/src/masq.rs).
 const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
+    "ecni_masq_frag_find",
+    "ecni_masq_frag_record",
+    "ecni_masq_out_frag6",
+    "ecni_masq_reply_frag6",
     "ecni_masq_snat",
     "ecni_masq_take",
+    "ecni_masq_wanted_frag6",
     "ecni_nat_forward",
     "ecni_nat_reverse",
     "ecni_source_check",
@@ -420,7 +425,7 @@ mod tests {
         listed.sort();
         assert_eq!(found, listed);
         assert!(bpf_rustflags(BPF_RUSTFLAGS, &listed)
-            .contains("--export=ecni_masq_snat,ecni_masq_take"));
+            .contains("--export=ecni_masq_frag_find,ecni_masq_frag_record,ecni_masq_out_frag6"));
         assert_eq!(bpf_rustflags(BPF_RUSTFLAGS, &[] as &[&str]), BPF_RUSTFLAGS);
     }
 

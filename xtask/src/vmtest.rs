@@ -246,7 +246,7 @@ const PLAN: &[Suite] = &[
         on: ALL,
         only: &["pods_reach_a_host_without_a_route_back_through_the_node_address"],
     },
-    // IPv4 fragments on the oldest verifier and the LRU map of their records.
+    // IPv4 and IPv6 fragments on the oldest verifier and the LRU maps of their records.
     Suite {
         test: "masquerade",
         on: K5_10,

@@ -12,7 +12,8 @@
 //!                                     ECNI_PORTMAP ECNI_PM_HITS ECNI_NAT_REV ECNI_SOCK_REV
 //!                                     ECNI_NODE_ADDR ECNI_CONFIG ECNI_PACING ECNI_MASQ_FWD
 //!                                     ECNI_MASQ_REV ECNI_MASQ_SKIP ECNI_MASQ_SRC ECNI_MASQ_STAT
-//!                                     ECNI_MASQ_FRAG ECNI_NS_PROBE ECNI_SHAPE_NET ECNI_SOURCES
+//!                                     ECNI_MASQ_FRAG ECNI_MASQ_FRAG6 ECNI_NS_PROBE
+//!                                     ECNI_SHAPE_NET ECNI_SOURCES
 //!     programs/<revision>/<program>   every program of programs::TABLE, per object revision:
 //!                                     ecni_from_pod ecni_to_pod ecni_from_dev ecni_from_chain
 //!                                     ecni_connect4 ecni_connect6 ecni_sendmsg4 ecni_sendmsg6
