@@ -14,7 +14,7 @@ use ebpf_cni_maps::{PROG_FROM_CHAIN, PROG_FROM_DEV, PROG_FROM_POD};
 use ebpf_cni_tests::packet::{
     self, fragment, fragment6, parse, reassemble, verify_checksums, Arp, Pkt, ARP_REPLY, ETH_HLEN,
     ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH,
-    IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IP_DF, L4, TCP_ACK, TCP_SYN,
+    IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IP_DF, IP_MF, L4, TCP_ACK, TCP_SYN,
 };
 use ebpf_cni_tests::progtest::{
     endpoint_key, monotonic_ns, Lab, Pod, SkBuff, Verdict, GATEWAY_MAC,
@@ -1452,6 +1452,16 @@ fn l3_end(frame: &[u8]) -> usize {
         }
 }
 
+/// `pkt` as the first fragment of a datagram that is no longer (MF set, offset 0; IPv6: in
+/// a fragment header).
+fn first_fragment(pkt: Pkt) -> Pkt {
+    if pkt.src.is_ipv4() {
+        pkt.frag(IP_MF).ident(0x6000)
+    } else {
+        pkt.ext(IPPROTO_FRAGMENT)
+    }
+}
+
 /// Program `prog` on device `ifindex` run on `frame` cut to `cut` bytes. `None` when the
 /// kernel refused the run: only allowed for a cut inside the IP header (the
 /// `BPF_PROG_TEST_RUN` of 6.1 and later checks it before running the program; 5.10 runs
@@ -1523,6 +1533,17 @@ fn frames_cut_short_anywhere_are_dropped_counted_or_passed_never_misread() {
                 false,
             ));
         }
+        // A datagram's first fragment (IPv6: its fragment header cut too).
+        frames.push((
+            format!("{f} UDP first fragment out"),
+            first_fragment(from(&a, remote(v4), L4::udp(40_032, 53))).frame(),
+            true,
+        ));
+        frames.push((
+            format!("{f} UDP first fragment to a pod"),
+            first_fragment(from(&a, b.addr(v4), L4::udp(40_032, 53))).frame(),
+            false,
+        ));
     }
     frames.push((
         "ARP for the gateway".into(),
@@ -1598,6 +1619,11 @@ fn frames_cut_short_at_a_device_are_never_half_translated() {
         frames.push((
             format!("{f} UDP reply to a masqueraded flow"),
             arriving(&lab, remote, node, L4::udp(53, port)).frame(),
+            false,
+        ));
+        frames.push((
+            format!("{f} UDP reply to a masqueraded flow, first fragment"),
+            first_fragment(arriving(&lab, remote, node, L4::udp(53, port))).frame(),
             false,
         ));
         let quote = Pkt::new(node, remote, L4::udp(port, 53)).ip();
