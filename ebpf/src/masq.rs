@@ -153,10 +153,10 @@ pub struct Scratch {
     shape: u8,
     /// 1: IPv6 with a fragment header, which a first fragment's transport header follows.
     frag6: u8,
-    /// A fragmented datagram's record: its key (the identification read with the header)
-    /// and its value; IPv6's in `frag6_key` and `frag6_val`.
+    /// A fragmented datagram's record: its key and its value (IPv6's in `frag6_key` and
+    /// `frag6_val`); the identification read with the header, for the key.
     frag_key: MasqFragKey,
-    _pad2: [u8; 4],
+    frag_id: [u8; 4],
     frag_val: MasqFrag,
     frag6_key: MasqFrag6Key,
     frag6_val: MasqFrag6,
@@ -257,8 +257,7 @@ fn parse_ip(ctx: &TcContext, f: &mut Scratch) -> Option<u8> {
         OTHER
     };
     f.frag6 = u8::from(ip.frag6);
-    f.frag_key.id = [ip.id[0], ip.id[1]];
-    f.frag6_key.id = ip.id;
+    f.frag_id = ip.id;
     Some(f.shape)
 }
 
@@ -275,11 +274,13 @@ fn frag_key(f: &mut Scratch, dir: u8) {
     if f.v4 == 1 {
         f.frag_key.src = [src[12], src[13], src[14], src[15]];
         f.frag_key.dst = [dst[12], dst[13], dst[14], dst[15]];
+        f.frag_key.id = [f.frag_id[0], f.frag_id[1]];
         f.frag_key.proto = f.proto;
         f.frag_key.dir = dir;
     } else {
         copy16(&mut f.frag6_key.src, src);
         copy16(&mut f.frag6_key.dst, dst);
+        f.frag6_key.id = f.frag_id;
         f.frag6_key.proto = f.proto;
         f.frag6_key.dir = dir;
         f.frag6_key._pad = [0; 2];
@@ -289,7 +290,7 @@ fn frag_key(f: &mut Scratch, dir: u8) {
 /// Records the address the later fragments of the datagram whose first fragment `f` holds
 /// take: the one in `f.csum_to`.
 #[inline(always)]
-fn record_frag(_f: &mut Scratch, dir: u8, now: u64) {
+fn record_frag(dir: u8, now: u64) {
     ecni_masq_frag_record(u32::from(dir), now);
 }
 
@@ -321,7 +322,7 @@ pub extern "C" fn ecni_masq_frag_record(dir: u32, now: u64) -> u32 {
 /// fragment within `MASQ_FRAG_TTL_NS`; its address goes to `f.csum_to` (IPv4 mapped into
 /// IPv6).
 #[inline(always)]
-fn find_frag(_f: &mut Scratch, dir: u8) -> bool {
+fn find_frag(dir: u8) -> bool {
     ecni_masq_frag_find(u32::from(dir)) == 1
 }
 
@@ -386,17 +387,18 @@ fn translate_later(ctx: &TcContext, f: &mut Scratch, end: End) -> bool {
 /// fragments). `FRAG6`: after IPv6's fragment header (an IPv6 first fragment, handled by
 /// global functions of its own, so that no path of the rest is walked twice for it).
 const FIXED: u8 = 0;
-const FRAG6: u8 = 2;
+const FRAG6: u8 = 1;
 
 /// An IPv6 first fragment's transport header.
 const FRAG6_L4_OFF: usize = ETH_HLEN + 40 + packet::FRAG6_HLEN;
 
-/// The family (true: IPv4) and the transport header's offset, by `MODE`.
+/// The family (true: IPv4) and how far past the fixed IP header the transport header
+/// lies, by `MODE`.
 #[inline(always)]
 fn layout<const MODE: u8>(f: &Scratch) -> (bool, usize) {
     match MODE {
-        FRAG6 => (false, FRAG6_L4_OFF),
-        _ => (f.v4 == 1, rewrite::l4_off(f.v4 == 1)),
+        FRAG6 => (false, packet::FRAG6_HLEN),
+        _ => (f.v4 == 1, 0),
     }
 }
 
@@ -428,7 +430,8 @@ fn parse_l4<const MODE: u8>(ctx: &TcContext, f: &mut Scratch, leaving: bool) -> 
     if MODE != FIXED && f.frag6 == 1 && f.proto == IPPROTO_TCP {
         return false;
     }
-    let (v4, off) = layout::<MODE>(f);
+    let (v4, extra) = layout::<MODE>(f);
+    let off = rewrite::l4_off(v4) + extra;
     f.tcp_flags = 0;
     match f.proto {
         IPPROTO_TCP => {
@@ -539,7 +542,7 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
         // Translated as its datagram's first fragment was; without its record it would
         // leave with the pod's address.
         f.tcp_flags = 0;
-        if find_frag(f, MASQ_FRAG_OUT) {
+        if find_frag(MASQ_FRAG_OUT) {
             return Want::Yes;
         }
         count(Stat::Untranslatable);
@@ -579,7 +582,7 @@ pub fn wanted(ctx: &TcContext, hint: MasqHint) -> Want {
 fn keep_frag(f: &mut Scratch) {
     copy16(&mut f.csum_to, &f.fwd.local);
     // SAFETY: plain helper call.
-    record_frag(f, MASQ_FRAG_OUT, unsafe { bpf_ktime_get_ns() });
+    record_frag(MASQ_FRAG_OUT, unsafe { bpf_ktime_get_ns() });
 }
 
 /// `wanted` for an IPv6 fragment (the packet `wanted` parsed into this CPU's scratch
@@ -594,7 +597,7 @@ pub extern "C" fn ecni_masq_wanted_frag6(skb: *mut __sk_buff) -> u32 {
     };
     if f.shape == LATER {
         f.tcp_flags = 0;
-        if find_frag(f, MASQ_FRAG_OUT) {
+        if find_frag(MASQ_FRAG_OUT) {
             return Want::Yes as u32;
         }
         count(Stat::Untranslatable);
@@ -1102,7 +1105,7 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
                 if f.shape == FIRST {
                     // Its later fragments keep the pod's address too.
                     copy16(&mut f.csum_to, &f.fwd.local);
-                    record_frag(f, MASQ_FRAG_OUT, now);
+                    record_frag(MASQ_FRAG_OUT, now);
                 }
                 return Snat::Keep;
             }
@@ -1145,7 +1148,7 @@ fn translate_out(ctx: &TcContext, f: &mut Scratch, out_ifindex: u32) -> Snat {
         }
     };
     if f.shape == FIRST {
-        record_frag(f, MASQ_FRAG_OUT, now);
+        record_frag(MASQ_FRAG_OUT, now);
     }
     copy16(&mut f.csum_from, &f.fwd.local);
     // An IPv6 fragment's rewrite is a global function: a second copy of the rewrite here
@@ -1181,16 +1184,17 @@ pub extern "C" fn ecni_masq_out_frag6(skb: *mut __sk_buff, port: u32) -> u32 {
 /// `MODE`: where the transport header lies (`FIXED`, `FRAG6`).
 #[inline(always)]
 fn rewrite_local<const MODE: u8>(ctx: &TcContext, f: &mut Scratch, end: End, port: u16) -> bool {
-    let (v4, at) = layout::<MODE>(f);
-    let leaving = matches!(end, End::Src);
-    let field = local_port_field(f.proto, leaving);
-    if MODE != FIXED {
-        rewrite::set_addr_at(ctx, v4, at, f.proto, end, &mut f.csum_from, &mut f.csum_to)
-            && rewrite::set_l4_u16_at(ctx, v4, at, f.proto, field, f.fwd.local_port, port)
-    } else {
-        rewrite::set_addr(ctx, v4, f.proto, end, &mut f.csum_from, &mut f.csum_to)
-            && rewrite::set_l4_u16(ctx, v4, f.proto, field, f.fwd.local_port, port)
-    }
+    let (v4, extra) = layout::<MODE>(f);
+    let field = local_port_field(f.proto, matches!(end, End::Src));
+    rewrite::set_addr_at(
+        ctx,
+        v4,
+        extra,
+        f.proto,
+        end,
+        &mut f.csum_from,
+        &mut f.csum_to,
+    ) && rewrite::set_l4_u16_at(ctx, v4, extra, f.proto, field, f.fwd.local_port, port)
 }
 
 /// A UDP packet arriving from a node device for a masquerading pod's own address, outside
@@ -1274,7 +1278,7 @@ pub fn reply(ctx: &TcContext) -> Reply {
         };
     }
     if shape == LATER {
-        if !find_frag(f, MASQ_FRAG_IN) {
+        if !find_frag(MASQ_FRAG_IN) {
             return Reply::None;
         }
         if !translate_later(ctx, f, End::Dst) {
@@ -1303,7 +1307,7 @@ pub extern "C" fn ecni_masq_reply_frag6(skb: *mut __sk_buff) -> u32 {
         return Reply::None as u32;
     };
     if f.shape == LATER {
-        if !find_frag(f, MASQ_FRAG_IN) {
+        if !find_frag(MASQ_FRAG_IN) {
             return Reply::None as u32;
         }
         if !translate_later(&ctx, f, End::Dst) {
@@ -1341,7 +1345,7 @@ fn reply_flow<const MODE: u8>(ctx: &TcContext, f: &mut Scratch) -> Reply {
     copy16(&mut f.csum_to, &v.addr);
     let pod_port = v.port;
     if MODE == FRAG6 || f.shape == FIRST {
-        record_frag(f, MASQ_FRAG_IN, now);
+        record_frag(MASQ_FRAG_IN, now);
     }
     copy16(&mut f.csum_from, &f.fwd.local);
     if !rewrite_local::<MODE>(ctx, f, End::Dst, pod_port) {

@@ -112,32 +112,17 @@ pub fn set_addr(
     from: &mut [u8; 16],
     to: &mut [u8; 16],
 ) -> bool {
-    set_addr_in::<false>(ctx, v4, 0, proto, end, from, to)
+    set_addr_at(ctx, v4, 0, proto, end, from, to)
 }
 
-/// [`set_addr`] for a packet whose transport header starts at `l4` (an IPv6 first
-/// fragment's lies after the fragment header).
+/// [`set_addr`] for a packet whose transport header starts `extra` bytes past the fixed IP
+/// header (an IPv6 first fragment's: after the fragment header). Callers pass a constant,
+/// so each family's offset stays one for the verifier.
 #[inline(always)]
 pub fn set_addr_at(
     ctx: &TcContext,
     v4: bool,
-    l4: usize,
-    proto: u8,
-    end: End,
-    from: &mut [u8; 16],
-    to: &mut [u8; 16],
-) -> bool {
-    set_addr_in::<true>(ctx, v4, l4, proto, end, from, to)
-}
-
-/// `VAR`: the transport header starts at `l4`; else at the family's constant offset (a
-/// value chosen before the family's branch would reach each branch as either, and the
-/// verifier walk both).
-#[inline(always)]
-fn set_addr_in<const VAR: bool>(
-    ctx: &TcContext,
-    v4: bool,
-    l4: usize,
+    extra: usize,
     proto: u8,
     end: End,
     from: &mut [u8; 16],
@@ -170,7 +155,7 @@ fn set_addr_in<const VAR: bool>(
             let new = u32::from_ne_bytes(new_bytes);
             if ctx
                 .l4_csum_replace(
-                    if VAR { l4 } else { IPV4_L4_OFF } + sum.off,
+                    IPV4_L4_OFF + extra + sum.off,
                     u64::from(old),
                     u64::from(new),
                     sum.flags | u64::from(BPF_F_PSEUDO_HDR) | 4,
@@ -186,7 +171,7 @@ fn set_addr_in<const VAR: bool>(
             let diff = diff16(from, to);
             if ctx
                 .l4_csum_replace(
-                    if VAR { l4 } else { IPV6_L4_OFF } + sum.off,
+                    IPV6_L4_OFF + extra + sum.off,
                     0,
                     u64::from(diff),
                     sum.flags | u64::from(BPF_F_PSEUDO_HDR),
@@ -214,16 +199,16 @@ fn set_addr_in<const VAR: bool>(
 /// the skb's checksum state) and writing the field in place.
 #[inline(always)]
 pub fn set_l4_u16(ctx: &TcContext, v4: bool, proto: u8, field: usize, old: u16, new: u16) -> bool {
-    set_l4_u16_at(ctx, v4, l4_off(v4), proto, field, old, new)
+    set_l4_u16_at(ctx, v4, 0, proto, field, old, new)
 }
 
-/// [`set_l4_u16`] for a packet whose transport header starts at `l4` (an IPv6 first
-/// fragment's lies after the fragment header).
+/// [`set_l4_u16`] for a packet whose transport header starts `extra` bytes past the fixed
+/// IP header (a constant, as for [`set_addr_at`]).
 #[inline(always)]
 pub fn set_l4_u16_at(
     ctx: &TcContext,
     v4: bool,
-    l4: usize,
+    extra: usize,
     proto: u8,
     field: usize,
     old: u16,
@@ -234,6 +219,7 @@ pub fn set_l4_u16_at(
     }
     let (from, to) = (old.to_be_bytes(), new.to_be_bytes());
     let sum = l4_sum(v4, proto);
+    let l4 = l4_off(v4) + extra;
     if sum.present {
         if ctx
             .l4_csum_replace(

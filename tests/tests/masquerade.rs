@@ -92,9 +92,19 @@ fn masquerading_pod(
     n: u8,
     ports: Option<&str>,
 ) -> (Node, ExternalHost, Value, Pod) {
+    masquerading_pod_on(p, n, ports, Stack::V4)
+}
+
+/// [`masquerading_pod`] with the addresses of `stack`.
+fn masquerading_pod_on(
+    p: &PluginUnderTest,
+    n: u8,
+    ports: Option<&str>,
+    stack: Stack,
+) -> (Node, ExternalHost, Value, Pod) {
     let node = Node::new().unwrap();
     let ext = unrouted_host(&node, n);
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    let mut conf = p.conf("1.0.0", &node, stack);
     conf["ipMasq"] = json!(true);
     if let Some(ports) = ports {
         conf["ipMasqPortRange"] = json!(ports);
@@ -813,11 +823,7 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
 fn fragmented_datagrams_are_masqueraded_both_ways() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let node = Node::new().unwrap();
-    let ext = unrouted_host(&node, 87);
-    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
-    conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
+    let (node, ext, conf, pod) = masquerading_pod_on(&p, 87, None, Stack::Dual);
     // The host's link carries what the pod's does, so its fragments fit the pod's device:
     // 5.10's `bpf_redirect_peer` drops a packet longer than the receiving device's MTU.
     ext.netns()
