@@ -387,7 +387,7 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
     let nat = match masq::reply(ctx) {
         Reply::Done => Nat::Done,
         Reply::Failed => Nat::Failed,
-        Reply::None => nat::forward(ctx, 0),
+        Reply::None => nat::forward_from_dev(ctx),
     };
     if nat == Nat::Failed {
         return TC_ACT_SHOT as i32;

@@ -52,7 +52,9 @@ use ebpf_cni_maps::{
 
 use crate::{
     maps::{endpoint_in_map, portmap_enabled, ECNI_CONFIG, ECNI_PORTMAP},
-    packet::{self, copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN},
+    packet::{
+        self, copy16, icmp_is_error, parse_quote, ptr_at, quote_l4_off, Ipv4Hdr, Ipv6Hdr, ETH_HLEN,
+    },
     rewrite::{self, End},
     tcp_ts,
 };
@@ -1355,19 +1357,6 @@ fn reply_flow<const MODE: u8>(ctx: &TcContext, f: &mut Scratch) -> Reply {
     Reply::Done
 }
 
-/// Whether an ICMP type is an error that quotes the packet it is about.
-#[inline(always)]
-fn icmp_is_error(v4: bool, t: u8) -> bool {
-    if v4 {
-        // Destination unreachable (fragmentation needed among them), time exceeded,
-        // parameter problem.
-        t == 3 || t == 11 || t == 12
-    } else {
-        // Destination unreachable, packet too big, time exceeded, parameter problem.
-        (1..=4).contains(&t)
-    }
-}
-
 /// An ICMP error arriving for a masqueraded flow (fragmentation needed, packet too big,
 /// port unreachable...): it is addressed to the node and quotes the packet as it left, from
 /// the node's address and port. Both become the pod's again, so the pod's stack learns the
@@ -1377,8 +1366,7 @@ fn icmp_is_error(v4: bool, t: u8) -> bool {
 #[inline(never)]
 fn icmp_error(ctx: &TcContext, f: &mut Scratch) -> Reply {
     let v4 = f.v4 == 1;
-    let off = rewrite::l4_off(v4);
-    let Some(h) = ptr_at::<[u8; 2]>(ctx, off) else {
+    let Some(h) = ptr_at::<[u8; 2]>(ctx, rewrite::l4_off(v4)) else {
         return Reply::None;
     };
     // SAFETY: bounds checked by `ptr_at`.
@@ -1388,31 +1376,11 @@ fn icmp_error(ctx: &TcContext, f: &mut Scratch) -> Reply {
     // The outer destination (the node's address), for the rewrite below.
     copy16(&mut f.csum_from, &f.fwd.local);
     let outer_proto = f.proto;
-    let inner = off + 8;
-    let inner_l4 = if v4 { inner + 20 } else { inner + 40 };
-    if v4 {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, inner) else {
-            return Reply::None;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        if ip.ver_ihl != 0x45 {
-            return Reply::None;
-        }
-        f.fwd.proto = ip.protocol;
-        f.fwd.local = EndpointKey::v4(ip.saddr).addr;
-        f.fwd.remote = EndpointKey::v4(ip.daddr).addr;
-    } else {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, inner) else {
-            return Reply::None;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        f.fwd.proto = ip.nexthdr;
-        copy16(&mut f.fwd.local, &ip.saddr);
-        copy16(&mut f.fwd.remote, &ip.daddr);
-    }
-    let Some(q) = ptr_at::<[[u8; 2]; 4]>(ctx, inner_l4) else {
+    let Some(proto) = parse_quote(ctx, v4, &mut f.fwd.local, &mut f.fwd.remote) else {
+        return Reply::None;
+    };
+    f.fwd.proto = proto;
+    let Some(q) = ptr_at::<[[u8; 2]; 4]>(ctx, quote_l4_off(v4)) else {
         return Reply::None;
     };
     // SAFETY: bounds checked by `ptr_at`.
@@ -1449,79 +1417,20 @@ fn icmp_error(ctx: &TcContext, f: &mut Scratch) -> Reply {
         return Reply::Failed;
     }
     // The quote's source and port (or echo identifier), likewise.
-    if !rewrite_quote(ctx, f, inner, End::Src, inner_l4 + field, pod_port) {
+    if !rewrite::set_quote(
+        ctx,
+        v4,
+        End::Src,
+        &mut f.fwd.local,
+        &mut f.csum_to,
+        field,
+        f.fwd.local_port,
+        pod_port,
+    ) {
         return Reply::Failed;
     }
     count(Stat::In);
     Reply::Done
-}
-
-/// Rewrites the quoted packet of an ICMP error at `inner`: its `end` address from
-/// `f.fwd.local` to `f.csum_to`, and the 16-bit field at `port_at` from `f.fwd.local_port`
-/// to `port`. The IPv4 quote's header checksum is patched with its address (which leaves
-/// the ICMP checksum's sum over it unchanged); otherwise the ICMP checksum follows every
-/// byte changed. The quoted transport checksum is left as it is (stacks do not verify a
-/// quote's).
-#[inline(always)]
-fn rewrite_quote(
-    ctx: &TcContext,
-    f: &mut Scratch,
-    inner: usize,
-    end: End,
-    port_at: usize,
-    port: u16,
-) -> bool {
-    let v4 = f.v4 == 1;
-    let icmp_check = rewrite::l4_off(v4) + 2;
-    if v4 {
-        let at = inner
-            + match end {
-                End::Src => 12,
-                End::Dst => 16,
-            };
-        let l = &f.fwd.local;
-        let old = u32::from_ne_bytes([l[12], l[13], l[14], l[15]]);
-        let new_bytes = [f.csum_to[12], f.csum_to[13], f.csum_to[14], f.csum_to[15]];
-        let new = u32::from_ne_bytes(new_bytes);
-        if ctx
-            .l3_csum_replace(inner + 10, u64::from(old), u64::from(new), 4)
-            .is_err()
-            || ctx.store(at, &new_bytes, 0).is_err()
-        {
-            return false;
-        }
-    } else {
-        let at = inner
-            + match end {
-                End::Src => 8,
-                End::Dst => 24,
-            };
-        // SAFETY: both buffers are 16 bytes of the scratch slot.
-        let diff = unsafe {
-            aya_ebpf::helpers::bpf_csum_diff(
-                f.fwd.local.as_mut_ptr().cast(),
-                16,
-                f.csum_to.as_mut_ptr().cast(),
-                16,
-                0,
-            )
-        };
-        if diff < 0
-            || ctx.l4_csum_replace(icmp_check, 0, diff as u64, 0).is_err()
-            || ctx.store(at, &f.csum_to, 0).is_err()
-        {
-            return false;
-        }
-    }
-    let (from, to) = (f.fwd.local_port.to_be_bytes(), port.to_be_bytes());
-    ctx.l4_csum_replace(
-        icmp_check,
-        u64::from(u16::from_ne_bytes(from)),
-        u64::from(u16::from_ne_bytes(to)),
-        2,
-    )
-    .is_ok()
-        && ctx.store(port_at, &to, 0).is_ok()
 }
 
 /// An ICMP error a masquerading pod sends about a packet of one of its flows (port
@@ -1531,39 +1440,18 @@ fn rewrite_quote(
 #[inline(never)]
 fn icmp_error_out(ctx: &TcContext, f: &mut Scratch) -> bool {
     let v4 = f.v4 == 1;
-    let off = rewrite::l4_off(v4);
-    let inner = off + 8;
-    let inner_l4 = if v4 { inner + 20 } else { inner + 40 };
     // The outer source (the pod's address), for the rewrite below.
     copy16(&mut f.csum_from, &f.fwd.local);
     let outer_proto = f.proto;
     // The quote runs from the remote end to the pod: its destination is the pod's end.
-    if v4 {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, inner) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        if ip.ver_ihl != 0x45 {
-            return false;
-        }
-        f.fwd.proto = ip.protocol;
-        f.fwd.local = EndpointKey::v4(ip.daddr).addr;
-        f.fwd.remote = EndpointKey::v4(ip.saddr).addr;
-    } else {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, inner) else {
-            return false;
-        };
-        // SAFETY: bounds checked by `ptr_at`.
-        let ip = unsafe { &*ip };
-        f.fwd.proto = ip.nexthdr;
-        copy16(&mut f.fwd.local, &ip.daddr);
-        copy16(&mut f.fwd.remote, &ip.saddr);
-    }
+    let Some(proto) = parse_quote(ctx, v4, &mut f.fwd.remote, &mut f.fwd.local) else {
+        return false;
+    };
+    f.fwd.proto = proto;
     if f.fwd.proto != IPPROTO_TCP && f.fwd.proto != IPPROTO_UDP {
         return false;
     }
-    let Some(q) = ptr_at::<[[u8; 2]; 2]>(ctx, inner_l4) else {
+    let Some(q) = ptr_at::<[[u8; 2]; 2]>(ctx, quote_l4_off(v4)) else {
         return false;
     };
     // SAFETY: bounds checked by `ptr_at`.
@@ -1584,12 +1472,14 @@ fn icmp_error_out(ctx: &TcContext, f: &mut Scratch) -> bool {
         End::Src,
         &mut f.csum_from,
         &mut f.csum_to,
-    ) && rewrite_quote(
+    ) && rewrite::set_quote(
         ctx,
-        f,
-        inner,
+        v4,
         End::Dst,
-        inner_l4 + rewrite::DPORT,
+        &mut f.fwd.local,
+        &mut f.csum_to,
+        rewrite::DPORT,
+        f.fwd.local_port,
         node_port,
     )
 }

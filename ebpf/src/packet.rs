@@ -206,6 +206,63 @@ pub fn parse_frag6(ctx: &TcContext, head: &mut IpHead) {
     };
 }
 
+/// Whether an ICMP (`v4`) or ICMPv6 type is an error that quotes the packet it is about.
+#[inline(always)]
+pub fn icmp_is_error(v4: bool, t: u8) -> bool {
+    if v4 {
+        // Destination unreachable (fragmentation needed among them), time exceeded,
+        // parameter problem.
+        t == 3 || t == 11 || t == 12
+    } else {
+        // Destination unreachable, packet too big, time exceeded, parameter problem.
+        (1..=4).contains(&t)
+    }
+}
+
+/// Where the packet an ICMP error quotes starts: after the fixed IP header (errors are
+/// translated only without IPv4 options or IPv6 extension headers) and the 8-byte ICMP
+/// header.
+#[inline(always)]
+pub fn quote_off(v4: bool) -> usize {
+    ETH_HLEN + if v4 { 20 } else { 40 } + 8
+}
+
+/// Where the quoted packet's transport header starts (its IP header fixed-size too).
+#[inline(always)]
+pub fn quote_l4_off(v4: bool) -> usize {
+    quote_off(v4) + if v4 { 20 } else { 40 }
+}
+
+/// Reads the packet an ICMP error quotes: its addresses into `src` and `dst` (IPv4 mapped
+/// into IPv6, as [`parse_ip`] gives them) and its transport protocol. `None` if the quote
+/// is cut short or its IPv4 header has options.
+#[inline(always)]
+pub fn parse_quote(
+    ctx: &TcContext,
+    v4: bool,
+    src: &mut [u8; 16],
+    dst: &mut [u8; 16],
+) -> Option<u8> {
+    if v4 {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, quote_off(true))?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        if ip.ver_ihl != 0x45 {
+            return None;
+        }
+        copy16(src, &AlignedKey::v4(ip.saddr).0.addr);
+        copy16(dst, &AlignedKey::v4(ip.daddr).0.addr);
+        Some(ip.protocol)
+    } else {
+        let ip = ptr_at::<Ipv6Hdr>(ctx, quote_off(false))?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let ip = unsafe { &*ip };
+        copy16(src, &ip.saddr);
+        copy16(dst, &ip.daddr);
+        Some(ip.nexthdr)
+    }
+}
+
 /// Decrements the IPv4 TTL and patches the header checksum incrementally (RFC 1624): the
 /// 16-bit word (ttl, protocol) drops by 0x0100, so the checksum rises by as much.
 #[inline(always)]

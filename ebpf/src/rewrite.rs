@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use ebpf_cni_maps::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 
-use crate::packet::{copy16, ptr_at, Ipv4Hdr, Ipv6Hdr, ETH_HLEN};
+use crate::packet::{copy16, ptr_at, quote_l4_off, quote_off, Ipv4Hdr, Ipv6Hdr, ETH_HLEN};
 
 const IPV4_L4_OFF: usize = ETH_HLEN + 20;
 const IPV6_L4_OFF: usize = ETH_HLEN + 40;
@@ -246,6 +246,67 @@ pub fn set_l4_u16_at(
         _ => return false,
     }
     true
+}
+
+/// Rewrites the packet an ICMP error quotes (see [`quote_off`]): its `end` address
+/// from `from` to `to`, and the 16-bit transport field at `field` (a port, an echo's
+/// identifier) from `old` to `new`. The IPv4 quote's header checksum is patched with its
+/// address (which leaves the ICMP checksum's sum over it unchanged); otherwise the ICMP
+/// checksum follows every byte changed. The quoted transport checksum is left as it is
+/// (stacks do not verify a quote's).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn set_quote(
+    ctx: &TcContext,
+    v4: bool,
+    end: End,
+    from: &mut [u8; 16],
+    to: &mut [u8; 16],
+    field: usize,
+    old: u16,
+    new: u16,
+) -> bool {
+    let inner = quote_off(v4);
+    let icmp_check = l4_off(v4) + 2;
+    if v4 {
+        let at = inner
+            + match end {
+                End::Src => 12,
+                End::Dst => 16,
+            };
+        let old_addr = u32::from_ne_bytes([from[12], from[13], from[14], from[15]]);
+        let new_bytes = [to[12], to[13], to[14], to[15]];
+        let new_addr = u32::from_ne_bytes(new_bytes);
+        if ctx
+            .l3_csum_replace(inner + 10, u64::from(old_addr), u64::from(new_addr), 4)
+            .is_err()
+            || ctx.store(at, &new_bytes, 0).is_err()
+        {
+            return false;
+        }
+    } else {
+        let at = inner
+            + match end {
+                End::Src => 8,
+                End::Dst => 24,
+            };
+        if ctx
+            .l4_csum_replace(icmp_check, 0, u64::from(diff16(from, to)), 0)
+            .is_err()
+            || ctx.store(at, to, 0).is_err()
+        {
+            return false;
+        }
+    }
+    let (from, to) = (old.to_be_bytes(), new.to_be_bytes());
+    ctx.l4_csum_replace(
+        icmp_check,
+        u64::from(u16::from_ne_bytes(from)),
+        u64::from(u16::from_ne_bytes(to)),
+        2,
+    )
+    .is_ok()
+        && ctx.store(quote_l4_off(v4) + field, &to, 0).is_ok()
 }
 
 /// Offset of the source and destination ports in a TCP, UDP or SCTP header.

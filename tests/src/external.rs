@@ -291,4 +291,100 @@ impl ExternalHost {
             self.v6.into()
         }
     }
+
+    /// A host behind this one, which routes for it (forwarding on) over a link of MTU
+    /// `mtu` on its own side, as a router towards a narrower network: the far host gets
+    /// `172.31.<n>.2/24` and, where the link can carry IPv6 (`mtu` ≥ 1280),
+    /// `fd31:<n>::2/64`, this host `.1` / `::1` on that link; `node` routes both prefixes
+    /// through this host. Returns once the far host reaches the node's addresses (until the
+    /// new links' own IPv6 addresses pass duplicate address detection, the router's
+    /// neighbour solicitations towards the node go unanswered).
+    pub fn far_host(&self, node: &Netns, mtu: u16) -> Result<FarHost> {
+        let n = self.v4.octets()[2];
+        let far = Netns::create("p")?;
+        let v6 = mtu >= 1280;
+        let r = &self.netns;
+        let mtu = mtu.to_string();
+        r.ip_ok(&[
+            "link",
+            "add",
+            "r1",
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            far.name(),
+        ])?;
+        let (router4, far4) = (Ipv4Addr::new(172, 31, n, 1), Ipv4Addr::new(172, 31, n, 2));
+        let (router6, far6): (Ipv6Addr, Ipv6Addr) = (
+            format!("fd31:{n}::1").parse()?,
+            format!("fd31:{n}::2").parse()?,
+        );
+        r.ip_ok(&["addr", "add", &format!("{router4}/24"), "dev", "r1"])?;
+        far.ip_ok(&["addr", "add", &format!("{far4}/24"), "dev", "eth0"])?;
+        if v6 {
+            r.ip_ok(&[
+                "addr",
+                "add",
+                &format!("{router6}/64"),
+                "dev",
+                "r1",
+                "nodad",
+            ])?;
+            far.ip_ok(&["addr", "add", &format!("{far6}/64"), "dev", "eth0", "nodad"])?;
+        }
+        r.ip_ok(&["link", "set", "r1", "up"])?;
+        for key in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+            let out = r.exec(&["sysctl", "-w", key])?;
+            ensure!(out.status.success(), "{key}: {out:?}");
+        }
+        for dev in ["eth0", "lo"] {
+            far.ip_ok(&["link", "set", dev, "up"])?;
+        }
+        far.ip_ok(&["-4", "route", "add", "default", "via", &router4.to_string()])?;
+        node.ip_ok(&[
+            "route",
+            "add",
+            &format!("172.31.{n}.0/24"),
+            "via",
+            &self.v4.to_string(),
+        ])?;
+        let mut node_addrs = vec![self.node_v4.to_string()];
+        if v6 {
+            far.ip_ok(&["-6", "route", "add", "default", "via", &router6.to_string()])?;
+            node.ip_ok(&[
+                "route",
+                "add",
+                &format!("fd31:{n}::/64"),
+                "via",
+                &self.v6.to_string(),
+            ])?;
+            node_addrs.push(self.node_v6.to_string());
+        }
+        for to in node_addrs {
+            let reached = (0..20).any(|_| {
+                far.exec(&["ping", "-c1", "-W1", &to])
+                    .is_ok_and(|o| o.status.success())
+            });
+            ensure!(reached, "the far host never reached the node's {to}");
+        }
+        Ok(FarHost {
+            netns: far,
+            v4: far4,
+            v6: v6.then_some(far6),
+        })
+    }
+}
+
+/// A host behind an external host (see [`ExternalHost::far_host`]).
+#[derive(Debug)]
+pub struct FarHost {
+    pub netns: Netns,
+    pub v4: Ipv4Addr,
+    /// None where the link to it is too narrow for IPv6.
+    pub v6: Option<Ipv6Addr>,
 }

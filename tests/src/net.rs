@@ -487,3 +487,29 @@ pub fn echo_each(from: &Netns, targets: &[SocketAddr]) -> Result<Vec<(SocketAddr
         failed
     })
 }
+
+/// What a connected UDP socket's next receive says after it sends `datagram` to a peer
+/// that answers with an ICMP error (port unreachable: `ConnectionRefused`). Up to three
+/// datagrams, each drawing its own error: the kernel's ICMP rate limits may drop one (on
+/// 6.1 the budget is the whole machine's, shared with whatever else runs there; one such
+/// drop timed a test out in a loaded CI guest). Only a delivered error fails the socket,
+/// so a retry proves as much. Panics if an answer comes instead.
+pub fn udp_error_after_send(s: &UdpSocket, datagram: &[u8]) -> std::io::Error {
+    let mut buf = [0u8; 64];
+    let mut err = None;
+    for _ in 0..3 {
+        s.send(datagram).unwrap();
+        let e = s
+            .recv(&mut buf)
+            .expect_err("the peer answers only with an error");
+        let timed_out = matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        );
+        err = Some(e);
+        if !timed_out {
+            break;
+        }
+    }
+    err.expect("three tries")
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo, udp_echo_with};
+use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo, udp_echo_with, udp_error_after_send};
 use ebpf_cni_tests::{require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest};
 use serde_json::{json, Value};
 
@@ -470,47 +470,15 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
     let ext = unrouted_host(&node, 83);
     // The far host, behind the external host (a router) on a link of MTU 1000 on the
     // router's side.
-    let far = Netns::create("p").unwrap();
-    ext.netns()
-        .ip_ok(&[
-            "link",
-            "add",
-            "r1",
-            "mtu",
-            "1000",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            far.name(),
-        ])
-        .unwrap();
-    ext.netns()
-        .ip_ok(&["addr", "add", "172.31.83.1/24", "dev", "r1"])
-        .unwrap();
-    ext.netns().ip_ok(&["link", "set", "r1", "up"]).unwrap();
-    far.ip_ok(&["addr", "add", "172.31.83.2/24", "dev", "eth0"])
-        .unwrap();
-    far.ip_ok(&["link", "set", "eth0", "up"]).unwrap();
-    far.ip_ok(&["link", "set", "lo", "up"]).unwrap();
-    far.ip_ok(&["route", "add", "default", "via", "172.31.83.1"])
-        .unwrap();
-    let fwd = ext
-        .netns()
-        .exec(&["sysctl", "-w", "net.ipv4.ip_forward=1"])
-        .unwrap();
-    assert!(fwd.status.success(), "{fwd:?}");
-    node.netns()
-        .ip_ok(&["route", "add", "172.31.83.0/24", "via", &ext.v4.to_string()])
-        .unwrap();
+    let far = ext.far_host(node.netns(), 1000).unwrap();
+    let far_addr = far.v4;
+    let far = far.netns;
 
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
     let pod = add(&p, &node, &conf);
 
-    let server = std::net::SocketAddr::from(([172, 31, 83, 2], 7001));
+    let server = std::net::SocketAddr::from((far_addr, 7001));
     let listener = far
         .run_in(|| std::net::TcpListener::bind(server))
         .unwrap()
@@ -558,7 +526,10 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
         SIZE as u64
     );
     // The pod's stack learnt the path's MTU from the translated error.
-    let route = pod.ns.exec(&["ip", "route", "get", "172.31.83.2"]).unwrap();
+    let route = pod
+        .ns
+        .exec(&["ip", "route", "get", &far_addr.to_string()])
+        .unwrap();
     let route = String::from_utf8_lossy(&route.stdout);
     assert!(route.contains("mtu 1000"), "the pod's route cache: {route}");
 
@@ -605,26 +576,8 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
         let (_, peer) = server.recv_from(&mut buf).unwrap();
         assert_eq!(peer.ip(), node_addr);
         server.connect(peer).unwrap();
-        // Up to three late replies, each drawing its own port unreachable: the kernel's
-        // ICMP rate limits may drop one (on 6.1 the budget is the whole machine's, shared
-        // with whatever else runs there; one such drop timed this test out in a loaded
-        // CI guest). Only a translated error fails the socket, so a retry proves as much.
-        let mut err = None;
-        for _ in 0..3 {
-            server.send(b"late reply").unwrap();
-            let e = server
-                .recv(&mut buf)
-                .expect_err("the pod's port unreachable should fail the remote's socket");
-            let timed_out = matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            );
-            err = Some(e);
-            if !timed_out {
-                break;
-            }
-        }
-        let err = err.expect("three tries");
+        // A late reply draws the pod's port unreachable.
+        let err = udp_error_after_send(&server, b"late reply");
         assert_eq!(
             err.kind(),
             std::io::ErrorKind::ConnectionRefused,

@@ -17,6 +17,7 @@ use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
+use ebpf_cni_tests::net::udp_error_after_send;
 use ebpf_cni_tests::{
     bpf, require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns,
     Node, PluginUnderTest, ResultExpectation,
@@ -317,6 +318,131 @@ fn udp_flow_survives_and_follows_a_readded_pod() {
         "the old flow must reach the re-added pod at once (no stale translation)"
     );
     let _ = hold;
+}
+
+/// Path MTU discovery through a host port: a client beyond a router whose link to it
+/// carries 1280 bytes downloads from the pod, whose full-size replies (from the node's
+/// address and host port) meet that router. Its "fragmentation needed" (IPv4) or "packet
+/// too big" (IPv6) goes to the node's address and quotes the reply as it left; translated
+/// back (quoted source and port become the pod's, as the reference plugin's conntrack
+/// does) it reaches the pod's stack, which lowers its segments and the transfer completes.
+/// Untranslated, the error finds no socket on the node: a black hole, and the client's read
+/// times out.
+#[test]
+fn fragmentation_needed_about_a_host_port_reply_reaches_the_pod() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 36).unwrap();
+    let far = ext.far_host(node.netns(), 1280).unwrap();
+    let (far4, far6) = (IpAddr::V4(far.v4), IpAddr::V6(far.v6.unwrap()));
+    let far = far.netns;
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]),
+    );
+    const SIZE: usize = 2 << 20;
+    let listener = a
+        .netns
+        .run_in(|| std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 80)))
+        .unwrap()
+        .unwrap();
+    // Each connection gets SIZE bytes, then the end of the stream.
+    let server = std::thread::spawn(move || {
+        use std::io::Write;
+        for _ in 0..2 {
+            let (mut c, _) = listener.accept().unwrap();
+            c.set_write_timeout(Some(Duration::from_secs(15))).unwrap();
+            let sent = c.write_all(&vec![7u8; SIZE]);
+            let _ = c.shutdown(std::net::Shutdown::Write);
+            sent.unwrap_or_else(|e| panic!("the pod's write: {e}"));
+        }
+    });
+    for (node_addr, far_addr) in [
+        (IpAddr::V4(ext.node_v4), far4),
+        (IpAddr::V6(ext.node_v6), far6),
+    ] {
+        let got = far
+            .run_in(|| -> std::io::Result<usize> {
+                use std::io::Read;
+                let mut c = std::net::TcpStream::connect_timeout(
+                    &sa(node_addr, 8080),
+                    Duration::from_secs(3),
+                )?;
+                c.set_read_timeout(Some(Duration::from_secs(15)))?;
+                let mut buf = Vec::with_capacity(SIZE);
+                c.read_to_end(&mut buf)?;
+                Ok(buf.len())
+            })
+            .unwrap();
+        let got = got.unwrap_or_else(|e| panic!("the far host's download from {node_addr}: {e}"));
+        assert_eq!(got, SIZE, "bytes the far host got through {node_addr}:8080");
+        // The pod's stack learnt the path's MTU from the translated error.
+        let route = a
+            .netns
+            .exec(&["ip", "route", "get", &far_addr.to_string()])
+            .unwrap();
+        let route = String::from_utf8_lossy(&route.stdout);
+        assert!(
+            route.contains("mtu 1280"),
+            "the pod's route cache to {far_addr}: {route}"
+        );
+    }
+    server.join().unwrap();
+    let report = dp::inspect(&p.bin, &node).unwrap();
+    assert!(
+        report["port_mappings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["packets"].as_u64().unwrap() > 0),
+        "{report:#}"
+    );
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
+}
+
+/// The pod's own ICMP errors about a packet that came through a host port leave as the
+/// client expects them: from the address it dialled, quoting its packet to the host port.
+/// Nothing listens on the UDP container port, so the pod answers "port unreachable", which
+/// must fail the client's connected socket (ECONNREFUSED), over IPv4 and IPv6.
+#[test]
+fn a_pods_port_unreachable_reaches_the_host_port_client() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 37).unwrap();
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 5354, "containerPort": 54, "protocol": "udp"}]),
+    );
+    for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
+        let err = ext
+            .netns()
+            .run_in(|| -> std::io::Error {
+                let unspecified: IpAddr = if node_addr.is_ipv4() {
+                    Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    Ipv6Addr::UNSPECIFIED.into()
+                };
+                let s = UdpSocket::bind((unspecified, 0)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                s.connect(sa(node_addr, 5354)).unwrap();
+                udp_error_after_send(&s, b"anyone?")
+            })
+            .unwrap();
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "the client of {node_addr}:5354: {err}"
+        );
+    }
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
 }
 
 /// A host port already mapped to another pod is refused with a clear error (code 108), and

@@ -158,6 +158,18 @@ const PLAN: &[Suite] = &[
         on: K6_12,
         only: &["del_without_port_mappings_cleans_up_and_check_sees_tampering"],
     },
+    // ICMP errors about host-port flows with real traffic: path MTU discovery through a
+    // host port on the oldest verifier, the pod's port unreachable on 6.1.
+    Suite {
+        test: "portmap",
+        on: K5_10,
+        only: &["fragmentation_needed_about_a_host_port_reply_reaches_the_pod"],
+    },
+    Suite {
+        test: "portmap",
+        on: K6_1,
+        only: &["a_pods_port_unreachable_reaches_the_host_port_client"],
+    },
     // A limited pod's TCP: paced by ecni_sockops (6.1), the policer alone without it (5.10).
     Suite {
         test: "bandwidth",
