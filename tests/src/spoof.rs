@@ -50,10 +50,14 @@ pub fn udp_arrivals(
                 match sock.recv_from(&mut buf) {
                     Ok((n, peer)) if &buf[..n] == message => seen.push(peer.ip()),
                     Ok(_) => {}
+                    // A signal to the process (a traced test's helper, a child's exit)
+                    // may interrupt the wait (one did, in CI): wait again.
                     Err(e)
                         if matches!(
                             e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            std::io::ErrorKind::WouldBlock
+                                | std::io::ErrorKind::TimedOut
+                                | std::io::ErrorKind::Interrupted
                         ) => {}
                     Err(e) => return Err(e).context("receiver recv"),
                 }
