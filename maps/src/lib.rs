@@ -81,7 +81,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 21] = [
+pub const NODE_MAPS: [NodeMap; 22] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -89,6 +89,7 @@ pub const NODE_MAPS: [NodeMap; 21] = [
     NodeMap::keyed(PORTMAP_MAP),
     NodeMap::keyed(PORTMAP_HITS_MAP),
     NodeMap::keyed(NAT_REV_MAP),
+    NodeMap::keyed(NAT_FRAG_MAP),
     NodeMap::keyed(SOCK_REV_MAP),
     NodeMap::keyed(NODE_ADDRS_MAP),
     NodeMap::array(CONFIG_MAP),
@@ -145,6 +146,18 @@ pub const MASQ_FRAG_TTL_NS: u64 = 5_000_000_000;
 pub const MASQ_FRAG_OUT: u8 = 1;
 /// [`MasqFragKey::dir`]: a datagram a remote end sends to the node's address.
 pub const MASQ_FRAG_IN: u8 = 2;
+/// Node-wide LRU hash of the UDP datagrams of host-port flows that travel in fragments,
+/// both families: [`NatFragKey`] (the datagram as its fragments carry it, IPv4 addresses
+/// mapped into IPv6, and the direction) → [`NatFrag`] (the address its fragments take: the
+/// pod's arriving, the dialled node address leaving), of [`MAX_MASQ_FRAGS`] records kept
+/// [`MASQ_FRAG_TTL_NS`], as masquerade's. The first fragment is translated with its flow and
+/// recorded here; the later ones, which carry no ports, by the record.
+pub const NAT_FRAG_MAP: &str = "ECNI_NAT_FRAG";
+/// [`NatFragKey::dir`]: a client's datagram to a host port (the key holds the node's
+/// address it dialled).
+pub const NAT_FRAG_IN: u8 = 1;
+/// [`NatFragKey::dir`]: a pod's reply in a host-port flow (the key holds the pod's address).
+pub const NAT_FRAG_OUT: u8 = 2;
 /// Capacity of [`MASQ_FWD_MAP`] and [`MASQ_REV_MAP`] (allocated as flows come).
 pub const MAX_MASQ_FLOWS: u32 = 262_144;
 /// Capacity of [`MASQ_SKIP_MAP`].
@@ -931,6 +944,14 @@ pub struct MasqFrag6 {
 
 const _: () = assert!(core::mem::size_of::<MasqFrag6>() == 24);
 
+/// Key of [`NAT_FRAG_MAP`]: a datagram as its fragments carry it, before their
+/// translation. Masquerade's IPv6 record layout, with a direction of its own
+/// ([`NAT_FRAG_IN`], [`NAT_FRAG_OUT`]) and IPv4 addresses mapped into IPv6.
+pub type NatFragKey = MasqFrag6Key;
+/// Value of [`NAT_FRAG_MAP`]: the address the datagram's fragments take, and when its first
+/// fragment was translated.
+pub type NatFrag = MasqFrag6;
+
 /// Value of [`MASQ_STATS_MAP`] (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1061,6 +1082,7 @@ const _: () = assert!(fits_bpf_obj_name(MASQ_SRC_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_STATS_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG6_MAP));
+const _: () = assert!(fits_bpf_obj_name(NAT_FRAG_MAP));
 const _: () = assert!(fits_bpf_obj_name(SOURCES_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));

@@ -445,6 +445,83 @@ fn a_pods_port_unreachable_reaches_the_host_port_client() {
     p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
 }
 
+/// UDP datagrams larger than the path MTU through a host port, both ways, IPv4 and IPv6: a
+/// client sends the pod 4,000 bytes (its stack cuts them into fragments) and the pod gets
+/// them whole, from the client; the pod answers 6,000 bytes (its stack cuts them too) and
+/// the client gets them whole, from the address and port it dialled. Only each datagram's
+/// first fragment carries the ports: the later ones are translated by the record it left.
+/// (Before, the client's fragments went to the node's stack, which found no socket on the
+/// host port, and the pod's later fragments left with the pod's address.)
+#[test]
+fn datagrams_in_fragments_cross_a_host_port_both_ways() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 38).unwrap();
+    // The client's link carries what the pod's does, so its fragments fit the pod's device:
+    // 5.10's `bpf_redirect_peer` drops a packet longer than the receiving device's MTU.
+    let mtu = ebpf_cni_tests::config::MTU.to_string();
+    ext.netns()
+        .ip_ok(&["link", "set", ext.host_dev(), "mtu", &mtu])
+        .unwrap();
+    let l = list(&p, &node);
+    let a = add(
+        &p,
+        &node,
+        &l,
+        json!([{"hostPort": 5355, "containerPort": 53, "protocol": "udp"}]),
+    );
+    let pod = a
+        .netns
+        .run_in(|| UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 53)))
+        .unwrap()
+        .unwrap();
+    let clients = [
+        (IpAddr::V4(ext.v4), IpAddr::V4(ext.node_v4), "0.0.0.0:0"),
+        (IpAddr::V6(ext.v6), IpAddr::V6(ext.node_v6), "[::]:0"),
+    ];
+    let mut buf = vec![0u8; 65_536];
+    for (client_addr, node_addr, any) in clients {
+        let client = ext
+            .netns()
+            .run_in(|| UdpSocket::bind(any))
+            .unwrap()
+            .unwrap();
+        for s in [&client, &pod] {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        }
+        let target = sa(node_addr, 5355);
+        for round in 0..3 {
+            let out: Vec<u8> = (0..4000).map(|i| ((i + round) % 251) as u8).collect();
+            client.send_to(&out, target).unwrap();
+            let (n, from) = pod.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("{target}, round {round}: the client's datagram, whole: {e}")
+            });
+            assert_eq!(
+                (n, ebpf_cni_tests::hostport::unmap(from).ip()),
+                (4000, client_addr),
+                "{target}, round {round}"
+            );
+            assert!(
+                buf[..n] == out[..],
+                "{target}, round {round}: the client's bytes"
+            );
+
+            let back: Vec<u8> = (0..6000).map(|i| ((i + round) % 239) as u8).collect();
+            pod.send_to(&back, from).unwrap();
+            let (n, src) = client.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("{target}, round {round}: the pod's answer, whole: {e}")
+            });
+            assert_eq!((n, src), (6000, target), "{target}, round {round}");
+            assert!(
+                buf[..n] == back[..],
+                "{target}, round {round}: the pod's bytes"
+            );
+        }
+    }
+    p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
+}
+
 /// A host port already mapped to another pod is refused with a clear error (code 108), and
 /// the refused ADD leaves nothing behind; another protocol on the same port is fine.
 #[test]

@@ -35,6 +35,8 @@ const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
     "ecni_masq_take",
     "ecni_masq_wanted_frag6",
     "ecni_nat_forward",
+    "ecni_nat_frag_in",
+    "ecni_nat_frag_out",
     "ecni_nat_icmp_in",
     "ecni_nat_icmp_out",
     "ecni_nat_reverse",

@@ -158,12 +158,16 @@ const PLAN: &[Suite] = &[
         on: K6_12,
         only: &["del_without_port_mappings_cleans_up_and_check_sees_tampering"],
     },
-    // ICMP errors about host-port flows with real traffic: path MTU discovery through a
-    // host port on the oldest verifier, the pod's port unreachable on 6.1.
+    // ICMP errors about host-port flows and datagrams in fragments with real traffic:
+    // path MTU discovery and fragments through a host port on the oldest verifier (and
+    // its `bpf_redirect_peer`), the pod's port unreachable on 6.1.
     Suite {
         test: "portmap",
         on: K5_10,
-        only: &["fragmentation_needed_about_a_host_port_reply_reaches_the_pod"],
+        only: &[
+            "fragmentation_needed_about_a_host_port_reply_reaches_the_pod",
+            "datagrams_in_fragments_cross_a_host_port_both_ways",
+        ],
     },
     Suite {
         test: "portmap",

@@ -9,8 +9,9 @@
 //!   netns-<inode>/                    one node (network namespace)
 //!     maps/<map>                      the node-wide maps (maps::NODE_MAPS), each under its
 //!                                     name: ECNI_ENDPOINTS ECNI_POD_CNT ECNI_TRACE ECNI_RATES
-//!                                     ECNI_PORTMAP ECNI_PM_HITS ECNI_NAT_REV ECNI_SOCK_REV
-//!                                     ECNI_NODE_ADDR ECNI_CONFIG ECNI_PACING ECNI_MASQ_FWD
+//!                                     ECNI_PORTMAP ECNI_PM_HITS ECNI_NAT_REV ECNI_NAT_FRAG
+//!                                     ECNI_SOCK_REV ECNI_NODE_ADDR ECNI_CONFIG ECNI_PACING
+//!                                     ECNI_MASQ_FWD
 //!                                     ECNI_MASQ_REV ECNI_MASQ_SKIP ECNI_MASQ_SRC ECNI_MASQ_STAT
 //!                                     ECNI_MASQ_FRAG ECNI_MASQ_FRAG6 ECNI_NS_PROBE
 //!                                     ECNI_SHAPE_NET ECNI_SOURCES
