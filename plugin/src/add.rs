@@ -203,8 +203,10 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
         })
         .collect();
     // The pod's dataplane, before anything changes (its host ports against its addresses).
+    // Whether another attachment of the node holds one of these addresses is asked once,
+    // under the node lock (`bpf::add_pod`): a refusal there rolls back what came before, as
+    // any failure does, and the common ADD opens the endpoint map once.
     let spec = pod_conf.pod_spec(&pod_addrs, pod_ns, false)?;
-    bpf::ensure_addresses_free(node, key, &spec.ips())?;
 
     // Before the host routes, which take the gateway as their source address. The undo
     // step is registered whether or not it succeeds, with what it created either way.

@@ -256,6 +256,83 @@ fn status_gives_new_addresses_and_devices_host_ports_and_takes_them_back() {
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
+/// The socket programs' links on the cgroup v2 root take the node's own connections to its
+/// host ports. An ADD only lists their pins (issue 26: opening each link and reading its
+/// info was 24 system calls of every ADD with a host port); STATUS (containerd's every 5 s)
+/// attaches again one an operator detached (`bpftool link detach`: the pin stays, the
+/// link runs nowhere) or unpinned (the pin was its only reference), both families. Before
+/// STATUS the node's own connections to its host port fail and CHECK names the link; after
+/// it they reach the pod again, CHECK passes, and a second STATUS writes nothing.
+#[test]
+fn status_attaches_a_detached_socket_program_again() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "uplink0", 63).unwrap();
+    let l = network(&p, &node);
+    let pod = add_pod(&p, &node, &l, 8080);
+    let _server = PodServer::start(&pod.netns, 80, "pod");
+    let own = [sa(ext.node_v4, 8080), sa(ext.node_v6, 8080)];
+    for a in own {
+        assert_eq!(
+            answer(node.netns(), a),
+            "pod",
+            "control: the node's own {a}"
+        );
+    }
+
+    let links = node.pin_root().join(ebpf_cni_maps::pin::CGROUP_DIR);
+    let (connect4, connect6) = (links.join("ecni_connect4"), links.join("ecni_connect6"));
+    let id = match bpf::pinned_object(&connect4) {
+        Ok(bpf::PinnedObject::Link(l)) => l.id,
+        other => panic!("{} is not a pinned link: {other:?}", connect4.display()),
+    };
+    dp::detach_link(id).unwrap();
+    std::fs::remove_file(&connect6).unwrap();
+    for a in own {
+        let got = answer(node.netns(), a);
+        assert!(
+            got.starts_with("error"),
+            "the node's own {a} answered ({got}) with its socket program detached: the test \
+             proves nothing"
+        );
+    }
+    let err = p
+        .runtime
+        .check(&node, &l, &pod.att, &pod.result)
+        .expect_err("CHECK with a socket program detached");
+    assert!(
+        err.to_string().contains("ecni_connect"),
+        "CHECK does not name the link: {err}"
+    );
+
+    status(&p, &node, &l);
+    let after = report(&p, &node);
+    assert_eq!(
+        converged(&after).map(|(_, by)| by).as_deref(),
+        Some("status")
+    );
+    for a in own {
+        assert_eq!(
+            answer(node.netns(), a),
+            "pod",
+            "the node's own {a} after STATUS"
+        );
+    }
+    assert!(connect6.exists(), "the unpinned link was not pinned again");
+    p.runtime
+        .check(&node, &l, &pod.att, &pod.result)
+        .unwrap_or_else(|e| panic!("CHECK after STATUS: {e}"));
+    status(&p, &node, &l);
+    assert_eq!(
+        converged(&report(&p, &node)),
+        converged(&after),
+        "a second STATUS wrote again"
+    );
+    del_pod(&p, &node, &l, &pod);
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
 /// Issue 24, item 1, masquerade: the egress device is renumbered (a DHCP renewal). The
 /// recorded source the programs leave with where the FIB cannot tell it (before 6.8)
 /// follows at the next STATUS, and the masquerading pod's connections leave with the new

@@ -132,17 +132,19 @@ fn ensure_cgroup_links(
     progs: impl IntoIterator<Item = &'static Program>,
 ) -> Result<(), BpfError> {
     let dir = root.cgroup_dir(node);
+    let pinned = pinned_names(&dir);
     let mut cgroup: Option<fs::File> = None;
     for p in progs {
         let name = p.name;
         let attach_type = p
             .cgroup_attach_type()
             .expect("only cgroup programs are attached here");
-        let path = dir.join(name);
-        if link_live(&path) {
+        if pinned.iter().any(|n| n == name) {
             continue;
         }
-        let _ = fs::remove_file(&path);
+        let path = dir.join(name);
+        // A pin the directory read could not list (nothing else pins here).
+        let _ = fs::remove_file(walk(&path));
         if cgroup.is_none() {
             let cg = cgroup2_root()?;
             cgroup = Some(fs::File::open(&cg).map_err(|source| BpfError::Cgroup {
@@ -224,10 +226,63 @@ fn unpin_link(path: &Path) -> Result<(), BpfError> {
     }
 }
 
-/// ADD's test of a link it may have to create: one pinned at `path` that is a cgroup link
-/// still attached (two `bpf()` calls). Only ebpf-cni pins there, and always the program of
-/// the pin's name, so the program's name is left to CHECK ([`check_sock_link`]), which
-/// reads it too.
+/// ADD's test of the links it may have to create: the names pinned in the node's cgroup
+/// directory, read at once (one directory read, where opening each link and reading its
+/// info took three system calls a link). Only ebpf-cni pins there, each link under its
+/// program's name, and a pin keeps its link attached: the cgroup v2 root it is attached to
+/// is never removed. A link someone detached while its pin stays (`bpftool link detach`)
+/// is CHECK's to report ([`check_sock_link`]), as the kernel still has it.
+fn pinned_names(dir: &Path) -> Vec<std::ffi::OsString> {
+    fs::read_dir(walk(dir))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.file_name()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The links the node's users need that are not attached: the socket programs' while
+/// `sockets_wanted` (the node's host-port switch is on, with its netns cookie), the pacing
+/// program's where it is pinned (its users are the paced pods, which only ADD and DEL
+/// count). A link is not attached when its pin is missing, or when the link was detached
+/// while its pin stayed (`bpftool link detach`). STATUS's and the agent's convergence asks
+/// (three system calls a link); ADD only lists the pins ([`pinned_names`]). Reads only.
+pub fn links_to_restore(root: &PinRoot, node: &NodeId, sockets_wanted: bool) -> Vec<&'static str> {
+    let dir = root.cgroup_dir(node);
+    let pinned = pinned_names(&dir);
+    let pacing = pinned.iter().any(|n| n == programs::PACING.name);
+    programs::sock_addr()
+        .filter(|_| sockets_wanted)
+        .chain(Some(&programs::PACING).filter(|_| pacing))
+        .map(|p| p.name)
+        .filter(|name| !link_live(&dir.join(name)))
+        .collect()
+}
+
+/// Attaches the programs `names` (from [`links_to_restore`]) to the cgroup v2 root again:
+/// each pin goes (its link is detached, or missing), then each is attached and pinned anew.
+pub fn restore_links(
+    root: &PinRoot,
+    node: &NodeId,
+    names: &[&'static str],
+) -> Result<(), BpfError> {
+    let dir = root.cgroup_dir(node);
+    for name in names {
+        unpin_link(&dir.join(name))?;
+    }
+    ensure_cgroup_links(
+        root,
+        node,
+        programs::sock_addr()
+            .chain([&programs::PACING])
+            .filter(|p| names.contains(&p.name)),
+    )
+}
+
+/// One pinned link is a cgroup link still attached (two `bpf()` calls): only ebpf-cni pins
+/// there, and always the program of the pin's name, so the program's name is left to CHECK
+/// ([`check_sock_link`]), which reads it too.
 fn link_live(path: &Path) -> bool {
     super::links::describe(path)
         .is_ok_and(|info| info.link_type == sys::BPF_LINK_TYPE_CGROUP && info.ifindex != 0)

@@ -3,7 +3,9 @@
 //! comes or goes (a DHCP renewal, a keepalived or kube-vip VIP), a NIC appears or leaves;
 //! the device program must be on every device that takes traffic for pods and on no other,
 //! wildcard host ports must answer on every address of the node, and masquerade must leave
-//! with each egress device's current address.
+//! with each egress device's current address. STATUS and the agent also attach again a
+//! socket or pacing program's link on the cgroup v2 root that its users need and that was
+//! detached or unpinned.
 //!
 //! ADD, STATUS and `ebpf-cni agent` converge the node. The state is read first without the
 //! lock and compared with what the node has (a few map reads and one look at each device's
@@ -16,7 +18,7 @@
 use std::{fs, net::IpAddr, path::Path};
 
 use super::{
-    links,
+    cgroup, links,
     lock::NodeLock,
     masq::MasqMaps,
     pin::{create_dir_all_racy, walk, NodeId, PinRoot},
@@ -120,6 +122,9 @@ pub struct Plan {
     node_addrs: Option<AddrDiff>,
     /// `None`: the node does not masquerade, or the sources are in line.
     masq_sources: bool,
+    /// Programs whose link on the cgroup v2 root their users need and is not attached
+    /// (looked at by STATUS and the agent, not by ADD: see `cgroup::links_to_restore`).
+    links: Vec<&'static str>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -135,6 +140,7 @@ impl Plan {
             && self.detach.is_empty()
             && self.node_addrs.is_none()
             && !self.masq_sources
+            && self.links.is_empty()
     }
 
     /// One line per change, for the log.
@@ -170,21 +176,33 @@ impl Plan {
         if self.masq_sources {
             out.push("masquerade's source addresses follow the devices' addresses".to_owned());
         }
+        out.extend(
+            self.links
+                .iter()
+                .map(|n| format!("{n} attached to the cgroup v2 root again")),
+        );
         out
     }
 }
 
-/// Compares the node's state with `view`; reads only.
+/// Compares the node's state with `view`; reads only. The cgroup links are looked at by
+/// STATUS and the agent: an ADD with host ports or a limit lists their pins itself, and
+/// the next STATUS (containerd's every 5 s) attaches again one an operator detached.
 fn plan(
     root: &PinRoot,
     node: &NodeId,
     view: &NodeView,
+    by: ConvergedBy,
     ports: &mut Option<PortMaps>,
 ) -> Result<Plan, BpfError> {
     let mut p = Plan::default();
     plan_devices(root, node, &view.devices, view.mode, &mut p);
+    let mut sockets_wanted = false;
     if ports.is_some() || walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
         let pm = PortMaps::opened(ports, root, node)?;
+        // Without the node's cookie (an older build on a kernel before 5.14) no socket
+        // program was attached, and none is wanted until an ADD with host ports.
+        sockets_wanted = pm.enabled() && pm.netns_cookie() != 0;
         if pm.enabled() {
             let have = pm.node_addrs();
             let mut want = view.addrs.clone();
@@ -207,6 +225,9 @@ fn plan(
         if let Some(m) = MasqMaps::open(root, node)? {
             p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
         }
+    }
+    if by != ConvergedBy::Add {
+        p.links = cgroup::links_to_restore(root, node, sockets_wanted);
     }
     Ok(p)
 }
@@ -281,6 +302,9 @@ fn apply(
             m.sync_sources(&view.masq_sources)?;
         }
     }
+    if !plan.links.is_empty() {
+        cgroup::restore_links(root, node, &plan.links)?;
+    }
     device_err.map_or(Ok(()), Err)
 }
 
@@ -327,7 +351,7 @@ fn attach_device(
 /// the node was in line or has no pods (no node directory: nothing to converge).
 pub fn converge(node: &NodeId, view: &NodeView, by: ConvergedBy) -> Result<Vec<String>, BpfError> {
     let root = PinRoot::from_env();
-    if !walk(&root.node_dir(node)).exists() || plan(&root, node, view, &mut None)?.is_empty() {
+    if !walk(&root.node_dir(node)).exists() || plan(&root, node, view, by, &mut None)?.is_empty() {
         return Ok(Vec::new());
     }
     let _lock = NodeLock::take(&root)?;
@@ -348,7 +372,7 @@ pub(super) fn converge_locked(
     progs: &mut Option<Programs>,
     ports: &mut Option<PortMaps>,
 ) -> Result<Vec<String>, BpfError> {
-    let plan = plan(root, node, view, ports)?;
+    let plan = plan(root, node, view, by, ports)?;
     if plan.is_empty() {
         return Ok(Vec::new());
     }

@@ -279,13 +279,6 @@ pub enum BpfError {
         expected: &'static str,
     },
 
-    #[error("map pinned at {path} is {actual:?}, expected {expected:?}")]
-    WrongMap {
-        path: PathBuf,
-        actual: String,
-        expected: &'static str,
-    },
-
     // Reading pins back.
     #[error("failed to open the pinned object at {path}")]
     OpenPin {
@@ -420,7 +413,6 @@ impl BpfError {
             | Self::WrongIfindex { .. }
             | Self::WrongAttachType { .. }
             | Self::WrongProgram { .. }
-            | Self::WrongMap { .. }
             | Self::EndpointMissing { .. }
             | Self::LimitMismatch { .. }
             | Self::ShapeSubnetsStale { .. }

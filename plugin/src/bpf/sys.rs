@@ -259,19 +259,6 @@ struct RawMapInfo {
 const _: () = assert!(mem::size_of::<LinkCreateTcxAttr>() == 32);
 const _: () = assert!(mem::size_of::<RawMapInfo>() == 40);
 
-/// The kernel's name of the map behind `fd`.
-pub(crate) fn map_name(fd: BorrowedFd<'_>) -> io::Result<String> {
-    let mut raw = RawMapInfo::default();
-    // SAFETY: `RawMapInfo` is a prefix of `bpf_map_info`, integers only.
-    unsafe { obj_info(fd, &mut raw) }?;
-    let len = raw
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(raw.name.len());
-    Ok(String::from_utf8_lossy(&raw.name[..len]).into_owned())
-}
-
 /// `enum bpf_attach_type` of the socket-address hooks.
 pub(crate) const BPF_CGROUP_INET4_CONNECT: u32 = 10;
 pub(crate) const BPF_CGROUP_INET6_CONNECT: u32 = 11;

@@ -1,8 +1,6 @@
 //! Opening the node-wide maps from their pins: [`Maps`] (its parts by concern are its
 //! siblings'), and the errors of a pinned map that is missing or of another type.
 
-use std::os::fd::AsFd;
-
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
 use ebpf_cni_maps::{
     EndpointInfo, EndpointKey, NodeConfig, Pacing, PodCounters, RateLimit, ShapeSubnetKey,
@@ -12,7 +10,7 @@ use ebpf_cni_maps::{
 
 use crate::bpf::{
     pin::{walk, NodeId, PinRoot},
-    sys, BpfError,
+    BpfError,
 };
 
 pub(in crate::bpf) fn is_not_found(e: &aya::maps::MapError) -> bool {
@@ -55,34 +53,33 @@ pub(in crate::bpf) fn open_map_err(
     }
 }
 
+/// The map pinned under `name` on the node, `None` when there is none. One `bpf()` call to
+/// open the pin and aya's one read of its info (type, key and value sizes, which the typed
+/// wrappers check): the pin is ebpf-cni's own (the node's layout directory, where the
+/// programs' load pins each map under its name), so its name is not read back as well.
 pub(in crate::bpf) fn open_pinned(
     root: &PinRoot,
     node: &NodeId,
     name: &'static str,
 ) -> Result<Option<Map>, BpfError> {
     let path = root.map(node, name);
-    let err = |source| BpfError::OpenMap {
-        path: path.clone(),
-        source: Box::new(source),
-    };
     // No stat first: a missing pin is the open's own ENOENT.
     let data = match MapData::from_pin(walk(&path)) {
         Ok(d) => d,
         Err(e) if is_not_found(&e) => return Ok(None),
-        Err(e) => return Err(err(e)),
+        Err(source) => {
+            return Err(BpfError::OpenMap {
+                path,
+                source: Box::new(source),
+            })
+        }
     };
-    let actual = sys::map_name(data.fd().as_fd()).map_err(|source| BpfError::PinInfo {
-        path: path.clone(),
-        source,
-    })?;
-    if actual != name {
-        return Err(BpfError::WrongMap {
+    Map::from_map_data(data)
+        .map(Some)
+        .map_err(|source| BpfError::OpenMap {
             path,
-            actual,
-            expected: name,
-        });
-    }
-    Map::from_map_data(data).map(Some).map_err(err)
+            source: Box::new(source),
+        })
 }
 
 impl Maps {
