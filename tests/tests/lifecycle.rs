@@ -15,7 +15,8 @@ use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
 use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     kernel, require_root, unique_container_id, AddResult, Attachment, CniCommand, ListError,
-    NetConfList, Node, NodeSnapshot, PluginUnderTest, ResultExpectation, REFERENCE_HOST_LOCAL,
+    NetConfList, Netns, Node, NodeSnapshot, PluginUnderTest, ResultExpectation,
+    REFERENCE_HOST_LOCAL,
 };
 use serde_json::{json, Value};
 
@@ -662,6 +663,40 @@ fn shares_data_dir_with_reference_host_local() {
     assert!(node.leases(NETWORK).is_empty());
 }
 
+/// Two pods on `node` with a host port (from `base_port`) and a paced egress limit, so an
+/// ADD reaches every node map, the socket programs' links and each socket: the first added
+/// by `p` (the node's programs load), the second through `traced`'s wrapper.
+fn two_pods_the_second_traced(
+    p: &PluginUnderTest,
+    traced: &Traced,
+    node: &Node,
+    base_port: u16,
+) -> (NetConfList, Vec<(Attachment, Value, Netns)>) {
+    let t = PluginUnderTest::at(traced.wrapper.clone());
+    let mut conf = p.conf("1.0.0", node, Stack::V4);
+    conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
+    let list = NetConfList::single(&conf);
+    let mut added = Vec::new();
+    for (port, plugin) in (base_port..).zip([p, &t]) {
+        let pod = node.new_pod().unwrap();
+        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0")
+            .with_capability(
+                "portMappings",
+                json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]),
+            )
+            .with_capability(
+                "bandwidth",
+                json!({"egressRate": 100_000_000, "egressBurst": 1_000_000}),
+            );
+        let result = plugin
+            .runtime
+            .add(node, &list, &att)
+            .unwrap_or_else(|e| panic!("ADD with {}: {e}", plugin.bin.display()));
+        added.push((att, result, pod));
+    }
+    (list, added)
+}
+
 /// An ADD opens each socket it needs in the node's namespace once: the netlink requests
 /// the plugin builds by hand (the node's address dump, the pod's `clsact` qdisc and its two
 /// filters) share one `NETLINK_ROUTE` socket, the two dumps of the node's listeners one
@@ -679,29 +714,8 @@ fn add_opens_each_socket_of_the_node_once() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let traced = Traced::new(&p.bin, "socket,setns").unwrap();
-    let t = PluginUnderTest::at(traced.wrapper.clone());
     let node = Node::new().unwrap();
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
-    conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
-    let list = NetConfList::single(&conf);
-    let mut added = Vec::new();
-    for (i, plugin) in [&p, &t].into_iter().enumerate() {
-        let pod = node.new_pod().unwrap();
-        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0")
-            .with_capability(
-                "portMappings",
-                json!([{"hostPort": 28_600 + i, "containerPort": 80, "protocol": "tcp"}]),
-            )
-            .with_capability(
-                "bandwidth",
-                json!({"egressRate": 100_000_000, "egressBurst": 1_000_000}),
-            );
-        let result = plugin
-            .runtime
-            .add(&node, &list, &att)
-            .unwrap_or_else(|e| panic!("ADD with {}: {e}", plugin.bin.display()));
-        added.push((att, result, pod));
-    }
+    let (list, added) = two_pods_the_second_traced(&p, &traced, &node, 28_600);
     let trace = traced.log().unwrap();
     let count = |kind: &str| trace.lines().filter(|l| l.contains(kind)).count();
     let route = count("NETLINK_ROUTE");
@@ -744,29 +758,8 @@ fn a_later_add_opens_each_pinned_object_once() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let traced = Traced::new(&p.bin, "bpf").unwrap();
-    let t = PluginUnderTest::at(traced.wrapper.clone());
     let node = Node::new().unwrap();
-    let mut conf = p.conf("1.0.0", &node, Stack::V4);
-    conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
-    let list = NetConfList::single(&conf);
-    let mut added = Vec::new();
-    for (i, plugin) in [&p, &t].into_iter().enumerate() {
-        let pod = node.new_pod().unwrap();
-        let att = Attachment::new(&unique_container_id(), pod.path(), "eth0")
-            .with_capability(
-                "portMappings",
-                json!([{"hostPort": 28_650 + i, "containerPort": 80, "protocol": "tcp"}]),
-            )
-            .with_capability(
-                "bandwidth",
-                json!({"egressRate": 100_000_000, "egressBurst": 1_000_000}),
-            );
-        let result = plugin
-            .runtime
-            .add(&node, &list, &att)
-            .unwrap_or_else(|e| panic!("ADD with {}: {e}", plugin.bin.display()));
-        added.push((att, result, pod));
-    }
+    let (list, added) = two_pods_the_second_traced(&p, &traced, &node, 28_650);
     let trace = traced.log().unwrap();
     let opened: Vec<&str> = trace
         .lines()

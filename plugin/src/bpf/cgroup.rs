@@ -231,7 +231,8 @@ fn unpin_link(path: &Path) -> Result<(), BpfError> {
 /// info took three system calls a link). Only ebpf-cni pins there, each link under its
 /// program's name, and a pin keeps its link attached: the cgroup v2 root it is attached to
 /// is never removed. A link someone detached while its pin stays (`bpftool link detach`)
-/// is CHECK's to report ([`check_sock_link`]), as the kernel still has it.
+/// is CHECK's to report ([`check_sock_link`]) and STATUS's to attach again
+/// ([`links_to_restore`]).
 fn pinned_names(dir: &Path) -> Vec<std::ffi::OsString> {
     fs::read_dir(walk(dir))
         .map(|entries| {
