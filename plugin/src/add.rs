@@ -220,7 +220,7 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     )
     .await;
     undo.push(Undo::Gateways(created));
-    acquired?;
+    let held = acquired?;
     step("gateways");
 
     let pair = veth::create(
@@ -249,6 +249,7 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
     let view = crate::node::node_view(host_nl, conf, &gateways).await?;
+    crate::gateway::ensure_held(host_nl, &held, &view.loopback).await?;
     step("devices listed");
     crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
     undo.push(Undo::Programs);

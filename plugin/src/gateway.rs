@@ -75,8 +75,11 @@ pub fn of_address(address: IpAddr, gateway: Option<IpAddr>) -> Option<Ipv4Addr> 
     }
 }
 
-/// ADD: attachment `id` uses `gws`; the node holds each on `lo` when this returns. The
-/// record directories it had to create are added to `created`, also when it fails, for
+/// ADD: attachment `id` uses `gws`. A gateway no other attachment uses is added to `lo`
+/// here; the ones in use already are returned, held by the node since their first user's
+/// ADD: ADD finds them in its dump of the node's addresses ([`ensure_held`]) rather than
+/// asking for each again (an `RTM_NEWADDR` the kernel answered `EEXIST`). The record
+/// directories it had to create are added to `created`, also when it fails, for
 /// [`release_after_failed_add`].
 pub async fn acquire(
     host_nl: &Netlink,
@@ -84,16 +87,40 @@ pub async fn acquire(
     id: u64,
     gws: &[Ipv4Addr],
     created: &mut CreatedDirs,
-) -> Result<(), CniError> {
+) -> Result<Vec<Ipv4Addr>, CniError> {
+    let mut held = Vec::new();
     if gws.is_empty() {
-        return Ok(());
+        return Ok(held);
     }
     let lock = gateways::GatewayLock::take()?;
     for gw in gws {
-        lock.add_user(node, *gw, id, created)?;
-        host_nl
-            .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
-            .await?;
+        if lock.add_user(node, *gw, id, created)? {
+            held.push(*gw);
+        } else {
+            host_nl
+                .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
+                .await?;
+        }
+    }
+    Ok(held)
+}
+
+/// ADD, after [`acquire`]: each gateway of `held` is among the global addresses `lo`
+/// holds (`loopback`, from ADD's dump of the node's addresses), or is added again (someone
+/// took it off; the pods' host routes take it as their source address, so this runs before
+/// them). The lock is not needed: this ADD's own use keeps every DEL from removing it.
+pub async fn ensure_held(
+    host_nl: &Netlink,
+    held: &[Ipv4Addr],
+    loopback: &[IpAddr],
+) -> Result<(), CniError> {
+    for gw in held {
+        if !loopback.contains(&IpAddr::V4(*gw)) {
+            log::warn!("gateway {gw} was not on lo: added again");
+            host_nl
+                .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
+                .await?;
+        }
     }
     Ok(())
 }

@@ -41,6 +41,11 @@ pub async fn node_view(
     addrs.sort();
     addrs.dedup();
     let masq_sources = masq_sources_of(&global);
+    let loopback: Vec<std::net::IpAddr> = global
+        .iter()
+        .filter(|(i, _)| *i == crate::gateway::LOOPBACK_IFINDEX)
+        .map(|(_, ip)| *ip)
+        .collect();
     let mode = attach_modes(conf, false).devices;
     let mut devices = Vec::new();
     if let Some(names) = &conf.devices {
@@ -56,6 +61,7 @@ pub async fn node_view(
         return Ok(NodeView {
             devices,
             addrs,
+            loopback,
             masq_sources,
             mode,
         });
@@ -80,6 +86,7 @@ pub async fn node_view(
     Ok(NodeView {
         devices,
         addrs,
+        loopback,
         masq_sources,
         mode,
     })

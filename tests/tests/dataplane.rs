@@ -20,6 +20,7 @@ use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::kernel::{self, Family};
 use ebpf_cni_tests::net::{self, tcp_echo, tcp_echo_with};
 use ebpf_cni_tests::state::{assert_node_clean, eventually, RELEASE_BOUND};
+use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     fsutil, netfilter, require_root, unique_container_id, AddResult, Attachment, CniCommand,
     ListError, NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
@@ -1599,6 +1600,89 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
     );
     let after = node.snapshot(None);
     assert_eq!(after.node_addrs, before.node_addrs);
+}
+
+/// An ADD whose IPv4 gateway other pods use already does not ask the kernel for it again
+/// (issue 26: an `RTM_NEWADDR` on `lo` the kernel answered `EEXIST`, each ADD): it finds
+/// the gateway among `lo`'s addresses in its dump of the node's addresses. The node's first
+/// pod adds it (control: the trace shows that request). When someone took the gateway off
+/// `lo`, the next ADD puts it back, before the pod's host route that takes it as source:
+/// the new pod reaches it and passes CHECK. The requests are read from
+/// `strace -e trace=sendto` of the plugin.
+#[test]
+fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let traced = Traced::new(&p.bin, "sendto").unwrap();
+    let t = PluginUnderTest::at(traced.wrapper.clone());
+    let node = Node::new().unwrap();
+    let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
+    // The gateway's own request: an address on lo (strace names the link by its name).
+    let gateway_requests = || {
+        traced
+            .log()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.contains("sendto(")
+                    && l.contains("RTM_NEWADDR")
+                    && l.contains("if_nametoindex(\"lo\")")
+            })
+            .count()
+    };
+    let a = add_pod_of(&t, &node, &v4, Stack::V4);
+    let gw =
+        a.r.ip4()
+            .unwrap()
+            .gateway
+            .expect("the result names a gateway");
+    assert_eq!(
+        gateway_requests(),
+        1,
+        "control: the node's first pod asks for its gateway on lo:\n{}",
+        traced.log().unwrap()
+    );
+    // The trace holds the last run only.
+    let b = add_pod_of(&t, &node, &v4, Stack::V4);
+    assert_eq!(
+        gateway_requests(),
+        0,
+        "the second pod's ADD asked for the gateway again:\n{}",
+        traced.log().unwrap()
+    );
+    assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
+
+    node.netns()
+        .ip_ok(&["addr", "del", &format!("{gw}/32"), "dev", "lo"])
+        .unwrap();
+    let c = add_pod_of(&t, &node, &v4, Stack::V4);
+    assert_eq!(
+        gateway_requests(),
+        1,
+        "the gateway was put back by another request"
+    );
+    assert_eq!(
+        holders_of(&node, gw),
+        vec![format!("lo {gw}/32")],
+        "the ADD after the gateway was taken off lo did not put it back"
+    );
+    // The kernel took the older pods' host routes with the address (their source): CHECK
+    // names those; the new pod's route came after the address was back.
+    echo(
+        &c.netns,
+        node.netns(),
+        gw,
+        "the new pod -> its gateway, put back",
+    );
+    echo(node.netns(), &c.netns, c.v4(), "node -> the new pod");
+    assert_check_ok(&p, &node, &v4, &c, "gateway put back");
+    for pod in [&a, &b, &c] {
+        del_pod(&p, &node, &v4, pod);
+    }
+    assert!(
+        holders_of(&node, gw).is_empty(),
+        "the gateway outlived its pods"
+    );
 }
 
 /// The last user's DEL and another pod's ADD of the same network, at the same time: the

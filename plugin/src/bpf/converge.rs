@@ -34,6 +34,9 @@ pub struct NodeView {
     pub devices: Vec<Device>,
     /// Every global address of the node (wildcard host ports answer on each).
     pub addrs: Vec<IpAddr>,
+    /// The global addresses `lo` holds: the pods' IPv4 gateways (`gateway.rs`), which ADD
+    /// finds there rather than asking for them again.
+    pub loopback: Vec<IpAddr>,
     /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
     /// kernel's order (see `MasqMaps::install`).
     pub masq_sources: Vec<(u32, IpAddr)>,

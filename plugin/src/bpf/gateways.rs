@@ -66,8 +66,10 @@ impl GatewayLock {
         })
     }
 
-    /// Records that attachment `id` uses `gw`. The caller then makes sure the node holds
-    /// the address, before it lets go of the lock.
+    /// Records that attachment `id` uses `gw`; `Ok(true)` when other attachments used it
+    /// already (its directory was there). The caller then makes sure the node holds the
+    /// address: a gateway in use is on `lo` already, since the last user's DEL removes the
+    /// directory before the address, under this lock.
     /// The directories this had to create are added to `created`: every writer of the node's
     /// directory holds the lock, so what is missing here is created by this call.
     pub fn add_user(
@@ -76,19 +78,18 @@ impl GatewayLock {
         gw: Ipv4Addr,
         id: u64,
         created: &mut CreatedDirs,
-    ) -> Result<(), BpfError> {
+    ) -> Result<bool, BpfError> {
         let gateways = self.root.gateways_dir(node);
-        for dir in [
-            self.root.node_dir(node),
-            gateways.join(gw_name(gw)),
-            gateways,
-        ] {
+        let gw_dir = gateways.join(gw_name(gw));
+        let in_use = walk(&gw_dir).exists();
+        for dir in [self.root.node_dir(node), gw_dir, gateways] {
             if !walk(&dir).exists() && !created.0.contains(&dir) {
                 created.0.push(dir);
             }
         }
         created.0.sort_by_key(|d| d.components().count());
-        create_dir_all_racy(&user_dir(&self.root, node, gw, id))
+        create_dir_all_racy(&user_dir(&self.root, node, gw, id))?;
+        Ok(in_use)
     }
 
     /// Removes the directories of `created` that are still empty, innermost first. One that

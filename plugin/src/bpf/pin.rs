@@ -283,6 +283,22 @@ pub fn ensure_bpffs() -> Result<(), BpfError> {
 }
 
 pub(crate) fn ensure_bpffs_at(root: &PinRoot) -> Result<(), BpfError> {
+    // Asked once a process: an ADD reached here three times (its start, the gateway's
+    // record, its programs), a `statfs` each.
+    static FOUND: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let path = root.bpffs();
+    let found = |p: &Path| FOUND.lock().is_ok_and(|f| f.iter().any(|q| q == p));
+    if found(path) {
+        return Ok(());
+    }
+    ensure_bpffs_uncached(root)?;
+    if let Ok(mut f) = FOUND.lock() {
+        f.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+fn ensure_bpffs_uncached(root: &PinRoot) -> Result<(), BpfError> {
     let path = root.bpffs();
     if is_bpffs(path)? {
         return Ok(());
