@@ -200,13 +200,13 @@ fn plan(
 ) -> Result<Plan, BpfError> {
     let mut p = Plan::default();
     plan_devices(root, node, &view.devices, view.mode, &mut p);
-    let mut sockets_wanted = false;
+    // The node's switches, read once (the host-port maps hold the config map open on any
+    // node with programs).
+    let mut config = None;
     if ports.is_some() || walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
         let pm = PortMaps::opened(ports, root, node)?;
-        // Without the node's cookie (an older build on a kernel before 5.14) no socket
-        // program was attached, and none is wanted until an ADD with host ports.
-        sockets_wanted = pm.enabled() && pm.netns_cookie() != 0;
-        if pm.enabled() {
+        let c = pm.node_config();
+        if PortMaps::enabled_in(c) {
             let have = pm.node_addrs();
             let mut want = view.addrs.clone();
             want.sort();
@@ -217,11 +217,10 @@ fn plan(
                 p.node_addrs = Some(AddrDiff { added, removed });
             }
         }
+        config = Some(c);
     }
-    // The host-port maps hold the node's config map open already (on any node with
-    // programs): its masquerade flag is read there.
-    let masquerading = match ports.as_ref() {
-        Some(pm) => MasqMaps::active_in(pm.node_config()),
+    let masquerading = match config {
+        Some(c) => MasqMaps::active_in(c),
         None => MasqMaps::active_on(root, node)?,
     };
     if masquerading {
@@ -230,6 +229,9 @@ fn plan(
         }
     }
     if by != ConvergedBy::Add {
+        // Without the node's cookie (an older build on a kernel before 5.14) no socket
+        // program was attached, and none is wanted until an ADD with host ports.
+        let sockets_wanted = config.is_some_and(|c| PortMaps::enabled_in(c) && c.netns_cookie != 0);
         p.links = cgroup::links_to_restore(root, node, sockets_wanted);
     }
     Ok(p)

@@ -339,9 +339,12 @@ impl PortMaps {
     }
 
     pub fn enabled(&self) -> bool {
-        self.config
-            .get(&0, 0)
-            .is_ok_and(|c| c.flags & NODE_FLAG_PORTMAP != 0)
+        self.config.get(&0, 0).is_ok_and(Self::enabled_in)
+    }
+
+    /// Whether the node's switches `c` have the port-mapping lookups on.
+    pub fn enabled_in(c: NodeConfig) -> bool {
+        c.flags & NODE_FLAG_PORTMAP != 0
     }
 
     /// Every installed mapping with its hits summed over CPUs.
