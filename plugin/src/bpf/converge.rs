@@ -473,4 +473,17 @@ mod tests {
         assert!(!p.is_empty());
         assert_eq!(p.describe(), ["wildcard host ports answer on 10.0.0.9"]);
     }
+
+    #[test]
+    fn a_link_to_restore_is_a_change() {
+        let p = Plan {
+            links: vec!["ecni_connect4"],
+            ..Plan::default()
+        };
+        assert!(!p.is_empty());
+        assert_eq!(
+            p.describe(),
+            ["ecni_connect4 attached to the cgroup v2 root again"]
+        );
+    }
 }
