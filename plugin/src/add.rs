@@ -248,8 +248,8 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     veth::add_host_gateways(host_nl, pair.host.index, &addrs).await?;
     let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
     let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
-    let view = crate::node::node_view(host_nl, conf, &gateways).await?;
-    crate::gateway::ensure_held(host_nl, &held, &view.loopback).await?;
+    let mut view = crate::node::node_view(host_nl, conf, &gateways).await?;
+    crate::gateway::ensure_held(host_nl, &held, &mut view).await?;
     step("devices listed");
     crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
     undo.push(Undo::Programs);

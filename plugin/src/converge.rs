@@ -1,5 +1,5 @@
 //! The node follows its devices and addresses between ADDs (see `bpf/converge.rs` for what
-//! is brought in line): STATUS runs this each time the runtime asks (containerd 2.x every
+//! is brought in line, and `gateway::restore` for the pods' gateways on `lo`): STATUS runs this each time the runtime asks (containerd 2.x every
 //! 5 s), `ebpf-cni agent` on each address or link event. A node without pods has nothing to
 //! converge and costs one `stat`; a node in line costs one address dump and a few map
 //! reads, and writes nothing.
@@ -19,8 +19,10 @@ pub async fn converge(conf: &NetConf, by: ConvergedBy) -> Result<Vec<String>, Cn
         return Ok(Vec::new());
     }
     let host_nl = Netlink::connect()?;
-    let view = crate::node::node_view(&host_nl, conf, &gateways(conf)).await?;
-    Ok(bpf::converge(&node, &view, by)?)
+    let mut view = crate::node::node_view(&host_nl, conf, &gateways(conf)).await?;
+    let mut lines = crate::gateway::restore(&host_nl, &node, &mut view, by).await?;
+    lines.extend(bpf::converge(&node, &view, by)?);
+    Ok(lines)
 }
 
 /// The gateways of `conf`'s host-local ranges: the IPv6 ones are held by every host veth,

@@ -20,10 +20,10 @@ use ipnetwork::IpNetwork;
 use crate::{
     bpf::{
         gateways::{self, CreatedDirs},
-        BpfError, NodeId,
+        BpfError, ConvergedBy, NodeId, NodeView,
     },
     cni::{code, CniError},
-    netlink::Netlink,
+    netlink::{Netlink, RouteSpec},
 };
 
 /// CHECK found a pod's gateway unlike ADD left it (code 105).
@@ -106,23 +106,88 @@ pub async fn acquire(
 }
 
 /// ADD, after [`acquire`]: each gateway of `held` is among the global addresses `lo`
-/// holds (`loopback`, from ADD's dump of the node's addresses), or is added again (someone
+/// holds (`view.loopback`, from ADD's dump of the node's addresses), or is added again
+/// (and to `view`) (someone
 /// took it off; the pods' host routes take it as their source address, so this runs before
 /// them). The lock is not needed: this ADD's own use keeps every DEL from removing it.
 pub async fn ensure_held(
     host_nl: &Netlink,
     held: &[Ipv4Addr],
-    loopback: &[IpAddr],
+    view: &mut NodeView,
 ) -> Result<(), CniError> {
     for gw in held {
-        if !loopback.contains(&IpAddr::V4(*gw)) {
+        if !view.loopback.contains(&IpAddr::V4(*gw)) {
             log::warn!("gateway {gw} was not on lo: added again");
             host_nl
                 .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
                 .await?;
+            view.add_loopback(IpAddr::V4(*gw));
         }
     }
     Ok(())
+}
+
+/// STATUS and the agent: each gateway in use that `lo` no longer holds (`view.loopback`,
+/// from the node's address dump) is added again (and to `view`), and with it the host routes of the pods behind
+/// it, which the kernel removed with the address (they take it as their source). A node
+/// whose gateways are all on `lo` costs one directory read. Returns what changed, one line
+/// per gateway, recorded as the node's last convergence.
+pub async fn restore(
+    host_nl: &Netlink,
+    node: &NodeId,
+    view: &mut NodeView,
+    by: ConvergedBy,
+) -> Result<Vec<String>, CniError> {
+    let root = crate::bpf::PinRoot::from_env();
+    let missing: Vec<Ipv4Addr> = gateways::in_use_list(&root, node)
+        .into_iter()
+        .filter(|gw| !view.loopback.contains(&IpAddr::V4(*gw)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Under the lock no DEL drops a gateway's last user, and no pod leaves the endpoint map.
+    let lock = gateways::GatewayLock::take()?;
+    let mut lines = Vec::new();
+    for gw in missing {
+        if !lock.is_used(node, gw) {
+            continue;
+        }
+        host_nl
+            .ensure_address(LOOPBACK_IFINDEX, host_prefix(gw))
+            .await?;
+        view.add_loopback(IpAddr::V4(gw));
+        let pods = lock.pods_behind(node, gw)?;
+        let mut routed = 0;
+        for (addr, oif) in &pods {
+            let route = RouteSpec {
+                dst: host_prefix(*addr),
+                gw: None,
+                oif: *oif,
+                scope_link: true,
+                src: Some(IpAddr::V4(gw)),
+            };
+            match host_nl.ensure_route(&route).await {
+                Ok(added) => routed += usize::from(added),
+                // The pod's veth is gone: its DEL removes the endpoint after the link.
+                Err(e) if e.errno() == Some(libc::ENODEV) => {
+                    log::debug!("no host route to {addr}: its veth (link {oif}) is gone");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        lines.push(format!(
+            "gateway {gw} on lo again, with {routed} host route(s) to its {} pod address(es)",
+            pods.len()
+        ));
+    }
+    if !lines.is_empty() {
+        crate::bpf::record_change(node, by)?;
+        for l in &lines {
+            log::info!("node {node} converged ({}): {l}", by.as_str());
+        }
+    }
+    Ok(lines)
 }
 
 /// DEL, GC and a failed ADD: attachment `id` uses no gateway any more; the ones nobody

@@ -216,7 +216,7 @@ pub async fn bring_up_host(
     host_nl.set_up(index).await?;
     for a in addrs {
         host_nl
-            .add_route(&RouteSpec {
+            .ensure_route(&RouteSpec {
                 dst: host_prefix(a.address.ip()),
                 gw: None,
                 oif: index,

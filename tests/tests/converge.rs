@@ -333,6 +333,131 @@ fn status_attaches_a_detached_socket_program_again() {
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
+/// The pod's IPv4 address and gateway, from its ADD result.
+fn ipv4_of(result: &Value) -> (IpAddr, IpAddr) {
+    let ip = result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["address"].as_str().is_some_and(|a| a.contains('.')))
+        .unwrap_or_else(|| panic!("no IPv4 address in {result}"));
+    let a = ip["address"].as_str().unwrap();
+    (
+        a.split('/').next().unwrap().parse().unwrap(),
+        ip["gateway"].as_str().unwrap().parse().unwrap(),
+    )
+}
+
+/// The node's host route to pod address `a`, as `ip route` shows it ("" when none).
+fn host_route(node: &Node, a: IpAddr) -> String {
+    node.netns()
+        .ip_ok(&["-4", "route", "show", &format!("{a}/32")])
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Two pods of one network, each answering on port 80, the gateway they share taken off
+/// `lo` (an operator's `ip addr flush dev lo`, a network manager's clean-up): the kernel
+/// takes every host route to the pods with it (it is their source address), so the node no
+/// longer reaches them (checked when `confirm`: with the agent running the routes may be
+/// back before the first look). Returns the pods, their servers, the gateway and the host
+/// routes as ADD made them.
+fn pods_behind_a_lost_gateway(
+    p: &PluginUnderTest,
+    node: &Node,
+    l: &NetConfList,
+    confirm: bool,
+) -> (Vec<Pod>, Vec<PodServer>, IpAddr, Vec<String>) {
+    let pods = vec![add_pod(p, node, l, 8080), add_pod(p, node, l, 8081)];
+    let servers = pods
+        .iter()
+        .map(|pod| PodServer::start(&pod.netns, 80, "pod"))
+        .collect();
+    let gw = ipv4_of(&pods[0].result).1;
+    let mut routes = Vec::new();
+    for pod in &pods {
+        let a = ipv4_of(&pod.result).0;
+        let r = host_route(node, a);
+        assert!(r.contains(&format!("src {gw}")), "control: host route {r}");
+        assert_eq!(
+            answer(node.netns(), sa(a, 80)),
+            "pod",
+            "control: node -> {a}"
+        );
+        routes.push(r);
+    }
+    addr(node.netns(), "del", &format!("{gw}/32"), "lo");
+    for pod in pods.iter().filter(|_| confirm) {
+        let a = ipv4_of(&pod.result).0;
+        assert_eq!(
+            host_route(node, a),
+            "",
+            "the kernel kept the host route to {a} without its source: the test proves nothing"
+        );
+        let got = answer(node.netns(), sa(a, 80));
+        assert!(
+            got.starts_with("error"),
+            "node -> {a} answered ({got}) with no route"
+        );
+    }
+    (pods, servers, gw, routes)
+}
+
+/// A pod network's gateway taken off `lo` ([`pods_behind_a_lost_gateway`]): CHECK names it;
+/// STATUS puts it back and the pods' host routes as ADD made them, the node reaches the
+/// pods again and CHECK passes; the host ports still answer on the gateway's address (a
+/// node address); a second STATUS writes nothing.
+#[test]
+fn status_puts_a_gateway_taken_off_lo_back_with_the_pods_host_routes() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = network(&p, &node);
+    let (pods, servers, gw, routes) = pods_behind_a_lost_gateway(&p, &node, &l, true);
+    for pod in &pods {
+        let err = p
+            .runtime
+            .check(&node, &l, &pod.att, &pod.result)
+            .expect_err("CHECK with the gateway off lo");
+        assert!(
+            err.to_string().contains(&gw.to_string()),
+            "CHECK does not name the gateway: {err}"
+        );
+    }
+
+    status(&p, &node, &l);
+    let after = report(&p, &node);
+    assert_eq!(
+        converged(&after).map(|(_, by)| by).as_deref(),
+        Some("status")
+    );
+    assert!(
+        node_addresses(&after).contains(&gw),
+        "host ports no longer answer on the gateway's address: {:?}",
+        node_addresses(&after)
+    );
+    for (pod, before) in pods.iter().zip(&routes) {
+        let a = ipv4_of(&pod.result).0;
+        assert_eq!(&host_route(&node, a), before, "the host route to {a}");
+        assert_eq!(answer(node.netns(), sa(a, 80)), "pod", "node -> {a}");
+        p.runtime
+            .check(&node, &l, &pod.att, &pod.result)
+            .unwrap_or_else(|e| panic!("CHECK after STATUS: {e}"));
+    }
+    status(&p, &node, &l);
+    assert_eq!(
+        converged(&report(&p, &node)),
+        converged(&after),
+        "a second STATUS wrote again"
+    );
+    drop(servers);
+    for pod in &pods {
+        del_pod(&p, &node, &l, pod);
+    }
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
 /// Issue 24, item 1, masquerade: the egress device is renumbered (a DHCP renewal). The
 /// recorded source the programs leave with where the FIB cannot tell it (before 6.8)
 /// follows at the next STATUS, and the masquerading pod's connections leave with the new
@@ -465,6 +590,38 @@ fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
     agent.still_running().unwrap();
     drop(agent);
     del_pod(&p, &node, &l, &pod);
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// The same lost gateway with the agent running and no STATUS: the gateway and the pods'
+/// host routes are back within 5 s, and the agent says so.
+#[test]
+fn the_agent_puts_a_gateway_taken_off_lo_back_within_five_seconds() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = network(&p, &node);
+    let mut agent = start_agent(&p, &node, &l, None);
+    let (pods, servers, gw, routes) = pods_behind_a_lost_gateway(&p, &node, &l, false);
+    let took = within_deadline("the pods' host routes", || {
+        pods.iter()
+            .zip(&routes)
+            .all(|(pod, r)| host_route(&node, ipv4_of(&pod.result).0) == *r)
+    });
+    eprintln!("the host routes were back {took:?} after the gateway left lo");
+    agent
+        .wait_for(&format!("gateway {gw} on lo again"), Duration::from_secs(1))
+        .unwrap();
+    for pod in &pods {
+        let a = ipv4_of(&pod.result).0;
+        assert_eq!(answer(node.netns(), sa(a, 80)), "pod", "node -> {a}");
+    }
+    agent.still_running().unwrap();
+    drop(agent);
+    drop(servers);
+    for pod in &pods {
+        del_pod(&p, &node, &l, pod);
+    }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 

@@ -44,6 +44,19 @@ pub struct NodeView {
     pub mode: AttachMode,
 }
 
+impl NodeView {
+    /// `ip` put on `lo` after the view was read (a pod gateway added again): one more of
+    /// the node's addresses, which wildcard host ports answer on as before.
+    pub fn add_loopback(&mut self, ip: IpAddr) {
+        if !self.loopback.contains(&ip) {
+            self.loopback.push(ip);
+        }
+        if let Err(at) = self.addrs.binary_search(&ip) {
+            self.addrs.insert(at, ip);
+        }
+    }
+}
+
 /// Who converged the node (recorded with the time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConvergedBy {
@@ -391,6 +404,12 @@ pub(super) fn converge_locked(
     res.map(|()| lines)
 }
 
+/// Records a change made to the node by a convergence step outside this module (the
+/// gateways `crate::gateway::restore` puts back on `lo`); the node lock is held.
+pub fn record_change(node: &NodeId, by: ConvergedBy) -> Result<(), BpfError> {
+    record(&PinRoot::from_env(), node, by)
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -472,6 +491,26 @@ mod tests {
         };
         assert!(!p.is_empty());
         assert_eq!(p.describe(), ["wildcard host ports answer on 10.0.0.9"]);
+    }
+
+    #[test]
+    fn an_address_put_back_on_lo_joins_the_view_once_in_order() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut v = NodeView {
+            devices: Vec::new(),
+            addrs: vec![ip("10.0.0.5"), ip("192.168.1.2")],
+            loopback: Vec::new(),
+            masq_sources: Vec::new(),
+            mode: AttachMode::Netlink,
+        };
+        v.add_loopback(ip("10.88.0.1"));
+        v.add_loopback(ip("10.88.0.1"));
+        assert_eq!(
+            v.addrs,
+            [ip("10.0.0.5"), ip("10.88.0.1"), ip("192.168.1.2")]
+        );
+        assert_eq!(v.loopback, [ip("10.88.0.1")]);
+        assert!(v.masq_sources.is_empty(), "lo is never a masquerade source");
     }
 
     #[test]

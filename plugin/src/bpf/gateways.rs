@@ -8,10 +8,15 @@
 //! disappear: the last user's DEL removes the directory and the address in one step that
 //! no other plugin run interleaves with.
 
-use std::{fs, io, net::Ipv4Addr, path::PathBuf};
+use std::{
+    fs, io,
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
 
 use super::{
     lock::NodeLock,
+    maps::{key_ip, Maps},
     pin::{create_dir_all_racy, ensure_bpffs_at, walk, PinRoot},
     BpfError, NodeId,
 };
@@ -133,6 +138,52 @@ impl GatewayLock {
     }
 }
 
+/// STATUS and the agent, before the lock: the gateways with a recorded user, which the
+/// node should hold on `lo` (one directory read).
+pub fn in_use_list(root: &PinRoot, node: &NodeId) -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = fs::read_dir(walk(&root.gateways_dir(node)))
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| parse_gw_name(&e.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+impl GatewayLock {
+    /// Whether `gw` still has a recorded user (a DEL may have dropped its last one since
+    /// [`in_use_list`]).
+    pub fn is_used(&self, node: &NodeId, gw: Ipv4Addr) -> bool {
+        walk(&self.root.gateways_dir(node).join(gw_name(gw))).is_dir()
+    }
+
+    /// The pods behind `gw`: each IPv4 pod address whose endpoint names `gw` as its
+    /// gateway, with its host veth (what ADD's host route to it holds). Read under the
+    /// lock, so no pod leaves the map meanwhile.
+    pub fn pods_behind(
+        &self,
+        node: &NodeId,
+        gw: Ipv4Addr,
+    ) -> Result<Vec<(Ipv4Addr, u32)>, BpfError> {
+        let Some(endpoints) = Maps::open_endpoints(&self.root, node)? else {
+            return Ok(Vec::new());
+        };
+        let mut v: Vec<(Ipv4Addr, u32)> = endpoints
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, e)| e.gateway4 == gw.octets())
+            .filter_map(|(k, e)| match key_ip(&k) {
+                IpAddr::V4(a) => Some((a, e.host_ifindex)),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+}
+
 /// CHECK: attachment `id`'s use of `gw` is recorded.
 pub fn check_user(node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> {
     let path = user_dir(&PinRoot::from_env(), node, gw, id);
@@ -227,6 +278,30 @@ mod tests {
         lock.remove_created(&created);
         assert!(!root.node_dir(&node).exists(), "all empty now: all gone");
         assert!(root.layout_dir().is_dir(), "the lock's directory stays");
+    }
+
+    #[test]
+    fn the_gateways_in_use_are_those_with_a_user() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = PinRoot::new(tmp.path());
+        let lock = GatewayLock {
+            _lock: NodeLock::take(&root).unwrap(),
+            root: root.clone(),
+        };
+        let node = NodeId::from_netns_inode(9);
+        assert!(
+            in_use_list(&root, &node).is_empty(),
+            "no node directory yet"
+        );
+        let (a, b) = (Ipv4Addr::new(10, 2, 0, 1), Ipv4Addr::new(10, 1, 0, 1));
+        let mut created = CreatedDirs::default();
+        lock.add_user(&node, a, 1, &mut created).unwrap();
+        lock.add_user(&node, b, 2, &mut created).unwrap();
+        assert_eq!(in_use_list(&root, &node), vec![b, a]);
+        assert!(lock.is_used(&node, a));
+        lock.remove_user(&node, 1).unwrap();
+        assert_eq!(in_use_list(&root, &node), vec![b]);
+        assert!(!lock.is_used(&node, a), "its last user went");
     }
 
     #[test]

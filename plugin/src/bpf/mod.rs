@@ -36,7 +36,7 @@ mod tree;
 pub mod walk;
 
 pub use capability::{pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
-pub use converge::{converge, ConvergeRecord, ConvergedBy, NodeView};
+pub use converge::{converge, record_change, ConvergeRecord, ConvergedBy, NodeView};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};

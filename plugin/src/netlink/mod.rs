@@ -517,6 +517,28 @@ impl Netlink {
         )
     }
 
+    /// [`Self::add_route`] where the same route may be there already: `Ok(false)` when the
+    /// kernel has a route to `r.dst` out of `r.oif` (another writer, STATUS putting a
+    /// pod's host route back, came first); a route to `r.dst` elsewhere is still an error.
+    pub async fn ensure_route(&self, r: &RouteSpec) -> Result<bool, NetlinkError> {
+        match self.add_route(r).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                let same = self
+                    .routes(r.dst.is_ipv6())
+                    .await?
+                    .iter()
+                    .any(|have| have.dst == r.dst && have.oif == Some(r.oif));
+                if same {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Routes of the main table for one family.
     pub async fn routes(&self, v6: bool) -> Result<Vec<RouteEntry>, NetlinkError> {
         let mut msg = RouteMessage::default();
