@@ -78,6 +78,29 @@ fn report(p: &PluginUnderTest, node: &Node) -> Value {
     dp::inspect(&p.bin, node).unwrap()
 }
 
+/// CHECK of `pod` fails, and its message names `what`.
+fn check_fails_naming(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod, what: &str) {
+    let err = p
+        .runtime
+        .check(node, l, &pod.att, &pod.result)
+        .expect_err("CHECK of a broken node");
+    assert!(
+        err.to_string().contains(what),
+        "CHECK does not name {what}: {err}"
+    );
+}
+
+/// STATUS, which must have changed the node (its record says so); the report after it.
+fn status_converges(p: &PluginUnderTest, node: &Node, l: &NetConfList) -> Value {
+    status(p, node, l);
+    let after = report(p, node);
+    assert_eq!(
+        converged(&after).map(|(_, by)| by).as_deref(),
+        Some("status")
+    );
+    after
+}
+
 fn node_addresses(r: &Value) -> BTreeSet<IpAddr> {
     r["node_addresses"]
         .as_array()
@@ -297,21 +320,9 @@ fn status_attaches_a_detached_socket_program_again() {
              proves nothing"
         );
     }
-    let err = p
-        .runtime
-        .check(&node, &l, &pod.att, &pod.result)
-        .expect_err("CHECK with a socket program detached");
-    assert!(
-        err.to_string().contains("ecni_connect"),
-        "CHECK does not name the link: {err}"
-    );
+    check_fails_naming(&p, &node, &l, &pod, "ecni_connect");
 
-    status(&p, &node, &l);
-    let after = report(&p, &node);
-    assert_eq!(
-        converged(&after).map(|(_, by)| by).as_deref(),
-        Some("status")
-    );
+    let after = status_converges(&p, &node, &l);
     for a in own {
         assert_eq!(
             answer(node.netns(), a),
@@ -416,22 +427,10 @@ fn status_puts_a_gateway_taken_off_lo_back_with_the_pods_host_routes() {
     let l = network(&p, &node);
     let (pods, servers, gw, routes) = pods_behind_a_lost_gateway(&p, &node, &l, true);
     for pod in &pods {
-        let err = p
-            .runtime
-            .check(&node, &l, &pod.att, &pod.result)
-            .expect_err("CHECK with the gateway off lo");
-        assert!(
-            err.to_string().contains(&gw.to_string()),
-            "CHECK does not name the gateway: {err}"
-        );
+        check_fails_naming(&p, &node, &l, pod, &gw.to_string());
     }
 
-    status(&p, &node, &l);
-    let after = report(&p, &node);
-    assert_eq!(
-        converged(&after).map(|(_, by)| by).as_deref(),
-        Some("status")
-    );
+    let after = status_converges(&p, &node, &l);
     assert!(
         node_addresses(&after).contains(&gw),
         "host ports no longer answer on the gateway's address: {:?}",
