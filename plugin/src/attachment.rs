@@ -89,6 +89,10 @@ pub enum CheckError {
     },
     #[error("host route {dst} dev {host} is missing in the node namespace")]
     HostRouteMissing { dst: IpNetwork, host: String },
+    /// The pod's IPv6 gateway, which the host veth holds (the pod's neighbour discovery
+    /// for it goes unanswered without it).
+    #[error("gateway {gw} is missing from host veth {host}")]
+    HostGatewayMissing { gw: IpAddr, host: String },
 }
 
 impl CheckError {

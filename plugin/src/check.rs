@@ -134,12 +134,25 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         }
     }
 
-    // The gateway before the host routes: without it the kernel drops the routes that use
-    // it as their source, and the message should name the cause. A pod attached by an
+    // The gateways before the host routes: without the IPv4 one the kernel drops the routes
+    // that use it as their source, and the message should name the cause. The IPv6 gateway
+    // is on the host veth (without it the kernel keeps the route, and the pod loses its
+    // way out: its neighbour discovery for the gateway goes unanswered). A pod attached by an
     // earlier release holds its IPv4 gateway on the host veth instead (and its endpoint
     // entries name no gateway): that layout is still correct.
     let on_veth = host_nl.addresses(host.index).await?;
     let legacy = |gw: IpAddr| on_veth.contains(&host_route(gw));
+    if let Some(gw) = ips
+        .iter()
+        .filter_map(|i| i.gateway.filter(IpAddr::is_ipv6))
+        .find(|gw| !on_veth.contains(&host_route(*gw)))
+    {
+        return Err(CheckError::HostGatewayMissing {
+            gw,
+            host: host_name,
+        }
+        .into());
+    }
     let gateway4 = |i: &&crate::cni::types::IpConfig| {
         crate::gateway::of_address(i.address.ip(), i.gateway).filter(|g| !legacy(IpAddr::V4(*g)))
     };

@@ -1685,6 +1685,61 @@ fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
     );
 }
 
+/// A dual-stack pod's IPv6 gateway is held by its host veth (the IPv4 one by `lo`). Deleted
+/// there, the kernel keeps the node's host route to the pod (it only drops the route's
+/// source), but the pod can no longer reach the gateway: CHECK must say so (105), naming the
+/// gateway and the host veth, where it used to pass.
+#[test]
+fn check_names_an_ipv6_gateway_missing_from_the_host_veth() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let dual = dual_list(&p, &node);
+    let a = add_pod_of(&p, &node, &dual, Stack::Dual);
+    let gw6 =
+        a.r.ip6()
+            .unwrap()
+            .gateway
+            .expect("the result names an IPv6 gateway");
+    echo(
+        &a.netns,
+        node.netns(),
+        gw6,
+        "control: the pod -> its IPv6 gateway",
+    );
+    assert_check_ok(&p, &node, &dual, &a, "control");
+
+    let host = a.r.host_ifname.clone();
+    node.netns()
+        .ip_ok(&["addr", "del", &format!("{gw6}/128"), "dev", &host])
+        .unwrap();
+    assert_blocked(
+        &a.netns,
+        node.netns(),
+        gw6,
+        "the pod -> its IPv6 gateway, deleted",
+    );
+    let route = node
+        .netns()
+        .ip_ok(&["-6", "route", "show", &format!("{}/128", a.v6())])
+        .unwrap();
+    assert!(
+        route.contains(&host),
+        "the kernel kept the host route to the pod: {route}"
+    );
+    let err = p
+        .runtime
+        .check(&node, &dual, &a.att, &a.result)
+        .expect_err("CHECK with the IPv6 gateway gone from the host veth");
+    let msg = err.to_string();
+    assert!(msg.contains("\"code\":105"), "CHECK's code: {msg}");
+    assert!(
+        msg.contains(&format!("gateway {gw6} is missing from host veth {host}")),
+        "CHECK does not name the gateway and the veth: {msg}"
+    );
+    del_pod(&p, &node, &dual, &a);
+}
+
 /// The last user's DEL and another pod's ADD of the same network, at the same time: the
 /// node lock makes dropping the gateway and taking it atomic, so the new pod always ends
 /// up with its gateway on `lo` (a DEL that removed the address after the ADD had found it
