@@ -141,11 +141,11 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
     // earlier release holds its IPv4 gateway on the host veth instead (and its endpoint
     // entries name no gateway): that layout is still correct.
     let on_veth = host_nl.addresses(host.index).await?;
-    let legacy = |gw: IpAddr| on_veth.contains(&host_route(gw));
+    let on_host_veth = |gw: IpAddr| on_veth.contains(&host_route(gw));
     if let Some(gw) = ips
         .iter()
         .filter_map(|i| i.gateway.filter(IpAddr::is_ipv6))
-        .find(|gw| !on_veth.contains(&host_route(*gw)))
+        .find(|gw| !on_host_veth(*gw))
     {
         return Err(CheckError::HostGatewayMissing {
             gw,
@@ -154,7 +154,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
         .into());
     }
     let gateway4 = |i: &&crate::cni::types::IpConfig| {
-        crate::gateway::of_address(i.address.ip(), i.gateway).filter(|g| !legacy(IpAddr::V4(*g)))
+        crate::gateway::of_address(i.address.ip(), i.gateway)
+            .filter(|g| !on_host_veth(IpAddr::V4(*g)))
     };
     crate::gateway::check(
         &host_nl,

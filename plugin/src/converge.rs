@@ -1,6 +1,7 @@
 //! The node follows its devices and addresses between ADDs (see `bpf/converge.rs` for what
-//! is brought in line, and `gateway::restore` for the pods' gateways on `lo`): STATUS runs this each time the runtime asks (containerd 2.x every
-//! 5 s), `ebpf-cni agent` on each address or link event. A node without pods has nothing to
+//! is brought in line, and `gateway::restore` for the pods' gateways on `lo`): STATUS runs
+//! this each time the runtime asks (containerd 2.x every 5 s), `ebpf-cni agent` on each
+//! address or link event. A node without pods has nothing to
 //! converge and costs one `stat`; a node in line costs one address dump and a few map
 //! reads, and writes nothing.
 

@@ -23,7 +23,7 @@ use crate::{
         BpfError, ConvergedBy, NodeId, NodeView,
     },
     cni::{code, CniError},
-    netlink::{Netlink, RouteSpec},
+    netlink::Netlink,
 };
 
 /// CHECK found a pod's gateway unlike ADD left it (code 105).
@@ -106,10 +106,10 @@ pub async fn acquire(
 }
 
 /// ADD, after [`acquire`]: each gateway of `held` is among the global addresses `lo`
-/// holds (`view.loopback`, from ADD's dump of the node's addresses), or is added again
-/// (and to `view`) (someone
-/// took it off; the pods' host routes take it as their source address, so this runs before
-/// them). The lock is not needed: this ADD's own use keeps every DEL from removing it.
+/// holds (`view.loopback`, from ADD's dump of the node's addresses), or is added again, to
+/// `lo` and to `view` (someone took it off; the pods' host routes take it as their source
+/// address, so this runs before them). The lock is not needed: this ADD's own use keeps
+/// every DEL from removing it.
 pub async fn ensure_held(
     host_nl: &Netlink,
     held: &[Ipv4Addr],
@@ -128,10 +128,10 @@ pub async fn ensure_held(
 }
 
 /// STATUS and the agent: each gateway in use that `lo` no longer holds (`view.loopback`,
-/// from the node's address dump) is added again (and to `view`), and with it the host routes of the pods behind
-/// it, which the kernel removed with the address (they take it as their source). A node
-/// whose gateways are all on `lo` costs one directory read. Returns what changed, one line
-/// per gateway, recorded as the node's last convergence.
+/// from the node's address dump) is added again, to `lo` and to `view`, and with it the
+/// host routes of the pods behind it, which the kernel removed with the address (they take
+/// it as their source). A node whose gateways are all on `lo` costs one directory read.
+/// Returns what changed, one line per gateway, recorded as the node's last convergence.
 pub async fn restore(
     host_nl: &Netlink,
     node: &NodeId,
@@ -160,13 +160,7 @@ pub async fn restore(
         let pods = lock.pods_behind(node, gw)?;
         let mut routed = 0;
         for (addr, oif) in &pods {
-            let route = RouteSpec {
-                dst: host_prefix(*addr),
-                gw: None,
-                oif: *oif,
-                scope_link: true,
-                src: Some(IpAddr::V4(gw)),
-            };
+            let route = crate::veth::host_route(IpAddr::V4(*addr), *oif, Some(IpAddr::V4(gw)));
             match host_nl.ensure_route(&route).await {
                 Ok(added) => routed += usize::from(added),
                 // The pod's veth is gone: its DEL removes the endpoint after the link.

@@ -216,16 +216,22 @@ pub async fn bring_up_host(
     host_nl.set_up(index).await?;
     for a in addrs {
         host_nl
-            .ensure_route(&RouteSpec {
-                dst: host_prefix(a.address.ip()),
-                gw: None,
-                oif: index,
-                scope_link: true,
-                src: a.gateway,
-            })
+            .ensure_route(&host_route(a.address.ip(), index, a.gateway))
             .await?;
     }
     Ok(())
+}
+
+/// The node's route to pod address `addr`: on-link out of its host veth `oif`, with the
+/// pod's gateway `src` as source (ADD's, and STATUS's when it puts one back).
+pub fn host_route(addr: IpAddr, oif: u32, src: Option<IpAddr>) -> RouteSpec {
+    RouteSpec {
+        dst: host_prefix(addr),
+        gw: None,
+        oif,
+        scope_link: true,
+        src,
+    }
 }
 
 /// Returns once the pod side can send. The side brought up first (the pod's) gets its

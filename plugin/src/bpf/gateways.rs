@@ -136,23 +136,7 @@ impl GatewayLock {
         }
         Ok(unused)
     }
-}
 
-/// STATUS and the agent, before the lock: the gateways with a recorded user, which the
-/// node should hold on `lo` (one directory read).
-pub fn in_use_list(root: &PinRoot, node: &NodeId) -> Vec<Ipv4Addr> {
-    let mut v: Vec<Ipv4Addr> = fs::read_dir(walk(&root.gateways_dir(node)))
-        .map(|es| {
-            es.flatten()
-                .filter_map(|e| parse_gw_name(&e.file_name().to_string_lossy()))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    v
-}
-
-impl GatewayLock {
     /// Whether `gw` still has a recorded user (a DEL may have dropped its last one since
     /// [`in_use_list`]).
     pub fn is_used(&self, node: &NodeId, gw: Ipv4Addr) -> bool {
@@ -235,6 +219,20 @@ pub(super) fn list_at(root: &PinRoot, node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)
 /// state while an ADD holds one.
 pub fn in_use(root: &PinRoot, node: &NodeId) -> bool {
     fs::read_dir(root.gateways_dir(node)).is_ok_and(|mut es| es.next().is_some())
+}
+
+/// STATUS and the agent, before the lock: the gateways with a recorded user, which the
+/// node should hold on `lo` (one directory read).
+pub fn in_use_list(root: &PinRoot, node: &NodeId) -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = fs::read_dir(walk(&root.gateways_dir(node)))
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| parse_gw_name(&e.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
 }
 
 #[cfg(test)]
