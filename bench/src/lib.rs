@@ -31,6 +31,7 @@ pub mod rig;
 pub mod run;
 pub mod sections;
 pub mod stats;
+pub mod turns;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -29,6 +29,7 @@ use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
 use crate::sections::source_check::BpfStats;
+use crate::turns::in_turn;
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -231,9 +232,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.iperf_secs,
             p.rr_secs
         ));
-        // Throughput, the subjects and the two paths alternating (statistics off).
+        // Throughput, the subjects and the two paths alternating (statistics off), the
+        // subjects' order reversed every other repeat.
         for (list, r) in [(&setups, &mut tput), (&routed, &mut tput_routed)] {
-            for (s, setup) in list {
+            for (s, setup) in in_turn(list, rep) {
                 let ns = &setup.pod.netns;
                 match load::iperf3(
                     ns,
@@ -456,7 +458,8 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         ),
         format!(
             "Throughput: iperf3 -t {} -O {}, one TCP stream from the pod to the external \
-             host, the receiver's rate. TCP_CRR: as in the traffic section (connect, 1 byte \
+             host, the receiver's rate; the subjects take turns, in the reverse order every \
+             other repeat. TCP_CRR: as in the traffic section (connect, 1 byte \
              each way, the server closes, then the client; client and server pinned to CPU \
              {}), {} s per repeat in {RR_SLICES} slices alternating the subjects; every \
              connection is a new masqueraded flow towards the same remote end \

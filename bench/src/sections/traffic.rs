@@ -20,6 +20,7 @@ use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::rig::topo::{self, BenchNode, Binaries, Pod, VethPair};
 use crate::stats::percentile;
+use crate::turns::in_turn;
 
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
@@ -191,7 +192,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.rr_secs
         ));
         for path in PathKind::ALL {
-            for (s, setup) in &setups {
+            for (s, setup) in in_turn(&setups, rep) {
                 let Some((ns, target, _)) = setup.client(path) else {
                     continue;
                 };
@@ -268,7 +269,8 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     throughput.notes = vec![
         format!(
             "iperf3 -t {} -O {} (the first {} s are not counted), one TCP stream (bbr, the \
-             kernel default here), MTU {}; the receiver's rate.",
+             kernel default here), MTU {}; the receiver's rate. The subjects take turns, in the \
+             reverse order every other repeat.",
             p.iperf_secs,
             p.iperf_omit,
             p.iperf_omit,
