@@ -357,6 +357,10 @@ pub mod pin {
     /// Directory `<IPv4 gateway, 8 hex digits>/<attachment id>`: which attachments use
     /// each gateway the node holds on `lo` (bpffs names may not contain a dot).
     pub const GATEWAYS_DIR: &str = "gateways";
+    /// Directory `<IPv6 gateway, 32 hex digits>/<attachment id>`: which attachments' host
+    /// veths hold each IPv6 gateway (each such veth holds it, as a /128), so STATUS can put
+    /// one back where it went missing.
+    pub const GATEWAYS6_DIR: &str = "gateways6";
     /// Directory holding one empty directory `<unix ms>-<by>`: when the node's device
     /// links, host-port addresses and masquerade sources were last brought in line with
     /// its devices and addresses, and by what (`add`, `status`, `agent`).

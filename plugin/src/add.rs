@@ -216,6 +216,7 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
         node,
         key.id(),
         &crate::gateway::ipv4(addrs.iter().map(|a| a.gateway)),
+        &crate::gateway::ipv6(addrs.iter().map(|a| a.gateway)),
         &mut created,
     )
     .await;

@@ -11,9 +11,10 @@
 //!
 //! Which attachments use a gateway is recorded in bpffs (`bpf::gateways`); the last one's
 //! DEL removes the address. Changes to the records and the address happen under the node
-//! lock.
+//! lock. Which host veths hold an IPv6 gateway is recorded the same way, so that STATUS can
+//! put one back ([`restore`]).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::IpNetwork;
 
@@ -55,13 +56,26 @@ fn host_prefix(gw: Ipv4Addr) -> IpNetwork {
 
 /// The IPv4 gateways among `gateways`.
 pub fn ipv4(gateways: impl IntoIterator<Item = Option<IpAddr>>) -> Vec<Ipv4Addr> {
-    let mut v: Vec<Ipv4Addr> = gateways
-        .into_iter()
-        .filter_map(|g| match g {
-            Some(IpAddr::V4(g)) => Some(g),
-            _ => None,
-        })
-        .collect();
+    of_family(gateways, |g| match g {
+        IpAddr::V4(g) => Some(g),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// The IPv6 gateways among `gateways`.
+pub fn ipv6(gateways: impl IntoIterator<Item = Option<IpAddr>>) -> Vec<Ipv6Addr> {
+    of_family(gateways, |g| match g {
+        IpAddr::V6(g) => Some(g),
+        IpAddr::V4(_) => None,
+    })
+}
+
+/// The gateways `pick` takes, once each, in order.
+fn of_family<A: Ord>(
+    gateways: impl IntoIterator<Item = Option<IpAddr>>,
+    pick: fn(IpAddr) -> Option<A>,
+) -> Vec<A> {
+    let mut v: Vec<A> = gateways.into_iter().flatten().filter_map(pick).collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -75,24 +89,29 @@ pub fn of_address(address: IpAddr, gateway: Option<IpAddr>) -> Option<Ipv4Addr> 
     }
 }
 
-/// ADD: attachment `id` uses `gws`. A gateway no other attachment uses is added to `lo`
-/// here; the ones in use already are returned, held by the node since their first user's
-/// ADD: ADD finds them in its dump of the node's addresses ([`ensure_held`]) rather than
-/// asking for each again (an `RTM_NEWADDR` the kernel answered `EEXIST`). The record
-/// directories it had to create are added to `created`, also when it fails, for
-/// [`release_after_failed_add`].
+/// ADD: attachment `id` uses `gws`, and its host veth will hold `gws6`. An IPv4 gateway no
+/// other attachment uses is added to `lo` here; the ones in use already are returned, held
+/// by the node since their first user's ADD: ADD finds them in its dump of the node's
+/// addresses ([`ensure_held`]) rather than asking for each again (an `RTM_NEWADDR` the
+/// kernel answered `EEXIST`). The IPv6 ones are only recorded (ADD puts them on the host
+/// veth). The record directories it had to create are added to `created`, also when it
+/// fails, for [`release_after_failed_add`].
 pub async fn acquire(
     host_nl: &Netlink,
     node: &NodeId,
     id: u64,
     gws: &[Ipv4Addr],
+    gws6: &[Ipv6Addr],
     created: &mut CreatedDirs,
 ) -> Result<Vec<Ipv4Addr>, CniError> {
     let mut held = Vec::new();
-    if gws.is_empty() {
+    if gws.is_empty() && gws6.is_empty() {
         return Ok(held);
     }
     let lock = gateways::GatewayLock::take()?;
+    for gw in gws6 {
+        lock.add_user6(node, *gw, id, created)?;
+    }
     for gw in gws {
         if lock.add_user(node, *gw, id, created)? {
             held.push(*gw);
@@ -127,11 +146,15 @@ pub async fn ensure_held(
     Ok(())
 }
 
-/// STATUS and the agent: each gateway in use that `lo` no longer holds (`view.loopback`,
-/// from the node's address dump) is added again, to `lo` and to `view`, and with it the
-/// host routes of the pods behind it, which the kernel removed with the address (they take
-/// it as their source). A node whose gateways are all on `lo` costs one directory read.
-/// Returns what changed, one line per gateway, recorded as the node's last convergence.
+/// STATUS and the agent: each IPv4 gateway in use that `lo` no longer holds
+/// (`view.loopback`, from the node's address dump) is added again, to `lo` and to `view`,
+/// and with it the host routes of the pods behind it, which the kernel removed with the
+/// address (they take it as their source). Each IPv6 gateway fewer host veths hold than
+/// are recorded as holding it is added again where it is missing, and the host routes to
+/// that veth's pod get it back as their source (the kernel kept them, without it). A node
+/// whose gateways are all in place costs a directory read per family and one per IPv6
+/// gateway. Returns what changed, one line per gateway and veth, recorded as the node's
+/// last convergence.
 pub async fn restore(
     host_nl: &Netlink,
     node: &NodeId,
@@ -143,11 +166,35 @@ pub async fn restore(
         .into_iter()
         .filter(|gw| !view.loopback.contains(&IpAddr::V4(*gw)))
         .collect();
-    if missing.is_empty() {
+    let short6: Vec<Ipv6Addr> = gateways::users6(&root, node)
+        .into_iter()
+        .filter(|(gw, ids)| view.holders(IpAddr::V6(*gw)) < ids.len())
+        .map(|(gw, _)| gw)
+        .collect();
+    if missing.is_empty() && short6.is_empty() {
         return Ok(Vec::new());
     }
     // Under the lock no DEL drops a gateway's last user, and no pod leaves the endpoint map.
     let lock = gateways::GatewayLock::take()?;
+    let mut lines = restore_on_lo(host_nl, node, view, &lock, missing).await?;
+    lines.extend(restore_on_veths(host_nl, node, view, &lock, short6).await?);
+    if !lines.is_empty() {
+        crate::bpf::record_change(node, by)?;
+        for l in &lines {
+            log::info!("node {node} converged ({}): {l}", by.as_str());
+        }
+    }
+    Ok(lines)
+}
+
+/// [`restore`]'s IPv4 part: `missing` back on `lo`, with their pods' host routes.
+async fn restore_on_lo(
+    host_nl: &Netlink,
+    node: &NodeId,
+    view: &mut NodeView,
+    lock: &gateways::GatewayLock,
+    missing: Vec<Ipv4Addr>,
+) -> Result<Vec<String>, CniError> {
     let mut lines = Vec::new();
     for gw in missing {
         if !lock.is_used(node, gw) {
@@ -175,10 +222,51 @@ pub async fn restore(
             pods.len()
         ));
     }
-    if !lines.is_empty() {
-        crate::bpf::record_change(node, by)?;
-        for l in &lines {
-            log::info!("node {node} converged ({}): {l}", by.as_str());
+    Ok(lines)
+}
+
+/// [`restore`]'s IPv6 part: each gateway of `short` back on the recorded host veths that
+/// no longer hold it, and the host routes to those veths' pods with it as their source.
+/// A recorded veth that does not exist is an ADD between its record and its veth, or a
+/// pod whose veth went before its DEL: left alone.
+async fn restore_on_veths(
+    host_nl: &Netlink,
+    node: &NodeId,
+    view: &mut NodeView,
+    lock: &gateways::GatewayLock,
+    short: Vec<Ipv6Addr>,
+) -> Result<Vec<String>, CniError> {
+    let gone = |e: &crate::netlink::NetlinkError| e.errno() == Some(libc::ENODEV);
+    let mut lines = Vec::new();
+    for gw in short {
+        for id in lock.users6_of(node, gw) {
+            let name = crate::veth::host_veth_name_of(id);
+            let Some(link) = host_nl.link_by_name(&name).await? else {
+                continue;
+            };
+            if view.holds(link.index, IpAddr::V6(gw)) {
+                continue;
+            }
+            let prefix = IpNetwork::new(IpAddr::V6(gw), 128).expect("/128 is valid");
+            match host_nl.ensure_address(link.index, prefix).await {
+                Ok(_) => {}
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            view.add_held(link.index, IpAddr::V6(gw));
+            let pods = lock.pods_on6(node, link.index)?;
+            for a in &pods {
+                let route = crate::veth::host_route(IpAddr::V6(*a), link.index, Some(gw.into()));
+                match host_nl.replace_route(&route).await {
+                    Ok(()) => {}
+                    Err(e) if gone(&e) => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            lines.push(format!(
+                "gateway {gw} on {name} again, with the source of its {} host route(s)",
+                pods.len()
+            ));
         }
     }
     Ok(lines)
@@ -199,7 +287,7 @@ pub async fn release_after_failed_add(
     id: u64,
     created: &CreatedDirs,
 ) -> Result<(), CniError> {
-    if created.is_empty() && !gateways::in_use(&crate::bpf::PinRoot::from_env(), node) {
+    if created.is_empty() && !gateways::any_recorded(&crate::bpf::PinRoot::from_env(), node) {
         return Ok(());
     }
     let lock = gateways::GatewayLock::take()?;
@@ -239,12 +327,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_ipv4_gateways_once_each() {
+    fn each_familys_gateways_once_each() {
         let a: IpAddr = "10.1.0.1".parse().unwrap();
         let b: IpAddr = "fd00::1".parse().unwrap();
         assert_eq!(
             ipv4([Some(a), None, Some(b), Some(a)]),
             vec!["10.1.0.1".parse::<Ipv4Addr>().unwrap()]
+        );
+        assert_eq!(
+            ipv6([Some(b), Some(a), None, Some(b)]),
+            vec!["fd00::1".parse::<Ipv6Addr>().unwrap()]
         );
     }
 

@@ -62,6 +62,7 @@ pub async fn node_view(
             devices,
             addrs,
             loopback,
+            by_link: global,
             masq_sources,
             mode,
         });
@@ -87,6 +88,7 @@ pub async fn node_view(
         devices,
         addrs,
         loopback,
+        by_link: global,
         masq_sources,
         mode,
     })

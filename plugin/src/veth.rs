@@ -19,7 +19,12 @@ const HOST_VETH_PREFIX: &str = "ecni";
 /// The host-side name, derived from the attachment so DEL finds it without saved state:
 /// `ecni` + the top 44 bits of the attachment id in hex (15 characters, the kernel's limit).
 pub fn host_veth_name(key: &AttachmentKey<'_>) -> String {
-    format!("{HOST_VETH_PREFIX}{:011x}", key.id() >> 20)
+    host_veth_name_of(key.id())
+}
+
+/// [`host_veth_name`] of the attachment whose id is `id` (as the node's records name it).
+pub fn host_veth_name_of(id: u64) -> String {
+    format!("{HOST_VETH_PREFIX}{:011x}", id >> 20)
 }
 
 /// One of our pods' host ends (as opposed to a node device).
@@ -192,7 +197,8 @@ pub async fn configure_container(
 }
 
 /// Host side, still down: each IPv6 gateway as a /128 (the node holds IPv4 gateways once,
-/// on `lo`: see `gateway`). Before the node's addresses are read, which include them.
+/// on `lo`: see `gateway`). Before the node's addresses are read, which include them. A
+/// STATUS may have put one there first, from the ADD's record of it (`gateway::restore`).
 pub async fn add_host_gateways(
     host_nl: &Netlink,
     index: u32,
@@ -200,7 +206,7 @@ pub async fn add_host_gateways(
 ) -> Result<(), NetlinkError> {
     for a in addrs {
         if let Some(gw @ IpAddr::V6(_)) = a.gateway {
-            host_nl.add_address(index, host_prefix(gw), false).await?;
+            host_nl.ensure_address(index, host_prefix(gw)).await?;
         }
     }
     Ok(())

@@ -351,12 +351,17 @@ fn status_attaches_a_detached_socket_program_again() {
 
 /// The pod's IPv4 address and gateway, from its ADD result.
 fn ipv4_of(result: &Value) -> (IpAddr, IpAddr) {
+    address_of(result, '.')
+}
+
+/// A pod's address of the family whose addresses contain `sep`, and its gateway.
+fn address_of(result: &Value, sep: char) -> (IpAddr, IpAddr) {
     let ip = result["ips"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|i| i["address"].as_str().is_some_and(|a| a.contains('.')))
-        .unwrap_or_else(|| panic!("no IPv4 address in {result}"));
+        .find(|i| i["address"].as_str().is_some_and(|a| a.contains(sep)))
+        .unwrap_or_else(|| panic!("no {sep}-address in {result}"));
     let a = ip["address"].as_str().unwrap();
     (
         a.split('/').next().unwrap().parse().unwrap(),
@@ -366,8 +371,9 @@ fn ipv4_of(result: &Value) -> (IpAddr, IpAddr) {
 
 /// The node's host route to pod address `a`, as `ip route` shows it ("" when none).
 fn host_route(node: &Node, a: IpAddr) -> String {
+    let (family, len) = if a.is_ipv4() { ("-4", 32) } else { ("-6", 128) };
     node.netns()
-        .ip_ok(&["-4", "route", "show", &format!("{a}/32")])
+        .ip_ok(&[family, "route", "show", &format!("{a}/{len}")])
         .unwrap()
         .trim()
         .to_owned()
@@ -451,6 +457,119 @@ fn status_puts_a_gateway_taken_off_lo_back_with_the_pods_host_routes() {
     }
     second_status_writes_nothing(&p, &node, &l, &after);
     drop(servers);
+    for pod in &pods {
+        del_pod(&p, &node, &l, pod);
+    }
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
+/// A pod's IPv6 address and gateway, and its host veth (the result's first interface).
+fn ipv6_of(result: &Value) -> (IpAddr, IpAddr, String) {
+    let (a, gw) = address_of(result, ':');
+    (
+        a,
+        gw,
+        result["interfaces"][0]["name"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A dual-stack pod's IPv6 gateway lives on its host veth. Taken off one of two pods'
+/// veths, that pod no longer reaches its gateway and CHECK names the gateway and the veth;
+/// STATUS puts it back on that veth only, from the ADD's record of which veths hold which
+/// gateway. Taken off both, the kernel also drops the source of the node's host routes to
+/// the pods (it keeps the routes); STATUS puts the gateway back on both veths and the
+/// routes as ADD made them. Each time the pods reach their gateway again and CHECK passes;
+/// a second STATUS writes nothing, and DEL leaves no record behind.
+#[test]
+fn status_puts_an_ipv6_gateway_taken_off_host_veths_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = network(&p, &node);
+    let pods = [add_pod(&p, &node, &l, 8080), add_pod(&p, &node, &l, 8081)];
+    let six: Vec<(IpAddr, IpAddr, String)> = pods.iter().map(|p| ipv6_of(&p.result)).collect();
+    let gw6 = six[0].1;
+    assert_eq!(six[1].1, gw6, "one network, one IPv6 gateway");
+    let routes: Vec<String> = six.iter().map(|(a, _, _)| host_route(&node, *a)).collect();
+    for r in &routes {
+        assert!(r.contains(&format!("src {gw6}")), "control: host route {r}");
+    }
+    let held = |dev: &str| {
+        node.netns()
+            .ip_ok(&["-6", "addr", "show", "dev", dev, "scope", "global"])
+            .unwrap()
+            .matches(&format!("{gw6}/128"))
+            .count()
+    };
+    let reaches = |pod: &Pod| {
+        ebpf_cni_tests::net::tcp_echo_with(
+            &pod.netns,
+            node.netns(),
+            gw6,
+            0,
+            Duration::from_millis(1500),
+        )
+        .is_ok()
+    };
+    for pod in &pods {
+        assert!(reaches(pod), "control: the pod -> its IPv6 gateway");
+    }
+    let in_line = |what: &str| {
+        for ((pod, (a, _, host)), route) in pods.iter().zip(&six).zip(&routes) {
+            assert_eq!(held(host), 1, "{what}: {gw6} on {host}");
+            assert_eq!(
+                &host_route(&node, *a),
+                route,
+                "{what}: the host route to {a}"
+            );
+            assert!(
+                reaches(pod),
+                "{what}: the pod on {host} -> its IPv6 gateway"
+            );
+            p.runtime
+                .check(&node, &l, &pod.att, &pod.result)
+                .unwrap_or_else(|e| panic!("{what}: CHECK: {e}"));
+        }
+    };
+
+    // One veth loses it: the other still holds the address, so the routes keep their source
+    // and the node still takes packets to it, but the kernel answers neighbour discovery
+    // for an address only on a link that holds it: once the pod's entry for its gateway is
+    // gone (flushed here, expired in life), its IPv6 way out is.
+    let host = &six[0].2;
+    addr(node.netns(), "del", &format!("{gw6}/128"), host);
+    pods[0]
+        .netns
+        .ip_ok(&["-6", "neigh", "flush", "dev", "eth0"])
+        .unwrap();
+    assert!(
+        !reaches(&pods[0]),
+        "the pod still reaches its IPv6 gateway: the test proves nothing"
+    );
+    check_fails_naming(
+        &p,
+        &node,
+        &l,
+        &pods[0],
+        &format!("{gw6} is missing from host veth {host}"),
+    );
+    status_converges(&p, &node, &l);
+    in_line("after STATUS, one veth");
+
+    // Both lose it: the kernel drops the routes' source with the node's last copy.
+    for (_, _, host) in &six {
+        addr(node.netns(), "del", &format!("{gw6}/128"), host);
+    }
+    for (a, _, host) in &six {
+        let lost = host_route(&node, *a);
+        assert!(
+            lost.contains(host.as_str()) && !lost.contains("src"),
+            "the kernel kept the host route, without its source: {lost}"
+        );
+    }
+    let after = status_converges(&p, &node, &l);
+    in_line("after STATUS, both veths");
+    second_status_writes_nothing(&p, &node, &l, &after);
     for pod in &pods {
         del_pod(&p, &node, &l, pod);
     }

@@ -37,6 +37,9 @@ pub struct NodeView {
     /// The global addresses `lo` holds: the pods' IPv4 gateways (`gateway.rs`), which ADD
     /// finds there rather than asking for them again.
     pub loopback: Vec<IpAddr>,
+    /// Every global address with the index of the link holding it, `lo` included: which
+    /// host veths hold the pods' IPv6 gateways (`gateway::restore`).
+    pub by_link: Vec<(u32, IpAddr)>,
     /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
     /// kernel's order (see `MasqMaps::install`).
     pub masq_sources: Vec<(u32, IpAddr)>,
@@ -50,6 +53,27 @@ impl NodeView {
     pub fn add_loopback(&mut self, ip: IpAddr) {
         if !self.loopback.contains(&ip) {
             self.loopback.push(ip);
+        }
+        if let Err(at) = self.addrs.binary_search(&ip) {
+            self.addrs.insert(at, ip);
+        }
+    }
+
+    /// How many links hold `ip`.
+    pub fn holders(&self, ip: IpAddr) -> usize {
+        self.by_link.iter().filter(|(_, a)| *a == ip).count()
+    }
+
+    /// Whether link `ifindex` holds `ip`.
+    pub fn holds(&self, ifindex: u32, ip: IpAddr) -> bool {
+        self.by_link.contains(&(ifindex, ip))
+    }
+
+    /// `ip` put on link `ifindex` after the view was read (a pod's IPv6 gateway on its
+    /// host veth again).
+    pub fn add_held(&mut self, ifindex: u32, ip: IpAddr) {
+        if !self.holds(ifindex, ip) {
+            self.by_link.push((ifindex, ip));
         }
         if let Err(at) = self.addrs.binary_search(&ip) {
             self.addrs.insert(at, ip);
@@ -500,6 +524,7 @@ mod tests {
             devices: Vec::new(),
             addrs: vec![ip("10.0.0.5"), ip("192.168.1.2")],
             loopback: Vec::new(),
+            by_link: Vec::new(),
             masq_sources: Vec::new(),
             mode: AttachMode::Netlink,
         };
@@ -511,6 +536,29 @@ mod tests {
         );
         assert_eq!(v.loopback, [ip("10.88.0.1")]);
         assert!(v.masq_sources.is_empty(), "lo is never a masquerade source");
+    }
+
+    #[test]
+    fn an_ipv6_gateway_is_counted_per_link_holding_it() {
+        let gw: IpAddr = "fd00::1".parse().unwrap();
+        let mut v = NodeView {
+            devices: Vec::new(),
+            addrs: vec![gw],
+            loopback: Vec::new(),
+            by_link: vec![(7, gw), (9, gw)],
+            masq_sources: Vec::new(),
+            mode: AttachMode::Netlink,
+        };
+        assert_eq!(v.holders(gw), 2);
+        assert!(v.holds(7, gw) && !v.holds(8, gw));
+        v.add_held(8, gw);
+        v.add_held(8, gw);
+        assert_eq!(v.holders(gw), 3);
+        assert_eq!(
+            v.addrs,
+            [gw],
+            "a node address once, however many links hold it"
+        );
     }
 
     #[test]

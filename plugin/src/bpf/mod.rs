@@ -166,6 +166,7 @@ mod tests {
                 devices: Vec::new(),
                 addrs: Vec::new(),
                 loopback: Vec::new(),
+                by_link: Vec::new(),
                 masq_sources: Vec::new(),
                 mode: AttachMode::Tcx,
             },

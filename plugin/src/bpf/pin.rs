@@ -29,6 +29,8 @@
 //!         clsact_created/             netlink mode: ebpf-cni made the device's clsact
 //!     gateways/<gateway>/<id>/        the attachments (id in 16 hex digits) using each IPv4
 //!                                     gateway (8 hex digits) the node holds on `lo`
+//!     gateways6/<gateway>/<id>/       the attachments whose host veth holds each IPv6
+//!                                     gateway (32 hex digits)
 //!     converged/<unix ms>-<by>/       the node's last convergence to its devices and
 //!                                     addresses, and by what (add, status, agent)
 //!     attachments/<network>/<container id>/<ifname>/
@@ -186,6 +188,12 @@ impl PinRoot {
     /// `gateways/`: `<IPv4 gateway in hex>/<attachment id>`, who uses each gateway on `lo`.
     pub fn gateways_dir(&self, node: &NodeId) -> PathBuf {
         self.node_dir(node).join(names::GATEWAYS_DIR)
+    }
+
+    /// `gateways6/`: `<IPv6 gateway in hex>/<attachment id>`, whose host veths hold each
+    /// IPv6 gateway.
+    pub fn gateways6_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::GATEWAYS6_DIR)
     }
 
     /// `converged/<unix ms>-<by>`: the node's last convergence (see `converge.rs`).
@@ -434,6 +442,7 @@ mod tests {
                 names::DEVICES_DIR,
                 names::CLSACT_RECORD,
                 names::GATEWAYS_DIR,
+                names::GATEWAYS6_DIR,
                 names::SOURCE_CHECK_RECORD,
                 names::SOURCE_CHECK_OFF_RECORD,
                 ebpf_cni_maps::ATTACHMENT_PORTS_MAP,

@@ -19,7 +19,7 @@ use ipnetwork::IpNetwork;
 use rtnetlink::{
     packet_core::{
         NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-        NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST,
+        NLM_F_ECHO, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
     },
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressMessage},
@@ -487,6 +487,16 @@ impl Netlink {
     }
 
     pub async fn add_route(&self, r: &RouteSpec) -> Result<(), NetlinkError> {
+        self.put_route(r, NLM_F_EXCL | NLM_F_CREATE)
+    }
+
+    /// Adds `r`, or replaces the route to `r.dst` of the same priority (STATUS giving a
+    /// host route back the source address the kernel dropped with the address).
+    pub async fn replace_route(&self, r: &RouteSpec) -> Result<(), NetlinkError> {
+        self.put_route(r, NLM_F_CREATE | NLM_F_REPLACE)
+    }
+
+    fn put_route(&self, r: &RouteSpec, flags: u16) -> Result<(), NetlinkError> {
         fn invalid(dst: IpNetwork) -> impl Fn(&dyn std::fmt::Display) -> NetlinkError {
             move |e| NetlinkError::InvalidRoute {
                 dst,
@@ -508,7 +518,7 @@ impl Netlink {
         }
         self.request(
             RouteNetlinkMessage::NewRoute(b.build()),
-            NLM_F_EXCL | NLM_F_CREATE,
+            flags,
             || match r.gw {
                 Some(gw) => format!("add route {} via {gw} dev {}", r.dst, r.oif),
                 None => format!("add route {} dev {}", r.dst, r.oif),
