@@ -743,6 +743,42 @@ fn the_agent_puts_a_gateway_taken_off_lo_back_within_five_seconds() {
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
+/// An IPv6 gateway taken off both pods' host veths with the agent running and no STATUS:
+/// it is back on both, with the host routes' source, within 5 s, and the agent says so.
+#[test]
+fn the_agent_puts_an_ipv6_gateway_taken_off_host_veths_back_within_five_seconds() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let l = network(&p, &node);
+    let pods = [add_pod(&p, &node, &l, 8080), add_pod(&p, &node, &l, 8081)];
+    let six: Vec<(IpAddr, IpAddr, String)> = pods.iter().map(|p| ipv6_of(&p.result)).collect();
+    let gw6 = six[0].1;
+    let routes: Vec<String> = six.iter().map(|(a, _, _)| host_route(&node, *a)).collect();
+    let mut agent = start_agent(&p, &node, &l, None);
+    for (_, _, host) in &six {
+        addr(node.netns(), "del", &format!("{gw6}/128"), host);
+    }
+    let took = within_deadline("the IPv6 gateway on both veths", || {
+        six.iter()
+            .zip(&routes)
+            .all(|((a, _, _), r)| host_route(&node, *a) == *r)
+    });
+    eprintln!("the host routes had their source back {took:?} after the gateway left the veths");
+    agent
+        .wait_for(&format!("gateway {gw6} on ecni"), Duration::from_secs(1))
+        .unwrap();
+    for pod in &pods {
+        tcp_echo(&pod.netns, node.netns(), gw6, 0).expect("the pod -> its IPv6 gateway");
+    }
+    agent.still_running().unwrap();
+    drop(agent);
+    for pod in &pods {
+        del_pod(&p, &node, &l, pod);
+    }
+    assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
+}
+
 /// Issue 24, item 1, the node lock: pods added and deleted while STATUS runs in a loop, the
 /// agent runs and a VIP comes and goes. Afterwards the pods left pass CHECK, the node's
 /// host-port addresses are exactly its addresses, and after their DEL nothing is pinned.
