@@ -738,6 +738,37 @@ fn add_opens_each_socket_of_the_node_once() {
     }
 }
 
+/// A later ADD of a node records its use of the network's gateway, which the node holds
+/// already, with one `mkdir` of its record (issue 26, ADD against its floor): the second
+/// pod's ADD runs under `strace` of the calls that make or look at a path, and names the
+/// gateways' records in one call. Before: four `stat`s of the record's parents, then the
+/// `mkdir`.
+#[test]
+fn a_later_add_records_its_gateway_use_with_one_mkdir() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let traced = Traced::new(&p.bin, "mkdir,mkdirat,stat,lstat,newfstatat,statx,access").unwrap();
+    let node = Node::new().unwrap();
+    let (list, added) = two_pods_the_second_traced(&p, &traced, &node, 28_700);
+    let trace = traced.log().unwrap();
+    let calls: Vec<&str> = trace.lines().filter(|l| l.contains("gateways")).collect();
+    assert_eq!(
+        calls.len(),
+        1,
+        "the second ADD's calls on the gateways' records:\n{trace}"
+    );
+    assert!(
+        calls[0].contains("mkdir") && calls[0].ends_with("= 0"),
+        "{}",
+        calls[0]
+    );
+    for (att, result, _pod) in &added {
+        p.runtime
+            .del(&node, &list, att, Some(result))
+            .unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
+}
+
 /// A later ADD of a node asks the kernel for each pinned object once (issue 26, ADD against
 /// its floor): the second pod's ADD (a host port and a paced egress limit, so it reaches
 /// every node map and the socket programs' links) runs under `strace -e trace=bpf`.

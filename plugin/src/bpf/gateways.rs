@@ -133,8 +133,16 @@ impl GatewayLock {
         created: &mut CreatedDirs,
     ) -> Result<bool, BpfError> {
         let gw_dir = base.join(gw);
-        let in_use = walk(&gw_dir).exists();
         let user = gw_dir.join(id_name(id));
+        // A gateway in use already (every ADD but its first user's): one `mkdir`, and
+        // nothing created above it. Else the gateway's directory is missing (every writer
+        // holds the lock), and maybe its parents.
+        match fs::create_dir(walk(&user)) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(BpfError::CreatePinDir { path: user, source }),
+        }
         for dir in [self.root.node_dir(node), gw_dir, base] {
             if !walk(&dir).exists() && !created.0.contains(&dir) {
                 created.0.push(dir);
@@ -142,7 +150,7 @@ impl GatewayLock {
         }
         created.0.sort_by_key(|d| d.components().count());
         create_dir_all_racy(&user)?;
-        Ok(in_use)
+        Ok(false)
     }
 
     /// Removes the directories of `created` that are still empty, innermost first. One that
