@@ -125,7 +125,7 @@ pub async fn acquire(
 }
 
 /// ADD, after [`acquire`]: each gateway of `held` is among the global addresses `lo`
-/// holds (`view.loopback`, from ADD's dump of the node's addresses), or is added again, to
+/// holds (`view`, from ADD's dump of the node's addresses), or is added again, to
 /// `lo` and to `view` (someone took it off; the pods' host routes take it as their source
 /// address, so this runs before them). The lock is not needed: this ADD's own use keeps
 /// every DEL from removing it.
@@ -135,7 +135,7 @@ pub async fn ensure_held(
     view: &mut NodeView,
 ) -> Result<(), CniError> {
     for gw in held {
-        if !view.loopback.contains(&IpAddr::V4(*gw)) {
+        if !view.on_loopback(IpAddr::V4(*gw)) {
             log::warn!("gateway {gw} was not on lo: added again");
             host_nl
                 .ensure_address(LOOPBACK_IFINDEX, host_prefix(*gw))
@@ -147,7 +147,7 @@ pub async fn ensure_held(
 }
 
 /// STATUS and the agent: each IPv4 gateway in use that `lo` no longer holds
-/// (`view.loopback`, from the node's address dump) is added again, to `lo` and to `view`,
+/// (`view`, from the node's address dump) is added again, to `lo` and to `view`,
 /// and with it the host routes of the pods behind it, which the kernel removed with the
 /// address (they take it as their source). Each IPv6 gateway fewer host veths hold than
 /// are recorded as holding it is added again where it is missing, and the host routes to
@@ -164,7 +164,7 @@ pub async fn restore(
     let root = crate::bpf::PinRoot::from_env();
     let missing: Vec<Ipv4Addr> = gateways::in_use_list(&root, node)
         .into_iter()
-        .filter(|gw| !view.loopback.contains(&IpAddr::V4(*gw)))
+        .filter(|gw| !view.on_loopback(IpAddr::V4(*gw)))
         .collect();
     let short6: Vec<Ipv6Addr> = gateways::users6(&root, node)
         .into_iter()
@@ -211,7 +211,7 @@ async fn restore_on_lo(
             match host_nl.ensure_route(&route).await {
                 Ok(added) => routed += usize::from(added),
                 // The pod's veth is gone: its DEL removes the endpoint after the link.
-                Err(e) if e.errno() == Some(libc::ENODEV) => {
+                Err(e) if link_gone(&e) => {
                     log::debug!("no host route to {addr}: its veth (link {oif}) is gone");
                 }
                 Err(e) => return Err(e.into()),
@@ -225,10 +225,17 @@ async fn restore_on_lo(
     Ok(lines)
 }
 
+/// The link a request named is gone (a pod's veth, which its DEL removes before its
+/// records).
+fn link_gone(e: &crate::netlink::NetlinkError) -> bool {
+    e.errno() == Some(libc::ENODEV)
+}
+
 /// [`restore`]'s IPv6 part: each gateway of `short` back on the recorded host veths that
 /// no longer hold it, and the host routes to those veths' pods with it as their source.
-/// A recorded veth that does not exist is an ADD between its record and its veth, or a
-/// pod whose veth went before its DEL: left alone.
+/// The veths that hold it are named from the view's links (no request); only the others
+/// are looked up. A recorded veth that does not exist is an ADD between its record and its
+/// veth, or a pod whose veth went before its DEL: left alone.
 async fn restore_on_veths(
     host_nl: &Netlink,
     node: &NodeId,
@@ -236,11 +243,19 @@ async fn restore_on_veths(
     lock: &gateways::GatewayLock,
     short: Vec<Ipv6Addr>,
 ) -> Result<Vec<String>, CniError> {
-    let gone = |e: &crate::netlink::NetlinkError| e.errno() == Some(libc::ENODEV);
     let mut lines = Vec::new();
     for gw in short {
+        let holding: Vec<String> = view
+            .by_link
+            .iter()
+            .filter(|(_, a)| *a == IpAddr::V6(gw))
+            .filter_map(|(i, _)| crate::netlink::ifname::name_of(*i))
+            .collect();
         for id in lock.users6_of(node, gw) {
             let name = crate::veth::host_veth_name_of(id);
+            if holding.contains(&name) {
+                continue;
+            }
             let Some(link) = host_nl.link_by_name(&name).await? else {
                 continue;
             };
@@ -250,7 +265,7 @@ async fn restore_on_veths(
             let prefix = IpNetwork::new(IpAddr::V6(gw), 128).expect("/128 is valid");
             match host_nl.ensure_address(link.index, prefix).await {
                 Ok(_) => {}
-                Err(e) if gone(&e) => continue,
+                Err(e) if link_gone(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
             view.add_held(link.index, IpAddr::V6(gw));
@@ -259,7 +274,7 @@ async fn restore_on_veths(
                 let route = crate::veth::host_route(IpAddr::V6(*a), link.index, Some(gw.into()));
                 match host_nl.replace_route(&route).await {
                     Ok(()) => {}
-                    Err(e) if gone(&e) => break,
+                    Err(e) if link_gone(&e) => break,
                     Err(e) => return Err(e.into()),
                 }
             }

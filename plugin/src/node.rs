@@ -40,12 +40,6 @@ pub async fn node_view(
     let mut addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
     addrs.sort();
     addrs.dedup();
-    let masq_sources = masq_sources_of(&global);
-    let loopback: Vec<std::net::IpAddr> = global
-        .iter()
-        .filter(|(i, _)| *i == crate::gateway::LOOPBACK_IFINDEX)
-        .map(|(_, ip)| *ip)
-        .collect();
     let mode = attach_modes(conf, false).devices;
     let mut devices = Vec::new();
     if let Some(names) = &conf.devices {
@@ -61,9 +55,7 @@ pub async fn node_view(
         return Ok(NodeView {
             devices,
             addrs,
-            loopback,
             by_link: global,
-            masq_sources,
             mode,
         });
     }
@@ -87,22 +79,9 @@ pub async fn node_view(
     Ok(NodeView {
         devices,
         addrs,
-        loopback,
         by_link: global,
-        masq_sources,
         mode,
     })
-}
-
-/// Every global address of the node's devices but `lo` (which holds the pods' IPv4
-/// gateways), as `(ifindex, address)` in the kernel's order: a device's first address of a
-/// family is the one its masqueraded flows take where the FIB lookup cannot tell.
-fn masq_sources_of(global: &[(u32, std::net::IpAddr)]) -> Vec<(u32, std::net::IpAddr)> {
-    global
-        .iter()
-        .filter(|(i, _)| *i != crate::gateway::LOOPBACK_IFINDEX)
-        .copied()
-        .collect()
 }
 
 /// The error the test hook [`FAILPOINT_ENV`] makes ADD fail with (code 199).

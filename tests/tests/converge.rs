@@ -473,6 +473,26 @@ fn ipv6_of(result: &Value) -> (IpAddr, IpAddr, String) {
     )
 }
 
+/// Two dual-stack pods of one network: the pods, each one's IPv6 address, gateway and host
+/// veth, their shared IPv6 gateway, and the node's host routes to their IPv6 addresses as
+/// ADD made them (each with the gateway as its source).
+#[allow(clippy::type_complexity, reason = "a test's tuple of what it set up")]
+fn dual_stack_pods(
+    p: &PluginUnderTest,
+    node: &Node,
+    l: &NetConfList,
+) -> ([Pod; 2], Vec<(IpAddr, IpAddr, String)>, IpAddr, Vec<String>) {
+    let pods = [add_pod(p, node, l, 8080), add_pod(p, node, l, 8081)];
+    let six: Vec<(IpAddr, IpAddr, String)> = pods.iter().map(|p| ipv6_of(&p.result)).collect();
+    let gw6 = six[0].1;
+    assert_eq!(six[1].1, gw6, "one network, one IPv6 gateway");
+    let routes: Vec<String> = six.iter().map(|(a, _, _)| host_route(node, *a)).collect();
+    for r in &routes {
+        assert!(r.contains(&format!("src {gw6}")), "control: host route {r}");
+    }
+    (pods, six, gw6, routes)
+}
+
 /// A dual-stack pod's IPv6 gateway lives on its host veth. Taken off one of two pods'
 /// veths, that pod no longer reaches its gateway and CHECK names the gateway and the veth;
 /// STATUS puts it back on that veth only, from the ADD's record of which veths hold which
@@ -486,14 +506,7 @@ fn status_puts_an_ipv6_gateway_taken_off_host_veths_back() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let l = network(&p, &node);
-    let pods = [add_pod(&p, &node, &l, 8080), add_pod(&p, &node, &l, 8081)];
-    let six: Vec<(IpAddr, IpAddr, String)> = pods.iter().map(|p| ipv6_of(&p.result)).collect();
-    let gw6 = six[0].1;
-    assert_eq!(six[1].1, gw6, "one network, one IPv6 gateway");
-    let routes: Vec<String> = six.iter().map(|(a, _, _)| host_route(&node, *a)).collect();
-    for r in &routes {
-        assert!(r.contains(&format!("src {gw6}")), "control: host route {r}");
-    }
+    let (pods, six, gw6, routes) = dual_stack_pods(&p, &node, &l);
     let held = |dev: &str| {
         node.netns()
             .ip_ok(&["-6", "addr", "show", "dev", dev, "scope", "global"])
@@ -751,10 +764,7 @@ fn the_agent_puts_an_ipv6_gateway_taken_off_host_veths_back_within_five_seconds(
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let l = network(&p, &node);
-    let pods = [add_pod(&p, &node, &l, 8080), add_pod(&p, &node, &l, 8081)];
-    let six: Vec<(IpAddr, IpAddr, String)> = pods.iter().map(|p| ipv6_of(&p.result)).collect();
-    let gw6 = six[0].1;
-    let routes: Vec<String> = six.iter().map(|(a, _, _)| host_route(&node, *a)).collect();
+    let (pods, six, gw6, routes) = dual_stack_pods(&p, &node, &l);
     let mut agent = start_agent(&p, &node, &l, None);
     for (_, _, host) in &six {
         addr(node.netns(), "del", &format!("{gw6}/128"), host);

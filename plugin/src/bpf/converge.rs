@@ -34,29 +34,37 @@ pub struct NodeView {
     pub devices: Vec<Device>,
     /// Every global address of the node (wildcard host ports answer on each).
     pub addrs: Vec<IpAddr>,
-    /// The global addresses `lo` holds: the pods' IPv4 gateways (`gateway.rs`), which ADD
-    /// finds there rather than asking for them again.
-    pub loopback: Vec<IpAddr>,
-    /// Every global address with the index of the link holding it, `lo` included: which
-    /// host veths hold the pods' IPv6 gateways (`gateway::restore`).
+    /// Every global address with the index of the link holding it, in the kernel's order,
+    /// `lo` included (what [`Self::loopback`] and [`Self::masq_sources`] read, and which
+    /// host veths hold the pods' IPv6 gateways: `gateway::restore`).
     pub by_link: Vec<(u32, IpAddr)>,
-    /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
-    /// kernel's order (see `MasqMaps::install`).
-    pub masq_sources: Vec<(u32, IpAddr)>,
     /// How the device program attaches.
     pub mode: AttachMode,
 }
 
 impl NodeView {
+    /// Whether `lo` holds `ip`: the pods' IPv4 gateways (`gateway.rs`), which ADD finds
+    /// there rather than asking for them again.
+    pub fn on_loopback(&self, ip: IpAddr) -> bool {
+        self.holds(crate::gateway::LOOPBACK_IFINDEX, ip)
+    }
+
+    /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
+    /// kernel's order (see `MasqMaps::install`): every global address but `lo`'s (which
+    /// holds the pods' IPv4 gateways). A device's first address of a family is the one its
+    /// masqueraded flows take where the FIB lookup cannot tell.
+    pub fn masq_sources(&self) -> Vec<(u32, IpAddr)> {
+        self.by_link
+            .iter()
+            .filter(|(i, _)| *i != crate::gateway::LOOPBACK_IFINDEX)
+            .copied()
+            .collect()
+    }
+
     /// `ip` put on `lo` after the view was read (a pod gateway added again): one more of
     /// the node's addresses, which wildcard host ports answer on as before.
     pub fn add_loopback(&mut self, ip: IpAddr) {
-        if !self.loopback.contains(&ip) {
-            self.loopback.push(ip);
-        }
-        if let Err(at) = self.addrs.binary_search(&ip) {
-            self.addrs.insert(at, ip);
-        }
+        self.add_held(crate::gateway::LOOPBACK_IFINDEX, ip);
     }
 
     /// How many links hold `ip`.
@@ -262,7 +270,7 @@ fn plan(
     };
     if masquerading {
         if let Some(m) = MasqMaps::open(root, node)? {
-            p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources);
+            p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources());
         }
     }
     if by != ConvergedBy::Add {
@@ -341,7 +349,7 @@ fn apply(
     }
     if plan.masq_sources {
         if let Some(mut m) = MasqMaps::open(root, node)? {
-            m.sync_sources(&view.masq_sources)?;
+            m.sync_sources(&view.masq_sources())?;
         }
     }
     if !plan.links.is_empty() {
@@ -523,9 +531,7 @@ mod tests {
         let mut v = NodeView {
             devices: Vec::new(),
             addrs: vec![ip("10.0.0.5"), ip("192.168.1.2")],
-            loopback: Vec::new(),
             by_link: Vec::new(),
-            masq_sources: Vec::new(),
             mode: AttachMode::Netlink,
         };
         v.add_loopback(ip("10.88.0.1"));
@@ -534,8 +540,12 @@ mod tests {
             v.addrs,
             [ip("10.0.0.5"), ip("10.88.0.1"), ip("192.168.1.2")]
         );
-        assert_eq!(v.loopback, [ip("10.88.0.1")]);
-        assert!(v.masq_sources.is_empty(), "lo is never a masquerade source");
+        assert_eq!(v.by_link, [(1, ip("10.88.0.1"))]);
+        assert!(v.on_loopback(ip("10.88.0.1")));
+        assert!(
+            v.masq_sources().is_empty(),
+            "lo is never a masquerade source"
+        );
     }
 
     #[test]
@@ -544,9 +554,7 @@ mod tests {
         let mut v = NodeView {
             devices: Vec::new(),
             addrs: vec![gw],
-            loopback: Vec::new(),
             by_link: vec![(7, gw), (9, gw)],
-            masq_sources: Vec::new(),
             mode: AttachMode::Netlink,
         };
         assert_eq!(v.holders(gw), 2);

@@ -165,9 +165,7 @@ mod tests {
             &NodeView {
                 devices: Vec::new(),
                 addrs: Vec::new(),
-                loopback: Vec::new(),
                 by_link: Vec::new(),
-                masq_sources: Vec::new(),
                 mode: AttachMode::Tcx,
             },
             AttachMode::Tcx,

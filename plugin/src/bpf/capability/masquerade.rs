@@ -23,7 +23,7 @@ impl Capability for Masquerade {
             what: "masquerade maps (programs of an older revision: reload them)",
             path: cx.root.map(cx.node, ebpf_cni_maps::MASQ_FWD_MAP),
         })?;
-        m.install(spec, &cx.view.masq_sources)
+        m.install(spec, &cx.view.masq_sources())
     }
 
     fn check(&self, pod: &PodSpec, _: &Veth, cx: &Check<'_>) -> Result<(), BpfError> {
