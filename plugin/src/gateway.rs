@@ -47,8 +47,7 @@ impl GatewayError {
     }
 }
 
-/// The kernel gives the loopback device index 1 in every namespace.
-pub const LOOPBACK_IFINDEX: u32 = 1;
+pub use crate::netlink::LOOPBACK_IFINDEX;
 
 fn host_prefix(gw: Ipv4Addr) -> IpNetwork {
     IpNetwork::new(IpAddr::V4(gw), 32).expect("/32 is valid")

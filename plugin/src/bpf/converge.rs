@@ -46,7 +46,7 @@ impl NodeView {
     /// Whether `lo` holds `ip`: the pods' IPv4 gateways (`gateway.rs`), which ADD finds
     /// there rather than asking for them again.
     pub fn on_loopback(&self, ip: IpAddr) -> bool {
-        self.holds(crate::gateway::LOOPBACK_IFINDEX, ip)
+        self.holds(crate::netlink::LOOPBACK_IFINDEX, ip)
     }
 
     /// The addresses masqueraded flows may leave with, `(ifindex, address)` in the
@@ -56,7 +56,7 @@ impl NodeView {
     pub fn masq_sources(&self) -> Vec<(u32, IpAddr)> {
         self.by_link
             .iter()
-            .filter(|(i, _)| *i != crate::gateway::LOOPBACK_IFINDEX)
+            .filter(|(i, _)| *i != crate::netlink::LOOPBACK_IFINDEX)
             .copied()
             .collect()
     }
@@ -64,7 +64,7 @@ impl NodeView {
     /// `ip` put on `lo` after the view was read (a pod gateway added again): one more of
     /// the node's addresses, which wildcard host ports answer on as before.
     pub fn add_loopback(&mut self, ip: IpAddr) {
-        self.add_held(crate::gateway::LOOPBACK_IFINDEX, ip);
+        self.add_held(crate::netlink::LOOPBACK_IFINDEX, ip);
     }
 
     /// How many links hold `ip`.

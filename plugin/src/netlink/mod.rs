@@ -36,6 +36,9 @@ use rtnetlink::{
 
 use crate::netns::{Netns, NetnsError};
 
+/// The kernel gives the loopback device index 1 in every namespace.
+pub const LOOPBACK_IFINDEX: u32 = 1;
+
 pub mod addrs;
 pub mod events;
 pub mod ifname;
