@@ -490,6 +490,25 @@ fn dual_stack_pods(
     for r in &routes {
         assert!(r.contains(&format!("src {gw6}")), "control: host route {r}");
     }
+    // `inspect` shows the record STATUS works from: both pods hold the gateway.
+    let report = dp::inspect(&p.bin, node).unwrap();
+    let users: BTreeSet<&str> = report["gateways6"]
+        .as_array()
+        .expect("inspect lists the IPv6 gateways")
+        .iter()
+        .filter(|g| g["address"].as_str() == Some(gw6.to_string().as_str()))
+        .flat_map(|g| g["users"].as_array().unwrap())
+        .map(|u| u.as_str().unwrap())
+        .collect();
+    let want: BTreeSet<String> = pods
+        .iter()
+        .map(|pod| format!("{}/{}/eth0", l.name, pod.att.container_id))
+        .collect();
+    assert_eq!(
+        users,
+        want.iter().map(String::as_str).collect(),
+        "inspect's users of {gw6}"
+    );
     (pods, six, gw6, routes)
 }
 

@@ -200,6 +200,9 @@ pub struct NodeReport {
     pub port_mappings: Vec<PortMappingReport>,
     /// The pods' IPv4 gateways the node holds on `lo`, and who uses each.
     pub gateways: Vec<GatewayReport>,
+    /// The pods' IPv6 gateways, and the attachments whose host veths hold each (what STATUS
+    /// and the agent put back).
+    pub gateways6: Vec<GatewayReport>,
     /// Masquerade: the port range, flows per pod, allocation failures (`None` on a node
     /// whose maps predate it).
     pub masquerade: Option<MasqReport>,
@@ -210,10 +213,32 @@ pub struct NodeReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct GatewayReport {
-    pub address: std::net::Ipv4Addr,
+    pub address: IpAddr,
     /// `<network>/<container id>/<ifname>` of each attachment using it (the attachment id
     /// in hex when its directory is gone).
     pub users: Vec<String>,
+}
+
+/// Each gateway with its users named as in `names` (the id in hex where its attachment's
+/// directory is gone).
+fn gateway_reports<A: Into<IpAddr>>(
+    gws: Vec<(A, Vec<u64>)>,
+    names: &HashMap<u64, String>,
+) -> Vec<GatewayReport> {
+    gws.into_iter()
+        .map(|(address, ids)| GatewayReport {
+            address: address.into(),
+            users: ids
+                .iter()
+                .map(|id| {
+                    names
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("{id:016x}"))
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// Program names by id: every pod runs the same few programs, so each name costs its
@@ -469,21 +494,8 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         attachments,
         node_addresses,
         port_mappings,
-        gateways: gateways::list(node)
-            .into_iter()
-            .map(|(address, ids)| GatewayReport {
-                address,
-                users: ids
-                    .iter()
-                    .map(|id| {
-                        names
-                            .get(id)
-                            .cloned()
-                            .unwrap_or_else(|| format!("{id:016x}"))
-                    })
-                    .collect(),
-            })
-            .collect(),
+        gateways: gateway_reports(gateways::list(node), &names),
+        gateways6: gateway_reports(gateways::users6(&root, node), &names),
         masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
         converged: super::converge::last(&root, node),
     })

@@ -36,6 +36,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
         node_addresses,
         port_mappings,
         gateways,
+        gateways6,
         masquerade,
         converged,
     } = r;
@@ -58,7 +59,10 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
             node_addresses,
         }),
         Box::new(masquerade::Masquerade { masquerade }),
-        Box::new(gateways::Gateways { gateways }),
+        Box::new(gateways::Gateways {
+            gateways,
+            gateways6,
+        }),
         Box::new(node::Maps { maps }),
     ]
 }
@@ -96,8 +100,8 @@ mod tests {
 
     use super::*;
     use crate::bpf::{
-        AttachmentReport, Counts, LimitReport, MapUsageReport, MasqReport, PortMappingReport,
-        SourceCheckReport,
+        AttachmentReport, Counts, GatewayReport, LimitReport, MapUsageReport, MasqReport,
+        PortMappingReport, SourceCheckReport,
     };
 
     fn empty() -> NodeReport {
@@ -114,6 +118,7 @@ mod tests {
             node_addresses: vec![],
             port_mappings: vec![],
             gateways: vec![],
+            gateways6: vec![],
             masquerade: None,
             converged: None,
         }
@@ -205,6 +210,14 @@ mod tests {
                 at_unix_ms: 1_798_761_599_999,
                 by: "agent".into(),
             }),
+            gateways: vec![GatewayReport {
+                address: "10.88.0.1".parse().unwrap(),
+                users: vec!["podnet/c0ffee/eth0".into()],
+            }],
+            gateways6: vec![GatewayReport {
+                address: "fd00:88::1".parse().unwrap(),
+                users: vec!["podnet/c0ffee/eth0".into()],
+            }],
             ..empty()
         }
     }
@@ -243,6 +256,7 @@ mod tests {
             table.contains("masquerade: not set up on this node"),
             "{table}"
         );
+        assert!(!table.contains("IPv6 gateways"), "{table}");
     }
 
     /// Each capability's state shows in both outputs, and each family is one block.
@@ -291,6 +305,9 @@ mod tests {
             "converged: 2026-12-31T23:59:59.999Z by agent",
             "  wildcard host ports answer on: 192.0.2.1",
             "  ECNI_ENDPOINTS                   1 / 65536",
+            "  10.88.0.1        1 user(s): podnet/c0ffee/eth0",
+            "IPv6 gateways held on the users' host veths (put back by STATUS and the agent):",
+            "  fd00:88::1                               1 user(s): podnet/c0ffee/eth0",
         ] {
             assert!(table.lines().any(|l| l == line), "{line:?} missing from:\n{table}");
         }
