@@ -76,9 +76,12 @@ pub struct BenchArgs {
     /// 6.1 or 6.12 [default: 6.12 when this machine's kernel has no sch_fq, else host].
     #[arg(long, value_name = "KERNEL")]
     pub bandwidth_kernel: Option<String>,
-    /// Inside such a guest: run the bandwidth section alone and write its output here.
+    /// Inside such a guest: run one section alone and write its output here.
     #[arg(long, hide = true, value_name = "FILE")]
     pub guest_output: Option<PathBuf>,
+    /// The section `--guest-output` runs: bandwidth or netkit.
+    #[arg(long, hide = true, value_enum, default_value = "bandwidth")]
+    pub guest_section: Section,
 }
 
 /// Builds the kernel floor's program (`bench/floor`) in release and linked as the released
@@ -133,7 +136,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             .plugin
             .as_deref()
             .context("--guest-output needs --plugin")?;
-        return guest::serve(&params, plugin, file);
+        return guest::serve(args.guest_section, &params, plugin, file);
     }
     let bandwidth_kernel = match args.bandwidth_kernel.as_deref() {
         Some("host") => None,

@@ -147,6 +147,49 @@ impl SourceFigure {
     }
 }
 
+/// How the netkit section's two pods are joined to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodLink {
+    /// A plain veth pair between the two pods' namespaces: no node at all.
+    Veth,
+    /// ebpf-cni's pods: a veth pair each, `ecni_from_pod` and `bpf_redirect_peer`.
+    Product,
+    /// The same veth pods with the routing floor at TC, `ecni_floor_pod`, in front.
+    TcFloor,
+    /// netkit pairs, the same floor as the pair's peer-side program (`ecni_floor_nk`).
+    Netkit,
+}
+
+impl PodLink {
+    pub const ALL: [PodLink; 4] = [
+        PodLink::Veth,
+        PodLink::Product,
+        PodLink::TcFloor,
+        PodLink::Netkit,
+    ];
+    /// The figures the section reports for this path: no ratios for the veth pair itself,
+    /// run times per packet for the two floors only (the veth pair runs no program; the
+    /// product's program is timed in the pod-path section).
+    pub fn figures(self) -> &'static [PathFigure] {
+        use PathFigure::*;
+        match self {
+            PodLink::Veth => &[RrP50, Crr],
+            PodLink::Product => &[RrP50, RrOfVeth, Crr, CrrOfVeth],
+            PodLink::TcFloor | PodLink::Netkit => &[RrP50, RrOfVeth, Crr, CrrOfVeth, FromPodNs],
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            PodLink::Veth => "plain veth pair",
+            PodLink::Product => "ebpf-cni pods (veth, ecni_from_pod)",
+            PodLink::TcFloor => "veth pods, the routing floor at TC (ecni_floor_pod)",
+            PodLink::Netkit => "netkit pods, the same floor (ecni_floor_nk)",
+        }
+    }
+}
+
 /// A figure of the XDP section, taken with the host-port DNAT at TC or at XDP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -401,6 +444,11 @@ pub enum Metric {
         figure: PathFigure,
         part: PathPart,
     },
+    // Pod → pod over veth and over netkit.
+    Netkit {
+        figure: PathFigure,
+        link: PodLink,
+    },
     // Metrics.
     MetricsRead {
         pods: usize,
@@ -554,6 +602,7 @@ impl Metric {
                 format!("{}, external → hostPort, {}", figure.label(), mode.label())
             }
             PodPath { figure, part } => format!("{}, {}", figure.label(), part.label()),
+            Netkit { figure, link } => format!("{}, {}", figure.label(), link.label()),
             MetricsRead { pods } => {
                 let target = if *pods == METRICS_TARGET_PODS {
                     format!("target < {METRICS_TARGET_MS:.0} ms")
@@ -666,7 +715,7 @@ impl Metric {
                 XdpFigure::Crr => "conn/s",
                 XdpFigure::ThroughputXdpOver | XdpFigure::CrrXdpOver => "×",
             },
-            PodPath { figure, .. } => match figure {
+            PodPath { figure, .. } | Netkit { figure, .. } => match figure {
                 PathFigure::RrP50 => "µs",
                 PathFigure::RrOfVeth => "×",
                 PathFigure::Crr => "conn/s",
@@ -706,6 +755,10 @@ impl Metric {
                 ..
             }
             | PodPath {
+                figure: PathFigure::Crr | PathFigure::CrrOfVeth,
+                ..
+            }
+            | Netkit {
                 figure: PathFigure::Crr | PathFigure::CrrOfVeth,
                 ..
             }

@@ -19,10 +19,11 @@ pub enum Section {
     Node,
     PodPath,
     Xdp,
+    Netkit,
 }
 
 impl Section {
-    pub const ALL: [Section; 11] = [
+    pub const ALL: [Section; 12] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -34,6 +35,7 @@ impl Section {
         Section::Node,
         Section::PodPath,
         Section::Xdp,
+        Section::Netkit,
     ];
 }
 

@@ -12,8 +12,8 @@ use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
-    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, node, pod_path, scale, source_check,
-    traffic, xdp,
+    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, netkit, node, pod_path, scale,
+    source_check, traffic, xdp,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -32,6 +32,7 @@ pub struct Run {
     pub pod_path: Option<pod_path::Output>,
     pub node: Option<node::Output>,
     pub xdp: Option<xdp::Output>,
+    pub netkit: Option<netkit::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -75,6 +76,7 @@ impl Run {
             pod_path: None,
             node: None,
             xdp: None,
+            netkit: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -104,6 +106,14 @@ impl Run {
                 Section::Node => run.node = Some(node::run(params, &bins)),
                 Section::PodPath => run.pod_path = Some(pod_path::run(params, &bins)),
                 Section::Xdp => run.xdp = Some(xdp::run(params, &bins)),
+                Section::Netkit => {
+                    run.netkit = Some(if crate::rig::netkit::available() {
+                        netkit::measure(params, &bins)
+                    } else {
+                        guest::netkit(netkit::GUEST_KERNEL, params, plan.plugin)
+                            .unwrap_or_else(|e| panic!("netkit in a guest: {e:#}"))
+                    })
+                }
             }));
             if let Err(panic) = outcome {
                 let msg = panic
@@ -159,6 +169,9 @@ impl Run {
         }
         if let Some(x) = &run.xdp {
             v.push(&x.table);
+        }
+        if let Some(n) = &run.netkit {
+            v.push(&n.table);
         }
         v
     }

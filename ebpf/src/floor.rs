@@ -11,12 +11,40 @@
 //! measures pod → pod against a plain veth pair, so the figure says what the TC hook and
 //! the redirect cost by themselves, apart from the features.
 
-use aya_ebpf::{helpers::generated::bpf_redirect_peer, programs::TcContext};
+use aya_ebpf::{
+    helpers::generated::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+};
 
 use crate::forward::{classify, hop, set_macs, PASS};
 
 #[inline(always)]
 pub fn route(ctx: &TcContext) -> i32 {
+    route_with(ctx, |ifindex| {
+        // SAFETY: plain helper call; it only records the target for after the program
+        // returns.
+        unsafe { bpf_redirect_peer(ifindex, 0) as i32 }
+    })
+}
+
+/// The same floor for pods behind netkit devices (Linux 6.7+), for the benchmark's netkit
+/// section: attached to a pod's netkit pair as its peer-side program, it runs in the
+/// sending pod's transmit, with the frame already handed to the node's side (the primary
+/// device). There `bpf_redirect_peer` is refused (it works at TC ingress only), so the
+/// frame is sent out of the destination pod's primary device (the endpoint's
+/// `host_ifindex`), which hands it to that pod's side in one step.
+#[inline(always)]
+pub fn route_netkit(ctx: &TcContext) -> i32 {
+    route_with(ctx, |ifindex| {
+        // SAFETY: as above.
+        unsafe { bpf_redirect(ifindex, 0) as i32 }
+    })
+}
+
+#[inline(always)]
+/// The floor's steps, then `redirect` to the destination's host-side device (a generic,
+/// so each program gets its helper inlined: BPF has no indirect calls).
+fn route_with(ctx: &TcContext, redirect: impl Fn(u32) -> i32) -> i32 {
     let dest = classify(ctx);
     let (Some(ep), proto) = (dest.pod, dest.proto) else {
         return PASS;
@@ -24,6 +52,5 @@ pub fn route(ctx: &TcContext) -> i32 {
     if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
         return PASS;
     }
-    // SAFETY: plain helper call; it only records the target for after the program returns.
-    unsafe { bpf_redirect_peer(ep.host_ifindex, 0) as i32 }
+    redirect(ep.host_ifindex)
 }

@@ -107,6 +107,17 @@ const _: () = assert!(str_eq(
     stringify!(ecni_floor_pod)
 ));
 
+/// The same floor for pods behind netkit devices; for the benchmark only (see `floor`).
+#[classifier]
+pub fn ecni_floor_nk(ctx: TcContext) -> i32 {
+    floor::route_netkit(&ctx)
+}
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_FLOOR_NETKIT,
+    stringify!(ecni_floor_nk)
+));
+
 /// TCP sockets of a pod with an egress limit pace themselves at it (see `pace`).
 #[sock_ops]
 pub fn ecni_sockops(ctx: SockOpsContext) -> u32 {

@@ -273,6 +273,10 @@ pub const PROG_XDP_DEV: &str = "ecni_xdp_dev";
 /// and nothing else. In the object for the benchmark's pod-path section and the program
 /// tests, never loaded by the plugin.
 pub const PROG_FLOOR_POD: &str = "ecni_floor_pod";
+/// The same floor for pods behind netkit devices (Linux 6.7+): `bpf_redirect` out of the
+/// destination's netkit primary device instead of `bpf_redirect_peer`. For the benchmark's
+/// netkit section only, which attaches it as the peer-side program of two netkit pairs.
+pub const PROG_FLOOR_NETKIT: &str = "ecni_floor_nk";
 /// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
 /// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
@@ -1068,6 +1072,7 @@ const _: () = assert!(fits_bpf_obj_name(PROG_TO_POD));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_DEV));
 const _: () = assert!(fits_bpf_obj_name(PROG_XDP_DEV));
 const _: () = assert!(fits_bpf_obj_name(PROG_FLOOR_POD));
+const _: () = assert!(fits_bpf_obj_name(PROG_FLOOR_NETKIT));
 const _: () = assert!(fits_bpf_obj_name(PROG_FROM_CHAIN));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_MAP));
 const _: () = assert!(fits_bpf_obj_name(PORTMAP_HITS_MAP));

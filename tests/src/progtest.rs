@@ -983,7 +983,16 @@ impl Lab {
     /// The floor of routing pod → pod, `ecni_floor_pod` (verified on first use), on pod
     /// `p`'s host veth.
     pub fn floor_pod(&mut self, p: &Pod, frame: &[u8]) -> Run {
-        let name = ebpf_cni_maps::PROG_FLOOR_POD;
+        self.floor(ebpf_cni_maps::PROG_FLOOR_POD, p, frame)
+    }
+
+    /// The same floor for pods behind netkit devices, `ecni_floor_nk` (verified on first
+    /// use), run on pod `p`'s host-side device.
+    pub fn floor_nk(&mut self, p: &Pod, frame: &[u8]) -> Run {
+        self.floor(ebpf_cni_maps::PROG_FLOOR_NETKIT, p, frame)
+    }
+
+    fn floor(&mut self, name: &str, p: &Pod, frame: &[u8]) -> Run {
         self.progs.load_tc(name).unwrap_or_else(|e| panic!("{e:#}"));
         self.run(name, p.ifindex, frame)
     }

@@ -444,41 +444,52 @@ fn a_pod_without_host_ports_skips_the_reverse_translation() {
 /// The floor of routing pod → pod (`ecni_floor_pod`, measured by the benchmark's pod-path
 /// section, not loaded by the plugin) leaves a pod → pod frame byte for byte as
 /// `ecni_from_pod` does and redirects it the same way, IPv4 and IPv6, while counting
-/// nothing; anything not for a local pod goes on to the stack unchanged.
+/// nothing; anything not for a local pod goes on to the stack unchanged. So does its
+/// netkit twin (`ecni_floor_nk`, the benchmark's netkit section), which redirects with
+/// `bpf_redirect` where the TC floor uses `bpf_redirect_peer`.
 #[test]
 fn the_routing_floor_delivers_pod_to_pod_as_ecni_from_pod_does() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    for v4 in [true, false] {
-        let f = family(v4);
-        let frame = from(&a, b.addr(v4), L4::tcp(40_000, 80, TCP_ACK))
-            .payload(30)
-            .frame();
-        let floor = lab.floor_pod(&a, &frame);
-        let full = lab.from_pod(&a, &frame);
-        assert_eq!(floor.verdict, Verdict::Redirect, "{f}: redirected");
-        assert_eq!(floor.verdict, full.verdict, "{f}: as ecni_from_pod");
-        assert_eq!(
-            floor.frame, full.frame,
-            "{f}: the same frame as ecni_from_pod"
-        );
-        let got = parse(&floor.frame);
-        assert_eq!((got.src_mac, got.dst_mac), (b.host_mac, b.pod_mac), "{f}");
-        assert_eq!(got.ttl, 63, "{f}");
-        checksums_ok(&floor.frame, f);
+    type Floor = fn(&mut Lab, &Pod, &[u8]) -> ebpf_cni_tests::progtest::Run;
+    let floors: [(&str, Floor); 2] = [
+        ("ecni_floor_pod", |l, p, f| l.floor_pod(p, f)),
+        ("ecni_floor_nk", |l, p, f| l.floor_nk(p, f)),
+    ];
+    for (name, floor_of) in floors {
+        for v4 in [true, false] {
+            let f = format!("{name}, {}", family(v4));
+            let frame = from(&a, b.addr(v4), L4::tcp(40_000, 80, TCP_ACK))
+                .payload(30)
+                .frame();
+            let floor = floor_of(&mut lab, &a, &frame);
+            let full = lab.from_pod(&a, &frame);
+            assert_eq!(floor.verdict, Verdict::Redirect, "{f}: redirected");
+            assert_eq!(floor.verdict, full.verdict, "{f}: as ecni_from_pod");
+            assert_eq!(
+                floor.frame, full.frame,
+                "{f}: the same frame as ecni_from_pod"
+            );
+            let got = parse(&floor.frame);
+            assert_eq!((got.src_mac, got.dst_mac), (b.host_mac, b.pod_mac), "{f}");
+            assert_eq!(got.ttl, 63, "{f}");
+            checksums_ok(&floor.frame, family(v4));
+        }
     }
-    // Only ecni_from_pod's two runs are counted.
+    // Only ecni_from_pod's runs are counted.
     let (ca, cb) = (lab.progs.counters(a.ifindex), lab.progs.counters(b.ifindex));
-    assert_eq!((ca.from_pod.packets, cb.to_pod.packets), (2, 2));
+    assert_eq!((ca.from_pod.packets, cb.to_pod.packets), (4, 4));
     // Not a local pod (a FIB destination), or not IP: to the stack, unchanged.
     for frame in [
         from(&a, lab.up.remote(true), L4::tcp(40_001, 80, TCP_SYN)).frame(),
         from(&a, lab.up.remote(false), L4::udp(40_002, 53)).frame(),
         Arp::request(a.pod_mac, a.v4.octets(), b.v4.octets()).frame([0xff; 6], a.pod_mac),
     ] {
-        let r = lab.floor_pod(&a, &frame);
-        assert_eq!(r.verdict, Verdict::Next, "to the stack");
-        assert_eq!(r.frame, frame, "unchanged");
+        for (name, floor_of) in floors {
+            let r = floor_of(&mut lab, &a, &frame);
+            assert_eq!(r.verdict, Verdict::Next, "{name}: to the stack");
+            assert_eq!(r.frame, frame, "{name}: unchanged");
+        }
     }
 }
 

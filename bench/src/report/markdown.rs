@@ -312,6 +312,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     }
     s.extend(skipped(Section::Xdp));
 
+    let _ = writeln!(s, "## 12. Pod → pod over netkit\n");
+    if let Some(n) = &run.netkit {
+        s.push_str(&md_table(&n.table, "###"));
+    }
+    s.extend(skipped(Section::Netkit));
+
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
     for t in run.tables() {

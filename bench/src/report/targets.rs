@@ -3,7 +3,7 @@
 
 use crate::format::{short_num, thousands};
 use crate::metric::{
-    Metric, PathFigure, PathKind, PathPart, METRICS_TARGET_MS, METRICS_TARGET_PODS,
+    Metric, PathFigure, PathKind, PathPart, PodLink, METRICS_TARGET_MS, METRICS_TARGET_PODS,
 };
 use crate::model::{Cell, Row, Subject, Table};
 use crate::run::Run;
@@ -189,13 +189,27 @@ pub fn targets(run: &Run) -> Vec<Target> {
         )
         .map(|v| v / scale)
     };
-    for (goal, metric, limit, higher, floor) in [
+    // And the same floor over netkit (the netkit section, in a guest where this machine's
+    // kernel lacks it), beside the TC floor measured with it.
+    let nk = run.netkit.as_ref().map(|n| &n.table);
+    let over = |figure, link, scale: f64| {
+        median_of(nk, &Metric::Netkit { figure, link }, Subject::EbpfCni).map(|v| v / scale)
+    };
+    let netkit = |figure, scale| match (
+        over(figure, PodLink::Netkit, scale),
+        over(figure, PodLink::TcFloor, scale),
+    ) {
+        (Ok(n), Ok(t)) => format!("; the same floor over netkit: {n:.3}×, at TC there {t:.3}×"),
+        _ => String::new(),
+    };
+    for (goal, metric, limit, higher, floor, netkit) in [
         (
             "TCP_CRR pod → pod ≥ 0.95 of a plain veth pair's",
             &crr,
             0.95,
             true,
             floor(PathFigure::CrrOfVeth, 100.0),
+            netkit(PathFigure::CrrOfVeth, 100.0),
         ),
         (
             "TCP_RR p50 pod → pod ≤ 1.03× a plain veth pair's",
@@ -203,6 +217,7 @@ pub fn targets(run: &Run) -> Vec<Target> {
             1.03,
             false,
             floor(PathFigure::RrOfVeth, 1.0),
+            netkit(PathFigure::RrOfVeth, 1.0),
         ),
     ] {
         let e = of_veth(metric, Subject::EbpfCni);
@@ -213,7 +228,7 @@ pub fn targets(run: &Run) -> Vec<Target> {
         };
         let at_floor = floor.map_or_else(
             |_| String::new(),
-            |v| format!(" (the routing floor at TC: {v:.3}×)"),
+            |v| format!(" (the routing floor at TC: {v:.3}×{netkit})"),
         );
         out.push(Target {
             goal,

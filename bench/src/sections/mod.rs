@@ -1,7 +1,9 @@
 //! The sections of a run, each measuring both CNI subjects (and the plain veth where it
 //! applies) and returning its tables: [`lifecycle`], [`traffic`], [`scale`], [`bandwidth`]
 //! (on this machine, or in a kernel guest: [`guest`]), [`cleanup`], [`masquerade`],
-//! [`metrics`], [`source_check`] and [`xdp`]. They share nothing but the rig and the model.
+//! [`metrics`], [`source_check`], [`node`], [`pod_path`], [`xdp`] and [`netkit`] (on this
+//! machine where its kernel has netkit, else in a guest). They share nothing but the rig and
+//! the model.
 
 pub mod bandwidth;
 pub mod cleanup;
@@ -9,6 +11,7 @@ pub mod guest;
 pub mod lifecycle;
 pub mod masquerade;
 pub mod metrics;
+pub mod netkit;
 pub mod node;
 pub mod pod_path;
 pub mod scale;
