@@ -190,6 +190,74 @@ impl PodLink {
     }
 }
 
+/// How the netkit section's pod reaches the external host (not translated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExtLink {
+    /// A veth pod the node's kernel forwards (the reference's dataplane, without its rules).
+    Kernel,
+    /// ebpf-cni's veth pod: `ecni_from_pod`, the FIB and `bpf_redirect_neigh`.
+    Product,
+    /// A netkit pod with `ecni_from_pod` as its pair's peer-side program.
+    Netkit,
+}
+
+impl ExtLink {
+    pub const ALL: [ExtLink; 3] = [ExtLink::Kernel, ExtLink::Product, ExtLink::Netkit];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ExtLink::Kernel => "veth pod forwarded by the node's kernel",
+            ExtLink::Product => "ebpf-cni pod (veth, ecni_from_pod)",
+            ExtLink::Netkit => "netkit pod, ecni_from_pod on its pair",
+        }
+    }
+
+    /// The figures the section reports for this path (no ratios for the kernel's own).
+    pub fn figures(self) -> &'static [ExtFigure] {
+        use ExtFigure::*;
+        match self {
+            ExtLink::Kernel => &[Throughput, RrP50, Crr],
+            _ => &[
+                Throughput,
+                ThroughputOfKernel,
+                RrP50,
+                RrOfKernel,
+                Crr,
+                CrrOfKernel,
+            ],
+        }
+    }
+}
+
+/// A figure of the netkit section's pod → external host paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExtFigure {
+    Throughput,
+    /// Over the kernel-forwarded pod's, per repeat.
+    ThroughputOfKernel,
+    RrP50,
+    RrOfKernel,
+    Crr,
+    CrrOfKernel,
+}
+
+impl ExtFigure {
+    fn label(self) -> &'static str {
+        match self {
+            ExtFigure::Throughput => "TCP throughput pod → external host",
+            ExtFigure::ThroughputOfKernel => {
+                "TCP throughput pod → external host / the kernel's forwarding"
+            }
+            ExtFigure::RrP50 => "TCP_RR p50 pod → external host",
+            ExtFigure::RrOfKernel => "TCP_RR p50 pod → external host / the kernel's forwarding",
+            ExtFigure::Crr => "TCP_CRR pod → external host",
+            ExtFigure::CrrOfKernel => "TCP_CRR pod → external host / the kernel's forwarding",
+        }
+    }
+}
+
 /// A figure of the XDP section, taken with the host-port DNAT at TC or at XDP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -449,6 +517,11 @@ pub enum Metric {
         figure: PathFigure,
         link: PodLink,
     },
+    // Pod → external host over veth and over netkit.
+    NetkitExt {
+        figure: ExtFigure,
+        link: ExtLink,
+    },
     // Metrics.
     MetricsRead {
         pods: usize,
@@ -603,6 +676,7 @@ impl Metric {
             }
             PodPath { figure, part } => format!("{}, {}", figure.label(), part.label()),
             Netkit { figure, link } => format!("{}, {}", figure.label(), link.label()),
+            NetkitExt { figure, link } => format!("{}, {}", figure.label(), link.label()),
             MetricsRead { pods } => {
                 let target = if *pods == METRICS_TARGET_PODS {
                     format!("target < {METRICS_TARGET_MS:.0} ms")
@@ -715,6 +789,14 @@ impl Metric {
                 XdpFigure::Crr => "conn/s",
                 XdpFigure::ThroughputXdpOver | XdpFigure::CrrXdpOver => "×",
             },
+            NetkitExt { figure, .. } => match figure {
+                ExtFigure::Throughput => "Gbit/s",
+                ExtFigure::RrP50 => "µs",
+                ExtFigure::Crr => "conn/s",
+                ExtFigure::ThroughputOfKernel | ExtFigure::RrOfKernel | ExtFigure::CrrOfKernel => {
+                    "×"
+                }
+            },
             PodPath { figure, .. } | Netkit { figure, .. } => match figure {
                 PathFigure::RrP50 => "µs",
                 PathFigure::RrOfVeth => "×",
@@ -760,6 +842,14 @@ impl Metric {
             }
             | Netkit {
                 figure: PathFigure::Crr | PathFigure::CrrOfVeth,
+                ..
+            }
+            | NetkitExt {
+                figure:
+                    ExtFigure::Throughput
+                    | ExtFigure::ThroughputOfKernel
+                    | ExtFigure::Crr
+                    | ExtFigure::CrrOfKernel,
                 ..
             }
             | Xdp { .. } => Better::Higher,

@@ -171,7 +171,7 @@ impl Run {
             v.push(&x.table);
         }
         if let Some(n) = &run.netkit {
-            v.push(&n.table);
+            v.extend([&n.table, &n.ext]);
         }
         v
     }

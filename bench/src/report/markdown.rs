@@ -315,6 +315,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     let _ = writeln!(s, "## 12. Pod → pod over netkit\n");
     if let Some(n) = &run.netkit {
         s.push_str(&md_table(&n.table, "###"));
+        s.push_str(&md_table(&n.ext, "###"));
     }
     s.extend(skipped(Section::Netkit));
 

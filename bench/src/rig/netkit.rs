@@ -1,18 +1,24 @@
-//! Two pods behind netkit devices (Linux 6.7+) on an ebpf-cni node, routed by the netkit
-//! floor `ecni_floor_nk`: what the netkit section measures against the veth pods.
+//! Pods behind netkit devices (Linux 6.7+) on an ebpf-cni node, each pair running one of the
+//! node's programs on the pod's side: what the netkit section measures against the veth
+//! pods.
 //!
 //! Each pod gets a netkit pair in L3 mode, its primary device in the node's namespace and
 //! its peer as the pod's `eth0` (a /32 address and a default route through the device; no
 //! ARP on netkit in L3 mode, and no MACs to fill). The pods' addresses go into the node's
-//! endpoint map with their primary devices as the host side, so `ecni_floor_nk`, attached
-//! as each pair's peer-side program, finds the destination with the node's own lookup and
-//! sends the frame out of its primary device, which hands it to the destination pod. The
-//! node's kernel never routes these packets, and the plugin never sees these pods.
+//! endpoint map with their primary devices as the host side. So `ecni_floor_nk`, attached
+//! as a pair's peer-side program, finds a destination pod with the node's own lookup and
+//! sends the frame out of that pod's primary device, which hands it to the pod; and
+//! `ecni_from_pod` there forwards a packet for outside the node as it does from a host
+//! veth (the FIB, `bpf_redirect_neigh`), while the uplink's `ecni_from_dev` delivers the
+//! replies into the pod by `bpf_redirect_peer` to its primary device. The node's kernel
+//! never routes these packets, and the plugin never sees these pods.
 //!
 //! iproute2 here (6.1) predates netkit, so the pairs are made with an `RTM_NEWLINK` of the
 //! rtnetlink crate's netkit builder, and aya 0.14 cannot attach to netkit, so the program
 //! is attached by `BPF_LINK_CREATE` (`BPF_NETKIT_PEER`); the link's file descriptor holds
-//! it, and dropping [`NetkitPods`] detaches it before the devices go.
+//! it, and dropping [`NetkitPods`] detaches it before the devices go. (A netkit pair whose
+//! peer-side program returns "pass" hands the frame to its primary device, in the node's
+//! stack, which routes it as the kernel routes a veth pod's.)
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
@@ -21,7 +27,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::HashMap as BpfHashMap;
 use aya::programs::SchedClassifier;
 use aya::Ebpf;
-use ebpf_cni_maps::{EndpointInfo, EndpointKey, ENDPOINTS_MAP, PROG_FLOOR_NETKIT};
+use ebpf_cni_maps::{EndpointInfo, EndpointKey, ENDPOINTS_MAP};
 use ebpf_cni_tests::Netns;
 use rtnetlink::packet_core::{
     NetlinkMessage, NLMSG_ERROR, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
@@ -31,10 +37,6 @@ use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::LinkNetkit;
 
 use crate::rig::topo::{BenchNode, Binaries};
-
-/// The pods' addresses, outside every pool the benchmark's nodes hand out.
-pub const NETKIT_A_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 2);
-pub const NETKIT_B_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 3);
 
 /// `BPF_LINK_CREATE` and `BPF_NETKIT_PEER` (linux/bpf.h).
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -54,26 +56,25 @@ pub fn available() -> bool {
         .is_ok_and(|r| r.is_ok())
 }
 
-/// Two netkit pods on `node`, `ecni_floor_nk` attached to both.
+/// Netkit pods on a node, each pair with its program.
 pub struct NetkitPods {
-    // Fields drop in order: the links (detaching the program) before the namespaces.
+    // Fields drop in order: the links (detaching the programs) before the namespaces.
     _links: Vec<OwnedFd>,
     ebpf: Ebpf,
-    pub a: Netns,
-    pub b: Netns,
+    /// The pods' namespaces, in the order they were asked for.
+    pub pods: Vec<Netns>,
     keys: Vec<EndpointKey>,
 }
 
 impl NetkitPods {
-    pub fn new(bins: &Binaries, node: &BenchNode) -> Result<Self> {
+    /// A netkit pod on `node` per entry of `pods`: its address, and the program (by name,
+    /// from the plugin's object) its pair runs on the pod's side.
+    pub fn new(bins: &Binaries, node: &BenchNode, pods: &[(Ipv4Addr, &str)]) -> Result<Self> {
         let node_ns = node.node.netns();
-        let a = Netns::create("p")?;
-        let b = Netns::create("p")?;
+        let mut spaces = Vec::new();
         let mut primaries = Vec::new();
-        for (i, (pod, ip)) in [(&a, NETKIT_A_IP), (&b, NETKIT_B_IP)]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, (ip, _)) in pods.iter().enumerate() {
+            let (pod, ip) = (Netns::create("p")?, *ip);
             let (primary, peer) = (format!("nkbench{i}"), format!("nkbench{i}p"));
             node_ns
                 .run_in(|| new_pair(&primary, &peer))?
@@ -86,6 +87,7 @@ impl NetkitPods {
             pod.ip_ok(&["route", "add", "default", "dev", "eth0"])?;
             let ifindex = node_ns.run_in(|| ifindex_of(&primary))??;
             primaries.push((ifindex, ip));
+            spaces.push(pod);
         }
         let mut ebpf = crate::rig::object::on_node(bins, node)?;
         let mut keys = Vec::new();
@@ -107,34 +109,36 @@ impl NetkitPods {
                 keys.push(key);
             }
         }
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(PROG_FLOOR_NETKIT)
-            .context("no netkit floor in the object")?
-            .try_into()?;
-        prog.load().context("verifying the netkit floor")?;
-        let prog_fd = prog.fd()?.as_fd().as_raw_fd();
         let mut links = Vec::new();
-        for (ifindex, _) in &primaries {
+        for ((ifindex, _), (_, name)) in primaries.iter().zip(pods) {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .with_context(|| format!("no {name} in the object"))?
+                .try_into()?;
+            if prog.fd().is_err() {
+                prog.load().with_context(|| format!("verifying {name}"))?;
+            }
+            let prog_fd = prog.fd()?.as_fd().as_raw_fd();
             let link = node_ns
                 .run_in(|| attach_peer(prog_fd, *ifindex))?
-                .with_context(|| format!("attaching the netkit floor to ifindex {ifindex}"))?;
+                .with_context(|| format!("attaching {name} to netkit ifindex {ifindex}"))?;
             links.push(link);
         }
         Ok(Self {
             _links: links,
             ebpf,
-            a,
-            b,
+            pods: spaces,
             keys,
         })
     }
 
-    /// The netkit floor's run time (ns) and count so far (0 when the statistics are off).
-    pub fn stats(&mut self) -> Result<(u64, u64)> {
+    /// Program `name`'s run time (ns) and count so far, over every pair that runs it (0
+    /// when the statistics are off).
+    pub fn stats(&mut self, name: &str) -> Result<(u64, u64)> {
         let prog: &mut SchedClassifier = self
             .ebpf
-            .program_mut(PROG_FLOOR_NETKIT)
-            .context("no netkit floor")?
+            .program_mut(name)
+            .with_context(|| format!("no {name}"))?
             .try_into()?;
         let info = prog.info()?;
         Ok((info.run_time().as_nanos() as u64, info.run_count()))

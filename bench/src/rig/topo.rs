@@ -323,3 +323,39 @@ impl VethPair {
         Ok(Self { a, b })
     }
 }
+
+/// A pod the node's kernel routes, as the reference `ptp` plugin wires one without its
+/// rules: a veth pair from the node's namespace with no program on it, the pod's /32 routed
+/// to the node's end, which holds `gateway` for the pod's default route.
+pub struct RoutedPod {
+    pub netns: Netns,
+}
+
+impl RoutedPod {
+    pub fn new(node: &Netns, host_veth: &str, ip: Ipv4Addr, gateway: Ipv4Addr) -> Result<Self> {
+        let netns = Netns::create("p")?;
+        node.ip_ok(&[
+            "link",
+            "add",
+            host_veth,
+            "mtu",
+            &MTU.to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            IFNAME,
+            "netns",
+            netns.name(),
+        ])?;
+        node.ip_ok(&["addr", "add", &format!("{gateway}/32"), "dev", host_veth])?;
+        node.ip_ok(&["link", "set", host_veth, "up"])?;
+        node.ip_ok(&["route", "add", &format!("{ip}/32"), "dev", host_veth])?;
+        let gw = gateway.to_string();
+        netns.ip_ok(&["addr", "add", &format!("{ip}/32"), "dev", IFNAME])?;
+        netns.ip_ok(&["link", "set", IFNAME, "up"])?;
+        netns.ip_ok(&["route", "add", &gw, "dev", IFNAME, "scope", "link"])?;
+        netns.ip_ok(&["route", "add", "default", "via", &gw])?;
+        Ok(Self { netns })
+    }
+}

@@ -75,15 +75,15 @@ pub fn netkit(series: &str, params: &Params, plugin: &Path) -> Result<netkit::Ou
     let (text, booted) = in_guest(Section::Netkit, series, params, plugin)?;
     let mut out: netkit::Output =
         serde_json::from_str(&text).context("parsing the guest's results")?;
-    out.table.notes.insert(
-        0,
-        format!(
-            "Measured in a guest booting {booted}: this machine's kernel is built without \
-             netkit. Under TCG every instruction is emulated, so the absolute figures are the \
-             emulator's; the ratios compare paths run by the same emulated CPUs in \
-             alternating slices."
-        ),
+    let note = format!(
+        "Measured in a guest booting {booted}: this machine's kernel is built without \
+         netkit. Under TCG every instruction is emulated, so the absolute figures are the \
+         emulator's; the ratios compare paths run by the same emulated CPUs in alternating \
+         turns."
     );
+    for t in [&mut out.table, &mut out.ext] {
+        t.notes.insert(0, note.clone());
+    }
     Ok(out)
 }
 

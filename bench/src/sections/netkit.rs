@@ -16,6 +16,15 @@
 //! ([`crate::rig::netkit`]). TCP_RR p50 and TCP_CRR, each as a ratio to the veth pair per
 //! repeat, and the two floors' run time per packet.
 //!
+//! Then traffic leaving the node, where netkit should matter most: on veth a packet for
+//! outside crosses the veth's backlog before the host veth's program sends it to the uplink;
+//! on netkit the program in the pod's transmit sends it there directly. Three pods reach the
+//! node's external host, untranslated, in alternating turns: one the node's kernel forwards
+//! (a veth pod with no program, the reference's dataplane without its rules), one of the
+//! node's own pods, and a netkit pod running `ecni_from_pod` itself on its pair. Single
+//! stream TCP throughput, TCP_RR p50 and TCP_CRR, each as a ratio to the kernel's forwarding
+//! per repeat.
+//!
 //! This machine's kernel is built without netkit, so the run module sends the section to a
 //! guest booting [`GUEST_KERNEL`] there.
 
@@ -27,13 +36,13 @@ use anyhow::{Context as _, Result};
 use ebpf_cni_tests::Netns;
 
 use crate::log::progress;
-use crate::metric::{Metric, PathFigure, PodLink};
+use crate::metric::{ExtFigure, ExtLink, Metric, PathFigure, PodLink};
 use crate::model::{Cell, Repeats, Subject, Summary, Table};
 use crate::params::Params;
 use crate::rig::floor::Floor;
-use crate::rig::load::{self, EchoServer};
-use crate::rig::netkit::{NetkitPods, NETKIT_B_IP};
-use crate::rig::topo::{self, BenchNode, Binaries, Pod, VethPair};
+use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
+use crate::rig::netkit::NetkitPods;
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, RoutedPod, VethPair};
 use crate::sections::source_check::BpfStats;
 use crate::stats::percentile;
 use crate::turns::in_turn;
@@ -42,22 +51,35 @@ use crate::turns::in_turn;
 pub const GUEST_KERNEL: &str = "6.12";
 
 const ECHO_PORT: u16 = 7000;
+const IPERF_PORT: u16 = 5201;
+/// The netkit pods' addresses (a and b pod → pod, c to the external host) and the routed
+/// pod's with its gateway: outside every pool the benchmark's nodes hand out.
+const NETKIT_A_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 2);
+const NETKIT_B_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 3);
+const NETKIT_C_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 4);
+const ROUTED_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 2);
+const ROUTED_GW: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 1);
 /// Each repeat's time per path is split into this many alternating slices.
 const SLICES: u32 = 4;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Output {
+    /// Pod → pod.
     pub table: Table,
+    /// Pod → the external host.
+    pub ext: Table,
 }
 
 struct Setup {
     // Servers first: they must stop before their namespaces go; the netkit pods before the
     // node whose maps hold their entries.
     _echoes: Vec<EchoServer>,
+    _iperf: Iperf3Server,
     netkit: NetkitPods,
     floor: Floor,
-    /// Each path and its server's address (its client: [`Setup::client`]).
+    /// Each pod → pod path and its server's address (its client: [`Setup::client`]).
     targets: Vec<(PodLink, SocketAddr)>,
+    routed: RoutedPod,
     pods: Vec<Pod>,
     pair: VethPair,
     node: BenchNode,
@@ -72,12 +94,30 @@ impl Setup {
         }
         let mut floor = Floor::load(bins, &node, &pods[2], &pods[3])?;
         floor.attach(&node, true)?;
-        let netkit = NetkitPods::new(bins, &node).context("the netkit pods")?;
+        let netkit = NetkitPods::new(
+            bins,
+            &node,
+            &[
+                (NETKIT_A_IP, ebpf_cni_maps::PROG_FLOOR_NETKIT),
+                (NETKIT_B_IP, ebpf_cni_maps::PROG_FLOOR_NETKIT),
+                (NETKIT_C_IP, ebpf_cni_maps::PROG_FROM_POD),
+            ],
+        )
+        .context("the netkit pods")?;
+        let routed = RoutedPod::new(node.node.netns(), "kfwd0", ROUTED_IP, ROUTED_GW)
+            .context("the kernel-routed pod")?;
         let pair = VethPair::new()?;
         let mut echoes = Vec::new();
-        for ns in [&pods[1].netns, &pods[3].netns, &netkit.b, &pair.b] {
+        for ns in [
+            &pods[1].netns,
+            &pods[3].netns,
+            &netkit.pods[1],
+            &pair.b,
+            node.ext(),
+        ] {
             echoes.push(EchoServer::start(ns, ECHO_PORT)?);
         }
+        let iperf = Iperf3Server::start(node.ext(), topo::EXT_IP, IPERF_PORT)?;
         let at = |ip: Ipv4Addr| SocketAddr::from((ip, ECHO_PORT));
         let targets = vec![
             (PodLink::Veth, at(topo::VETH_B_IP)),
@@ -87,25 +127,36 @@ impl Setup {
         ];
         let s = Self {
             _echoes: echoes,
+            _iperf: iperf,
             netkit,
             floor,
             targets,
+            routed,
             pods,
             pair,
             node,
         };
-        for (link, target) in &s.targets {
+        let ext = at(topo::EXT_IP);
+        let probes = s
+            .targets
+            .iter()
+            .map(|(link, target)| (link.label(), s.client(*link), *target))
+            .chain(
+                ExtLink::ALL
+                    .iter()
+                    .map(|link| (link.label(), s.ext_client(*link), ext)),
+            );
+        for (what, ns, target) in probes {
             // A few tries: the probe's connect waits 1 s, and a fresh pod's first SYN
             // sometimes needs its retransmission.
-            let ns = s.client(*link);
-            let mut probe = load::probe_echo(ns, *target);
+            let mut probe = load::probe_echo(ns, target);
             for _ in 0..4 {
                 if probe.is_ok() {
                     break;
                 }
-                probe = load::probe_echo(ns, *target);
+                probe = load::probe_echo(ns, target);
             }
-            probe.with_context(|| format!("{} echo", link.label()))?;
+            probe.with_context(|| format!("{what}: echo"))?;
         }
         Ok(s)
     }
@@ -115,7 +166,15 @@ impl Setup {
             PodLink::Veth => &self.pair.a,
             PodLink::Product => &self.pods[0].netns,
             PodLink::TcFloor => &self.pods[2].netns,
-            PodLink::Netkit => &self.netkit.a,
+            PodLink::Netkit => &self.netkit.pods[0],
+        }
+    }
+
+    fn ext_client(&self, link: ExtLink) -> &Netns {
+        match link {
+            ExtLink::Kernel => &self.routed.netns,
+            ExtLink::Product => &self.pods[0].netns,
+            ExtLink::Netkit => &self.netkit.pods[2],
         }
     }
 }
@@ -145,42 +204,97 @@ fn measure_repeat(s: &Setup, rep: usize, slice: Duration) -> Result<Slices> {
     Ok(out)
 }
 
+/// The pod → external host paths' figures over one repeat: each path's throughput, then
+/// TCP_RR times and TCP_CRR count and seconds over alternating slices.
+#[derive(Default)]
+struct ExtSlices {
+    gbps: BTreeMap<ExtLink, f64>,
+    lat: BTreeMap<ExtLink, Vec<f64>>,
+    conns: BTreeMap<ExtLink, (usize, f64)>,
+}
+
+fn measure_ext(s: &Setup, p: &Params, rep: usize, slice: Duration) -> Result<ExtSlices> {
+    let mut out = ExtSlices::default();
+    let iperf = SocketAddr::from((topo::EXT_IP, IPERF_PORT));
+    let echo = SocketAddr::from((topo::EXT_IP, ECHO_PORT));
+    for link in in_turn(&ExtLink::ALL, rep) {
+        let r = load::iperf3(
+            s.ext_client(*link),
+            iperf,
+            p.iperf_secs,
+            p.iperf_omit,
+            false,
+            Proto::Tcp,
+        )?;
+        out.gbps.insert(*link, r.receiver_bps / 1e9);
+    }
+    for _ in 0..SLICES {
+        for link in in_turn(&ExtLink::ALL, rep) {
+            let ns = s.ext_client(*link);
+            out.lat
+                .entry(*link)
+                .or_default()
+                .extend(load::tcp_rr(ns, echo, slice)?);
+            let c = load::tcp_crr(ns, echo, slice, usize::MAX)?;
+            let e = out.conns.entry(*link).or_default();
+            e.0 += c.connect_us.len();
+            e.1 += c.secs;
+        }
+    }
+    Ok(out)
+}
+
+type PathFigs = BTreeMap<(PathFigure, PodLink), Repeats>;
+type ExtFigs = BTreeMap<(ExtFigure, ExtLink), Repeats>;
+
 /// On a machine whose kernel has netkit: the section's figures.
 pub fn measure(p: &Params, bins: &Binaries) -> Output {
-    let mut fig: BTreeMap<(PathFigure, PodLink), Repeats> = BTreeMap::new();
+    let mut fig = PathFigs::new();
+    let mut ext = ExtFigs::new();
     let mut setup = match Setup::new(bins) {
         Ok(s) => s,
         Err(e) => {
             progress(&format!("netkit: setting up failed: {e:#}"));
-            for link in PodLink::ALL {
-                for f in link.figures() {
-                    fig.entry((*f, link))
-                        .or_default()
-                        .set_instead(Subject::EbpfCni, Cell::failed(&e));
-                }
-            }
-            return Output {
-                table: table(p, fig),
-            };
+            fail_all(&mut fig, &mut ext, &e);
+            return output(p, fig, ext);
         }
     };
     let slice = Duration::from_secs_f64(p.rr_secs) / SLICES;
     for rep in 0..p.repeats {
         progress(&format!(
-            "netkit: repeat {}/{}: RR/CRR {} s per path, the four paths alternating",
+            "netkit: repeat {}/{}: RR/CRR {} s per path, the four pod → pod paths alternating, \
+             then iperf3 {} s and RR/CRR {} s per path to the external host",
             rep + 1,
             p.repeats,
+            p.rr_secs,
+            p.iperf_secs,
             p.rr_secs
         ));
+        let nk = ebpf_cni_maps::PROG_FLOOR_NETKIT;
         let stats = BpfStats::on();
-        let before = (setup.floor.stats(), setup.netkit.stats());
+        let before = (setup.floor.stats(), setup.netkit.stats(nk));
         let got = measure_repeat(&setup, rep, slice);
-        let after = (setup.floor.stats(), setup.netkit.stats());
+        let after = (setup.floor.stats(), setup.netkit.stats(nk));
         drop(stats);
-        let got = match got {
-            Ok(g) => g,
+        match got {
+            Ok(got) => {
+                record(&mut fig, &got);
+                for (link, b, a) in [
+                    (PodLink::TcFloor, &before.0, &after.0),
+                    (PodLink::Netkit, &before.1, &after.1),
+                ] {
+                    if let (Ok((t0, c0)), Ok((t1, c1))) = (b, a) {
+                        let (t, c) = (t1.saturating_sub(*t0), c1.saturating_sub(*c0));
+                        if c > 0 {
+                            fig.entry((PathFigure::FromPodNs, link))
+                                .or_default()
+                                .push(Subject::EbpfCni, t as f64 / c as f64);
+                        }
+                    }
+                }
+            }
             Err(e) => {
-                progress(&format!("netkit: repeat {}: {e:#}", rep + 1));
+                progress(&format!("netkit: repeat {}, pod → pod: {e:#}", rep + 1));
                 for link in PodLink::ALL {
                     for f in [PathFigure::RrP50, PathFigure::Crr] {
                         fig.entry((f, link))
@@ -188,29 +302,21 @@ pub fn measure(p: &Params, bins: &Binaries) -> Output {
                             .set_instead(Subject::EbpfCni, Cell::failed(&e));
                     }
                 }
-                continue;
             }
-        };
-        for (link, l) in &got.lat {
-            fig.entry((PathFigure::RrP50, *link))
-                .or_default()
-                .push(Subject::EbpfCni, percentile(l, 50.0));
         }
-        for (link, (n, secs)) in &got.conns {
-            fig.entry((PathFigure::Crr, *link))
-                .or_default()
-                .push(Subject::EbpfCni, *n as f64 / secs);
-        }
-        for (link, b, a) in [
-            (PodLink::TcFloor, &before.0, &after.0),
-            (PodLink::Netkit, &before.1, &after.1),
-        ] {
-            if let (Ok((t0, c0)), Ok((t1, c1))) = (b, a) {
-                let (t, c) = (t1.saturating_sub(*t0), c1.saturating_sub(*c0));
-                if c > 0 {
-                    fig.entry((PathFigure::FromPodNs, link))
-                        .or_default()
-                        .push(Subject::EbpfCni, t as f64 / c as f64);
+        match measure_ext(&setup, p, rep, slice) {
+            Ok(got) => record_ext(&mut ext, &got),
+            Err(e) => {
+                progress(&format!(
+                    "netkit: repeat {}, to the external host: {e:#}",
+                    rep + 1
+                ));
+                for link in ExtLink::ALL {
+                    for f in [ExtFigure::Throughput, ExtFigure::RrP50, ExtFigure::Crr] {
+                        ext.entry((f, link))
+                            .or_default()
+                            .set_instead(Subject::EbpfCni, Cell::failed(&e));
+                    }
                 }
             }
         }
@@ -224,52 +330,92 @@ pub fn measure(p: &Params, bins: &Binaries) -> Output {
         }
     }
     drop(setup);
-    Output {
-        table: table(p, fig),
+    output(p, fig, ext)
+}
+
+fn fail_all(fig: &mut PathFigs, ext: &mut ExtFigs, e: &anyhow::Error) {
+    for link in PodLink::ALL {
+        for f in link.figures() {
+            fig.entry((*f, link))
+                .or_default()
+                .set_instead(Subject::EbpfCni, Cell::failed(e));
+        }
+    }
+    for link in ExtLink::ALL {
+        for f in link.figures() {
+            ext.entry((*f, link))
+                .or_default()
+                .set_instead(Subject::EbpfCni, Cell::failed(e));
+        }
     }
 }
 
-/// `link`'s figure over the veth pair's, per repeat (the slices alternate, so each
-/// repeat's pair saw the same moment of the machine).
-fn of_veth(
-    fig: &mut BTreeMap<(PathFigure, PodLink), Repeats>,
-    f: PathFigure,
-    link: PodLink,
-    scale: f64,
-) -> Cell {
-    let veth = fig
-        .entry((f, PodLink::Veth))
-        .or_default()
-        .values(Subject::EbpfCni)
-        .to_vec();
-    let this = fig.entry((f, link)).or_default().values(Subject::EbpfCni);
-    if this.is_empty() || this.len() != veth.len() {
+fn record(fig: &mut PathFigs, got: &Slices) {
+    for (link, l) in &got.lat {
+        fig.entry((PathFigure::RrP50, *link))
+            .or_default()
+            .push(Subject::EbpfCni, percentile(l, 50.0));
+    }
+    for (link, (n, secs)) in &got.conns {
+        fig.entry((PathFigure::Crr, *link))
+            .or_default()
+            .push(Subject::EbpfCni, *n as f64 / secs);
+    }
+}
+
+fn record_ext(ext: &mut ExtFigs, got: &ExtSlices) {
+    for (link, g) in &got.gbps {
+        ext.entry((ExtFigure::Throughput, *link))
+            .or_default()
+            .push(Subject::EbpfCni, *g);
+    }
+    for (link, l) in &got.lat {
+        ext.entry((ExtFigure::RrP50, *link))
+            .or_default()
+            .push(Subject::EbpfCni, percentile(l, 50.0));
+    }
+    for (link, (n, secs)) in &got.conns {
+        ext.entry((ExtFigure::Crr, *link))
+            .or_default()
+            .push(Subject::EbpfCni, *n as f64 / secs);
+    }
+}
+
+/// `this` over `base`, per repeat (the paths take turns within a repeat, so each repeat's
+/// pair saw the same moment of the machine), times `scale`.
+fn per_repeat(this: &[f64], base: &[f64], scale: f64) -> Cell {
+    if this.is_empty() || this.len() != base.len() {
         return Cell::NotApplicable;
     }
-    let ratios: Vec<f64> = this.iter().zip(&veth).map(|(a, b)| a / b * scale).collect();
+    let ratios: Vec<f64> = this.iter().zip(base).map(|(a, b)| a / b * scale).collect();
     Summary::of(&ratios).map_or(Cell::NotApplicable, Cell::Value)
 }
 
-fn table(p: &Params, mut fig: BTreeMap<(PathFigure, PodLink), Repeats>) -> Table {
-    let mut table = Table::new(
-        "Pod → pod over veth and over netkit",
-        format!("median [min–max] over {} repeat(s)", p.repeats),
-    );
+fn output(p: &Params, mut fig: PathFigs, mut ext: ExtFigs) -> Output {
+    let cells = format!("median [min–max] over {} repeat(s)", p.repeats);
+    let mut table = Table::new("Pod → pod over veth and over netkit", cells.clone());
     for link in PodLink::ALL {
         for &f in link.figures() {
             let metric = Metric::Netkit { figure: f, link };
-            let row = match f {
-                PathFigure::RrOfVeth | PathFigure::CrrOfVeth => {
-                    let (base, scale) = match f {
-                        PathFigure::RrOfVeth => (PathFigure::RrP50, 1.0),
-                        _ => (PathFigure::Crr, 100.0),
-                    };
+            let ratio = match f {
+                PathFigure::RrOfVeth => Some((PathFigure::RrP50, 1.0)),
+                PathFigure::CrrOfVeth => Some((PathFigure::Crr, 100.0)),
+                _ => None,
+            };
+            let row = match ratio {
+                Some((base, scale)) => {
+                    let veth = fig.entry((base, PodLink::Veth)).or_default().clone();
+                    let this = fig.entry((base, link)).or_default();
                     let mut row = crate::model::Row::new(metric);
-                    row.cells
-                        .insert(Subject::EbpfCni, of_veth(&mut fig, base, link, scale));
+                    let cell = per_repeat(
+                        this.values(Subject::EbpfCni),
+                        veth.values(Subject::EbpfCni),
+                        scale,
+                    );
+                    row.cells.insert(Subject::EbpfCni, cell);
                     row
                 }
-                _ => fig.entry((f, link)).or_default().row(metric),
+                None => fig.entry((f, link)).or_default().row(metric),
             };
             table.rows.push(row);
         }
@@ -287,5 +433,47 @@ fn table(p: &Params, mut fig: BTreeMap<(PathFigure, PodLink), Repeats>) -> Table
         p.rr_secs,
         load::rr_cpu(),
     )];
-    table
+    let mut out_ext = Table::new("Pod → external host over veth and over netkit", cells);
+    for link in ExtLink::ALL {
+        for &f in link.figures() {
+            let metric = Metric::NetkitExt { figure: f, link };
+            let base = match f {
+                ExtFigure::ThroughputOfKernel => Some(ExtFigure::Throughput),
+                ExtFigure::RrOfKernel => Some(ExtFigure::RrP50),
+                ExtFigure::CrrOfKernel => Some(ExtFigure::Crr),
+                _ => None,
+            };
+            let row = match base {
+                Some(base) => {
+                    let kernel = ext.entry((base, ExtLink::Kernel)).or_default().clone();
+                    let this = ext.entry((base, link)).or_default();
+                    let mut row = crate::model::Row::new(metric);
+                    let cell = per_repeat(
+                        this.values(Subject::EbpfCni),
+                        kernel.values(Subject::EbpfCni),
+                        1.0,
+                    );
+                    row.cells.insert(Subject::EbpfCni, cell);
+                    row
+                }
+                None => ext.entry((f, link)).or_default().row(metric),
+            };
+            out_ext.rows.push(row);
+        }
+    }
+    out_ext.notes = vec![format!(
+        "The same node's external host (192.168.77.2, behind the node's uplink veth, where \
+         ecni_from_dev runs), untranslated: from a veth pod with no program that the node's \
+         kernel forwards, from one of the node's ebpf-cni pods, and from a netkit pod running \
+         ecni_from_pod on its pair (the FIB lookup and bpf_redirect_neigh in the pod's \
+         transmit; its replies delivered by ecni_from_dev with bpf_redirect_peer to its \
+         primary device). Per repeat: single-stream iperf3 for {} s each ({} s omitted), then \
+         TCP_RR and TCP_CRR {} s per path in {SLICES} slices; the paths take turns, the order \
+         reversed every other repeat. The ratios are per repeat.",
+        p.iperf_secs, p.iperf_omit, p.rr_secs,
+    )];
+    Output {
+        table,
+        ext: out_ext,
+    }
 }
