@@ -302,20 +302,7 @@ impl VethPair {
     pub fn new() -> Result<Self> {
         let a = Netns::create("p")?;
         let b = Netns::create("p")?;
-        a.ip_ok(&[
-            "link",
-            "add",
-            "eth0",
-            "mtu",
-            &MTU.to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            b.name(),
-        ])?;
+        add_veth(&a, IFNAME, &b)?;
         for (ns, ip) in [(&a, VETH_A_IP), (&b, VETH_B_IP)] {
             ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
             ns.ip_ok(&["link", "set", "eth0", "up"])?;
@@ -334,20 +321,7 @@ pub struct RoutedPod {
 impl RoutedPod {
     pub fn new(node: &Netns, host_veth: &str, ip: Ipv4Addr, gateway: Ipv4Addr) -> Result<Self> {
         let netns = Netns::create("p")?;
-        node.ip_ok(&[
-            "link",
-            "add",
-            host_veth,
-            "mtu",
-            &MTU.to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            IFNAME,
-            "netns",
-            netns.name(),
-        ])?;
+        add_veth(node, host_veth, &netns)?;
         node.ip_ok(&["addr", "add", &format!("{gateway}/32"), "dev", host_veth])?;
         node.ip_ok(&["link", "set", host_veth, "up"])?;
         node.ip_ok(&["route", "add", &format!("{ip}/32"), "dev", host_veth])?;
@@ -358,4 +332,23 @@ impl RoutedPod {
         netns.ip_ok(&["route", "add", "default", "via", &gw])?;
         Ok(Self { netns })
     }
+}
+
+/// A veth pair of MTU [`MTU`]: `name` in `ns`, its peer `eth0` in `peer_ns`.
+fn add_veth(ns: &Netns, name: &str, peer_ns: &Netns) -> Result<()> {
+    ns.ip_ok(&[
+        "link",
+        "add",
+        name,
+        "mtu",
+        &MTU.to_string(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        IFNAME,
+        "netns",
+        peer_ns.name(),
+    ])?;
+    Ok(())
 }

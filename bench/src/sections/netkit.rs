@@ -180,17 +180,24 @@ impl Setup {
 }
 
 /// Each path's TCP_RR times (µs) and TCP_CRR count and seconds, over one repeat's slices.
-#[derive(Default)]
-struct Slices {
-    lat: BTreeMap<PodLink, Vec<f64>>,
-    conns: BTreeMap<PodLink, (usize, f64)>,
+struct Slices<L> {
+    lat: BTreeMap<L, Vec<f64>>,
+    conns: BTreeMap<L, (usize, f64)>,
 }
 
-fn measure_repeat(s: &Setup, rep: usize, slice: Duration) -> Result<Slices> {
-    let mut out = Slices::default();
+/// TCP_RR and TCP_CRR from each path's client to its echo server, in [`SLICES`] slices of
+/// `slice` each, the paths taking turns (in repeat `rep`'s order).
+fn rr_and_crr<L: Ord + Copy>(
+    paths: &[(L, &Netns, SocketAddr)],
+    rep: usize,
+    slice: Duration,
+) -> Result<Slices<L>> {
+    let mut out = Slices {
+        lat: BTreeMap::new(),
+        conns: BTreeMap::new(),
+    };
     for _ in 0..SLICES {
-        for (link, target) in in_turn(&s.targets, rep) {
-            let ns = s.client(*link);
+        for (link, ns, target) in in_turn(paths, rep) {
             out.lat
                 .entry(*link)
                 .or_default()
@@ -204,19 +211,26 @@ fn measure_repeat(s: &Setup, rep: usize, slice: Duration) -> Result<Slices> {
     Ok(out)
 }
 
-/// The pod → external host paths' figures over one repeat: each path's throughput, then
-/// TCP_RR times and TCP_CRR count and seconds over alternating slices.
-#[derive(Default)]
-struct ExtSlices {
-    gbps: BTreeMap<ExtLink, f64>,
-    lat: BTreeMap<ExtLink, Vec<f64>>,
-    conns: BTreeMap<ExtLink, (usize, f64)>,
+fn measure_repeat(s: &Setup, rep: usize, slice: Duration) -> Result<Slices<PodLink>> {
+    let paths: Vec<_> = s
+        .targets
+        .iter()
+        .map(|(link, target)| (*link, s.client(*link), *target))
+        .collect();
+    rr_and_crr(&paths, rep, slice)
 }
 
-fn measure_ext(s: &Setup, p: &Params, rep: usize, slice: Duration) -> Result<ExtSlices> {
-    let mut out = ExtSlices::default();
+/// Each pod → external host path's throughput (Gbit/s), and its TCP_RR and TCP_CRR over
+/// alternating slices, over one repeat.
+fn measure_ext(
+    s: &Setup,
+    p: &Params,
+    rep: usize,
+    slice: Duration,
+) -> Result<(BTreeMap<ExtLink, f64>, Slices<ExtLink>)> {
     let iperf = SocketAddr::from((topo::EXT_IP, IPERF_PORT));
     let echo = SocketAddr::from((topo::EXT_IP, ECHO_PORT));
+    let mut gbps = BTreeMap::new();
     for link in in_turn(&ExtLink::ALL, rep) {
         let r = load::iperf3(
             s.ext_client(*link),
@@ -226,22 +240,13 @@ fn measure_ext(s: &Setup, p: &Params, rep: usize, slice: Duration) -> Result<Ext
             false,
             Proto::Tcp,
         )?;
-        out.gbps.insert(*link, r.receiver_bps / 1e9);
+        gbps.insert(*link, r.receiver_bps / 1e9);
     }
-    for _ in 0..SLICES {
-        for link in in_turn(&ExtLink::ALL, rep) {
-            let ns = s.ext_client(*link);
-            out.lat
-                .entry(*link)
-                .or_default()
-                .extend(load::tcp_rr(ns, echo, slice)?);
-            let c = load::tcp_crr(ns, echo, slice, usize::MAX)?;
-            let e = out.conns.entry(*link).or_default();
-            e.0 += c.connect_us.len();
-            e.1 += c.secs;
-        }
-    }
-    Ok(out)
+    let paths: Vec<_> = ExtLink::ALL
+        .iter()
+        .map(|link| (*link, s.ext_client(*link), echo))
+        .collect();
+    Ok((gbps, rr_and_crr(&paths, rep, slice)?))
 }
 
 type PathFigs = BTreeMap<(PathFigure, PodLink), Repeats>;
@@ -278,7 +283,7 @@ pub fn measure(p: &Params, bins: &Binaries) -> Output {
         drop(stats);
         match got {
             Ok(got) => {
-                record(&mut fig, &got);
+                record(&mut fig, &got, PathFigure::RrP50, PathFigure::Crr);
                 for (link, b, a) in [
                     (PodLink::TcFloor, &before.0, &after.0),
                     (PodLink::Netkit, &before.1, &after.1),
@@ -305,7 +310,14 @@ pub fn measure(p: &Params, bins: &Binaries) -> Output {
             }
         }
         match measure_ext(&setup, p, rep, slice) {
-            Ok(got) => record_ext(&mut ext, &got),
+            Ok((gbps, got)) => {
+                for (link, g) in gbps {
+                    ext.entry((ExtFigure::Throughput, link))
+                        .or_default()
+                        .push(Subject::EbpfCni, g);
+                }
+                record(&mut ext, &got, ExtFigure::RrP50, ExtFigure::Crr);
+            }
             Err(e) => {
                 progress(&format!(
                     "netkit: repeat {}, to the external host: {e:#}",
@@ -350,32 +362,21 @@ fn fail_all(fig: &mut PathFigs, ext: &mut ExtFigs, e: &anyhow::Error) {
     }
 }
 
-fn record(fig: &mut PathFigs, got: &Slices) {
+/// One repeat's TCP_RR p50 and TCP_CRR rate of each path into `fig`, as figures `rr` and
+/// `crr`.
+fn record<F: Ord + Copy, L: Ord + Copy>(
+    fig: &mut BTreeMap<(F, L), Repeats>,
+    got: &Slices<L>,
+    rr: F,
+    crr: F,
+) {
     for (link, l) in &got.lat {
-        fig.entry((PathFigure::RrP50, *link))
+        fig.entry((rr, *link))
             .or_default()
             .push(Subject::EbpfCni, percentile(l, 50.0));
     }
     for (link, (n, secs)) in &got.conns {
-        fig.entry((PathFigure::Crr, *link))
-            .or_default()
-            .push(Subject::EbpfCni, *n as f64 / secs);
-    }
-}
-
-fn record_ext(ext: &mut ExtFigs, got: &ExtSlices) {
-    for (link, g) in &got.gbps {
-        ext.entry((ExtFigure::Throughput, *link))
-            .or_default()
-            .push(Subject::EbpfCni, *g);
-    }
-    for (link, l) in &got.lat {
-        ext.entry((ExtFigure::RrP50, *link))
-            .or_default()
-            .push(Subject::EbpfCni, percentile(l, 50.0));
-    }
-    for (link, (n, secs)) in &got.conns {
-        ext.entry((ExtFigure::Crr, *link))
+        fig.entry((crr, *link))
             .or_default()
             .push(Subject::EbpfCni, *n as f64 / secs);
     }
