@@ -41,9 +41,9 @@ pub fn route_netkit(ctx: &TcContext) -> i32 {
     })
 }
 
-#[inline(always)]
 /// The floor's steps, then `redirect` to the destination's host-side device (a generic,
 /// so each program gets its helper inlined: BPF has no indirect calls).
+#[inline(always)]
 fn route_with(ctx: &TcContext, redirect: impl Fn(u32) -> i32) -> i32 {
     let dest = classify(ctx);
     let (Some(ep), proto) = (dest.pod, dest.proto) else {

@@ -34,6 +34,24 @@ pub enum Event {
     Filter { index: u32 },
 }
 
+/// A `NETLINK_ROUTE` socket in the calling thread's namespace (also what the benchmark
+/// sends its own requests on).
+pub fn route_socket() -> Result<OwnedFd> {
+    // SAFETY: plain socket(2); the descriptor is owned below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error()).context("a NETLINK_ROUTE socket");
+    }
+    // SAFETY: a descriptor just returned by socket(2), owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// A socket subscribed to a namespace's link and tc announcements from its creation on.
 pub struct RtEvents {
     fd: OwnedFd,
@@ -46,19 +64,7 @@ impl RtEvents {
     }
 
     fn subscribe_here() -> Result<Self> {
-        // SAFETY: plain socket(2); the descriptor is owned below.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error()).context("a NETLINK_ROUTE socket");
-        }
-        // SAFETY: a descriptor just returned by socket(2), owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = route_socket()?;
         // Room for every announcement of an ADD or two (a full buffer drops them).
         let size: libc::c_int = 4 << 20;
         // SAFETY: the option's value is a c_int of the size passed.

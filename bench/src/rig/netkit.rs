@@ -168,19 +168,7 @@ fn new_pair(primary: &str, peer: &str) -> Result<()> {
     msg.finalize();
     let mut req = vec![0; msg.buffer_len()];
     msg.serialize(&mut req);
-    // SAFETY: plain socket(2); the descriptor is owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        bail!("netlink socket: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sock = ebpf_cni_tests::rtevents::route_socket()?;
     // SAFETY: `req` is valid for its length; the kernel is the default destination.
     let sent = unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
     if sent < 0 {

@@ -392,34 +392,49 @@ fn per_repeat(this: &[f64], base: &[f64], scale: f64) -> Cell {
     Summary::of(&ratios).map_or(Cell::NotApplicable, Cell::Value)
 }
 
+/// `link`'s rows of `figures`: `row_of` names each figure's metric and, for a ratio, the
+/// figure it is taken of and its scale; a ratio is `link`'s over `base`'s, per repeat.
+fn rows<F: Ord + Copy, L: Ord + Copy>(
+    fig: &mut BTreeMap<(F, L), Repeats>,
+    link: L,
+    base: L,
+    figures: &[F],
+    row_of: impl Fn(F) -> (Metric, Option<(F, f64)>),
+) -> Vec<crate::model::Row> {
+    figures
+        .iter()
+        .map(|&f| match row_of(f) {
+            (metric, Some((of, scale))) => {
+                let base = fig.entry((of, base)).or_default().clone();
+                let this = fig.entry((of, link)).or_default();
+                let mut row = crate::model::Row::new(metric);
+                let cell = per_repeat(
+                    this.values(Subject::EbpfCni),
+                    base.values(Subject::EbpfCni),
+                    scale,
+                );
+                row.cells.insert(Subject::EbpfCni, cell);
+                row
+            }
+            (metric, None) => fig.entry((f, link)).or_default().row(metric),
+        })
+        .collect()
+}
+
 fn output(p: &Params, mut fig: PathFigs, mut ext: ExtFigs) -> Output {
     let cells = format!("median [min–max] over {} repeat(s)", p.repeats);
     let mut table = Table::new("Pod → pod over veth and over netkit", cells.clone());
     for link in PodLink::ALL {
-        for &f in link.figures() {
-            let metric = Metric::Netkit { figure: f, link };
-            let ratio = match f {
-                PathFigure::RrOfVeth => Some((PathFigure::RrP50, 1.0)),
-                PathFigure::CrrOfVeth => Some((PathFigure::Crr, 100.0)),
-                _ => None,
-            };
-            let row = match ratio {
-                Some((base, scale)) => {
-                    let veth = fig.entry((base, PodLink::Veth)).or_default().clone();
-                    let this = fig.entry((base, link)).or_default();
-                    let mut row = crate::model::Row::new(metric);
-                    let cell = per_repeat(
-                        this.values(Subject::EbpfCni),
-                        veth.values(Subject::EbpfCni),
-                        scale,
-                    );
-                    row.cells.insert(Subject::EbpfCni, cell);
-                    row
-                }
-                None => fig.entry((f, link)).or_default().row(metric),
-            };
-            table.rows.push(row);
-        }
+        table
+            .rows
+            .extend(rows(&mut fig, link, PodLink::Veth, link.figures(), |f| {
+                let base = match f {
+                    PathFigure::RrOfVeth => Some((PathFigure::RrP50, 1.0)),
+                    PathFigure::CrrOfVeth => Some((PathFigure::Crr, 100.0)),
+                    _ => None,
+                };
+                (Metric::Netkit { figure: f, link }, base)
+            }));
     }
     table.notes = vec![format!(
         "One ebpf-cni node (IPv4, no host port, no limit) and a plain veth pair: TCP_RR and \
@@ -436,31 +451,17 @@ fn output(p: &Params, mut fig: PathFigs, mut ext: ExtFigs) -> Output {
     )];
     let mut out_ext = Table::new("Pod → external host over veth and over netkit", cells);
     for link in ExtLink::ALL {
-        for &f in link.figures() {
-            let metric = Metric::NetkitExt { figure: f, link };
-            let base = match f {
-                ExtFigure::ThroughputOfKernel => Some(ExtFigure::Throughput),
-                ExtFigure::RrOfKernel => Some(ExtFigure::RrP50),
-                ExtFigure::CrrOfKernel => Some(ExtFigure::Crr),
-                _ => None,
-            };
-            let row = match base {
-                Some(base) => {
-                    let kernel = ext.entry((base, ExtLink::Kernel)).or_default().clone();
-                    let this = ext.entry((base, link)).or_default();
-                    let mut row = crate::model::Row::new(metric);
-                    let cell = per_repeat(
-                        this.values(Subject::EbpfCni),
-                        kernel.values(Subject::EbpfCni),
-                        1.0,
-                    );
-                    row.cells.insert(Subject::EbpfCni, cell);
-                    row
-                }
-                None => ext.entry((f, link)).or_default().row(metric),
-            };
-            out_ext.rows.push(row);
-        }
+        out_ext
+            .rows
+            .extend(rows(&mut ext, link, ExtLink::Kernel, link.figures(), |f| {
+                let base = match f {
+                    ExtFigure::ThroughputOfKernel => Some((ExtFigure::Throughput, 1.0)),
+                    ExtFigure::RrOfKernel => Some((ExtFigure::RrP50, 1.0)),
+                    ExtFigure::CrrOfKernel => Some((ExtFigure::Crr, 1.0)),
+                    _ => None,
+                };
+                (Metric::NetkitExt { figure: f, link }, base)
+            }));
     }
     out_ext.notes = vec![format!(
         "The same node's external host (192.168.77.2, behind the node's uplink veth, where \

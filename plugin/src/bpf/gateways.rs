@@ -243,12 +243,8 @@ pub fn check_user(node: &NodeId, gw: Ipv4Addr, id: u64) -> Result<(), BpfError> 
     }
 }
 
-/// `inspect`: each gateway the node holds for its pods, with its users' attachment ids.
-pub fn list(node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
-    list_at(&PinRoot::from_env(), node)
-}
-
-/// [`list`] under `root`.
+/// `inspect` and the node's purge: each IPv4 gateway the node holds for its pods, with its
+/// users' attachment ids.
 pub(super) fn list_at(root: &PinRoot, node: &NodeId) -> Vec<(Ipv4Addr, Vec<u64>)> {
     users_in(&root.gateways_dir(node), parse_gw_name)
 }

@@ -494,7 +494,7 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         attachments,
         node_addresses,
         port_mappings,
-        gateways: gateway_reports(gateways::list(node), &names),
+        gateways: gateway_reports(gateways::list_at(&root, node), &names),
         gateways6: gateway_reports(gateways::users6(&root, node), &names),
         masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
         converged: super::converge::last(&root, node),
