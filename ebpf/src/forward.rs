@@ -29,6 +29,7 @@ use crate::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
         Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
+    services::{self, Services},
     source::{self, Source},
     trace::{note, Note},
 };
@@ -165,6 +166,8 @@ fn deliver(ctx: &TcContext, proto: u16, ep: &EndpointInfo) -> i32 {
             if hop(ctx, proto).is_none() || set_macs(ctx, &ep.host_mac, &ep.pod_mac).is_none() {
                 return PASS;
             }
+            // Not the stack's: `to_pod` records no flow for it.
+            services::mark_paced(ctx);
             // SAFETY: plain helper call; egress of the pod's host veth.
             let rc = unsafe { bpf_redirect(ep.host_ifindex, 0) };
             if rc == TC_ACT_SHOT {
@@ -264,6 +267,12 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     if !CHAINED {
         if let Some(rc) = answer_arp(ctx, me) {
             return rc;
+        }
+        // A Service flow: netfilter translates it, both ways (a chained pod's traffic
+        // takes the stack anyway).
+        if services::from_pod(ctx) == Services::Stack {
+            note(Note::Services(me));
+            return PASS;
         }
     }
     // A reply in a host port flow, else maybe a packet to a host port. A host port is a
@@ -369,6 +378,7 @@ fn answer_arp(ctx: &TcContext, me: u32) -> Option<i32> {
 #[inline(always)]
 pub fn to_pod(ctx: &TcContext) -> i32 {
     let (me, len) = (ifindex(ctx), ctx.len());
+    services::to_pod(ctx);
     match pace(ctx, me) {
         Verdict::Drop => {
             count(me, Dir::ToPod, Event::Drop, len);
@@ -394,6 +404,8 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
     }
     let dest = classify(ctx);
     match dest.pod {
+        // A reply in a pod's flow to a Service: netfilter translates it back.
+        Some(_) if nat == Nat::None && services::from_dev(ctx) == Services::Stack => PASS,
         Some(ep) if ours(ep, nat) => {
             if nat == Nat::None && ep.flags & EP_FLAG_MASQ != 0 {
                 masq::inbound(ctx);

@@ -32,6 +32,7 @@ mod nat;
 mod pace;
 mod packet;
 mod rewrite;
+mod services;
 mod sock;
 mod source;
 mod tcp_ts;

@@ -11,7 +11,7 @@
 use aya_ebpf::{macros::map, maps::RingBuf};
 use ebpf_cni_maps::{
     str_eq, TraceNote, NOTE_ARP_ANSWERED, NOTE_FIB, NOTE_MAC_DROPPED, NOTE_REDIRECT_PEER,
-    NOTE_SOURCE_DROPPED, NOTE_TO_STACK,
+    NOTE_SERVICES, NOTE_SOURCE_DROPPED, NOTE_TO_STACK,
 };
 
 use crate::maps::tracing;
@@ -32,6 +32,8 @@ pub enum Note {
     ArpAnswered(u32),
     /// The FIB's answer `.1` (egress device `.2`) for a packet of the pod behind `.0`.
     Fib(u32, i64, u32),
+    /// What the pod behind host veth `.0` sent is a Service flow's: to the stack.
+    Services(u32),
 }
 
 /// 64 KiB: 2,048 notes between two reads of `ebpf-cni trace` (it reads every 200 ms);
@@ -56,6 +58,7 @@ pub fn note(note: Note) {
         Note::ToStack(me) => (NOTE_TO_STACK, me, 0, 0),
         Note::ArpAnswered(me) => (NOTE_ARP_ANSWERED, me, 0, 0),
         Note::Fib(me, rc, out) => (NOTE_FIB, me, out, rc),
+        Note::Services(me) => (NOTE_SERVICES, me, 0, 0),
     };
     // A full ring loses the note, not the packet.
     let _ = ECNI_TRACE_RING.output::<TraceNote>(

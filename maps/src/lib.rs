@@ -8,6 +8,9 @@
 //! at 15 bytes, so they are checked for length too.
 #![no_std]
 
+mod services;
+pub use services::*;
+
 /// Node-wide hash of every local pod address: [`EndpointKey`] → [`EndpointInfo`].
 pub const ENDPOINTS_MAP: &str = "ECNI_ENDPOINTS";
 /// Node-wide per-CPU hash of per-pod traffic counters: host veth ifindex (`u32`) →
@@ -81,7 +84,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 22] = [
+pub const NODE_MAPS: [NodeMap; 25] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -104,6 +107,9 @@ pub const NODE_MAPS: [NodeMap; 22] = [
     NodeMap::array(NS_PROBE_MAP),
     NodeMap::keyed(SHAPE_SUBNETS_MAP),
     NodeMap::keyed(SOURCES_MAP),
+    NodeMap::keyed(SERVICES_NETS_MAP),
+    NodeMap::keyed(SERVICES_FLOWS_MAP),
+    NodeMap::array(SERVICES_STATS_MAP),
 ];
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
@@ -369,6 +375,9 @@ pub mod pin {
     /// links, host-port addresses and masquerade sources were last brought in line with
     /// its devices and addresses, and by what (`add`, `status`, `agent`).
     pub const CONVERGED_DIR: &str = "converged";
+    /// Directory of the node holding one empty directory named after the source of its
+    /// Service ranges (`kube-proxy-iptables-nft`, `config`, `none`, joined by `+`).
+    pub const SERVICES_DIR: &str = "services";
     /// Empty directory in an attachment's directory: ADD installed the pod's source check
     /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
     pub const SOURCE_CHECK_RECORD: &str = "source_check";
@@ -1016,6 +1025,8 @@ pub const NOTE_TO_STACK: u32 = 4;
 pub const NOTE_ARP_ANSWERED: u32 = 5;
 /// [`TraceNote::what`]: the FIB's answer `rc` for a packet of the pod, egress `target`.
 pub const NOTE_FIB: u32 = 6;
+/// [`TraceNote::what`]: what the pod sent belongs to a Service flow and goes to the stack.
+pub const NOTE_SERVICES: u32 = 7;
 
 /// `aya::Pod` for the map types, so user space reads and writes them as plain bytes.
 macro_rules! plain_old_data {
@@ -1054,6 +1065,8 @@ plain_old_data!(
     SourceKey,
     SourceRule,
     TraceNote,
+    ServicesFlowKey,
+    ServicesStats,
 );
 
 /// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
@@ -1093,6 +1106,9 @@ const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG_MAP));
 const _: () = assert!(fits_bpf_obj_name(MASQ_FRAG6_MAP));
 const _: () = assert!(fits_bpf_obj_name(NAT_FRAG_MAP));
 const _: () = assert!(fits_bpf_obj_name(SOURCES_MAP));
+const _: () = assert!(fits_bpf_obj_name(SERVICES_NETS_MAP));
+const _: () = assert!(fits_bpf_obj_name(SERVICES_FLOWS_MAP));
+const _: () = assert!(fits_bpf_obj_name(SERVICES_STATS_MAP));
 const _: () = assert!(fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT4));
 const _: () = assert!(fits_bpf_obj_name(PROG_CONNECT6));

@@ -21,6 +21,11 @@ pub async fn converge(conf: &NetConf, by: ConvergedBy) -> Result<Vec<String>, Cn
     }
     let host_nl = Netlink::connect()?;
     let mut view = crate::node::node_view(&host_nl, conf, &gateways(conf)).await?;
+    let learned = crate::services::learn(&conf.service_cidrs, &view.ipvs);
+    view.services = Some(bpf::ServicesView {
+        source: learned.describe(),
+        nets: learned.nets,
+    });
     let mut lines = crate::gateway::restore(&host_nl, &node, &mut view, by).await?;
     lines.extend(bpf::converge(&node, &view, by)?);
     Ok(lines)

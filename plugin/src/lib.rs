@@ -31,6 +31,7 @@ pub mod portmap;
 pub mod reboot;
 pub mod removal;
 pub mod report;
+pub mod services;
 mod sockopt;
 pub mod source_check;
 pub mod status;

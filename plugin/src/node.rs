@@ -35,8 +35,20 @@ pub async fn node_view(
     gateways: &[std::net::IpAddr],
 ) -> Result<NodeView, CniError> {
     // The calling thread is in the node's namespace, as `host_nl` is.
-    let global = crate::netlink::addrs::global_addresses()
+    let mut global = crate::netlink::addrs::global_addresses()
         .map_err(crate::netlink::NetlinkError::Addresses)?;
+    // kube-proxy's IPVS mode holds every Service address on its dummy device: Service
+    // addresses, not the node's (no host port answers there, no device program goes
+    // there), which converge to the Services map instead.
+    let mut ipvs = Vec::new();
+    if let Some(l) = host_nl.link_by_name(crate::services::IPVS_DEVICE).await? {
+        global.retain(|(i, ip)| {
+            if *i == l.index {
+                ipvs.push(*ip);
+            }
+            *i != l.index
+        });
+    }
     let mut addrs: Vec<std::net::IpAddr> = global.iter().map(|(_, ip)| *ip).collect();
     addrs.sort();
     addrs.dedup();
@@ -57,6 +69,8 @@ pub async fn node_view(
             addrs,
             by_link: global,
             mode,
+            services: None,
+            ipvs,
         });
     }
     let mut candidates: Vec<u32> = global
@@ -81,6 +95,8 @@ pub async fn node_view(
         addrs,
         by_link: global,
         mode,
+        services: None,
+        ipvs,
     })
 }
 

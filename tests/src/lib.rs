@@ -28,6 +28,7 @@ pub mod external;
 pub mod fsutil;
 pub mod hostport;
 pub mod kernel;
+pub mod kube_proxy;
 mod machine;
 pub mod net;
 pub mod netfilter;

@@ -648,6 +648,31 @@ impl Programs {
     }
 
     /// A destination network never masqueraded.
+    /// A Service address (`prefix` bits of the family's address) and the node's Services
+    /// switch on.
+    pub fn add_service_net(&mut self, net: IpAddr, prefix: u32) {
+        let (addr, bits) = match net {
+            IpAddr::V4(_) => (endpoint_key(net).addr, 96 + prefix),
+            IpAddr::V6(a) => (a.octets(), prefix),
+        };
+        let mut t: LpmTrie<_, [u8; 16], u32> = LpmTrie::try_from(
+            self.ebpf
+                .map_mut(ebpf_cni_maps::SERVICES_NETS_MAP)
+                .expect("services map"),
+        )
+        .expect("services map type");
+        t.insert(&Key::new(bits, addr), 1, 0)
+            .expect("inserting a Service address");
+        let mut cfg = self.node_config();
+        cfg.flags |= ebpf_cni_maps::NODE_FLAG_SERVICES;
+        self.set_config(cfg);
+    }
+
+    /// The Services flow entry of `key`, if the programs recorded it.
+    pub fn services_flow(&self, key: &ebpf_cni_maps::ServicesFlowKey) -> Option<u32> {
+        self.lookup(ebpf_cni_maps::SERVICES_FLOWS_MAP, key)
+    }
+
     pub fn add_masq_skip(&mut self, net: IpAddr, prefix: u32) {
         let (addr, bits) = match net {
             IpAddr::V4(_) => (endpoint_key(net).addr, 96 + prefix),

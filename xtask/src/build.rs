@@ -41,6 +41,9 @@ const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
     "ecni_nat_icmp_out",
     "ecni_nat_reverse",
     "ecni_source_check",
+    "ecni_svc_from_dev",
+    "ecni_svc_from_pod",
+    "ecni_svc_to_pod",
 ];
 
 const PLUGIN_PACKAGE: &str = "ebpf-cni";

@@ -47,6 +47,13 @@ pub const TEST_PACKAGES: Install = Install {
         // The reference plugins (/usr/lib/cni), compared against and chained with.
         "containernetworking-plugins",
         "iptables",
+        // kube-proxy's other two modes' tools (tests/tests/services.rs): its nftables rules
+        // are loaded with `nft`, its IPVS virtual servers with `ipvsadm` and its sets with
+        // `ipset`; `conntrack` flushes a Service's UDP flows as kube-proxy does.
+        "nftables",
+        "ipvsadm",
+        "ipset",
+        "conntrack",
         // The runtime end-to-end tests (tests/tests/podman.rs, tests/tests/containerd/):
         // podman 4.3 with its CNI backend and conmon; containerd 1.6 with its CRI plugin
         // (and `ctr`); runc as the OCI runtime for both (crun fails on hybrid cgroups; listed

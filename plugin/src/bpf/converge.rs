@@ -24,6 +24,7 @@ use super::{
     pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     ports::PortMaps,
     programs::Programs,
+    services::ServicesMaps,
     AttachMode, BpfError, Device, Hook,
 };
 
@@ -40,6 +41,27 @@ pub struct NodeView {
     pub by_link: Vec<(u32, IpAddr)>,
     /// How the device program attaches.
     pub mode: AttachMode,
+    /// The Service ranges the programs hand to the stack, as STATUS and the agent learned
+    /// them (`crate::services`); `None` for ADD, which leaves them as they are.
+    pub services: Option<ServicesView>,
+    /// The addresses of kube-proxy's IPVS dummy device (`kube-ipvs0`): Service addresses,
+    /// which are in none of the fields above.
+    pub ipvs: Vec<IpAddr>,
+}
+
+/// The node's Services as learned: the ranges, and where they came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServicesView {
+    pub nets: Vec<ipnetwork::IpNetwork>,
+    /// `kube-proxy-iptables-nft`, `config`, … joined by `+`; `none`.
+    pub source: String,
+}
+
+impl ServicesView {
+    /// Whether the programs hand Service flows to the stack.
+    pub fn in_force(&self) -> bool {
+        !self.nets.is_empty()
+    }
 }
 
 impl NodeView {
@@ -173,6 +195,8 @@ pub struct Plan {
     /// Programs whose link on the cgroup v2 root their users need and is not attached
     /// (looked at by STATUS and the agent, not by ADD: see `cgroup::links_to_restore`).
     links: Vec<&'static str>,
+    /// The Service ranges or the switch differ from the view's (or its source's record).
+    services: bool,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -189,6 +213,7 @@ impl Plan {
             && self.node_addrs.is_none()
             && !self.masq_sources
             && self.links.is_empty()
+            && !self.services
     }
 
     /// One line per change, for the log.
@@ -229,6 +254,9 @@ impl Plan {
                 .iter()
                 .map(|n| format!("{n} attached to the cgroup v2 root again")),
         );
+        if self.services {
+            out.push("Service addresses follow kube-proxy's rules".to_owned());
+        }
         out
     }
 }
@@ -272,6 +300,16 @@ fn plan(
         if let Some(m) = MasqMaps::open(root, node)? {
             p.masq_sources = m.active() && !m.sources_in_line(&view.masq_sources());
         }
+    }
+    if let Some(want) = &view.services {
+        p.services = match ServicesMaps::open(root, node)? {
+            Some(m) => {
+                !m.in_line(&want.nets, want.in_force())
+                    || services_source(root, node).as_deref() != Some(want.source.as_str())
+            }
+            // Programs of a release before Services: the next load pins the maps.
+            None => false,
+        };
     }
     if by != ConvergedBy::Add {
         // Without the node's cookie (an older build on a kernel before 5.14) no socket
@@ -354,6 +392,12 @@ fn apply(
     }
     if !plan.links.is_empty() {
         cgroup::restore_links(root, node, &plan.links)?;
+    }
+    if plan.services {
+        if let (Some(want), Some(mut m)) = (&view.services, ServicesMaps::open(root, node)?) {
+            m.sync(&want.nets, want.in_force())?;
+            record_services_source(root, node, &want.source)?;
+        }
     }
     device_err.map_or(Ok(()), Err)
 }
@@ -462,6 +506,28 @@ fn record(root: &PinRoot, node: &NodeId, by: ConvergedBy) -> Result<(), BpfError
     Ok(())
 }
 
+/// Where the node's Service ranges came from, as the last convergence that wrote them
+/// recorded it (`services/<source>`).
+pub fn services_source(root: &PinRoot, node: &NodeId) -> Option<String> {
+    fs::read_dir(root.services_dir(node))
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+}
+
+fn record_services_source(root: &PinRoot, node: &NodeId, source: &str) -> Result<(), BpfError> {
+    let dir = root.services_dir(node);
+    let new = dir.join(source);
+    create_dir_all_racy(&new)?;
+    if let Ok(es) = fs::read_dir(&dir) {
+        for p in es.flatten().map(|e| e.path()).filter(|p| *p != new) {
+            let _ = fs::remove_dir(p);
+        }
+    }
+    Ok(())
+}
+
 /// The last convergence recorded for the node.
 pub fn last(root: &PinRoot, node: &NodeId) -> Option<ConvergeRecord> {
     fs::read_dir(root.converged_dir(node))
@@ -533,6 +599,8 @@ mod tests {
             addrs: vec![ip("10.0.0.5"), ip("192.168.1.2")],
             by_link: Vec::new(),
             mode: AttachMode::Netlink,
+            services: None,
+            ipvs: Vec::new(),
         };
         v.add_loopback(ip("10.88.0.1"));
         v.add_loopback(ip("10.88.0.1"));
@@ -556,6 +624,8 @@ mod tests {
             addrs: vec![gw],
             by_link: vec![(7, gw), (9, gw)],
             mode: AttachMode::Netlink,
+            services: None,
+            ipvs: Vec::new(),
         };
         assert_eq!(v.holders(gw), 2);
         assert!(v.holds(7, gw) && !v.holds(8, gw));

@@ -206,6 +206,9 @@ pub struct NodeReport {
     /// Masquerade: the port range, flows per pod, allocation failures (`None` on a node
     /// whose maps predate it).
     pub masquerade: Option<MasqReport>,
+    /// Services next to kube-proxy: whether the programs hand Service flows to the stack,
+    /// why, and what they counted (`None` on a node whose maps predate it).
+    pub services: Option<super::ServicesReport>,
     /// The last time ADD, STATUS or the agent changed the node to follow its devices and
     /// addresses (`None`: never recorded, e.g. a node of an older release).
     pub converged: Option<super::ConvergeRecord>,
@@ -497,6 +500,8 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         gateways: gateway_reports(gateways::list_at(&root, node), &names),
         gateways6: gateway_reports(gateways::users6(&root, node), &names),
         masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
+        services: super::ServicesMaps::open(&root, node)?
+            .map(|m| m.report(super::services_source(&root, node))),
         converged: super::converge::last(&root, node),
     })
 }

@@ -29,6 +29,7 @@ mod pod;
 mod programs;
 mod purge;
 mod queue;
+mod services;
 mod survey;
 mod sys;
 mod trace;
@@ -36,7 +37,9 @@ mod tree;
 pub mod walk;
 
 pub use capability::{pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
-pub use converge::{converge, record_change, ConvergeRecord, ConvergedBy, NodeView};
+pub use converge::{
+    converge, record_change, services_source, ConvergeRecord, ConvergedBy, NodeView, ServicesView,
+};
 pub use cookie::netns_cookie_of;
 pub use ebpf_cni_maps::{DirCounters, PodCounters};
 pub use error::{BpfError, RemoveFailure};
@@ -54,6 +57,7 @@ pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, sweep_masq, sweep_sources};
 pub use programs::{part_modes, programs_embedded, revision};
 pub use purge::{purge, users, NodeUsers, Purge};
+pub use services::{ServicesMaps, ServicesReport};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
 pub use tree::{network_attachments, AttachmentDir};
@@ -167,6 +171,8 @@ mod tests {
                 addrs: Vec::new(),
                 by_link: Vec::new(),
                 mode: AttachMode::Tcx,
+                services: None,
+                ipvs: Vec::new(),
             },
             AttachMode::Tcx,
         )

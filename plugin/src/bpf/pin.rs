@@ -14,7 +14,8 @@
 //!                                     ECNI_MASQ_FWD
 //!                                     ECNI_MASQ_REV ECNI_MASQ_SKIP ECNI_MASQ_SRC ECNI_MASQ_STAT
 //!                                     ECNI_MASQ_FRAG ECNI_MASQ_FRAG6 ECNI_NS_PROBE
-//!                                     ECNI_SHAPE_NET ECNI_SOURCES
+//!                                     ECNI_SHAPE_NET ECNI_SOURCES ECNI_SVC_NETS
+//!                                     ECNI_SVC_FLOWS ECNI_SVC_STAT
 //!     programs/<revision>/<program>   every program of programs::TABLE, per object revision:
 //!                                     ecni_from_pod ecni_to_pod ecni_from_dev ecni_from_chain
 //!                                     ecni_connect4 ecni_connect6 ecni_sendmsg4 ecni_sendmsg6
@@ -33,6 +34,8 @@
 //!                                     gateway (32 hex digits)
 //!     converged/<unix ms>-<by>/       the node's last convergence to its devices and
 //!                                     addresses, and by what (add, status, agent)
+//!     services/<source>/              where the node's Service addresses came from
+//!                                     (kube-proxy-iptables-nft, config, none, … joined by +)
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod            TCX: the pod's programs' links
 //!         netlink_from_pod  netlink_to_pod      netlink mode: the filters' records
@@ -199,6 +202,11 @@ impl PinRoot {
     /// `converged/<unix ms>-<by>`: the node's last convergence (see `converge.rs`).
     pub fn converged_dir(&self, node: &NodeId) -> PathBuf {
         self.node_dir(node).join(names::CONVERGED_DIR)
+    }
+
+    /// The record of where the node's Service ranges came from (`services/<source>`).
+    pub fn services_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::SERVICES_DIR)
     }
 
     /// The link of the device program on node device `ifname`.
@@ -443,6 +451,7 @@ mod tests {
                 names::CLSACT_RECORD,
                 names::GATEWAYS_DIR,
                 names::GATEWAYS6_DIR,
+                names::SERVICES_DIR,
                 names::SOURCE_CHECK_RECORD,
                 names::SOURCE_CHECK_OFF_RECORD,
                 ebpf_cni_maps::ATTACHMENT_PORTS_MAP,

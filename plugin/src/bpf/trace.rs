@@ -13,7 +13,7 @@ use aya::{
     programs::SchedClassifier,
 };
 use ebpf_cni_maps::{
-    TraceNote, NOTE_ARP_ANSWERED, NOTE_FIB, NOTE_MAC_DROPPED, NOTE_REDIRECT_PEER,
+    TraceNote, NOTE_ARP_ANSWERED, NOTE_FIB, NOTE_MAC_DROPPED, NOTE_REDIRECT_PEER, NOTE_SERVICES,
     NOTE_SOURCE_DROPPED, NOTE_TO_STACK, TRACE_MAP, TRACE_RING_MAP,
 };
 
@@ -30,6 +30,7 @@ fn line(n: &TraceNote) -> String {
         NOTE_SOURCE_DROPPED => format!("if {me}: from pod, dropped: source address not the pod's"),
         NOTE_MAC_DROPPED => format!("if {me}: from pod, dropped: source MAC not the pod's"),
         NOTE_TO_STACK => format!("if {me}: from pod, to the stack"),
+        NOTE_SERVICES => format!("if {me}: from pod, a Service flow: to the stack"),
         NOTE_ARP_ANSWERED => format!("if {me}: answered ARP for the pod's gateway"),
         NOTE_FIB => format!("if {me}: fib lookup rc {} out if {}", n.rc, n.target),
         other => format!("if {me}: decision {other} (this binary does not know it)"),

@@ -135,6 +135,9 @@ pub struct NetConf {
     /// and `::1` reach the wildcard host ports, as the reference portmap does; false leaves
     /// loopback to the node's own listeners (see `portmap`).
     pub host_ports_on_loopback: bool,
+    /// `serviceCIDRs`: Service ranges the programs hand to the stack besides those learned
+    /// from kube-proxy's rules (see `services`).
+    pub service_cidrs: Vec<ipnetwork::IpNetwork>,
 }
 
 /// What `ipMasq: true` asks for: the pod's traffic to destinations outside the pod
@@ -370,6 +373,11 @@ impl NetConf {
             Some(other) => return Err(wrong_type("devices", other, "a list of interface names")),
         };
 
+        let service_cidrs = match obj.get("serviceCIDRs") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => parse_cidr_list(v, "serviceCIDRs")?,
+        };
+
         let tc_attach_mode = match obj.get("tcAttachMode") {
             None | Some(Value::Null) => TcAttachMode::Auto,
             Some(Value::String(m)) if m == "auto" => TcAttachMode::Auto,
@@ -387,6 +395,7 @@ impl NetConf {
         Ok(NetConf {
             masq,
             host_ports_on_loopback,
+            service_cidrs,
             tc_attach_mode,
             devices,
             cni_version,

@@ -15,6 +15,7 @@ mod masquerade;
 mod node;
 mod part;
 mod pods;
+mod services;
 mod sources;
 
 use crate::bpf::NodeReport;
@@ -22,7 +23,7 @@ pub use exposition::{escape_label, Exposition};
 use part::{Part, Text};
 
 /// The report as its parts, in the order both outputs show them.
-fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
+fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 8] {
     let NodeReport {
         node,
         kernel,
@@ -38,6 +39,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
         gateways,
         gateways6,
         masquerade,
+        services,
         converged,
     } = r;
     [
@@ -59,6 +61,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 7] {
             node_addresses,
         }),
         Box::new(masquerade::Masquerade { masquerade }),
+        Box::new(services::Services { services }),
         Box::new(gateways::Gateways {
             gateways,
             gateways6,
@@ -120,6 +123,7 @@ mod tests {
             gateways: vec![],
             gateways6: vec![],
             masquerade: None,
+            services: None,
             converged: None,
         }
     }

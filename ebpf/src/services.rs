@@ -1,0 +1,305 @@
+//! Kubernetes Services next to kube-proxy (see `ebpf_cni_maps::services`): the packets of
+//! flows that netfilter translates go to the stack both ways, so its NAT rules (iptables,
+//! nftables) or IPVS see every packet of them, as they would on a node without these
+//! programs; every other flow keeps the redirect path.
+//!
+//! - A pod's packet to a Service address (`ECNI_SVC_NETS`) goes to the stack, its flow
+//!   recorded from the pod's side without a peer: a reply from an endpoint beyond the node
+//!   arrives at a node device for the pod's address and port, and goes to the stack too.
+//! - A packet the stack forwards into a pod (the translated side of a Service flow, a
+//!   NodePort, an IPVS virtual server) records its flow from the pod's side with the peer:
+//!   the pod's replies in that flow go to the stack, which translates them back.
+//!
+//! A flow recorded that netfilter did not translate (the node's own connection to a pod,
+//! say) only takes the stack's path, which forwards it as it would without the programs.
+//! All three are global functions: verified once on their own, their locals in their own
+//! frames (see `nat`), and looked at only while the node has Services
+//! (`NODE_FLAG_SERVICES`).
+
+use aya_ebpf::{
+    bindings::{__sk_buff, BPF_NOEXIST},
+    macros::map,
+    maps::{lpm_trie::Key, LpmTrie, LruHashMap, PerCpuArray},
+    programs::TcContext,
+};
+use ebpf_cni_maps::{
+    str_eq, ServicesFlowKey, ServicesStats, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+    MAX_SERVICES_FLOWS, MAX_SERVICES_NETS, NODE_FLAG_SERVICES, SERVICES_FLOW_CLIENT,
+    SERVICES_FLOW_DELIVERED, SERVICES_MARK_PACED,
+};
+
+use crate::{
+    maps::ECNI_CONFIG,
+    packet::{copy16, parse_ip, ptr_at, ETH_HLEN},
+};
+
+#[map]
+static ECNI_SVC_NETS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_SERVICES_NETS, 0);
+
+#[map]
+static ECNI_SVC_FLOWS: LruHashMap<ServicesFlowKey, u32> =
+    LruHashMap::with_max_entries(MAX_SERVICES_FLOWS, 0);
+
+#[map]
+static ECNI_SVC_STAT: PerCpuArray<ServicesStats> = PerCpuArray::with_max_entries(1, 0);
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::SERVICES_NETS_MAP,
+    stringify!(ECNI_SVC_NETS)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::SERVICES_FLOWS_MAP,
+    stringify!(ECNI_SVC_FLOWS)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::SERVICES_STATS_MAP,
+    stringify!(ECNI_SVC_STAT)
+));
+
+/// The packet as these functions read it: built in a per-CPU slot, as the BPF stack has no
+/// room for two keys of 40 bytes under `ecni_from_pod`'s frames.
+#[repr(C)]
+struct Scratch {
+    key: ServicesFlowKey,
+    /// The destination address, for the Service lookup.
+    net: Key<[u8; 16]>,
+    _pad: [u8; 4],
+}
+
+#[map]
+static ECNI_SVC_TMP: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether the node has Services (else nothing here is looked at).
+#[inline(always)]
+pub fn enabled() -> bool {
+    ECNI_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & NODE_FLAG_SERVICES != 0)
+}
+
+/// What a lookup decided.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Services {
+    /// Not a Service flow: the programs forward it as usual.
+    Fast,
+    /// A Service flow: the stack takes it.
+    Stack,
+}
+
+impl Services {
+    #[inline(always)]
+    fn from_u32(v: u32) -> Self {
+        if v == Self::Stack as u32 {
+            Self::Stack
+        } else {
+            Self::Fast
+        }
+    }
+}
+
+/// A pod sent this packet (host veth ingress): the stack takes it when it is to a Service
+/// address or a reply in a flow the stack delivered to the pod.
+#[inline(always)]
+pub fn from_pod(ctx: &TcContext) -> Services {
+    if !enabled() {
+        return Services::Fast;
+    }
+    Services::from_u32(ecni_svc_from_pod(ctx.skb.skb))
+}
+
+/// A node device received this packet for a local pod: the stack takes it when it is a
+/// reply in one of the pod's flows to a Service address.
+#[inline(always)]
+pub fn from_dev(ctx: &TcContext) -> Services {
+    if !enabled() {
+        return Services::Fast;
+    }
+    Services::from_u32(ecni_svc_from_dev(ctx.skb.skb))
+}
+
+/// The stack sends this packet into a pod (host veth egress): its flow is recorded, unless
+/// the programs themselves redirected it here for pacing.
+#[inline(always)]
+pub fn to_pod(ctx: &TcContext) {
+    // SAFETY: a read of the context's own field.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark == SERVICES_MARK_PACED {
+        ctx.set_mark(0);
+        return;
+    }
+    if enabled() {
+        ecni_svc_to_pod(ctx.skb.skb);
+    }
+}
+
+/// Marks a packet the programs redirect to a paced pod's host veth egress (see
+/// [`to_pod`]); the pod's namespace never sees the mark.
+#[inline(always)]
+pub fn mark_paced(ctx: &TcContext) {
+    if enabled() {
+        ctx.set_mark(SERVICES_MARK_PACED);
+    }
+}
+
+#[repr(C)]
+struct Ports {
+    src: [u8; 2],
+    dst: [u8; 2],
+}
+
+/// Which end of the packet is the pod.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pod {
+    Source,
+    Destination,
+}
+
+/// Fills `f.key` from the packet with the pod at `pod`'s end and the peer at the other, and
+/// `f.net` with the destination; `Some(true)` when the transport has ports (TCP, UDP, SCTP
+/// in a plain header), `Some(false)` for any other IP packet, `None` for anything else.
+#[inline(always)]
+fn parse(ctx: &TcContext, f: &mut Scratch, pod: Pod) -> Option<bool> {
+    let k = &mut f.key;
+    let ip = match pod {
+        Pod::Source => parse_ip(ctx, &mut k.pod, &mut k.peer)?,
+        Pod::Destination => parse_ip(ctx, &mut k.peer, &mut k.pod)?,
+    };
+    f.net.prefix_len = 128;
+    match pod {
+        Pod::Source => copy16(&mut f.net.data, &k.peer),
+        Pod::Destination => copy16(&mut f.net.data, &k.pod),
+    }
+    k.proto = ip.proto;
+    k._pad = [0; 3];
+    k.pod_port = 0;
+    k.peer_port = 0;
+    if !ip.plain
+        || !(ip.proto == IPPROTO_TCP || ip.proto == IPPROTO_UDP || ip.proto == IPPROTO_SCTP)
+    {
+        return Some(false);
+    }
+    let l4 = ETH_HLEN + if ip.v4 { 20 } else { 40 };
+    let ports = ptr_at::<Ports>(ctx, l4)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let (src, dst) = unsafe {
+        (
+            u16::from_be_bytes((*ports).src),
+            u16::from_be_bytes((*ports).dst),
+        )
+    };
+    match pod {
+        Pod::Source => {
+            k.pod_port = src;
+            k.peer_port = dst;
+        }
+        Pod::Destination => {
+            k.pod_port = dst;
+            k.peer_port = src;
+        }
+    }
+    Some(true)
+}
+
+#[inline(always)]
+fn stats() -> Option<&'static mut ServicesStats> {
+    // SAFETY: this CPU's slot, valid during the program run; TC programs run with bottom
+    // halves off, so nothing else on this CPU touches it meanwhile.
+    ECNI_SVC_STAT.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+}
+
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    // SAFETY: this CPU's scratch slot, ours for the program run (bottom halves are off).
+    ECNI_SVC_TMP.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+}
+
+/// Records `key` as a flow of kind `kind` (an entry already there is kept: the lookup
+/// refreshes its place in the LRU).
+#[inline(always)]
+fn record(key: &ServicesFlowKey, kind: u32) {
+    // SAFETY: the value is not read, only its presence.
+    if unsafe { ECNI_SVC_FLOWS.get(key) }.is_some() {
+        return;
+    }
+    let ok = ECNI_SVC_FLOWS
+        .insert(key, &kind, u64::from(BPF_NOEXIST))
+        .is_ok();
+    if let Some(s) = stats() {
+        if ok {
+            s.recorded = s.recorded.wrapping_add(1);
+        } else {
+            s.record_failed = s.record_failed.wrapping_add(1);
+        }
+    }
+}
+
+/// [`from_pod`] as a global function; returns a [`Services`].
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return Services::Fast as u32;
+    };
+    let Some(ports) = parse(&ctx, f, Pod::Source) else {
+        return Services::Fast as u32;
+    };
+    // A reply in a flow the stack delivered to this pod.
+    // SAFETY: the value is not read, only its presence.
+    if ports && unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_some() {
+        if let Some(s) = stats() {
+            s.replies = s.replies.wrapping_add(1);
+        }
+        return Services::Stack as u32;
+    }
+    if ECNI_SVC_NETS.get(&f.net).is_none() {
+        return Services::Fast as u32;
+    }
+    if ports {
+        f.key.peer = [0; 16];
+        f.key.peer_port = 0;
+        record(&f.key, SERVICES_FLOW_CLIENT);
+    }
+    if let Some(s) = stats() {
+        s.to_service = s.to_service.wrapping_add(1);
+    }
+    Services::Stack as u32
+}
+
+/// [`from_dev`] as a global function; returns a [`Services`].
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_svc_from_dev(skb: *mut __sk_buff) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return Services::Fast as u32;
+    };
+    if parse(&ctx, f, Pod::Destination) != Some(true) {
+        return Services::Fast as u32;
+    }
+    f.key.peer = [0; 16];
+    f.key.peer_port = 0;
+    // SAFETY: the value is not read, only its presence.
+    if unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_none() {
+        return Services::Fast as u32;
+    }
+    if let Some(s) = stats() {
+        s.from_outside = s.from_outside.wrapping_add(1);
+    }
+    Services::Stack as u32
+}
+
+/// [`to_pod`]'s recording as a global function; returns 0.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ecni_svc_to_pod(skb: *mut __sk_buff) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(f) = scratch() else {
+        return 0;
+    };
+    if parse(&ctx, f, Pod::Destination) == Some(true) {
+        record(&f.key, SERVICES_FLOW_DELIVERED);
+    }
+    0
+}

@@ -1,0 +1,72 @@
+//! Kubernetes Services next to kube-proxy: which packets the programs hand to the node's
+//! stack so that netfilter (kube-proxy's iptables or nftables rules, IPVS) translates both
+//! directions of a Service's flows, while every flow no rule touches keeps the redirect
+//! path.
+//!
+//! Two maps decide it. [`SERVICES_NETS_MAP`] holds the Service addresses user space
+//! learned from kube-proxy's rules (ClusterIPs, external and load-balancer IPs): a pod's
+//! packet to one of them goes to the stack, and its flow is recorded in
+//! [`SERVICES_FLOWS_MAP`] with no peer (replies from an endpoint outside the node come
+//! back to the pod's address and port, whatever the endpoint). A packet the stack itself
+//! forwards into a pod (the DNATed side of a Service flow, a NodePort, IPVS) is recorded
+//! there too, from the pod's side with its peer, by the pod's egress program: the pod's
+//! replies in that flow go back to the stack, which un-NATs them.
+
+/// Node-wide LPM trie of Service addresses: an LPM key of a 16-byte address (IPv4 mapped
+/// into IPv6, its prefix length counting the 96 mapping bits) → `u32` (unused, 1).
+pub const SERVICES_NETS_MAP: &str = "ECNI_SVC_NETS";
+/// Node-wide LRU hash of the flows the stack translates: [`ServicesFlowKey`] →
+/// `u32` ([`SERVICES_FLOW_CLIENT`] or [`SERVICES_FLOW_DELIVERED`]).
+pub const SERVICES_FLOWS_MAP: &str = "ECNI_SVC_FLOWS";
+/// Node-wide per-CPU array with one [`ServicesStats`].
+pub const SERVICES_STATS_MAP: &str = "ECNI_SVC_STAT";
+/// Capacity of [`SERVICES_NETS_MAP`]: Service addresses on a node.
+pub const MAX_SERVICES_NETS: u32 = 65_536;
+/// Capacity of [`SERVICES_FLOWS_MAP`]: flows through the stack at once (the kernel evicts
+/// the least recently used; an evicted flow that is still alive would see its replies take
+/// the redirect path, so this is sized well above a node's Service connections).
+pub const MAX_SERVICES_FLOWS: u32 = 131_072;
+/// [`crate::NodeConfig::flags`]: the node runs Services (user space found kube-proxy's
+/// rules, or the config names `serviceCIDRs`): the programs look packets up in the two
+/// maps. Without it they skip both lookups.
+pub const NODE_FLAG_SERVICES: u32 = 16;
+/// A flow value: a pod's flow to a Service address (the key has no peer).
+pub const SERVICES_FLOW_CLIENT: u32 = 1;
+/// A flow value: the stack delivered the flow into the pod (the key names the peer).
+pub const SERVICES_FLOW_DELIVERED: u32 = 2;
+/// `skb->mark` of a packet the programs themselves redirect to a paced pod's host veth
+/// egress (not the stack's): the egress program clears it and records nothing.
+pub const SERVICES_MARK_PACED: u32 = 0xec0f_0001;
+
+/// A flow as the pod sees it: its own address and port, the peer's (all zero in a
+/// [`SERVICES_FLOW_CLIENT`] entry), and the transport protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServicesFlowKey {
+    pub pod: [u8; 16],
+    pub peer: [u8; 16],
+    pub pod_port: u16,
+    pub peer_port: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+const _: () = assert!(core::mem::size_of::<ServicesFlowKey>() == 40);
+
+/// What the programs handed to the stack for Services, per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServicesStats {
+    /// Packets of pods to a Service address.
+    pub to_service: u64,
+    /// Packets of pods in flows the stack delivered to them (their replies).
+    pub replies: u64,
+    /// Packets from outside the node to a pod in one of its Service flows.
+    pub from_outside: u64,
+    /// Flows recorded (new entries of [`SERVICES_FLOWS_MAP`]).
+    pub recorded: u64,
+    /// Flows that could not be recorded (the map refused the entry).
+    pub record_failed: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ServicesStats>() == 40);

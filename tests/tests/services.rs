@@ -1,0 +1,494 @@
+//! Kubernetes Services next to kube-proxy: with kube-proxy's rules in the node (written as
+//! its iptables and nftables proxiers write them: `ebpf_cni_tests::kube_proxy`), pods reach
+//! a ClusterIP whose endpoint is a pod of the node, the pod itself (hairpin) or a host
+//! outside, over TCP and UDP, IPv4 and IPv6, and every answer comes back from the Service's
+//! address; a Service without endpoints refuses at once; hosts outside reach a NodePort
+//! (externalTrafficPolicy Cluster and Local); and flows no rule touches keep the programs'
+//! redirect path (netfilter's FORWARD hook sees none of their packets). The programs learn
+//! the Service addresses when STATUS (or the agent) reads the rules, so rules written after
+//! the pods, and taken away, are followed without a new ADD.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ebpf_cni_tests::config::{Stack, V4_SUBNET, V6_SUBNET};
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::kernel::Family;
+use ebpf_cni_tests::kube_proxy::{self as kp, Backend, Proto, Service};
+use ebpf_cni_tests::net::tcp_echo;
+use ebpf_cni_tests::netfilter;
+use ebpf_cni_tests::{
+    require_root, unique_container_id, CniCommand, ContainerEnv, Netns, Node, PluginUnderTest,
+};
+use serde_json::Value;
+
+const VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const VIP4_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
+const VIP4_OUT: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+const VIP4_EMPTY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 30);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const VIP6_DNS: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x53);
+const VIP6_OUT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20);
+const VIP6_EMPTY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x30);
+const NODE_PORT: u16 = 30_080;
+
+struct Pod {
+    ns: Netns,
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+}
+
+impl Pod {
+    fn addr(&self, v4: bool) -> IpAddr {
+        if v4 {
+            self.v4.into()
+        } else {
+            self.v6.into()
+        }
+    }
+}
+
+fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
+    let ns = node.new_pod().unwrap();
+    let out = p.run(
+        node,
+        CniCommand::Add,
+        &p.env(&unique_container_id(), ns.path(), "eth0"),
+        conf.to_string(),
+    );
+    out.expect_success("ADD");
+    let result = out.json.clone().expect("ADD result");
+    let mut v4 = None;
+    let mut v6 = None;
+    for ip in result["ips"].as_array().unwrap() {
+        let a: IpAddr = ip["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        match a {
+            IpAddr::V4(a) => v4 = Some(a),
+            IpAddr::V6(a) => v6 = Some(a),
+        }
+    }
+    Pod {
+        ns,
+        v4: v4.expect("an IPv4 address"),
+        v6: v6.expect("an IPv6 address"),
+    }
+}
+
+/// STATUS, as the runtime sends it: the node learns kube-proxy's rules.
+fn status(p: &PluginUnderTest, node: &Node, conf: &Value) {
+    let env = ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env());
+    p.run(node, CniCommand::Status, &env, conf.to_string())
+        .expect_success("STATUS");
+}
+
+/// inspect's Services part.
+fn services(p: &PluginUnderTest, node: &Node) -> Value {
+    let r = dp::inspect(&p.bin, node).unwrap();
+    r["services"].clone()
+}
+
+/// One TCP exchange: a server in `server_ns` on `bind`, a client in `from` dialling `dial`;
+/// the client's address as the server saw it. The client's connected socket proves the
+/// answer came from `dial`.
+fn tcp_via(
+    from: &Netns,
+    dial: SocketAddr,
+    server_ns: &Netns,
+    bind: SocketAddr,
+) -> Result<SocketAddr> {
+    let listener = server_ns.run_in(|| TcpListener::bind(bind))??;
+    listener.set_nonblocking(true)?;
+    std::thread::scope(|s| {
+        let server = s.spawn(|| -> Result<SocketAddr> {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match listener.accept() {
+                    Ok((mut c, peer)) => {
+                        c.set_nonblocking(false)?;
+                        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+                        let mut buf = [0u8; 64];
+                        let n = std::io::Read::read(&mut c, &mut buf)?;
+                        std::io::Write::write_all(&mut c, &buf[..n])?;
+                        return Ok(peer);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            bail!("no connection reached {bind}");
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        });
+        let client = from.run_in(|| -> Result<()> {
+            let mut c = TcpStream::connect_timeout(&dial, Duration::from_secs(3))
+                .with_context(|| format!("TCP {} -> {dial}", from.name()))?;
+            c.set_read_timeout(Some(Duration::from_secs(3)))?;
+            std::io::Write::write_all(&mut c, b"ecni-service")?;
+            let mut buf = [0u8; 64];
+            let n = std::io::Read::read(&mut c, &mut buf)?;
+            if &buf[..n] != b"ecni-service" {
+                bail!("TCP {dial}: echo {:?}", &buf[..n]);
+            }
+            Ok(())
+        });
+        let peer = server.join().expect("server thread");
+        client??;
+        peer
+    })
+}
+
+/// One UDP exchange: the server in `server_ns` on `bind` echoes one datagram; the client
+/// in `from`, unconnected, checks the answer's source is `dial` (what a DNS resolver
+/// checks).
+fn udp_via(
+    from: &Netns,
+    dial: SocketAddr,
+    server_ns: &Netns,
+    bind: SocketAddr,
+) -> Result<SocketAddr> {
+    let server = server_ns.run_in(|| UdpSocket::bind(bind))??;
+    server.set_read_timeout(Some(Duration::from_secs(5)))?;
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| -> Result<SocketAddr> {
+            let mut buf = [0u8; 64];
+            let (n, peer) = server
+                .recv_from(&mut buf)
+                .context("no datagram reached the endpoint")?;
+            server.send_to(&buf[..n], peer)?;
+            Ok(peer)
+        });
+        let client = from.run_in(|| -> Result<()> {
+            let any: SocketAddr = if dial.is_ipv4() {
+                (Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let c = UdpSocket::bind(any)?;
+            c.set_read_timeout(Some(Duration::from_secs(3)))?;
+            c.send_to(b"ecni-dns", dial)?;
+            let mut buf = [0u8; 64];
+            let (n, src) = c
+                .recv_from(&mut buf)
+                .with_context(|| format!("UDP {dial}: no answer"))?;
+            if src != dial {
+                bail!("UDP {dial}: the answer came from {src}");
+            }
+            if &buf[..n] != b"ecni-dns" {
+                bail!("UDP {dial}: echo {:?}", &buf[..n]);
+            }
+            Ok(())
+        });
+        let peer = srv.join().expect("server thread");
+        client??;
+        peer
+    })
+}
+
+fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// The node, its pods A and B, a host outside with routes to the pods, and the rule set of
+/// `mode` for the Services of both families: `web` (TCP 80 → B:8080, NodePort 30080),
+/// `dns` (UDP 53 → B:5353), `outside` (TCP 81 → the outside host's 9090) and `empty` (TCP 82,
+/// no endpoints).
+struct Cluster {
+    p: PluginUnderTest,
+    node: Node,
+    conf: Value,
+    a: Pod,
+    b: Pod,
+    ext: ExternalHost,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Iptables(Backend),
+    Nftables,
+}
+
+fn services_of(v4: bool, b: &Pod, ext: &ExternalHost, local: bool) -> Vec<Service> {
+    let (vip, dns, out, empty) = if v4 {
+        (
+            VIP4.into(),
+            VIP4_DNS.into(),
+            VIP4_OUT.into(),
+            VIP4_EMPTY.into(),
+        )
+    } else {
+        (
+            VIP6.into(),
+            VIP6_DNS.into(),
+            VIP6_OUT.into(),
+            VIP6_EMPTY.into(),
+        )
+    };
+    let ext_addr = ext.addr_like(if v4 {
+        IpAddr::V4(VIP4)
+    } else {
+        IpAddr::V6(VIP6)
+    });
+    let mut web =
+        Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(b.addr(v4), 8080));
+    web.node_port = Some(NODE_PORT);
+    web.local = local;
+    vec![
+        web,
+        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(b.addr(v4), 5353)),
+        Service::new("default/outside:http", out, 81, Proto::Tcp).endpoint(sa(ext_addr, 9090)),
+        Service::new("default/empty:http", empty, 82, Proto::Tcp),
+    ]
+}
+
+fn load(c: &Cluster, mode: Mode, local: bool) {
+    for v4 in [true, false] {
+        let svcs = services_of(v4, &c.b, &c.ext, local);
+        let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+        match mode {
+            Mode::Iptables(backend) => kp::load_iptables(
+                c.node.netns(),
+                v4,
+                backend,
+                &kp::iptables_rules(&svcs, cidr),
+            )
+            .unwrap(),
+            Mode::Nftables => {
+                kp::load_nftables(c.node.netns(), &kp::nftables_rules(&svcs, cidr)).unwrap()
+            }
+        }
+    }
+}
+
+fn cluster(mode: Option<(Mode, bool)>) -> Cluster {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 71).unwrap();
+    // A node has a default route; ClusterIPs are routed by it (their DNAT happens first).
+    node.netns()
+        .ip_ok(&["-4", "route", "add", "default", "via", &ext.v4.to_string()])
+        .unwrap();
+    node.netns()
+        .ip_ok(&["-6", "route", "add", "default", "via", &ext.v6.to_string()])
+        .unwrap();
+    let conf = p.conf("1.1.0", &node, Stack::Dual);
+    let a = add(&p, &node, &conf);
+    let b = add(&p, &node, &conf);
+    let c = Cluster {
+        p,
+        node,
+        conf,
+        a,
+        b,
+        ext,
+    };
+    if let Some((mode, local)) = mode {
+        load(&c, mode, local);
+        status(&c.p, &c.node, &c.conf);
+    }
+    c
+}
+
+impl Cluster {
+    fn vips(v4: bool) -> (IpAddr, IpAddr, IpAddr, IpAddr) {
+        if v4 {
+            (
+                VIP4.into(),
+                VIP4_DNS.into(),
+                VIP4_OUT.into(),
+                VIP4_EMPTY.into(),
+            )
+        } else {
+            (
+                VIP6.into(),
+                VIP6_DNS.into(),
+                VIP6_OUT.into(),
+                VIP6_EMPTY.into(),
+            )
+        }
+    }
+
+    /// The paths every mode must carry, both families.
+    fn check_cluster_ip_paths(&self) {
+        for v4 in [true, false] {
+            let (web, dns, out, empty) = Self::vips(v4);
+            let (a, b) = (&self.a, &self.b);
+            let fam = if v4 { "IPv4" } else { "IPv6" };
+            let peer =
+                tcp_via(&a.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080)).unwrap_or_else(|e| {
+                    panic!("{fam} pod A -> ClusterIP:80/tcp, endpoint pod B: {e:#}")
+                });
+            assert_eq!(
+                peer.ip(),
+                a.addr(v4),
+                "{fam}: the endpoint sees pod A's own address"
+            );
+            udp_via(&a.ns, sa(dns, 53), &b.ns, sa(b.addr(v4), 5353)).unwrap_or_else(|e| {
+                panic!("{fam} pod A -> ClusterIP:53/udp, endpoint pod B: {e:#}")
+            });
+            tcp_via(&b.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
+                .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (hairpin): {e:#}"));
+            let ext_addr = self.ext.addr_like(web);
+            tcp_via(&a.ns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090)).unwrap_or_else(|e| {
+                panic!("{fam} pod A -> ClusterIP:81/tcp, endpoint outside: {e:#}")
+            });
+            tcp_via(self.node.netns(), sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
+                .unwrap_or_else(|e| panic!("{fam} node -> ClusterIP:80/tcp: {e:#}"));
+            // No endpoints: kube-proxy's REJECT reaches the pod at once.
+            let started = Instant::now();
+            let err =
+                a.ns.run_in(|| TcpStream::connect_timeout(&sa(empty, 82), Duration::from_secs(5)))
+                    .unwrap()
+                    .expect_err("a Service without endpoints answered");
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionRefused,
+                "{fam}: a Service without endpoints: {err}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{fam}: refused after {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    /// Pod A → pod B directly, over TCP both families: none of it passes netfilter's
+    /// FORWARD hook (the programs' redirect), and the Services counters do not move.
+    fn check_fast_path_kept(&self) {
+        let before = services(&self.p, &self.node);
+        let fwd = |f| netfilter::forward_packets(self.node.netns(), f).unwrap();
+        let (f4, f6) = (fwd(Family::V4), fwd(Family::V6));
+        for v4 in [true, false] {
+            tcp_echo(&self.a.ns, &self.b.ns, self.b.addr(v4), 0).unwrap();
+        }
+        assert_eq!(
+            (fwd(Family::V4), fwd(Family::V6)),
+            (f4, f6),
+            "pod -> pod traffic passed FORWARD"
+        );
+        let after = services(&self.p, &self.node);
+        for k in ["to_service", "replies", "from_outside"] {
+            assert_eq!(
+                after[k], before[k],
+                "pod -> pod counted as Service traffic ({k}): {after}"
+            );
+        }
+    }
+}
+
+fn node_netfilter_counts(c: &Cluster) {
+    for f in [Family::V4, Family::V6] {
+        netfilter::add_forward_counter(c.node.netns(), f).unwrap();
+    }
+}
+
+#[test]
+fn cluster_ips_work_next_to_kube_proxy_in_iptables_mode() {
+    let c = cluster(Some((Mode::Iptables(Backend::Nft), false)));
+    let s = services(&c.p, &c.node);
+    assert_eq!(s["in_force"], true, "{s}");
+    assert_eq!(s["source"], "kube-proxy-iptables-nft", "{s}");
+    assert_eq!(s["addresses"], 8, "four Services of each family: {s}");
+    c.check_cluster_ip_paths();
+    let s = services(&c.p, &c.node);
+    assert!(
+        s["to_service"].as_u64().unwrap() > 0 && s["replies"].as_u64().unwrap() > 0,
+        "{s}"
+    );
+    assert!(
+        s["from_outside"].as_u64().unwrap() > 0,
+        "the outside endpoint's answers: {s}"
+    );
+    node_netfilter_counts(&c);
+    c.check_fast_path_kept();
+}
+
+#[test]
+fn cluster_ips_work_next_to_kube_proxy_in_iptables_legacy_mode() {
+    let c = cluster(Some((Mode::Iptables(Backend::Legacy), false)));
+    let s = services(&c.p, &c.node);
+    assert_eq!(s["source"], "kube-proxy-iptables-legacy", "{s}");
+    c.check_cluster_ip_paths();
+}
+
+#[test]
+fn cluster_ips_work_next_to_kube_proxy_in_nftables_mode() {
+    let c = cluster(Some((Mode::Nftables, false)));
+    let s = services(&c.p, &c.node);
+    assert_eq!(s["source"], "kube-proxy-nftables", "{s}");
+    assert_eq!(s["addresses"], 8, "{s}");
+    c.check_cluster_ip_paths();
+}
+
+#[test]
+fn node_ports_reach_a_local_pod_with_either_traffic_policy() {
+    for local in [false, true] {
+        let c = cluster(Some((Mode::Iptables(Backend::Nft), local)));
+        for v4 in [true, false] {
+            let node_addr: IpAddr = if v4 {
+                c.ext.node_v4.into()
+            } else {
+                c.ext.node_v6.into()
+            };
+            let ext_addr = c.ext.addr_like(node_addr);
+            let peer = tcp_via(
+                c.ext.netns(),
+                sa(node_addr, NODE_PORT),
+                &c.b.ns,
+                sa(c.b.addr(v4), 8080),
+            )
+            .unwrap_or_else(|e| {
+                panic!("outside -> NodePort {node_addr}:{NODE_PORT} (local {local}): {e:#}")
+            });
+            if local {
+                assert_eq!(peer.ip(), ext_addr, "Local keeps the client's address");
+            } else {
+                assert_ne!(peer.ip(), ext_addr, "Cluster masquerades the client");
+            }
+        }
+    }
+}
+
+#[test]
+fn services_follow_kube_proxy_rules_written_after_the_pods_and_taken_away() {
+    let c = cluster(None);
+    status(&c.p, &c.node, &c.conf);
+    let s = services(&c.p, &c.node);
+    assert_eq!(s["in_force"], false, "no kube-proxy yet: {s}");
+    assert_eq!(s["source"], "none", "{s}");
+
+    load(&c, Mode::Iptables(Backend::Nft), false);
+    status(&c.p, &c.node, &c.conf);
+    let s = services(&c.p, &c.node);
+    assert_eq!(
+        s["in_force"], true,
+        "kube-proxy's rules after the pods: {s}"
+    );
+    c.check_cluster_ip_paths();
+
+    for v4 in [true, false] {
+        kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+    }
+    status(&c.p, &c.node, &c.conf);
+    let s = services(&c.p, &c.node);
+    assert_eq!(s["in_force"], false, "kube-proxy's rules gone: {s}");
+    assert_eq!(s["addresses"], 0, "{s}");
+    assert_eq!(
+        s["flows"], 0,
+        "the flows through the stack are forgotten: {s}"
+    );
+    // Pods still reach each other.
+    tcp_echo(&c.a.ns, &c.b.ns, c.b.addr(true), 0).unwrap();
+}
