@@ -492,3 +492,94 @@ fn services_follow_kube_proxy_rules_written_after_the_pods_and_taken_away() {
     // Pods still reach each other.
     tcp_echo(&c.a.ns, &c.b.ns, c.b.addr(true), 0).unwrap();
 }
+
+/// A DNS Service whose endpoint pod is replaced: kube-proxy points the rules at the new pod
+/// and flushes the Service's UDP conntrack entries; the client's socket, unchanged, gets its
+/// next answer from the new pod, from the Service's address.
+#[test]
+fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
+    let c = cluster(None);
+    let new = add(&c.p, &c.node, &c.conf);
+    let dns = |ep: &Pod, v4: bool| {
+        let vip = if v4 {
+            IpAddr::V4(VIP4_DNS)
+        } else {
+            IpAddr::V6(VIP6_DNS)
+        };
+        vec![Service::new("kube-system/dns:dns", vip, 53, Proto::Udp)
+            .endpoint(sa(ep.addr(v4), 5353))]
+    };
+    let write = |ep: &Pod| {
+        for v4 in [true, false] {
+            let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+            kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+            kp::load_iptables(
+                c.node.netns(),
+                v4,
+                Backend::Nft,
+                &kp::iptables_rules(&dns(ep, v4), cidr),
+            )
+            .unwrap();
+        }
+    };
+    write(&c.b);
+    status(&c.p, &c.node, &c.conf);
+    for v4 in [true, false] {
+        let vip = sa(
+            if v4 {
+                IpAddr::V4(VIP4_DNS)
+            } else {
+                IpAddr::V6(VIP6_DNS)
+            },
+            53,
+        );
+        let any: SocketAddr = if v4 {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let client = c.a.ns.run_in(|| UdpSocket::bind(any)).unwrap().unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let ask = |endpoint: &Pod| {
+            let server = endpoint
+                .ns
+                .run_in(|| UdpSocket::bind(sa(endpoint.addr(v4), 5353)))
+                .unwrap()
+                .unwrap();
+            server
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .unwrap();
+            client.send_to(b"query", vip).unwrap();
+            let mut buf = [0u8; 16];
+            let (n, peer) = server
+                .recv_from(&mut buf)
+                .expect("the query reached the endpoint");
+            server.send_to(&buf[..n], peer).unwrap();
+            let (_, from) = client.recv_from(&mut buf).expect("an answer");
+            assert_eq!(from, vip, "the answer comes from the Service");
+        };
+        ask(&c.b);
+        // The endpoint replaced, as kube-proxy does it: rules, then its UDP flows flushed.
+        write(&new);
+        let out = c
+            .node
+            .netns()
+            .exec(&[
+                "conntrack",
+                "-D",
+                "-p",
+                "udp",
+                "--orig-dst",
+                &vip.ip().to_string(),
+            ])
+            .unwrap();
+        assert!(
+            out.status.success() || out.status.code() == Some(1),
+            "conntrack -D: {out:?}"
+        );
+        ask(&new);
+        write(&c.b);
+    }
+}

@@ -322,6 +322,19 @@ const PLAN: &[Suite] = &[
         on: K6_12,
         only: &["status_gives_new_addresses_and_devices_host_ports_and_takes_them_back"],
     },
+    // Services next to kube-proxy: its iptables mode on every kernel (the Service flows'
+    // global functions on each verifier, netfilter's NAT with the programs' records), its
+    // nftables mode where kube-proxy runs it (5.13 and later).
+    Suite {
+        test: "services",
+        on: ALL,
+        only: &["cluster_ips_work_next_to_kube_proxy_in_iptables_mode"],
+    },
+    Suite {
+        test: "services",
+        on: K6_1_6_12,
+        only: &["cluster_ips_work_next_to_kube_proxy_in_nftables_mode"],
+    },
     // The bond and VLAN uplinks need bonding and 802.1Q, which the guests' Debian kernels
     // have and a host kernel may not: there they run only here.
     Suite {
