@@ -7,7 +7,9 @@
 //! bond coming up costs one convergence, not ten) and every `resync` without any, for
 //! what no announcement tells (a device program detached by someone else). Convergence is
 //! `crate::converge`, under the node lock like every ADD and DEL, and writes nothing when
-//! the node is in line.
+//! the node is in line. kube-proxy's rules announce nothing on rtnetlink (and the legacy
+//! iptables backend nothing at all), so the agent also converges every `services_poll`:
+//! a Service address kube-proxy writes is followed within that.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -92,7 +94,12 @@ fn plugin_of(raw: Value) -> Option<Value> {
 
 /// Runs until killed (or `once`: one convergence, then returns), in the calling thread's
 /// network namespace.
-pub fn run(conf: &NetConf, resync: Duration, once: bool) -> Result<(), AgentError> {
+pub fn run(
+    conf: &NetConf,
+    resync: Duration,
+    services_poll: Duration,
+    once: bool,
+) -> Result<(), AgentError> {
     // Joined before the first look: a change during it is announced, not missed.
     let events = Events::subscribe().map_err(AgentError::Subscribe)?;
     let converge = || {
@@ -106,7 +113,10 @@ pub fn run(conf: &NetConf, resync: Duration, once: bool) -> Result<(), AgentErro
         return Ok(());
     }
     loop {
-        if events.wait(resync).map_err(AgentError::Events)? {
+        if events
+            .wait(resync.min(services_poll))
+            .map_err(AgentError::Events)?
+        {
             std::thread::sleep(SETTLE);
             let n = events.drain().map_err(AgentError::Events)?;
             log::debug!("{n} batch(es) of link or address announcements");

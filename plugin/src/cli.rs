@@ -79,6 +79,10 @@ enum Cmd {
         /// Converge also after this many seconds without announcements.
         #[arg(long, value_name = "SECONDS", default_value_t = 30)]
         resync: u64,
+        /// Read kube-proxy's rules (the Service addresses) at least this often: they come
+        /// with no announcement.
+        #[arg(long, value_name = "SECONDS", default_value_t = 3)]
+        services_poll: u64,
         /// Converge once and exit.
         #[arg(long)]
         once: bool,
@@ -158,9 +162,10 @@ pub fn main() -> i32 {
             conf,
             netns,
             resync,
+            services_poll,
             once,
             metrics_listen,
-        } => match agent(conf, netns, resync, once, metrics_listen) {
+        } => match agent(conf, netns, resync, services_poll, once, metrics_listen) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("ebpf-cni agent: {}", chain(e.as_ref()));
@@ -279,6 +284,7 @@ fn agent(
     conf: Option<PathBuf>,
     netns: Option<PathBuf>,
     resync: u64,
+    services_poll: u64,
     once: bool,
     metrics_listen: Option<std::net::SocketAddr>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -302,9 +308,14 @@ fn agent(
         });
     }
     eprintln!(
-        "ebpf-cni agent: node {node} follows its devices and addresses (resync every {resync} s)"
+        "ebpf-cni agent: node {node} follows its devices and addresses (resync every {resync} s) and kube-proxy's rules (every {services_poll} s)"
     );
-    crate::agent::run(&conf, std::time::Duration::from_secs(resync), once)?;
+    crate::agent::run(
+        &conf,
+        std::time::Duration::from_secs(resync),
+        std::time::Duration::from_secs(services_poll.max(1)),
+        once,
+    )?;
     Ok(())
 }
 

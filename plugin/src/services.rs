@@ -100,15 +100,21 @@ pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
     for (source, tools) in [
         (
             Source::IptablesLegacy,
-            ["iptables-legacy-save", "ip6tables-legacy-save"],
+            [
+                (true, "iptables-legacy-save"),
+                (false, "ip6tables-legacy-save"),
+            ],
         ),
         (
             Source::IptablesNft,
-            ["iptables-nft-save", "ip6tables-nft-save"],
+            [(true, "iptables-nft-save"), (false, "ip6tables-nft-save")],
         ),
     ] {
         let mut nets = Vec::new();
-        for tool in tools {
+        for (v4, tool) in tools {
+            if source == Source::IptablesLegacy && !legacy_tables(v4) {
+                continue;
+            }
             if let Some(out) = run(tool, &[]) {
                 nets.extend(iptables_services(&out));
             }
@@ -133,29 +139,48 @@ pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
     l
 }
 
-/// Runs `tool args` (found on `PATH`, or in the usual sbin directories); its output when
-/// it ran and succeeded. A tool missing or failing is a source with nothing in it.
+/// Runs `tool args` (found in the usual sbin directories or on `PATH`); its output when
+/// it ran and succeeded. A tool missing or failing is a source with nothing in it. Each
+/// candidate is looked at with a `stat` first: a spawn that finds no file still costs a
+/// fork, and STATUS and the agent look for six tools on every pass.
 fn run(tool: &str, args: &[&str]) -> Option<String> {
-    for dir in ["", "/usr/sbin/", "/sbin/", "/usr/local/sbin/"] {
-        let path = format!("{dir}{tool}");
-        match Command::new(&path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-        {
-            Ok(out) if out.status.success() => {
-                return Some(String::from_utf8_lossy(&out.stdout).into_owned())
-            }
-            Ok(_) => return None,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                log::debug!("{path}: {e}");
-                return None;
-            }
+    let path = find_tool(tool)?;
+    match Command::new(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => Some(String::from_utf8_lossy(&out.stdout).into_owned()),
+        Ok(_) => None,
+        Err(e) => {
+            log::debug!("{}: {e}", path.display());
+            None
         }
     }
-    None
+}
+
+fn find_tool(tool: &str) -> Option<std::path::PathBuf> {
+    let path_dirs = std::env::var_os("PATH").unwrap_or_default();
+    ["/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .chain(std::env::split_paths(&path_dirs))
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// Whether the legacy backend holds any table of `family` in this thread's network
+/// namespace (its tables are listed once the kernel's module has one): without, its
+/// `-save` has nothing to say and is not run.
+fn legacy_tables(v4: bool) -> bool {
+    let name = if v4 {
+        "ip_tables_names"
+    } else {
+        "ip6_tables_names"
+    };
+    std::fs::read_to_string(format!("/proc/thread-self/net/{name}"))
+        .is_ok_and(|s| !s.trim().is_empty())
 }
 
 /// The chains whose `-d` matches are Service addresses, in any table.

@@ -583,3 +583,96 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
         write(&c.b);
     }
 }
+
+/// The agent follows kube-proxy within 5 s, each event without a new ADD or a STATUS:
+/// kube-proxy starting after the pods, a Service added, kube-proxy restarting (its rules
+/// flushed and written again) and kube-proxy changing mode (iptables to nftables).
+#[test]
+fn the_agent_follows_kube_proxy_within_five_seconds() {
+    let c = cluster(None);
+    let conf_path = c.node.scratch_dir().join("agent.conf");
+    std::fs::write(&conf_path, c.conf.to_string()).unwrap();
+    let mut agent = ebpf_cni_tests::agent::AgentProcess::start(
+        &c.p.bin,
+        c.node.netns().path(),
+        Some(&conf_path),
+        None,
+    )
+    .unwrap();
+    const BOUND: Duration = Duration::from_secs(5);
+    let changed = |n: usize, source: &str| format!("{n} Service addresses from {source}");
+    let web = |v4: bool, vip: IpAddr| {
+        tcp_via(&c.a.ns, sa(vip, 80), &c.b.ns, sa(c.b.addr(v4), 8080))
+            .unwrap_or_else(|e| panic!("pod A -> {vip}:80: {e:#}"));
+    };
+    let iptables = |extra: bool| {
+        for v4 in [true, false] {
+            let mut svcs = services_of(v4, &c.b, &c.ext, false);
+            if extra {
+                let vip: IpAddr = if v4 {
+                    Ipv4Addr::new(10, 96, 0, 11).into()
+                } else {
+                    "fd00:96::11".parse().unwrap()
+                };
+                svcs.push(
+                    Service::new("default/more:http", vip, 80, Proto::Tcp)
+                        .endpoint(sa(c.b.addr(v4), 8080)),
+                );
+            }
+            let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+            kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+            kp::load_iptables(
+                c.node.netns(),
+                v4,
+                Backend::Nft,
+                &kp::iptables_rules(&svcs, cidr),
+            )
+            .unwrap();
+        }
+    };
+
+    // kube-proxy starts after the pods.
+    iptables(false);
+    agent
+        .wait_for(&changed(8, "kube-proxy-iptables-nft"), BOUND)
+        .expect("kube-proxy starting after the pods");
+    web(true, VIP4.into());
+    web(false, VIP6.into());
+
+    // A Service added.
+    iptables(true);
+    agent
+        .wait_for(&changed(10, "kube-proxy-iptables-nft"), BOUND)
+        .expect("a Service added");
+    web(true, Ipv4Addr::new(10, 96, 0, 11).into());
+    web(false, "fd00:96::11".parse().unwrap());
+
+    // kube-proxy restarts: its rules gone a moment, then written again.
+    for v4 in [true, false] {
+        kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+    }
+    agent
+        .wait_for("Service flows: none", BOUND)
+        .expect("kube-proxy's rules gone");
+    assert_eq!(services(&c.p, &c.node)["in_force"], false);
+    iptables(false);
+    agent
+        .wait_for(&changed(8, "kube-proxy-iptables-nft"), BOUND)
+        .expect("kube-proxy restarted");
+    web(true, VIP4.into());
+
+    // kube-proxy changes mode: iptables to nftables.
+    for v4 in [true, false] {
+        kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+        let svcs = services_of(v4, &c.b, &c.ext, false);
+        let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+        kp::load_nftables(c.node.netns(), &kp::nftables_rules(&svcs, cidr)).unwrap();
+    }
+    agent
+        .wait_for(&changed(8, "kube-proxy-nftables"), BOUND)
+        .expect("kube-proxy in nftables mode");
+    assert_eq!(services(&c.p, &c.node)["source"], "kube-proxy-nftables");
+    web(true, VIP4.into());
+    web(false, VIP6.into());
+    agent.still_running().unwrap();
+}

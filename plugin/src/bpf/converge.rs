@@ -195,8 +195,9 @@ pub struct Plan {
     /// Programs whose link on the cgroup v2 root their users need and is not attached
     /// (looked at by STATUS and the agent, not by ADD: see `cgroup::links_to_restore`).
     links: Vec<&'static str>,
-    /// The Service ranges or the switch differ from the view's (or its source's record).
-    services: bool,
+    /// The Service ranges or the switch differ from the view's (or its source's record):
+    /// what they become.
+    services: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -213,7 +214,7 @@ impl Plan {
             && self.node_addrs.is_none()
             && !self.masq_sources
             && self.links.is_empty()
-            && !self.services
+            && self.services.is_none()
     }
 
     /// One line per change, for the log.
@@ -254,8 +255,8 @@ impl Plan {
                 .iter()
                 .map(|n| format!("{n} attached to the cgroup v2 root again")),
         );
-        if self.services {
-            out.push("Service addresses follow kube-proxy's rules".to_owned());
+        if let Some(line) = &self.services {
+            out.push(line.clone());
         }
         out
     }
@@ -302,14 +303,22 @@ fn plan(
         }
     }
     if let Some(want) = &view.services {
-        p.services = match ServicesMaps::open(root, node)? {
-            Some(m) => {
-                !m.in_line(&want.nets, want.in_force())
-                    || services_source(root, node).as_deref() != Some(want.source.as_str())
+        // Programs of a release before Services: the next load pins the maps.
+        if let Some(m) = ServicesMaps::open(root, node)? {
+            if !m.in_line(&want.nets, want.in_force())
+                || services_source(root, node).as_deref() != Some(want.source.as_str())
+            {
+                p.services = Some(if want.in_force() {
+                    format!(
+                        "Service flows go through the stack: {} Service addresses from {}",
+                        want.nets.len(),
+                        want.source
+                    )
+                } else {
+                    "Service flows: none (no Service addresses)".to_owned()
+                });
             }
-            // Programs of a release before Services: the next load pins the maps.
-            None => false,
-        };
+        }
     }
     if by != ConvergedBy::Add {
         // Without the node's cookie (an older build on a kernel before 5.14) no socket
@@ -393,7 +402,7 @@ fn apply(
     if !plan.links.is_empty() {
         cgroup::restore_links(root, node, &plan.links)?;
     }
-    if plan.services {
+    if plan.services.is_some() {
         if let (Some(want), Some(mut m)) = (&view.services, ServicesMaps::open(root, node)?) {
             m.sync(&want.nets, want.in_force())?;
             record_services_source(root, node, &want.source)?;
