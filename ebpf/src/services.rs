@@ -23,13 +23,13 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_cni_maps::{
-    str_eq, ServicesFlowKey, ServicesStats, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
-    MAX_SERVICES_FLOWS, MAX_SERVICES_NETS, NODE_FLAG_SERVICES, SERVICES_FLOW_CLIENT,
+    str_eq, EndpointKey, ServicesFlowKey, ServicesStats, EP_FLAG_MASQ, IPPROTO_SCTP, IPPROTO_TCP,
+    IPPROTO_UDP, MAX_SERVICES_FLOWS, MAX_SERVICES_NETS, NODE_FLAG_SERVICES, SERVICES_FLOW_CLIENT,
     SERVICES_FLOW_DELIVERED, SERVICES_MARK_PACED,
 };
 
 use crate::{
-    maps::ECNI_CONFIG,
+    maps::{endpoint_in_map, ECNI_CONFIG},
     packet::{copy16, parse_ip, ptr_at, ETH_HLEN},
 };
 
@@ -201,6 +201,12 @@ fn parse(ctx: &TcContext, f: &mut Scratch, pod: Pod) -> Option<bool> {
     Some(true)
 }
 
+/// Whether the local pod with address `pod` masquerades (`ipMasq`).
+#[inline(always)]
+fn masquerades(pod: &[u8; 16]) -> bool {
+    endpoint_in_map(&EndpointKey { addr: *pod }).is_some_and(|ep| ep.flags & EP_FLAG_MASQ != 0)
+}
+
 #[inline(always)]
 fn stats() -> Option<&'static mut ServicesStats> {
     // SAFETY: this CPU's slot, valid during the program run; TC programs run with bottom
@@ -253,8 +259,17 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
         }
         return Services::Stack as u32;
     }
-    if ECNI_SVC_NETS.get(&f.net).is_none() {
+    let Some(&masq_mark) = ECNI_SVC_NETS.get(&f.net) else {
         return Services::Fast as u32;
+    };
+    // A masquerading pod's flow to a Service leaves with the node's address wherever its
+    // endpoint is: kube-proxy's own masquerade rule takes packets with its mark, so an
+    // endpoint beyond the node answers the node, as it would answer the reference
+    // plugin's masquerade. (The value is kube-proxy's mark, 0 where none was learned.)
+    if masq_mark != 0 && masquerades(&f.key.pod) {
+        // SAFETY: a read of the context's own field.
+        let mark = unsafe { (*skb).mark };
+        ctx.set_mark(mark | masq_mark);
     }
     if ports {
         f.key.peer = [0; 16];

@@ -13,7 +13,9 @@
 //! replies in that flow go back to the stack, which un-NATs them.
 
 /// Node-wide LPM trie of Service addresses: an LPM key of a 16-byte address (IPv4 mapped
-/// into IPv6, its prefix length counting the 96 mapping bits) → `u32` (unused, 1).
+/// into IPv6, its prefix length counting the 96 mapping bits) → `u32`, kube-proxy's
+/// masquerade mark (0x4000 by default; 0 where none was learned), which a masquerading
+/// pod's packets to the Service carry so that kube-proxy's own rule masquerades them.
 pub const SERVICES_NETS_MAP: &str = "ECNI_SVC_NETS";
 /// Node-wide LRU hash of the flows the stack translates: [`ServicesFlowKey`] →
 /// `u32` ([`SERVICES_FLOW_CLIENT`] or [`SERVICES_FLOW_DELIVERED`]).

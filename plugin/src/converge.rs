@@ -24,6 +24,8 @@ pub async fn converge(conf: &NetConf, by: ConvergedBy) -> Result<Vec<String>, Cn
     let learned = crate::services::learn(&conf.service_cidrs, &view.ipvs);
     view.services = Some(bpf::ServicesView {
         source: learned.describe(),
+        masq_mark: learned.masq_mark,
+        translated: learned.translated,
         nets: learned.nets,
     });
     let mut lines = crate::gateway::restore(&host_nl, &node, &mut view, by).await?;

@@ -55,19 +55,32 @@ impl Source {
     }
 }
 
-/// What was learned: the Service ranges (sorted, once each) and their sources.
+/// What was learned: the Service ranges (sorted, once each), their sources, and
+/// kube-proxy's masquerade mark (`KUBE-MARK-MASQ`'s, `mark-for-masquerade`'s; 0 where no
+/// rule sets one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Learned {
     pub nets: Vec<IpNetwork>,
+    /// Those of `nets` kube-proxy translates (it has endpoints for them): a masquerading
+    /// pod's packets to these carry `masq_mark`. The others (a Service without endpoints,
+    /// which kube-proxy's filter rules REJECT) must not: kube-proxy's forward chain
+    /// accepts marked packets before its REJECT.
+    pub translated: Vec<IpNetwork>,
     pub sources: Vec<Source>,
+    pub masq_mark: u32,
 }
 
 impl Learned {
-    fn add(&mut self, source: Source, nets: Vec<IpNetwork>) {
+    fn add(&mut self, source: Source, nets: Vec<(IpNetwork, bool)>) {
         if nets.is_empty() {
             return;
         }
-        self.nets.extend(nets);
+        for (net, translated) in nets {
+            self.nets.push(net);
+            if translated {
+                self.translated.push(net);
+            }
+        }
         if !self.sources.contains(&source) {
             self.sources.push(source);
         }
@@ -96,7 +109,10 @@ impl Learned {
 /// [`IPVS_DEVICE`].
 pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
     let mut l = Learned::default();
-    l.add(Source::Config, configured.to_vec());
+    l.add(
+        Source::Config,
+        configured.iter().map(|n| (*n, true)).collect(),
+    );
     for (source, tools) in [
         (
             Source::IptablesLegacy,
@@ -117,6 +133,7 @@ pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
             }
             if let Some(out) = run(tool, &[]) {
                 nets.extend(iptables_services(&out));
+                l.masq_mark = l.masq_mark.max(iptables_masq_mark(&out));
             }
         }
         l.add(source, nets);
@@ -125,17 +142,20 @@ pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
     for family in ["ip", "ip6"] {
         if let Some(out) = run("nft", &["list", "table", family, "kube-proxy"]) {
             nets.extend(nftables_services(&out));
+            l.masq_mark = l.masq_mark.max(nftables_masq_mark(&out));
         }
     }
     l.add(Source::Nftables, nets);
     l.add(
         Source::Ipvs,
         ipvs.iter()
-            .map(|ip| IpNetwork::from(*ip))
+            .map(|ip| (IpNetwork::from(*ip), true))
             .collect::<Vec<_>>(),
     );
-    l.nets.sort();
-    l.nets.dedup();
+    for v in [&mut l.nets, &mut l.translated] {
+        v.sort();
+        v.dedup();
+    }
     l
 }
 
@@ -187,10 +207,17 @@ fn legacy_tables(v4: bool) -> bool {
 const SERVICE_CHAINS: [&str; 2] = ["KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES"];
 
 /// The Service ranges of an `iptables-save` dump: the destination of every rule of
-/// [`SERVICE_CHAINS`] that matches one (`-d A/N`, not `! -d`).
-pub fn iptables_services(save: &str) -> Vec<IpNetwork> {
+/// [`SERVICE_CHAINS`] that matches one (`-d A/N`, not `! -d`), and whether it is the nat
+/// table's (translated) rather than the filter table's (the REJECT of a Service without
+/// endpoints).
+pub fn iptables_services(save: &str) -> Vec<(IpNetwork, bool)> {
     let mut out = Vec::new();
+    let mut nat = false;
     for line in save.lines() {
+        if let Some(table) = line.strip_prefix('*') {
+            nat = table.trim() == "nat";
+            continue;
+        }
         let mut words = line.split_whitespace();
         if words.next() != Some("-A") {
             continue;
@@ -209,7 +236,7 @@ pub fn iptables_services(save: &str) -> Vec<IpNetwork> {
                 "-d" | "--destination" | "--dst" => {
                     if let Some(net) = words.next().and_then(parse_net) {
                         if !negated {
-                            out.push(net);
+                            out.push((net, nat));
                         }
                     }
                 }
@@ -221,27 +248,70 @@ pub fn iptables_services(save: &str) -> Vec<IpNetwork> {
     out
 }
 
-/// The sets and maps of kube-proxy's nftables tables keyed by a Service address.
-const NFT_SERVICE_SETS: [&str; 3] = ["cluster-ips", "service-ips", "no-endpoint-services"];
+/// The mark `KUBE-MARK-MASQ` sets (`-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000`),
+/// which `KUBE-POSTROUTING` masquerades; 0 without that rule.
+pub fn iptables_masq_mark(save: &str) -> u32 {
+    save.lines()
+        .filter(|l| l.starts_with("-A KUBE-MARK-MASQ "))
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            w.find(|x| *x == "--set-xmark" || *x == "--or-mark" || *x == "--set-mark")?;
+            let v = w.next()?.split('/').next()?;
+            u32::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The mark kube-proxy's nftables `mark-for-masquerade` chain sets (`mark set mark or
+/// 0x4000`); 0 without it.
+pub fn nftables_masq_mark(list: &str) -> u32 {
+    let mut in_chain = false;
+    for line in list.lines() {
+        let t = line.trim();
+        if t.starts_with("chain ") {
+            in_chain = t.starts_with("chain mark-for-masquerade ");
+            continue;
+        }
+        if in_chain {
+            if let Some(v) = t.strip_prefix("mark set mark or ") {
+                if let Ok(m) = u32::from_str_radix(v.trim().trim_start_matches("0x"), 16) {
+                    return m;
+                }
+            }
+        }
+    }
+    0
+}
+
+/// The sets and maps of kube-proxy's nftables tables keyed by a Service address, and
+/// whether kube-proxy translates what they hold (`service-ips`: Services with endpoints).
+const NFT_SERVICE_SETS: [(&str, bool); 3] = [
+    ("cluster-ips", false),
+    ("service-ips", true),
+    ("no-endpoint-services", false),
+];
 
 /// The Service addresses of an `nft list table … kube-proxy` dump: the first address of
-/// every element of [`NFT_SERVICE_SETS`] (`172.30.0.41 . tcp . 80 : goto …`).
-pub fn nftables_services(list: &str) -> Vec<IpNetwork> {
+/// every element of [`NFT_SERVICE_SETS`] (`172.30.0.41 . tcp . 80 : goto …`), and whether
+/// it is translated.
+pub fn nftables_services(list: &str) -> Vec<(IpNetwork, bool)> {
     let mut out = Vec::new();
-    // Inside a wanted set or map, and inside its `elements = { … }`.
-    let mut wanted = false;
+    // Inside a wanted set or map (and whether it is translated), and inside its
+    // `elements = { … }`.
+    let mut wanted = None;
     let mut in_elements = false;
     for line in list.lines() {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("set ").or_else(|| t.strip_prefix("map ")) {
             let name = rest.split_whitespace().next().unwrap_or("");
-            wanted = NFT_SERVICE_SETS.contains(&name);
+            wanted = NFT_SERVICE_SETS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, t)| *t);
             in_elements = false;
             continue;
         }
-        if !wanted {
-            continue;
-        }
+        let Some(translated) = wanted else { continue };
         let body = match t.strip_prefix("elements = {") {
             Some(rest) => {
                 in_elements = true;
@@ -254,12 +324,12 @@ pub fn nftables_services(list: &str) -> Vec<IpNetwork> {
         for elem in body.split(',') {
             let elem = elem.trim().trim_end_matches('}').trim();
             if let Some(net) = elem.split_whitespace().next().and_then(parse_net) {
-                out.push(net);
+                out.push((net, translated));
             }
         }
         if t.ends_with('}') {
             in_elements = false;
-            wanted = false;
+            wanted = None;
         }
     }
     out
@@ -317,18 +387,19 @@ COMMIT
 
     #[test]
     fn iptables_rules_give_every_service_address() {
+        let net = |s: &str| s.parse::<IpNetwork>().unwrap();
         assert_eq!(
             iptables_services(IPTABLES),
-            nets(&[
-                "172.30.0.43/32",
-                "192.168.99.33/32",
-                "172.30.0.41/32",
-                "1.2.3.4/32"
-            ])
+            [
+                (net("172.30.0.43/32"), false),
+                (net("192.168.99.33/32"), false),
+                (net("172.30.0.41/32"), true),
+                (net("1.2.3.4/32"), true)
+            ]
         );
         assert_eq!(
-            iptables_services("-A KUBE-SERVICES -d fd00:30::a/128 -p udp -j KUBE-SVC-X\n"),
-            nets(&["fd00:30::a/128"])
+            iptables_services("*nat\n-A KUBE-SERVICES -d fd00:30::a/128 -p udp -j KUBE-SVC-X\n"),
+            [(net("fd00:30::a/128"), true)]
         );
         assert!(iptables_services("-A FORWARD -d 10.0.0.1/32 -j DROP\n").is_empty());
     }
@@ -364,17 +435,31 @@ COMMIT
 
     #[test]
     fn nftables_tables_give_every_service_address() {
+        let got = nftables_services(NFT);
+        let (translated, not): (Vec<_>, Vec<_>) = got.iter().partition(|(_, t)| *t);
+        let firsts = |v: Vec<&(IpNetwork, bool)>| v.iter().map(|(n, _)| *n).collect::<Vec<_>>();
+        assert_eq!(firsts(translated), nets(&["172.30.0.41/32", "5.6.7.8/32"]));
         assert_eq!(
-            nftables_services(NFT),
+            firsts(not),
             nets(&[
                 "172.30.0.41/32",
                 "172.30.0.42/32",
                 "172.30.0.44/32",
-                "172.30.0.41/32",
-                "5.6.7.8/32",
                 "172.30.0.45/32"
             ])
         );
+    }
+
+    #[test]
+    fn kube_proxys_masquerade_mark_is_read_from_either_mode() {
+        assert_eq!(
+            iptables_masq_mark("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n"),
+            0x4000
+        );
+        assert_eq!(iptables_masq_mark(IPTABLES), 0);
+        let nft = "table ip kube-proxy {\n\tchain mark-for-masquerade {\n\t\tmark set mark or 0x4000\n\t}\n}\n";
+        assert_eq!(nftables_masq_mark(nft), 0x4000);
+        assert_eq!(nftables_masq_mark(NFT), 0);
     }
 
     #[test]
@@ -393,8 +478,14 @@ COMMIT
         let mut l = Learned::default();
         assert_eq!(l.describe(), "none");
         assert!(!l.in_force());
-        l.add(Source::IptablesNft, nets(&["10.96.0.10/32"]));
-        l.add(Source::Config, nets(&["10.96.0.0/12"]));
+        l.add(
+            Source::IptablesNft,
+            vec![("10.96.0.10/32".parse().unwrap(), true)],
+        );
+        l.add(
+            Source::Config,
+            vec![("10.96.0.0/12".parse().unwrap(), false)],
+        );
         l.add(Source::Ipvs, Vec::new());
         assert_eq!(l.describe(), "kube-proxy-iptables-nft+config");
         assert!(l.in_force());

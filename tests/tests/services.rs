@@ -20,7 +20,8 @@ use ebpf_cni_tests::kube_proxy::{self as kp, Backend, Proto, Service};
 use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::netfilter;
 use ebpf_cni_tests::{
-    require_root, unique_container_id, CniCommand, ContainerEnv, Netns, Node, PluginUnderTest,
+    require_root, unique_container_id, Attachment, CniCommand, ContainerEnv, NetConfList, Netns,
+    Node, PluginUnderTest,
 };
 use serde_json::Value;
 
@@ -60,6 +61,11 @@ fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
     );
     out.expect_success("ADD");
     let result = out.json.clone().expect("ADD result");
+    pod_of(ns, &result)
+}
+
+/// The pod of an ADD's result: its addresses, one per family.
+fn pod_of(ns: Netns, result: &Value) -> Pod {
     let mut v4 = None;
     let mut v6 = None;
     for ip in result["ips"].as_array().unwrap() {
@@ -271,6 +277,18 @@ fn load(c: &Cluster, mode: Mode, local: bool) {
 }
 
 fn cluster(mode: Option<(Mode, bool)>) -> Cluster {
+    cluster_with(mode, Setup::Plain(&|_| {}))
+}
+
+/// How the cluster's pods are made.
+enum Setup<'a> {
+    /// ebpf-cni alone, its config changed by the function.
+    Plain(&'a dyn Fn(&mut Value)),
+    /// The reference bridge plugin, then ebpf-cni chained after it.
+    Chained,
+}
+
+fn cluster_with(mode: Option<(Mode, bool)>, setup: Setup) -> Cluster {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
@@ -282,9 +300,39 @@ fn cluster(mode: Option<(Mode, bool)>) -> Cluster {
     node.netns()
         .ip_ok(&["-6", "route", "add", "default", "via", &ext.v6.to_string()])
         .unwrap();
-    let conf = p.conf("1.1.0", &node, Stack::Dual);
-    let a = add(&p, &node, &conf);
-    let b = add(&p, &node, &conf);
+    let mut conf = p.conf("1.1.0", &node, Stack::Dual);
+    let (a, b) = match setup {
+        Setup::Plain(tweak) => {
+            tweak(&mut conf);
+            (add(&p, &node, &conf), add(&p, &node, &conf))
+        }
+        Setup::Chained => {
+            let mut bridge = conf.clone();
+            bridge["cniVersion"] = serde_json::json!("1.0.0");
+            bridge["type"] = serde_json::json!("bridge");
+            bridge["bridge"] = serde_json::json!("ecnisvc0");
+            bridge["isGateway"] = serde_json::json!(true);
+            bridge["ipMasq"] = serde_json::json!(false);
+            // A pod reaching itself through its Service leaves and enters by the same
+            // bridge port (what Kubernetes' bridge users turn on).
+            bridge["hairpinMode"] = serde_json::json!(true);
+            let list =
+                NetConfList::chain(&bridge, vec![serde_json::json!({"type": p.plugin_type})]);
+            conf = list.exec_config(1, &Default::default(), None);
+            // STATUS is 1.1's; the reference bridge speaks 1.0.
+            conf["cniVersion"] = serde_json::json!("1.1.0");
+            let chained = |p: &PluginUnderTest| {
+                let ns = node.new_pod().unwrap();
+                let att = Attachment::new(&unique_container_id(), ns.path(), "eth0");
+                let result = p
+                    .runtime
+                    .add(&node, &list, &att)
+                    .unwrap_or_else(|e| panic!("ADD of bridge + ebpf-cni: {e}"));
+                pod_of(ns, &result)
+            };
+            (chained(&p), chained(&p))
+        }
+    };
     let c = Cluster {
         p,
         node,
@@ -321,6 +369,12 @@ impl Cluster {
 
     /// The paths every mode must carry, both families.
     fn check_cluster_ip_paths(&self) {
+        self.check_paths(false);
+    }
+
+    /// [`Self::check_cluster_ip_paths`]; `masq`: pod A masquerades (`ipMasq`), so its
+    /// Service flows reach every endpoint from the node's addresses.
+    fn check_paths(&self, masq: bool) {
         for v4 in [true, false] {
             let (web, dns, out, empty) = Self::vips(v4);
             let (a, b) = (&self.a, &self.b);
@@ -329,20 +383,30 @@ impl Cluster {
                 tcp_via(&a.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080)).unwrap_or_else(|e| {
                     panic!("{fam} pod A -> ClusterIP:80/tcp, endpoint pod B: {e:#}")
                 });
-            assert_eq!(
-                peer.ip(),
-                a.addr(v4),
-                "{fam}: the endpoint sees pod A's own address"
-            );
+            if !masq {
+                assert_eq!(peer.ip(), a.addr(v4), "{fam}: the endpoint sees pod A");
+            }
             udp_via(&a.ns, sa(dns, 53), &b.ns, sa(b.addr(v4), 5353)).unwrap_or_else(|e| {
                 panic!("{fam} pod A -> ClusterIP:53/udp, endpoint pod B: {e:#}")
             });
             tcp_via(&b.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
                 .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (hairpin): {e:#}"));
             let ext_addr = self.ext.addr_like(web);
-            tcp_via(&a.ns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090)).unwrap_or_else(|e| {
-                panic!("{fam} pod A -> ClusterIP:81/tcp, endpoint outside: {e:#}")
-            });
+            let peer = tcp_via(&a.ns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090))
+                .unwrap_or_else(|e| {
+                    panic!("{fam} pod A -> ClusterIP:81/tcp, endpoint outside: {e:#}")
+                });
+            let node_addr: IpAddr = if v4 {
+                self.ext.node_v4.into()
+            } else {
+                self.ext.node_v6.into()
+            };
+            let want = if masq { node_addr } else { a.addr(v4) };
+            assert_eq!(
+                peer.ip(),
+                want,
+                "{fam}: the outside endpoint's client (masquerade {masq})"
+            );
             tcp_via(self.node.netns(), sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
                 .unwrap_or_else(|e| panic!("{fam} node -> ClusterIP:80/tcp: {e:#}"));
             // No endpoints: kube-proxy's REJECT reaches the pod at once.
@@ -675,4 +739,45 @@ fn the_agent_follows_kube_proxy_within_five_seconds() {
     web(true, VIP4.into());
     web(false, VIP6.into());
     agent.still_running().unwrap();
+}
+
+/// ebpf-cni's masquerade on (`ipMasq`): the base paths, and the outside endpoint sees the
+/// node's address (kube-proxy's masquerade rule takes the pod's marked Service packets).
+#[test]
+fn cluster_ips_work_with_masquerade_on() {
+    let masq = |c: &mut Value| c["ipMasq"] = serde_json::json!(true);
+    let c = cluster_with(
+        Some((Mode::Iptables(Backend::Nft), false)),
+        Setup::Plain(&masq),
+    );
+    c.check_paths(true);
+    node_netfilter_counts(&c);
+    c.check_fast_path_kept();
+}
+
+/// Pods with both limits (policed here; paced where the kernel has `sch_fq`, whose
+/// deliveries the programs make through the host veth's egress and do not record).
+#[test]
+fn cluster_ips_work_for_pods_with_bandwidth_limits() {
+    let limits = |c: &mut Value| {
+        c["ingressRate"] = serde_json::json!(200_000_000u64);
+        c["ingressBurst"] = serde_json::json!(4_294_967_295u64);
+        c["egressRate"] = serde_json::json!(200_000_000u64);
+        c["egressBurst"] = serde_json::json!(4_294_967_295u64);
+    };
+    let c = cluster_with(
+        Some((Mode::Iptables(Backend::Nft), false)),
+        Setup::Plain(&limits),
+    );
+    c.check_cluster_ip_paths();
+    node_netfilter_counts(&c);
+    c.check_fast_path_kept();
+}
+
+/// Chained after the reference bridge: the bridge's pods reach Services as the bridge
+/// alone gives them (the chained program leaves their forwarding to the bridge).
+#[test]
+fn cluster_ips_work_for_chained_pods() {
+    let c = cluster_with(Some((Mode::Iptables(Backend::Nft), false)), Setup::Chained);
+    c.check_cluster_ip_paths();
 }

@@ -55,6 +55,28 @@ pub struct ServicesView {
     pub nets: Vec<ipnetwork::IpNetwork>,
     /// `kube-proxy-iptables-nft`, `config`, … joined by `+`; `none`.
     pub source: String,
+    /// Those of `nets` kube-proxy translates, whose packets from a masquerading pod carry
+    /// `masq_mark`.
+    pub translated: Vec<ipnetwork::IpNetwork>,
+    /// kube-proxy's masquerade mark (0: none learned).
+    pub masq_mark: u32,
+}
+
+impl ServicesView {
+    /// Each range with the mark its entry holds.
+    pub fn entries(&self) -> Vec<(ipnetwork::IpNetwork, u32)> {
+        self.nets
+            .iter()
+            .map(|n| {
+                let mark = if self.translated.contains(n) {
+                    self.masq_mark
+                } else {
+                    0
+                };
+                (*n, mark)
+            })
+            .collect()
+    }
 }
 
 impl ServicesView {
@@ -305,9 +327,14 @@ fn plan(
     if let Some(want) = &view.services {
         // Programs of a release before Services: the next load pins the maps.
         if let Some(m) = ServicesMaps::open(root, node)? {
-            if !m.in_line(&want.nets, want.in_force())
-                || services_source(root, node).as_deref() != Some(want.source.as_str())
-            {
+            // A node that never had Service addresses has no record of their source
+            // either: in line, so a STATUS after an ADD writes nothing there.
+            let recorded = services_source(root, node);
+            let source_differs = match &recorded {
+                Some(r) => *r != want.source,
+                None => want.in_force(),
+            };
+            if !m.in_line(&want.entries(), want.in_force()) || source_differs {
                 p.services = Some(if want.in_force() {
                     format!(
                         "Service flows go through the stack: {} Service addresses from {}",
@@ -404,7 +431,7 @@ fn apply(
     }
     if plan.services.is_some() {
         if let (Some(want), Some(mut m)) = (&view.services, ServicesMaps::open(root, node)?) {
-            m.sync(&want.nets, want.in_force())?;
+            m.sync(&want.entries(), want.in_force())?;
             record_services_source(root, node, &want.source)?;
         }
     }

@@ -57,8 +57,7 @@ pub struct ServicesReport {
     /// Whether the programs hand Service flows to the stack.
     pub in_force: bool,
     /// Where the Service addresses came from, as the last convergence recorded it
-    /// (`kube-proxy-iptables-nft`, `config`, … joined by `+`; `none`; empty: never
-    /// learned, as before the first STATUS or agent pass).
+    /// (`kube-proxy-iptables-nft`, `config`, … joined by `+`; `none`).
     pub source: String,
     /// The Service addresses (ranges) they know.
     pub addresses: usize,
@@ -106,39 +105,46 @@ impl ServicesMaps {
         self.config.get(&0, 0).unwrap_or_default()
     }
 
+    /// The entries: each range's trie key and the mark it holds.
+    fn entries_now(&self) -> std::collections::BTreeMap<(u32, [u8; 16]), u32> {
+        self.nets
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+            .collect()
+    }
+
     /// Whether the programs are on for Services.
     pub fn in_force(&self) -> bool {
         self.node_config().flags & NODE_FLAG_SERVICES != 0
     }
 
-    /// The Service ranges the programs know.
-    pub fn nets(&self) -> Vec<IpNetwork> {
-        self.keys()
-            .into_iter()
-            .filter_map(|(bits, addr)| key_net(bits, addr))
-            .collect()
+    /// Whether the map holds exactly `want` (each range with its mark) and the switch says
+    /// `on`.
+    pub fn in_line(&self, want: &[(IpNetwork, u32)], on: bool) -> bool {
+        let want: std::collections::BTreeMap<_, _> =
+            want.iter().map(|(n, m)| (net_key(n), *m)).collect();
+        self.in_force() == on && self.entries_now() == want
     }
 
-    /// Whether the maps hold exactly `want` and the switch says `on`.
-    pub fn in_line(&self, want: &[IpNetwork], on: bool) -> bool {
-        let want: BTreeSet<_> = want.iter().map(net_key).collect();
-        self.in_force() == on && self.keys() == want
-    }
-
-    /// Writes `want` (adds first, then removes, so an address kept never misses) and the
-    /// switch: on with `on`, off (and the recorded flows dropped) without.
-    pub fn sync(&mut self, want: &[IpNetwork], on: bool) -> Result<(), BpfError> {
-        let want_keys: BTreeSet<_> = want.iter().map(net_key).collect();
-        let have = self.keys();
-        for (bits, addr) in want_keys.difference(&have) {
+    /// Writes `want` (adds and changes first, then removes, so an address kept never
+    /// misses) and the switch: on with `on`, off (and the recorded flows dropped) without.
+    pub fn sync(&mut self, want: &[(IpNetwork, u32)], on: bool) -> Result<(), BpfError> {
+        let want: std::collections::BTreeMap<_, _> =
+            want.iter().map(|(n, m)| (net_key(n), *m)).collect();
+        let have = self.entries_now();
+        for ((bits, addr), mark) in &want {
+            if have.get(&(*bits, *addr)) == Some(mark) {
+                continue;
+            }
             self.nets
-                .insert(&Key::new(*bits, *addr), 1, 0)
+                .insert(&Key::new(*bits, *addr), *mark, 0)
                 .map_err(update_err(
                     SERVICES_NETS_MAP,
                     format!("add Service range {:?}", key_net(*bits, *addr)),
                 ))?;
         }
-        for (bits, addr) in have.difference(&want_keys) {
+        for (bits, addr) in have.keys().filter(|k| !want.contains_key(k)) {
             let _ = self.nets.remove(&Key::new(*bits, *addr));
         }
         let mut c = self.node_config();
@@ -165,7 +171,7 @@ impl ServicesMaps {
     pub fn report(&self, source: Option<String>) -> ServicesReport {
         let mut r = ServicesReport {
             in_force: self.in_force(),
-            source: source.unwrap_or_default(),
+            source: source.unwrap_or_else(|| "none".to_owned()),
             addresses: self.keys().len(),
             flows: self.flows.keys().filter_map(Result::ok).count(),
             ..ServicesReport::default()

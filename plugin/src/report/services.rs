@@ -27,13 +27,8 @@ impl Part for Services<'_> {
             t.line("services: not set up on this node");
             return;
         };
-        let why = if source.is_empty() {
-            "not learned yet (STATUS or the agent learns them)"
-        } else {
-            source.as_str()
-        };
         t.line(format!(
-            "services: {}, {addresses} Service addresses from {why}, {flows} flows through the stack",
+            "services: {}, {addresses} Service addresses from {source}, {flows} flows through the stack",
             if *in_force {
                 "Service flows go through the stack"
             } else {
