@@ -462,3 +462,127 @@ fn restore(ns: &Netns, cmd: &[&str], input: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether the kernel of `ns` has IPVS (`ipvsadm -Ln` loads `ip_vs` where it is a module).
+pub fn kernel_has_ipvs(ns: &Netns) -> bool {
+    ns.exec(&["ipvsadm", "-Ln"])
+        .is_ok_and(|o| o.status.success())
+}
+
+/// kube-proxy's IPVS mode for `services` (both families may be mixed): every ClusterIP an
+/// address of the `kube-ipvs0` dummy; where `virtual_servers`, an IPVS virtual server per
+/// Service port with its endpoints (masquerading forwarding, round robin), the ipsets
+/// `KUBE-CLUSTER-IP` and `KUBE-LOOP-BACK` (and their `KUBE-6-` twins) and the iptables
+/// rules beside them (`pkg/proxy/ipvs/proxier.go`: masquerade of traffic from outside the
+/// cluster CIDR, of a hairpin, and the `vs/conntrack` sysctl they need).
+pub fn load_ipvs(
+    ns: &Netns,
+    services: &[Service],
+    cluster_cidrs: (&str, &str),
+    virtual_servers: bool,
+) -> Result<()> {
+    let ok = |cmd: &[&str]| -> Result<()> {
+        let out = ns.exec(cmd)?;
+        if !out.status.success() {
+            bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    // A dummy, as kube-proxy makes it; a kernel without dummy devices (this machine's) gets
+    // an empty bridge of that name, which holds addresses the same way.
+    let kind = if crate::external::kernel_has_link_kind("dummy") {
+        "dummy"
+    } else {
+        "bridge"
+    };
+    ok(&["ip", "link", "add", "kube-ipvs0", "type", kind])?;
+    for svc in services {
+        ok(&[
+            "ip",
+            "addr",
+            "add",
+            &host(svc.cluster_ip),
+            "dev",
+            "kube-ipvs0",
+        ])?;
+    }
+    if !virtual_servers {
+        return Ok(());
+    }
+    let vs = |ip: IpAddr, port: u16| match ip {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    };
+    let mut sets = String::new();
+    for (fam, prefix) in [("inet", "KUBE-"), ("inet6", "KUBE-6-")] {
+        let _ = writeln!(
+            sets,
+            "create {prefix}CLUSTER-IP hash:ip,port family {fam}\ncreate {prefix}LOOP-BACK hash:ip,port,ip family {fam}"
+        );
+    }
+    for svc in services {
+        let flag = match svc.proto {
+            Proto::Tcp => "-t",
+            Proto::Udp => "-u",
+            Proto::Sctp => "--sctp-service",
+        };
+        let v = vs(svc.cluster_ip, svc.port);
+        ok(&["ipvsadm", "-A", flag, &v, "-s", "rr"])?;
+        let prefix = if svc.v4() { "KUBE-" } else { "KUBE-6-" };
+        let p = svc.proto.as_str();
+        let _ = writeln!(
+            sets,
+            "add {prefix}CLUSTER-IP {},{p}:{}",
+            svc.cluster_ip, svc.port
+        );
+        for ep in &svc.endpoints {
+            ok(&["ipvsadm", "-a", flag, &v, "-r", &dnat_target(*ep), "-m"])?;
+            let _ = writeln!(
+                sets,
+                "add {prefix}LOOP-BACK {},{p}:{},{}",
+                ep.ip(),
+                ep.port(),
+                ep.ip()
+            );
+        }
+    }
+    restore(ns, &["ipset", "restore"], &sets)?;
+    for (v4, cidr) in [(true, cluster_cidrs.0), (false, cluster_cidrs.1)] {
+        let prefix = if v4 { "KUBE-" } else { "KUBE-6-" };
+        let rules = format!(
+            "*nat\n\
+             :KUBE-SERVICES - [0:0]\n\
+             :KUBE-POSTROUTING - [0:0]\n\
+             :KUBE-MARK-MASQ - [0:0]\n\
+             :KUBE-NODE-PORT - [0:0]\n\
+             -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+             -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n\
+             -A KUBE-POSTROUTING -m comment --comment \"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\" -m set --match-set {prefix}LOOP-BACK dst,dst,src -j MASQUERADE\n\
+             -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+             -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
+             -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
+             -A KUBE-SERVICES ! -s {cidr} -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set {prefix}CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\n\
+             -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n\
+             -A KUBE-SERVICES -m set --match-set {prefix}CLUSTER-IP dst,dst -j ACCEPT\n\
+             COMMIT\n"
+        );
+        load_iptables(ns, v4, Backend::Nft, &rules)?;
+    }
+    // What the IPVS proxier sets: connection tracking of IPVS traffic (its masquerade
+    // needs it), and no ARP answers for the dummy's addresses.
+    for (key, value) in [
+        ("net/ipv4/vs/conntrack", "1"),
+        ("net/ipv4/vs/expire_nodest_conn", "1"),
+        ("net/ipv4/conf/all/arp_ignore", "1"),
+        ("net/ipv4/conf/all/arp_announce", "2"),
+    ] {
+        ok(&[
+            "sysctl",
+            "-qw",
+            &format!("{}={value}", key.replace('/', ".")),
+        ])?;
+    }
+    Ok(())
+}

@@ -781,3 +781,293 @@ fn cluster_ips_work_for_chained_pods() {
     let c = cluster_with(Some((Mode::Iptables(Backend::Nft), false)), Setup::Chained);
     c.check_cluster_ip_paths();
 }
+
+/// A Service's external IP from a host outside and from a pod, a pod reaching a NodePort
+/// of its own node, and session affinity (ClientIP) keeping a client on one endpoint.
+#[test]
+fn external_ips_own_node_ports_and_session_affinity() {
+    let c = cluster(None);
+    for v4 in [true, false] {
+        let (vip, ext_ip, sticky): (IpAddr, IpAddr, IpAddr) = if v4 {
+            (
+                Ipv4Addr::new(10, 96, 0, 40).into(),
+                Ipv4Addr::new(198, 51, 100, 80).into(),
+                Ipv4Addr::new(10, 96, 0, 50).into(),
+            )
+        } else {
+            (
+                "fd00:96::40".parse().unwrap(),
+                "2001:db8:80::80".parse().unwrap(),
+                "fd00:96::50".parse().unwrap(),
+            )
+        };
+        let b = c.b.addr(v4);
+        let mut ext = Service::new("default/ext:http", vip, 80, Proto::Tcp).endpoint(sa(b, 8080));
+        ext.external_ips = vec![ext_ip];
+        ext.node_port = Some(30_081);
+        let mut sticky_svc = Service::new("default/sticky:http", sticky, 80, Proto::Tcp)
+            .endpoint(sa(b, 8080))
+            .endpoint(sa(b, 8081));
+        sticky_svc.affinity = true;
+        let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+        kp::load_iptables(
+            c.node.netns(),
+            v4,
+            Backend::Nft,
+            &kp::iptables_rules(&[ext, sticky_svc], cidr),
+        )
+        .unwrap();
+    }
+    status(&c.p, &c.node, &c.conf);
+    for v4 in [true, false] {
+        let fam = if v4 { "IPv4" } else { "IPv6" };
+        let (ext_ip, sticky): (IpAddr, IpAddr) = if v4 {
+            (
+                Ipv4Addr::new(198, 51, 100, 80).into(),
+                Ipv4Addr::new(10, 96, 0, 50).into(),
+            )
+        } else {
+            (
+                "2001:db8:80::80".parse().unwrap(),
+                "fd00:96::50".parse().unwrap(),
+            )
+        };
+        let b = c.b.addr(v4);
+        tcp_via(c.ext.netns(), sa(ext_ip, 80), &c.b.ns, sa(b, 8080))
+            .unwrap_or_else(|e| panic!("{fam} outside -> external IP {ext_ip}: {e:#}"));
+        tcp_via(&c.a.ns, sa(ext_ip, 80), &c.b.ns, sa(b, 8080))
+            .unwrap_or_else(|e| panic!("{fam} pod A -> external IP {ext_ip}: {e:#}"));
+        let node_addr: IpAddr = if v4 {
+            c.ext.node_v4.into()
+        } else {
+            c.ext.node_v6.into()
+        };
+        tcp_via(&c.a.ns, sa(node_addr, 30_081), &c.b.ns, sa(b, 8080))
+            .unwrap_or_else(|e| panic!("{fam} pod A -> its node's NodePort: {e:#}"));
+        // Affinity: every connection of pod A goes to the endpoint its first one took.
+        let listeners: Vec<TcpListener> = [8080, 8081]
+            .iter()
+            .map(|p| {
+                c.b.ns
+                    .run_in(|| TcpListener::bind(sa(b, *p)))
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let mut first = None;
+        for i in 0..12 {
+            c.a.ns
+                .run_in(|| TcpStream::connect_timeout(&sa(sticky, 80), Duration::from_secs(3)))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{fam} connection {i} to the sticky Service: {e}"));
+            let took: Vec<usize> = listeners
+                .iter()
+                .enumerate()
+                // connect() returned once the handshake completed: the connection
+                // waits in its listener's queue.
+                .filter(|(_, l)| {
+                    l.set_nonblocking(true).unwrap();
+                    l.accept().is_ok()
+                })
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(took.len(), 1, "{fam} connection {i} reached {took:?}");
+            let first = *first.get_or_insert(took[0]);
+            assert_eq!(took[0], first, "{fam}: connection {i} left its endpoint");
+        }
+    }
+}
+
+/// kube-proxy's IPVS mode: the ClusterIPs are addresses of `kube-ipvs0`, which the node
+/// takes for Service addresses (learned as such, no device program on the dummy). Where
+/// the kernel has IPVS (the kernel matrix's guests; not this machine's), its virtual
+/// servers carry pod A → ClusterIP → pod B and B's hairpin, both families, the answers
+/// from the Service's address.
+#[test]
+fn cluster_ips_work_next_to_kube_proxy_in_ipvs_mode() {
+    let c = cluster(None);
+    let ipvs = kp::kernel_has_ipvs(c.node.netns());
+    let mut svcs = Vec::new();
+    for v4 in [true, false] {
+        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
+        svcs.push(
+            Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(c.b.addr(v4), 8080)),
+        );
+    }
+    kp::load_ipvs(c.node.netns(), &svcs, (V4_SUBNET, V6_SUBNET), ipvs).unwrap();
+    status(&c.p, &c.node, &c.conf);
+    let report = dp::inspect(&c.p.bin, &c.node).unwrap();
+    let s = &report["services"];
+    assert_eq!(s["in_force"], true, "{s}");
+    assert!(
+        s["source"].as_str().unwrap().contains("kube-proxy-ipvs"),
+        "{s}"
+    );
+    assert!(
+        !report["devices"].to_string().contains("kube-ipvs0"),
+        "kube-ipvs0 got the device program: {}",
+        report["devices"]
+    );
+    if !ipvs {
+        eprintln!("this kernel has no IPVS: its virtual servers are tested in the kernel matrix");
+        return;
+    }
+    for v4 in [true, false] {
+        let fam = if v4 { "IPv4" } else { "IPv6" };
+        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
+        let b = c.b.addr(v4);
+        let peer = tcp_via(&c.a.ns, sa(vip, 80), &c.b.ns, sa(b, 8080))
+            .unwrap_or_else(|e| panic!("{fam} pod A -> ClusterIP (IPVS): {e:#}"));
+        assert_eq!(peer.ip(), c.a.addr(v4), "{fam}");
+        tcp_via(&c.b.ns, sa(vip, 80), &c.b.ns, sa(b, 8080))
+            .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (IPVS): {e:#}"));
+    }
+}
+
+/// SCTP Services (kube-proxy writes them as TCP's, `-p sctp`): pod A → ClusterIP → pod B
+/// over SCTP, both families, where the kernel has SCTP (the guests; this machine's has
+/// none, which the test checks rather than assumes).
+#[test]
+fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
+    let c = cluster(None);
+    for v4 in [true, false] {
+        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
+        let svc =
+            Service::new("default/sctp:s", vip, 90, Proto::Sctp).endpoint(sa(c.b.addr(v4), 9090));
+        let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+        kp::load_iptables(
+            c.node.netns(),
+            v4,
+            Backend::Nft,
+            &kp::iptables_rules(&[svc], cidr),
+        )
+        .unwrap();
+    }
+    status(&c.p, &c.node, &c.conf);
+    let s = services(&c.p, &c.node);
+    assert_eq!(
+        (s["in_force"].clone(), s["addresses"].clone()),
+        (true.into(), 2.into()),
+        "{s}"
+    );
+    if !c.a.ns.run_in(sctp::available).unwrap() {
+        eprintln!("this kernel has no SCTP: SCTP Services are tested in the kernel matrix");
+        return;
+    }
+    for v4 in [true, false] {
+        let fam = if v4 { "IPv4" } else { "IPv6" };
+        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
+        let b = c.b.addr(v4);
+        let listener =
+            c.b.ns
+                .run_in(|| sctp::listen(sa(b, 9090)))
+                .unwrap()
+                .unwrap();
+        let client = c.a.ns.run_in(|| sctp::connect(sa(vip, 90))).unwrap();
+        let mut client = client.unwrap_or_else(|e| panic!("{fam} SCTP pod A -> ClusterIP: {e}"));
+        let (mut server, peer) = listener.accept().unwrap();
+        assert_eq!(peer.ip(), c.a.addr(v4), "{fam}");
+        std::io::Write::write_all(&mut client, b"sctp").unwrap();
+        let mut buf = [0u8; 4];
+        std::io::Read::read_exact(&mut server, &mut buf).unwrap();
+        std::io::Write::write_all(&mut server, &buf).unwrap();
+        std::io::Read::read_exact(&mut client, &mut buf).unwrap();
+        assert_eq!(&buf, b"sctp", "{fam}: the echo over SCTP");
+    }
+}
+
+/// One-to-one SCTP sockets (`SOCK_STREAM`, `IPPROTO_SCTP`), used through std's TCP types,
+/// whose calls (connect, accept, read, write) are the same system calls.
+mod sctp {
+    use std::io;
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::os::fd::FromRawFd;
+
+    fn socket(addr: &SocketAddr) -> io::Result<i32> {
+        let fam = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: a plain system call; the fd is owned by the caller.
+        let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+
+    fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: all-zero is a valid sockaddr_storage.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as u16,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe { std::ptr::write(std::ptr::addr_of_mut!(ss).cast(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as u16,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: 0,
+                };
+                // SAFETY: as above, for sockaddr_in6.
+                unsafe { std::ptr::write(std::ptr::addr_of_mut!(ss).cast(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (ss, len as libc::socklen_t)
+    }
+
+    /// Whether this thread's kernel makes SCTP sockets.
+    pub fn available() -> bool {
+        match socket(&SocketAddr::from(([127, 0, 0, 1], 0))) {
+            Ok(fd) => {
+                // SAFETY: our own fd.
+                unsafe { libc::close(fd) };
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+        let fd = socket(&addr)?;
+        // SAFETY: the fd is ours; the listener owns it from here.
+        let l = unsafe { TcpListener::from_raw_fd(fd) };
+        let (ss, len) = sockaddr(&addr);
+        // SAFETY: a valid address of `len` bytes.
+        if unsafe { libc::bind(fd, std::ptr::addr_of!(ss).cast(), len) } != 0
+            || unsafe { libc::listen(fd, 8) } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(l)
+    }
+
+    pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        let fd = socket(&addr)?;
+        // SAFETY: the fd is ours; the stream owns it from here.
+        let s = unsafe { TcpStream::from_raw_fd(fd) };
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        let (ss, len) = sockaddr(&addr);
+        // SAFETY: a valid address of `len` bytes.
+        if unsafe { libc::connect(fd, std::ptr::addr_of!(ss).cast(), len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}

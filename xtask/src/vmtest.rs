@@ -335,6 +335,17 @@ const PLAN: &[Suite] = &[
         on: K6_1_6_12,
         only: &["cluster_ips_work_next_to_kube_proxy_in_nftables_mode"],
     },
+    // What only the guests have: IPVS, SCTP, and `sch_fq` (deliveries to a paced pod go
+    // through its host veth's egress, which must not take them for the stack's).
+    Suite {
+        test: "services",
+        on: K6_12,
+        only: &[
+            "cluster_ips_work_next_to_kube_proxy_in_ipvs_mode",
+            "sctp_cluster_ips_work_where_the_kernel_has_sctp",
+            "cluster_ips_work_for_pods_with_bandwidth_limits",
+        ],
+    },
     // The bond and VLAN uplinks need bonding and 802.1Q, which the guests' Debian kernels
     // have and a host kernel may not: there they run only here.
     Suite {
