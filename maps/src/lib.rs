@@ -378,6 +378,9 @@ pub mod pin {
     /// Directory of the node holding one empty directory named after the source of its
     /// Service ranges (`kube-proxy-iptables-nft`, `config`, `none`, joined by `+`).
     pub const SERVICES_DIR: &str = "services";
+    /// Empty directory of the node: its first ADD looked for a forward-hook firewall the
+    /// programs skip (and warned if it found one).
+    pub const FORWARD_FIREWALL_RECORD: &str = "forward_firewall_checked";
     /// Empty directory in an attachment's directory: ADD installed the pod's source check
     /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
     pub const SOURCE_CHECK_RECORD: &str = "source_check";

@@ -134,7 +134,10 @@ pub async fn add(
     };
     let mut undo = Vec::new();
     match setup(cx, &mut undo).await {
-        Ok(v) => Ok(v),
+        Ok(v) => {
+            crate::firewall::warn_once(&node);
+            Ok(v)
+        }
         Err(e) => {
             rollback(undo, cx).await;
             Err(e)

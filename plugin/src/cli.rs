@@ -390,6 +390,14 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     let node = node_of(netns.clone())?;
     let mut r = bpf::inspect(&node, bpf::Links::Read)?;
     confirm_netlink_filters(&mut r, netns.as_ref())?;
+    if let Some(s) = r.services.as_mut() {
+        // The rule dumps run in the node's namespace.
+        let _in_node = match &netns {
+            Some(p) => Some(Netns::open(p)?.enter()?),
+            None => None,
+        };
+        s.forward_firewall = crate::firewall::detect();
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());

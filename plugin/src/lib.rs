@@ -17,6 +17,7 @@ pub mod cni;
 pub mod converge;
 pub mod del;
 mod errors;
+pub mod firewall;
 pub mod gateway;
 pub mod gc;
 pub mod install;

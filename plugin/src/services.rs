@@ -163,7 +163,7 @@ pub fn learn(configured: &[IpNetwork], ipvs: &[IpAddr]) -> Learned {
 /// it ran and succeeded. A tool missing or failing is a source with nothing in it. Each
 /// candidate is looked at with a `stat` first: a spawn that finds no file still costs a
 /// fork, and STATUS and the agent look for six tools on every pass.
-fn run(tool: &str, args: &[&str]) -> Option<String> {
+pub(crate) fn run(tool: &str, args: &[&str]) -> Option<String> {
     let path = find_tool(tool)?;
     match Command::new(&path)
         .args(args)
@@ -193,7 +193,7 @@ fn find_tool(tool: &str) -> Option<std::path::PathBuf> {
 /// Whether the legacy backend holds any table of `family` in this thread's network
 /// namespace (its tables are listed once the kernel's module has one): without, its
 /// `-save` has nothing to say and is not run.
-fn legacy_tables(v4: bool) -> bool {
+pub(crate) fn legacy_tables(v4: bool) -> bool {
     let name = if v4 {
         "ip_tables_names"
     } else {

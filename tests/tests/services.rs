@@ -1050,9 +1050,11 @@ mod sctp {
         let l = unsafe { TcpListener::from_raw_fd(fd) };
         let (ss, len) = sockaddr(&addr);
         // SAFETY: a valid address of `len` bytes.
-        if unsafe { libc::bind(fd, std::ptr::addr_of!(ss).cast(), len) } != 0
-            || unsafe { libc::listen(fd, 8) } != 0
-        {
+        if unsafe { libc::bind(fd, std::ptr::addr_of!(ss).cast(), len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a plain system call on our own fd.
+        if unsafe { libc::listen(fd, 8) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(l)
@@ -1070,4 +1072,57 @@ mod sctp {
         }
         Ok(s)
     }
+}
+
+/// A host firewall on the forward hook (here a FORWARD policy of DROP and a ufw-like
+/// REJECT, as Docker and ufw leave them): the node's first ADD warns once, naming them, the
+/// next ADD does not, `inspect` lists them, and pods still reach each other (the programs'
+/// forwarding skips the hook, on purpose).
+#[test]
+fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    netfilter::set_forward_policy(node.netns(), Family::V4, "DROP").unwrap();
+    netfilter::iptables(
+        node.netns(),
+        Family::V4,
+        &["-A", "FORWARD", "-s", "10.99.0.0/16", "-j", "REJECT"],
+    )
+    .unwrap();
+    let conf = p.conf("1.1.0", &node, Stack::Dual);
+    let adds: Vec<(Pod, String)> = (0..2)
+        .map(|_| {
+            let ns = node.new_pod().unwrap();
+            let out = p.run(
+                &node,
+                CniCommand::Add,
+                &p.env(&unique_container_id(), ns.path(), "eth0"),
+                conf.to_string(),
+            );
+            out.expect_success("ADD");
+            let result = out.json.clone().unwrap();
+            (pod_of(ns, &result), out.stderr.clone())
+        })
+        .collect();
+    let warning = "drop or reject forwarded traffic";
+    assert!(adds[0].1.contains(warning), "the first ADD: {}", adds[0].1);
+    assert!(
+        adds[0].1.contains("FORWARD policy DROP") && adds[0].1.contains("-s 10.99.0.0/16"),
+        "{}",
+        adds[0].1
+    );
+    assert!(
+        !adds[1].1.contains(warning),
+        "the second ADD warned again: {}",
+        adds[1].1
+    );
+    let s = services(&p, &node);
+    let listed = s["forward_firewall"].to_string();
+    assert!(
+        listed.contains("FORWARD policy DROP") && listed.contains("REJECT"),
+        "{s}"
+    );
+    let (a, b) = (&adds[0].0, &adds[1].0);
+    tcp_echo(&a.ns, &b.ns, b.addr(true), 0).unwrap();
 }

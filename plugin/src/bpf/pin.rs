@@ -36,6 +36,8 @@
 //!                                     addresses, and by what (add, status, agent)
 //!     services/<source>/              where the node's Service addresses came from
 //!                                     (kube-proxy-iptables-nft, config, none, … joined by +)
+//!     forward_firewall_checked/       the node's first ADD looked for a forward-hook
+//!                                     firewall the programs skip (and warned of it)
 //!     attachments/<network>/<container id>/<ifname>/
 //!         link_from_pod  link_to_pod            TCX: the pod's programs' links
 //!         netlink_from_pod  netlink_to_pod      netlink mode: the filters' records
@@ -452,6 +454,7 @@ mod tests {
                 names::GATEWAYS_DIR,
                 names::GATEWAYS6_DIR,
                 names::SERVICES_DIR,
+                names::FORWARD_FIREWALL_RECORD,
                 names::SOURCE_CHECK_RECORD,
                 names::SOURCE_CHECK_OFF_RECORD,
                 ebpf_cni_maps::ATTACHMENT_PORTS_MAP,

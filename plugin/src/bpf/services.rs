@@ -69,6 +69,10 @@ pub struct ServicesReport {
     pub from_outside: u64,
     pub recorded: u64,
     pub record_failed: u64,
+    /// What on the node's forward hook would drop or reject forwarded traffic, which the
+    /// programs' forwarding skips (`crate::firewall`; `inspect` reads it, the metrics do
+    /// not: it runs the rule dumps).
+    pub forward_firewall: Vec<String>,
 }
 
 impl ServicesMaps {

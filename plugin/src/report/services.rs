@@ -22,6 +22,7 @@ impl Part for Services<'_> {
             from_outside,
             recorded,
             record_failed,
+            forward_firewall,
         }) = self.services
         else {
             t.line("services: not set up on this node");
@@ -38,6 +39,9 @@ impl Part for Services<'_> {
         t.line(format!(
             "  to the stack: {to_service} packets to Services, {replies} replies, {from_outside} from outside; {recorded} flows recorded, {record_failed} refused"
         ));
+        for f in forward_firewall {
+            t.line(format!("  forward hook drops that pod traffic skips: {f}"));
+        }
     }
 
     fn metrics(&self, e: &mut Exposition) {
@@ -53,6 +57,7 @@ impl Part for Services<'_> {
             from_outside,
             recorded,
             record_failed,
+            forward_firewall: _,
         } = self.services.as_ref().unwrap_or(&default);
         let name = "ebpf_cni_services_addresses";
         e.family(
