@@ -147,6 +147,48 @@ impl SourceFigure {
     }
 }
 
+/// A figure of the Services section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServicesFigure {
+    Throughput,
+    RrP50,
+    Crr,
+    /// One more pod's ADD, wall time.
+    AddMs,
+    /// ebpf-cni's STATUS, wall time.
+    StatusMs,
+}
+
+impl ServicesFigure {
+    pub const ALL: [ServicesFigure; 5] = [
+        ServicesFigure::Throughput,
+        ServicesFigure::RrP50,
+        ServicesFigure::Crr,
+        ServicesFigure::AddMs,
+        ServicesFigure::StatusMs,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ServicesFigure::Throughput => "TCP throughput",
+            ServicesFigure::RrP50 => "TCP_RR p50",
+            ServicesFigure::Crr => "TCP_CRR",
+            ServicesFigure::AddMs => "ADD",
+            ServicesFigure::StatusMs => "STATUS",
+        }
+    }
+}
+
+/// Which path the Services section measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServicesPath {
+    PodToPod,
+    /// To a ClusterIP whose endpoint is a pod of the node.
+    PodToClusterIp,
+}
+
 /// How the netkit section's two pods are joined to each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -497,6 +539,12 @@ pub enum Metric {
     FlowTableEntries,
     FlowTableCapacity,
     FlowSendTime,
+    // Services next to kube-proxy: a path with kube-proxy's rules in the node or without.
+    Services {
+        figure: ServicesFigure,
+        path: ServicesPath,
+        rules: bool,
+    },
     // Source check: pod → pod with the check on (the default) or off.
     SourceCheck {
         figure: SourceFigure,
@@ -655,6 +703,36 @@ impl Metric {
             FlowTableEntries => "flow table entries after".into(),
             FlowTableCapacity => "flow table capacity".into(),
             FlowSendTime => "time to send the datagrams".into(),
+            Services {
+                figure: f @ (ServicesFigure::AddMs | ServicesFigure::StatusMs),
+                rules,
+                ..
+            } => format!(
+                "{}, {}",
+                f.label(),
+                if *rules {
+                    "kube-proxy's rules in the node"
+                } else {
+                    "no rules"
+                }
+            ),
+            Services {
+                figure,
+                path,
+                rules,
+            } => format!(
+                "{}, {}, {}",
+                figure.label(),
+                match path {
+                    ServicesPath::PodToPod => "pod → pod",
+                    ServicesPath::PodToClusterIp => "pod → ClusterIP (a local pod)",
+                },
+                if *rules {
+                    "kube-proxy's rules in the node"
+                } else {
+                    "no rules"
+                }
+            ),
             SourceCheck { figure, on } => format!(
                 "{}, pod → pod, source check {}",
                 figure.label(),
@@ -778,6 +856,12 @@ impl Metric {
                 ScaleFigure::Install => "s",
             },
             Accuracy { .. } | WorstDeviation => "% of limit",
+            Services { figure, .. } => match figure {
+                ServicesFigure::Throughput => "Gbit/s",
+                ServicesFigure::RrP50 => "µs",
+                ServicesFigure::Crr => "conn/s",
+                ServicesFigure::AddMs | ServicesFigure::StatusMs => "ms",
+            },
             SourceCheck { figure, .. } => match figure {
                 SourceFigure::Throughput => "Gbit/s",
                 SourceFigure::RrP50 | SourceFigure::RrP99 => "µs",
@@ -834,6 +918,10 @@ impl Metric {
             | FlowTableCapacity
             | SourceCheck {
                 figure: SourceFigure::Throughput | SourceFigure::Crr,
+                ..
+            }
+            | Services {
+                figure: ServicesFigure::Throughput | ServicesFigure::Crr,
                 ..
             }
             | PodPath {

@@ -20,10 +20,11 @@ pub enum Section {
     PodPath,
     Xdp,
     Netkit,
+    Services,
 }
 
 impl Section {
-    pub const ALL: [Section; 12] = [
+    pub const ALL: [Section; 13] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -36,6 +37,7 @@ impl Section {
         Section::PodPath,
         Section::Xdp,
         Section::Netkit,
+        Section::Services,
     ];
 }
 

@@ -13,7 +13,7 @@ use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
     bandwidth, cleanup, guest, lifecycle, masquerade, metrics, netkit, node, pod_path, scale,
-    source_check, traffic, xdp,
+    services, source_check, traffic, xdp,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -33,6 +33,7 @@ pub struct Run {
     pub node: Option<node::Output>,
     pub xdp: Option<xdp::Output>,
     pub netkit: Option<netkit::Output>,
+    pub services: Option<services::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -77,6 +78,7 @@ impl Run {
             node: None,
             xdp: None,
             netkit: None,
+            services: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -106,6 +108,7 @@ impl Run {
                 Section::Node => run.node = Some(node::run(params, &bins)),
                 Section::PodPath => run.pod_path = Some(pod_path::run(params, &bins)),
                 Section::Xdp => run.xdp = Some(xdp::run(params, &bins)),
+                Section::Services => run.services = Some(services::run(params, &bins)),
                 Section::Netkit => {
                     run.netkit = Some(if crate::rig::netkit::available() {
                         netkit::measure(params, &bins)
@@ -172,6 +175,9 @@ impl Run {
         }
         if let Some(n) = &run.netkit {
             v.extend([&n.table, &n.ext]);
+        }
+        if let Some(s) = &run.services {
+            v.push(&s.table);
         }
         v
     }

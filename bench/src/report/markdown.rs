@@ -319,6 +319,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     }
     s.extend(skipped(Section::Netkit));
 
+    let _ = writeln!(s, "## 13. Services next to kube-proxy\n");
+    if let Some(sv) = &run.services {
+        s.push_str(&md_table(&sv.table, "###"));
+    }
+    s.extend(skipped(Section::Services));
+
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();
     for t in run.tables() {

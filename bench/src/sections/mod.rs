@@ -1,8 +1,8 @@
 //! The sections of a run, each measuring both CNI subjects (and the plain veth where it
 //! applies) and returning its tables: [`lifecycle`], [`traffic`], [`scale`], [`bandwidth`]
 //! (on this machine, or in a kernel guest: [`guest`]), [`cleanup`], [`masquerade`],
-//! [`metrics`], [`source_check`], [`node`], [`pod_path`], [`xdp`] and [`netkit`] (on this
-//! machine where its kernel has netkit, else in a guest). They share nothing but the rig and
+//! [`metrics`], [`source_check`], [`node`], [`pod_path`], [`xdp`], [`netkit`] (on this
+//! machine where its kernel has netkit, else in a guest) and [`services`]. They share nothing but the rig and
 //! the model.
 
 pub mod bandwidth;
@@ -15,6 +15,7 @@ pub mod netkit;
 pub mod node;
 pub mod pod_path;
 pub mod scale;
+pub mod services;
 pub mod source_check;
 pub mod traffic;
 pub mod xdp;

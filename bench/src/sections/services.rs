@@ -1,0 +1,323 @@
+//! Services next to kube-proxy: what its rules cost the paths they do not touch, and what
+//! a Service flow costs against the reference chain. Three IPv4 nodes are set up alike: an
+//! ebpf-cni node without kube-proxy's rules, an ebpf-cni node and a reference node with a
+//! kube-proxy-shaped rule set of [`SERVICES`] Services of [`ENDPOINTS`] endpoints each (the
+//! iptables proxier's rules, through iptables-nft, as `ebpf_cni_tests::kube_proxy` writes
+//! them), and two Services more whose endpoint is each node's server pod. Every repeat
+//! measures, alternating the nodes: pod → pod (ebpf-cni with and without the rules: the
+//! fast path kept), pod → ClusterIP with the endpoint a pod of the node (ebpf-cni against
+//! the reference, both through netfilter), single-stream TCP throughput, TCP_RR and
+//! TCP_CRR; then an ADD and a DEL of one more pod on each node, and ebpf-cni's STATUS (which
+//! reads the rules) with and without them.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use ebpf_cni_tests::kube_proxy::{self as kp, Backend, Proto, Service};
+
+use crate::log::progress;
+use crate::metric::{Metric, ServicesFigure, ServicesPath};
+use crate::model::{Cell, Repeats, Subject, Table};
+use crate::params::Params;
+use crate::rig::load::{self, EchoServer, Iperf3Server};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, POD_SUBNET_V4};
+use crate::stats::percentile;
+
+/// The rule set's size: Services, and endpoints each.
+pub const SERVICES: usize = 1_000;
+pub const ENDPOINTS: usize = 3;
+const IPERF_PORT: u16 = 5201;
+const ECHO_PORT: u16 = 7000;
+/// The measured Services' ClusterIPs (the rule set's are 10.96.0.0/16 below them).
+const VIP_ECHO: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 1);
+const VIP_IPERF: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 2);
+const RR_SLICES: u32 = 4;
+
+pub struct Output {
+    pub table: Table,
+}
+
+/// The variants, in the order they alternate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Variant {
+    /// ebpf-cni without kube-proxy's rules.
+    Plain,
+    /// ebpf-cni with them.
+    EbpfRules,
+    /// The reference chain with them.
+    RefRules,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::Plain, Variant::EbpfRules, Variant::RefRules];
+
+impl Variant {
+    fn subject(self) -> Subject {
+        match self {
+            Variant::RefRules => Subject::Reference,
+            _ => Subject::EbpfCni,
+        }
+    }
+
+    fn rules(self) -> bool {
+        self != Variant::Plain
+    }
+}
+
+struct Setup {
+    _iperf: Iperf3Server,
+    _echo: EchoServer,
+    a: Pod,
+    b_ip: Ipv4Addr,
+    _b: Pod,
+    node: BenchNode,
+}
+
+/// kube-proxy's rules for [`SERVICES`] Services of [`ENDPOINTS`] endpoints (addresses of
+/// the pod network no pod has), and the two measured Services to `server`.
+fn rule_set(server: Ipv4Addr) -> String {
+    let mut svcs = Vec::with_capacity(SERVICES + 2);
+    for i in 0..SERVICES {
+        let vip = Ipv4Addr::new(10, 96, (i / 250) as u8, (i % 250 + 1) as u8);
+        let mut s = Service::new(&format!("bench/svc-{i}:http"), vip.into(), 80, Proto::Tcp);
+        for e in 0..ENDPOINTS {
+            let ep = Ipv4Addr::new(10, 88, 200 + e as u8, (i % 250 + 1) as u8);
+            s = s.endpoint(SocketAddr::new(ep.into(), 8080));
+        }
+        svcs.push(s);
+    }
+    for (vip, port) in [(VIP_ECHO, ECHO_PORT), (VIP_IPERF, IPERF_PORT)] {
+        svcs.push(
+            Service::new(&format!("bench/measured-{port}:p"), vip.into(), port, Proto::Tcp)
+                .endpoint(SocketAddr::new(server.into(), port)),
+        );
+    }
+    kp::iptables_rules(&svcs, POD_SUBNET_V4)
+}
+
+impl Setup {
+    fn new(bins: &Binaries, v: Variant) -> Result<Self> {
+        let node = BenchNode::new(v.subject(), bins)?;
+        let (a, _) = node.add_pod("svc-a", topo::caps(&[], None))?;
+        let (b, _) = node.add_pod("svc-b", topo::caps(&[], None))?;
+        let b_ip = b.ip4()?;
+        if v.rules() {
+            kp::load_iptables(node.node.netns(), true, Backend::Nft, &rule_set(b_ip))
+                .context("loading kube-proxy's rules")?;
+        }
+        let iperf = Iperf3Server::start(&b.netns, b_ip, IPERF_PORT)?;
+        let echo = EchoServer::start(&b.netns, ECHO_PORT)?;
+        let s = Self {
+            _iperf: iperf,
+            _echo: echo,
+            a,
+            b_ip,
+            _b: b,
+            node,
+        };
+        if v.subject() == Subject::EbpfCni {
+            // The node learns the Service addresses (the agent's or the runtime's STATUS).
+            s.status()?;
+        }
+        load::probe_echo(&s.a.netns, SocketAddr::from((b_ip, ECHO_PORT)))
+            .context("pod → pod echo")?;
+        if v.rules() {
+            load::probe_echo(&s.a.netns, SocketAddr::from((VIP_ECHO, ECHO_PORT)))
+                .context("pod → ClusterIP echo")?;
+        }
+        Ok(s)
+    }
+
+    fn status(&self) -> Result<Duration> {
+        let t = Instant::now();
+        self.node
+            .chain
+            .runtime
+            .status(&self.node.node, &self.node.chain.list)
+            .map_err(|e| anyhow::anyhow!("STATUS: {e}"))?;
+        Ok(t.elapsed())
+    }
+
+    /// The targets of `path` on this node.
+    fn targets(&self, path: ServicesPath) -> (SocketAddr, SocketAddr) {
+        match path {
+            ServicesPath::PodToPod => (
+                SocketAddr::from((self.b_ip, ECHO_PORT)),
+                SocketAddr::from((self.b_ip, IPERF_PORT)),
+            ),
+            ServicesPath::PodToClusterIp => (
+                SocketAddr::from((VIP_ECHO, ECHO_PORT)),
+                SocketAddr::from((VIP_IPERF, IPERF_PORT)),
+            ),
+        }
+    }
+}
+
+/// The paths each variant measures.
+fn paths(v: Variant) -> &'static [ServicesPath] {
+    match v {
+        Variant::Plain => &[ServicesPath::PodToPod],
+        Variant::EbpfRules => &[ServicesPath::PodToPod, ServicesPath::PodToClusterIp],
+        Variant::RefRules => &[ServicesPath::PodToClusterIp],
+    }
+}
+
+type Key = (ServicesFigure, ServicesPath, bool);
+
+pub fn run(p: &Params, bins: &Binaries) -> Output {
+    let mut fig: BTreeMap<Key, Repeats> = BTreeMap::new();
+    let mut setups: Vec<(Variant, Setup)> = Vec::new();
+    for v in VARIANTS {
+        match Setup::new(bins, v) {
+            Ok(s) => setups.push((v, s)),
+            Err(e) => {
+                progress(&format!("services: setting up {v:?} failed: {e:#}"));
+                for f in ServicesFigure::ALL {
+                    for path in paths(v) {
+                        fig.entry((f, *path, v.rules()))
+                            .or_default()
+                            .set_instead(v.subject(), Cell::failed(&e));
+                    }
+                }
+            }
+        }
+    }
+    let slice = Duration::from_secs_f64(p.rr_secs) / RR_SLICES;
+    for rep in 0..p.repeats {
+        progress(&format!(
+            "services: repeat {}/{}: iperf3 {} s, RR/CRR {} s, ADD/DEL and STATUS, {} nodes",
+            rep + 1,
+            p.repeats,
+            p.iperf_secs,
+            p.rr_secs,
+            setups.len()
+        ));
+        for (v, s) in &setups {
+            for path in paths(*v) {
+                let (_, iperf) = s.targets(*path);
+                let r = fig
+                    .entry((ServicesFigure::Throughput, *path, v.rules()))
+                    .or_default();
+                match load::iperf3(
+                    &s.a.netns,
+                    iperf,
+                    p.iperf_secs,
+                    p.iperf_omit,
+                    false,
+                    load::Proto::Tcp,
+                ) {
+                    Ok(res) => r.push(v.subject(), res.receiver_bps / 1e9),
+                    Err(e) => r.set_instead(v.subject(), Cell::failed(&e)),
+                }
+            }
+        }
+        let mut lat: BTreeMap<(Variant, ServicesPath), Vec<f64>> = BTreeMap::new();
+        let mut conns: BTreeMap<(Variant, ServicesPath), (usize, f64)> = BTreeMap::new();
+        for _ in 0..RR_SLICES {
+            for (v, s) in &setups {
+                for path in paths(*v) {
+                    let (echo, _) = s.targets(*path);
+                    let r = load::tcp_rr(&s.a.netns, echo, slice).and_then(|l| {
+                        lat.entry((*v, *path)).or_default().extend(l);
+                        load::tcp_crr(&s.a.netns, echo, slice, usize::MAX)
+                    });
+                    match r {
+                        Ok(c) => {
+                            let e = conns.entry((*v, *path)).or_default();
+                            e.0 += c.connect_us.len();
+                            e.1 += c.secs;
+                        }
+                        Err(e) => {
+                            for f in [ServicesFigure::RrP50, ServicesFigure::Crr] {
+                                fig.entry((f, *path, v.rules()))
+                                    .or_default()
+                                    .set_instead(v.subject(), Cell::failed(&e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for ((v, path), l) in lat {
+            fig.entry((ServicesFigure::RrP50, path, v.rules()))
+                .or_default()
+                .push(v.subject(), percentile(&l, 50.0));
+        }
+        for ((v, path), (n, secs)) in conns {
+            fig.entry((ServicesFigure::Crr, path, v.rules()))
+                .or_default()
+                .push(v.subject(), n as f64 / secs);
+        }
+        for (v, s) in &setups {
+            let path = ServicesPath::PodToPod;
+            let add = s
+                .node
+                .add_pod(&format!("svc-extra-{rep}"), topo::caps(&[], None))
+                .and_then(|(pod, cost)| {
+                    s.node.del(&pod)?;
+                    Ok(cost.wall)
+                });
+            let r = fig.entry((ServicesFigure::AddMs, path, v.rules())).or_default();
+            match add {
+                Ok(w) => r.push(v.subject(), w.as_secs_f64() * 1e3),
+                Err(e) => r.set_instead(v.subject(), Cell::failed(&e)),
+            }
+            if v.subject() == Subject::EbpfCni {
+                let r = fig
+                    .entry((ServicesFigure::StatusMs, path, v.rules()))
+                    .or_default();
+                match s.status() {
+                    Ok(w) => r.push(v.subject(), w.as_secs_f64() * 1e3),
+                    Err(e) => r.set_instead(v.subject(), Cell::failed(&e)),
+                }
+            }
+        }
+    }
+    drop(setups);
+
+    let mut table = Table::new(
+        "Services next to kube-proxy",
+        format!("median [min–max] over {} repeat(s)", p.repeats),
+    );
+    for f in ServicesFigure::ALL {
+        let keys: &[(ServicesPath, bool)] = match f {
+            ServicesFigure::AddMs | ServicesFigure::StatusMs => {
+                &[(ServicesPath::PodToPod, false), (ServicesPath::PodToPod, true)]
+            }
+            _ => &[
+                (ServicesPath::PodToPod, false),
+                (ServicesPath::PodToPod, true),
+                (ServicesPath::PodToClusterIp, true),
+            ],
+        };
+        for (path, rules) in keys {
+            table.rows.push(
+                fig.entry((f, *path, *rules))
+                    .or_default()
+                    .row(Metric::Services {
+                        figure: f,
+                        path: *path,
+                        rules: *rules,
+                    }),
+            );
+        }
+    }
+    table.notes = vec![
+        format!(
+            "Three IPv4 nodes: ebpf-cni without kube-proxy's rules, ebpf-cni and the reference \
+             chain with the iptables proxier's rules for {SERVICES} Services of {ENDPOINTS} \
+             endpoints each (iptables-nft) and two more whose endpoint is the node's server pod \
+             ({VIP_ECHO}, {VIP_IPERF}). iperf3 -t {} -O {}, one TCP stream; TCP_RR and TCP_CRR \
+             {} s per figure and repeat in {RR_SLICES} slices alternating the nodes; ADD is one \
+             more pod's, its DEL right after; STATUS is ebpf-cni's, which reads the rules.",
+            p.iperf_secs, p.iperf_omit, p.rr_secs
+        ),
+        "Goals: pod → pod with the rules within the run's spread of the node without them (the \
+         fast path is kept; the tests prove no pod → pod packet passes netfilter's FORWARD); \
+         pod → ClusterIP at least the reference's on the same rules (both through netfilter); \
+         ADD with the rules within 1.1× of ADD without (ADD reads no rules)."
+            .to_owned(),
+    ];
+    Output { table }
+}
