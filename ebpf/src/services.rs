@@ -61,6 +61,8 @@ const _: () = assert!(str_eq(
 #[repr(C)]
 struct Scratch {
     key: ServicesFlowKey,
+    /// `key` from the other end.
+    rev: ServicesFlowKey,
     /// The destination address, for the Service lookup.
     net: Key<[u8; 16]>,
     _pad: [u8; 4],
@@ -240,6 +242,34 @@ fn record(key: &ServicesFlowKey, kind: u32) {
     }
 }
 
+/// A flow the programs forward themselves whose tuple a dead Service flow recorded (a
+/// client reusing its port towards the endpoint directly): the record would send the
+/// endpoint's replies to the stack, where the dead flow's conntrack entry, in its TIME_WAIT
+/// or UDP timeout, would translate them back to the Service's address. `f.key` is the
+/// packet as its sender sees it; the record is the other end's (`f.rev`).
+#[inline(always)]
+fn forget_reverse(f: &mut Scratch) {
+    copy16(&mut f.rev.pod, &f.key.peer);
+    copy16(&mut f.rev.peer, &f.key.pod);
+    f.rev.pod_port = f.key.peer_port;
+    f.rev.peer_port = f.key.pod_port;
+    f.rev.proto = f.key.proto;
+    f.rev._pad = [0; 3];
+    forget_stale(&f.rev);
+}
+
+/// Drops `key`'s record of a flow the stack delivered, if there is one.
+#[inline(always)]
+fn forget_stale(key: &ServicesFlowKey) {
+    // SAFETY: the value is copied out at once.
+    if unsafe { ECNI_SVC_FLOWS.get(key) }.copied() == Some(SERVICES_FLOW_DELIVERED) {
+        let _ = ECNI_SVC_FLOWS.remove(key);
+        if let Some(s) = stats() {
+            s.forgotten = s.forgotten.wrapping_add(1);
+        }
+    }
+}
+
 /// [`from_pod`] as a global function; returns a [`Services`].
 #[no_mangle]
 #[inline(never)]
@@ -260,6 +290,9 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
         return Services::Stack as u32;
     }
     let Some(&masq_mark) = ECNI_SVC_NETS.get(&f.net) else {
+        if ports {
+            forget_reverse(f);
+        }
         return Services::Fast as u32;
     };
     // A masquerading pod's flow to a Service leaves with the node's address wherever its
@@ -293,10 +326,19 @@ pub extern "C" fn ecni_svc_from_dev(skb: *mut __sk_buff) -> u32 {
     if parse(&ctx, f, Pod::Destination) != Some(true) {
         return Services::Fast as u32;
     }
+    // The packet's own flow, seen from the pod (a record of it is a dead flow's, see
+    // `forget_reverse`), and then the pod's flows to a Service, which have no peer.
+    copy16(&mut f.rev.pod, &f.key.pod);
+    copy16(&mut f.rev.peer, &f.key.peer);
+    f.rev.pod_port = f.key.pod_port;
+    f.rev.peer_port = f.key.peer_port;
+    f.rev.proto = f.key.proto;
+    f.rev._pad = [0; 3];
     f.key.peer = [0; 16];
     f.key.peer_port = 0;
     // SAFETY: the value is not read, only its presence.
     if unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_none() {
+        forget_stale(&f.rev);
         return Services::Fast as u32;
     }
     if let Some(s) = stats() {

@@ -69,6 +69,9 @@ pub struct ServicesStats {
     pub recorded: u64,
     /// Flows that could not be recorded (the map refused the entry).
     pub record_failed: u64,
+    /// Records of dead flows dropped because a flow the programs forward reused their
+    /// tuple.
+    pub forgotten: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ServicesStats>() == 40);
+const _: () = assert!(core::mem::size_of::<ServicesStats>() == 48);

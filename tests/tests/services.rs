@@ -1134,3 +1134,82 @@ fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
     let (a, b) = (&adds[0].0, &adds[1].0);
     tcp_echo(&a.ns, &b.ns, b.addr(true), 0).unwrap();
 }
+
+/// A client that reuses its port: pod A reaches the Service (pod B the endpoint) from a
+/// fixed port, then pod B directly from the same port, over TCP and UDP, both families. The
+/// direct flow's answers come from B, not from the Service's address: the dead Service
+/// flow's record (and its conntrack entry, still in TIME_WAIT or its UDP timeout) must not
+/// take them.
+#[test]
+fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints_answers() {
+    let c = cluster(Some((Mode::Iptables(Backend::Nft), false)));
+    for v4 in [true, false] {
+        let fam = if v4 { "IPv4" } else { "IPv6" };
+        let (web, dns, _, _) = Cluster::vips(v4);
+        let b = c.b.addr(v4);
+        let a_port = |port: u16| SocketAddr::new(c.a.addr(v4), port);
+        // TCP: a socket bound to one port, once to the Service, once to B.
+        let listener =
+            c.b.ns
+                .run_in(|| TcpListener::bind(sa(b, 8080)))
+                .unwrap()
+                .unwrap();
+        for (i, dial) in [sa(web, 80), sa(b, 8080)].into_iter().enumerate() {
+            let conn = c.a.ns.run_in(|| -> std::io::Result<TcpStream> {
+                let fd = nix::sys::socket::socket(
+                    if v4 {
+                        nix::sys::socket::AddressFamily::Inet
+                    } else {
+                        nix::sys::socket::AddressFamily::Inet6
+                    },
+                    nix::sys::socket::SockType::Stream,
+                    nix::sys::socket::SockFlag::empty(),
+                    None,
+                )?;
+                nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReuseAddr, &true)?;
+                let bind = nix::sys::socket::SockaddrStorage::from(a_port(40_123));
+                nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &bind)?;
+                let s = TcpStream::from(fd);
+                let to = nix::sys::socket::SockaddrStorage::from(dial);
+                nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&s), &to)?;
+                Ok(s)
+            });
+            let conn = conn
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{fam} TCP {i} to {dial}: {e}"));
+            let (_, peer) = listener.accept().unwrap();
+            assert_eq!(peer, a_port(40_123), "{fam} TCP {i}");
+            assert_eq!(conn.peer_addr().unwrap(), dial, "{fam} TCP {i}");
+            drop(conn);
+        }
+        // UDP: one socket, the Service first, then B directly.
+        let server =
+            c.b.ns
+                .run_in(|| UdpSocket::bind(sa(b, 5353)))
+                .unwrap()
+                .unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let client =
+            c.a.ns
+                .run_in(|| UdpSocket::bind(a_port(40_124)))
+                .unwrap()
+                .unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        for dial in [sa(dns, 53), sa(b, 5353)] {
+            client.send_to(b"q", dial).unwrap();
+            let mut buf = [0u8; 4];
+            let (n, peer) = server.recv_from(&mut buf).unwrap();
+            server.send_to(&buf[..n], peer).unwrap();
+            let (_, from) = client
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("{fam} UDP to {dial}: no answer: {e}"));
+            assert_eq!(from, dial, "{fam}: the answer to {dial} came from {from}");
+        }
+    }
+    let s = services(&c.p, &c.node);
+    assert!(s["forgotten"].as_u64().unwrap() >= 4, "{s}");
+}

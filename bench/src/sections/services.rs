@@ -89,8 +89,13 @@ fn rule_set(server: Ipv4Addr) -> String {
     }
     for (vip, port) in [(VIP_ECHO, ECHO_PORT), (VIP_IPERF, IPERF_PORT)] {
         svcs.push(
-            Service::new(&format!("bench/measured-{port}:p"), vip.into(), port, Proto::Tcp)
-                .endpoint(SocketAddr::new(server.into(), port)),
+            Service::new(
+                &format!("bench/measured-{port}:p"),
+                vip.into(),
+                port,
+                Proto::Tcp,
+            )
+            .endpoint(SocketAddr::new(server.into(), port)),
         );
     }
     kp::iptables_rules(&svcs, POD_SUBNET_V4)
@@ -98,7 +103,18 @@ fn rule_set(server: Ipv4Addr) -> String {
 
 impl Setup {
     fn new(bins: &Binaries, v: Variant) -> Result<Self> {
-        let node = BenchNode::new(v.subject(), bins)?;
+        // STATUS is CNI 1.1's; the reference chain's plugins speak 1.0.
+        let node = BenchNode::with_list(
+            v.subject(),
+            bins,
+            topo::Stack::V4,
+            topo::Egress::Routed,
+            |l| {
+                if v.subject() == Subject::EbpfCni {
+                    l.cni_version = "1.1.0".to_owned();
+                }
+            },
+        )?;
         let (a, _) = node.add_pod("svc-a", topo::caps(&[], None))?;
         let (b, _) = node.add_pod("svc-b", topo::caps(&[], None))?;
         let b_ip = b.ip4()?;
@@ -258,7 +274,9 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                     s.node.del(&pod)?;
                     Ok(cost.wall)
                 });
-            let r = fig.entry((ServicesFigure::AddMs, path, v.rules())).or_default();
+            let r = fig
+                .entry((ServicesFigure::AddMs, path, v.rules()))
+                .or_default();
             match add {
                 Ok(w) => r.push(v.subject(), w.as_secs_f64() * 1e3),
                 Err(e) => r.set_instead(v.subject(), Cell::failed(&e)),
@@ -282,9 +300,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
     );
     for f in ServicesFigure::ALL {
         let keys: &[(ServicesPath, bool)] = match f {
-            ServicesFigure::AddMs | ServicesFigure::StatusMs => {
-                &[(ServicesPath::PodToPod, false), (ServicesPath::PodToPod, true)]
-            }
+            ServicesFigure::AddMs | ServicesFigure::StatusMs => &[
+                (ServicesPath::PodToPod, false),
+                (ServicesPath::PodToPod, true),
+            ],
             _ => &[
                 (ServicesPath::PodToPod, false),
                 (ServicesPath::PodToPod, true),

@@ -69,6 +69,9 @@ pub struct ServicesReport {
     pub from_outside: u64,
     pub recorded: u64,
     pub record_failed: u64,
+    /// Records of dead Service flows dropped because a flow the programs forward reused
+    /// their tuple.
+    pub forgotten: u64,
     /// What on the node's forward hook would drop or reject forwarded traffic, which the
     /// programs' forwarding skips (`crate::firewall`; `inspect` reads it, the metrics do
     /// not: it runs the rule dumps).
@@ -187,6 +190,7 @@ impl ServicesMaps {
                 r.from_outside += s.from_outside;
                 r.recorded += s.recorded;
                 r.record_failed += s.record_failed;
+                r.forgotten += s.forgotten;
             }
         }
         r

@@ -22,6 +22,7 @@ impl Part for Services<'_> {
             from_outside,
             recorded,
             record_failed,
+            forgotten,
             forward_firewall,
         }) = self.services
         else {
@@ -37,7 +38,7 @@ impl Part for Services<'_> {
             },
         ));
         t.line(format!(
-            "  to the stack: {to_service} packets to Services, {replies} replies, {from_outside} from outside; {recorded} flows recorded, {record_failed} refused"
+            "  to the stack: {to_service} packets to Services, {replies} replies, {from_outside} from outside; {recorded} flows recorded, {record_failed} refused, {forgotten} dead flows' records dropped"
         ));
         for f in forward_firewall {
             t.line(format!("  forward hook drops that pod traffic skips: {f}"));
@@ -57,6 +58,7 @@ impl Part for Services<'_> {
             from_outside,
             recorded,
             record_failed,
+            forgotten,
             forward_firewall: _,
         } = self.services.as_ref().unwrap_or(&default);
         let name = "ebpf_cni_services_addresses";
@@ -92,7 +94,11 @@ impl Part for Services<'_> {
             "counter",
             "Flows recorded as going through the stack, by outcome.",
         );
-        for (outcome, v) in [("recorded", recorded), ("refused", record_failed)] {
+        for (outcome, v) in [
+            ("recorded", recorded),
+            ("refused", record_failed),
+            ("forgotten", forgotten),
+        ] {
             e.sample(name, &[("outcome", outcome)], v);
         }
     }
