@@ -18,14 +18,16 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
     macros::map,
     maps::{lpm_trie::Key, LpmTrie, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use ebpf_cni_maps::{
-    str_eq, EndpointKey, ServicesFlowKey, ServicesStats, EP_FLAG_MASQ, IPPROTO_SCTP, IPPROTO_TCP,
-    IPPROTO_UDP, MAX_SERVICES_FLOWS, MAX_SERVICES_NETS, NODE_FLAG_SERVICES, SERVICES_FLOW_CLIENT,
-    SERVICES_FLOW_DELIVERED, SERVICES_MARK_PACED,
+    str_eq, EndpointKey, ServicesFlow, ServicesFlowKey, ServicesStats, EP_FLAG_MASQ, IPPROTO_SCTP,
+    IPPROTO_TCP, IPPROTO_UDP, MAX_SERVICES_FLOWS, MAX_SERVICES_NETS, NODE_FLAG_SERVICES,
+    SERVICES_FLOW_CLIENT, SERVICES_FLOW_DELIVERED, SERVICES_IDLE_NS, SERVICES_MARK_PACED,
+    SERVICES_TCP_CLOSED_NS, SERVICES_TCP_IDLE_NS,
 };
 
 use crate::{
@@ -37,7 +39,7 @@ use crate::{
 static ECNI_SVC_NETS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_SERVICES_NETS, 0);
 
 #[map]
-static ECNI_SVC_FLOWS: LruHashMap<ServicesFlowKey, u32> =
+static ECNI_SVC_FLOWS: LruHashMap<ServicesFlowKey, ServicesFlow> =
     LruHashMap::with_max_entries(MAX_SERVICES_FLOWS, 0);
 
 #[map]
@@ -65,7 +67,9 @@ struct Scratch {
     rev: ServicesFlowKey,
     /// The destination address, for the Service lookup.
     net: Key<[u8; 16]>,
-    _pad: [u8; 4],
+    /// TCP: FIN or RST set.
+    closing: u8,
+    _pad: [u8; 3],
 }
 
 #[map]
@@ -182,6 +186,14 @@ fn parse(ctx: &TcContext, f: &mut Scratch, pod: Pod) -> Option<bool> {
         return Some(false);
     }
     let l4 = ETH_HLEN + if ip.v4 { 20 } else { 40 };
+    f.closing = 0;
+    if ip.proto == IPPROTO_TCP {
+        // Byte 13 of the TCP header: FIN 0x01, RST 0x04.
+        if let Some(flags) = ptr_at::<u8>(ctx, l4 + 13) {
+            // SAFETY: bounds checked by `ptr_at`.
+            f.closing = u8::from(unsafe { *flags } & 0x05 != 0);
+        }
+    }
     let ports = ptr_at::<Ports>(ctx, l4)?;
     // SAFETY: bounds checked by `ptr_at`.
     let (src, dst) = unsafe {
@@ -222,16 +234,29 @@ fn scratch() -> Option<&'static mut Scratch> {
     ECNI_SVC_TMP.get_ptr_mut(0).map(|s| unsafe { &mut *s })
 }
 
-/// Records `key` as a flow of kind `kind` (an entry already there is kept: the lookup
-/// refreshes its place in the LRU).
+/// Records `key` as a flow of kind `kind` seen `now` (`closing`: a FIN or RST in it); an
+/// entry already there is kept, a client flow's time and closing brought up to date (the
+/// lookup refreshes its place in the LRU too).
 #[inline(always)]
-fn record(key: &ServicesFlowKey, kind: u32) {
-    // SAFETY: the value is not read, only its presence.
-    if unsafe { ECNI_SVC_FLOWS.get(key) }.is_some() {
+fn record(key: &ServicesFlowKey, kind: u32, now: u64, closing: u8) {
+    if let Some(v) = ECNI_SVC_FLOWS.get_ptr_mut(key) {
+        if kind == SERVICES_FLOW_CLIENT {
+            // SAFETY: a map value, valid for the run; concurrent writers only move the
+            // time forward or set the flag.
+            unsafe {
+                (*v).seen_ns = now;
+                (*v).closing |= u32::from(closing);
+            }
+        }
         return;
     }
+    let v = ServicesFlow {
+        seen_ns: now,
+        kind,
+        closing: u32::from(closing),
+    };
     let ok = ECNI_SVC_FLOWS
-        .insert(key, &kind, u64::from(BPF_NOEXIST))
+        .insert(key, &v, u64::from(BPF_NOEXIST))
         .is_ok();
     if let Some(s) = stats() {
         if ok {
@@ -240,6 +265,44 @@ fn record(key: &ServicesFlowKey, kind: u32) {
             s.record_failed = s.record_failed.wrapping_add(1);
         }
     }
+}
+
+/// Whether the client flow `v` (protocol `proto`) is alive at `now` (see
+/// `ebpf_cni_maps::SERVICES_TCP_CLOSED_NS`).
+#[inline(always)]
+fn client_alive(v: &ServicesFlow, proto: u8, now: u64) -> bool {
+    let idle = now.saturating_sub(v.seen_ns);
+    let limit = if proto != IPPROTO_TCP {
+        SERVICES_IDLE_NS
+    } else if v.closing != 0 {
+        SERVICES_TCP_CLOSED_NS
+    } else {
+        SERVICES_TCP_IDLE_NS
+    };
+    idle <= limit
+}
+
+/// The pod's live client flow of `key` (no peer), refreshed (`refresh`) with the packet's
+/// time; a dead one is dropped.
+#[inline(always)]
+fn live_client(key: &ServicesFlowKey, now: u64, closing: u8, refresh: bool) -> bool {
+    let Some(v) = ECNI_SVC_FLOWS.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: a map value, valid for the run.
+    let v = unsafe { &mut *v };
+    if v.kind != SERVICES_FLOW_CLIENT {
+        return false;
+    }
+    if !client_alive(v, key.proto, now) {
+        let _ = ECNI_SVC_FLOWS.remove(key);
+        return false;
+    }
+    if refresh {
+        v.seen_ns = now;
+        v.closing |= u32::from(closing);
+    }
+    true
 }
 
 /// A flow the programs forward themselves whose tuple a dead Service flow recorded (a
@@ -262,7 +325,7 @@ fn forget_reverse(f: &mut Scratch) {
 #[inline(always)]
 fn forget_stale(key: &ServicesFlowKey) {
     // SAFETY: the value is copied out at once.
-    if unsafe { ECNI_SVC_FLOWS.get(key) }.copied() == Some(SERVICES_FLOW_DELIVERED) {
+    if unsafe { ECNI_SVC_FLOWS.get(key) }.is_some_and(|v| v.kind == SERVICES_FLOW_DELIVERED) {
         let _ = ECNI_SVC_FLOWS.remove(key);
         if let Some(s) = stats() {
             s.forgotten = s.forgotten.wrapping_add(1);
@@ -289,10 +352,27 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
         }
         return Services::Stack as u32;
     }
+    // SAFETY: a plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
     let Some(&masq_mark) = ECNI_SVC_NETS.get(&f.net) else {
-        if ports {
-            forget_reverse(f);
+        if !ports {
+            return Services::Fast as u32;
         }
+        // From a port a live Service flow of the pod holds: the stack too, so that conntrack
+        // sees this flow and forwards its answers, which come for the same port.
+        copy16(&mut f.rev.pod, &f.key.pod);
+        f.rev.peer = [0; 16];
+        f.rev.pod_port = f.key.pod_port;
+        f.rev.peer_port = 0;
+        f.rev.proto = f.key.proto;
+        f.rev._pad = [0; 3];
+        if live_client(&f.rev, now, 0, false) {
+            if let Some(s) = stats() {
+                s.shared_port = s.shared_port.wrapping_add(1);
+            }
+            return Services::Stack as u32;
+        }
+        forget_reverse(f);
         return Services::Fast as u32;
     };
     // A masquerading pod's flow to a Service leaves with the node's address wherever its
@@ -307,7 +387,7 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
     if ports {
         f.key.peer = [0; 16];
         f.key.peer_port = 0;
-        record(&f.key, SERVICES_FLOW_CLIENT);
+        record(&f.key, SERVICES_FLOW_CLIENT, now, f.closing);
     }
     if let Some(s) = stats() {
         s.to_service = s.to_service.wrapping_add(1);
@@ -336,8 +416,9 @@ pub extern "C" fn ecni_svc_from_dev(skb: *mut __sk_buff) -> u32 {
     f.rev._pad = [0; 3];
     f.key.peer = [0; 16];
     f.key.peer_port = 0;
-    // SAFETY: the value is not read, only its presence.
-    if unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_none() {
+    // SAFETY: a plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !live_client(&f.key, now, f.closing, true) {
         forget_stale(&f.rev);
         return Services::Fast as u32;
     }
@@ -356,7 +437,7 @@ pub extern "C" fn ecni_svc_to_pod(skb: *mut __sk_buff) -> u32 {
         return 0;
     };
     if parse(&ctx, f, Pod::Destination) == Some(true) {
-        record(&f.key, SERVICES_FLOW_DELIVERED);
+        record(&f.key, SERVICES_FLOW_DELIVERED, 0, 0);
     }
     0
 }

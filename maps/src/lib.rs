@@ -1069,6 +1069,7 @@ plain_old_data!(
     SourceRule,
     TraceNote,
     ServicesFlowKey,
+    ServicesFlow,
     ServicesStats,
 );
 

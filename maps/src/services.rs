@@ -18,7 +18,7 @@
 /// pod's packets to the Service carry so that kube-proxy's own rule masquerades them.
 pub const SERVICES_NETS_MAP: &str = "ECNI_SVC_NETS";
 /// Node-wide LRU hash of the flows the stack translates: [`ServicesFlowKey`] →
-/// `u32` ([`SERVICES_FLOW_CLIENT`] or [`SERVICES_FLOW_DELIVERED`]).
+/// [`ServicesFlow`].
 pub const SERVICES_FLOWS_MAP: &str = "ECNI_SVC_FLOWS";
 /// Node-wide per-CPU array with one [`ServicesStats`].
 pub const SERVICES_STATS_MAP: &str = "ECNI_SVC_STAT";
@@ -39,6 +39,28 @@ pub const SERVICES_FLOW_DELIVERED: u32 = 2;
 /// `skb->mark` of a packet the programs themselves redirect to a paced pod's host veth
 /// egress (not the stack's): the egress program clears it and records nothing.
 pub const SERVICES_MARK_PACED: u32 = 0xec0f_0001;
+
+/// How long a pod's flow to a Service counts as alive after the last packet seen in it
+/// ([`SERVICES_FLOW_CLIENT`]): TCP until a FIN or RST and [`SERVICES_TCP_CLOSED_NS`] more
+/// (conntrack's TIME_WAIT), else [`SERVICES_TCP_IDLE_NS`] (conntrack's established
+/// timeout); UDP and SCTP [`SERVICES_IDLE_NS`] (conntrack's longest: SCTP's established
+/// 210 s, UDP's stream 120 s). While it lives, every packet of the pod's port goes through
+/// the stack, a direct flow's too (its answers arrive for the same address and port).
+pub const SERVICES_TCP_CLOSED_NS: u64 = 120_000_000_000;
+pub const SERVICES_TCP_IDLE_NS: u64 = 432_000_000_000_000;
+pub const SERVICES_IDLE_NS: u64 = 210_000_000_000;
+
+/// A recorded flow: when it was last seen (client flows; `bpf_ktime_get_ns`), which kind,
+/// and whether a FIN or RST was seen in it (TCP client flows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServicesFlow {
+    pub seen_ns: u64,
+    pub kind: u32,
+    pub closing: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ServicesFlow>() == 16);
 
 /// A flow as the pod sees it: its own address and port, the peer's (all zero in a
 /// [`SERVICES_FLOW_CLIENT`] entry), and the transport protocol.
@@ -72,6 +94,9 @@ pub struct ServicesStats {
     /// Records of dead flows dropped because a flow the programs forward reused their
     /// tuple.
     pub forgotten: u64,
+    /// Packets of pods from a port a live Service flow holds, to elsewhere (to the stack
+    /// too).
+    pub shared_port: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ServicesStats>() == 48);
+const _: () = assert!(core::mem::size_of::<ServicesStats>() == 56);

@@ -670,7 +670,8 @@ impl Programs {
 
     /// The Services flow entry of `key`, if the programs recorded it.
     pub fn services_flow(&self, key: &ebpf_cni_maps::ServicesFlowKey) -> Option<u32> {
-        self.lookup(ebpf_cni_maps::SERVICES_FLOWS_MAP, key)
+        self.lookup::<_, ebpf_cni_maps::ServicesFlow>(ebpf_cni_maps::SERVICES_FLOWS_MAP, key)
+            .map(|v| v.kind)
     }
 
     pub fn add_masq_skip(&mut self, net: IpAddr, prefix: u32) {

@@ -10,8 +10,8 @@ use aya::maps::{
     Array, HashMap, MapData, PerCpuArray,
 };
 use ebpf_cni_maps::{
-    NodeConfig, ServicesFlowKey, ServicesStats, CONFIG_MAP, NODE_FLAG_SERVICES, SERVICES_FLOWS_MAP,
-    SERVICES_NETS_MAP, SERVICES_STATS_MAP,
+    NodeConfig, ServicesFlow, ServicesFlowKey, ServicesStats, CONFIG_MAP, NODE_FLAG_SERVICES,
+    SERVICES_FLOWS_MAP, SERVICES_NETS_MAP, SERVICES_STATS_MAP,
 };
 use ipnetwork::IpNetwork;
 use serde::Serialize;
@@ -46,7 +46,7 @@ fn key_net(bits: u32, addr: [u8; 16]) -> Option<IpNetwork> {
 /// The node's Services maps, opened from their pins.
 pub struct ServicesMaps {
     nets: LpmTrie<MapData, [u8; 16], u32>,
-    flows: HashMap<MapData, ServicesFlowKey, u32>,
+    flows: HashMap<MapData, ServicesFlowKey, ServicesFlow>,
     stats: PerCpuArray<MapData, ServicesStats>,
     config: Array<MapData, NodeConfig>,
 }
@@ -72,6 +72,8 @@ pub struct ServicesReport {
     /// Records of dead Service flows dropped because a flow the programs forward reused
     /// their tuple.
     pub forgotten: u64,
+    /// Packets from a port a live Service flow holds, to elsewhere (through the stack too).
+    pub shared_port: u64,
     /// What on the node's forward hook would drop or reject forwarded traffic, which the
     /// programs' forwarding skips (`crate::firewall`; `inspect` reads it, the metrics do
     /// not: it runs the rule dumps).
@@ -191,6 +193,7 @@ impl ServicesMaps {
                 r.recorded += s.recorded;
                 r.record_failed += s.record_failed;
                 r.forgotten += s.forgotten;
+                r.shared_port += s.shared_port;
             }
         }
         r

@@ -23,6 +23,7 @@ impl Part for Services<'_> {
             recorded,
             record_failed,
             forgotten,
+            shared_port,
             forward_firewall,
         }) = self.services
         else {
@@ -38,7 +39,7 @@ impl Part for Services<'_> {
             },
         ));
         t.line(format!(
-            "  to the stack: {to_service} packets to Services, {replies} replies, {from_outside} from outside; {recorded} flows recorded, {record_failed} refused, {forgotten} dead flows' records dropped"
+            "  to the stack: {to_service} packets to Services, {replies} replies, {from_outside} from outside, {shared_port} from ports Service flows hold; {recorded} flows recorded, {record_failed} refused, {forgotten} dead flows' records dropped"
         ));
         for f in forward_firewall {
             t.line(format!("  forward hook drops that pod traffic skips: {f}"));
@@ -59,6 +60,7 @@ impl Part for Services<'_> {
             recorded,
             record_failed,
             forgotten,
+            shared_port,
             forward_firewall: _,
         } = self.services.as_ref().unwrap_or(&default);
         let name = "ebpf_cni_services_addresses";
@@ -79,12 +81,13 @@ impl Part for Services<'_> {
         e.family(
             name,
             "counter",
-            "Packets handed to the stack for Services, by reason: to_service (a pod's packet to a Service address), reply (a pod's reply in a flow the stack delivered), from_outside (a reply from beyond the node to a pod's Service flow).",
+            "Packets handed to the stack for Services, by reason: to_service (a pod's packet to a Service address), reply (a pod's reply in a flow the stack delivered), from_outside (a reply from beyond the node to a pod's Service flow), shared_port (a pod's packet from a port a live Service flow holds, to elsewhere).",
         );
         for (reason, v) in [
             ("to_service", to_service),
             ("reply", replies),
             ("from_outside", from_outside),
+            ("shared_port", shared_port),
         ] {
             e.sample(name, &[("reason", reason)], v);
         }
