@@ -5,8 +5,8 @@
 //! iptables proxier's rules, through iptables-nft, as `ebpf_cni_tests::kube_proxy` writes
 //! them), and two Services more whose endpoint is each node's server pod. Every repeat
 //! measures, alternating the nodes: pod → pod (ebpf-cni with and without the rules: the
-//! fast path kept), pod → ClusterIP with the endpoint a pod of the node (ebpf-cni against
-//! the reference, both through netfilter), single-stream TCP throughput, TCP_RR and
+//! fast path kept), pod → ClusterIP with the endpoint a pod of the node from another client
+//! pod (ebpf-cni against the reference, both through netfilter), single-stream TCP throughput, TCP_RR and
 //! TCP_CRR; then an ADD and a DEL of one more pod on each node, and ebpf-cni's STATUS (which
 //! reads the rules) with and without them.
 
@@ -68,7 +68,12 @@ impl Variant {
 struct Setup {
     _iperf: Iperf3Server,
     _echo: EchoServer,
+    /// The pod → pod client.
     a: Pod,
+    /// The pod → ClusterIP client: a pod of its own, so that the pod → pod client's ports
+    /// are held by no Service flow (a port a live Service flow holds sends its other flows
+    /// through the stack too).
+    c: Pod,
     b_ip: Ipv4Addr,
     _b: Pod,
     node: BenchNode,
@@ -116,6 +121,7 @@ impl Setup {
             },
         )?;
         let (a, _) = node.add_pod("svc-a", topo::caps(&[], None))?;
+        let (c, _) = node.add_pod("svc-c", topo::caps(&[], None))?;
         let (b, _) = node.add_pod("svc-b", topo::caps(&[], None))?;
         let b_ip = b.ip4()?;
         if v.rules() {
@@ -128,6 +134,7 @@ impl Setup {
             _iperf: iperf,
             _echo: echo,
             a,
+            c,
             b_ip,
             _b: b,
             node,
@@ -139,7 +146,7 @@ impl Setup {
         load::probe_echo(&s.a.netns, SocketAddr::from((b_ip, ECHO_PORT)))
             .context("pod → pod echo")?;
         if v.rules() {
-            load::probe_echo(&s.a.netns, SocketAddr::from((VIP_ECHO, ECHO_PORT)))
+            load::probe_echo(&s.c.netns, SocketAddr::from((VIP_ECHO, ECHO_PORT)))
                 .context("pod → ClusterIP echo")?;
         }
         Ok(s)
@@ -153,6 +160,14 @@ impl Setup {
             .status(&self.node.node, &self.node.chain.list)
             .map_err(|e| anyhow::anyhow!("STATUS: {e}"))?;
         Ok(t.elapsed())
+    }
+
+    /// The client of `path`.
+    fn client(&self, path: ServicesPath) -> &Pod {
+        match path {
+            ServicesPath::PodToPod => &self.a,
+            ServicesPath::PodToClusterIp => &self.c,
+        }
     }
 
     /// The targets of `path` on this node.
@@ -216,7 +231,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                     .entry((ServicesFigure::Throughput, *path, v.rules()))
                     .or_default();
                 match load::iperf3(
-                    &s.a.netns,
+                    &s.client(*path).netns,
                     iperf,
                     p.iperf_secs,
                     p.iperf_omit,
@@ -234,9 +249,10 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             for (v, s) in &setups {
                 for path in paths(*v) {
                     let (echo, _) = s.targets(*path);
-                    let r = load::tcp_rr(&s.a.netns, echo, slice).and_then(|l| {
+                    let client = &s.client(*path).netns;
+                    let r = load::tcp_rr(client, echo, slice).and_then(|l| {
                         lat.entry((*v, *path)).or_default().extend(l);
-                        load::tcp_crr(&s.a.netns, echo, slice, usize::MAX)
+                        load::tcp_crr(client, echo, slice, usize::MAX)
                     });
                     match r {
                         Ok(c) => {
