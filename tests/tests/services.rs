@@ -1155,27 +1155,7 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
                 .unwrap()
                 .unwrap();
         for (i, dial) in [sa(web, 80), sa(b, 8080)].into_iter().enumerate() {
-            let conn = c.a.ns.run_in(|| -> std::io::Result<TcpStream> {
-                let fd = nix::sys::socket::socket(
-                    if v4 {
-                        nix::sys::socket::AddressFamily::Inet
-                    } else {
-                        nix::sys::socket::AddressFamily::Inet6
-                    },
-                    nix::sys::socket::SockType::Stream,
-                    nix::sys::socket::SockFlag::empty(),
-                    None,
-                )?;
-                nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReuseAddr, &true)?;
-                let bind = nix::sys::socket::SockaddrStorage::from(a_port(40_123));
-                nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &bind)?;
-                let s = TcpStream::from(fd);
-                let to = nix::sys::socket::SockaddrStorage::from(dial);
-                nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&s), &to)?;
-                Ok(s)
-            });
-            let conn = conn
-                .unwrap()
+            let conn = connect_from(&c.a.ns, a_port(40_123), dial)
                 .unwrap_or_else(|e| panic!("{fam} TCP {i} to {dial}: {e}"));
             let (_, peer) = listener.accept().unwrap();
             // While the Service flow's conntrack entry lives, the direct flow from its port
@@ -1215,6 +1195,32 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
     }
 }
 
+/// A TCP connection from `ns` bound to `from` (with `SO_REUSEADDR`, as a client reusing its
+/// port) to `dial`.
+fn connect_from(ns: &Netns, from: SocketAddr, dial: SocketAddr) -> std::io::Result<TcpStream> {
+    use nix::sys::socket as s;
+    ns.run_in(|| -> std::io::Result<TcpStream> {
+        let fam = if from.is_ipv4() {
+            s::AddressFamily::Inet
+        } else {
+            s::AddressFamily::Inet6
+        };
+        let fd = s::socket(fam, s::SockType::Stream, s::SockFlag::empty(), None)?;
+        s::setsockopt(&fd, s::sockopt::ReuseAddr, &true)?;
+        s::bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &s::SockaddrStorage::from(from),
+        )?;
+        let t = TcpStream::from(fd);
+        s::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&t),
+            &s::SockaddrStorage::from(dial),
+        )?;
+        Ok(t)
+    })
+    .map_err(std::io::Error::other)?
+}
+
 /// The same reuse towards a host outside: pod A reaches the Service whose endpoint is the
 /// outside host from a fixed port, then the outside host directly, on another port of it,
 /// from the same port, over TCP, both families, while the first connection is still open.
@@ -1241,30 +1247,7 @@ fn a_port_shared_by_a_service_flow_and_a_direct_flow_to_the_outside_serves_both(
             .run_in(|| TcpListener::bind(sa(ext, 9091)))
             .unwrap()
             .unwrap();
-        let connect = |dial: SocketAddr| {
-            c.a.ns
-                .run_in(|| -> std::io::Result<TcpStream> {
-                    use nix::sys::socket as s;
-                    let fam = if v4 {
-                        s::AddressFamily::Inet
-                    } else {
-                        s::AddressFamily::Inet6
-                    };
-                    let fd = s::socket(fam, s::SockType::Stream, s::SockFlag::empty(), None)?;
-                    s::setsockopt(&fd, s::sockopt::ReuseAddr, &true)?;
-                    s::bind(
-                        std::os::fd::AsRawFd::as_raw_fd(&fd),
-                        &s::SockaddrStorage::from(a_port),
-                    )?;
-                    let t = TcpStream::from(fd);
-                    s::connect(
-                        std::os::fd::AsRawFd::as_raw_fd(&t),
-                        &s::SockaddrStorage::from(dial),
-                    )?;
-                    Ok(t)
-                })
-                .unwrap()
-        };
+        let connect = |dial: SocketAddr| connect_from(&c.a.ns, a_port, dial);
         let via_service =
             connect(sa(out, 81)).unwrap_or_else(|e| panic!("{fam} to the Service: {e}"));
         let (mut s1, _) = l1.accept().unwrap();
