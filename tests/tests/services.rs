@@ -102,6 +102,24 @@ fn services(p: &PluginUnderTest, node: &Node) -> Value {
     r["services"].clone()
 }
 
+/// Binds a server socket in `ns`: `bind` again for a while where the address is in use. A
+/// listener of an earlier exchange on the same address can outlive its close by a moment
+/// when another test thread forks meanwhile (the child holds a copy of every descriptor
+/// until it execs), which the kernel matrix's emulated guests make long enough to meet.
+fn bind_in<T: Send>(ns: &Netns, bind: impl Fn() -> std::io::Result<T> + Send + Sync) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    ns.run_in(|| loop {
+        match bind() {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => return r,
+        }
+    })
+    .unwrap()
+    .unwrap_or_else(|e| panic!("binding a server in {}: {e}", ns.name()))
+}
+
 /// One TCP exchange: a server in `server_ns` on `bind`, a client in `from` dialling `dial`;
 /// the client's address as the server saw it. The client's connected socket proves the
 /// answer came from `dial`.
@@ -111,7 +129,7 @@ fn tcp_via(
     server_ns: &Netns,
     bind: SocketAddr,
 ) -> Result<SocketAddr> {
-    let listener = server_ns.run_in(|| TcpListener::bind(bind))??;
+    let listener = bind_in(server_ns, || TcpListener::bind(bind));
     listener.set_nonblocking(true)?;
     std::thread::scope(|s| {
         let server = s.spawn(|| -> Result<SocketAddr> {
@@ -163,7 +181,7 @@ fn udp_via(
     server_ns: &Netns,
     bind: SocketAddr,
 ) -> Result<SocketAddr> {
-    let server = server_ns.run_in(|| UdpSocket::bind(bind))??;
+    let server = bind_in(server_ns, || UdpSocket::bind(bind));
     server.set_read_timeout(Some(Duration::from_secs(5)))?;
     std::thread::scope(|s| {
         let srv = s.spawn(|| -> Result<SocketAddr> {
@@ -602,16 +620,14 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
         } else {
             (Ipv6Addr::UNSPECIFIED, 0).into()
         };
-        let client = c.a.ns.run_in(|| UdpSocket::bind(any)).unwrap().unwrap();
+        let client = bind_in(&c.a.ns, || UdpSocket::bind(any));
         client
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
         let ask = |endpoint: &Pod| {
-            let server = endpoint
-                .ns
-                .run_in(|| UdpSocket::bind(sa(endpoint.addr(v4), 5353)))
-                .unwrap()
-                .unwrap();
+            let server = bind_in(&endpoint.ns, || {
+                UdpSocket::bind(sa(endpoint.addr(v4), 5353))
+            });
             server
                 .set_read_timeout(Some(Duration::from_secs(3)))
                 .unwrap();
@@ -847,12 +863,7 @@ fn external_ips_own_node_ports_and_session_affinity() {
         // Affinity: every connection of pod A goes to the endpoint its first one took.
         let listeners: Vec<TcpListener> = [8080, 8081]
             .iter()
-            .map(|p| {
-                c.b.ns
-                    .run_in(|| TcpListener::bind(sa(b, *p)))
-                    .unwrap()
-                    .unwrap()
-            })
+            .map(|p| bind_in(&c.b.ns, || TcpListener::bind(sa(b, *p))))
             .collect();
         let mut first = None;
         for i in 0..12 {
@@ -1149,11 +1160,7 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
         let b = c.b.addr(v4);
         let a_port = |port: u16| SocketAddr::new(c.a.addr(v4), port);
         // TCP: a socket bound to one port, once to the Service, once to B.
-        let listener =
-            c.b.ns
-                .run_in(|| TcpListener::bind(sa(b, 8080)))
-                .unwrap()
-                .unwrap();
+        let listener = bind_in(&c.b.ns, || TcpListener::bind(sa(b, 8080)));
         for (i, dial) in [sa(web, 80), sa(b, 8080)].into_iter().enumerate() {
             let conn = connect_from(&c.a.ns, a_port(40_123), dial)
                 .unwrap_or_else(|e| panic!("{fam} TCP {i} to {dial}: {e}"));
@@ -1166,19 +1173,11 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
             drop(conn);
         }
         // UDP: one socket, the Service first, then B directly.
-        let server =
-            c.b.ns
-                .run_in(|| UdpSocket::bind(sa(b, 5353)))
-                .unwrap()
-                .unwrap();
+        let server = bind_in(&c.b.ns, || UdpSocket::bind(sa(b, 5353)));
         server
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
-        let client =
-            c.a.ns
-                .run_in(|| UdpSocket::bind(a_port(40_124)))
-                .unwrap()
-                .unwrap();
+        let client = bind_in(&c.a.ns, || UdpSocket::bind(a_port(40_124)));
         client
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
@@ -1235,18 +1234,8 @@ fn a_port_shared_by_a_service_flow_and_a_direct_flow_to_the_outside_serves_both(
         let (_, _, out, _) = Cluster::vips(v4);
         let ext = c.ext.addr_like(out);
         let a_port = SocketAddr::new(c.a.addr(v4), 40_200);
-        let l1 = c
-            .ext
-            .netns()
-            .run_in(|| TcpListener::bind(sa(ext, 9090)))
-            .unwrap()
-            .unwrap();
-        let l2 = c
-            .ext
-            .netns()
-            .run_in(|| TcpListener::bind(sa(ext, 9091)))
-            .unwrap()
-            .unwrap();
+        let l1 = bind_in(c.ext.netns(), || TcpListener::bind(sa(ext, 9090)));
+        let l2 = bind_in(c.ext.netns(), || TcpListener::bind(sa(ext, 9091)));
         let connect = |dial: SocketAddr| connect_from(&c.a.ns, a_port, dial);
         let via_service =
             connect(sa(out, 81)).unwrap_or_else(|e| panic!("{fam} to the Service: {e}"));
