@@ -243,26 +243,8 @@ enum Mode {
 }
 
 fn services_of(v4: bool, b: &Pod, ext: &ExternalHost, local: bool) -> Vec<Service> {
-    let (vip, dns, out, empty) = if v4 {
-        (
-            VIP4.into(),
-            VIP4_DNS.into(),
-            VIP4_OUT.into(),
-            VIP4_EMPTY.into(),
-        )
-    } else {
-        (
-            VIP6.into(),
-            VIP6_DNS.into(),
-            VIP6_OUT.into(),
-            VIP6_EMPTY.into(),
-        )
-    };
-    let ext_addr = ext.addr_like(if v4 {
-        IpAddr::V4(VIP4)
-    } else {
-        IpAddr::V6(VIP6)
-    });
+    let (vip, dns, out, empty) = Cluster::vips(v4);
+    let ext_addr = ext.addr_like(vip);
     let mut web =
         Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(b.addr(v4), 8080));
     web.node_port = Some(NODE_PORT);
