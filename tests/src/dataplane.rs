@@ -42,7 +42,7 @@ pub fn map_pin(node: &Node, name: &str) -> PathBuf {
 pub fn device_link_pin(node: &Node, dev: &str) -> PathBuf {
     node.pin_root()
         .join(DEVICES_DIR)
-        .join(dev)
+        .join(crate::node::pinned_name(dev))
         .join(LINK_FROM_DEV)
 }
 

@@ -102,9 +102,9 @@ impl Node {
     pub fn attachment_pin_dir(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
         self.pin_root
             .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
-            .join(network)
-            .join(container_id)
-            .join(ifname)
+            .join(pinned_name(network))
+            .join(pinned_name(container_id))
+            .join(pinned_name(ifname))
     }
 
     /// A new pod namespace; the caller owns it (dropping it deletes it).
@@ -127,6 +127,18 @@ impl Node {
             env,
             stdin.as_ref(),
         )
+    }
+
+    /// Runs `plugin` as someone trying it by hand does, `ip netns exec <node> plugin`
+    /// (a mount namespace of its own, a fresh sysfs: no bpffs at `/sys/fs/bpf`).
+    pub fn run_by_hand(
+        &self,
+        plugin: &Path,
+        command: CniCommand,
+        env: &ContainerEnv,
+        stdin: impl AsRef<[u8]>,
+    ) -> Result<PluginOutput> {
+        crate::plugin::run_plugin_by_hand(plugin, self.netns.name(), command, env, stdin.as_ref())
     }
 
     /// Every file below the dataDir, relative to it, but the spare lease files
@@ -241,4 +253,11 @@ impl Drop for Node {
 pub fn is_spare_lease(path: &Path) -> bool {
     path.parent()
         .is_some_and(|dir| dir.ends_with("ebpf-cni/spare"))
+}
+
+/// The path component bpffs holds for a network, container id or interface name: bpffs
+/// refuses names with a `.`, so ebpf-cni writes `.` as `%2e` (and `%` as `%25`); every other
+/// name is itself. The tests spell the layout out rather than share the plugin's code.
+pub fn pinned_name(name: &str) -> String {
+    name.replace('%', "%25").replace('.', "%2e")
 }

@@ -258,7 +258,31 @@ pub fn run_plugin(
     env: &ContainerEnv,
     stdin: &[u8],
 ) -> Result<PluginOutput> {
-    let mut cmd = Command::new(plugin);
+    run_command(Command::new(plugin), plugin, netns, command, env, stdin)
+}
+
+/// Runs `plugin` once as someone trying it by hand does: `ip netns exec <netns> plugin`,
+/// which also gives it a mount namespace of its own with a fresh sysfs on `/sys`.
+pub fn run_plugin_by_hand(
+    plugin: &Path,
+    netns: &str,
+    command: CniCommand,
+    env: &ContainerEnv,
+    stdin: &[u8],
+) -> Result<PluginOutput> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns]).arg(plugin);
+    run_command(cmd, plugin, None, command, env, stdin)
+}
+
+fn run_command(
+    mut cmd: Command,
+    plugin: &Path,
+    netns: Option<&Path>,
+    command: CniCommand,
+    env: &ContainerEnv,
+    stdin: &[u8],
+) -> Result<PluginOutput> {
     for var in CONTROLLED_ENV {
         cmd.env_remove(var);
     }

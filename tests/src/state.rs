@@ -188,8 +188,8 @@ pub fn leftover_problems(
     let pins = node
         .pin_root()
         .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
-        .join(network)
-        .join(container_id);
+        .join(crate::node::pinned_name(network))
+        .join(crate::node::pinned_name(container_id));
     if pins.exists() {
         let files = crate::fsutil::list_files(&pins).unwrap_or_default();
         p.push(format!("pins left under {}: {files:?}", pins.display()));

@@ -1203,12 +1203,22 @@ fn a_bond_uplink_carries_pods_masquerade_and_host_ports() {
     }
 }
 
-/// Issue 24, item 6: the node's addresses are on VLAN 100 of its link (so are the host's).
+/// Issue 24, item 6: the node's addresses are on VLAN 100 of its link (so are the host's),
+/// named as iproute2 and ifupdown name it, `<link>.<id>`: bpffs refuses dotted names, and
+/// the device's pins must not.
 #[test]
 fn a_vlan_uplink_carries_pods_masquerade_and_host_ports() {
     if kernel_makes(&["vlan"]) {
-        uplink_serves_the_dataplane(ExternalHost::builder("up0", 52).vlan(100));
+        uplink_serves_the_dataplane(ExternalHost::builder("up0.100", 52).vlan(100));
     }
+}
+
+/// The uplink's name holds dots (`eth0.100`, `flannel.1`, `bond0.200` are everyday names,
+/// and bpffs refuses them): it gets the device program, pinned under its escaped name, and
+/// carries host ports and masquerade; runs on every kernel.
+#[test]
+fn a_dotted_uplink_name_carries_pods_masquerade_and_host_ports() {
+    uplink_serves_the_dataplane(ExternalHost::builder("eth0.100", 55));
 }
 
 /// Issue 24, item 6: VLAN 100 on an 802.3ad bond, on both ends.

@@ -382,12 +382,9 @@ fn plan_devices(root: &PinRoot, node: &NodeId, devices: &[Device], mode: AttachM
             }
         }
     }
-    if let Ok(entries) = fs::read_dir(walk(&root.devices_dir(node))) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !devices.iter().any(|d| d.name == name) {
-                p.detach.push(name);
-            }
+    for name in root.pinned_devices(node) {
+        if !devices.iter().any(|d| d.name == name) {
+            p.detach.push(name);
         }
     }
 }
@@ -405,15 +402,17 @@ fn apply(
     let mut device_err = None;
     for dev in plan.attach.iter().chain(&plan.reattach) {
         if let Err(e) = attach_device(root, node, dev, view.mode, progs) {
-            // The pods work without it (traffic from that device then takes the stack).
             log::warn!("node device {}: {e}", dev.name);
-            device_err.get_or_insert(e);
+            device_err.get_or_insert(BpfError::NodeDevice {
+                ifname: dev.name.clone(),
+                source: Box::new(e),
+            });
         }
     }
     let dir = root.devices_dir(node);
     for name in &plan.detach {
-        let path = dir.join(name);
-        if path.join(Hook::FromDev.netlink_record_name()).exists() {
+        let path = root.device_dir(node, name);
+        if root.device_netlink_record(node, name).exists() {
             links::detach_device_netlink(name, &root.device_clsact_record(node, name));
         }
         let _ = links::remove_dir_pins(&dir, &path);

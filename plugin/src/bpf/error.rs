@@ -85,6 +85,15 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    /// A node device the device program could not be attached to: the traffic that
+    /// arrives on it for pods (host ports, replies to masqueraded flows) would miss them.
+    #[error("node device {ifname} could not get the device program, so host ports and masqueraded replies arriving on it would not reach pods")]
+    NodeDevice {
+        ifname: String,
+        #[source]
+        source: Box<BpfError>,
+    },
+
     /// Every failure is listed in the message (there is no single source).
     #[error(
         "failed to remove {} entries of the attachment at {dir}: {}",
@@ -437,6 +446,7 @@ impl BpfError {
                 failures.first().map_or(code::BPF, BpfError::cni_code)
             }
             Self::AddUndone { error, .. } => error.cni_code(),
+            Self::NodeDevice { source, .. } => source.cni_code(),
             _ => code::BPF,
         }
     }

@@ -344,7 +344,9 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         v
     };
     let mut prog_names = ProgNames::default();
-    let devices = list(&root.devices_dir(node))
+    let mut devices = root.pinned_devices(node);
+    devices.sort();
+    let devices = devices
         .into_iter()
         .map(|name| {
             if links == Links::Skip {

@@ -48,6 +48,13 @@
 //!                                     (`placement.rs`): DEL removes them without walks
 //! ```
 //!
+//! bpffs refuses a name with a `.` in it (`EPERM`: the kernel keeps dotted names for itself),
+//! and `eth0.100`, `flannel.1` or a network named `lab.net` are everyday names. Every name
+//! that comes from outside (a network, a container id, an interface) is pinned in the form
+//! [`pin_component`] gives: `.` written `%2e` and `%` written `%25`. Neither a CNI name nor
+//! a Linux interface name holds a `%` (the kernel takes one as a `%d` template and never
+//! leaves it in a name), so every name without a dot keeps the path it always had.
+//!
 //! `<bpffs>` is `/sys/fs/bpf` unless `EBPF_CNI_BPFFS_ROOT` says otherwise (tests). The node
 //! key `netns-<inode>` is the network namespace the plugin runs in: one fixed value on a
 //! real node, and disjoint trees for test "nodes" that are namespaces sharing one bpffs.
@@ -73,8 +80,80 @@ pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 /// Overrides [`DEFAULT_BPFFS`]; the directory must already be a bpf filesystem.
 pub const BPFFS_ROOT_ENV: &str = "EBPF_CNI_BPFFS_ROOT";
 
+/// Where this process finds the machine's bpffs, asked once. `/sys/fs/bpf` when it is a
+/// bpffs there, or when this process shares its parent's and pid 1's mount namespace (a node
+/// where nothing mounted one yet: [`ensure_bpffs_at`] mounts it). In a mount namespace of
+/// its own, `ip netns exec`'s (which remounts `/sys` as a fresh sysfs, without the bpffs), a
+/// bpffs mounted at `/sys/fs/bpf` would vanish with the command, pins and all, so the one
+/// of the namespace it came from is used, through the root of its parent (`ip netns exec`
+/// execs the plugin, so that is the shell) or else of pid 1: a path resolved through
+/// `/proc/<pid>/root` goes on in that process's mount tree. A pod added by hand is found by
+/// the next DEL, however that is run.
+fn machine_bpffs() -> PathBuf {
+    static FOUND: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let default = Path::new(DEFAULT_BPFFS);
+            let mounts = |pid: &str| fs::metadata(format!("/proc/{pid}/ns/mnt")).map(|m| m.ino());
+            let (Ok(own), false) = (mounts("self"), is_bpffs(default).unwrap_or(false)) else {
+                return default.into();
+            };
+            let parent = nix::unistd::getppid().to_string();
+            for pid in [parent.as_str(), "1"] {
+                let theirs = PathBuf::from(format!("/proc/{pid}/root{DEFAULT_BPFFS}"));
+                if mounts(pid).is_ok_and(|m| m != own) && is_bpffs(&theirs).unwrap_or(false) {
+                    log::debug!(
+                        "no bpffs at {DEFAULT_BPFFS} in this mount namespace: using {}",
+                        theirs.display()
+                    );
+                    return theirs;
+                }
+            }
+            default.into()
+        })
+        .clone()
+}
+
 /// The thread's own network namespace; `/proc/self` would name the main thread's.
 const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// The path component that pins `name` (a network, a container id or an interface name):
+/// `name` itself unless it holds a `.` or a `%` (see the module docs).
+pub fn pin_component(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains(['.', '%']) {
+        return name.into();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '.' => out.push_str("%2e"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// The name a path component pins: [`pin_component`] undone. `None` for a component no name
+/// gives (a `%` not followed by `2e` or `25`, or a raw `.`).
+pub fn name_of_component(component: &str) -> Option<String> {
+    let mut out = String::with_capacity(component.len());
+    let mut rest = component;
+    while let Some(i) = rest.find(['%', '.']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("%2e") {
+            out.push('.');
+        } else if tail.starts_with("%25") {
+            out.push('%');
+        } else {
+            return None;
+        }
+        rest = &tail[3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
 
 /// Identifies the node (network namespace) whose attachments a pin tree holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,11 +193,13 @@ pub struct PinRoot {
 }
 
 impl PinRoot {
-    /// `$EBPF_CNI_BPFFS_ROOT` if set and non-empty, else `/sys/fs/bpf`.
+    /// `$EBPF_CNI_BPFFS_ROOT` if set and non-empty, else the machine's bpffs
+    /// ([`machine_bpffs`]): `/sys/fs/bpf`, or the host's seen through pid 1's root when
+    /// the plugin runs in a mount namespace of its own without one (`ip netns exec`).
     pub fn from_env() -> Self {
         match std::env::var_os(BPFFS_ROOT_ENV).filter(|v| !v.is_empty()) {
             Some(root) => Self::new(root),
-            None => Self::new(DEFAULT_BPFFS),
+            None => Self::new(machine_bpffs()),
         }
     }
 
@@ -157,7 +238,7 @@ impl PinRoot {
     /// `attachments/<network>`: the attachments of one network on the node, one directory
     /// `<container id>/<ifname>` each (GC's inventory). `network` must be a valid name.
     pub fn network_attachments_dir(&self, node: &NodeId, network: &str) -> PathBuf {
-        self.attachments_dir(node).join(network)
+        self.attachments_dir(node).join(&*pin_component(network))
     }
 
     /// The pins of one attachment. `key` must be valid (see [`AttachmentKey::validate`]).
@@ -211,35 +292,45 @@ impl PinRoot {
         self.node_dir(node).join(names::SERVICES_DIR)
     }
 
+    /// `devices/<ifname>`: the pins of node device `ifname`.
+    pub fn device_dir(&self, node: &NodeId, ifname: &str) -> PathBuf {
+        self.devices_dir(node).join(&*pin_component(ifname))
+    }
+
     /// The link of the device program on node device `ifname`.
     pub fn device_link(&self, node: &NodeId, ifname: &str) -> PathBuf {
-        self.devices_dir(node)
-            .join(ifname)
-            .join(names::LINK_FROM_DEV)
+        self.device_dir(node, ifname).join(names::LINK_FROM_DEV)
     }
 
     /// Netlink mode: the record that node device `ifname` has the device filter.
     pub fn device_netlink_record(&self, node: &NodeId, ifname: &str) -> PathBuf {
-        self.devices_dir(node)
-            .join(ifname)
+        self.device_dir(node, ifname)
             .join(Hook::FromDev.netlink_record_name())
     }
 
     /// Netlink mode: the record (an empty directory) that ebpf-cni created node device
     /// `ifname`'s `clsact` qdisc; without it the qdisc was someone else's and stays.
     pub fn device_clsact_record(&self, node: &NodeId, ifname: &str) -> PathBuf {
-        self.devices_dir(node)
-            .join(ifname)
-            .join(names::CLSACT_RECORD)
+        self.device_dir(node, ifname).join(names::CLSACT_RECORD)
+    }
+
+    /// The node devices with pins, by name (unsorted); none when there are none.
+    pub fn pinned_devices(&self, node: &NodeId) -> Vec<String> {
+        fs::read_dir(walk(&self.devices_dir(node)))
+            .map(|es| {
+                es.flatten()
+                    .filter_map(|e| name_of_component(e.file_name().to_str()?))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn attachment(&self, node: &NodeId, key: &AttachmentKey<'_>) -> AttachmentPins {
         AttachmentPins {
             dir: self
-                .attachments_dir(node)
-                .join(key.network)
-                .join(key.container_id)
-                .join(key.ifname),
+                .network_attachments_dir(node, key.network)
+                .join(&*pin_component(key.container_id))
+                .join(&*pin_component(key.ifname)),
         }
     }
 }
@@ -375,6 +466,28 @@ pub(crate) fn create_dir_all_racy(dir: &Path) -> Result<(), BpfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// bpffs refuses dotted names: each `.` (and the escape's own `%`) is written out, every
+    /// other name is pinned as itself, and every component reads back as its name.
+    #[test]
+    fn names_become_components_bpffs_takes_and_back() {
+        for (name, component) in [
+            ("eth0", "eth0"),
+            ("eth0.100", "eth0%2e100"),
+            ("flannel.1", "flannel%2e1"),
+            ("a..b", "a%2e%2eb"),
+            ("50%", "50%25"),
+            ("%2e", "%252e"),
+            (".x", "%2ex"),
+        ] {
+            assert_eq!(pin_component(name), component);
+            assert!(!pin_component(name).contains('.'));
+            assert_eq!(name_of_component(component).as_deref(), Some(name));
+        }
+        for foreign in ["a.b", "a%", "a%2", "a%41", "%"] {
+            assert_eq!(name_of_component(foreign), None, "{foreign}");
+        }
+    }
 
     const KEY: AttachmentKey<'static> = AttachmentKey {
         network: "podnet",

@@ -52,12 +52,9 @@ pub fn add_pod(
     })?;
     step("maps");
     let mut ports = None;
-    if let Err(e) =
-        converge::converge_locked(&root, node, view, ConvergedBy::Add, &mut progs, &mut ports)
-    {
-        // The pod works without them (traffic from devices then takes the stack).
-        log::warn!("node devices: {e}");
-    }
+    // A pod on a node whose devices lack the program would be half-configured (no host
+    // port or masqueraded reply from outside reaches it): the ADD fails, and is undone.
+    converge::converge_locked(&root, node, view, ConvergedBy::Add, &mut progs, &mut ports)?;
     let mut progs = progs.expect("opened above");
     step("devices");
 
@@ -377,12 +374,9 @@ pub fn check_pod(
 /// go. Also `uninstall --purge`'s removal (see `purge.rs`).
 pub(super) fn teardown_node(root: &PinRoot, node: &NodeId) -> Result<(), BpfError> {
     let dir = root.node_dir(node);
-    if let Ok(entries) = fs::read_dir(root.devices_dir(node)) {
-        for e in entries.flatten() {
-            if e.path().join(Hook::FromDev.netlink_record_name()).exists() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                links::detach_device_netlink(&name, &root.device_clsact_record(node, &name));
-            }
+    for name in root.pinned_devices(node) {
+        if root.device_netlink_record(node, &name).exists() {
+            links::detach_device_netlink(&name, &root.device_clsact_record(node, &name));
         }
     }
     match fs::remove_dir_all(&dir) {

@@ -6,7 +6,7 @@
 use std::{fs, io, path::Path};
 
 use super::{
-    pin::{NodeId, PinRoot},
+    pin::{name_of_component, pin_component, NodeId, PinRoot},
     AttachmentKey, BpfError,
 };
 
@@ -82,7 +82,7 @@ fn walk(dir: &Path, depth: usize) -> Result<Vec<Vec<String>>, BpfError> {
             out.push(vec![name]);
             continue;
         }
-        for mut below in walk(&dir.join(&name), depth - 1)? {
+        for mut below in walk(&dir.join(&*pin_component(&name)), depth - 1)? {
             below.insert(0, name.clone());
             out.push(below);
         }
@@ -91,8 +91,9 @@ fn walk(dir: &Path, depth: usize) -> Result<Vec<Vec<String>>, BpfError> {
     Ok(out)
 }
 
-/// Names of the directories in `dir`; none when `dir` does not exist. Names that are not
-/// UTF-8 cannot be ours (they come from validated CNI values) and are skipped.
+/// The names pinned by the directories in `dir` (see `pin::pin_component`); none when `dir`
+/// does not exist. Components that are not UTF-8 or that no name gives cannot be ours (they
+/// come from validated CNI values) and are skipped.
 fn subdirs(dir: &Path) -> Result<Vec<String>, BpfError> {
     let err = |source| BpfError::ReadPinDir {
         path: dir.into(),
@@ -107,7 +108,7 @@ fn subdirs(dir: &Path) -> Result<Vec<String>, BpfError> {
     for entry in entries {
         let entry = entry.map_err(err)?;
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            if let Ok(name) = entry.file_name().into_string() {
+            if let Some(name) = entry.file_name().to_str().and_then(name_of_component) {
                 out.push(name);
             }
         }

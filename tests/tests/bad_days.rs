@@ -1,0 +1,191 @@
+//! What real runtimes, hand-run commands and broken nodes do to a CNI plugin, each as it
+//! happens on a node: names bpffs refuses, a node device that cannot get its program.
+//! docs/operations.md ("Bad days") says what the plugin does on each.
+
+use ebpf_cni_tests::config::Stack;
+use ebpf_cni_tests::dataplane as dp;
+use ebpf_cni_tests::external::ExternalHost;
+use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
+use ebpf_cni_tests::{
+    fsutil, require_root, AddResult, CniCommand, Node, NodeSnapshot, PluginUnderTest,
+};
+use serde_json::json;
+
+/// bpffs refuses every name holding a `.` (the kernel keeps them for itself), and CNI allows
+/// one in network names and container ids, Linux in interface names. A network `lab.net`,
+/// a container `pod.1.a` and an interface `net.1` get their pins (each `.` written `%2e`),
+/// CHECK proves them, `inspect` names them as they are, and DEL leaves nothing.
+#[test]
+fn dotted_network_container_and_interface_names_get_their_pins() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    let (network, cid, ifname) = ("lab.net", "pod.1.a", "net.1");
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["name"] = json!(network);
+    let env = p.env(cid, pod.path(), ifname);
+    let res = p
+        .run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD with dotted names");
+    let r = AddResult::parse(&res).expect("an ADD result");
+    let dir = node.attachment_pin_dir(network, cid, ifname);
+    assert!(
+        dir.ends_with("lab%2enet/pod%2e1%2ea/net%2e1"),
+        "{}",
+        dir.display()
+    );
+    let pins = fsutil::list_files(&dir).unwrap_or_default();
+    assert!(
+        !pins.is_empty(),
+        "no pins under {}: the attachment's state was not pinned",
+        dir.display()
+    );
+
+    let mut checked = conf.clone();
+    checked["prevResult"] = res.clone();
+    p.run(&node, CniCommand::Check, &env, checked.to_string())
+        .expect_success("CHECK with dotted names");
+    let report = dp::inspect(&p.bin, &node).unwrap();
+    let att = dp::inspect_attachment(&report, cid).expect("inspect lists the attachment");
+    assert_eq!(
+        (&att["network"], &att["ifname"]),
+        (&json!(network), &json!(ifname)),
+        "inspect does not name the attachment as it is: {att}"
+    );
+
+    p.run(&node, CniCommand::Del, &env, checked.to_string())
+        .expect_success("DEL with dotted names");
+    assert_gone(&node, Some(&pod), ifname, &r, network, cid, "DEL");
+    assert_node_clean(&node, "after the last DEL");
+}
+
+/// A node device the device program cannot be attached to leaves the pods on it
+/// half-configured (no host port or masqueraded reply arriving on it reaches them): the ADD
+/// fails naming the device and leaves nothing, not a warning and a pod that works in part.
+/// The attach is made to fail by what blocks it on a real node: something else already
+/// holding the path its link is pinned at.
+#[test]
+fn an_add_whose_device_program_cannot_be_attached_fails_and_leaves_nothing() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 81).unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    // Warm the node once, so what a first ADD keeps in the IPAM store is in the baseline.
+    let warm = node.new_pod().unwrap();
+    let warm_env = p.env("warm", warm.path(), "eth0");
+    p.run(&node, CniCommand::Add, &warm_env, conf.to_string())
+        .expect_success("warm-up ADD");
+    p.run(&node, CniCommand::Del, &warm_env, conf.to_string())
+        .expect_success("warm-up DEL");
+    let pod = node.new_pod().unwrap();
+    let before = without_lock(node.snapshot(Some(&pod)));
+    // Under the node's pin root, a directory where the uplink's link would be pinned.
+    std::fs::create_dir_all(dp::device_link_pin(&node, "up0")).unwrap();
+
+    let env = p.env("blocked", pod.path(), "eth0");
+    let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
+    let err = out.expect_error(101, "ADD on a node whose uplink cannot get the program");
+    assert!(
+        err.msg.contains("up0") && err.msg.contains("device program"),
+        "the error does not name the device: {}",
+        out.describe()
+    );
+    // The failed ADD's rollback takes the node's state with it, the blocking directory too.
+    assert_node_clean(&node, "after the failed ADD");
+    assert_eq!(
+        without_lock(node.snapshot(Some(&pod))),
+        before,
+        "the failed ADD left state behind"
+    );
+
+    // Nothing in the way: the same ADD succeeds.
+    p.run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD once the path is free");
+    assert!(
+        dp::device_link_pin(&node, "up0").is_file(),
+        "the uplink's link is not pinned"
+    );
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL");
+    assert_node_clean(&node, "after DEL");
+}
+
+/// The snapshot without the node lock's file, which the first ADD creates for good.
+fn without_lock(mut s: NodeSnapshot) -> NodeSnapshot {
+    s.data_dir_files
+        .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+    s
+}
+
+/// Trying the plugin by hand: `ip netns exec <node> ebpf-cni` runs it in a mount namespace
+/// of its own whose `/sys` is a fresh sysfs, without the host's bpffs. The plugin pins in
+/// the host's bpffs all the same, so the programs loaded by the first ADD serve the second,
+/// CHECK finds what ADD made, and DEL leaves nothing (a bpffs of its own would vanish with
+/// each command, pins and all).
+#[test]
+fn the_plugin_run_by_hand_under_ip_netns_exec_pins_in_the_hosts_bpffs() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    let by_hand = |cmd, env: &ebpf_cni_tests::ContainerEnv, conf: &serde_json::Value| {
+        node.run_by_hand(&p.bin, cmd, env, conf.to_string())
+            .unwrap_or_else(|e| panic!("ip netns exec {} {cmd}: {e:#}", node.netns().name()))
+    };
+    let (pod_a, pod_b) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let (env_a, env_b) = (
+        p.env("by-hand-a", pod_a.path(), "eth0"),
+        p.env("by-hand-b", pod_b.path(), "eth0"),
+    );
+    let res_a = by_hand(CniCommand::Add, &env_a, &conf).expect_success("ADD a by hand");
+    assert!(
+        node.pin_root().exists(),
+        "the ADD pinned nothing in the host's bpffs at {}",
+        node.pin_root().display()
+    );
+    let programs = dp::pinned_programs(&node);
+    assert!(!programs.is_empty(), "no programs pinned");
+    let res_b = by_hand(CniCommand::Add, &env_b, &conf).expect_success("ADD b by hand");
+    assert_eq!(
+        dp::pinned_programs(&node),
+        programs,
+        "the second ADD did not find the first one's programs"
+    );
+    let (a, b) = (
+        AddResult::parse(&res_a).expect("a's result"),
+        AddResult::parse(&res_b).expect("b's result"),
+    );
+    ebpf_cni_tests::state::assert_attachment(&node, &pod_a, "eth0", &a, None);
+    ebpf_cni_tests::state::assert_attachment(&node, &pod_b, "eth0", &b, None);
+    for (env, res, what) in [(&env_a, &res_a, "a"), (&env_b, &res_b, "b")] {
+        let mut with_prev = conf.clone();
+        with_prev["prevResult"] = res.clone();
+        by_hand(CniCommand::Check, env, &with_prev)
+            .expect_success(&format!("CHECK {what} by hand"));
+    }
+    by_hand(CniCommand::Del, &env_a, &conf).expect_success("DEL a by hand");
+    assert_gone(
+        &node,
+        Some(&pod_a),
+        "eth0",
+        &a,
+        ebpf_cni_tests::config::NETWORK,
+        "by-hand-a",
+        "DEL a",
+    );
+    // The last DEL, run the usual way, finds the node as the hand-run commands left it.
+    p.run(&node, CniCommand::Del, &env_b, conf.to_string())
+        .expect_success("DEL b");
+    assert_gone(
+        &node,
+        Some(&pod_b),
+        "eth0",
+        &b,
+        ebpf_cni_tests::config::NETWORK,
+        "by-hand-b",
+        "DEL b",
+    );
+    assert_node_clean(&node, "after the last DEL");
+}
