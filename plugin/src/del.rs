@@ -29,6 +29,14 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), CniEr
         .filter(|_| !crate::attachment::is_chained(conf))
     {
         match Netns::open(path) {
+            // The node's own (a runtime's stale `/proc/<pid>/ns/net` whose pid now is a host
+            // process's): its `CNI_IFNAME` is a node interface, never the pod's.
+            Ok(ns) if ns.is_callers().unwrap_or(true) && !crate::netns::netns_override() => {
+                log::warn!(
+                    "CNI_NETNS {} is the node's own network namespace: no interface in it is deleted",
+                    path.display()
+                );
+            }
             Ok(ns) => {
                 if let Err(e) = delete_container_veth(&ns, &env.ifname).await {
                     errors.push(e);

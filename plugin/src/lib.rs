@@ -123,6 +123,10 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     if command != Command::Del {
         conf.refuse_unimplemented()?;
     }
+    if let (Command::Check, Some(path)) = (command, &env.netns) {
+        // The node's own namespace is no pod's (ADD refuses it as it opens it).
+        netns::Netns::open_pod(path)?;
+    }
     block_on(async {
         match command {
             Command::Add if attachment::is_chained(&conf) => {

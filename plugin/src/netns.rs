@@ -22,6 +22,14 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// namespace file. `libc::Ioctl`: the request's type differs between glibc (`c_ulong`) and
 /// musl (`c_int`), and the release binaries are static musl builds.
 const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
+/// Set (non-empty), a `CNI_NETNS` that is the node's own namespace is taken as the pod's,
+/// as the reference plugins' `skel` takes it.
+pub const NETNS_OVERRIDE_ENV: &str = "CNI_NETNS_OVERRIDE";
+
+pub fn netns_override() -> bool {
+    std::env::var_os(NETNS_OVERRIDE_ENV).is_some_and(|v| !v.is_empty())
+}
+
 /// The calling thread's own namespace; `/proc/self/…` would name the main thread's.
 const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
 
@@ -103,23 +111,31 @@ impl Netns {
         })
     }
 
-    /// A pod's namespace for ADD: as [`Netns::open`], and not the calling thread's own (the
-    /// node's), where ADD would put the pod's interface, addresses and routes on the node.
+    /// A pod's namespace for ADD and CHECK: as [`Netns::open`], and not the calling
+    /// thread's own (the node's), where ADD would put the pod's interface, addresses and
+    /// routes on the node (a `/proc/<pid>/ns/net` whose pid was recycled to a host process
+    /// names it), unless `CNI_NETNS_OVERRIDE` says the caller means it.
     pub fn open_pod(path: &Path) -> Result<Self, NetnsError> {
         let ns = Self::open(path)?;
+        if ns.is_callers()? && !netns_override() {
+            return Err(NetnsError::NodeNetns {
+                path: path.to_owned(),
+            });
+        }
+        Ok(ns)
+    }
+
+    /// Whether this is the calling thread's own namespace (the node's).
+    pub fn is_callers(&self) -> Result<bool, NetnsError> {
         let current = if DEPTH.get() == 0 {
             with_home(|home| home.metadata())?
         } else {
             std::fs::metadata(THREAD_NETNS)
         };
-        if let (Ok(a), Ok(b)) = (ns.file.metadata(), current) {
-            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
-                return Err(NetnsError::NodeNetns {
-                    path: path.to_owned(),
-                });
-            }
-        }
-        Ok(ns)
+        Ok(match (self.file.metadata(), current) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        })
     }
 
     pub fn path(&self) -> &Path {

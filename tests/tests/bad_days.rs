@@ -189,3 +189,137 @@ fn the_plugin_run_by_hand_under_ip_netns_exec_pins_in_the_hosts_bpffs() {
     );
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// A `CNI_NETNS` that is the node's own namespace: `/proc/self/ns/net`, or a
+/// `/proc/<pid>/ns/net` whose pid a host process now has (containernetworking/plugins#714:
+/// a DEL took the host's interface down). The node has an interface named as the pod's
+/// (`eth0`, a veth as on a node that is itself a container) and a device program on its
+/// uplink. ADD and CHECK refuse it (code 106, the path named) before anything changes;
+/// `CNI_NETNS_OVERRIDE` lets CHECK look there. DEL exits 0 and deletes no node interface:
+/// a DEL of a pod that is not there changes nothing; a DEL of a live pod removes that pod
+/// (its host veth, lease and pins) and nothing of the node's.
+#[test]
+fn a_cni_netns_that_is_the_nodes_own_changes_nothing_of_the_node() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let _ext = ExternalHost::attach(node.netns(), "up0", 82).unwrap();
+    node.netns()
+        .ip_ok(&[
+            "link", "add", "eth0", "type", "veth", "peer", "name", "eth0peer",
+        ])
+        .unwrap();
+    node.netns().ip_ok(&["link", "set", "eth0", "up"]).unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    let (pod, other) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let (env, other_env) = (
+        p.env("live-pod", pod.path(), "eth0"),
+        p.env("other-pod", other.path(), "eth0"),
+    );
+    let res = p
+        .run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD of the live pod");
+    let other_res = p
+        .run(&node, CniCommand::Add, &other_env, conf.to_string())
+        .expect_success("ADD of the other pod");
+    let uplink = || ebpf_cni_tests::bpf::attached_programs(node.netns(), "up0").unwrap();
+    let uplink_progs = uplink();
+    assert!(!uplink_progs.is_empty(), "the uplink has no device program");
+
+    let node_path = node.netns().path().to_path_buf();
+    let own_paths = [
+        node_path.as_path(),
+        std::path::Path::new("/proc/self/ns/net"),
+    ];
+    for own in own_paths {
+        let before = node.snapshot(None);
+        let add = p.run(
+            &node,
+            CniCommand::Add,
+            &p.env("host-ns-add", own, "eth1"),
+            conf.to_string(),
+        );
+        let err = add.expect_error(106, &format!("ADD with CNI_NETNS={}", own.display()));
+        assert!(
+            err.msg.contains("node's own network namespace"),
+            "{}",
+            add.describe()
+        );
+
+        let mut with_prev = conf.clone();
+        with_prev["prevResult"] = res.clone();
+        let check = p.run(
+            &node,
+            CniCommand::Check,
+            &p.env("live-pod", own, "eth0"),
+            with_prev.to_string(),
+        );
+        let err = check.expect_error(106, &format!("CHECK with CNI_NETNS={}", own.display()));
+        assert!(
+            err.msg.contains(&own.display().to_string()),
+            "{}",
+            check.describe()
+        );
+        let overridden = p.run(
+            &node,
+            CniCommand::Check,
+            &p.env("live-pod", own, "eth0")
+                .with_env("CNI_NETNS_OVERRIDE", "1"),
+            with_prev.to_string(),
+        );
+        assert!(
+            overridden.error().is_some_and(|e| e.code != 106),
+            "CHECK with CNI_NETNS_OVERRIDE must look at the namespace (and find no pod there)\n{}",
+            overridden.describe()
+        );
+
+        p.run(
+            &node,
+            CniCommand::Del,
+            &p.env("never-added", own, "eth0"),
+            conf.to_string(),
+        )
+        .expect_success(&format!("DEL of no pod with CNI_NETNS={}", own.display()));
+        assert_eq!(
+            node.snapshot(None),
+            before,
+            "ADD, CHECK or DEL with CNI_NETNS={} changed the node",
+            own.display()
+        );
+        assert_eq!(uplink(), uplink_progs, "the uplink's program changed");
+    }
+
+    // The live pod's DEL, replayed with a recycled pid's namespace: the pod goes, the
+    // node's eth0 and the other pod stay.
+    p.run(
+        &node,
+        CniCommand::Del,
+        &p.env("live-pod", &node_path, "eth0"),
+        conf.to_string(),
+    )
+    .expect_success("DEL of the live pod with the node's namespace");
+    let r = AddResult::parse(&res).unwrap();
+    let other_r = AddResult::parse(&other_res).unwrap();
+    assert_gone(
+        &node,
+        None,
+        "eth0",
+        &r,
+        ebpf_cni_tests::config::NETWORK,
+        "live-pod",
+        "DEL",
+    );
+    assert!(
+        ebpf_cni_tests::kernel::link(node.netns(), "eth0")
+            .unwrap()
+            .is_some(),
+        "the DEL deleted the node's eth0"
+    );
+    ebpf_cni_tests::state::assert_attachment(&node, &other, "eth0", &other_r, None);
+    assert_eq!(uplink(), uplink_progs, "the uplink's program changed");
+    p.run(&node, CniCommand::Del, &other_env, conf.to_string())
+        .expect_success("DEL of the other pod");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL of the live pod, its own namespace");
+    assert_node_clean(&node, "after the last DEL");
+}
