@@ -323,3 +323,180 @@ fn a_cni_netns_that_is_the_nodes_own_changes_nothing_of_the_node() {
         .expect_success("DEL of the live pod, its own namespace");
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// A DEL for a pod's old sandbox arriving after its new sandbox was ADDed (kubelet retries,
+/// containerd/cri#948, kubernetes#44100): same pod name and namespace, old container id,
+/// the old prevResult. The network has one address per family, so the new sandbox holds
+/// the very addresses the old one's prevResult names; it has the old one's host port and
+/// limits too. The stale DEL exits 0 and touches nothing of the new sandbox: its addresses,
+/// lease, host port, limits and source entries stay (CHECK proves them) and its host port
+/// still answers.
+#[test]
+fn a_stale_del_of_an_old_sandbox_leaves_the_new_one_alone() {
+    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["ipam"]["ranges"] = json!([
+        [{"subnet": "10.10.0.0/24", "rangeStart": "10.10.0.7", "rangeEnd": "10.10.0.7"}],
+        [{"subnet": "fd00:10::/64", "rangeStart": "fd00:10::7", "rangeEnd": "fd00:10::7"}]
+    ]);
+    conf["runtimeConfig"] = json!({
+        "portMappings": [{"hostPort": 8084, "containerPort": 80, "protocol": "tcp"}],
+        "bandwidth": {"ingressRate": 50_000_000, "ingressBurst": 1_000_000,
+                      "egressRate": 50_000_000, "egressBurst": 1_000_000}
+    });
+    let args = |cid: &str| {
+        format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID={cid}")
+    };
+    let old_pod = node.new_pod().unwrap();
+    let old_env = p
+        .env("old-sandbox", old_pod.path(), "eth0")
+        .with_args(&args("old-sandbox"));
+    let old = p
+        .run(&node, CniCommand::Add, &old_env, conf.to_string())
+        .expect_success("ADD of the old sandbox");
+    p.run(&node, CniCommand::Del, &old_env, conf.to_string())
+        .expect_success("DEL of the old sandbox");
+    old_pod.delete().unwrap();
+
+    let new_pod = node.new_pod().unwrap();
+    let new_env = p
+        .env("new-sandbox", new_pod.path(), "eth0")
+        .with_args(&args("new-sandbox"));
+    let new = p
+        .run(&node, CniCommand::Add, &new_env, conf.to_string())
+        .expect_success("ADD of the new sandbox");
+    assert_eq!(
+        old["ips"], new["ips"],
+        "the new sandbox must hold the old one's addresses"
+    );
+    let before = node.snapshot(Some(&new_pod));
+    let pins_before = node.pinned_files();
+
+    let mut stale = conf.clone();
+    stale["prevResult"] = old.clone();
+    p.run(&node, CniCommand::Del, &old_env, stale.to_string())
+        .expect_success("the stale DEL of the old sandbox");
+
+    assert_eq!(
+        node.snapshot(Some(&new_pod)),
+        before,
+        "the stale DEL changed the node"
+    );
+    assert_eq!(
+        node.pinned_files(),
+        pins_before,
+        "the stale DEL changed the pins"
+    );
+    let r = AddResult::parse(&new).unwrap();
+    let leases = node.leases(ebpf_cni_tests::config::NETWORK);
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert!(
+        leases.iter().all(|l| l.container_id == "new-sandbox"),
+        "{leases:?}"
+    );
+    let mut checked = conf.clone();
+    checked["prevResult"] = new.clone();
+    p.run(&node, CniCommand::Check, &new_env, checked.to_string())
+        .expect_success("CHECK of the new sandbox after the stale DEL");
+    let _server = PodServer::start(&new_pod, 80, "new");
+    let node_addr = std::net::Ipv4Addr::LOCALHOST;
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(node_addr, 8084)).unwrap()),
+        "new",
+        "the host port no longer reaches the new sandbox"
+    );
+    p.run(&node, CniCommand::Del, &new_env, checked.to_string())
+        .expect_success("DEL of the new sandbox");
+    assert_gone(
+        &node,
+        Some(&new_pod),
+        "eth0",
+        &r,
+        ebpf_cni_tests::config::NETWORK,
+        "new-sandbox",
+        "DEL",
+    );
+    assert_node_clean(&node, "after the last DEL");
+}
+
+/// CRI-O replays the DELs of the pods it had after a reboot: the namespaces are gone, bpffs
+/// came back empty, only the IPAM store kept the leases. A replayed DEL before any ADD
+/// exits 0 and releases the dead pod's lease, creating nothing; replayed again after a new
+/// pod's ADD it exits 0 and leaves the new pod alone.
+#[test]
+fn a_del_replayed_after_a_reboot_releases_the_lease_and_nothing_else() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let conf = p.conf("1.0.0", &node, Stack::Dual);
+    let boot_file = node.scratch_dir().join("boot_id");
+    let boot = |id: &str| std::fs::write(&boot_file, format!("{id}\n")).unwrap();
+    let env_of = |cid: &str, pod: &std::path::Path| {
+        p.env(cid, pod, "eth0")
+            .with_env("EBPF_CNI_BOOT_ID_FILE", &boot_file.to_string_lossy())
+    };
+    boot("boot-1");
+    let dead_pod = node.new_pod().unwrap();
+    let dead_path = dead_pod.path().to_path_buf();
+    let dead_env = env_of("before-reboot", &dead_path);
+    let dead = p
+        .run(&node, CniCommand::Add, &dead_env, conf.to_string())
+        .expect_success("ADD before the reboot");
+    let dead_r = AddResult::parse(&dead).unwrap();
+
+    // The reboot: the namespace and its veth go without a DEL, bpffs is emptied.
+    dead_pod.delete().unwrap();
+    assert!(
+        ebpf_cni_tests::state::eventually(std::time::Duration::from_secs(10), || {
+            ebpf_cni_tests::kernel::link(node.netns(), &dead_r.host_ifname)
+                .unwrap()
+                .is_none()
+        }),
+        "the dead pod's host veth outlived its namespace"
+    );
+    fsutil::remove_tree(node.pin_root()).unwrap();
+    boot("boot-2");
+
+    let mut replayed = conf.clone();
+    replayed["prevResult"] = dead.clone();
+    p.run(&node, CniCommand::Del, &dead_env, replayed.to_string())
+        .expect_success("the DEL replayed after the reboot");
+    assert_gone(
+        &node,
+        None,
+        "eth0",
+        &dead_r,
+        ebpf_cni_tests::config::NETWORK,
+        "before-reboot",
+        "replayed DEL",
+    );
+    assert!(
+        !node.pin_root().exists(),
+        "the replayed DEL created pins: {:?}",
+        node.pinned_files()
+    );
+
+    let pod = node.new_pod().unwrap();
+    let env = env_of("after-reboot", pod.path());
+    let added = p
+        .run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD after the reboot");
+    let before = node.snapshot(Some(&pod));
+    p.run(&node, CniCommand::Del, &dead_env, replayed.to_string())
+        .expect_success("the DEL replayed again, after a new pod's ADD");
+    assert_eq!(
+        node.snapshot(Some(&pod)),
+        before,
+        "the replayed DEL changed the node"
+    );
+    let mut checked = conf.clone();
+    checked["prevResult"] = added.clone();
+    p.run(&node, CniCommand::Check, &env, checked.to_string())
+        .expect_success("CHECK of the new pod");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL of the new pod");
+    assert_node_clean(&node, "after the last DEL");
+}
