@@ -32,6 +32,7 @@ pub mod portmap;
 pub mod reboot;
 pub mod removal;
 pub mod report;
+pub mod serial;
 pub mod services;
 mod sockopt;
 pub mod source_check;
@@ -123,6 +124,10 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     if command != Command::Del {
         conf.refuse_unimplemented()?;
     }
+    // A second ADD or DEL of this attachment waits for the first (see `serial.rs`).
+    let _serial = matches!(command, Command::Add | Command::Del)
+        .then(|| serial::AttachmentLock::take(attachment::key(&conf, &env).id()))
+        .flatten();
     if let (Command::Check, Some(path)) = (command, &env.netns) {
         // The node's own namespace is no pod's (ADD refuses it as it opens it).
         netns::Netns::open_pod(path)?;

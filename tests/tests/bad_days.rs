@@ -500,3 +500,232 @@ fn a_del_replayed_after_a_reboot_releases_the_lease_and_nothing_else() {
         .expect_success("DEL of the new pod");
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// What holds a plugin run at one step of its ADD: the IPAM store's lock (the lease step),
+/// or the node lock (the gateway, map and attach steps).
+#[derive(Clone, Copy, Debug)]
+enum Hold {
+    Lease,
+    Node,
+}
+
+/// The file ADD and DEL serialize one attachment's runs on (one byte per attachment).
+const ATTACHMENT_LOCKS: &str = "/run/ebpf-cni/attachments.lock";
+
+/// Lines of `/proc/locks` on the attachment lock file: `(held, waiting)`.
+fn attachment_locks() -> (usize, usize) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(ATTACHMENT_LOCKS) else {
+        return (0, 0);
+    };
+    let needle = format!(":{} ", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").unwrap();
+    let ours: Vec<&str> = locks.lines().filter(|l| l.contains(&needle)).collect();
+    let waiting = ours.iter().filter(|l| l.contains("->")).count();
+    (ours.len() - waiting, waiting)
+}
+
+/// containerd retries an ADD that timed out with the same container id and interface while
+/// the first still runs (cilium/cilium#7701). Two identical ADDs, the first held at a
+/// step (by the lock that step takes, held by the test), the second started while it is
+/// held: one veth, one lease per family, one pin set, one host-port entry; the second ADD
+/// returns the same result or a clear error (107) and never undoes the first's work; one DEL
+/// leaves nothing.
+fn duplicate_adds_make_one_attachment(hold: Hold) {
+    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+    use std::os::fd::AsRawFd;
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::Dual);
+    conf["runtimeConfig"] =
+        json!({"portMappings": [{"hostPort": 8085, "containerPort": 80, "protocol": "tcp"}]});
+    let pod = node.new_pod().unwrap();
+    let cid = format!("dup-{hold:?}").to_lowercase();
+    let env = p.env(&cid, pod.path(), "eth0");
+
+    // Warm the node (its programs loaded) so the held ADD reaches the step quickly.
+    let warm = node.new_pod().unwrap();
+    let warm_env = p.env("warm", warm.path(), "eth0");
+    let mut warm_conf = conf.clone();
+    warm_conf["runtimeConfig"] = json!({});
+    p.run(&node, CniCommand::Add, &warm_env, warm_conf.to_string())
+        .expect_success("warm-up ADD");
+
+    let held_path = match hold {
+        Hold::Lease => {
+            let dir = node.data_dir().join(ebpf_cni_tests::config::NETWORK);
+            std::fs::create_dir_all(&dir).unwrap();
+            dir.join("lock")
+        }
+        Hold::Node => node.pin_root().parent().unwrap().to_path_buf(),
+    };
+    let held = std::fs::File::open(&held_path).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+
+    let (held_before, _) = attachment_locks();
+    let run_add = || {
+        let (p, node, env, conf) = (&p, &node, &env, &conf);
+        move || p.run(node, CniCommand::Add, env, conf.to_string())
+    };
+    // Each wait is bounded: without the serialization the runs go on, and the checks
+    // below show what the second did to the first.
+    let until = |what: &dyn Fn((usize, usize)) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !what(attachment_locks()) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
+    };
+    let (outs, first_locked, second_waited) = std::thread::scope(|s| {
+        let first = s.spawn(run_add());
+        let first_locked = until(&|(held, _)| held > held_before);
+        let second = s.spawn(run_add());
+        let second_waited = until(&|(_, waiting)| waiting > 0);
+        drop(held);
+        (
+            [first.join().unwrap(), second.join().unwrap()],
+            first_locked,
+            second_waited,
+        )
+    });
+    let ok: Vec<&ebpf_cni_tests::PluginOutput> = outs.iter().filter(|o| o.success()).collect();
+    assert!(
+        !ok.is_empty(),
+        "neither ADD succeeded:\n{}\n{}",
+        outs[0].describe(),
+        outs[1].describe()
+    );
+    let res = ok[0].json.clone().unwrap();
+    for out in &outs {
+        if out.success() {
+            assert_eq!(out.json.as_ref(), Some(&res), "two different results");
+        } else {
+            out.expect_error(107, "the duplicate ADD");
+        }
+    }
+    let r = AddResult::parse(&res).unwrap();
+    let leases: Vec<_> = node
+        .leases(ebpf_cni_tests::config::NETWORK)
+        .into_iter()
+        .filter(|l| l.container_id == cid)
+        .collect();
+    assert_eq!(leases.len(), 2, "one lease per family: {leases:?}");
+    for ip in &r.ips {
+        assert!(
+            leases.iter().any(|l| l.ip == ip.addr),
+            "{} has no lease: {leases:?}",
+            ip.addr
+        );
+    }
+    let veths: Vec<String> = ebpf_cni_tests::kernel::links(node.netns())
+        .unwrap()
+        .into_iter()
+        .map(|l| l.ifname)
+        .filter(|n| n.starts_with("ecni"))
+        .collect();
+    assert_eq!(veths.len(), 2, "the warm pod's and one more: {veths:?}");
+    ebpf_cni_tests::state::assert_attachment(&node, &pod, "eth0", &r, None);
+    let mut checked = conf.clone();
+    checked["prevResult"] = res.clone();
+    p.run(&node, CniCommand::Check, &env, checked.to_string())
+        .expect_success("CHECK after the duplicate ADDs");
+    let _server = PodServer::start(&pod, 80, "dup");
+    assert_eq!(
+        tag_of(&tcp_ask(node.netns(), sa(std::net::Ipv4Addr::LOCALHOST, 8085)).unwrap()),
+        "dup"
+    );
+    p.run(&node, CniCommand::Del, &env, checked.to_string())
+        .expect_success("DEL");
+    assert_gone(
+        &node,
+        Some(&pod),
+        "eth0",
+        &r,
+        ebpf_cni_tests::config::NETWORK,
+        &cid,
+        "DEL",
+    );
+    assert!(
+        first_locked && second_waited,
+        "the held ADD took its attachment's lock: {first_locked}; the second waited for it: \
+         {second_waited}"
+    );
+    p.run(&node, CniCommand::Del, &warm_env, warm_conf.to_string())
+        .expect_success("DEL of the warm pod");
+    assert_node_clean(&node, "after the last DEL");
+}
+
+#[test]
+fn duplicate_adds_held_at_the_lease_make_one_attachment() {
+    duplicate_adds_make_one_attachment(Hold::Lease);
+}
+
+#[test]
+fn duplicate_adds_held_at_the_node_lock_make_one_attachment() {
+    duplicate_adds_make_one_attachment(Hold::Node);
+}
+
+/// One container on two networks: another interface name is a second attachment (its own
+/// veth, lease and pins); the same interface name on the second network is refused (107,
+/// the name given) without touching the first. Each DEL removes its own attachment only.
+#[test]
+fn one_container_on_two_networks() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    let first = p.conf("1.0.0", &node, Stack::Dual);
+    let mut second = first.clone();
+    second["name"] = json!("second");
+    second["ipam"]["ranges"] = json!([[{"subnet": "10.30.0.0/24"}], [{"subnet": "fd00:30::/64"}]]);
+    // A second network routes its own prefixes (the pod's default route is the first's).
+    second["ipam"]["routes"] = json!([{"dst": "10.31.0.0/16"}, {"dst": "fd00:31::/64"}]);
+    let env0 = p.env("two-nets", pod.path(), "eth0");
+    let env1 = p.env("two-nets", pod.path(), "net1");
+    let r0 = p
+        .run(&node, CniCommand::Add, &env0, first.to_string())
+        .expect_success("ADD eth0");
+    let r1 = p
+        .run(&node, CniCommand::Add, &env1, second.to_string())
+        .expect_success("ADD net1");
+    let before = node.snapshot(Some(&pod));
+    let clash = p.run(&node, CniCommand::Add, &env0, second.to_string());
+    let err = clash.expect_error(107, "ADD of eth0 on the second network");
+    assert!(err.msg.contains("eth0"), "{}", clash.describe());
+    assert_eq!(
+        node.snapshot(Some(&pod)),
+        before,
+        "the refused ADD changed something"
+    );
+    for (env, conf, res) in [(&env0, &first, &r0), (&env1, &second, &r1)] {
+        let mut c = conf.clone();
+        c["prevResult"] = res.clone();
+        p.run(&node, CniCommand::Check, env, c.to_string())
+            .expect_success("CHECK");
+    }
+    let (a0, a1) = (
+        AddResult::parse(&r0).unwrap(),
+        AddResult::parse(&r1).unwrap(),
+    );
+    p.run(&node, CniCommand::Del, &env1, second.to_string())
+        .expect_success("DEL net1");
+    assert_gone(&node, None, "net1", &a1, "second", "two-nets", "DEL net1");
+    ebpf_cni_tests::state::assert_attachment(&node, &pod, "eth0", &a0, None);
+    p.run(&node, CniCommand::Del, &env0, first.to_string())
+        .expect_success("DEL eth0");
+    assert_gone(
+        &node,
+        Some(&pod),
+        "eth0",
+        &a0,
+        ebpf_cni_tests::config::NETWORK,
+        "two-nets",
+        "DEL eth0",
+    );
+    assert_node_clean(&node, "after the last DEL");
+}
