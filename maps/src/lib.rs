@@ -381,6 +381,9 @@ pub mod pin {
     /// Empty directory of the node: its first ADD looked for a forward-hook firewall the
     /// programs skip (and warned if it found one).
     pub const FORWARD_FIREWALL_RECORD: &str = "forward_firewall_checked";
+    /// `stock_keys_warned/<16 hex digits>/`: ADD warned of the reference plugins' keys a
+    /// network's config carries that ebpf-cni accepts (hash of the network and the keys).
+    pub const STOCK_KEYS_WARNED_DIR: &str = "stock_keys_warned";
     /// Empty directory in an attachment's directory: ADD installed the pod's source check
     /// in [`SOURCES_MAP`](super::SOURCES_MAP), which CHECK expects to find there.
     pub const SOURCE_CHECK_RECORD: &str = "source_check";

@@ -188,6 +188,9 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     if result.ips.is_empty() {
         return Err(AddError::NoAddress.into());
     }
+    if conf.is_default_gateway {
+        add_default_routes(&mut result);
+    }
     let addrs: Vec<PodAddress> = result
         .ips
         .iter()
@@ -364,6 +367,33 @@ async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
         };
         if let Err(e) = r {
             log::error!("rollback of a failed ADD: {e}");
+        }
+    }
+}
+
+/// `isDefaultGateway`: a default route for each family the pod has a gateway in, unless
+/// IPAM's routes have one (its gateway is then the address's, as for every route without
+/// one).
+fn add_default_routes(result: &mut SuccessResult) {
+    use ipnetwork::IpNetwork;
+    for v4 in [true, false] {
+        let has_gateway = result
+            .ips
+            .iter()
+            .any(|ip| ip.address.is_ipv4() == v4 && ip.gateway.is_some());
+        let has_default = result
+            .routes
+            .iter()
+            .any(|r| r.dst.is_ipv4() == v4 && r.dst.prefix() == 0);
+        if has_gateway && !has_default {
+            let dst = if v4 {
+                IpNetwork::V4("0.0.0.0/0".parse().expect("a valid prefix"))
+            } else {
+                IpNetwork::V6("::/0".parse().expect("a valid prefix"))
+            };
+            result
+                .routes
+                .push(crate::cni::types::Route { dst, gw: None });
         }
     }
 }

@@ -121,9 +121,11 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     }
     let env = cni::env::from_lookup(command, |k| std::env::var(k).ok())?;
     let conf = config::NetConf::parse(config::decode(stdin)?)?;
-    if command != Command::Del {
-        conf.refuse_unimplemented()?;
-    }
+    let accepted = if command == Command::Del {
+        Vec::new()
+    } else {
+        conf.review_stock_keys()?
+    };
     // A second ADD or DEL of this attachment waits for the first (see `serial.rs`).
     let _serial = matches!(command, Command::Add | Command::Del)
         .then(|| serial::AttachmentLock::take(attachment::key(&conf, &env).id()))
@@ -132,7 +134,7 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
         // The node's own namespace is no pod's (ADD refuses it as it opens it).
         netns::Netns::open_pod(path)?;
     }
-    block_on(async {
+    let out = block_on(async {
         match command {
             Command::Add if attachment::is_chained(&conf) => {
                 chained::add(&env, &conf).await.map(Some)
@@ -145,7 +147,11 @@ fn execute(command: &str, stdin: &[u8]) -> Result<Option<Value>, CniError> {
             Command::Check => check::check(&env, &conf, stdin).await.map(|()| None),
             Command::Version | Command::Gc | Command::Status => unreachable!("handled above"),
         }
-    })
+    });
+    if command == Command::Add && out.is_ok() {
+        node::warn_stock_keys_once(&conf.name, &accepted);
+    }
+    out
 }
 
 /// GC and STATUS: a whole network, no attachment parameters, and (as the reference `skel`

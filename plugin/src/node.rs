@@ -148,6 +148,53 @@ pub fn attach_modes(conf: &NetConf, chained: bool) -> AttachModes {
     }
 }
 
+/// After a successful ADD: the reference plugins' keys the network's config carries that
+/// ebpf-cni accepts (see `cni/stock_keys.rs`), one warning line, once per network and set
+/// of keys on this node (recorded under the node's pins, so it comes again only after the
+/// node's last pod went).
+pub fn warn_stock_keys_once(network: &str, accepted: &[crate::cni::stock_keys::Found]) {
+    if accepted.is_empty() {
+        return;
+    }
+    let Ok(node) = crate::bpf::NodeId::current() else {
+        return;
+    };
+    let fields: Vec<String> = accepted
+        .iter()
+        .map(|f| format!("{} {}", f.field, f.value))
+        .collect();
+    let hash = fields
+        .iter()
+        .flat_map(|f| f.bytes().chain([0]))
+        .chain(network.bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let record = crate::bpf::PinRoot::from_env()
+        .node_dir(&node)
+        .join(ebpf_cni_maps::pin::STOCK_KEYS_WARNED_DIR)
+        .join(format!("{hash:016x}"));
+    if record.exists() {
+        return;
+    }
+    let lines: Vec<String> = accepted
+        .iter()
+        .map(|f| match f.row.fate {
+            crate::cni::stock_keys::Fate::Accepted(why) => {
+                format!("{} {}: {why}", f.field, f.value)
+            }
+            _ => format!("{} {}", f.field, f.value),
+        })
+        .collect();
+    log::warn!(
+        "network {network}: keys of the reference plugins accepted as describing what ebpf-cni does: {}",
+        lines.join("; ")
+    );
+    if let Err(e) = std::fs::create_dir_all(&record) {
+        log::debug!("{}: {e}", record.display());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

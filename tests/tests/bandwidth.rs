@@ -839,11 +839,11 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
             .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
         assert_eq!(after, before, "{bw}: a refused ADD changed the node");
     }
-    // A key of the reference plugins that ebpf-cni does not implement (the whole table is
-    // the unit test `unimplemented_reference_keys_are_refused`): refused by ADD and CHECK,
-    // never ignored; DEL of the refused pod still succeeds.
+    // A key of the reference plugins that ebpf-cni refuses (the whole table is
+    // tests/tests/stock_keys.rs'): refused by ADD and CHECK, never ignored; DEL of the
+    // refused pod still succeeds.
     let mut conf = conf_with(&p, &node, None);
-    conf["markMasqBit"] = json!(13);
+    conf["masqAll"] = json!(true);
     let cid = unique_container_id();
     let before = node.snapshot(Some(&pod));
     for cmd in [CniCommand::Add, CniCommand::Check] {
@@ -854,10 +854,10 @@ fn bad_bandwidth_inputs_are_refused_and_change_nothing() {
                 &p.env(&cid, pod.path(), "eth0"),
                 conf.to_string(),
             )
-            .expect_error(7, "markMasqBit");
+            .expect_error(7, "masqAll");
         assert!(
             err.msg
-                .contains("markMasqBit is a key of the reference portmap plugin"),
+                .contains("masqAll true is refused (a key of the reference portmap plugin)"),
             "{err:?}"
         );
     }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use super::{
     code,
     env::is_valid_id,
+    stock_keys,
     version::{CniVersion, VersionError},
 };
 
@@ -57,10 +58,12 @@ pub enum ConfigError {
     NotAnIfname { index: usize, value: Value },
     #[error("{field} {value:?} is not a valid unicast MAC address")]
     InvalidMac { field: &'static str, value: String },
-    #[error("{key} is a key of the reference {plugin} plugin that ebpf-cni does not implement: remove it from the network configuration")]
-    Unimplemented {
-        key: &'static str,
-        plugin: &'static str,
+    #[error("{field} {value} is refused (a key of the reference {plugins} plugin): {why}; remove it from the network configuration")]
+    StockKeyRefused {
+        field: String,
+        value: Value,
+        plugins: &'static str,
+        why: &'static str,
     },
 }
 
@@ -91,22 +94,6 @@ fn invalid(field: &'static str, value: &Value, expected: &'static str) -> Config
     }
 }
 
-/// The plugin-config keys of the reference `portmap` and `bandwidth` plugins (which
-/// ebpf-cni stands in for) that it does not implement, with the plugin each belongs to. A
-/// config that sets one is refused (error 7 naming it) instead of being run without what
-/// it asks for. Keys runtimes add (`runtimeConfig`, `prevResult`, `args`, ...) and keys
-/// ebpf-cni implements (the bandwidth rates and subnets, `runtimeConfig.portMappings`)
-/// are not here; neither are unknown keys in general.
-pub const UNIMPLEMENTED_REFERENCE_KEYS: [(&str, &str); 7] = [
-    ("snat", "portmap"),
-    ("masqAll", "portmap"),
-    ("markMasqBit", "portmap"),
-    ("externalSetMarkChain", "portmap"),
-    ("conditionsV4", "portmap"),
-    ("conditionsV6", "portmap"),
-    ("backend", "portmap"),
-];
-
 #[derive(Debug, Clone)]
 pub struct NetConf {
     /// The whole object as received: delegated plugins get it unchanged (spec section 4).
@@ -135,6 +122,9 @@ pub struct NetConf {
     /// and `::1` reach the wildcard host ports, as the reference portmap does; false leaves
     /// loopback to the node's own listeners (see `portmap`).
     pub host_ports_on_loopback: bool,
+    /// `isDefaultGateway` (the reference bridge's key): the pod gets a default route per
+    /// family through its gateway, whatever IPAM's routes say.
+    pub is_default_gateway: bool,
     /// `serviceCIDRs`: Service ranges the programs hand to the stack besides those learned
     /// from kube-proxy's rules (see `services`).
     pub service_cidrs: Vec<ipnetwork::IpNetwork>,
@@ -242,18 +232,28 @@ pub fn validate_network_name(name: &str) -> Result<(), ConfigError> {
 }
 
 impl NetConf {
-    /// ADD and CHECK (and `install`): refuses a config that sets one of
-    /// [`UNIMPLEMENTED_REFERENCE_KEYS`] (any value, `null` aside). DEL does not ask, so a
-    /// runtime's DEL after the refused ADD still succeeds.
-    pub fn refuse_unimplemented(&self) -> Result<(), ConfigError> {
+    /// ADD and CHECK (and `install`): the stock keys of the reference plugins the config
+    /// sets (see `stock_keys.rs`): the first refused one as an error (code 7), else those
+    /// accepted, for ADD's warning. DEL does not ask, so a runtime's DEL after the refused
+    /// ADD still succeeds.
+    pub fn review_stock_keys(&self) -> Result<Vec<stock_keys::Found>, ConfigError> {
         let obj = self.raw.as_object().expect("configs are objects");
-        match UNIMPLEMENTED_REFERENCE_KEYS
-            .iter()
-            .find(|(k, _)| obj.get(*k).is_some_and(|v| !v.is_null()))
-        {
-            Some(&(key, plugin)) => Err(ConfigError::Unimplemented { key, plugin }),
-            None => Ok(()),
+        let mut accepted = Vec::new();
+        for found in stock_keys::review(obj) {
+            match found.row.fate {
+                stock_keys::Fate::Honoured => {}
+                stock_keys::Fate::Accepted(_) => accepted.push(found),
+                stock_keys::Fate::Refused(why) => {
+                    return Err(ConfigError::StockKeyRefused {
+                        field: found.field,
+                        value: found.value,
+                        plugins: found.row.plugins,
+                        why,
+                    })
+                }
+            }
         }
+        Ok(accepted)
     }
 
     pub fn parse(raw: Value) -> Result<Self, ConfigError> {
@@ -296,6 +296,11 @@ impl NetConf {
             Some(other) => return Err(wrong_type("ipMasq", other, "true or false")),
         };
 
+        let is_default_gateway = match obj.get("isDefaultGateway") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(wrong_type("isDefaultGateway", other, "true or false")),
+        };
         let host_ports_on_loopback = match obj.get("hostPortsOnLoopback") {
             None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
@@ -395,6 +400,7 @@ impl NetConf {
         Ok(NetConf {
             masq,
             host_ports_on_loopback,
+            is_default_gateway,
             service_cidrs,
             tc_attach_mode,
             devices,
@@ -493,29 +499,27 @@ mod tests {
         NetConf::parse(v)
     }
 
-    /// Every reference key ebpf-cni does not implement is refused with error 7 and this
-    /// message; the keys it implements and the keys runtimes add are accepted.
+    /// A refused stock key fails with error 7 naming the key, its value and why; accepted
+    /// ones come back for ADD's warning; the keys ebpf-cni honours and the keys runtimes add
+    /// pass without a word.
     #[test]
-    fn unimplemented_reference_keys_are_refused() {
+    fn stock_keys_are_refused_accepted_or_honoured() {
         let base = json!({"cniVersion": "1.0.0", "name": "n", "type": "ebpf-cni"});
-        let table: [(&str, Value, &str); 7] = [
-            ("snat", json!(true), "snat is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("masqAll", json!(true), "masqAll is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("markMasqBit", json!(13), "markMasqBit is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("externalSetMarkChain", json!("KUBE-MARK-MASQ"), "externalSetMarkChain is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("conditionsV4", json!(["-s", "1.2.3.4"]), "conditionsV4 is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("conditionsV6", json!(["-s", "::1"]), "conditionsV6 is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-            ("backend", json!("nftables"), "backend is a key of the reference portmap plugin that ebpf-cni does not implement: remove it from the network configuration"),
-        ];
-        assert_eq!(table.len(), UNIMPLEMENTED_REFERENCE_KEYS.len());
-        for (key, value, msg) in table {
-            let mut v = base.clone();
-            v[key] = value;
-            let e = parse(v).unwrap().refuse_unimplemented().unwrap_err();
-            assert_eq!(e.cni_code(), code::INVALID_CONFIG, "{key}");
-            assert_eq!(e.to_string(), msg);
-        }
+        let mut refused = base.clone();
+        refused["masqAll"] = json!(true);
+        let e = parse(refused).unwrap().review_stock_keys().unwrap_err();
+        assert_eq!(e.cni_code(), code::INVALID_CONFIG);
+        assert_eq!(
+            e.to_string(),
+            "masqAll true is refused (a key of the reference portmap plugin): host port clients always keep their addresses; remove it from the network configuration"
+        );
         let mut accepted = base.clone();
+        accepted["snat"] = json!(true);
+        accepted["backend"] = json!("nftables");
+        let found = parse(accepted).unwrap().review_stock_keys().unwrap();
+        let fields: Vec<&str> = found.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["snat", "backend"]);
+        let mut honoured = base.clone();
         for (k, v) in [
             ("ingressRate", json!(1_000_000)),
             ("ingressBurst", json!(1_000_000)),
@@ -523,6 +527,7 @@ mod tests {
             ("egressBurst", json!(1_000_000)),
             ("unshapedSubnets", json!(["10.0.0.0/8"])),
             ("ipMasq", json!(true)),
+            ("isGateway", json!(true)),
             (
                 "capabilities",
                 json!({"portMappings": true, "bandwidth": true}),
@@ -536,9 +541,13 @@ mod tests {
             ("somethingElse", json!(1)),
             ("snat", Value::Null),
         ] {
-            accepted[k] = v;
+            honoured[k] = v;
         }
-        parse(accepted).unwrap().refuse_unimplemented().unwrap();
+        assert!(parse(honoured)
+            .unwrap()
+            .review_stock_keys()
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

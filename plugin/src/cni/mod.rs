@@ -4,6 +4,7 @@ pub mod config;
 pub mod env;
 pub mod error;
 pub mod gc;
+pub mod stock_keys;
 pub mod types;
 pub mod version;
 

@@ -149,7 +149,7 @@ fn check(list: &Value) -> Result<(), ConflistError> {
     entry["cniVersion"] = list["cniVersion"].clone();
     entry["name"] = list["name"].clone();
     let conf = NetConf::parse(entry).map_err(ConflistError::Config)?;
-    conf.refuse_unimplemented().map_err(ConflistError::Config)?;
+    conf.review_stock_keys().map_err(ConflistError::Config)?;
     let ipam = conf.ipam.as_ref().ok_or(ConflistError::NoSubnet)?;
     HostLocalConfig::parse(ipam, None).map_err(ConflistError::Ipam)?;
     Ok(())
