@@ -24,18 +24,24 @@ pub struct PodServer {
 
 impl PodServer {
     pub fn start(ns: &Netns, port: u16, tag: &str) -> Self {
+        Self::start_on(ns, IpAddr::V6(Ipv6Addr::UNSPECIFIED), port, tag)
+    }
+
+    /// As [`PodServer::start`], bound to `addr` only: on a host with several addresses, a
+    /// UDP answer then comes from the address asked.
+    pub fn start_on(ns: &Netns, addr: IpAddr, port: u16, tag: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (tcp, udp) = ns
             .run_in(|| {
                 let deadline = Instant::now() + Duration::from_secs(5);
                 loop {
                     match (
-                        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)),
-                        UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)),
+                        TcpListener::bind((addr, port)),
+                        UdpSocket::bind((addr, port)),
                     ) {
                         (Ok(t), Ok(u)) => break (t, u),
                         (t, u) if Instant::now() > deadline => {
-                            panic!("binding [::]:{port} in the pod: {t:?} {u:?}")
+                            panic!("binding {addr}:{port}: {t:?} {u:?}")
                         }
                         _ => std::thread::sleep(Duration::from_millis(50)),
                     }

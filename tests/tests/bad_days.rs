@@ -729,3 +729,113 @@ fn one_container_on_two_networks() {
     );
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// Host ports take only traffic addressed to the node (GHSA-jv3w-x3r3-g6rm: the reference's
+/// nftables backend caught DNS to any address). Pod 1 holds host port 53, TCP and UDP, on
+/// every node address; pod 2 holds 53 on a `hostIP` that is no address of the node. An
+/// outside host owns 8.8.8.8, 9.9.9.9 and that `hostIP`. Queries from a third pod to
+/// 8.8.8.8:53 and to the `hostIP`, and queries a host behind the node sends through it to
+/// 9.9.9.9:53 and the `hostIP`, reach the outside host, neither pod; the node's own
+/// addresses, 127.0.0.2, and a VIP the node gets later (once STATUS converged the node)
+/// reach pod 1.
+#[test]
+fn host_ports_take_only_traffic_addressed_to_the_node() {
+    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, PodServer};
+    use std::net::{IpAddr, Ipv4Addr};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let outside = ExternalHost::attach(node.netns(), "up0", 83).unwrap();
+    let behind = ExternalHost::attach(node.netns(), "up1", 84).unwrap();
+    let (dns_a, dns_b, foreign) = (
+        Ipv4Addr::new(8, 8, 8, 8),
+        Ipv4Addr::new(9, 9, 9, 9),
+        Ipv4Addr::new(203, 0, 113, 7),
+    );
+    for a in [dns_a, dns_b, foreign] {
+        outside
+            .netns()
+            .ip_ok(&["addr", "add", &format!("{a}/32"), "dev", "lo"])
+            .unwrap();
+        node.netns()
+            .ip_ok(&["route", "add", &format!("{a}/32"), "via", &outside.v4.to_string()])
+            .unwrap();
+    }
+    let _outside_dns: Vec<PodServer> = [dns_a, dns_b, foreign]
+        .into_iter()
+        .map(|a| PodServer::start_on(outside.netns(), a.into(), 53, "outside"))
+        .collect();
+
+    let conf = p.conf("1.1.0", &node, Stack::V4);
+    let add = |name: &str, mappings: serde_json::Value| {
+        let pod = node.new_pod().unwrap();
+        let mut c = conf.clone();
+        c["runtimeConfig"] = json!({ "portMappings": mappings });
+        let env = p.env(name, pod.path(), "eth0");
+        p.run(&node, CniCommand::Add, &env, c.to_string())
+            .expect_success(&format!("ADD of {name}"));
+        (pod, env, c)
+    };
+    let both = |host_ip: Option<Ipv4Addr>| {
+        let m = |proto: &str| match host_ip {
+            Some(ip) => json!({"hostPort": 53, "containerPort": 53, "protocol": proto, "hostIP": ip.to_string()}),
+            None => json!({"hostPort": 53, "containerPort": 53, "protocol": proto}),
+        };
+        json!([m("tcp"), m("udp")])
+    };
+    let (pod1, env1, conf1) = add("wildcard-53", both(None));
+    let (pod2, env2, conf2) = add("foreign-ip-53", both(Some(foreign)));
+    let (client, env3, conf3) = add("client", json!([]));
+    let _pod1_dns = PodServer::start(&pod1, 53, "pod1");
+    let _pod2_dns = PodServer::start(&pod2, 53, "pod2");
+
+    let answers = |from: &ebpf_cni_tests::Netns, to: IpAddr| {
+        let tag = |r: anyhow::Result<String>| match r {
+            Ok(a) => tag_of(&a).to_owned(),
+            Err(e) => format!("error: {e:#}"),
+        };
+        let target = sa(to, 53);
+        (tag(tcp_ask(from, target)), tag(udp_ask(from, target)))
+    };
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, from: &ebpf_cni_tests::Netns, to: IpAddr, want: &str| {
+        let (tcp, udp) = answers(from, to);
+        if (tcp.as_str(), udp.as_str()) != (want, want) {
+            failures.push(format!("{what} {to}:53: TCP {tcp}, UDP {udp}, want {want}"));
+        }
+    };
+    for to in [dns_a, foreign] {
+        expect("a pod ->", &client, to.into(), "outside");
+    }
+    for to in [dns_b, foreign] {
+        expect("a host behind the node ->", behind.netns(), to.into(), "outside");
+    }
+    expect("outside -> the node", outside.netns(), outside.node_v4.into(), "pod1");
+    expect("behind -> the node", behind.netns(), behind.node_v4.into(), "pod1");
+    expect("the node ->", node.netns(), Ipv4Addr::new(127, 0, 0, 2).into(), "pod1");
+
+    // A VIP the node gets later, once STATUS brought the node in line with its addresses.
+    let vip = Ipv4Addr::new(192, 0, 2, 99);
+    node.netns()
+        .ip_ok(&["addr", "add", &format!("{vip}/32"), "dev", "up0"])
+        .unwrap();
+    outside
+        .netns()
+        .ip_ok(&["route", "add", &format!("{vip}/32"), "via", &outside.node_v4.to_string()])
+        .unwrap();
+    p.run(
+        &node,
+        CniCommand::Status,
+        &ebpf_cni_tests::ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env()),
+        conf.to_string(),
+    )
+    .expect_success("STATUS");
+    expect("outside -> a later VIP", outside.netns(), vip.into(), "pod1");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    for (env, c) in [(&env1, &conf1), (&env2, &conf2), (&env3, &conf3)] {
+        p.run(&node, CniCommand::Del, env, c.to_string())
+            .expect_success("DEL");
+    }
+    assert_node_clean(&node, "after the last DEL");
+}
