@@ -391,9 +391,11 @@ fn add_default_routes(result: &mut SuccessResult) {
             } else {
                 IpNetwork::V6("::/0".parse().expect("a valid prefix"))
             };
-            result
-                .routes
-                .push(crate::cni::types::Route { dst, gw: None });
+            result.routes.push(crate::cni::types::Route {
+                dst,
+                gw: None,
+                options: Default::default(),
+            });
         }
     }
 }

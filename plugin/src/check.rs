@@ -121,7 +121,14 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cni
                 .find(|i| i.address.is_ipv4() == r.dst.is_ipv4())
                 .and_then(|i| i.gateway)
         });
-        let found = pod_routes(r.dst.is_ipv4())
+        // A route of another table (CNI 1.1's `table`) is looked for there.
+        let other_table = match r.options.table {
+            Some(t) => Some(pod_nl.routes_in(r.dst.is_ipv6(), t).await?),
+            None => None,
+        };
+        let found = other_table
+            .as_ref()
+            .unwrap_or_else(|| pod_routes(r.dst.is_ipv4()))
             .iter()
             .any(|e: &RouteEntry| same_net(e.dst, r.dst) && (gw.is_none() || e.gw == gw));
         if !found {

@@ -162,6 +162,7 @@ pub async fn configure_container(
                 oif: index,
                 scope_link: true,
                 src: None,
+                options: Default::default(),
             })
             .await?;
         let subnet = IpNetwork::new(a.address.network(), a.address.prefix())
@@ -173,6 +174,7 @@ pub async fn configure_container(
                 oif: index,
                 scope_link: false,
                 src: Some(a.address.ip()),
+                options: Default::default(),
             })
             .await?;
     }
@@ -190,6 +192,7 @@ pub async fn configure_container(
                 oif: index,
                 scope_link: false,
                 src: None,
+                options: r.options,
             })
             .await?;
     }
@@ -237,6 +240,7 @@ pub fn host_route(addr: IpAddr, oif: u32, src: Option<IpAddr>) -> RouteSpec {
         oif,
         scope_link: true,
         src,
+        options: Default::default(),
     }
 }
 

@@ -758,7 +758,13 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
             .ip_ok(&["addr", "add", &format!("{a}/32"), "dev", "lo"])
             .unwrap();
         node.netns()
-            .ip_ok(&["route", "add", &format!("{a}/32"), "via", &outside.v4.to_string()])
+            .ip_ok(&[
+                "route",
+                "add",
+                &format!("{a}/32"),
+                "via",
+                &outside.v4.to_string(),
+            ])
             .unwrap();
     }
     let _outside_dns: Vec<PodServer> = [dns_a, dns_b, foreign]
@@ -778,7 +784,9 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
     };
     let both = |host_ip: Option<Ipv4Addr>| {
         let m = |proto: &str| match host_ip {
-            Some(ip) => json!({"hostPort": 53, "containerPort": 53, "protocol": proto, "hostIP": ip.to_string()}),
+            Some(ip) => {
+                json!({"hostPort": 53, "containerPort": 53, "protocol": proto, "hostIP": ip.to_string()})
+            }
             None => json!({"hostPort": 53, "containerPort": 53, "protocol": proto}),
         };
         json!([m("tcp"), m("udp")])
@@ -808,11 +816,31 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
         expect("a pod ->", &client, to.into(), "outside");
     }
     for to in [dns_b, foreign] {
-        expect("a host behind the node ->", behind.netns(), to.into(), "outside");
+        expect(
+            "a host behind the node ->",
+            behind.netns(),
+            to.into(),
+            "outside",
+        );
     }
-    expect("outside -> the node", outside.netns(), outside.node_v4.into(), "pod1");
-    expect("behind -> the node", behind.netns(), behind.node_v4.into(), "pod1");
-    expect("the node ->", node.netns(), Ipv4Addr::new(127, 0, 0, 2).into(), "pod1");
+    expect(
+        "outside -> the node",
+        outside.netns(),
+        outside.node_v4.into(),
+        "pod1",
+    );
+    expect(
+        "behind -> the node",
+        behind.netns(),
+        behind.node_v4.into(),
+        "pod1",
+    );
+    expect(
+        "the node ->",
+        node.netns(),
+        Ipv4Addr::new(127, 0, 0, 2).into(),
+        "pod1",
+    );
 
     // A VIP the node gets later, once STATUS brought the node in line with its addresses.
     let vip = Ipv4Addr::new(192, 0, 2, 99);
@@ -821,7 +849,13 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
         .unwrap();
     outside
         .netns()
-        .ip_ok(&["route", "add", &format!("{vip}/32"), "via", &outside.node_v4.to_string()])
+        .ip_ok(&[
+            "route",
+            "add",
+            &format!("{vip}/32"),
+            "via",
+            &outside.node_v4.to_string(),
+        ])
         .unwrap();
     p.run(
         &node,
@@ -830,7 +864,12 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
         conf.to_string(),
     )
     .expect_success("STATUS");
-    expect("outside -> a later VIP", outside.netns(), vip.into(), "pod1");
+    expect(
+        "outside -> a later VIP",
+        outside.netns(),
+        vip.into(),
+        "pod1",
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
     for (env, c) in [(&env1, &conf1), (&env2, &conf2), (&env3, &conf3)] {

@@ -116,7 +116,7 @@ fn conf_with(base: &Value, row: &Row, node: &Node) -> Value {
                 "advmss" => json!(1360),
                 "priority" => json!(100),
                 "table" => json!(100),
-                _ => json!(253),
+                _ => json!(0),
             };
             c["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0", field: value}]);
         }
@@ -338,4 +338,55 @@ fn k3s_default_network_runs() {
             .is_some_and(|rs| rs.iter().any(|r| r["dst"] == "0.0.0.0/0")),
         "isDefaultGateway gave no default route: {res}"
     );
+}
+
+/// host-local's routes with CNI 1.1's fields: `mtu` and `advmss` become the route's
+/// metrics, `priority` its metric, `table` the table it goes in, `scope` its scope; the
+/// result carries them, CHECK looks for a route in its table, and finds it missing once it
+/// is deleted there.
+#[test]
+fn route_fields_of_cni_1_1_reach_the_pods_routes() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let mut conf = p.conf("1.1.0", &node, Stack::V4);
+    conf["ipam"]["routes"] = json!([
+        {"dst": "0.0.0.0/0"},
+        {"dst": "10.60.0.0/16", "mtu": 1400, "advmss": 1360, "priority": 50},
+        {"dst": "10.61.0.0/16", "table": 100, "scope": 0}
+    ]);
+    let pod = node.new_pod().unwrap();
+    let env = p.env(&unique_container_id(), pod.path(), "eth0");
+    let res = p
+        .run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD");
+    let routes = res["routes"].as_array().unwrap();
+    assert!(
+        routes.iter().any(|r| r["dst"] == "10.60.0.0/16"
+            && r["mtu"] == 1400
+            && r["advmss"] == 1360
+            && r["priority"] == 50),
+        "the result lacks the route's fields: {res}"
+    );
+    assert!(routes
+        .iter()
+        .any(|r| r["dst"] == "10.61.0.0/16" && r["table"] == 100));
+    let main = pod.ip_ok(&["route", "show", "10.60.0.0/16"]).unwrap();
+    for want in ["metric 50", "mtu 1400", "advmss 1360"] {
+        assert!(main.contains(want), "{want} not in {main:?}");
+    }
+    let table = pod.ip_ok(&["route", "show", "table", "100"]).unwrap();
+    assert!(table.contains("10.61.0.0/16"), "table 100: {table:?}");
+    let mut checked = conf.clone();
+    checked["prevResult"] = res.clone();
+    p.run(&node, CniCommand::Check, &env, checked.to_string())
+        .expect_success("CHECK");
+    pod.ip_ok(&["route", "del", "10.61.0.0/16", "table", "100"])
+        .unwrap();
+    let out = p.run(&node, CniCommand::Check, &env, checked.to_string());
+    let err = out.expect_error(105, "CHECK without the table's route");
+    assert!(err.msg.contains("10.61.0.0/16"), "{}", out.describe());
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL");
+    assert_node_clean(&node, "after DEL");
 }

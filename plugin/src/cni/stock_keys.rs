@@ -265,36 +265,11 @@ pub const STOCK_KEYS: &[StockKey] = &[
     at(Place::Ipam, "resolvConf", "host-local", Honoured),
     at(Place::Route, "dst", "host-local", Honoured),
     at(Place::Route, "gw", "host-local", Honoured),
-    at(
-        Place::Route,
-        "mtu",
-        "host-local",
-        Refused("per-route MTU (CNI 1.1) is not set by ebpf-cni yet: set the network's `mtu`"),
-    ),
-    at(
-        Place::Route,
-        "advmss",
-        "host-local",
-        Refused("per-route advmss (CNI 1.1) is not set by ebpf-cni yet"),
-    ),
-    at(
-        Place::Route,
-        "priority",
-        "host-local",
-        Refused("per-route priority (CNI 1.1) is not set by ebpf-cni yet"),
-    ),
-    at(
-        Place::Route,
-        "table",
-        "host-local",
-        Refused("routes in other tables (CNI 1.1) are not set by ebpf-cni yet"),
-    ),
-    at(
-        Place::Route,
-        "scope",
-        "host-local",
-        Refused("per-route scope (CNI 1.1) is not set by ebpf-cni yet"),
-    ),
+    at(Place::Route, "mtu", "host-local", Honoured),
+    at(Place::Route, "advmss", "host-local", Honoured),
+    at(Place::Route, "priority", "host-local", Honoured),
+    at(Place::Route, "table", "host-local", Honoured),
+    at(Place::Route, "scope", "host-local", Honoured),
 ];
 
 /// A stock key a configuration sets, with the row that decides its fate.

@@ -49,6 +49,25 @@ pub struct Route {
     pub dst: IpNetwork,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gw: Option<IpAddr>,
+    #[serde(flatten)]
+    pub options: RouteOptions,
+}
+
+/// CNI 1.1's route fields: the route's MTU and TCP advertised MSS (route metrics), its
+/// metric (`priority`), its routing table and its scope. Unset, the kernel's defaults (the
+/// main table, universe scope).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advmss: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<u8>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +171,7 @@ mod tests {
             routes: vec![Route {
                 dst: "0.0.0.0/0".parse().unwrap(),
                 gw: None,
+                options: Default::default(),
             }],
             dns: Dns {
                 nameservers: vec!["10.1.0.1".into()],

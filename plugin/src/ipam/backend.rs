@@ -191,6 +191,7 @@ impl Ipam {
                         .map(|x| Route {
                             dst: x.dst,
                             gw: x.gw,
+                            options: x.options,
                         })
                         .collect(),
                     dns: r

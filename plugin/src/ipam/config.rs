@@ -286,9 +286,50 @@ fn parse_routes(v: &Value, field: &str) -> Result<Vec<IpamRoute>, IpamError> {
             })?),
             None => None,
         };
-        routes.push(IpamRoute { dst, gw });
+        let options = route_options(obj, &prefix)?;
+        routes.push(IpamRoute { dst, gw, options });
     }
     Ok(routes)
+}
+
+/// CNI 1.1's route fields of one `ipam.routes` entry, each in the range the kernel takes.
+fn route_options(
+    obj: &serde_json::Map<String, Value>,
+    prefix: &str,
+) -> Result<crate::cni::types::RouteOptions, IpamError> {
+    let num =
+        |key: &str, min: u64, max: u64, expected: &'static str| -> Result<Option<u64>, IpamError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_u64() {
+                    Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                    _ => Err(IpamError::WrongType {
+                        field: format!("{prefix}.{key}"),
+                        expected,
+                        value: v.to_string(),
+                    }),
+                },
+            }
+        };
+    let u32_of = |n: Option<u64>| n.map(|n| u32::try_from(n).expect("checked range"));
+    Ok(crate::cni::types::RouteOptions {
+        mtu: u32_of(num("mtu", 68, 65535, "an integer from 68 to 65535")?),
+        advmss: u32_of(num("advmss", 1, 65535, "an integer from 1 to 65535")?),
+        priority: u32_of(num(
+            "priority",
+            0,
+            u64::from(u32::MAX),
+            "an integer from 0 to 4294967295",
+        )?),
+        table: u32_of(num(
+            "table",
+            1,
+            u64::from(u32::MAX),
+            "a table id from 1 to 4294967295",
+        )?),
+        scope: num("scope", 0, 255, "a scope from 0 to 255")?
+            .map(|n| u8::try_from(n).expect("checked range")),
+    })
 }
 
 /// `addr/prefix` with the prefix required (unlike `IpNetwork::from_str`, which takes a
@@ -406,11 +447,13 @@ mod tests {
             vec![
                 IpamRoute {
                     dst: "0.0.0.0/0".parse().unwrap(),
-                    gw: None
+                    gw: None,
+                    options: Default::default(),
                 },
                 IpamRoute {
                     dst: "192.168.0.0/16".parse().unwrap(),
-                    gw: Some(ip("10.1.0.1"))
+                    gw: Some(ip("10.1.0.1")),
+                    options: Default::default(),
                 },
             ]
         );

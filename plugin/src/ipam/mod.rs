@@ -62,6 +62,7 @@ pub struct IpamIp {
 pub struct IpamRoute {
     pub dst: IpNetwork,
     pub gw: Option<IpAddr>,
+    pub options: crate::cni::types::RouteOptions,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -127,7 +127,8 @@ fn result_carries_prefix_gateway_routes_and_dns() {
         r.routes,
         [IpamRoute {
             dst: "0.0.0.0/0".parse().unwrap(),
-            gw: None
+            gw: None,
+            options: Default::default(),
         }]
     );
     let dns = r.dns.unwrap();

@@ -27,7 +27,7 @@ use rtnetlink::{
             InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
             LinkMessage, State,
         },
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteScope},
         tc::TcMessage,
         AddressFamily, RouteNetlinkMessage,
     },
@@ -149,6 +149,8 @@ pub struct RouteSpec {
     pub oif: u32,
     pub scope_link: bool,
     pub src: Option<IpAddr>,
+    /// CNI 1.1's route fields (a config's `ipam.routes`); unset for the plugin's own routes.
+    pub options: crate::cni::types::RouteOptions,
 }
 
 pub fn format_mac(mac: &[u8; 6]) -> String {
@@ -519,8 +521,29 @@ impl Netlink {
         if r.scope_link {
             b = b.scope(RouteScope::Link);
         }
+        let o = &r.options;
+        if let Some(scope) = o.scope {
+            b = b.scope(RouteScope::from(scope));
+        }
+        if let Some(priority) = o.priority {
+            b = b.priority(priority);
+        }
+        if let Some(table) = o.table {
+            b = b.table_id(table);
+        }
+        let mut msg = b.build();
+        let metrics: Vec<RouteMetric> = [
+            o.mtu.map(RouteMetric::Mtu),
+            o.advmss.map(RouteMetric::Advmss),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !metrics.is_empty() {
+            msg.attributes.push(RouteAttribute::Metrics(metrics));
+        }
         self.request(
-            RouteNetlinkMessage::NewRoute(b.build()),
+            RouteNetlinkMessage::NewRoute(msg),
             flags,
             || match r.gw {
                 Some(gw) => format!("add route {} via {gw} dev {}", r.dst, r.oif),
@@ -554,6 +577,16 @@ impl Netlink {
 
     /// Routes of the main table for one family.
     pub async fn routes(&self, v6: bool) -> Result<Vec<RouteEntry>, NetlinkError> {
+        self.routes_in(v6, u32::from(RouteHeader::RT_TABLE_MAIN))
+            .await
+    }
+
+    /// Routes of routing table `table` for one family.
+    pub async fn routes_in(
+        &self,
+        v6: bool,
+        table_id: u32,
+    ) -> Result<Vec<RouteEntry>, NetlinkError> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = if v6 {
             AddressFamily::Inet6
@@ -580,7 +613,7 @@ impl Netlink {
                         _ => {}
                     }
                 }
-                if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+                if table != table_id {
                     return;
                 }
                 let dst = dst.unwrap_or(if v6 {
