@@ -878,3 +878,162 @@ fn host_ports_take_only_traffic_addressed_to_the_node() {
     }
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// A TCP session that stays open: each `exchange` sends a line and reads its echo.
+struct Session {
+    stream: std::net::TcpStream,
+}
+
+impl Session {
+    fn open(from: &ebpf_cni_tests::Netns, to: std::net::SocketAddr) -> Self {
+        let stream = from
+            .run_in(|| std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(5)))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("connecting to {to}: {e}"));
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        Self { stream }
+    }
+
+    fn exchange(&mut self, what: &str) -> Result<(), String> {
+        use std::io::{Read, Write};
+        let line = format!("{what}\n");
+        self.stream
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("{what}: send: {e}"))?;
+        let mut buf = vec![0u8; line.len()];
+        self.stream
+            .read_exact(&mut buf)
+            .map_err(|e| format!("{what}: echo: {e}"))?;
+        (buf == line.as_bytes())
+            .then_some(())
+            .ok_or_else(|| format!("{what}: echo differs"))
+    }
+}
+
+/// An echo server on `addr` in `ns` that keeps each connection open.
+fn echo_server(ns: &ebpf_cni_tests::Netns, addr: std::net::SocketAddr) {
+    let listener = ns
+        .run_in(|| std::net::TcpListener::bind(addr))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                let mut copy = conn.try_clone().unwrap();
+                let _ = std::io::copy(&mut conn, &mut copy);
+            });
+        }
+    });
+}
+
+/// The agent and the conflist on a bad day. The agent is SIGKILLed while it converges the
+/// node (an address just added), then restarted; the conflist is deleted while the pod runs.
+/// The node's own long-lived TCP session over the uplink (an SSH session's stand-in) and
+/// the pod's established flow to the outside never stop; the pod's DEL, sent with the
+/// config the runtime cached, leaves nothing.
+#[test]
+fn the_agent_killed_and_the_conflist_deleted_stop_no_traffic() {
+    use std::net::{IpAddr, SocketAddr};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 85).unwrap();
+    let server = SocketAddr::new(IpAddr::V4(ext.v4), 2222);
+    echo_server(ext.netns(), server);
+
+    let mut conf = p.conf("1.1.0", &node, Stack::V4);
+    conf["runtimeConfig"] =
+        json!({"portMappings": [{"hostPort": 8087, "containerPort": 80, "protocol": "tcp"}]});
+    let conflist = node.scratch_dir().join("10-ebpf-cni.conflist");
+    let list = ebpf_cni_tests::NetConfList::single(&conf);
+    std::fs::write(
+        &conflist,
+        list.exec_config(0, &Default::default(), None).to_string(),
+    )
+    .unwrap();
+    let pod = node.new_pod().unwrap();
+    let env = p.env("bad-day-pod", pod.path(), "eth0");
+    let res = p
+        .run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD");
+    let r = AddResult::parse(&res).unwrap();
+
+    let mut node_session = Session::open(node.netns(), server);
+    let mut pod_session = Session::open(&pod, server);
+    let mut check = |when: &str| {
+        for (who, s) in [
+            ("the node's session", &mut node_session),
+            ("the pod's flow", &mut pod_session),
+        ] {
+            if let Err(e) = s.exchange(when) {
+                panic!("{who} stopped {when}: {e}");
+            }
+        }
+    };
+    check("before the agent");
+
+    let agent = ebpf_cni_tests::agent::AgentProcess::start(
+        &p.bin,
+        node.netns().path(),
+        Some(&conflist),
+        None,
+    )
+    .unwrap();
+    node.netns()
+        .ip_ok(&["addr", "add", "192.168.85.100/32", "dev", "up0"])
+        .unwrap();
+    // SIGKILL as it converges (dropping the process kills it).
+    drop(agent);
+    check("after the agent was killed mid-convergence");
+
+    let agent = ebpf_cni_tests::agent::AgentProcess::start(
+        &p.bin,
+        node.netns().path(),
+        Some(&conflist),
+        None,
+    )
+    .unwrap();
+    // The killed agent may have converged the node before it died; either way the host
+    // port answers on the new address once the restarted agent ran.
+    let _web = ebpf_cni_tests::hostport::PodServer::start(&pod, 80, "pod");
+    ext.netns()
+        .ip_ok(&[
+            "route",
+            "add",
+            "192.168.85.100/32",
+            "via",
+            &ext.node_v4.to_string(),
+        ])
+        .unwrap();
+    let vip = ebpf_cni_tests::hostport::sa(std::net::Ipv4Addr::new(192, 168, 85, 100), 8087);
+    assert!(
+        ebpf_cni_tests::state::eventually(std::time::Duration::from_secs(10), || {
+            ebpf_cni_tests::hostport::tcp_ask(ext.netns(), vip)
+                .is_ok_and(|a| ebpf_cni_tests::hostport::tag_of(&a) == "pod")
+        }),
+        "the restarted agent did not bring the node in line with its new address"
+    );
+    check("after the agent's restart converged the node");
+    drop(agent);
+
+    std::fs::remove_file(&conflist).unwrap();
+    check("after the conflist was deleted");
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL with the runtime's cached config");
+    assert_gone(
+        &node,
+        Some(&pod),
+        "eth0",
+        &r,
+        ebpf_cni_tests::config::NETWORK,
+        "bad-day-pod",
+        "DEL",
+    );
+    assert_node_clean(&node, "after DEL");
+    node_session
+        .exchange("after the pod's DEL")
+        .expect("the node's session after the pod's DEL");
+}
