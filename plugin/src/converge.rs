@@ -17,7 +17,8 @@ use crate::{
 pub async fn converge(conf: &NetConf, by: ConvergedBy) -> Result<Vec<String>, CniError> {
     let node = NodeId::current()?;
     if !PinRoot::from_env().node_dir(&node).exists() {
-        return Ok(Vec::new());
+        // Nothing pinned: nothing of ebpf-cni's may be attached either.
+        return Ok(bpf::sweep_orphans(&node));
     }
     let host_nl = Netlink::connect()?;
     let mut view = crate::node::node_view(&host_nl, conf, &gateways(conf)).await?;

@@ -73,6 +73,11 @@ pub async fn gc(env: &NetworkEnv, conf: &NetConf, stdin: &[u8]) -> Result<(), Cn
         Ok(n) => log::info!("GC: removed {n} source-check entries of attachments gone"),
         Err(e) => errors.push(e.into()),
     }
+    if let Ok(node) = NodeId::current() {
+        for line in bpf::sweep_orphans(&node) {
+            log::info!("GC: {line}");
+        }
+    }
     match NodeId::current().and_then(|node| bpf::sweep_masq(&node)) {
         Ok(0) => {}
         Ok(n) => log::info!("GC: removed {n} idle or orphaned masqueraded flows"),

@@ -1037,3 +1037,91 @@ fn the_agent_killed_and_the_conflist_deleted_stop_no_traffic() {
         .exchange("after the pod's DEL")
         .expect("the node's session after the pod's DEL");
 }
+
+/// The node's pin tree removed by hand while pods run (calico#6739: programs left attached
+/// without their state dropped a node's traffic). The pods' netlink filters (and, on
+/// kernels without TCX, the uplink's) outlive their pins; the next STATUS finds them and
+/// removes them, so nothing of ebpf-cni's runs on maps no pin names. The pods keep their
+/// routes: their traffic to the outside goes on through the stack. A new pod is added with
+/// fresh programs; the old pod's DEL and the new pod's leave nothing.
+#[test]
+fn programs_left_attached_without_their_pins_are_removed() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 86).unwrap();
+    let conf = p.conf("1.1.0", &node, Stack::V4);
+    let old_pod = node.new_pod().unwrap();
+    let old_env = p.env("pinless-old", old_pod.path(), "eth0");
+    let old = p
+        .run(&node, CniCommand::Add, &old_env, conf.to_string())
+        .expect_success("ADD of the old pod");
+    let old_r = AddResult::parse(&old).unwrap();
+    let ours = |dev: &str| -> Vec<String> {
+        ebpf_cni_tests::bpf::attached_programs(node.netns(), dev)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.name)
+            .filter(|n| n.starts_with("ecni_"))
+            .collect()
+    };
+    assert!(
+        !ours(&old_r.host_ifname).is_empty(),
+        "the pod's veth has no programs"
+    );
+
+    fsutil::remove_tree(node.pin_root()).unwrap();
+    let status = p.run(
+        &node,
+        CniCommand::Status,
+        &ebpf_cni_tests::ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env()),
+        conf.to_string(),
+    );
+    status.expect_success("STATUS after the pins were removed");
+    for dev in [old_r.host_ifname.as_str(), "up0"] {
+        assert!(
+            ebpf_cni_tests::state::eventually(ebpf_cni_tests::state::RELEASE_BOUND, || ours(dev)
+                .is_empty()),
+            "{dev} still runs {:?} without pins\n{}",
+            ours(dev),
+            status.describe()
+        );
+    }
+    let e = ebpf_cni_tests::net::tcp_echo(&old_pod, ext.netns(), ext.v4.into(), 0)
+        .expect("the old pod reaches the outside through the stack");
+    assert_eq!(e.client_addr.ip(), old_r.ip4().unwrap().addr);
+
+    let new_pod = node.new_pod().unwrap();
+    let new_env = p.env("pinless-new", new_pod.path(), "eth0");
+    let new = p
+        .run(&node, CniCommand::Add, &new_env, conf.to_string())
+        .expect_success("ADD after the pins were removed");
+    let new_r = AddResult::parse(&new).unwrap();
+    let mut checked = conf.clone();
+    checked["prevResult"] = new.clone();
+    p.run(&node, CniCommand::Check, &new_env, checked.to_string())
+        .expect_success("CHECK of the new pod");
+    p.run(&node, CniCommand::Del, &old_env, conf.to_string())
+        .expect_success("DEL of the old pod");
+    assert_gone(
+        &node,
+        Some(&old_pod),
+        "eth0",
+        &old_r,
+        ebpf_cni_tests::config::NETWORK,
+        "pinless-old",
+        "DEL old",
+    );
+    p.run(&node, CniCommand::Del, &new_env, conf.to_string())
+        .expect_success("DEL of the new pod");
+    assert_gone(
+        &node,
+        Some(&new_pod),
+        "eth0",
+        &new_r,
+        ebpf_cni_tests::config::NETWORK,
+        "pinless-new",
+        "DEL new",
+    );
+    assert_node_clean(&node, "after the last DEL");
+}

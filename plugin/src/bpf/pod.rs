@@ -44,6 +44,8 @@ pub fn add_pod(
     ensure_bpffs_at(&root)?;
     let mut lock = Some(NodeLock::take(&root)?);
     step("locked");
+    // The node's first ADD, or the first after its pins were removed by hand.
+    super::orphans::sweep_locked(&root, node);
     let mut progs = Some(Programs::open_or_load(&root, node)?);
     step("programs");
     let mut maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {

@@ -87,6 +87,10 @@ pub fn purge(node: &NodeId) -> Result<Purge, BpfError> {
 fn purge_at(root: &PinRoot, node: &NodeId) -> Result<Purge, BpfError> {
     let path = root.node_dir(node);
     if !path.exists() {
+        // Programs left attached without their pins go too (see `orphans.rs`).
+        if root == &PinRoot::from_env() {
+            super::orphans::sweep(node);
+        }
         return Ok(Purge::NothingPinned { path });
     }
     let _lock = NodeLock::take(root)?;
