@@ -390,6 +390,14 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     let node = node_of(netns.clone())?;
     let mut r = bpf::inspect(&node, bpf::Links::Read)?;
     confirm_netlink_filters(&mut r, netns.as_ref())?;
+    {
+        // Found by netlink, in the node's namespace.
+        let _in_node = match &netns {
+            Some(p) => Some(Netns::open(p)?.enter()?),
+            None => None,
+        };
+        r.unpinned = bpf::unpinned_filters(&node);
+    }
     if let Some(s) = r.services.as_mut() {
         // The rule dumps run in the node's namespace.
         let _in_node = match &netns {

@@ -1071,6 +1071,25 @@ fn programs_left_attached_without_their_pins_are_removed() {
     );
 
     fsutil::remove_tree(node.pin_root()).unwrap();
+    let report = dp::inspect(&p.bin, &node).unwrap();
+    let unpinned: Vec<(String, String)> = report["unpinned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["device"].as_str().unwrap().to_owned(),
+                f["program"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for prog in ["ecni_from_pod", "ecni_to_pod"] {
+        assert!(
+            unpinned.contains(&(old_r.host_ifname.clone(), prog.to_owned())),
+            "inspect does not list {prog} on {} as attached without pins: {unpinned:?}",
+            old_r.host_ifname
+        );
+    }
     let status = p.run(
         &node,
         CniCommand::Status,
@@ -1087,6 +1106,12 @@ fn programs_left_attached_without_their_pins_are_removed() {
             status.describe()
         );
     }
+    let after = dp::inspect(&p.bin, &node).unwrap();
+    assert_eq!(
+        after["unpinned"],
+        json!([]),
+        "inspect after STATUS: {after}"
+    );
     let e = ebpf_cni_tests::net::tcp_echo(&old_pod, ext.netns(), ext.v4.into(), 0)
         .expect("the old pod reaches the outside through the stack");
     assert_eq!(e.client_addr.ip(), old_r.ip4().unwrap().addr);

@@ -194,6 +194,9 @@ pub struct NodeReport {
     /// Each pinned node map's use against its size (absent maps are left out).
     pub maps: Vec<MapUsageReport>,
     pub devices: Vec<DeviceReport>,
+    /// Filters of ebpf-cni's programs on the node's devices while it has no pin tree (its
+    /// pins were removed by hand): the next STATUS, agent pass, ADD or GC removes them.
+    pub unpinned: Vec<super::UnpinnedFilter>,
     pub attachments: Vec<AttachmentReport>,
     /// Addresses wildcard host ports answer on.
     pub node_addresses: Vec<IpAddr>,
@@ -496,6 +499,8 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
         maps: map_usage(&root, node),
         devices,
+        // Read by netlink in the node's namespace: `unpinned_filters`, by the caller.
+        unpinned: Vec::new(),
         attachments,
         node_addresses,
         port_mappings,

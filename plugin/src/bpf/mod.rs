@@ -54,7 +54,7 @@ pub use lock::NodeLock;
 use maps::ports;
 pub use maps::{PodEndpoint, PodSources, SourceCheck};
 pub use masq::{MasqReport, MasqSourceReport, MasqSpec};
-pub use orphans::sweep as sweep_orphans;
+pub use orphans::{sweep as sweep_orphans, unpinned_filters, UnpinnedFilter};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, sweep_masq, sweep_sources};
 pub use programs::{part_modes, programs_embedded, revision};

@@ -24,32 +24,77 @@ pub fn sweep(node: &NodeId) -> Vec<String> {
     sweep_locked(&root, node)
 }
 
-/// [`sweep`] with the node lock held.
-pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
+/// One filter of ebpf-cni's on a device of a node that has no pin tree.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UnpinnedFilter {
+    pub device: String,
+    /// `ingress` or `egress`.
+    pub hook: &'static str,
+    pub program: String,
+}
+
+/// The filters of ebpf-cni's programs on the devices of the calling thread's namespace,
+/// when `node` has no pin tree (else none: every filter then has its record); read only.
+pub fn find(root: &PinRoot, node: &NodeId) -> Vec<UnpinnedFilter> {
     if walk(&root.node_dir(node)).exists() {
         return Vec::new();
     }
     let Ok(links) = nix::net::if_::if_nameindex() else {
         return Vec::new();
     };
-    let mut lines = Vec::new();
+    let ours: Vec<&str> = Hook::ALL.iter().map(|h| h.program()).collect();
+    let mut out = Vec::new();
     for link in links.iter() {
-        let Ok(name) = link.name().to_str() else {
+        let Ok(device) = link.name().to_str() else {
             continue;
         };
-        for hook in Hook::ALL {
-            // Removes the filters running this program, if any (by program name).
-            if aya::programs::tc::qdisc_detach_program(name, hook.tc_attach_type(), hook.program())
-                .is_ok()
-            {
+        let filters = match crate::netlink::tc::bpf_filter_names(link.index()) {
+            Ok(f) => f,
+            Err(e) => {
+                log::debug!("listing the tc filters of {device}: {e}");
+                continue;
+            }
+        };
+        for (ingress, program) in filters {
+            if ours.contains(&program.as_str()) {
+                out.push(UnpinnedFilter {
+                    device: device.to_owned(),
+                    hook: if ingress { "ingress" } else { "egress" },
+                    program,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// [`sweep`] with the node lock held.
+pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
+    let mut lines = Vec::new();
+    for f in find(root, node) {
+        let Some(hook) = Hook::ALL.into_iter().find(|h| h.program() == f.program) else {
+            continue;
+        };
+        match aya::programs::tc::qdisc_detach_program(
+            &f.device,
+            hook.tc_attach_type(),
+            hook.program(),
+        ) {
+            Ok(()) => {
                 let line = format!(
-                    "removed {} from {name}: attached, but node {node} has no pinned state (its pins were removed)",
-                    hook.program()
+                    "removed {} from {} ({}): attached, but node {node} has no pinned state (its pins were removed)",
+                    f.program, f.device, f.hook
                 );
                 log::warn!("{line}");
                 lines.push(line);
             }
+            Err(e) => log::warn!("removing {} from {}: {e}", f.program, f.device),
         }
     }
     lines
+}
+
+/// [`find`] for `inspect`: in the calling thread's namespace, which must be `node`'s.
+pub fn unpinned_filters(node: &NodeId) -> Vec<UnpinnedFilter> {
+    find(&PinRoot::from_env(), node)
 }

@@ -122,6 +122,50 @@ pub fn clsact_filter_count(ifindex: u32) -> io::Result<usize> {
     Ok(n)
 }
 
+/// The program names of the `bpf` filters on both hooks of link `ifindex`'s `clsact`
+/// (each as `(ingress, name)`); none without a `clsact`.
+pub fn bpf_filter_names(ifindex: u32) -> io::Result<Vec<(bool, String)>> {
+    /// `TCA_BPF_NAME` inside a `bpf` filter's `TCA_OPTIONS` (linux/pkt_cls.h).
+    const TCA_BPF_NAME: u16 = 7;
+    fn attrs(mut b: &[u8], mut each: impl FnMut(u16, &[u8])) {
+        while b.len() >= 4 {
+            let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+            let ty = u16::from_ne_bytes([b[2], b[3]]) & !NLA_F_NESTED;
+            if len < 4 || len > b.len() {
+                break;
+            }
+            each(ty, &b[4..len]);
+            b = &b[align4(len).min(b.len())..];
+        }
+    }
+    let mut out = Vec::new();
+    for (ingress, parent) in [(true, CLSACT_INGRESS), (false, CLSACT_EGRESS)] {
+        let msg = message(RTM_GETTFILTER, NLM_F_DUMP, ifindex, 0, parent, None);
+        let res = request(&msg, |kind, body| {
+            if kind != RTM_NEWTFILTER || body.len() < TCMSG_LEN {
+                return;
+            }
+            attrs(&body[TCMSG_LEN..], |ty, v| {
+                if ty == TCA_OPTIONS {
+                    attrs(v, |ty, v| {
+                        if ty == TCA_BPF_NAME {
+                            let name = v.split(|b| *b == 0).next().unwrap_or_default();
+                            out.push((ingress, String::from_utf8_lossy(name).into_owned()));
+                        }
+                    });
+                }
+            });
+        });
+        match res {
+            Ok(()) => {}
+            // No clsact on the link: no filters.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 /// Deletes the `clsact` qdisc of link `ifindex` (with whatever filters it holds).
 /// `Ok(false)`: the link has none (or has an `ingress` qdisc, which is left alone).
 pub fn delete_clsact(ifindex: u32) -> io::Result<bool> {
