@@ -1150,3 +1150,94 @@ fn programs_left_attached_without_their_pins_are_removed() {
     );
     assert_node_clean(&node, "after the last DEL");
 }
+
+/// glibc sends a name's A and AAAA queries at once from one UDP socket (kubernetes#56903:
+/// under conntrack, the second datagram of a new flow lost the race to create its entry and
+/// was dropped, a 5 s stall). A masquerading pod sends two datagrams from one connected
+/// socket from two threads at once, 10,000 times, each a new flow (a new source port): both
+/// answers arrive every time. (On this host the two threads run on two CPUs; the guests
+/// have one.)
+#[test]
+fn parallel_datagrams_of_a_new_masqueraded_flow_both_get_answers() {
+    use std::net::{SocketAddr, UdpSocket};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 87).unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let pod = node.new_pod().unwrap();
+    let env = p.env("parallel-dns", pod.path(), "eth0");
+    p.run(&node, CniCommand::Add, &env, conf.to_string())
+        .expect_success("ADD");
+    let server_addr = SocketAddr::new(ext.v4.into(), 5353);
+    let server = ext
+        .netns()
+        .run_in(|| UdpSocket::bind(server_addr))
+        .unwrap()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    server
+        .set_read_timeout(Some(std::time::Duration::from_millis(100)))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((n, peer)) = server.recv_from(&mut buf) {
+                let _ = server.send_to(&buf[..n], peer);
+            }
+        }
+    });
+    const TRIES: usize = 10_000;
+    let mut lost = Vec::new();
+    for i in 0..TRIES {
+        let sock = pod
+            .run_in(|| {
+                let s = UdpSocket::bind("0.0.0.0:0")?;
+                s.connect(server_addr)?;
+                Ok::<_, std::io::Error>(s)
+            })
+            .unwrap()
+            .unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|sc| {
+            for q in [b'A', b'B'] {
+                let (sock, barrier) = (&sock, &barrier);
+                sc.spawn(move || {
+                    barrier.wait();
+                    let _ = sock.send(&[q]);
+                });
+            }
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 8];
+        while got.len() < 2 {
+            match sock.recv(&mut buf) {
+                Ok(n) if n > 0 => got.push(buf[0]),
+                _ => break,
+            }
+        }
+        if got.len() < 2 {
+            lost.push(format!(
+                "try {i}: answers {:?}",
+                String::from_utf8_lossy(&got)
+            ));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    echo.join().unwrap();
+    let report = dp::inspect(&p.bin, &node).unwrap();
+    assert!(
+        lost.is_empty(),
+        "{} of {TRIES} pairs lost an answer ({:?}…); masquerade: {}",
+        lost.len(),
+        &lost[..lost.len().min(5)],
+        report["masquerade"]
+    );
+    p.run(&node, CniCommand::Del, &env, conf.to_string())
+        .expect_success("DEL");
+    assert_node_clean(&node, "after DEL");
+}
