@@ -71,7 +71,8 @@ pub fn find(root: &PinRoot, node: &NodeId) -> Vec<UnpinnedFilter> {
 /// [`sweep`] with the node lock held.
 pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
     let mut lines = Vec::new();
-    for f in find(root, node) {
+    let found = find(root, node);
+    for f in &found {
         let Some(hook) = Hook::ALL.into_iter().find(|h| h.program() == f.program) else {
             continue;
         };
@@ -89,6 +90,24 @@ pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
                 lines.push(line);
             }
             Err(e) => log::warn!("removing {} from {}: {e}", f.program, f.device),
+        }
+    }
+    // The record of who created each device's `clsact` went with the pins: one left empty
+    // by the removal held only ebpf-cni's filters, and goes too.
+    let mut devices: Vec<&str> = Vec::new();
+    for f in &found {
+        if !devices.contains(&f.device.as_str()) {
+            devices.push(&f.device);
+        }
+    }
+    for device in devices {
+        let Ok(index) = nix::net::if_::if_nametoindex(device) else {
+            continue;
+        };
+        if crate::netlink::tc::clsact_filter_count(index).is_ok_and(|n| n == 0) {
+            if let Err(e) = crate::netlink::tc::delete_clsact(index) {
+                log::warn!("removing the clsact qdisc of {device}: {e}");
+            }
         }
     }
     lines
