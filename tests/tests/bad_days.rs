@@ -54,9 +54,15 @@ fn dotted_network_container_and_interface_names_get_their_pins() {
         "inspect does not name the attachment as it is: {att}"
     );
 
-    p.run(&node, CniCommand::Del, &env, checked.to_string())
-        .expect_success("DEL with dotted names");
-    assert_gone(&node, Some(&pod), ifname, &r, network, cid, "DEL");
+    del_leaves_nothing(
+        &p,
+        &node,
+        &env,
+        &checked,
+        Some(&pod),
+        &r,
+        "DEL with dotted names",
+    );
     assert_node_clean(&node, "after the last DEL");
 }
 
@@ -110,6 +116,29 @@ fn an_add_whose_device_program_cannot_be_attached_fails_and_leaves_nothing() {
     p.run(&node, CniCommand::Del, &env, conf.to_string())
         .expect_success("DEL");
     assert_node_clean(&node, "after DEL");
+}
+
+/// DEL of the pod `env` names, with `conf` (the network's name, as the runtime cached it),
+/// succeeds and leaves nothing of it: no veth, route, lease or pin.
+fn del_leaves_nothing(
+    p: &PluginUnderTest,
+    node: &Node,
+    env: &ebpf_cni_tests::ContainerEnv,
+    conf: &serde_json::Value,
+    pod: Option<&ebpf_cni_tests::Netns>,
+    r: &AddResult,
+    what: &str,
+) {
+    p.run(node, CniCommand::Del, env, conf.to_string())
+        .expect_success(what);
+    let (cid, ifname) = (
+        env.container_id
+            .as_deref()
+            .expect("a DEL names its container"),
+        env.ifname.as_deref().expect("a DEL names its interface"),
+    );
+    let network = conf["name"].as_str().expect("a config names its network");
+    assert_gone(node, pod, ifname, r, network, cid, what);
 }
 
 /// The snapshot without the node lock's file, which the first ADD creates for good.
@@ -176,17 +205,7 @@ fn the_plugin_run_by_hand_under_ip_netns_exec_pins_in_the_hosts_bpffs() {
         "DEL a",
     );
     // The last DEL, run the usual way, finds the node as the hand-run commands left it.
-    p.run(&node, CniCommand::Del, &env_b, conf.to_string())
-        .expect_success("DEL b");
-    assert_gone(
-        &node,
-        Some(&pod_b),
-        "eth0",
-        &b,
-        ebpf_cni_tests::config::NETWORK,
-        "by-hand-b",
-        "DEL b",
-    );
+    del_leaves_nothing(&p, &node, &env_b, &conf, Some(&pod_b), &b, "DEL b");
     assert_node_clean(&node, "after the last DEL");
 }
 
@@ -408,16 +427,14 @@ fn a_stale_del_of_an_old_sandbox_leaves_the_new_one_alone() {
         "new",
         "the host port no longer reaches the new sandbox"
     );
-    p.run(&node, CniCommand::Del, &new_env, checked.to_string())
-        .expect_success("DEL of the new sandbox");
-    assert_gone(
+    del_leaves_nothing(
+        &p,
         &node,
+        &new_env,
+        &checked,
         Some(&new_pod),
-        "eth0",
         &r,
-        ebpf_cni_tests::config::NETWORK,
-        "new-sandbox",
-        "DEL",
+        "DEL of the new sandbox",
     );
     assert_node_clean(&node, "after the last DEL");
 }
@@ -462,16 +479,14 @@ fn a_del_replayed_after_a_reboot_releases_the_lease_and_nothing_else() {
 
     let mut replayed = conf.clone();
     replayed["prevResult"] = dead.clone();
-    p.run(&node, CniCommand::Del, &dead_env, replayed.to_string())
-        .expect_success("the DEL replayed after the reboot");
-    assert_gone(
+    del_leaves_nothing(
+        &p,
         &node,
+        &dead_env,
+        &replayed,
         None,
-        "eth0",
         &dead_r,
-        ebpf_cni_tests::config::NETWORK,
-        "before-reboot",
-        "replayed DEL",
+        "the DEL replayed after the reboot",
     );
     assert!(
         !node.pin_root().exists(),
@@ -639,17 +654,7 @@ fn duplicate_adds_make_one_attachment(hold: Hold) {
         tag_of(&tcp_ask(node.netns(), sa(std::net::Ipv4Addr::LOCALHOST, 8085)).unwrap()),
         "dup"
     );
-    p.run(&node, CniCommand::Del, &env, checked.to_string())
-        .expect_success("DEL");
-    assert_gone(
-        &node,
-        Some(&pod),
-        "eth0",
-        &r,
-        ebpf_cni_tests::config::NETWORK,
-        &cid,
-        "DEL",
-    );
+    del_leaves_nothing(&p, &node, &env, &checked, Some(&pod), &r, "DEL");
     assert!(
         first_locked && second_waited,
         "the held ADD took its attachment's lock: {first_locked}; the second waited for it: \
@@ -712,21 +717,9 @@ fn one_container_on_two_networks() {
         AddResult::parse(&r0).unwrap(),
         AddResult::parse(&r1).unwrap(),
     );
-    p.run(&node, CniCommand::Del, &env1, second.to_string())
-        .expect_success("DEL net1");
-    assert_gone(&node, None, "net1", &a1, "second", "two-nets", "DEL net1");
+    del_leaves_nothing(&p, &node, &env1, &second, None, &a1, "DEL net1");
     ebpf_cni_tests::state::assert_attachment(&node, &pod, "eth0", &a0, None);
-    p.run(&node, CniCommand::Del, &env0, first.to_string())
-        .expect_success("DEL eth0");
-    assert_gone(
-        &node,
-        Some(&pod),
-        "eth0",
-        &a0,
-        ebpf_cni_tests::config::NETWORK,
-        "two-nets",
-        "DEL eth0",
-    );
+    del_leaves_nothing(&p, &node, &env0, &first, Some(&pod), &a0, "DEL eth0");
     assert_node_clean(&node, "after the last DEL");
 }
 
@@ -1021,16 +1014,14 @@ fn the_agent_killed_and_the_conflist_deleted_stop_no_traffic() {
 
     std::fs::remove_file(&conflist).unwrap();
     check("after the conflist was deleted");
-    p.run(&node, CniCommand::Del, &env, conf.to_string())
-        .expect_success("DEL with the runtime's cached config");
-    assert_gone(
+    del_leaves_nothing(
+        &p,
         &node,
+        &env,
+        &conf,
         Some(&pod),
-        "eth0",
         &r,
-        ebpf_cni_tests::config::NETWORK,
-        "bad-day-pod",
-        "DEL",
+        "DEL with the runtime's cached config",
     );
     assert_node_clean(&node, "after DEL");
     node_session
@@ -1126,27 +1117,23 @@ fn programs_left_attached_without_their_pins_are_removed() {
     checked["prevResult"] = new.clone();
     p.run(&node, CniCommand::Check, &new_env, checked.to_string())
         .expect_success("CHECK of the new pod");
-    p.run(&node, CniCommand::Del, &old_env, conf.to_string())
-        .expect_success("DEL of the old pod");
-    assert_gone(
+    del_leaves_nothing(
+        &p,
         &node,
+        &old_env,
+        &conf,
         Some(&old_pod),
-        "eth0",
         &old_r,
-        ebpf_cni_tests::config::NETWORK,
-        "pinless-old",
-        "DEL old",
+        "DEL of the old pod",
     );
-    p.run(&node, CniCommand::Del, &new_env, conf.to_string())
-        .expect_success("DEL of the new pod");
-    assert_gone(
+    del_leaves_nothing(
+        &p,
         &node,
+        &new_env,
+        &conf,
         Some(&new_pod),
-        "eth0",
         &new_r,
-        ebpf_cni_tests::config::NETWORK,
-        "pinless-new",
-        "DEL new",
+        "DEL of the new pod",
     );
     assert_node_clean(&node, "after the last DEL");
 }
