@@ -1232,3 +1232,124 @@ fn parallel_datagrams_of_a_new_masqueraded_flow_both_get_answers() {
         .expect_success("DEL");
     assert_node_clean(&node, "after DEL");
 }
+
+/// Immediate address reuse (cilium/cilium#29571): pod A, masquerading, with a host port and
+/// a masqueraded UDP flow to an outside server, is deleted, and pod B gets A's address at
+/// once (a new MAC) while an outside client keeps asking for it. Within a second B answers
+/// on its address; the outside server's next datagram in A's flow (to the node's masquerade
+/// port) does not reach B, though B listens on the port A sent from; and A's host port does
+/// not lead to B.
+#[test]
+fn a_pod_given_a_deleted_pods_address_gets_nothing_of_its_flows() {
+    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, PodServer};
+    use std::net::{SocketAddr, UdpSocket};
+    use std::time::{Duration, Instant};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let node = Node::new().unwrap();
+    let ext = ExternalHost::attach(node.netns(), "up0", 88).unwrap();
+    let mut conf = p.conf("1.0.0", &node, Stack::V4);
+    conf["ipMasq"] = json!(true);
+    let mut with_port = conf.clone();
+    with_port["runtimeConfig"] =
+        json!({"portMappings": [{"hostPort": 8088, "containerPort": 80, "protocol": "tcp"}]});
+    let addr = "10.10.0.50";
+    let pod_a = node.new_pod().unwrap();
+    let env_a = p
+        .env("reuse-a", pod_a.path(), "eth0")
+        .with_args(&format!("IgnoreUnknown=1;IP={addr}"));
+    p.run(&node, CniCommand::Add, &env_a, with_port.to_string())
+        .expect_success("ADD of pod A");
+    let _a_web = PodServer::start(&pod_a, 80, "A");
+    let target = sa(ext.node_v4, 8088);
+    assert_eq!(tag_of(&tcp_ask(ext.netns(), target).unwrap()), "A");
+
+    // A's masqueraded UDP flow: from its port 40000 to the outside server.
+    let server_addr = SocketAddr::new(ext.v4.into(), 7001);
+    let server = ext
+        .netns()
+        .run_in(|| UdpSocket::bind(server_addr))
+        .unwrap()
+        .unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let a_sock = pod_a
+        .run_in(|| UdpSocket::bind("0.0.0.0:40000"))
+        .unwrap()
+        .unwrap();
+    a_sock.send_to(b"from A", server_addr).unwrap();
+    let mut buf = [0u8; 64];
+    let (_, a_flow) = server.recv_from(&mut buf).unwrap();
+    assert_eq!(
+        a_flow.ip(),
+        std::net::IpAddr::from(ext.node_v4),
+        "A's flow is masqueraded"
+    );
+
+    // A goes; B takes its address at once.
+    drop(_a_web);
+    drop(a_sock);
+    p.run(&node, CniCommand::Del, &env_a, with_port.to_string())
+        .expect_success("DEL of pod A");
+    let pod_b = node.new_pod().unwrap();
+    let env_b = p
+        .env("reuse-b", pod_b.path(), "eth0")
+        .with_args(&format!("IgnoreUnknown=1;IP={addr}"));
+    let res_b = p
+        .run(&node, CniCommand::Add, &env_b, conf.to_string())
+        .expect_success("ADD of pod B");
+    let t = Instant::now();
+    let r_b = AddResult::parse(&res_b).unwrap();
+    assert_eq!(r_b.ip4().unwrap().addr.to_string(), addr);
+    let b_sock = pod_b
+        .run_in(|| UdpSocket::bind("0.0.0.0:40000"))
+        .unwrap()
+        .unwrap();
+    b_sock
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let _b_servers = PodServer::start(&pod_b, 9000, "B");
+
+    let b_target = sa(r_b.ip4().unwrap().addr, 9000);
+    let answered = loop {
+        let (tcp, udp) = (
+            tcp_ask(ext.netns(), b_target),
+            udp_ask(ext.netns(), b_target),
+        );
+        if tcp.as_deref().is_ok_and(|a| tag_of(a) == "B")
+            && udp.as_deref().is_ok_and(|a| tag_of(a) == "B")
+        {
+            break t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "B does not answer: TCP {tcp:?}, UDP {udp:?}"
+        );
+    };
+    assert!(
+        answered < Duration::from_secs(1),
+        "B answered only after {answered:?}"
+    );
+
+    server.send_to(b"to A's flow", a_flow).unwrap();
+    match b_sock.recv_from(&mut buf) {
+        Ok((n, from)) => panic!(
+            "B got {:?} from {from}, meant for A's masqueraded flow",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        ),
+    }
+    assert!(
+        tcp_ask(ext.netns(), target).is_err(),
+        "A's host port still leads somewhere after A's DEL"
+    );
+    del_leaves_nothing(&p, &node, &env_b, &conf, Some(&pod_b), &r_b, "DEL of pod B");
+    assert_node_clean(&node, "after the last DEL");
+}
