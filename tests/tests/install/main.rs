@@ -841,3 +841,56 @@ fn layout_reads_a_binary_back_in_2mib_folios() {
         out.stderr
     );
 }
+
+/// `uninstall` (without `--purge`) while a pod runs removes the binary and the conflist and
+/// nothing of the pod: its pins stay and its programs run, so the pod's traffic goes on
+/// (calico#6739 was programs left attached without their state). Installed again, the
+/// plugin's DEL of that pod, with the runtime's cached result, leaves nothing.
+#[test]
+fn uninstall_with_a_pod_attached_leaves_the_pod_working() {
+    require_root();
+    let host = Host::new();
+    install(&host, &subnet_args()).assert_ok();
+    let p = PluginUnderTest::at(host.binary());
+    let node = Node::new().unwrap();
+    let pod = node.new_pod().unwrap();
+    let list = runnable(&host.conflist_json(), &node);
+    let att = Attachment::new(&unique_container_id(), pod.path(), "eth0");
+    let res = p
+        .runtime
+        .add(&node, &list, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let r = ebpf_cni_tests::AddResult::parse(&res).unwrap();
+    let pinned = node.pinned_files();
+
+    uninstall(&host, &[]).assert_ok();
+    assert!(host.snapshot().0.is_empty(), "uninstall left files");
+    assert_eq!(
+        node.pinned_files(),
+        pinned,
+        "uninstall removed the pod's pins"
+    );
+    for ip in &r.ips {
+        ebpf_cni_tests::net::tcp_echo(node.netns(), &pod, ip.addr, 0).unwrap_or_else(|e| {
+            panic!(
+                "the node reaches the pod at {} after uninstall: {e:#}",
+                ip.addr
+            )
+        });
+    }
+
+    install(&host, &subnet_args()).assert_ok();
+    p.runtime
+        .del(&node, &list, &att, Some(&res))
+        .unwrap_or_else(|e| panic!("DEL after reinstalling: {e}"));
+    assert_gone(
+        &node,
+        Some(&pod),
+        "eth0",
+        &r,
+        NETWORK,
+        &att.container_id,
+        "DEL",
+    );
+    assert!(node.pinned_files().is_empty(), "{:?}", node.pinned_files());
+}
