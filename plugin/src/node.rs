@@ -163,13 +163,12 @@ pub fn warn_stock_keys_once(network: &str, accepted: &[crate::cni::stock_keys::F
         .iter()
         .map(|f| format!("{} {}", f.field, f.value))
         .collect();
-    let hash = fields
-        .iter()
-        .flat_map(|f| f.bytes().chain([0]))
-        .chain(network.bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
+    let hash = crate::bpf::fnv1a(
+        fields
+            .iter()
+            .flat_map(|f| f.bytes().chain([0]))
+            .chain(network.bytes()),
+    );
     let record = crate::bpf::PinRoot::from_env()
         .node_dir(&node)
         .join(ebpf_cni_maps::pin::STOCK_KEYS_WARNED_DIR)

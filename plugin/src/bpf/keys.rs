@@ -48,7 +48,7 @@ impl AttachmentKey<'_> {
 }
 
 /// 64-bit FNV-1a: stable across builds and platforms, which pin names and veth names need.
-pub(super) fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
+pub(crate) fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
     bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

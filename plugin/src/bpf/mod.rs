@@ -49,6 +49,7 @@ pub use inspect::{
     inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport, Links,
     MapUsageReport, NodeReport, PortMappingReport, ShapeSubnetsReport, SourceCheckReport,
 };
+pub(crate) use keys::fnv1a;
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
 use maps::ports;
