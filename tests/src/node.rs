@@ -42,6 +42,16 @@ pub struct NodeSnapshot {
     pub pinned_dirs: Vec<PathBuf>,
 }
 
+impl NodeSnapshot {
+    /// The snapshot without the IPAM store's (empty) lock file, which the store's first
+    /// transaction creates for good: a failed call may leave it.
+    pub fn without_lock(mut self) -> Self {
+        self.data_dir_files
+            .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
+        self
+    }
+}
+
 #[derive(Debug)]
 pub struct Node {
     netns: Netns,

@@ -6,9 +6,7 @@ use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
-use ebpf_cni_tests::{
-    fsutil, require_root, AddResult, CniCommand, Node, NodeSnapshot, PluginUnderTest,
-};
+use ebpf_cni_tests::{fsutil, require_root, AddResult, CniCommand, Node, PluginUnderTest};
 use serde_json::json;
 
 /// bpffs refuses every name holding a `.` (the kernel keeps them for itself), and CNI allows
@@ -86,7 +84,7 @@ fn an_add_whose_device_program_cannot_be_attached_fails_and_leaves_nothing() {
     p.run(&node, CniCommand::Del, &warm_env, conf.to_string())
         .expect_success("warm-up DEL");
     let pod = node.new_pod().unwrap();
-    let before = without_lock(node.snapshot(Some(&pod)));
+    let before = node.snapshot(Some(&pod)).without_lock();
     // Under the node's pin root, a directory where the uplink's link would be pinned.
     std::fs::create_dir_all(dp::device_link_pin(&node, "up0")).unwrap();
 
@@ -101,7 +99,7 @@ fn an_add_whose_device_program_cannot_be_attached_fails_and_leaves_nothing() {
     // The failed ADD's rollback takes the node's state with it, the blocking directory too.
     assert_node_clean(&node, "after the failed ADD");
     assert_eq!(
-        without_lock(node.snapshot(Some(&pod))),
+        node.snapshot(Some(&pod)).without_lock(),
         before,
         "the failed ADD left state behind"
     );
@@ -139,13 +137,6 @@ fn del_leaves_nothing(
     );
     let network = conf["name"].as_str().expect("a config names its network");
     assert_gone(node, pod, ifname, r, network, cid, what);
-}
-
-/// The snapshot without the node lock's file, which the first ADD creates for good.
-fn without_lock(mut s: NodeSnapshot) -> NodeSnapshot {
-    s.data_dir_files
-        .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
-    s
 }
 
 /// Trying the plugin by hand: `ip netns exec <node> ebpf-cni` runs it in a mount namespace

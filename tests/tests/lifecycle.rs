@@ -15,8 +15,7 @@ use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
 use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     kernel, require_root, unique_container_id, AddResult, Attachment, CniCommand, ListError,
-    NetConfList, Netns, Node, NodeSnapshot, PluginUnderTest, ResultExpectation,
-    REFERENCE_HOST_LOCAL,
+    NetConfList, Netns, Node, PluginUnderTest, ResultExpectation, REFERENCE_HOST_LOCAL,
 };
 use serde_json::{json, Value};
 
@@ -385,12 +384,6 @@ fn check_detects_damage() {
     );
 }
 
-fn without_lock(mut s: NodeSnapshot) -> NodeSnapshot {
-    s.data_dir_files
-        .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
-    s
-}
-
 /// STYLE.md "ADD rolls back" and section 4 ("If, on ADD, a delegated plugin fails, the
 /// upper plugin should execute again with DEL"): a failure after everything was set up
 /// (failpoint before the result is printed) and a natural failure after the veth exists
@@ -412,7 +405,7 @@ fn failed_add_rolls_back_everything() {
         .expect_success("warm-up DEL");
 
     let pod = node.new_pod().unwrap();
-    let before = without_lock(node.snapshot(Some(&pod)));
+    let before = node.snapshot(Some(&pod)).without_lock();
     let cid = unique_container_id();
     let env = p
         .env(&cid, pod.path(), "eth0")
@@ -424,7 +417,7 @@ fn failed_add_rolls_back_everything() {
         out.describe()
     );
     assert_eq!(
-        without_lock(node.snapshot(Some(&pod))),
+        node.snapshot(Some(&pod)).without_lock(),
         before,
         "failpoint before-result left state behind"
     );
@@ -442,7 +435,7 @@ fn failed_add_rolls_back_everything() {
         out.describe()
     );
     assert_eq!(
-        without_lock(node.snapshot(Some(&pod))),
+        node.snapshot(Some(&pod)).without_lock(),
         before,
         "failed route setup left state behind"
     );
@@ -472,7 +465,7 @@ fn add_with_a_bad_netns_fails_with_106_and_leaves_nothing() {
     ];
     let try_all = |what: &str| {
         for (kind, netns) in cases {
-            let before = without_lock(node.snapshot(None));
+            let before = node.snapshot(None).without_lock();
             let cid = unique_container_id();
             let env = p.env(&cid, netns, "eth0");
             let out = p.run(&node, CniCommand::Add, &env, conf.to_string());
@@ -483,7 +476,7 @@ fn add_with_a_bad_netns_fails_with_106_and_leaves_nothing() {
                 err.msg
             );
             assert_eq!(
-                without_lock(node.snapshot(None)),
+                node.snapshot(None).without_lock(),
                 before,
                 "ADD with CNI_NETNS {kind} ({what}) changed the node"
             );

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use ebpf_cni_tests::config::{self, Stack, NETWORK};
 use ebpf_cni_tests::{
-    require_root, unique_container_id, CniCommand, ContainerEnv, Netns, Node, NodeSnapshot,
-    PluginUnderTest, ResultExpectation, CNI_VERSIONS,
+    require_root, unique_container_id, CniCommand, ContainerEnv, Netns, Node, PluginUnderTest,
+    ResultExpectation, CNI_VERSIONS,
 };
 use serde_json::{json, Value};
 
@@ -198,13 +198,6 @@ fn error_cases() -> Vec<Case> {
     ]
 }
 
-/// Files a failed call may leave in the dataDir: the (empty) lock file of the store.
-fn without_lock(mut s: NodeSnapshot) -> NodeSnapshot {
-    s.data_dir_files
-        .retain(|f| f.file_name().is_none_or(|n| n != "lock"));
-    s
-}
-
 /// Section 5 error codes for bad input: exact code, error JSON with the input's
 /// cniVersion, named variables for code 4, and no link, route, lease or pin left over.
 #[test]
@@ -226,9 +219,9 @@ fn errors_have_exact_codes_and_change_nothing() {
         let conf = (case.conf)(p.conf("1.0.0", &node, Stack::Dual));
         let stdin = case.stdin.clone().unwrap_or_else(|| conf.to_string());
         let env = (case.env)(p.env(&unique_container_id(), target.path(), "eth0"));
-        let before = without_lock(node.snapshot(Some(target)));
+        let before = node.snapshot(Some(target)).without_lock();
         let out = p.run(&node, CniCommand::Add, &env, &stdin);
-        let after = without_lock(node.snapshot(Some(target)));
+        let after = node.snapshot(Some(target)).without_lock();
         let r = std::panic::catch_unwind(|| {
             let err = out.expect_error(case.code, case.what);
             // Section 5: "cniVersion: the same value as provided by the configuration",
