@@ -10,7 +10,7 @@
 //! alternate within every repeat so the noise of this shared machine hits all of them, and
 //! every figure is a median with its range. A feature a subject lacks is found by a probe
 //! and reported as "not implemented" instead of a number, so the bench grows with the
-//! plugin without edits. Writes `REPORT.md`, `results.json` and SVG charts to the output
+//! plugin without edits. Writes `RESULTS.md`, `results.json` and SVG charts to the output
 //! directory and prints the headline table.
 //!
 //! Timing figures are never asserted: the run fails (after writing the report) only when a
@@ -56,9 +56,10 @@ pub struct BenchArgs {
     /// indicative only.
     #[arg(long)]
     pub quick: bool,
-    /// Where to write REPORT.md, results.json and the charts [default: bench/ at the
-    /// workspace root; with --quick: bench-quick/ in cargo's target directory, so a CI run
-    /// never overwrites the committed report].
+    /// Where to write RESULTS.md, results.json and the charts [default: bench/ at the
+    /// workspace root for a full run; with --quick: bench-quick/, with --only:
+    /// bench-partial/, in cargo's target directory, so only a full run replaces the
+    /// committed report]. Never a directory inside bench/.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Benchmark this ebpf-cni binary instead of building one [default: the static release
@@ -114,6 +115,37 @@ fn build_floor() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Where a run writes its report. Only a full run of every section replaces the committed
+/// `bench/RESULTS.md`; a quick or partial run goes under cargo's target directory. No run
+/// writes a directory of its own inside `bench/`: earlier reports live in git history.
+fn out_dir(args: &BenchArgs) -> Result<PathBuf> {
+    let committed = xtask::build::workspace_root().join("bench");
+    let Some(dir) = &args.out else {
+        return Ok(if args.quick {
+            xtask::build::target_dir()?.join("bench-quick")
+        } else if !args.only.is_empty() {
+            xtask::build::target_dir()?.join("bench-partial")
+        } else {
+            committed
+        });
+    };
+    let abs = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    if abs.starts_with(&committed) && abs != committed {
+        bail!(
+            "--out {}: a run replaces bench/RESULTS.md and never adds a directory under bench/; \
+             write a quick or partial run elsewhere (its default is under target/)",
+            dir.display()
+        );
+    }
+    if abs == committed && (args.quick || !args.only.is_empty()) {
+        bail!(
+            "--out {}: only a full run of every section replaces bench/RESULTS.md",
+            dir.display()
+        );
+    }
+    Ok(abs)
+}
+
 /// The task's name in messages (root check, the report's command line).
 const TASK: &str = "cargo xtask bench";
 /// Where the plugin is staged when the bench builds it (see [`xtask::prepare`]).
@@ -156,11 +188,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         }
     }
     ebpf_cni_tests::bpf::ensure_bpffs()?;
-    let out_dir = match &args.out {
-        Some(d) => d.clone(),
-        None if args.quick => xtask::build::target_dir()?.join("bench-quick"),
-        None => xtask::build::workspace_root().join("bench"),
-    };
+    let out_dir = out_dir(args)?;
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
     let mut command = String::from(TASK);

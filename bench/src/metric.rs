@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::format::{rate, thousands};
 
-/// Issue 18: reading all maps of a node of [`METRICS_TARGET_PODS`] pods takes less than this.
+/// The metrics goal: reading all maps of a node of [`METRICS_TARGET_PODS`] pods takes less than this.
 pub const METRICS_TARGET_MS: f64 = 100.0;
 pub const METRICS_TARGET_PODS: usize = 1_000;
 

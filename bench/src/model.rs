@@ -72,7 +72,7 @@ impl Summary {
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum Cell {
     Value(Summary),
-    /// The subject does not provide the feature (yet); `why` says which issue or probe.
+    /// The subject does not provide the feature (yet); `why` says which probe.
     NotImplemented {
         why: String,
     },

@@ -1,4 +1,4 @@
-//! REPORT.md: the headline, the targets, the subjects, the machine and the parameters,
+//! RESULTS.md: the headline, the targets, the subjects, the machine and the parameters,
 //! the charts, then each section's tables with their notes, and the method.
 
 use std::fmt::Write as _;
@@ -62,15 +62,14 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
 
     s.push_str(&md_table(&headline(run), "##"));
 
-    let _ = writeln!(s, "## Targets (issue 6, with issues 3–5, 18, 24 and 26)\n");
-    let _ = writeln!(s, "| goal | issue | ebpf-cni | reference chain | status |");
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "## Targets\n");
+    let _ = writeln!(s, "| goal | ebpf-cni | reference chain | status |");
+    let _ = writeln!(s, "|---|---|---|---|");
     for t in targets(run) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} |",
             t.goal,
-            t.source,
             escape(&t.ebpf),
             escape(&t.reference),
             escape(&t.status)
@@ -93,7 +92,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     let _ = writeln!(s, "|---|---|---|---|");
     let hp = |subj: Subject| match run.traffic.as_ref().and_then(|t| t.hostport.get(&subj)) {
         Some(Ok(())) => "provided (probe: external client → hostPort → pod echoed)".to_owned(),
-        Some(Err(e)) => format!("not provided (issue 4) — probe: {}", escape(e)),
+        Some(Err(e)) => format!("not provided — probe: {}", escape(e)),
         None => "not probed (traffic section not run)".to_owned(),
     };
     let bwp = |subj: Subject| match run.bandwidth.as_ref().and_then(|b| b.enforced.get(&subj)) {

@@ -1,5 +1,5 @@
-//! REPORT.md ([`markdown`]), results.json ([`json`]), the charts ([`charts`]) and the
-//! headline table printed at the end ([`headline`]); [`targets`] judges the issues' goals and
+//! RESULTS.md ([`markdown`]), results.json ([`json`]), the charts ([`charts`]) and the
+//! headline table printed at the end ([`headline`]); [`targets`] judges the goals and
 //! [`table`] writes tables as text.
 //!
 //! Cells show "median [min–max]" (a single figure when there was one value); cells without
@@ -24,13 +24,13 @@ use crate::model::{Cell, Subject};
 use crate::run::Run;
 pub use charts::Charts;
 
-/// Writes REPORT.md, results.json and the charts of `run` to `out_dir` and prints the
+/// Writes RESULTS.md, results.json and the charts of `run` to `out_dir` and prints the
 /// headline table; then fails when a measurement failed (not when the reference chain's
 /// own behaviour did).
 pub fn write(run: &Run, out_dir: &Path) -> anyhow::Result<()> {
     let charts = draw_charts(run, out_dir);
     let text = markdown::markdown(run, &charts);
-    let report_path = out_dir.join("REPORT.md");
+    let report_path = out_dir.join("RESULTS.md");
     fs::write(&report_path, text).with_context(|| format!("writing {}", report_path.display()))?;
     let json = serde_json::to_string_pretty(&json::results_json(run))?;
     fs::write(out_dir.join("results.json"), json + "\n")?;

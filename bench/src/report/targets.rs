@@ -1,5 +1,5 @@
-//! The targets of issues 3–6, 18, 24 and 26: each goal with ebpf-cni's and the reference chain's
-//! figure and whether the goal is met.
+//! The benchmark's targets: each goal with ebpf-cni's and the reference chain's figure and
+//! whether the goal is met.
 
 use crate::format::{short_num, thousands};
 use crate::metric::{
@@ -12,11 +12,9 @@ use crate::sections::scale::Point;
 use super::headline::cleanup_row;
 use super::table::cell_reason;
 
-/// One goal of the issues, with each subject's figure and whether ebpf-cni meets it.
+/// One goal, with each subject's figure and whether ebpf-cni meets it.
 pub struct Target {
     pub goal: &'static str,
-    /// The issues that set it.
-    pub source: &'static str,
     pub ebpf: String,
     pub reference: String,
     pub status: String,
@@ -54,39 +52,35 @@ fn not_yet() -> String {
 pub fn targets(run: &Run) -> Vec<Target> {
     let mut out = Vec::new();
     let lat = run.lifecycle.as_ref().map(|l| &l.latency);
-    for (goal, source, metric, limit, issue_ref) in [
+    for (goal, metric, limit, when_set) in [
         (
             "ADD p50 ≤ 10 ms",
-            "3, 6",
             Metric::AddP50,
             10.0,
-            "issue: ≈ 65 ms",
+            "≈ 65 ms when the goal was set",
         ),
         (
             "DEL p50 ≤ 10 ms",
-            "6",
             Metric::DelP50,
             10.0,
-            "issue: ≈ 180 ms",
+            "≈ 180 ms when the goal was set",
         ),
         (
             "CHECK p50 ≤ 5 ms",
-            "6",
             Metric::CheckP50,
             5.0,
-            "issue: ≈ 27 ms",
+            "≈ 27 ms when the goal was set",
         ),
     ] {
         let e = median_of(lat, &metric, Subject::EbpfCni);
         let r = median_of(lat, &metric, Subject::Reference);
         out.push(Target {
             goal,
-            source,
             ebpf: e
                 .as_ref()
                 .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v))),
             reference: format!(
-                "{} ({issue_ref})",
+                "{} ({when_set})",
                 r.as_ref()
                     .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v)))
             ),
@@ -100,7 +94,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let floor = median_of(lat, &Metric::AddOverFloor, Subject::EbpfCni);
     out.push(Target {
         goal: "ADD p50 ≤ 1.3× its kernel floor (the same kernel work alone, measured alternately)",
-        source: "26",
         ebpf: floor.as_ref().map_or_else(
             |w| w.clone(),
             |v| {
@@ -121,7 +114,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let r = median_of(cost, &Metric::AddPeakRss, Subject::Reference);
     out.push(Target {
         goal: "peak RSS of one ADD ≤ the reference chain's",
-        source: "26",
         ebpf: e
             .as_ref()
             .map_or_else(|w| w.clone(), |v| format!("{} MiB", short_num(*v))),
@@ -138,10 +130,9 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let pct = |s| median_of(tput, &Metric::PodToPodOfVeth, s);
     out.push(Target {
         goal: "pod → pod throughput ≥ 93% of a plain veth pair",
-        source: "3, 6",
         ebpf: pct(Subject::EbpfCni).map_or_else(|w| w, |v| format!("{v:.0}%")),
         reference: format!(
-            "{} (issue: ≈ 80%)",
+            "{} (≈ 80% when the goal was set)",
             pct(Subject::Reference).map_or_else(|w| w, |v| format!("{v:.0}%"))
         ),
         status: match pct(Subject::EbpfCni) {
@@ -156,7 +147,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let r = median_of(rr, &rr_p50, Subject::Reference);
     out.push(Target {
         goal: "TCP_RR latency pod → pod lower than the reference chain's",
-        source: "3",
         ebpf: e
             .as_ref()
             .map_or_else(|w| w.clone(), |v| format!("{} µs", short_num(*v))),
@@ -169,7 +159,7 @@ pub fn targets(run: &Run) -> Vec<Target> {
         },
     });
 
-    // Issue 26: pod → pod at the plain veth pair's floor (the dataplane section's medians,
+    // Pod → pod at the plain veth pair's floor (the dataplane section's medians,
     // the three columns alternating in every repeat).
     let crr = Metric::Crr(PathKind::PodToPod);
     let of_veth = |m: &Metric, s| -> Result<f64, String> {
@@ -232,7 +222,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         );
         out.push(Target {
             goal,
-            source: "26",
             ebpf: format!("{}{at_floor}", show(&e)),
             reference: show(&r),
             status: match e {
@@ -242,7 +231,7 @@ pub fn targets(run: &Run) -> Vec<Target> {
         });
     }
 
-    // Issue 26: masquerade at the routed path's cost (the masquerade section).
+    // Masquerade at the routed path's cost (the masquerade section).
     let masq = run.masquerade.as_ref().map(|m| &m.traffic);
     let extra = |bulk| median_of(masq, &Metric::MasqExtraNs { bulk }, Subject::EbpfCni);
     let (bulk, crr) = (extra(true), extra(false));
@@ -250,7 +239,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         goal: "masquerade's extra `ecni_from_pod` run time per packet over the untranslated \
                path ≤ 0.3 µs (bulk TCP stream, an established flow / TCP_CRR, every \
                connection a new flow)",
-        source: "26",
         ebpf: [&bulk, &crr]
             .iter()
             .map(|v| {
@@ -271,7 +259,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         |v: &Result<f64, String>| v.as_ref().map_or_else(|w| w.clone(), |v| format!("{v:.3}"));
     out.push(Target {
         goal: "TCP_CRR pod → external host, masqueraded, ≥ 0.97 of the same path untranslated",
-        source: "26",
         ebpf: show(&e),
         reference: show(&r),
         status: match e {
@@ -298,7 +285,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         let r = median_of(masq, &metric, Subject::Reference);
         out.push(Target {
             goal,
-            source: "26",
             ebpf: match (&e, &r) {
                 (Ok(a), Ok(b)) => format!("{} ({:.2}×)", gbit(&e), a / b),
                 _ => gbit(&e),
@@ -313,7 +299,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let first = median_of(lat, &Metric::FirstAdd, Subject::EbpfCni);
     out.push(Target {
         goal: "first ADD of a node (the programs' load) < 0.25 s",
-        source: "26",
         ebpf: first
             .as_ref()
             .map_or_else(|w| w.clone(), |v| format!("{} ms", short_num(*v))),
@@ -367,7 +352,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         let r = growth(Subject::Reference);
         out.push(Target {
             goal,
-            source: "4, 6",
             ebpf: describe(&e),
             reference: describe(&r),
             status: match e {
@@ -383,7 +367,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     let r = median_of(bw, &Metric::WorstDeviation, Subject::Reference);
     out.push(Target {
         goal: "rate accuracy within ±5% (every rate, direction, TCP and UDP)",
-        source: "5, 6",
         ebpf: e
             .as_ref()
             .map_or_else(|w| w.clone(), |v| format!("worst {v:.1}%")),
@@ -410,7 +393,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         .unwrap_or_else(|| "section not run".into());
     out.push(Target {
         goal: "ping under TCP load no worse than the reference's tbf + ifb (within 10%)",
-        source: "5",
         ebpf: if ratios.is_empty() {
             brief(&why_e)
         } else {
@@ -437,7 +419,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     });
     out.push(Target {
         goal: "`ebpf-cni metrics` reads all maps of a node of 1,000 pods in < 100 ms",
-        source: "18",
         ebpf: match &read {
             Some((pods, Cell::Value(v))) => format!(
                 "{} ms (median, {} pods)",
@@ -468,7 +449,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
     });
     out.push(Target {
         goal: "STATUS on an unchanged node of 100 pods: p50 ≤ 5 ms (it converges the node)",
-        source: "24",
         ebpf: match &in_line {
             Some(Cell::Value(v)) => format!("{} ms (median)", short_num(v.median)),
             Some(c) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
@@ -489,7 +469,6 @@ pub fn targets(run: &Run) -> Vec<Target> {
         };
         out.push(Target {
             goal: "nothing left behind after any DEL scenario",
-            source: "2–5",
             ebpf: v(Subject::EbpfCni).map_or_else(|w| w, |n| format!("{n:.0} objects")),
             reference: v(Subject::Reference).map_or_else(|w| w, |n| format!("{n:.0} objects")),
             status: match v(Subject::EbpfCni) {

@@ -169,8 +169,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                         let first = (rate, dir, udp) == configs[0];
                         if first && achieved > 200.0 {
                             let why = format!(
-                                "limit not enforced: {:.0} Mbit/s measured for {} configured \
-                                 (issue 5)",
+                                "limit not enforced: {:.0} Mbit/s measured for {} configured",
                                 r.receiver_bps / 1e6,
                                 format::rate(rate)
                             );

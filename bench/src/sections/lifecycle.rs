@@ -140,7 +140,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             .into(),
         "\"first ADD on a fresh node\" is ADD #1 after the node namespace was created (nothing \
          of the subject pinned or installed yet); \"later ADDs\" the p50 of the rest. For \
-         ebpf-cni this is the load-strategy figure of issue 3: the first ADD pays for \
+         ebpf-cni this is the load-strategy figure: the first ADD pays for \
          whatever per-node work the plugin does once."
             .into(),
         "The kernel floor (ebpf-cni's column) is `bench/floor`, a small program that does \

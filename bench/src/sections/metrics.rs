@@ -1,4 +1,4 @@
-//! `ebpf-cni metrics` on a crowded node (issue 18: reading all maps for 1,000 pods takes
+//! `ebpf-cni metrics` on a crowded node (the goal: reading all maps for 1,000 pods takes
 //! < 100 ms): one ebpf-cni node with `metrics_pods` pods, each with a host port and every
 //! second one with a bandwidth limit, then `ebpf-cni metrics --netns <node>` run
 //! `metrics_runs` times. Figures per run: the time the process reports for reading the

@@ -1,4 +1,4 @@
-//! Pod → pod over netkit (issue 26, item 1): whether netkit devices (Linux 6.7+) take a pod
+//! Pod → pod over netkit: whether netkit devices (Linux 6.7+) take a pod
 //! → pod connection past the floor of routing at TC on veth.
 //!
 //! On veth, a packet from pod a leaves through a's veth into the node's backlog, runs a TC

@@ -1,4 +1,4 @@
-//! The node following its devices and addresses (issue 24, item 1): STATUS on a node of
+//! The node following its devices and addresses: STATUS on a node of
 //! `node_pods` pods, each with a host port, when nothing changed (what containerd 2.x pays
 //! every 5 s: the target is p50 ≤ 5 ms) and when a VIP was just added to or removed from
 //! the uplink (STATUS then converges the node); then `ebpf-cni agent` on the same node: how

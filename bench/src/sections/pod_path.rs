@@ -1,4 +1,4 @@
-//! What a pod → pod connection pays, part by part (issue 26, item 1): TCP_RR and TCP_CRR
+//! What a pod → pod connection pays, part by part: TCP_RR and TCP_CRR
 //! between two pods of one ebpf-cni node next to a plain veth pair, in short slices that
 //! alternate the two, in three states of the node: bare (no host port, no limit: the
 //! pods' programs only), with a third pod that has a host port (the socket programs on the

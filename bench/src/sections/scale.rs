@@ -322,7 +322,7 @@ fn series(
                 instead.insert(
                     s,
                     Cell::not_implemented(&format!(
-                        "hostPort not provided (issue 4); probe from the external client: {}",
+                        "hostPort not provided; probe from the external client: {}",
                         first_line(&e.root_cause().to_string())
                     )),
                 );

@@ -1,4 +1,4 @@
-//! The source check's cost (issue 27): pod → pod single-stream TCP throughput (iperf3),
+//! The source check's cost: pod → pod single-stream TCP throughput (iperf3),
 //! TCP_RR and TCP_CRR on two ebpf-cni nodes built alike but for the check, on (the
 //! default) on one and `sourceCheck: false` on the other. Both nodes are set up first;
 //! every repeat then measures the check on and off in turn, and the request/response time

@@ -169,7 +169,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
                 let cell = match (s, &hostport.get(s)) {
                     (Subject::Veth, _) => Cell::NotApplicable,
                     (_, Some(Err(e))) => Cell::not_implemented(&format!(
-                        "hostPort not provided (issue 4); probe from the external client: {}",
+                        "hostPort not provided; probe from the external client: {}",
                         crate::model::first_line(e)
                     )),
                     _ => Cell::NotApplicable,

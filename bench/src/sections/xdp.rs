@@ -1,4 +1,4 @@
-//! XDP against TC on the uplink (issue 26, item 6): external client → hostPort single-stream
+//! XDP against TC on the uplink: external client → hostPort single-stream
 //! TCP throughput (iperf3) and TCP_CRR on one ebpf-cni node, with the host-port DNAT done by
 //! the TC program `ecni_from_dev` (the product) or by the XDP prototype `ecni_xdp_dev`
 //! attached to the node's uplink veth in native (driver) mode in front of it.
