@@ -86,11 +86,6 @@ impl Learned {
         }
     }
 
-    /// Whether the programs should hand Service flows to the stack.
-    pub fn in_force(&self) -> bool {
-        !self.nets.is_empty()
-    }
-
     /// `kube-proxy-iptables-nft+config`, or `none`.
     pub fn describe(&self) -> String {
         if self.sources.is_empty() {
@@ -477,7 +472,7 @@ COMMIT
     fn sources_are_described_in_order() {
         let mut l = Learned::default();
         assert_eq!(l.describe(), "none");
-        assert!(!l.in_force());
+        assert!(l.nets.is_empty());
         l.add(
             Source::IptablesNft,
             vec![("10.96.0.10/32".parse().unwrap(), true)],
@@ -488,6 +483,6 @@ COMMIT
         );
         l.add(Source::Ipvs, Vec::new());
         assert_eq!(l.describe(), "kube-proxy-iptables-nft+config");
-        assert!(l.in_force());
+        assert_eq!(l.nets.len(), 2);
     }
 }

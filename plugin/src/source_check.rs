@@ -201,11 +201,10 @@ pub fn check_result(prev: &Value, wanted: &SourceCheck) -> Result<(), SourceChec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::{args::CniArgs, env::Command};
+    use crate::cni::args::CniArgs;
 
     fn env(args: &str) -> CniEnv {
         CniEnv {
-            command: Command::Add,
             container_id: "c".into(),
             netns: None,
             ifname: "eth0".into(),

@@ -42,8 +42,7 @@ pub use converge::{
     converge, record_change, services_source, ConvergeRecord, ConvergedBy, NodeView, ServicesView,
 };
 pub use cookie::netns_cookie_of;
-pub use ebpf_cni_maps::{DirCounters, PodCounters};
-pub use error::{BpfError, RemoveFailure};
+pub use error::BpfError;
 pub use hook::{AttachMode, AttachModes, Device, Hook};
 pub use inspect::{
     inspect, AttachmentReport, Counts, DeviceReport, GatewayReport, LimitReport, LinkReport, Links,
@@ -53,7 +52,7 @@ pub(crate) use keys::fnv1a;
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
 use maps::ports;
-pub use maps::{PodEndpoint, PodSources, SourceCheck};
+pub use maps::SourceCheck;
 pub use masq::{MasqReport, MasqSourceReport, MasqSpec};
 pub use orphans::{sweep as sweep_orphans, unpinned_filters, UnpinnedFilter};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
@@ -63,7 +62,7 @@ pub use purge::{purge, users, NodeUsers, Purge};
 pub use services::{ServicesMaps, ServicesReport};
 pub use survey::{readiness, Unready};
 pub use trace::trace;
-pub use tree::{network_attachments, AttachmentDir};
+pub use tree::network_attachments;
 
 // After every removal (DEL, GC): the node's programs on the cgroup root go with their
 // last user.
@@ -82,7 +81,7 @@ mod tests {
     use aya::programs::TcAttachType;
 
     use super::*;
-    use crate::bpf::programs::PROGRAMS;
+    use crate::bpf::{error::RemoveFailure, programs::PROGRAMS};
 
     /// build.rs hashes the object the same way: pins made by older binaries keep their
     /// names.

@@ -174,10 +174,6 @@ impl NodeId {
     pub const fn from_netns_inode(netns_inode: u64) -> Self {
         Self { netns_inode }
     }
-
-    pub const fn netns_inode(&self) -> u64 {
-        self.netns_inode
-    }
 }
 
 impl fmt::Display for NodeId {
@@ -607,7 +603,7 @@ mod tests {
     fn current_node_is_this_threads_netns() {
         let node = NodeId::current().expect("procfs is mounted");
         let ino = fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-        assert_eq!(node.netns_inode(), ino);
+        assert_eq!(node.netns_inode, ino);
         assert_eq!(node.to_string(), format!("netns-{ino}"));
     }
 }

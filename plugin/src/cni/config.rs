@@ -100,7 +100,6 @@ pub struct NetConf {
     pub raw: Value,
     pub cni_version: CniVersion,
     pub name: String,
-    pub plugin_type: String,
     pub mtu: Option<u32>,
     pub ipam: Option<Value>,
     pub ipam_type: Option<String>,
@@ -267,12 +266,6 @@ impl NetConf {
         };
         validate_network_name(&name)?;
 
-        let plugin_type = obj
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("ebpf-cni")
-            .to_owned();
-
         let mtu = match obj.get("mtu") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
@@ -406,7 +399,6 @@ impl NetConf {
             devices,
             cni_version,
             name,
-            plugin_type,
             mtu,
             ipam,
             ipam_type,

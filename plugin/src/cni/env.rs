@@ -71,7 +71,6 @@ impl Command {
 /// The per-attachment parameters of ADD, DEL and CHECK.
 #[derive(Debug, Clone)]
 pub struct CniEnv {
-    pub command: Command,
     pub container_id: String,
     /// `None` when `CNI_NETNS` is empty or unset (allowed for DEL only).
     pub netns: Option<PathBuf>,
@@ -85,15 +84,13 @@ pub struct CniEnv {
 /// are not read (a runtime may leave them set from elsewhere; they mean nothing here).
 #[derive(Debug, Clone)]
 pub struct NetworkEnv {
-    pub command: Command,
     pub path: Vec<PathBuf>,
 }
 
 /// [`NetworkEnv`] through `get`. `CNI_PATH` may be empty: only a delegated IPAM needs it,
 /// and its absence is reported when the delegate is looked up.
-pub fn network_from_lookup(command: Command, get: impl Fn(&str) -> Option<String>) -> NetworkEnv {
+pub fn network_from_lookup(get: impl Fn(&str) -> Option<String>) -> NetworkEnv {
     NetworkEnv {
-        command,
         path: cni_path(&get),
     }
 }
@@ -134,7 +131,6 @@ pub fn from_lookup(
     let args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
     let path = cni_path(&get);
     Ok(CniEnv {
-        command,
         container_id,
         netns,
         ifname,
@@ -233,25 +229,22 @@ mod tests {
 
     #[test]
     fn gc_and_status_need_no_attachment_variables() {
-        for cmd in [Command::Gc, Command::Status] {
-            let e = network_from_lookup(cmd, |k| {
-                (k == "CNI_PATH").then(|| "/opt/cni/bin::/usr/lib/cni".to_owned())
-            });
-            assert_eq!(e.command, cmd);
-            assert_eq!(
-                e.path,
-                [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
-            );
-            // Set but meaningless for a whole network: ignored, even when invalid.
-            let m: HashMap<&str, &str> = [
-                ("CNI_CONTAINERID", "-bad"),
-                ("CNI_IFNAME", "a/b"),
-                ("CNI_NETNS", "rel"),
-            ]
-            .into();
-            let e = network_from_lookup(cmd, |k| m.get(k).map(|v| v.to_string()));
-            assert!(e.path.is_empty());
-        }
+        let e = network_from_lookup(|k| {
+            (k == "CNI_PATH").then(|| "/opt/cni/bin::/usr/lib/cni".to_owned())
+        });
+        assert_eq!(
+            e.path,
+            [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+        );
+        // Set but meaningless for a whole network: ignored, even when invalid.
+        let m: HashMap<&str, &str> = [
+            ("CNI_CONTAINERID", "-bad"),
+            ("CNI_IFNAME", "a/b"),
+            ("CNI_NETNS", "rel"),
+        ]
+        .into();
+        let e = network_from_lookup(|k| m.get(k).map(|v| v.to_string()));
+        assert!(e.path.is_empty());
     }
 
     #[test]

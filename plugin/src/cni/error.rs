@@ -8,8 +8,6 @@ use serde::Serialize;
 /// Codes 0-99 are the spec's; 100+ are ours (documented in docs/operations.md).
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
-    pub const UNSUPPORTED_FIELD: u32 = 2;
-    pub const UNKNOWN_CONTAINER: u32 = 3;
     pub const INVALID_ENV: u32 = 4;
     pub const IO_FAILURE: u32 = 5;
     pub const DECODE_FAILURE: u32 = 6;

@@ -55,8 +55,9 @@ impl Values {
         }
     }
 
-    /// How the docs' table names the values.
-    pub fn describe(self) -> &'static str {
+    /// How the docs' table names the values (its test renders the table).
+    #[cfg(test)]
+    fn describe(self) -> &'static str {
         match self {
             Self::Any => "any",
             Self::True => "`true`",
@@ -79,7 +80,10 @@ pub enum Place {
 }
 
 impl Place {
-    pub fn prefix(self) -> &'static str {
+    /// The key's path before its name, as the docs' table writes it (its test renders the
+    /// table).
+    #[cfg(test)]
+    fn prefix(self) -> &'static str {
         match self {
             Self::Top => "",
             Self::Ipam => "ipam.",

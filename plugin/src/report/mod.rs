@@ -19,7 +19,7 @@ mod services;
 mod sources;
 
 use crate::bpf::NodeReport;
-pub use exposition::{escape_label, Exposition};
+pub use exposition::Exposition;
 use part::{Part, Text};
 
 /// The report as its parts, in the order both outputs show them.

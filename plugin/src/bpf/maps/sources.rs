@@ -57,13 +57,6 @@ fn pass_verdict(net: &IpNetwork, masq_addrs: &[IpAddr]) -> u16 {
     }
 }
 
-impl SourceCheck {
-    /// Whether the check is on.
-    pub fn is_on(&self) -> bool {
-        matches!(self, Self::On { .. })
-    }
-}
-
 /// What an attachment's record says ADD did about its source check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceRecord {
