@@ -36,6 +36,7 @@ pub mod netns;
 pub mod node;
 pub mod packet;
 pub mod plugin;
+pub mod pod;
 pub mod progtest;
 pub mod rate;
 pub mod release;
@@ -58,6 +59,7 @@ pub use machine::{
 pub use netns::{Netns, NetnsGuard};
 pub use node::{Lease, Node, NodeSnapshot};
 pub use plugin::{CniCommand, ContainerEnv, PluginOutput};
+pub use pod::Pod;
 pub use result::{AddResult, ResultExpectation};
 pub use runtime::{Attachment, CniRuntime, ListError, NetConfList};
 

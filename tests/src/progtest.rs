@@ -764,7 +764,7 @@ pub fn monotonic_ns() -> u64 {
 /// A pod as the programs see it: its host veth (which the programs run on) and the pod's
 /// addresses and MAC.
 #[derive(Clone, Debug)]
-pub struct Pod {
+pub struct LabPod {
     pub host_if: String,
     pub ifindex: u32,
     pub host_mac: [u8; 6],
@@ -775,7 +775,7 @@ pub struct Pod {
     pub attachment_id: u64,
 }
 
-impl Pod {
+impl LabPod {
     pub fn addr(&self, v4: bool) -> IpAddr {
         if v4 {
             IpAddr::V4(self.v4)
@@ -842,8 +842,8 @@ impl Uplink {
 pub struct Lab {
     pub ns: Netns,
     pub progs: LabPrograms,
-    pub a: Pod,
-    pub b: Pod,
+    pub a: LabPod,
+    pub b: LabPod,
     pub up: Uplink,
 }
 
@@ -984,7 +984,7 @@ impl Lab {
     }
 
     /// `ecni_from_pod` on pod `p`'s host veth.
-    pub fn from_pod(&self, p: &Pod, frame: &[u8]) -> Run {
+    pub fn from_pod(&self, p: &LabPod, frame: &[u8]) -> Run {
         self.run(ebpf_cni_maps::PROG_FROM_POD, p.ifindex, frame)
     }
 
@@ -1008,29 +1008,29 @@ impl Lab {
 
     /// The floor of routing pod → pod, `ecni_floor_pod` (verified on first use), on pod
     /// `p`'s host veth.
-    pub fn floor_pod(&mut self, p: &Pod, frame: &[u8]) -> Run {
+    pub fn floor_pod(&mut self, p: &LabPod, frame: &[u8]) -> Run {
         self.floor(ebpf_cni_maps::PROG_FLOOR_POD, p, frame)
     }
 
     /// The same floor for pods behind netkit devices, `ecni_floor_nk` (verified on first
     /// use), run on pod `p`'s host-side device.
-    pub fn floor_nk(&mut self, p: &Pod, frame: &[u8]) -> Run {
+    pub fn floor_nk(&mut self, p: &LabPod, frame: &[u8]) -> Run {
         self.floor(ebpf_cni_maps::PROG_FLOOR_NETKIT, p, frame)
     }
 
-    fn floor(&mut self, name: &str, p: &Pod, frame: &[u8]) -> Run {
+    fn floor(&mut self, name: &str, p: &LabPod, frame: &[u8]) -> Run {
         self.progs.load_tc(name).unwrap_or_else(|e| panic!("{e:#}"));
         self.run(name, p.ifindex, frame)
     }
 
     /// `ecni_to_pod` on pod `p`'s host veth.
-    pub fn to_pod(&self, p: &Pod, frame: &[u8]) -> Run {
+    pub fn to_pod(&self, p: &LabPod, frame: &[u8]) -> Run {
         self.run(ebpf_cni_maps::PROG_TO_POD, p.ifindex, frame)
     }
 
     /// Pod `p` masquerades (`ipMasq`): the node config's flag, the pod's endpoint flag,
     /// the uplink's addresses as masquerade's sources and the port range 61000-61009.
-    pub fn masquerade(&mut self, p: &Pod) {
+    pub fn masquerade(&mut self, p: &LabPod) {
         let cfg = NodeConfig {
             flags: ebpf_cni_maps::NODE_FLAG_MASQ | self.config().flags,
             masq_port_min: 61_000,
@@ -1079,13 +1079,13 @@ impl Lab {
 
     /// The source check of pod `p`: its own addresses pass, every other source is
     /// refused, frames must carry its MAC.
-    pub fn source_check(&mut self, p: &Pod) {
+    pub fn source_check(&mut self, p: &LabPod) {
         self.source_check_as(p, ebpf_cni_maps::SOURCE_PASS);
     }
 
     /// [`Self::source_check`] with `own` as the verdict of the pod's own addresses
     /// (`SOURCE_PASS`, or `SOURCE_PASS_MASQ` as ADD writes it for a masquerading pod).
-    pub fn source_check_as(&mut self, p: &Pod, own: u16) {
+    pub fn source_check_as(&mut self, p: &LabPod, own: u16) {
         use ebpf_cni_maps::{
             SOURCE_FAMILY_V4, SOURCE_FAMILY_V6, SOURCE_HEAD_BITS, SOURCE_POD_BITS, SOURCE_REFUSE,
         };
@@ -1146,8 +1146,8 @@ fn mac_text(m: [u8; 6]) -> String {
 }
 
 /// The lab's pod `n` (its addresses end in `n`), whose host veth `host` has index `ifindex`.
-fn pod(ifindex: u32, n: u8, tag: u8, host: &str) -> Pod {
-    Pod {
+fn pod(ifindex: u32, n: u8, tag: u8, host: &str) -> LabPod {
+    LabPod {
         host_if: host.to_string(),
         ifindex,
         host_mac: pod_host_mac(tag),

@@ -183,6 +183,13 @@ impl Attachment {
         self.capability_args.insert(key.to_owned(), value);
         self
     }
+
+    /// [`Attachment::with_capability`] for each pair.
+    pub fn with_capabilities(self, caps: &[(&str, Value)]) -> Self {
+        caps.iter().fold(self, |att, (key, value)| {
+            att.with_capability(key, value.clone())
+        })
+    }
 }
 
 /// Why a list operation failed.

@@ -13,7 +13,7 @@ use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::rate::{floor, iperf, iperf_for, on_the_wire, ping_median_ms};
 use ebpf_cni_tests::{
-    bpf, require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest,
+    bpf, require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
 
@@ -71,48 +71,6 @@ fn conf_with(p: &PluginUnderTest, node: &Node, bandwidth: Option<Value>) -> Valu
     c
 }
 
-struct Pod {
-    ns: Netns,
-    cid: String,
-    ip: IpAddr,
-    result: Value,
-}
-
-fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
-    let ns = node.new_pod().unwrap();
-    let cid = unique_container_id();
-    let out = p.run(
-        node,
-        CniCommand::Add,
-        &p.env(&cid, ns.path(), "eth0"),
-        conf.to_string(),
-    );
-    out.expect_success("ADD");
-    let result = out.json.clone().expect("ADD result");
-    let ip: IpAddr = result["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    Pod {
-        ns,
-        cid,
-        ip,
-        result,
-    }
-}
-
-fn host_ifindex(node: &Node, pod: &Pod) -> u32 {
-    bpf::ifindex_in(
-        node.netns(),
-        pod.result["interfaces"][0]["name"].as_str().unwrap(),
-    )
-    .unwrap()
-}
-
 #[test]
 fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     require_root();
@@ -132,9 +90,9 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // the last limit goes.
     let no_limits =
         || dp::node_config_flags(&node).unwrap() & ebpf_cni_maps::NODE_FLAG_NO_LIMITS != 0;
-    let plain = add(&p, &node, &plain_conf);
+    let plain = Pod::add_direct(&p, &node, &plain_conf);
     assert!(no_limits(), "a node without limits has the switch on");
-    let limited = add(&p, &node, &limited_conf);
+    let limited = Pod::add_direct(&p, &node, &limited_conf);
     assert!(
         !no_limits(),
         "the no-limits switch is on beside a limited pod"
@@ -145,7 +103,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // limits hold, pod to pod included). Neither has a host port: both say so for their
     // own packets.
     let flags = dp::pod_counter_flags(&node).unwrap();
-    let (li, pi) = (host_ifindex(&node, &limited), host_ifindex(&node, &plain));
+    let (li, pi) = (limited.host_ifindex(&node), plain.host_ifindex(&node));
     let no_ports = ebpf_cni_maps::COUNTERS_NO_HOST_PORTS;
     let no_egress = ebpf_cni_maps::COUNTERS_NO_EGRESS_LIMIT;
     assert!(
@@ -165,7 +123,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     // UDP at twice the limit: the receiver gets about the limit (the burst adds at most
     // 128 KiB over 3 s; the tolerance here is generous, the benchmark measures precisely).
     let udp_out = iperf(
-        &limited.ns,
+        &limited.netns,
         ext.netns(),
         ext_ip,
         &["-u", "-b", &twice_the_limit()],
@@ -175,7 +133,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         "UDP from the limited pod at 2x its egress limit: {udp_out:.0} bit/s received"
     );
     let udp_in = iperf(
-        &limited.ns,
+        &limited.netns,
         ext.netns(),
         ext_ip,
         &["-u", "-b", &twice_the_limit(), "-R"],
@@ -185,8 +143,8 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         "UDP towards the limited pod at 2x its ingress limit: {udp_in:.0} bit/s received"
     );
     // TCP never exceeds the limit by more than the burst allows.
-    let tcp_out = iperf(&limited.ns, ext.netns(), ext_ip, &[]);
-    let tcp_in = iperf(&limited.ns, ext.netns(), ext_ip, &["-R"]);
+    let tcp_out = iperf(&limited.netns, ext.netns(), ext_ip, &[]);
+    let tcp_in = iperf(&limited.netns, ext.netns(), ext_ip, &["-R"]);
     for (what, rate) in [("egress", tcp_out), ("ingress", tcp_in)] {
         assert!(
             rate > 0.0 && rate < 1.3 * limit_bps(),
@@ -195,9 +153,9 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     }
     // Pod to pod is held too (the limit sits in the redirect path).
     let pod_to_pod = iperf(
-        &plain.ns,
-        &limited.ns,
-        limited.ip,
+        &plain.netns,
+        &limited.netns,
+        limited.v4(),
         &["-u", "-b", &twice_the_limit()],
     );
     assert!(
@@ -206,7 +164,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     );
 
     // The unlimited pod is not slowed at all.
-    let free = iperf(&plain.ns, ext.netns(), ext_ip, &[]);
+    let free = iperf(&plain.netns, ext.netns(), ext_ip, &[]);
     assert!(
         free > floor(25.0, 1.5) * limit_bps(),
         "TCP from the unlimited pod: {free:.0} bit/s"
@@ -229,7 +187,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         (0, 0)
     );
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
-    let a = dp::inspect_attachment(&report, &limited.cid).expect("limited pod in inspect");
+    let a = dp::inspect_attachment(&report, limited.id()).expect("limited pod in inspect");
     assert_eq!(
         a["ingress_limit"]["rate_bytes"],
         json!(limit_bps() as u64 / 8),
@@ -240,7 +198,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
         json!(limit_bps() as u64 / 8),
         "{a}"
     );
-    let b = dp::inspect_attachment(&report, &plain.cid).expect("plain pod in inspect");
+    let b = dp::inspect_attachment(&report, plain.id()).expect("plain pod in inspect");
     assert!(
         b["ingress_limit"].is_null() && b["egress_limit"].is_null(),
         "{b}"
@@ -250,14 +208,7 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     assert_eq!(tc_state(&node), tc_before, "tc state changed");
 
     // CHECK passes with the config, fails when the config asks for other rates.
-    let check = |conf: &Value| {
-        p.check(
-            &node,
-            &p.env(&limited.cid, limited.ns.path(), "eth0"),
-            conf,
-            &limited.result,
-        )
-    };
+    let check = |conf: &Value| p.check(&node, &limited.env(&p), conf, &limited.result);
     check(&limited_conf).expect_success("CHECK with the ADD's config");
     let mut other = limited_conf.clone();
     other["runtimeConfig"]["bandwidth"]["EgressRate"] = json!(10_000_000);
@@ -290,29 +241,24 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
     p.run(
         &node,
         CniCommand::Del,
-        &p.env(&limited.cid, limited.ns.path(), "eth0"),
+        &limited.env(&p),
         limited_conf.to_string(),
     )
     .expect_success("DEL");
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
-    assert!(dp::inspect_attachment(&report, &limited.cid).is_none());
+    assert!(dp::inspect_attachment(&report, limited.id()).is_none());
     let rates = dp::map_entries(&node, dp::RATE_LIMITS_MAP).unwrap();
     assert_eq!(rates.len(), 0, "limiter entries left: {rates:?}");
     assert!(no_limits(), "the last limit went, the switch stays off");
     // CHECK of the unlimited pod still passes with the hint in its entries.
     let mut c = plain_conf.clone();
     c["prevResult"] = plain.result.clone();
-    p.run(
-        &node,
-        CniCommand::Check,
-        &p.env(&plain.cid, plain.ns.path(), "eth0"),
-        c.to_string(),
-    )
-    .expect_success("CHECK of the unlimited pod");
+    p.run(&node, CniCommand::Check, &plain.env(&p), c.to_string())
+        .expect_success("CHECK of the unlimited pod");
     p.run(
         &node,
         CniCommand::Del,
-        &p.env(&plain.cid, plain.ns.path(), "eth0"),
+        &plain.env(&p),
         plain_conf.to_string(),
     )
     .expect_success("DEL plain");
@@ -335,16 +281,16 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     let ext = ExternalHost::attach(node.netns(), "up0", 78).unwrap();
     let bw = json!({"egressRate": limit_bps() as u64, "egressBurst": 4294967295u64});
     let conf = conf_with(&p, &node, Some(bw));
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
     let ext_ip = IpAddr::V4(ext.v4);
 
-    let tcp = on_the_wire(iperf_for(&pod.ns, ext.netns(), ext_ip, 5, &[]), None);
+    let tcp = on_the_wire(iperf_for(&pod.netns, ext.netns(), ext_ip, 5, &[]), None);
     eprintln!(
         "egress TCP on the wire: {:.4} of the limit",
         tcp / limit_bps()
     );
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
-    let a = dp::inspect_attachment(&report, &pod.cid).expect("pod in inspect");
+    let a = dp::inspect_attachment(&report, pod.id()).expect("pod in inspect");
     let pacing_mode = report["modes"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["part"] == "egress TCP pacing"))
@@ -361,7 +307,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
         assert_eq!(pacing_mode["degraded"], json!(true), "{pacing_mode}");
         assert_eq!(a["tcp_pacing_bytes"], Value::Null, "{a}");
         assert!(dp::map_entries(&node, dp::PACING_MAP).unwrap().is_empty());
-        let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+        let env = pod.env(&p);
         let mut check_conf = conf.clone();
         check_conf["prevResult"] = pod.result.clone();
         p.run(&node, CniCommand::Check, &env, check_conf.to_string())
@@ -384,7 +330,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     );
 
     // CHECK proves the pacing entry; without it CHECK fails naming it.
-    let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+    let env = pod.env(&p);
     let mut check_conf = conf.clone();
     check_conf["prevResult"] = pod.result.clone();
     p.run(&node, CniCommand::Check, &env, check_conf.to_string())
@@ -408,7 +354,7 @@ fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     p.run(
         &node,
         CniCommand::Del,
-        &p.env(&pod.cid, "", "eth0"),
+        &p.env(pod.id(), "", "eth0"),
         conf.to_string(),
     )
     .expect_success("DEL");
@@ -446,7 +392,7 @@ fn largest_backlog(node: &Node, dev: &str, samples: u32) -> u64 {
 }
 
 fn host_veth(pod: &Pod) -> &str {
-    pod.result["interfaces"][0]["name"].as_str().unwrap()
+    &pod.r.host_ifname
 }
 
 /// Issue 15: traffic towards a pod with an ingress limit is paced, not policed. Its host
@@ -465,7 +411,7 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
     let ext = ExternalHost::attach(node.netns(), "up0", 79).unwrap();
     let ext_ip = IpAddr::V4(ext.v4);
     let plain_conf = conf_with(&p, &node, None);
-    let plain = add(&p, &node, &plain_conf);
+    let plain = Pod::add_direct(&p, &node, &plain_conf);
 
     if !bpf::kernel_has_sch_fq() {
         let conf = conf_with(
@@ -509,9 +455,9 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
     ];
     for (limit, bw) in cases {
         let conf = conf_with(&p, &node, Some(bw.clone()));
-        let pod = add(&p, &node, &conf);
+        let pod = Pod::add_direct(&p, &node, &conf);
         let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
-        let a = dp::inspect_attachment(&report, &pod.cid).unwrap();
+        let a = dp::inspect_attachment(&report, pod.id()).unwrap();
         assert_eq!(a["ingress_limit"]["mode"], json!("edt+fq"), "{a}");
         let horizon_ms = a["ingress_limit"]["horizon_ns"].as_f64().unwrap() / 1e6;
         let qdisc = root_qdisc(&node, host_veth(&pod));
@@ -529,7 +475,10 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         // Mbit/s and by the benchmark. Nothing may exceed the limit by more than 5%.
         let fast = limit > 50e6;
         let capacity = || {
-            let got = on_the_wire(iperf_for(&plain.ns, ext.netns(), ext_ip, 5, &["-R"]), None);
+            let got = on_the_wire(
+                iperf_for(&plain.netns, ext.netns(), ext_ip, 5, &["-R"]),
+                None,
+            );
             eprintln!("the unlimited pod from a host behind the node: {got:.0} bit/s");
             got
         };
@@ -551,12 +500,12 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         };
         within(
             "one TCP stream from a host behind the node",
-            iperf_for(&pod.ns, ext.netns(), ext_ip, 10, &["-R"]),
+            iperf_for(&pod.netns, ext.netns(), ext_ip, 10, &["-R"]),
             None,
         );
         within(
             "one TCP stream from another pod",
-            iperf_for(&plain.ns, &pod.ns, pod.ip, 10, &[]),
+            iperf_for(&plain.netns, &pod.netns, pod.v4(), 10, &[]),
             None,
         );
         if limit <= 10e6 {
@@ -565,7 +514,7 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
             within(
                 "UDP at twice the limit from a host behind the node",
                 iperf_for(
-                    &pod.ns,
+                    &pod.netns,
                     ext.netns(),
                     ext_ip,
                     10,
@@ -579,11 +528,11 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
             // at 10 Mbit/s in the benchmark's guest, where the reference's tbf gives 33.)
             // The queue's backlog, sampled meanwhile, proves the stream filled it.
             let (limited_rtt, plain_rtt, backlog) = std::thread::scope(|s| {
-                let stream = s.spawn(|| iperf_for(&pod.ns, ext.netns(), ext_ip, 8, &["-R"]));
+                let stream = s.spawn(|| iperf_for(&pod.netns, ext.netns(), ext_ip, 8, &["-R"]));
                 std::thread::sleep(std::time::Duration::from_secs(3));
                 let backlog = s.spawn(|| largest_backlog(&node, host_veth(&pod), 20));
-                let limited_rtt = ping_median_ms(ext.netns(), pod.ip, 10);
-                let plain_rtt = ping_median_ms(ext.netns(), plain.ip, 10);
+                let limited_rtt = ping_median_ms(ext.netns(), pod.v4(), 10);
+                let plain_rtt = ping_median_ms(ext.netns(), plain.v4(), 10);
                 let backlog = backlog.join().unwrap();
                 stream.join().unwrap();
                 (limited_rtt, plain_rtt, backlog)
@@ -608,7 +557,7 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
         }
 
         // CHECK proves the fq; without it CHECK fails naming it.
-        let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+        let env = pod.env(&p);
         let mut check_conf = conf.clone();
         check_conf["prevResult"] = pod.result.clone();
         p.run(&node, CniCommand::Check, &env, check_conf.to_string())
@@ -631,7 +580,7 @@ fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
     p.run(
         &node,
         CniCommand::Del,
-        &p.env(&plain.cid, plain.ns.path(), "eth0"),
+        &plain.env(&p),
         plain_conf.to_string(),
     )
     .expect_success("DEL plain");
@@ -692,8 +641,8 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
     let mut shaped_rates = rates.clone();
     shaped_rates["ShapedSubnets"] = json!(["192.168.77.2/32"]);
     let shaped_conf = conf_with(&p, &node, Some(shaped_rates));
-    let unshaped = add(&p, &node, &unshaped_conf);
-    let shaped = add(&p, &node, &shaped_conf);
+    let unshaped = Pod::add_direct(&p, &node, &unshaped_conf);
+    let shaped = Pod::add_direct(&p, &node, &shaped_conf);
 
     let limited = |what: &str, got: f64| {
         assert!(got <= 1.25 * limit, "{what}: {got:.0} bit/s, limit {limit}");
@@ -707,34 +656,34 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
     for (reverse, dir) in [(false, "from"), (true, "towards")] {
         free(
             &format!("UDP {dir} the unshaped pod, host A (exempt)"),
-            udp_at(&unshaped.ns, a.netns(), a_ip, 5.0 * limit, reverse),
+            udp_at(&unshaped.netns, a.netns(), a_ip, 5.0 * limit, reverse),
         );
         limited(
             &format!("UDP {dir} the unshaped pod, host B"),
-            udp_at(&unshaped.ns, b.netns(), b_ip, 2.0 * limit, reverse),
+            udp_at(&unshaped.netns, b.netns(), b_ip, 2.0 * limit, reverse),
         );
         limited(
             &format!("UDP {dir} the shaped pod, host A (selected)"),
-            udp_at(&shaped.ns, a.netns(), a_ip, 2.0 * limit, reverse),
+            udp_at(&shaped.netns, a.netns(), a_ip, 2.0 * limit, reverse),
         );
         free(
             &format!("UDP {dir} the shaped pod, host B"),
-            udp_at(&shaped.ns, b.netns(), b_ip, 5.0 * limit, reverse),
+            udp_at(&shaped.netns, b.netns(), b_ip, 5.0 * limit, reverse),
         );
     }
     // TCP from the pod: its socket to an exempt peer is not paced at the limit.
     free(
         "TCP from the unshaped pod to host A",
-        iperf_for(&unshaped.ns, a.netns(), a_ip, subnet_secs(), &[]),
+        iperf_for(&unshaped.netns, a.netns(), a_ip, subnet_secs(), &[]),
     );
-    let tcp_b = iperf_for(&unshaped.ns, b.netns(), b_ip, subnet_secs(), &[]);
+    let tcp_b = iperf_for(&unshaped.netns, b.netns(), b_ip, subnet_secs(), &[]);
     assert!(
         tcp_b > 0.0 && tcp_b < 1.3 * limit,
         "TCP from the unshaped pod to host B: {tcp_b:.0} bit/s"
     );
 
     let report = dp::inspect(Path::new(&p.bin), &node).unwrap();
-    let ua = dp::inspect_attachment(&report, &unshaped.cid).unwrap();
+    let ua = dp::inspect_attachment(&report, unshaped.id()).unwrap();
     assert_eq!(ua["shape_subnets"]["rule"], "unshapedSubnets", "{ua}");
     let mut nets: Vec<&str> = ua["shape_subnets"]["subnets"]
         .as_array()
@@ -744,7 +693,7 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
         .collect();
     nets.sort_unstable();
     assert_eq!(nets, ["192.168.77.0/24", "fd77::/64"], "{ua}");
-    let sa = dp::inspect_attachment(&report, &shaped.cid).unwrap();
+    let sa = dp::inspect_attachment(&report, shaped.id()).unwrap();
     assert_eq!(
         sa["shape_subnets"],
         json!({"rule": "shapedSubnets", "subnets": ["192.168.77.2/32"]}),
@@ -752,19 +701,12 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
     );
 
     // CHECK passes, and fails once the shaped pod's entry is gone from the subnet map.
-    let check = |pod: &Pod, conf: &Value| {
-        p.check(
-            &node,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            conf,
-            &pod.result,
-        )
-    };
+    let check = |pod: &Pod, conf: &Value| p.check(&node, &pod.env(&p), conf, &pod.result);
     check(&unshaped, &unshaped_conf).expect_success("CHECK of the unshaped pod");
     check(&shaped, &shaped_conf).expect_success("CHECK of the shaped pod");
     let entries = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap();
     assert_eq!(entries.len(), 3, "{entries:?}");
-    let si = host_ifindex(&node, &shaped).to_ne_bytes();
+    let si = shaped.host_ifindex(&node).to_ne_bytes();
     let key = entries
         .iter()
         .map(|e| dp::hex_bytes(&e["key"]).unwrap())
@@ -776,13 +718,8 @@ fn subnets_exempt_or_select_the_traffic_a_limit_holds() {
     assert!(err.msg.contains("192.168.77.2/32"), "{err:?}");
 
     for (pod, conf) in [(&unshaped, &unshaped_conf), (&shaped, &shaped_conf)] {
-        p.run(
-            &node,
-            CniCommand::Del,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            conf.to_string(),
-        )
-        .expect_success("DEL");
+        p.run(&node, CniCommand::Del, &pod.env(&p), conf.to_string())
+            .expect_success("DEL");
     }
     let left = dp::map_entries(&node, dp::SHAPE_SUBNETS_MAP).unwrap_or_default();
     assert!(left.is_empty(), "subnet entries left: {left:?}");
@@ -893,20 +830,18 @@ fn del_removes_the_pacing_entry_by_key_and_asks_for_one_more() {
         &node,
         Some(json!({"egressRate": 100_000_000, "egressBurst": 1_000_000})),
     );
-    let (a, b) = (add(&p, &node, &conf), add(&p, &node, &conf));
+    let (a, b) = (
+        Pod::add_direct(&p, &node, &conf),
+        Pod::add_direct(&p, &node, &conf),
+    );
     assert_eq!(
         dp::map_entries(&node, dp::PACING_MAP).unwrap().len(),
         2,
         "control: both pods are paced"
     );
     let del = |p: &PluginUnderTest, pod: &Pod| {
-        p.run(
-            &node,
-            CniCommand::Del,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            conf.to_string(),
-        )
-        .expect_success("DEL")
+        p.run(&node, CniCommand::Del, &pod.env(&p), conf.to_string())
+            .expect_success("DEL")
     };
     del(&t, &a);
     let trace = traced.log().unwrap();

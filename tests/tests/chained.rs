@@ -16,10 +16,11 @@ use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::kernel::Family;
 use ebpf_cni_tests::rate::{self, floor, iperf};
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, NetConfList, Netns, Node,
-    PluginUnderTest,
+    PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
 
@@ -49,48 +50,22 @@ fn chain(p: &PluginUnderTest, node: &Node) -> NetConfList {
     NetConfList::chain(&bridge, vec![ebpf])
 }
 
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-}
-
-impl Pod {
-    fn ip(&self, v4: bool) -> IpAddr {
-        self.result["ips"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
-            .find(|ip: &IpAddr| ip.is_ipv4() == v4)
-            .expect("an address of the family")
-    }
-
-    /// The bridge's host veth, as its result names it (the interface without sandbox that
-    /// is not the bridge).
-    fn host_veth(&self) -> String {
-        self.result["interfaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i.get("sandbox").is_none() && i["name"] != BRIDGE)
-            .and_then(|i| i["name"].as_str())
-            .expect("the bridge's result names the host veth")
-            .to_owned()
-    }
+/// The bridge's host veth, as its result names it (the interface without sandbox that is
+/// not the bridge).
+fn host_veth(pod: &Pod) -> String {
+    pod.result["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i.get("sandbox").is_none() && i["name"] != BRIDGE)
+        .and_then(|i| i["name"].as_str())
+        .expect("the bridge's result names the host veth")
+        .to_owned()
 }
 
 fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, caps: &[(&str, Value)]) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-    for (k, v) in caps {
-        att = att.with_capability(k, v.clone());
-    }
-    let result = p
-        .runtime
-        .add(node, l, &att)
-        .unwrap_or_else(|e| panic!("ADD of the bridge + ebpf-cni chain: {e}"));
-    Pod { netns, att, result }
+    Pod::try_add(&p.runtime, node, l, |att| att.with_capabilities(caps))
+        .unwrap_or_else(|e| panic!("ADD of the bridge + ebpf-cni chain: {e}"))
 }
 
 /// The result is the bridge's, passed through: its interfaces (the bridge, the host veth,
@@ -157,7 +132,7 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
 
     // The chained programs sit on the bridge's host veth (TCX links, or filters on a
     // kernel without TCX).
-    let veth = a.host_veth();
+    let veth = host_veth(&a);
     let progs = attached_programs(node.netns(), &veth).unwrap();
     let on = |d: Direction| -> Vec<&str> {
         progs
@@ -198,11 +173,8 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
     // The pod sees the real client; the bridge still switches pod to pod itself.
     let ans = tcp_ask(ext.netns(), sa(node4, 8080)).unwrap();
     assert!(ans.starts_with(&format!("podA {}:", ext.v4)), "{ans}");
-    let direct = tcp_ask(&b.netns, sa(a.ip(true), 80)).unwrap();
-    assert!(
-        direct.starts_with(&format!("podA {}:", b.ip(true))),
-        "{direct}"
-    );
+    let direct = tcp_ask(&b.netns, sa(a.v4(), 80)).unwrap();
+    assert!(direct.starts_with(&format!("podA {}:", b.v4())), "{direct}");
 
     // Rate limits in both directions (generous tolerance; the benchmark measures).
     let limit = limit_bps() as f64;
@@ -338,7 +310,7 @@ fn only_host_port_traffic_bypasses_the_stack() {
         "podA"
     );
     assert_eq!(
-        tag_of(&tcp_ask(ext.netns(), sa(a.ip(true), 90)).unwrap()),
+        tag_of(&tcp_ask(ext.netns(), sa(a.v4(), 90)).unwrap()),
         "podA"
     );
     let fw = node
@@ -352,7 +324,7 @@ fn only_host_port_traffic_bypasses_the_stack() {
         "the host-port flow is forwarded by ebpf-cni's programs"
     );
     assert!(
-        tcp_ask(ext.netns(), sa(a.ip(true), 90)).is_err(),
+        tcp_ask(ext.netns(), sa(a.v4(), 90)).is_err(),
         "the pod's own address must take the stack (and its FORWARD drop) in chained mode"
     );
     p.runtime.del(&node, &l, &a.att, Some(&a.result)).unwrap();
@@ -454,7 +426,7 @@ fn gc_removes_only_ebpf_cni_state_of_unlisted_chained_pods() {
         tcp_ask(node.netns(), lo(8081)).is_err(),
         "the unlisted pod's host port is gone"
     );
-    let veth = stale.host_veth();
+    let veth = host_veth(&stale);
     assert!(
         ebpf_cni_tests::kernel::link(node.netns(), &veth)
             .unwrap()
@@ -516,12 +488,8 @@ fn a_failed_chained_add_leaves_nothing_of_ebpf_cni() {
         Vec::<std::path::PathBuf>::new(),
         "a failed chained ADD leaves no pin"
     );
-    let pod = Pod {
-        netns,
-        att,
-        result: prev,
-    };
-    let veth = pod.host_veth();
+    let pod = Pod::attached(netns, att, prev);
+    let veth = host_veth(&pod);
     assert!(
         attached_programs(node.netns(), &veth).unwrap().is_empty(),
         "{veth}"
@@ -547,7 +515,7 @@ fn netlink_mode_del_takes_the_filters_off_the_bridges_veth() {
     let mut l = chain(&p, &node);
     l.plugins[1]["tcAttachMode"] = json!("netlink");
     let pod = add(&p, &node, &l, &[]);
-    let veth = pod.host_veth();
+    let veth = host_veth(&pod);
     let names = |what: &str| -> Vec<String> {
         let mut v: Vec<String> = ebpf_cni_tests::bpf::attached_programs(node.netns(), &veth)
             .unwrap_or_else(|e| panic!("programs on {veth} {what}: {e:#}"))
@@ -655,16 +623,11 @@ fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
     let b = add(&p, &node, &l, &[]);
     let c = add(&p, &node, &l, &[]);
     assert_passed_through(&a.result, &a.netns);
-    let own = |pod: &Pod| {
-        json!([
-            format!("{}/32", pod.ip(true)),
-            format!("{}/128", pod.ip(false))
-        ])
-    };
+    let own = |pod: &Pod| json!([format!("{}/32", pod.v4()), format!("{}/128", pod.v6())]);
     assert_eq!(a.result["sourceCheck"]["enabled"], true);
     assert_eq!(a.result["sourceCheck"]["allowedPrefixes"], own(&a));
-    for v4 in [true, false] {
-        assert_udp_arrives(&a.netns, a.ip(v4), &c.netns, c.ip(v4));
+    for fam in [Family::V4, Family::V6] {
+        assert_udp_arrives(&a.netns, a.addr(fam), &c.netns, c.addr(fam));
     }
     let drops = |pod: &Pod| -> (u64, u64) {
         let report = dp::inspect(&p.bin, &node).unwrap();
@@ -675,7 +638,7 @@ fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
     assert_eq!(drops(&a), (0, 0));
 
     let bounded = std::time::Duration::from_millis(1500);
-    let spoofed: [IpAddr; 3] = [b.ip(true), b.ip(false), "198.51.100.9".parse().unwrap()];
+    let spoofed: [IpAddr; 3] = [b.v4(), b.v6(), "198.51.100.9".parse().unwrap()];
     for ip in spoofed {
         let (fam, cidr) = if ip.is_ipv4() {
             ("-4", format!("{ip}/32"))
@@ -687,7 +650,7 @@ fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
             args.push("nodad");
         }
         a.netns.ip_ok(&args).unwrap();
-        assert_udp_blocked(&a.netns, ip, &c.netns, c.ip(ip.is_ipv4()), bounded);
+        assert_udp_blocked(&a.netns, ip, &c.netns, c.addr(Family::of(&ip)), bounded);
     }
     let (by_addr, by_mac) = drops(&a);
     assert!(by_addr >= 3 && by_mac == 0, "({by_addr}, {by_mac})");
@@ -699,11 +662,11 @@ fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
             .unwrap()
     };
     set_mac("02:00:5e:00:ca:fe");
-    assert_udp_blocked(&a.netns, a.ip(true), &c.netns, c.ip(true), bounded);
+    assert_udp_blocked(&a.netns, a.v4(), &c.netns, c.v4(), bounded);
     assert!(drops(&a).1 >= 1, "the forged MAC is counted");
     set_mac(&mac);
     // B, whose address A tried, is untouched.
-    assert_udp_arrives(&b.netns, b.ip(true), &c.netns, c.ip(true));
+    assert_udp_arrives(&b.netns, b.v4(), &c.netns, c.v4());
 
     for pod in [&a, &b, &c] {
         p.runtime

@@ -24,7 +24,7 @@ use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, ContainerEnv, NetConfList, Netns,
-    Node, PluginUnderTest, Stack,
+    Node, PluginUnderTest, Pod, Stack,
 };
 use serde_json::{json, Value};
 
@@ -38,30 +38,15 @@ fn network(p: &PluginUnderTest, node: &Node) -> NetConfList {
     NetConfList::single(&conf)
 }
 
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-}
-
 /// A pod with host port `host_port` → 80/tcp.
 fn add_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList, host_port: u16) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let att = Attachment::new(&unique_container_id(), netns.path(), "eth0").with_capability(
-        "portMappings",
-        json!([{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]),
-    );
-    let result = p
-        .runtime
-        .add(node, l, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    Pod { netns, att, result }
-}
-
-fn del_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod) {
-    p.runtime
-        .del(node, l, &pod.att, Some(&pod.result))
-        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    Pod::try_add(&p.runtime, node, l, |att| {
+        att.with_capability(
+            "portMappings",
+            json!([{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]),
+        )
+    })
+    .unwrap_or_else(|e| panic!("ADD: {e}"))
 }
 
 fn status_conf(l: &NetConfList) -> String {
@@ -285,7 +270,7 @@ fn status_gives_new_addresses_and_devices_host_ports_and_takes_them_back() {
         "the device without addresses still carries programs"
     );
     assert_eq!(answer(ext.netns(), sa(ext.node_v4, 8080)), "pod");
-    del_pod(&p, &node, &l, &pod);
+    pod.del(&p, &node, &l);
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
@@ -345,7 +330,7 @@ fn status_attaches_a_detached_socket_program_again() {
         .check(&node, &l, &pod.att, &pod.result)
         .unwrap_or_else(|e| panic!("CHECK after STATUS: {e}"));
     second_status_writes_nothing(&p, &node, &l, &after);
-    del_pod(&p, &node, &l, &pod);
+    pod.del(&p, &node, &l);
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
@@ -458,7 +443,7 @@ fn status_puts_a_gateway_taken_off_lo_back_with_the_pods_host_routes() {
     second_status_writes_nothing(&p, &node, &l, &after);
     drop(servers);
     for pod in &pods {
-        del_pod(&p, &node, &l, pod);
+        pod.del(&p, &node, &l);
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
@@ -603,7 +588,7 @@ fn status_puts_an_ipv6_gateway_taken_off_host_veths_back() {
     in_line("after STATUS, both veths");
     second_status_writes_nothing(&p, &node, &l, &after);
     for pod in &pods {
-        del_pod(&p, &node, &l, pod);
+        pod.del(&p, &node, &l);
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
@@ -739,7 +724,7 @@ fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
     );
     agent.still_running().unwrap();
     drop(agent);
-    del_pod(&p, &node, &l, &pod);
+    pod.del(&p, &node, &l);
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
@@ -770,7 +755,7 @@ fn the_agent_puts_a_gateway_taken_off_lo_back_within_five_seconds() {
     drop(agent);
     drop(servers);
     for pod in &pods {
-        del_pod(&p, &node, &l, pod);
+        pod.del(&p, &node, &l);
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
@@ -803,7 +788,7 @@ fn the_agent_puts_an_ipv6_gateway_taken_off_host_veths_back_within_five_seconds(
     agent.still_running().unwrap();
     drop(agent);
     for pod in &pods {
-        del_pod(&p, &node, &l, pod);
+        pod.del(&p, &node, &l);
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
@@ -849,7 +834,7 @@ fn concurrent_add_del_status_and_agent_leave_a_consistent_node() {
                 if i == 0 {
                     kept.push(pod);
                 } else {
-                    del_pod(&p, &node, &l, &pod);
+                    pod.del(&p, &node, &l);
                 }
             }
         }
@@ -890,7 +875,7 @@ fn concurrent_add_del_status_and_agent_leave_a_consistent_node() {
     let _server = PodServer::start(&first.netns, 80, "pod");
     assert_eq!(answer(ext.netns(), sa(vip, 9000)), "pod");
     for pod in std::iter::once(&first).chain(&kept) {
-        del_pod(&p, &node, &l, pod);
+        pod.del(&p, &node, &l);
     }
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }

@@ -22,76 +22,13 @@ use ebpf_cni_tests::net::{self, tcp_echo, tcp_echo_with};
 use ebpf_cni_tests::state::{assert_node_clean, eventually, RELEASE_BOUND};
 use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
-    fsutil, netfilter, require_root, unique_container_id, AddResult, Attachment, CniCommand,
-    ListError, NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
+    fsutil, netfilter, require_root, unique_container_id, Attachment, CniCommand, ListError,
+    NetConfList, Netns, Node, PluginUnderTest, Pod,
 };
 use serde_json::Value;
 
 /// How long a connection that must fail is given (the node drops silently).
 const BLOCKED_BOUND: Duration = Duration::from_millis(1500);
-
-/// One pod attached through the runtime, with what it needs later.
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
-}
-
-impl Pod {
-    fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("the pod has IPv4").addr
-    }
-    fn v6(&self) -> IpAddr {
-        self.r.ip6().expect("dual-stack pod has IPv6").addr
-    }
-    fn addr(&self, family: Family) -> IpAddr {
-        match family {
-            Family::V4 => self.v4(),
-            Family::V6 => self.v6(),
-        }
-    }
-    fn host_ifindex(&self, node: &Node) -> u32 {
-        bpf::ifindex_in(node.netns(), &self.r.host_ifname).expect("host veth ifindex")
-    }
-    fn id(&self) -> &str {
-        &self.att.container_id
-    }
-}
-
-fn add_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
-    add_pod_of(p, node, list, Stack::Dual)
-}
-
-/// [`add_pod`] for a list whose pods get the addresses of `stack`.
-fn add_pod_of(p: &PluginUnderTest, node: &Node, list: &NetConfList, stack: Stack) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-    let result = p
-        .runtime
-        .add(node, list, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    let r = ResultExpectation::standard(
-        &list.cni_version,
-        "eth0",
-        &netns.path().to_string_lossy(),
-        stack,
-    )
-    .ebpf_cni_host_names()
-    .assert_valid(&result);
-    Pod {
-        netns,
-        att,
-        result,
-        r,
-    }
-}
-
-fn del_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList, pod: &Pod) {
-    p.runtime
-        .del(node, list, &pod.att, Some(&pod.result))
-        .unwrap_or_else(|e| panic!("DEL {}: {e}", pod.id()));
-}
 
 fn dual_list(p: &PluginUnderTest, node: &Node) -> NetConfList {
     NetConfList::single(&p.conf("1.0.0", node, Stack::Dual))
@@ -265,8 +202,8 @@ fn forwarding_bypasses_netfilter_and_is_counted() {
     let ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
     let ext2 = ExternalHost::attach(node.netns(), "up1", 78).unwrap();
     let list = dual_list(&p, &node);
-    let a = add_pod(&p, &node, &list);
-    let b = add_pod(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
     // Both uplinks hold global addresses: both get the device program.
     assert_device_program(&node, "up0");
     assert_device_program(&node, "up1");
@@ -535,7 +472,9 @@ fn twenty_pods_reach_each_other_and_survive_a_del() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let pods: Vec<Pod> = (0..20).map(|_| add_pod(&p, &node, &list)).collect();
+    let pods: Vec<Pod> = (0..20)
+        .map(|_| Pod::add(&p, &node, &list, Stack::Dual))
+        .collect();
     let eps = dp::endpoints(&node).unwrap();
     assert_eq!(eps.len(), 40, "one endpoint per pod address: {eps:?}");
     for pod in &pods {
@@ -601,7 +540,7 @@ fn twenty_pods_reach_each_other_and_survive_a_del() {
             .unwrap_or_else(|e| panic!("control: the listener must answer before DEL: {e:#}"));
     }
 
-    del_pod(&p, &node, &list, gone);
+    gone.del(&p, &node, &list);
     let eps = dp::endpoints(&node).unwrap();
     assert_eq!(eps.len(), 38, "endpoints after one DEL: {eps:?}");
     for fam in [Family::V4, Family::V6] {
@@ -661,7 +600,9 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
         ("netlink", 0)
     };
     let list = dual_list_in(&p, &node, mode);
-    let pods: Vec<Pod> = (0..3).map(|_| add_pod(&p, &node, &list)).collect();
+    let pods: Vec<Pod> = (0..3)
+        .map(|_| Pod::add(&p, &node, &list, Stack::Dual))
+        .collect();
     assert_device_program(&node, "up0");
     let ids = pinned_ids(&node);
     let pinned = |k: ObjectKind| -> Vec<String> {
@@ -694,7 +635,7 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
     // The node's programs (in netlink mode `progs` also holds the filters' records).
     let node_programs = dp::pinned_programs(&node).len();
     for (i, pod) in pods.iter().enumerate() {
-        del_pod(&p, &node, &list, pod);
+        pod.del(&p, &node, &list);
         if i + 1 < pods.len() {
             // Shared state stays while pods remain, and keeps working.
             assert_eq!(
@@ -739,10 +680,10 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
     assert!(!node.pin_root().exists(), "inspect created pins");
 
     // DEL again on an empty node: succeeds, recreates nothing.
-    del_pod(&p, &node, &list, &pods[0]);
+    pods[0].del(&p, &node, &list);
     assert!(!node.pin_root().exists(), "a repeated DEL recreated pins");
 
-    let again = add_pod(&p, &node, &list);
+    let again = Pod::add(&p, &node, &list, Stack::Dual);
     assert_eq!(
         dp::pinned_programs(&node).len(),
         node_programs,
@@ -761,7 +702,7 @@ fn nothing_left_after_the_last_del_and_add_works_again() {
         );
     }
     assert_eq!(forwarded(&node), (0, 0));
-    del_pod(&p, &node, &list, &again);
+    again.del(&p, &node, &list);
     assert_node_clean(&node, "after DEL of the re-added pod");
 }
 
@@ -815,7 +756,9 @@ fn check_names_each_kind_of_damage() {
     // Links and their pins are TCX's; the default's netlink filters: see
     // `netlink_filters_on_pods_run_the_same_dataplane`.
     let list = dual_list_in(&p, &node, "tcx");
-    let pods: Vec<Pod> = (0..6).map(|_| add_pod(&p, &node, &list)).collect();
+    let pods: Vec<Pod> = (0..6)
+        .map(|_| Pod::add(&p, &node, &list, Stack::Dual))
+        .collect();
     for pod in &pods {
         assert_check_ok(&p, &node, &list, pod, "right after ADD");
     }
@@ -915,7 +858,7 @@ fn check_names_each_kind_of_damage() {
 
     assert_check_ok(&p, &node, &list, witness, "the untouched pod");
     for pod in &pods {
-        del_pod(&p, &node, &list, pod);
+        pod.del(&p, &node, &list);
     }
     assert_node_clean(&node, "DEL after tampering");
 }
@@ -932,7 +875,7 @@ fn device_programs_follow_the_node_devices_and_the_config() {
     let node = Node::new().unwrap();
     let _ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
     let list = dual_list(&p, &node);
-    let first = add_pod(&p, &node, &list);
+    let first = Pod::add(&p, &node, &list, Stack::Dual);
     assert_device_program(&node, "up0");
     assert_eq!(
         prog_names(&node, &first.r.host_ifname),
@@ -952,7 +895,7 @@ fn device_programs_follow_the_node_devices_and_the_config() {
         "up1 before the next ADD",
     );
 
-    let second = add_pod(&p, &node, &list);
+    let second = Pod::add(&p, &node, &list, Stack::Dual);
     assert_device_program(&node, "up1");
     assert_device_program(&node, "up0");
     for pod in [&first, &second] {
@@ -965,8 +908,8 @@ fn device_programs_follow_the_node_devices_and_the_config() {
             );
         }
     }
-    del_pod(&p, &node, &list, &first);
-    del_pod(&p, &node, &list, &second);
+    first.del(&p, &node, &list);
+    second.del(&p, &node, &list);
     assert_node_clean(&node, "after DEL");
 
     // `devices: ["up1"]`: only up1, although up0 has a global address too.
@@ -976,7 +919,7 @@ fn device_programs_follow_the_node_devices_and_the_config() {
     let mut conf = p.conf("1.0.0", &node, Stack::Dual);
     conf["devices"] = serde_json::json!(["up1"]);
     let list = NetConfList::single(&conf);
-    let pod = add_pod(&p, &node, &list);
+    let pod = Pod::add(&p, &node, &list, Stack::Dual);
     assert_device_program(&node, "up1");
     assert!(
         prog_names(&node, "up0").is_empty(),
@@ -1003,7 +946,7 @@ fn device_programs_follow_the_node_devices_and_the_config() {
         pod.v4(),
         "behind an unlisted device",
     );
-    del_pod(&p, &node, &list, &pod);
+    pod.del(&p, &node, &list);
     assert_node_clean(&node, "after DEL (devices list)");
 }
 
@@ -1018,8 +961,8 @@ fn ttl_is_decremented_once_and_expiry_left_to_the_stack() {
     let node = Node::new().unwrap();
     let ext = ExternalHost::attach(node.netns(), "up0", 77).unwrap();
     let list = dual_list(&p, &node);
-    let a = add_pod(&p, &node, &list);
-    let b = add_pod(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
     drop_forwarding(&node);
     let bound = Duration::from_secs(3);
     for fam in [Family::V4, Family::V6] {
@@ -1086,9 +1029,8 @@ fn overlapping_networks_on_one_node_are_refused() {
         .unwrap_or_default()
         .into_iter()
         .filter(|f| {
-            !ebpf_cni_tests::node::is_spare_lease(f)
-                && f.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("10."))
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("10."))
         })
         .collect();
     assert!(
@@ -1131,8 +1073,8 @@ fn netlink_filters_on_pods(mode: Option<&str>) {
         Some(m) => dual_list_in(&p, &node, m),
         None => dual_list(&p, &node),
     };
-    let a = add_pod(&p, &node, &list);
-    let b = add_pod(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
     drop_forwarding(&node);
 
     let dev_mechanism = bpf::device_mechanism(mode);
@@ -1248,11 +1190,11 @@ fn netlink_mode_removes_only_its_own_clsact_on_node_devices() {
     };
     let one_pod_and_del = |node: &Node, between: &dyn Fn()| {
         let list = dual_list_in(&p, node, "netlink");
-        let pod = add_pod(&p, node, &list);
+        let pod = Pod::add(&p, node, &list, Stack::Dual);
         assert_eq!(prog_names(node, "up0"), vec![dp::PROG_FROM_DEV.to_owned()]);
         assert!(clsact(node), "no clsact on up0 after ADD");
         between();
-        del_pod(&p, node, &list, &pod);
+        pod.del(&p, node, &list);
         assert!(
             !node.pin_root().exists(),
             "pins left after the last DEL: {:?}",
@@ -1274,7 +1216,7 @@ fn netlink_mode_removes_only_its_own_clsact_on_node_devices() {
     let mut conf = p.conf("1.1.0", &node, Stack::Dual);
     conf["tcAttachMode"] = Value::from("netlink");
     let list = NetConfList::single(&conf);
-    let _pod = add_pod(&p, &node, &list);
+    let _pod = Pod::add(&p, &node, &list, Stack::Dual);
     assert!(clsact(&node), "no clsact on up0 after ADD");
     p.runtime
         .gc(&node, &list, &[])
@@ -1343,8 +1285,8 @@ fn trace_streams_decisions_only_while_it_runs() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let a = add_pod(&p, &node, &list);
-    let b = add_pod(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
     let child = std::process::Command::new(&p.bin)
         .env_remove("CNI_COMMAND")
         .args(["trace", "--seconds", "3", "--netns"])
@@ -1394,8 +1336,8 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
     let node = Node::new().unwrap();
     let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
     let (a, b) = (
-        add_pod_of(&p, &node, &v4, Stack::V4),
-        add_pod_of(&p, &node, &v4, Stack::V4),
+        Pod::add(&p, &node, &v4, Stack::V4),
+        Pod::add(&p, &node, &v4, Stack::V4),
     );
     for pod in [&a, &b] {
         let host = &pod.r.host_ifname;
@@ -1424,7 +1366,7 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
         "node -> pod a (IPv4-only pod)",
     );
 
-    let dual = add_pod(&p, &node, &dual_list(&p, &node));
+    let dual = Pod::add(&p, &node, &dual_list(&p, &node), Stack::Dual);
     let key = format!("net.ipv6.conf.{}.disable_ipv6", dual.r.host_ifname);
     assert_eq!(node.netns().sysctl(&key).unwrap(), "0", "{key}");
     echo(
@@ -1433,9 +1375,9 @@ fn ipv4_only_pods_have_no_ipv6_on_the_host_veth() {
         dual.v6(),
         "node -> dual-stack pod v6",
     );
-    del_pod(&p, &node, &dual_list(&p, &node), &dual);
+    dual.del(&p, &node, &dual_list(&p, &node));
     for pod in [&a, &b] {
-        del_pod(&p, &node, &v4, pod);
+        pod.del(&p, &node, &v4);
     }
 }
 
@@ -1501,8 +1443,8 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
     assert!(out.status.success(), "setting arp_ignore: {out:?}");
     let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
     let (a, b) = (
-        add_pod_of(&p, &node, &v4, Stack::V4),
-        add_pod_of(&p, &node, &v4, Stack::V4),
+        Pod::add(&p, &node, &v4, Stack::V4),
+        Pod::add(&p, &node, &v4, Stack::V4),
     );
     let gw =
         a.r.ip4()
@@ -1559,7 +1501,7 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
     );
 
     // Pod a goes: b still uses the gateway.
-    del_pod(&p, &node, &v4, &a);
+    a.del(&p, &node, &v4);
     assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
     assert_eq!(
         gateway_users(&p, &node, gw),
@@ -1584,15 +1526,15 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
         &["gateway", &gw.to_string(), "lo"],
         "gateway removed",
     );
-    del_pod(&p, &node, &v4, &b);
+    b.del(&p, &node, &v4);
     assert!(holders_of(&node, gw).is_empty());
 
     // Undamaged, the last pod's DEL takes the gateway away, and nothing else stays.
     let before = node.snapshot(None);
-    let c = add_pod_of(&p, &node, &v4, Stack::V4);
+    let c = Pod::add(&p, &node, &v4, Stack::V4);
     assert_eq!(holders_of(&node, gw), vec![format!("lo {gw}/32")]);
     echo(&c.netns, node.netns(), gw, "pod c -> gateway");
-    del_pod(&p, &node, &v4, &c);
+    c.del(&p, &node, &v4);
     assert!(
         holders_of(&node, gw).is_empty(),
         "the last pod's DEL leaves {gw} on {:?}",
@@ -1630,7 +1572,7 @@ fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
             })
             .count()
     };
-    let a = add_pod_of(&t, &node, &v4, Stack::V4);
+    let a = Pod::add(&t, &node, &v4, Stack::V4);
     let gw =
         a.r.ip4()
             .unwrap()
@@ -1643,7 +1585,7 @@ fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
         traced.log().unwrap()
     );
     // The trace holds the last run only.
-    let b = add_pod_of(&t, &node, &v4, Stack::V4);
+    let b = Pod::add(&t, &node, &v4, Stack::V4);
     assert_eq!(
         gateway_requests(),
         0,
@@ -1655,7 +1597,7 @@ fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
     node.netns()
         .ip_ok(&["addr", "del", &format!("{gw}/32"), "dev", "lo"])
         .unwrap();
-    let c = add_pod_of(&t, &node, &v4, Stack::V4);
+    let c = Pod::add(&t, &node, &v4, Stack::V4);
     assert_eq!(
         gateway_requests(),
         1,
@@ -1677,7 +1619,7 @@ fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
     echo(node.netns(), &c.netns, c.v4(), "node -> the new pod");
     assert_check_ok(&p, &node, &v4, &c, "gateway put back");
     for pod in [&a, &b, &c] {
-        del_pod(&p, &node, &v4, pod);
+        pod.del(&p, &node, &v4);
     }
     assert!(
         holders_of(&node, gw).is_empty(),
@@ -1695,7 +1637,7 @@ fn check_names_an_ipv6_gateway_missing_from_the_host_veth() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let dual = dual_list(&p, &node);
-    let a = add_pod_of(&p, &node, &dual, Stack::Dual);
+    let a = Pod::add(&p, &node, &dual, Stack::Dual);
     let gw6 =
         a.r.ip6()
             .unwrap()
@@ -1737,7 +1679,7 @@ fn check_names_an_ipv6_gateway_missing_from_the_host_veth() {
         msg.contains(&format!("gateway {gw6} is missing from host veth {host}")),
         "CHECK does not name the gateway and the veth: {msg}"
     );
-    del_pod(&p, &node, &dual, &a);
+    a.del(&p, &node, &dual);
 }
 
 /// The last user's DEL and another pod's ADD of the same network, at the same time: the
@@ -1751,7 +1693,7 @@ fn gateway_survives_a_concurrent_last_del_and_add() {
     let node = Node::new().unwrap();
     let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
     for round in 0..8 {
-        let old = add_pod_of(&p, &node, &v4, Stack::V4);
+        let old = Pod::add(&p, &node, &v4, Stack::V4);
         let gw = old.r.ip4().unwrap().gateway.unwrap();
         let netns = node.new_pod().unwrap();
         let att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
@@ -1794,7 +1736,7 @@ fn a_pod_of_the_earlier_gateway_layout_still_checks_and_deletes() {
     let node = Node::new().unwrap();
     let v4 = NetConfList::single(&p.conf("1.0.0", &node, Stack::V4));
     let before = node.snapshot(None);
-    let pod = add_pod_of(&p, &node, &v4, Stack::V4);
+    let pod = Pod::add(&p, &node, &v4, Stack::V4);
     let gw = pod.r.ip4().unwrap().gateway.unwrap();
     let IpAddr::V4(gw4) = gw else {
         panic!("IPv4 gateway expected, got {gw}")
@@ -1827,7 +1769,7 @@ fn a_pod_of_the_earlier_gateway_layout_still_checks_and_deletes() {
         gw,
         "pod -> its gateway on its host veth",
     );
-    del_pod(&p, &node, &v4, &pod);
+    pod.del(&p, &node, &v4);
     let after = node.snapshot(None);
     assert_eq!(after.node_addrs, before.node_addrs, "addresses left");
     assert_eq!(after.node_links, before.node_links, "links left");

@@ -23,10 +23,7 @@ use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::release::deploy_dir;
 use ebpf_cni_tests::result::in_subnet;
 use ebpf_cni_tests::state::{assert_attachment, assert_gone};
-use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
-    PluginUnderTest,
-};
+use ebpf_cni_tests::{require_root, Attachment, NetConfList, Node, PluginUnderTest, Pod};
 use serde_json::{json, Value};
 
 const HOST_PORT: u16 = 8080;
@@ -89,30 +86,11 @@ fn ranges(plugin: &Value) -> Vec<(IpAddr, u8)> {
         .collect()
 }
 
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
-}
-
 fn add(p: &PluginUnderTest, node: &Node, list: &NetConfList, host_port: u16) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let att = capability_args(
-        Attachment::new(&unique_container_id(), netns.path(), "eth0"),
-        host_port,
-    );
-    let result = p
-        .runtime
-        .add(node, list, &att)
-        .unwrap_or_else(|e| panic!("ADD with the example {}: {e}", list.name));
-    let r = AddResult::parse(&result).expect("an ADD result");
-    Pod {
-        netns,
-        att,
-        result,
-        r,
-    }
+    Pod::try_add(&p.runtime, node, list, |att| {
+        capability_args(att, host_port)
+    })
+    .unwrap_or_else(|e| panic!("ADD with the example {}: {e}", list.name))
 }
 
 #[test]

@@ -13,36 +13,11 @@ use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::state::{assert_attachment, assert_gone};
 use ebpf_cni_tests::{
     bpf, fsutil, require_root, unique_container_id, AddResult, Attachment, CniCommand,
-    ContainerEnv, ListError, NetConfList, Netns, Node, PluginUnderTest, ResultExpectation,
+    ContainerEnv, ListError, NetConfList, Node, PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
 
 const V1_1: &str = "1.1.0";
-
-/// One pod attached through the runtime.
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
-}
-
-impl Pod {
-    fn id(&self) -> &str {
-        &self.att.container_id
-    }
-
-    fn addr(&self, family: Family) -> IpAddr {
-        match family {
-            Family::V4 => self.r.ip4().expect("dual-stack pod has IPv4").addr,
-            Family::V6 => self.r.ip6().expect("dual-stack pod has IPv6").addr,
-        }
-    }
-
-    fn addrs(&self) -> Vec<IpAddr> {
-        self.r.ips.iter().map(|i| i.addr).collect()
-    }
-}
 
 /// Dual stack, cniVersion 1.1.0, with the port mapping capability (used by the pods that
 /// pass `host_port`).
@@ -52,38 +27,14 @@ fn dual_list(p: &PluginUnderTest, node: &Node) -> NetConfList {
     NetConfList::single(&conf)
 }
 
-fn add_pod(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
-    add_pod_with_port(p, node, list, None)
-}
-
 /// A pod, with `host_port` -> 80/tcp mapped when given.
-fn add_pod_with_port(
-    p: &PluginUnderTest,
-    node: &Node,
-    list: &NetConfList,
-    host_port: Option<u16>,
-) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-    if let Some(port) = host_port {
-        att = att.with_capability(
+fn add_pod_with_port(p: &PluginUnderTest, node: &Node, list: &NetConfList, host_port: u16) -> Pod {
+    Pod::add_with(p, node, list, Stack::Dual, |att| {
+        att.with_capability(
             "portMappings",
-            json!([{ "hostPort": port, "containerPort": 80, "protocol": "tcp" }]),
-        );
-    }
-    let result = p
-        .runtime
-        .add(node, list, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    let r = ResultExpectation::standard(V1_1, "eth0", &netns.path().to_string_lossy(), Stack::Dual)
-        .ebpf_cni_host_names()
-        .assert_valid(&result);
-    Pod {
-        netns,
-        att,
-        result,
-        r,
-    }
+            json!([{ "hostPort": host_port, "containerPort": 80, "protocol": "tcp" }]),
+        )
+    })
 }
 
 /// `CNI_PATH` only: GC and STATUS get no attachment parameters (spec 1.1).
@@ -114,7 +65,7 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
     let pods: Vec<Pod> = (0..3u16)
-        .map(|i| add_pod_with_port(&p, &node, &list, Some(7000 + i)))
+        .map(|i| add_pod_with_port(&p, &node, &list, 7000 + i))
         .collect();
     let (gone, kept) = (&pods[..2], &pods[2]);
     assert_eq!(
@@ -155,7 +106,7 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
             pod.id(),
             "GC of an unlisted attachment",
         );
-        for ip in pod.addrs() {
+        for ip in pod.ips() {
             assert!(
                 !eps.contains_key(&ip),
                 "GC left the endpoint of {ip}: {eps:?}"
@@ -173,7 +124,7 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
     assert_attachment(&node, &kept.netns, "eth0", &kept.r, Some(config::MTU));
     let mut kept_ips: Vec<IpAddr> = eps.keys().copied().collect();
     kept_ips.sort();
-    let mut expected = kept.addrs();
+    let mut expected = kept.ips();
     expected.sort();
     assert_eq!(
         kept_ips, expected,
@@ -193,7 +144,7 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
         .map(|e| (e.host_port, e.pod))
         .collect();
     mapped.sort();
-    let mut expected: Vec<(u16, IpAddr)> = kept.addrs().into_iter().map(|ip| (7002, ip)).collect();
+    let mut expected: Vec<(u16, IpAddr)> = kept.ips().into_iter().map(|ip| (7002, ip)).collect();
     expected.sort();
     assert_eq!(
         mapped, expected,
@@ -208,7 +159,7 @@ fn gc_removes_unlisted_attachments_and_keeps_the_listed_one() {
     }
     // The node's shared state survived: a new pod, on a host port a removed pod held, and
     // the kept one reach each other.
-    let newer = add_pod_with_port(&p, &node, &list, Some(7000));
+    let newer = add_pod_with_port(&p, &node, &list, 7000);
     for fam in [Family::V4, Family::V6] {
         tcp_echo(&newer.netns, &kept.netns, kept.addr(fam), 0)
             .unwrap_or_else(|e| panic!("new pod -> kept pod {}: {e:#}", kept.addr(fam)));
@@ -253,7 +204,9 @@ fn gc_with_an_empty_list_empties_the_network_only() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let pods: Vec<Pod> = (0..2).map(|_| add_pod(&p, &node, &list)).collect();
+    let pods: Vec<Pod> = (0..2)
+        .map(|_| Pod::add(&p, &node, &list, Stack::Dual))
+        .collect();
 
     let mut other_conf = p.conf(V1_1, &node, Stack::V4);
     other_conf["name"] = json!("othernet");
@@ -342,7 +295,7 @@ fn gc_refuses_requests_without_the_list_or_below_1_1_0() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let pod = add_pod(&p, &node, &list);
+    let pod = Pod::add(&p, &node, &list, Stack::Dual);
     let before = node.snapshot(Some(&pod.netns));
 
     let mut no_list = list.gc_config(0, &[]);
@@ -410,7 +363,7 @@ fn status_succeeds_on_a_healthy_node() {
     assert_eq!(node.snapshot(None), before, "STATUS changed the node");
     assert!(!node.pin_root().exists(), "STATUS pinned something");
 
-    let pod = add_pod(&p, &node, &list);
+    let pod = Pod::add(&p, &node, &list, Stack::Dual);
     p.runtime
         .status(&node, &list)
         .unwrap_or_else(|e| panic!("STATUS with a pod: {e}"));
@@ -486,7 +439,7 @@ fn status_is_51_when_the_node_maps_are_gone_under_a_pod() {
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
     let list = dual_list(&p, &node);
-    let pod = add_pod(&p, &node, &list);
+    let pod = Pod::add(&p, &node, &list, Stack::Dual);
     std::fs::remove_file(dp::map_pin(&node, dp::ENDPOINTS_MAP)).unwrap();
 
     let conf = list.exec_config(0, &Default::default(), None).to_string();

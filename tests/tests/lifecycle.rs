@@ -15,7 +15,7 @@ use ebpf_cni_tests::state::{assert_attachment, assert_gone, leftover_problems};
 use ebpf_cni_tests::strace::Traced;
 use ebpf_cni_tests::{
     kernel, require_root, unique_container_id, AddResult, Attachment, CniCommand, ListError,
-    NetConfList, Netns, Node, PluginUnderTest, ResultExpectation, REFERENCE_HOST_LOCAL,
+    NetConfList, Netns, Node, PluginUnderTest, Pod, ResultExpectation, REFERENCE_HOST_LOCAL,
 };
 use serde_json::{json, Value};
 
@@ -1152,28 +1152,17 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
     extra["allowedSourcePrefixes"] = json!(["10.99.0.0/16"]);
     let plain = p.conf("1.0.0", &node, Stack::V4);
 
-    struct Pod {
-        ns: ebpf_cni_tests::Netns,
-        cid: String,
+    // A pod, its attachment id and the config it was added with.
+    struct Added {
+        pod: Pod,
         id: u64,
         conf: Value,
     }
     let add = |conf: &Value| {
-        let ns = node.new_pod().unwrap();
-        let cid = unique_container_id();
-        let r = p
-            .run(
-                &node,
-                CniCommand::Add,
-                &p.env(&cid, ns.path(), "eth0"),
-                conf.to_string(),
-            )
-            .expect_success("ADD");
-        let ip = AddResult::parse(&r).unwrap().ip4().unwrap().addr;
-        let id = dp::endpoints(&node).unwrap()[&ip].attachment_id;
-        Pod {
-            ns,
-            cid,
+        let pod = Pod::add_direct(&p, &node, conf);
+        let id = dp::endpoints(&node).unwrap()[&pod.v4()].attachment_id;
+        Added {
+            pod,
             id,
             conf: conf.clone(),
         }
@@ -1202,14 +1191,14 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
             pacing,
         )
     };
-    let pin_dir = |pod: &Pod| {
+    let pin_dir = |pod: &Added| {
         node.pin_root()
             .join(ebpf_cni_maps::pin::ATTACHMENTS_DIR)
             .join(NETWORK)
-            .join(&pod.cid)
+            .join(pod.pod.id())
             .join("eth0")
     };
-    let record = |pod: &Pod| {
+    let record = |pod: &Added| {
         std::fs::read_dir(pin_dir(pod))
             .unwrap()
             .filter_map(Result::ok)
@@ -1220,14 +1209,8 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
                     .is_some_and(|n| n.starts_with(ebpf_cni_maps::pin::PLACEMENT_RECORD_PREFIX))
             })
     };
-    let del = |p: &PluginUnderTest, pod: &Pod| {
-        p.run(
-            &node,
-            CniCommand::Del,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            pod.conf.to_string(),
-        )
-        .expect_success("DEL");
+    let del = |p: &PluginUnderTest, added: &Added| {
+        added.pod.del_direct(p, &node, &added.conf);
         traced.log().unwrap_or_default()
     };
 
@@ -1240,7 +1223,12 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
         (&c, (1, 2, 1)),
         (&anchor, (1, 2, 0)),
     ] {
-        assert_eq!(owned(pod.id), want, "control: the entries of {}", pod.cid);
+        assert_eq!(
+            owned(pod.id),
+            want,
+            "control: the entries of {}",
+            pod.pod.id()
+        );
         assert!(
             record(pod).is_some(),
             "ADD left no placement record in {}",
@@ -1271,8 +1259,8 @@ fn del_finds_a_pods_entries_by_its_placement_record() {
             owned(pod.id),
             want,
             "the DEL of {} took entries of {}",
-            a.cid,
-            pod.cid
+            a.pod.id(),
+            pod.pod.id()
         );
     }
 

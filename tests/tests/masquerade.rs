@@ -15,63 +15,13 @@ use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::net::{tcp_echo, tcp_echo_with, udp_echo, udp_echo_with, udp_error_after_send};
-use ebpf_cni_tests::{require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest};
+use ebpf_cni_tests::{
+    require_root, unique_container_id, CniCommand, Netns, Node, PluginUnderTest, Pod,
+};
 use serde_json::{json, Value};
 
 /// The masquerade port range when the config names none (`ebpf_cni_maps::MASQ_PORT_MIN`).
 const PORTS: std::ops::RangeInclusive<u16> = 61_000..=65_535;
-
-struct Pod {
-    ns: Netns,
-    cid: String,
-    ips: Vec<IpAddr>,
-    result: Value,
-}
-
-fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
-    let ns = node.new_pod().unwrap();
-    let cid = unique_container_id();
-    let out = p.run(
-        node,
-        CniCommand::Add,
-        &p.env(&cid, ns.path(), "eth0"),
-        conf.to_string(),
-    );
-    out.expect_success("ADD");
-    let result = out.json.clone().expect("ADD result");
-    let ips = result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            i["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
-    Pod {
-        ns,
-        cid,
-        ips,
-        result,
-    }
-}
-
-/// DEL of `pod` with the config it was added with.
-fn del(p: &PluginUnderTest, node: &Node, pod: &Pod, conf: &Value) {
-    p.run(
-        node,
-        CniCommand::Del,
-        &p.env(&pod.cid, pod.ns.path(), "eth0"),
-        conf.to_string(),
-    )
-    .expect_success("DEL");
-}
 
 /// External host number `n` behind the node's `up0`: it knows its own link and nothing of
 /// the pods (no default route, either family), so only the node's address gets answers.
@@ -109,7 +59,7 @@ fn masquerading_pod_on(
     if let Some(ports) = ports {
         conf["ipMasqPortRange"] = json!(ports);
     }
-    let pod = add(p, &node, &conf);
+    let pod = Pod::add_direct(p, &node, &conf);
     (node, ext, conf, pod)
 }
 
@@ -179,9 +129,9 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
 
     let mut conf = p.conf("1.0.0", &node, Stack::Dual);
     conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
-    assert_eq!(pod.ips.len(), 2, "{}", pod.result);
-    let plain = add(&p, &node, &p.conf("1.0.0", &node, Stack::Dual));
+    let pod = Pod::add_direct(&p, &node, &conf);
+    assert_eq!(pod.ips().len(), 2, "{}", pod.result);
+    let plain = Pod::add_direct(&p, &node, &p.conf("1.0.0", &node, Stack::Dual));
     assert!(
         node.reserved_ports().contains("61000-65535"),
         "the masquerade range is reserved for the node's sockets: {:?}",
@@ -190,22 +140,22 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
 
     for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
         let dst = ext.addr_like(node_addr);
-        let tcp = tcp_echo(&pod.ns, ext.netns(), dst, 0)
+        let tcp = tcp_echo(&pod.netns, ext.netns(), dst, 0)
             .unwrap_or_else(|e| panic!("TCP from the masquerading pod to {dst}: {e:#}"));
         assert_eq!(tcp.client_addr.ip(), node_addr, "TCP source seen by {dst}");
         assert!(PORTS.contains(&tcp.client_addr.port()), "{tcp:?}");
-        let udp = udp_echo(&pod.ns, ext.netns(), dst, 0)
+        let udp = udp_echo(&pod.netns, ext.netns(), dst, 0)
             .unwrap_or_else(|e| panic!("UDP from the masquerading pod to {dst}: {e:#}"));
         assert_eq!(udp.client_addr.ip(), node_addr, "UDP source seen by {dst}");
         assert!(PORTS.contains(&udp.client_addr.port()), "{udp:?}");
         assert!(
-            ping_ok(&pod.ns, dst),
+            ping_ok(&pod.netns, dst),
             "ICMP echo from the masquerading pod to {dst}"
         );
 
         // Without ipMasq the host cannot answer: the pod's address is not routable there.
         assert!(
-            tcp_echo_with(&plain.ns, ext.netns(), dst, 0, Duration::from_secs(3)).is_err(),
+            tcp_echo_with(&plain.netns, ext.netns(), dst, 0, Duration::from_secs(3)).is_err(),
             "a pod without ipMasq reached {dst}, which has no route to it"
         );
     }
@@ -213,12 +163,12 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     // A host that routes to the pod network opens flows to the pod's own address: the
     // pod's replies keep it (TCP: only a SYN opens a masqueraded flow; UDP: the flow is
     // recorded arriving; ICMP: echo replies are never masqueraded).
-    for ip in &pod.ips {
+    for ip in &pod.ips() {
         let from = routed.addr_like(*ip);
-        let tcp = tcp_echo(routed.netns(), &pod.ns, *ip, 0)
+        let tcp = tcp_echo(routed.netns(), &pod.netns, *ip, 0)
             .unwrap_or_else(|e| panic!("TCP from {from} to the pod's {ip}: {e:#}"));
         assert_eq!(tcp.client_addr.ip(), from);
-        let udp = udp_echo(routed.netns(), &pod.ns, *ip, 0)
+        let udp = udp_echo(routed.netns(), &pod.netns, *ip, 0)
             .unwrap_or_else(|e| panic!("UDP from {from} to the pod's {ip}: {e:#}"));
         assert_eq!(udp.client_addr.ip(), from);
         assert!(
@@ -231,7 +181,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     let m = &report["masquerade"];
     assert_eq!(m["enabled"], json!(true), "{m}");
     assert_eq!(m["ports"], json!("61000-65535"), "{m}");
-    for ip in &pod.ips {
+    for ip in &pod.ips() {
         assert!(
             m["flows_by_pod"][ip.to_string()].as_u64().unwrap_or(0) >= 3,
             "TCP, UDP and ICMP flows of {ip}: {m}"
@@ -249,7 +199,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for ip in &pod.ips {
+    for ip in &pod.ips() {
         let sample = format!("ebpf_cni_masquerade_flows{{pod_address=\"{ip}\"}} ");
         let line = text.lines().find(|l| l.starts_with(&sample));
         let n: u64 = line
@@ -263,7 +213,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     );
 
     // CHECK proves the pod's masquerade state.
-    let env = p.env(&pod.cid, pod.ns.path(), "eth0");
+    let env = pod.env(&p);
     let mut check_conf = conf.clone();
     check_conf["prevResult"] = pod.result.clone();
     p.run(&node, CniCommand::Check, &env, check_conf.to_string())
@@ -289,7 +239,7 @@ fn pods_reach_a_host_without_a_route_back_through_the_node_address() {
     assert_eq!(node.reserved_ports(), reserved_before);
     p.run(&node, CniCommand::Del, &env, conf.to_string())
         .expect_success("a repeated DEL");
-    let plain_env = p.env(&plain.cid, plain.ns.path(), "eth0");
+    let plain_env = plain.env(&p);
     p.run(
         &node,
         CniCommand::Del,
@@ -347,12 +297,12 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
     conf["ipMasqPortRange"] = json!("40000-40007");
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
     let mut mapped_conf = conf.clone();
     mapped_conf["runtimeConfig"] = json!({"portMappings": [
         {"hostPort": HOST_PORT, "containerPort": 80, "protocol": "tcp"}
     ]});
-    let mapped = add(&p, &node, &mapped_conf);
+    let mapped = Pod::add_direct(&p, &node, &mapped_conf);
 
     // A different range while masquerading pods exist is refused, naming both.
     let mut other = conf.clone();
@@ -406,10 +356,10 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
     }
     // 8 ports, one of them a host port: 7 flows towards the one server.
     let pod_conns: Vec<_> = (0..7)
-        .map(|i| connect(&pod.ns).unwrap_or_else(|e| panic!("pod flow {i}: {e}")))
+        .map(|i| connect(&pod.netns).unwrap_or_else(|e| panic!("pod flow {i}: {e}")))
         .collect();
     assert!(
-        connect(&pod.ns).is_err(),
+        connect(&pod.netns).is_err(),
         "an 8th flow found a port in a range of 7"
     );
     std::thread::sleep(Duration::from_millis(200));
@@ -453,7 +403,7 @@ fn masquerade_ports_never_collide_with_node_sockets_or_host_ports() {
     assert!(m["exhausted"].as_u64().unwrap() >= 1, "{m}");
 
     for (pod, conf) in [(&pod, &conf), (&mapped, &mapped_conf)] {
-        del(&p, &node, pod, conf);
+        pod.del_direct(&p, &node, conf);
     }
 }
 
@@ -476,7 +426,7 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
 
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
 
     let server = std::net::SocketAddr::from((far_addr, 7001));
     let listener = far
@@ -501,7 +451,7 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
         (peer, got)
     });
     let sent = pod
-        .ns
+        .netns
         .run_in(|| -> std::io::Result<u64> {
             use std::io::{Read, Write};
             let mut c = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(3))?;
@@ -527,13 +477,13 @@ fn fragmentation_needed_reaches_the_pod_and_a_transfer_completes() {
     );
     // The pod's stack learnt the path's MTU from the translated error.
     let route = pod
-        .ns
+        .netns
         .exec(&["ip", "route", "get", &far_addr.to_string()])
         .unwrap();
     let route = String::from_utf8_lossy(&route.stdout);
     assert!(route.contains("mtu 1000"), "the pod's route cache: {route}");
 
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// ICMP errors the pod sends about a masqueraded flow leave translated too: a reply that
@@ -548,7 +498,7 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
     let ext = unrouted_host(&node, 84);
     let mut conf = p.conf("1.0.0", &node, Stack::Dual);
     conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
 
     for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
         let remote = std::net::SocketAddr::new(ext.addr_like(node_addr), 7002);
@@ -560,7 +510,7 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
         server
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
-        pod.ns
+        pod.netns
             .run_in(|| {
                 let unspecified: IpAddr = if remote.is_ipv4() {
                     std::net::Ipv4Addr::UNSPECIFIED.into()
@@ -584,7 +534,7 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
             "towards {peer}: {err}"
         );
     }
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// A flow entry as the maps hold it (`ebpf_cni_maps::MasqKey`, `MasqFlow`).
@@ -614,14 +564,14 @@ fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
     let ext = unrouted_host(&node, 85);
     let mut conf = p.conf("1.1.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
     // UDP: its two minutes of idle time outlast the test (a closed TCP flow's ten seconds
     // might not, on a slow machine).
-    udp_echo(&pod.ns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
+    udp_echo(&pod.netns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
     let live = dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len();
     assert_eq!(live, 1, "the pod's UDP flow");
     let remote: IpAddr = "198.51.100.7".parse().unwrap();
-    let (idle_key, idle_value) = flow_entry(pod.ips[0], remote, 5000, 0);
+    let (idle_key, idle_value) = flow_entry(pod.ips()[0], remote, 5000, 0);
     dp::update_raw(&node, "ECNI_MASQ_FWD", &idle_key, &idle_value).unwrap();
     let (orphan_key, orphan_value) =
         flow_entry("10.10.0.250".parse().unwrap(), remote, 5001, u64::MAX / 2);
@@ -629,7 +579,7 @@ fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
     assert_eq!(dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len(), 3);
 
     let mut gc = conf.clone();
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": pod.cid, "ifname": "eth0"}]);
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": pod.id(), "ifname": "eth0"}]);
     let env = ebpf_cni_tests::ContainerEnv::none().with_cni_path(&p.runtime.cni_path_env());
     p.run(&node, CniCommand::Gc, &env, gc.to_string())
         .expect_success("GC");
@@ -638,12 +588,12 @@ fn gc_sweeps_idle_and_orphaned_flows_and_keeps_live_ones() {
     let key = dp::hex_bytes(&left[0]["key"]).unwrap();
     assert_eq!(
         &key[..16],
-        &dp::endpoint_key(pod.ips[0])[..],
+        &dp::endpoint_key(pod.ips()[0])[..],
         "the live flow stays"
     );
     assert_ne!(key, idle_key);
 
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// A masquerading pod's ADD that fails after every step (the failpoint) leaves the node as
@@ -657,7 +607,7 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
     let _ext = unrouted_host(&node, 87);
     // A pod without ipMasq keeps the node's maps, so their state can be read afterwards.
     let plain_conf = p.conf("1.0.0", &node, Stack::V4);
-    let plain = add(&p, &node, &plain_conf);
+    let plain = Pod::add_direct(&p, &node, &plain_conf);
     let reserved_before = node.reserved_ports();
 
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
@@ -688,7 +638,7 @@ fn a_failed_masquerading_add_leaves_nothing_and_del_succeeds_twice() {
         p.run(&node, CniCommand::Del, &late, conf.to_string())
             .expect_success(what);
     }
-    del(&p, &node, &plain, &plain_conf);
+    plain.del_direct(&p, &node, &plain_conf);
 }
 
 /// A datagram without DF larger than the node's uplink MTU: the node's stack would
@@ -716,7 +666,7 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
         .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     let send = |len: usize| {
-        pod.ns
+        pod.netns
             .run_in(|| {
                 use std::os::fd::AsRawFd;
                 let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
@@ -761,7 +711,7 @@ fn a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address() {
         .recv_from(&mut buf)
         .expect("the datagram that fits");
     assert_eq!((n, from.ip()), (500, IpAddr::V4(ext.node_v4)));
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// Datagrams larger than the path's MTU travel in fragments, both ways, IPv4 and IPv6: a
@@ -800,7 +750,7 @@ fn fragmented_datagrams_are_masqueraded_both_ways() {
             .unwrap()
             .unwrap();
         let sock = pod
-            .ns
+            .netns
             .run_in(|| std::net::UdpSocket::bind(any))
             .unwrap()
             .unwrap();
@@ -841,7 +791,7 @@ fn fragmented_datagrams_are_masqueraded_both_ways() {
         "{}",
         report["masquerade"]
     );
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// A counter of the kernel's statistics in `ns`, by `nstat`'s name (`TcpOutRsts`,
@@ -889,7 +839,7 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
         }
     });
     const CONNECTIONS: usize = 1500;
-    pod.ns
+    pod.netns
         .run_in(|| {
             use std::io::{Read, Write};
             for i in 0..CONNECTIONS {
@@ -917,12 +867,12 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
     // refusals too. Without the shift, 6.18 retransmitted about 500 SYNs here. A few are
     // allowed: under emulation a SYN-ACK can be late (and a FIN retransmitted after the
     // pod closed draws a reset of its own, seen once on 6.1 under TCG).
-    let retransmitted = tcp_counter(&pod.ns, "TcpExtTCPSynRetrans").unwrap();
+    let retransmitted = tcp_counter(&pod.netns, "TcpExtTCPSynRetrans").unwrap();
     assert!(
         retransmitted <= (CONNECTIONS / 100) as u64,
         "SYNs the pod retransmitted: {retransmitted}; its resets: {:?}, the server's \
          retransmitted segments: {:?}",
-        tcp_counter(&pod.ns, "TcpOutRsts"),
+        tcp_counter(&pod.netns, "TcpOutRsts"),
         tcp_counter(ext.netns(), "TcpRetransSegs"),
     );
     assert!(
@@ -933,11 +883,11 @@ fn ports_reused_towards_a_server_in_time_wait_connect_at_once() {
         "SYNs the server's TIME_WAIT refused for an old timestamp"
     );
     assert_eq!(
-        tcp_counter(&pod.ns, "TcpExtPAWSActive"),
+        tcp_counter(&pod.netns, "TcpExtPAWSActive"),
         Some(0),
         "SYN-ACKs the pod refused for their echoed timestamp"
     );
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// A connection the pod opens on the 4-tuple of one that closed (same pod port, same
@@ -973,7 +923,7 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
             None,
         )?;
         setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-        let IpAddr::V4(pod_v4) = pod.ips[0] else {
+        let IpAddr::V4(pod_v4) = pod.ips()[0] else {
             unreachable!("an IPv4 pod")
         };
         bind(
@@ -997,7 +947,7 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     };
     use std::os::fd::AsRawFd;
     let reopened = pod
-        .ns
+        .netns
         .run_in(|| {
             // The first connection: the server closes it, then the pod.
             let mut first = connect_from_33333().expect("the first connection");
@@ -1025,7 +975,7 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     std::thread::sleep(Duration::from_millis(300));
     let newcomers: Vec<_> = (0..2)
         .map(|_| {
-            pod.ns
+            pod.netns
                 .run_in(|| std::net::TcpStream::connect_timeout(&server, Duration::from_secs(1)))
                 .unwrap()
         })
@@ -1036,7 +986,7 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     );
     let mut reopened = reopened;
     echo(&mut reopened, b'b').expect("the reopened connection after new flows wanted its port");
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// `ebpf-cni inspect` (the table, as `inspect --json` and the metrics) shows masquerade:
@@ -1049,7 +999,7 @@ fn inspect_shows_the_masquerade_state() {
     let p = PluginUnderTest::ebpf_cni();
     let (node, ext, conf, pod) = masquerading_pod(&p, 88, None);
     let dst = IpAddr::V4(ext.v4);
-    let udp = udp_echo(&pod.ns, ext.netns(), dst, 0)
+    let udp = udp_echo(&pod.netns, ext.netns(), dst, 0)
         .unwrap_or_else(|e| panic!("UDP from the masquerading pod to {dst}: {e:#}"));
     assert_eq!(udp.client_addr.ip(), IpAddr::V4(ext.node_v4), "{udp:?}");
 
@@ -1069,7 +1019,7 @@ fn inspect_shows_the_masquerade_state() {
         "no masquerade state in inspect:\n{table}"
     );
     let json = dp::inspect(Path::new(&p.bin), &node).unwrap();
-    let ip = pod.ips[0];
+    let ip = pod.ips()[0];
     let flows = json["masquerade"]["flows_by_pod"][ip.to_string()]
         .as_u64()
         .unwrap_or(0);
@@ -1079,7 +1029,7 @@ fn inspect_shows_the_masquerade_state() {
         table.lines().any(|l| l == line),
         "{line:?} missing from inspect:\n{table}"
     );
-    del(&p, &node, &pod, &conf);
+    pod.del_direct(&p, &node, &conf);
 }
 
 /// DEL removes a pod's masqueraded flows by walking the node's whole flow table (a large
@@ -1098,18 +1048,18 @@ fn del_walks_the_flow_table_only_on_a_masquerading_node() {
         let ext = unrouted_host(&node, 86);
         let mut conf = p.conf("1.0.0", &node, Stack::V4);
         conf["ipMasq"] = json!(masquerading);
-        let pod = add(&p, &node, &conf);
+        let pod = Pod::add_direct(&p, &node, &conf);
         // A second pod keeps the node (and its maps) when the first goes.
-        let other = add(&p, &node, &conf);
+        let other = Pod::add_direct(&p, &node, &conf);
         if masquerading {
-            udp_echo(&pod.ns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
+            udp_echo(&pod.netns, ext.netns(), IpAddr::V4(ext.v4), 0).unwrap();
             assert_eq!(
                 dp::map_entries(&node, "ECNI_MASQ_FWD").unwrap().len(),
                 1,
                 "control: the pod's UDP flow"
             );
         }
-        del(&t, &node, &pod, &conf);
+        pod.del_direct(&t, &node, &conf);
         let trace = traced.log().unwrap();
         assert!(
             trace.contains("/ECNI_MASQ_FWD\""),
@@ -1126,7 +1076,7 @@ fn del_walks_the_flow_table_only_on_a_masquerading_node() {
                 "the pod's flow goes with it"
             );
         }
-        del(&p, &node, &other, &conf);
+        other.del_direct(&p, &node, &conf);
     }
 }
 
@@ -1146,9 +1096,9 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
     let mut conf = p.conf("1.0.0", &node, Stack::V4);
     conf["ipMasq"] = json!(true);
     conf["allowedSourcePrefixes"] = json!(["10.99.0.0/16"]);
-    let pod = add(&p, &node, &conf);
+    let pod = Pod::add_direct(&p, &node, &conf);
     let plain_conf = p.conf("1.0.0", &node, Stack::V4);
-    let plain = add(&p, &node, &plain_conf);
+    let plain = Pod::add_direct(&p, &node, &plain_conf);
     let entry = |ip: IpAddr, bits: u8| {
         dp::sources(&node)
             .unwrap()
@@ -1161,15 +1111,8 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
         value[14..16].copy_from_slice(&verdict.to_le_bytes());
         dp::update_raw(&node, dp::SOURCES_MAP, &e.raw_key, &value).unwrap();
     };
-    let check = |pod: &Pod, conf: &Value| {
-        p.check(
-            &node,
-            &p.env(&pod.cid, pod.ns.path(), "eth0"),
-            conf,
-            &pod.result,
-        )
-    };
-    let (own, plain_own) = (entry(pod.ips[0], 32), entry(plain.ips[0], 32));
+    let check = |pod: &Pod, conf: &Value| p.check(&node, &pod.env(&p), conf, &pod.result);
+    let (own, plain_own) = (entry(pod.ips()[0], 32), entry(plain.ips()[0], 32));
     assert_eq!(own.verdict, SOURCE_PASS_MASQ, "{own:?}");
     let extra = entry("10.99.0.0".parse().unwrap(), 16);
     assert_eq!(extra.verdict, SOURCE_PASS, "an extra prefix: {extra:?}");
@@ -1179,7 +1122,7 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
 
     let dst = IpAddr::V4(ext.v4);
     let seen_from = |from: &Pod| {
-        udp_echo_with(&from.ns, ext.netns(), dst, 0, Duration::from_secs(3))
+        udp_echo_with(&from.netns, ext.netns(), dst, 0, Duration::from_secs(3))
             .map(|e| e.client_addr.ip())
     };
     let node_addr = IpAddr::V4(ext.node_v4);
@@ -1203,7 +1146,11 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
     set_verdict(&plain_own, SOURCE_PASS_MASQ);
     let err = check(&plain, &plain_conf).expect_error(105, "CHECK of a tampered entry");
     let text = err.text_lower();
-    for w in ["source check", &format!("{}/32", plain.ips[0]), "verdict 3"] {
+    for w in [
+        "source check",
+        &format!("{}/32", plain.ips()[0]),
+        "verdict 3",
+    ] {
         assert!(
             text.contains(w),
             "CHECK's message does not name {w:?}: {err:?}"
@@ -1217,8 +1164,8 @@ fn a_masquerading_pods_source_entries_say_it_masquerades() {
     set_verdict(&plain_own, SOURCE_PASS);
     check(&plain, &plain_conf).expect_success("CHECK of the entry put back");
 
-    del(&p, &node, &pod, &conf);
-    del(&p, &node, &plain, &plain_conf);
+    pod.del_direct(&p, &node, &conf);
+    plain.del_direct(&p, &node, &plain_conf);
     assert!(
         dp::sources(&node).unwrap().is_empty(),
         "DEL left source entries"
@@ -1240,9 +1187,9 @@ fn del_walks_the_endpoint_map_only_on_a_masquerading_node() {
         let node = Node::new().unwrap();
         let mut conf = p.conf("1.0.0", &node, Stack::V4);
         conf["ipMasq"] = json!(masquerading);
-        let pod = add(&p, &node, &conf);
-        let other = add(&p, &node, &conf);
-        del(&t, &node, &pod, &conf);
+        let pod = Pod::add_direct(&p, &node, &conf);
+        let other = Pod::add_direct(&p, &node, &conf);
+        pod.del_direct(&t, &node, &conf);
         let trace = traced.log().unwrap();
         assert_eq!(
             ebpf_cni_tests::strace::walks(&trace, "ECNI_ENDPOINTS"),
@@ -1250,9 +1197,9 @@ fn del_walks_the_endpoint_map_only_on_a_masquerading_node() {
             "masquerading node: {masquerading}; the DEL's bpf and close calls:\n{trace}"
         );
         assert!(
-            dp::map_entries(&node, "ECNI_ENDPOINTS").unwrap().len() == other.ips.len(),
+            dp::map_entries(&node, "ECNI_ENDPOINTS").unwrap().len() == other.ips().len(),
             "the DEL left the other pod's entries alone and removed its own"
         );
-        del(&p, &node, &other, &conf);
+        other.del_direct(&p, &node, &conf);
     }
 }

@@ -17,8 +17,8 @@ use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns, Node,
-    PluginUnderTest, ResultExpectation,
+    require_root, unique_container_id, Attachment, CniCommand, NetConfList, Node, PluginUnderTest,
+    Pod,
 };
 use prometheus_parse::{Sample, Scrape, Value as PromValue};
 use serde_json::{json, Value};
@@ -28,55 +28,29 @@ use serde_json::{json, Value};
 const RATE_BPS: u64 = 1_000_000_000;
 const BURST_BITS: u64 = 8_000_000;
 
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    cid: String,
-    result: Value,
-    r: AddResult,
-}
-
-impl Pod {
-    fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("IPv4").addr
-    }
-}
-
 fn list(p: &PluginUnderTest, node: &Node) -> NetConfList {
     let mut conf = p.conf("1.0.0", node, Stack::V4);
     conf["capabilities"] = json!({"portMappings": true, "bandwidth": true});
     NetConfList::single(&conf)
 }
 
+/// An IPv4 pod with `host_port` -> 80/tcp, and a limit of [`RATE_BPS`] each way when
+/// `limit`.
 fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, host_port: u16, limit: bool) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let cid = unique_container_id();
-    let mut att = Attachment::new(&cid, netns.path(), "eth0").with_capability(
-        "portMappings",
-        json!([{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]),
-    );
-    if limit {
-        att = att.with_capability(
+    Pod::add_with(p, node, l, Stack::V4, |att| {
+        let att = att.with_capability(
+            "portMappings",
+            json!([{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]),
+        );
+        if !limit {
+            return att;
+        }
+        att.with_capability(
             "bandwidth",
             json!({"ingressRate": RATE_BPS, "ingressBurst": BURST_BITS,
                    "egressRate": RATE_BPS, "egressBurst": BURST_BITS}),
-        );
-    }
-    let result = p
-        .runtime
-        .add(node, l, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    let r =
-        ResultExpectation::standard("1.0.0", "eth0", &netns.path().to_string_lossy(), Stack::V4)
-            .ebpf_cni_host_names()
-            .assert_valid(&result);
-    Pod {
-        netns,
-        att,
-        cid,
-        result,
-        r,
-    }
+        )
+    })
 }
 
 /// `ebpf-cni metrics --netns <node> [extra]`: stdout, or a panic with stderr.
@@ -188,7 +162,7 @@ fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
     let pod = |x: &Pod, dir: &'static str| -> Vec<(&'static str, String)> {
         vec![
             ("network", ebpf_cni_tests::config::NETWORK.to_owned()),
-            ("container_id", x.cid.clone()),
+            ("container_id", x.id().to_owned()),
             ("ifname", "eth0".to_owned()),
             ("address", x.v4().to_string()),
             ("direction", dir.to_owned()),
@@ -200,7 +174,7 @@ fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
     };
     let port = |hp: u16, x: &Pod| -> Vec<(&'static str, String)> {
         vec![
-            ("container_id", x.cid.clone()),
+            ("container_id", x.id().to_owned()),
             ("protocol", "tcp".to_owned()),
             ("host_ip", "0.0.0.0".to_owned()),
             ("host_port", hp.to_string()),
@@ -273,7 +247,7 @@ fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
         assert_eq!(degraded == 1.0, m["degraded"].as_bool().unwrap(), "{m}");
     }
     // Limiter: pod A police (egress also paced where the kernel paces), pod B none.
-    let a_att = dp::inspect_attachment(&inspect, &a.cid).unwrap();
+    let a_att = dp::inspect_attachment(&inspect, a.id()).unwrap();
     let egress_mode = if a_att["tcp_pacing_bytes"].is_null() {
         "police"
     } else {
@@ -807,7 +781,7 @@ fn a_scrape_opens_no_pin_of_a_pod() {
     for x in [&a, &b] {
         let labels = [
             ("network", ebpf_cni_tests::config::NETWORK),
-            ("container_id", x.cid.as_str()),
+            ("container_id", x.id()),
             ("ifname", "eth0"),
             ("direction", "egress"),
         ];
@@ -818,7 +792,7 @@ fn a_scrape_opens_no_pin_of_a_pod() {
                 .any(|s| s.metric == "ebpf_cni_pod_packets_total"
                     && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))),
             "no packet counter of pod {} in the scrape",
-            x.cid
+            x.id()
         );
     }
     let limited = scrape
@@ -826,7 +800,7 @@ fn a_scrape_opens_no_pin_of_a_pod() {
         .iter()
         .filter(|s| {
             s.metric.starts_with("ebpf_cni_pod_limit")
-                && s.labels.get("container_id") == Some(a.cid.as_str())
+                && s.labels.get("container_id") == Some(a.id())
         })
         .count();
     assert!(limited > 0, "pod A's limit is not in the scrape");

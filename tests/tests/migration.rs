@@ -34,7 +34,7 @@ use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
 use ebpf_cni_tests::{
     kernel, require_root, unique_container_id, AddResult, Attachment, CniRuntime, Lease,
-    NetConfList, Netns, Node, PluginUnderTest,
+    NetConfList, Node, PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
 
@@ -42,20 +42,20 @@ use serde_json::{json, Value};
 const OLD_PORT: u16 = 8080;
 const NEW_PORT: u16 = 8081;
 
-struct Pod {
+/// A pod and what the failure messages call it.
+struct Named {
     what: &'static str,
-    netns: Netns,
-    att: Attachment,
-    result: Value,
+    pod: Pod,
 }
 
-impl Pod {
-    fn v4(&self) -> IpAddr {
-        AddResult::parse(&self.result)
-            .and_then(|r| r.ip4().map(|i| i.addr))
-            .unwrap_or_else(|| panic!("{}: no IPv4 address in {}", self.what, self.result))
+impl std::ops::Deref for Named {
+    type Target = Pod;
+    fn deref(&self) -> &Pod {
+        &self.pod
     }
+}
 
+impl Named {
     /// The host side of the pod's veth, as the result names it (the interface without a
     /// sandbox).
     fn host_veth(&self) -> String {
@@ -99,26 +99,15 @@ fn add(
     l: &NetConfList,
     what: &'static str,
     caps: &[(&str, Value)],
-) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-    for (k, v) in caps {
-        att = att.with_capability(k, v.clone());
-    }
-    let result = runtime
-        .add(node, l, &att)
+) -> Named {
+    let pod = Pod::try_add(runtime, node, l, |att| att.with_capabilities(caps))
         .unwrap_or_else(|e| panic!("ADD of {what}: {e}"));
-    Pod {
-        what,
-        netns,
-        att,
-        result,
-    }
+    Named { what, pod }
 }
 
 /// The old pod: a host port and an egress limit, so portmap and bandwidth leave their
 /// per-pod state.
-fn add_old_pod(node: &Node, l: &NetConfList) -> Pod {
+fn add_old_pod(node: &Node, l: &NetConfList) -> Named {
     add(
         &CniRuntime::reference(),
         node,
@@ -137,7 +126,7 @@ fn add_old_pod(node: &Node, l: &NetConfList) -> Pod {
     )
 }
 
-fn add_new_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList) -> Pod {
+fn add_new_pod(p: &PluginUnderTest, node: &Node, l: &NetConfList) -> Named {
     let pod = add(
         &p.runtime,
         node,
@@ -167,7 +156,7 @@ struct EbpfCniState {
     leases: Vec<Lease>,
 }
 
-fn ebpf_cni_state(node: &Node, network: &str, pod: &Pod) -> EbpfCniState {
+fn ebpf_cni_state(node: &Node, network: &str, pod: &Named) -> EbpfCniState {
     EbpfCniState {
         pinned_files: node.pinned_files(),
         endpoints: dp::endpoints(node)
@@ -180,7 +169,7 @@ fn ebpf_cni_state(node: &Node, network: &str, pod: &Pod) -> EbpfCniState {
     }
 }
 
-fn leases_of(node: &Node, network: &str, pod: &Pod) -> Vec<Lease> {
+fn leases_of(node: &Node, network: &str, pod: &Named) -> Vec<Lease> {
     node.leases(network)
         .into_iter()
         .filter(|l| l.container_id == pod.att.container_id)
@@ -188,7 +177,7 @@ fn leases_of(node: &Node, network: &str, pod: &Pod) -> Vec<Lease> {
 }
 
 /// Pods talk both ways, and each host port is served from outside the node.
-fn coexist(ext: &ExternalHost, old: &Pod, new: &Pod) {
+fn coexist(ext: &ExternalHost, old: &Named, new: &Named) {
     for (from, to) in [(old, new), (new, old)] {
         tcp_echo(&from.netns, &to.netns, to.v4(), 0)
             .unwrap_or_else(|e| panic!("TCP {} -> {}: {e:#}", from.what, to.what));
@@ -256,7 +245,7 @@ const OLD_NETWORK: &str = "oldnet";
 /// What the old chain left of `old` on the node after ebpf-cni's DEL of it (with a netns):
 /// ebpf-cni deleted the pod's veth (the `CNI_IFNAME` veth in its namespace; ptp's host end
 /// went with it) and nothing else of the old chain's.
-fn assert_old_pod_left_as_documented(node: &Node, old: &Pod, rules: &[String], ifbs: &[String]) {
+fn assert_old_pod_left_as_documented(node: &Node, old: &Named, rules: &[String], ifbs: &[String]) {
     assert!(
         kernel::link(&old.netns, "eth0").unwrap().is_none(),
         "ebpf-cni's DEL with the old pod's netns removes its veth there"

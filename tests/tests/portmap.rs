@@ -19,26 +19,10 @@ use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::net::udp_error_after_send;
 use ebpf_cni_tests::{
-    bpf, require_root, unique_container_id, AddResult, Attachment, CniCommand, NetConfList, Netns,
-    Node, PluginUnderTest, ResultExpectation,
+    bpf, require_root, unique_container_id, Attachment, CniCommand, NetConfList, Netns, Node,
+    PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
-
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
-}
-
-impl Pod {
-    fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("IPv4").addr
-    }
-    fn v6(&self) -> IpAddr {
-        self.r.ip6().expect("IPv6").addr
-    }
-}
 
 fn list(p: &PluginUnderTest, node: &Node) -> NetConfList {
     let mut conf = p.conf("1.0.0", node, Stack::Dual);
@@ -51,27 +35,11 @@ fn attachment(netns: &Netns, mappings: Value) -> Attachment {
         .with_capability("portMappings", mappings)
 }
 
+/// A dual-stack pod with `mappings` as its `portMappings`.
 fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, mappings: Value) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let att = attachment(&netns, mappings);
-    let result = p
-        .runtime
-        .add(node, l, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    let r = ResultExpectation::standard(
-        "1.0.0",
-        "eth0",
-        &netns.path().to_string_lossy(),
-        Stack::Dual,
-    )
-    .ebpf_cni_host_names()
-    .assert_valid(&result);
-    Pod {
-        netns,
-        att,
-        result,
-        r,
-    }
+    Pod::add_with(p, node, l, Stack::Dual, |att| {
+        att.with_capability("portMappings", mappings)
+    })
 }
 
 /// Issue 4, "Paths that must work" 1-5 (except re-add, below), TCP and UDP, IPv4 and IPv6.

@@ -17,7 +17,7 @@ use ebpf_cni_tests::packet::{
     IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IP_DF, IP_MF, L4, TCP_ACK, TCP_SYN,
 };
 use ebpf_cni_tests::progtest::{
-    endpoint_key, monotonic_ns, Lab, Pod, SkBuff, Verdict, GATEWAY_MAC,
+    endpoint_key, monotonic_ns, Lab, LabPod, SkBuff, Verdict, GATEWAY_MAC,
 };
 use ebpf_cni_tests::require_root;
 
@@ -41,7 +41,7 @@ fn checksums_ok(frame: &[u8], what: &str) {
 }
 
 /// A frame pod `p` sends to `dst` (to its gateway's MAC, the host veth's).
-fn from(p: &Pod, dst: IpAddr, l4: L4) -> Pkt {
+fn from(p: &LabPod, dst: IpAddr, l4: L4) -> Pkt {
     Pkt::new(p.addr(dst.is_ipv4()), dst, l4).macs(p.pod_mac, p.host_mac)
 }
 
@@ -451,7 +451,7 @@ fn a_pod_without_host_ports_skips_the_reverse_translation() {
 fn the_routing_floor_delivers_pod_to_pod_as_ecni_from_pod_does() {
     let mut lab = lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
-    type Floor = fn(&mut Lab, &Pod, &[u8]) -> ebpf_cni_tests::progtest::Run;
+    type Floor = fn(&mut Lab, &LabPod, &[u8]) -> ebpf_cni_tests::progtest::Run;
     let floors: [(&str, Floor); 2] = [
         ("ecni_floor_pod", |l, p, f| l.floor_pod(p, f)),
         ("ecni_floor_nk", |l, p, f| l.floor_nk(p, f)),
@@ -879,7 +879,7 @@ fn masquerade_takes_the_pods_word_from_its_source_entry() {
     let mut port = 40_100;
     for v4 in [true, false] {
         let (node, remote) = (lab.up.addr(v4), lab.up.remote(v4));
-        let mut leaves_from = |lab: &Lab, p: &Pod| {
+        let mut leaves_from = |lab: &Lab, p: &LabPod| {
             port += 1;
             let frame = from(p, remote, L4::udp(port, 53)).payload(16).frame();
             let r = lab.from_pod(p, &frame);
@@ -936,7 +936,7 @@ fn masquerade_translates_established_flows_both_ways() {
     }
 }
 
-fn established_flows_both_ways(lab: &Lab, a: &Pod) {
+fn established_flows_both_ways(lab: &Lab, a: &LabPod) {
     // NOP, NOP, timestamp: what Linux puts on every segment but the SYN.
     let ts = |val: u32, ecr: u32| {
         let mut o = vec![1, 1, 8, 10];
@@ -2049,7 +2049,7 @@ fn masquerade_cost_per_packet() {
         lab.source_check_as(a, ebpf_cni_maps::SOURCE_PASS_MASQ);
         let syn = from(a, remote, L4::tcp(40_000, 80, TCP_SYN)).frame();
         let port = parse(&lab.from_pod(a, &syn).frame).ports().0;
-        let seg = |p: &Pod| {
+        let seg = |p: &LabPod| {
             from(p, remote, L4::tcp(40_000, 80, TCP_ACK))
                 .payload(1400)
                 .frame()
@@ -2220,7 +2220,7 @@ fn masquerade_new_flow_cost() {
     });
     let (a, b) = (&lab.a, &lab.b);
     let remote = lab.up.remote(true);
-    let seg = |p: &Pod, sport, flags| from(p, remote, L4::tcp(sport, 80, flags)).frame();
+    let seg = |p: &LabPod, sport, flags| from(p, remote, L4::tcp(sport, 80, flags)).frame();
     let (mut fresh, mut reclaim, mut est, mut routed) = (vec![], vec![], vec![], vec![]);
     for round in 0..rounds {
         for i in 0..PORTS {

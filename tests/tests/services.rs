@@ -21,7 +21,7 @@ use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::netfilter;
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, ContainerEnv, NetConfList, Netns,
-    Node, PluginUnderTest,
+    Node, PluginUnderTest, Pod,
 };
 use serde_json::Value;
 
@@ -35,58 +35,23 @@ const VIP6_OUT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20);
 const VIP6_EMPTY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x30);
 const NODE_PORT: u16 = 30_080;
 
-struct Pod {
-    ns: Netns,
-    v4: Ipv4Addr,
-    v6: Ipv6Addr,
-}
-
-impl Pod {
-    fn addr(&self, v4: bool) -> IpAddr {
-        if v4 {
-            self.v4.into()
-        } else {
-            self.v6.into()
-        }
-    }
-}
-
 fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
-    let ns = node.new_pod().unwrap();
-    let out = p.run(
-        node,
-        CniCommand::Add,
-        &p.env(&unique_container_id(), ns.path(), "eth0"),
-        conf.to_string(),
-    );
-    out.expect_success("ADD");
-    let result = out.json.clone().expect("ADD result");
-    pod_of(ns, &result)
+    dual_stack(Pod::add_direct(p, node, conf))
 }
 
-/// The pod of an ADD's result: its addresses, one per family.
-fn pod_of(ns: Netns, result: &Value) -> Pod {
-    let mut v4 = None;
-    let mut v6 = None;
-    for ip in result["ips"].as_array().unwrap() {
-        let a: IpAddr = ip["address"]
-            .as_str()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        match a {
-            IpAddr::V4(a) => v4 = Some(a),
-            IpAddr::V6(a) => v6 = Some(a),
-        }
-    }
-    Pod {
-        ns,
-        v4: v4.expect("an IPv4 address"),
-        v6: v6.expect("an IPv6 address"),
-    }
+/// `pod`, which must have an address of each family.
+fn dual_stack(pod: Pod) -> Pod {
+    assert!(
+        pod.r.ip4().is_some() && pod.r.ip6().is_some(),
+        "an IPv4 and an IPv6 address: {}",
+        pod.result
+    );
+    pod
+}
+
+/// `pod`'s address of IPv4 when `v4`, else of IPv6.
+fn addr(pod: &Pod, v4: bool) -> IpAddr {
+    pod.addr(if v4 { Family::V4 } else { Family::V6 })
 }
 
 /// STATUS, as the runtime sends it: the node learns kube-proxy's rules.
@@ -246,12 +211,12 @@ fn services_of(v4: bool, b: &Pod, ext: &ExternalHost, local: bool) -> Vec<Servic
     let (vip, dns, out, empty) = Cluster::vips(v4);
     let ext_addr = ext.addr_like(vip);
     let mut web =
-        Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(b.addr(v4), 8080));
+        Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(addr(&b, v4), 8080));
     web.node_port = Some(NODE_PORT);
     web.local = local;
     vec![
         web,
-        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(b.addr(v4), 5353)),
+        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(addr(&b, v4), 5353)),
         Service::new("default/outside:http", out, 81, Proto::Tcp).endpoint(sa(ext_addr, 9090)),
         Service::new("default/empty:http", empty, 82, Proto::Tcp),
     ]
@@ -322,13 +287,10 @@ fn cluster_with(mode: Option<(Mode, bool)>, setup: Setup) -> Cluster {
             // STATUS is 1.1's; the reference bridge speaks 1.0.
             conf["cniVersion"] = serde_json::json!("1.1.0");
             let chained = |p: &PluginUnderTest| {
-                let ns = node.new_pod().unwrap();
-                let att = Attachment::new(&unique_container_id(), ns.path(), "eth0");
-                let result = p
-                    .runtime
-                    .add(&node, &list, &att)
-                    .unwrap_or_else(|e| panic!("ADD of bridge + ebpf-cni: {e}"));
-                pod_of(ns, &result)
+                dual_stack(
+                    Pod::try_add(&p.runtime, &node, &list, |att| att)
+                        .unwrap_or_else(|e| panic!("ADD of bridge + ebpf-cni: {e}")),
+                )
             };
             (chained(&p), chained(&p))
         }
@@ -379,20 +341,20 @@ impl Cluster {
             let (web, dns, out, empty) = Self::vips(v4);
             let (a, b) = (&self.a, &self.b);
             let fam = if v4 { "IPv4" } else { "IPv6" };
-            let peer =
-                tcp_via(&a.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080)).unwrap_or_else(|e| {
+            let peer = tcp_via(&a.netns, sa(web, 80), &b.netns, sa(addr(&b, v4), 8080))
+                .unwrap_or_else(|e| {
                     panic!("{fam} pod A -> ClusterIP:80/tcp, endpoint pod B: {e:#}")
                 });
             if !masq {
-                assert_eq!(peer.ip(), a.addr(v4), "{fam}: the endpoint sees pod A");
+                assert_eq!(peer.ip(), addr(&a, v4), "{fam}: the endpoint sees pod A");
             }
-            udp_via(&a.ns, sa(dns, 53), &b.ns, sa(b.addr(v4), 5353)).unwrap_or_else(|e| {
+            udp_via(&a.netns, sa(dns, 53), &b.netns, sa(addr(&b, v4), 5353)).unwrap_or_else(|e| {
                 panic!("{fam} pod A -> ClusterIP:53/udp, endpoint pod B: {e:#}")
             });
-            tcp_via(&b.ns, sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
+            tcp_via(&b.netns, sa(web, 80), &b.netns, sa(addr(&b, v4), 8080))
                 .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (hairpin): {e:#}"));
             let ext_addr = self.ext.addr_like(web);
-            let peer = tcp_via(&a.ns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090))
+            let peer = tcp_via(&a.netns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090))
                 .unwrap_or_else(|e| {
                     panic!("{fam} pod A -> ClusterIP:81/tcp, endpoint outside: {e:#}")
                 });
@@ -401,20 +363,26 @@ impl Cluster {
             } else {
                 self.ext.node_v6.into()
             };
-            let want = if masq { node_addr } else { a.addr(v4) };
+            let want = if masq { node_addr } else { addr(&a, v4) };
             assert_eq!(
                 peer.ip(),
                 want,
                 "{fam}: the outside endpoint's client (masquerade {masq})"
             );
-            tcp_via(self.node.netns(), sa(web, 80), &b.ns, sa(b.addr(v4), 8080))
-                .unwrap_or_else(|e| panic!("{fam} node -> ClusterIP:80/tcp: {e:#}"));
+            tcp_via(
+                self.node.netns(),
+                sa(web, 80),
+                &b.netns,
+                sa(addr(&b, v4), 8080),
+            )
+            .unwrap_or_else(|e| panic!("{fam} node -> ClusterIP:80/tcp: {e:#}"));
             // No endpoints: kube-proxy's REJECT reaches the pod at once.
             let started = Instant::now();
-            let err =
-                a.ns.run_in(|| TcpStream::connect_timeout(&sa(empty, 82), Duration::from_secs(5)))
-                    .unwrap()
-                    .expect_err("a Service without endpoints answered");
+            let err = a
+                .netns
+                .run_in(|| TcpStream::connect_timeout(&sa(empty, 82), Duration::from_secs(5)))
+                .unwrap()
+                .expect_err("a Service without endpoints answered");
             assert_eq!(
                 err.kind(),
                 std::io::ErrorKind::ConnectionRefused,
@@ -435,7 +403,7 @@ impl Cluster {
         let fwd = |f| netfilter::forward_packets(self.node.netns(), f).unwrap();
         let (f4, f6) = (fwd(Family::V4), fwd(Family::V6));
         for v4 in [true, false] {
-            tcp_echo(&self.a.ns, &self.b.ns, self.b.addr(v4), 0).unwrap();
+            tcp_echo(&self.a.netns, &self.b.netns, addr(&self.b, v4), 0).unwrap();
         }
         assert_eq!(
             (fwd(Family::V4), fwd(Family::V6)),
@@ -510,8 +478,8 @@ fn node_ports_reach_a_local_pod_with_either_traffic_policy() {
             let peer = tcp_via(
                 c.ext.netns(),
                 sa(node_addr, NODE_PORT),
-                &c.b.ns,
-                sa(c.b.addr(v4), 8080),
+                &c.b.netns,
+                sa(addr(&c.b, v4), 8080),
             )
             .unwrap_or_else(|e| {
                 panic!("outside -> NodePort {node_addr}:{NODE_PORT} (local {local}): {e:#}")
@@ -554,7 +522,7 @@ fn services_follow_kube_proxy_rules_written_after_the_pods_and_taken_away() {
         "the flows through the stack are forgotten: {s}"
     );
     // Pods still reach each other.
-    tcp_echo(&c.a.ns, &c.b.ns, c.b.addr(true), 0).unwrap();
+    tcp_echo(&c.a.netns, &c.b.netns, addr(&c.b, true), 0).unwrap();
 }
 
 /// A DNS Service whose endpoint pod is replaced: kube-proxy points the rules at the new pod
@@ -571,7 +539,7 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
             IpAddr::V6(VIP6_DNS)
         };
         vec![Service::new("kube-system/dns:dns", vip, 53, Proto::Udp)
-            .endpoint(sa(ep.addr(v4), 5353))]
+            .endpoint(sa(addr(&ep, v4), 5353))]
     };
     let write = |ep: &Pod| {
         for v4 in [true, false] {
@@ -602,13 +570,13 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
         } else {
             (Ipv6Addr::UNSPECIFIED, 0).into()
         };
-        let client = bind_in(&c.a.ns, || UdpSocket::bind(any));
+        let client = bind_in(&c.a.netns, || UdpSocket::bind(any));
         client
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
         let ask = |endpoint: &Pod| {
-            let server = bind_in(&endpoint.ns, || {
-                UdpSocket::bind(sa(endpoint.addr(v4), 5353))
+            let server = bind_in(&endpoint.netns, || {
+                UdpSocket::bind(sa(addr(&endpoint, v4), 5353))
             });
             server
                 .set_read_timeout(Some(Duration::from_secs(3)))
@@ -664,8 +632,13 @@ fn the_agent_follows_kube_proxy_within_five_seconds() {
     const BOUND: Duration = Duration::from_secs(5);
     let changed = |n: usize, source: &str| format!("{n} Service addresses from {source}");
     let web = |v4: bool, vip: IpAddr| {
-        tcp_via(&c.a.ns, sa(vip, 80), &c.b.ns, sa(c.b.addr(v4), 8080))
-            .unwrap_or_else(|e| panic!("pod A -> {vip}:80: {e:#}"));
+        tcp_via(
+            &c.a.netns,
+            sa(vip, 80),
+            &c.b.netns,
+            sa(addr(&c.b, v4), 8080),
+        )
+        .unwrap_or_else(|e| panic!("pod A -> {vip}:80: {e:#}"));
     };
     let iptables = |extra: bool| {
         for v4 in [true, false] {
@@ -678,7 +651,7 @@ fn the_agent_follows_kube_proxy_within_five_seconds() {
                 };
                 svcs.push(
                     Service::new("default/more:http", vip, 80, Proto::Tcp)
-                        .endpoint(sa(c.b.addr(v4), 8080)),
+                        .endpoint(sa(addr(&c.b, v4), 8080)),
                 );
             }
             let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
@@ -799,7 +772,7 @@ fn external_ips_own_node_ports_and_session_affinity() {
                 "fd00:96::50".parse().unwrap(),
             )
         };
-        let b = c.b.addr(v4);
+        let b = addr(&c.b, v4);
         let mut ext = Service::new("default/ext:http", vip, 80, Proto::Tcp).endpoint(sa(b, 8080));
         ext.external_ips = vec![ext_ip];
         ext.node_port = Some(30_081);
@@ -830,26 +803,26 @@ fn external_ips_own_node_ports_and_session_affinity() {
                 "fd00:96::50".parse().unwrap(),
             )
         };
-        let b = c.b.addr(v4);
-        tcp_via(c.ext.netns(), sa(ext_ip, 80), &c.b.ns, sa(b, 8080))
+        let b = addr(&c.b, v4);
+        tcp_via(c.ext.netns(), sa(ext_ip, 80), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} outside -> external IP {ext_ip}: {e:#}"));
-        tcp_via(&c.a.ns, sa(ext_ip, 80), &c.b.ns, sa(b, 8080))
+        tcp_via(&c.a.netns, sa(ext_ip, 80), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod A -> external IP {ext_ip}: {e:#}"));
         let node_addr: IpAddr = if v4 {
             c.ext.node_v4.into()
         } else {
             c.ext.node_v6.into()
         };
-        tcp_via(&c.a.ns, sa(node_addr, 30_081), &c.b.ns, sa(b, 8080))
+        tcp_via(&c.a.netns, sa(node_addr, 30_081), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod A -> its node's NodePort: {e:#}"));
         // Affinity: every connection of pod A goes to the endpoint its first one took.
         let listeners: Vec<TcpListener> = [8080, 8081]
             .iter()
-            .map(|p| bind_in(&c.b.ns, || TcpListener::bind(sa(b, *p))))
+            .map(|p| bind_in(&c.b.netns, || TcpListener::bind(sa(b, *p))))
             .collect();
         let mut first = None;
         for i in 0..12 {
-            c.a.ns
+            c.a.netns
                 .run_in(|| TcpStream::connect_timeout(&sa(sticky, 80), Duration::from_secs(3)))
                 .unwrap()
                 .unwrap_or_else(|e| panic!("{fam} connection {i} to the sticky Service: {e}"));
@@ -884,7 +857,8 @@ fn cluster_ips_work_next_to_kube_proxy_in_ipvs_mode() {
     for v4 in [true, false] {
         let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
         svcs.push(
-            Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(c.b.addr(v4), 8080)),
+            Service::new("default/web:http", vip, 80, Proto::Tcp)
+                .endpoint(sa(addr(&c.b, v4), 8080)),
         );
     }
     kp::load_ipvs(c.node.netns(), &svcs, (V4_SUBNET, V6_SUBNET), ipvs).unwrap();
@@ -912,11 +886,11 @@ fn cluster_ips_work_next_to_kube_proxy_in_ipvs_mode() {
     for v4 in [true, false] {
         let fam = if v4 { "IPv4" } else { "IPv6" };
         let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
-        let b = c.b.addr(v4);
-        let peer = tcp_via(&c.a.ns, sa(vip, 80), &c.b.ns, sa(b, 8080))
+        let b = addr(&c.b, v4);
+        let peer = tcp_via(&c.a.netns, sa(vip, 80), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod A -> ClusterIP (IPVS): {e:#}"));
-        assert_eq!(peer.ip(), c.a.addr(v4), "{fam}");
-        tcp_via(&c.b.ns, sa(vip, 80), &c.b.ns, sa(b, 8080))
+        assert_eq!(peer.ip(), addr(&c.a, v4), "{fam}");
+        tcp_via(&c.b.netns, sa(vip, 80), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (IPVS): {e:#}"));
     }
 }
@@ -930,7 +904,7 @@ fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
     for v4 in [true, false] {
         let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
         let svc =
-            Service::new("default/sctp:s", vip, 90, Proto::Sctp).endpoint(sa(c.b.addr(v4), 9090));
+            Service::new("default/sctp:s", vip, 90, Proto::Sctp).endpoint(sa(addr(&c.b, v4), 9090));
         let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
         kp::load_iptables(
             c.node.netns(),
@@ -947,7 +921,7 @@ fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
         (true.into(), 2.into()),
         "{s}"
     );
-    if !c.a.ns.run_in(sctp::available).unwrap() {
+    if !c.a.netns.run_in(sctp::available).unwrap() {
         assert!(
             !ebpf_cni_tests::rate::in_vm(),
             "the kernel matrix's guests have SCTP"
@@ -958,16 +932,16 @@ fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
     for v4 in [true, false] {
         let fam = if v4 { "IPv4" } else { "IPv6" };
         let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
-        let b = c.b.addr(v4);
+        let b = addr(&c.b, v4);
         let listener =
-            c.b.ns
+            c.b.netns
                 .run_in(|| sctp::listen(sa(b, 9090)))
                 .unwrap()
                 .unwrap();
-        let client = c.a.ns.run_in(|| sctp::connect(sa(vip, 90))).unwrap();
+        let client = c.a.netns.run_in(|| sctp::connect(sa(vip, 90))).unwrap();
         let mut client = client.unwrap_or_else(|e| panic!("{fam} SCTP pod A -> ClusterIP: {e}"));
         let (mut server, peer) = listener.accept().unwrap();
-        assert_eq!(peer.ip(), c.a.addr(v4), "{fam}");
+        assert_eq!(peer.ip(), addr(&c.a, v4), "{fam}");
         std::io::Write::write_all(&mut client, b"sctp").unwrap();
         let mut buf = [0u8; 4];
         std::io::Read::read_exact(&mut server, &mut buf).unwrap();
@@ -1095,15 +1069,19 @@ fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
     let adds: Vec<(Pod, String)> = (0..2)
         .map(|_| {
             let ns = node.new_pod().unwrap();
+            let att = Attachment::new(&unique_container_id(), ns.path(), "eth0");
             let out = p.run(
                 &node,
                 CniCommand::Add,
-                &p.env(&unique_container_id(), ns.path(), "eth0"),
+                &p.runtime.env(&att),
                 conf.to_string(),
             );
             out.expect_success("ADD");
             let result = out.json.clone().unwrap();
-            (pod_of(ns, &result), out.stderr.clone())
+            (
+                dual_stack(Pod::attached(ns, att, result)),
+                out.stderr.clone(),
+            )
         })
         .collect();
     let warning = "drop or reject forwarded traffic";
@@ -1125,7 +1103,7 @@ fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
         "{s}"
     );
     let (a, b) = (&adds[0].0, &adds[1].0);
-    tcp_echo(&a.ns, &b.ns, b.addr(true), 0).unwrap();
+    tcp_echo(&a.netns, &b.netns, addr(&b, true), 0).unwrap();
 }
 
 /// A client that reuses its port: pod A reaches the Service (pod B the endpoint) from a
@@ -1139,27 +1117,27 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
     for v4 in [true, false] {
         let fam = if v4 { "IPv4" } else { "IPv6" };
         let (web, dns, _, _) = Cluster::vips(v4);
-        let b = c.b.addr(v4);
-        let a_port = |port: u16| SocketAddr::new(c.a.addr(v4), port);
+        let b = addr(&c.b, v4);
+        let a_port = |port: u16| SocketAddr::new(addr(&c.a, v4), port);
         // TCP: a socket bound to one port, once to the Service, once to B.
-        let listener = bind_in(&c.b.ns, || TcpListener::bind(sa(b, 8080)));
+        let listener = bind_in(&c.b.netns, || TcpListener::bind(sa(b, 8080)));
         for (i, dial) in [sa(web, 80), sa(b, 8080)].into_iter().enumerate() {
-            let conn = connect_from(&c.a.ns, a_port(40_123), dial)
+            let conn = connect_from(&c.a.netns, a_port(40_123), dial)
                 .unwrap_or_else(|e| panic!("{fam} TCP {i} to {dial}: {e}"));
             let (_, peer) = listener.accept().unwrap();
             // While the Service flow's conntrack entry lives, the direct flow from its port
             // goes through the stack too, whose NAT gives it another source port where the
             // tuples would clash (as on a node without the programs).
-            assert_eq!(peer.ip(), c.a.addr(v4), "{fam} TCP {i}");
+            assert_eq!(peer.ip(), addr(&c.a, v4), "{fam} TCP {i}");
             assert_eq!(conn.peer_addr().unwrap(), dial, "{fam} TCP {i}");
             drop(conn);
         }
         // UDP: one socket, the Service first, then B directly.
-        let server = bind_in(&c.b.ns, || UdpSocket::bind(sa(b, 5353)));
+        let server = bind_in(&c.b.netns, || UdpSocket::bind(sa(b, 5353)));
         server
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
-        let client = bind_in(&c.a.ns, || UdpSocket::bind(a_port(40_124)));
+        let client = bind_in(&c.a.netns, || UdpSocket::bind(a_port(40_124)));
         client
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
@@ -1215,10 +1193,10 @@ fn a_port_shared_by_a_service_flow_and_a_direct_flow_to_the_outside_serves_both(
         let fam = if v4 { "IPv4" } else { "IPv6" };
         let (_, _, out, _) = Cluster::vips(v4);
         let ext = c.ext.addr_like(out);
-        let a_port = SocketAddr::new(c.a.addr(v4), 40_200);
+        let a_port = SocketAddr::new(addr(&c.a, v4), 40_200);
         let l1 = bind_in(c.ext.netns(), || TcpListener::bind(sa(ext, 9090)));
         let l2 = bind_in(c.ext.netns(), || TcpListener::bind(sa(ext, 9091)));
-        let connect = |dial: SocketAddr| connect_from(&c.a.ns, a_port, dial);
+        let connect = |dial: SocketAddr| connect_from(&c.a.netns, a_port, dial);
         let via_service =
             connect(sa(out, 81)).unwrap_or_else(|e| panic!("{fam} to the Service: {e}"));
         let (mut s1, _) = l1.accept().unwrap();

@@ -19,15 +19,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ebpf_cni_tests::bpf;
 use ebpf_cni_tests::config::{Stack, V4_GATEWAY};
 use ebpf_cni_tests::dataplane::{self as dp, DirCounts};
 use ebpf_cni_tests::external::ExternalHost;
 use ebpf_cni_tests::spoof::{arp_ask, assert_udp_arrives, assert_udp_blocked, mac_of};
 use ebpf_cni_tests::state::{assert_node_clean, eventually};
 use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, ListError, NetConfList, Netns, Node,
-    PluginUnderTest, ResultExpectation,
+    require_root, unique_container_id, Attachment, ListError, NetConfList, Netns, Node,
+    PluginUnderTest, Pod,
 };
 use serde_json::{json, Value};
 
@@ -37,41 +36,20 @@ const BLOCKED: Duration = Duration::from_millis(1500);
 const MADE_UP_V4: &str = "198.51.100.7";
 const MADE_UP_V6: &str = "fd99:9::7";
 
-struct Pod {
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
-}
-
-impl Pod {
-    fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("the pod has IPv4").addr
+/// Puts `addr` on the pod's eth0 (IPv6 without duplicate address detection).
+fn add_address(pod: &Pod, addr: &str) {
+    let ip: IpAddr = addr.parse().unwrap();
+    let (fam, len) = if ip.is_ipv4() {
+        ("-4", "32")
+    } else {
+        ("-6", "128")
+    };
+    let cidr = format!("{ip}/{len}");
+    let mut args = vec![fam, "addr", "add", &cidr, "dev", "eth0"];
+    if ip.is_ipv6() {
+        args.push("nodad");
     }
-    fn v6(&self) -> IpAddr {
-        self.r.ip6().expect("the pod has IPv6").addr
-    }
-    fn id(&self) -> &str {
-        &self.att.container_id
-    }
-    fn host_ifindex(&self, node: &Node) -> u32 {
-        bpf::ifindex_in(node.netns(), &self.r.host_ifname).expect("host veth ifindex")
-    }
-    /// Puts `addr` on the pod's eth0 (IPv6 without duplicate address detection).
-    fn add_address(&self, addr: &str) {
-        let ip: IpAddr = addr.parse().unwrap();
-        let (fam, len) = if ip.is_ipv4() {
-            ("-4", "32")
-        } else {
-            ("-6", "128")
-        };
-        let cidr = format!("{ip}/{len}");
-        let mut args = vec![fam, "addr", "add", &cidr, "dev", "eth0"];
-        if ip.is_ipv6() {
-            args.push("nodad");
-        }
-        self.netns.ip_ok(&args).unwrap();
-    }
+    pod.netns.ip_ok(&args).unwrap();
 }
 
 fn list_with(p: &PluginUnderTest, node: &Node, extra: Value) -> NetConfList {
@@ -80,48 +58,6 @@ fn list_with(p: &PluginUnderTest, node: &Node, extra: Value) -> NetConfList {
         conf[k] = v.clone();
     }
     NetConfList::single(&conf)
-}
-
-fn add(p: &PluginUnderTest, node: &Node, list: &NetConfList) -> Pod {
-    add_with(p, node, list, |a| a)
-}
-
-fn add_with(
-    p: &PluginUnderTest,
-    node: &Node,
-    list: &NetConfList,
-    tweak: impl FnOnce(Attachment) -> Attachment,
-) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let att = tweak(Attachment::new(
-        &unique_container_id(),
-        netns.path(),
-        "eth0",
-    ));
-    let result = p
-        .runtime
-        .add(node, list, &att)
-        .unwrap_or_else(|e| panic!("ADD: {e}"));
-    let r = ResultExpectation::standard(
-        &list.cni_version,
-        "eth0",
-        &netns.path().to_string_lossy(),
-        Stack::Dual,
-    )
-    .ebpf_cni_host_names()
-    .assert_valid(&result);
-    Pod {
-        netns,
-        att,
-        result,
-        r,
-    }
-}
-
-fn del(p: &PluginUnderTest, node: &Node, list: &NetConfList, pod: &Pod) {
-    p.runtime
-        .del(node, list, &pod.att, Some(&pod.result))
-        .unwrap_or_else(|e| panic!("DEL {}: {e}", pod.id()));
 }
 
 /// The pod's inspect entry.
@@ -198,9 +134,9 @@ fn spoofed_sources_are_dropped_and_counted() {
     let ext = ExternalHost::attach(node.netns(), "up0", 61).unwrap();
     let p = PluginUnderTest::ebpf_cni();
     let list = list_with(&p, &node, json!({}));
-    let a = add(&p, &node, &list);
-    let b = add(&p, &node, &list);
-    let c = add(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
+    let c = Pod::add(&p, &node, &list, Stack::Dual);
 
     // Controls: the pods' own addresses reach the other pod and the outside host (and the
     // sender learns its gateway's MAC, so what follows is about the datagrams).
@@ -243,7 +179,7 @@ fn spoofed_sources_are_dropped_and_counted() {
         MADE_UP_V6.parse().unwrap(),
     ];
     for ip in &spoofed {
-        a.add_address(&ip.to_string());
+        add_address(&a, &ip.to_string());
     }
     let mut sends = 0;
     let out = traced(&p.bin, &node, || {
@@ -287,7 +223,7 @@ fn spoofed_sources_are_dropped_and_counted() {
     assert_eq!(sent(&p, &node, &b).source_drops, 0);
 
     for pod in [&a, &b, &c] {
-        del(&p, &node, &list, pod);
+        pod.del(&p, &node, &list);
     }
     assert_node_clean(&node, "after the DELs");
 }
@@ -298,8 +234,8 @@ fn a_forged_mac_is_dropped_and_counted() {
     let node = Node::new().unwrap();
     let p = PluginUnderTest::ebpf_cni();
     let list = list_with(&p, &node, json!({}));
-    let a = add(&p, &node, &list);
-    let c = add(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let c = Pod::add(&p, &node, &list, Stack::Dual);
     assert_udp_arrives(&a.netns, a.v4(), &c.netns, c.v4());
     assert_udp_arrives(&a.netns, a.v6(), &c.netns, c.v6());
     let before = sent(&p, &node, &a);
@@ -342,8 +278,8 @@ fn a_forged_mac_is_dropped_and_counted() {
     assert_udp_arrives(&a.netns, a.v4(), &c.netns, c.v4());
     assert_udp_arrives(&a.netns, a.v6(), &c.netns, c.v6());
 
-    del(&p, &node, &list, &a);
-    del(&p, &node, &list, &c);
+    a.del(&p, &node, &list);
+    c.del(&p, &node, &list);
     assert_node_clean(&node, "after the DELs");
 }
 
@@ -353,8 +289,8 @@ fn arp_claiming_another_address_is_neither_answered_nor_learnt() {
     let node = Node::new().unwrap();
     let p = PluginUnderTest::ebpf_cni();
     let list = list_with(&p, &node, json!({}));
-    let a = add(&p, &node, &list);
-    let b = add(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
     let gw: Ipv4Addr = V4_GATEWAY.parse().unwrap();
     let mac = mac_of(&a.netns, "eth0").unwrap();
     let IpAddr::V4(a4) = a.v4() else {
@@ -396,8 +332,8 @@ fn arp_claiming_another_address_is_neither_answered_nor_learnt() {
     // Pod B still reaches pod A, with its own ARP.
     assert_udp_arrives(&b.netns, b.v4(), &a.netns, a.v4());
 
-    del(&p, &node, &list, &a);
-    del(&p, &node, &list, &b);
+    a.del(&p, &node, &list);
+    b.del(&p, &node, &list);
     assert_node_clean(&node, "after the DELs");
 }
 
@@ -415,12 +351,12 @@ fn own_traffic_neighbour_discovery_and_listed_prefixes_pass() {
             "capabilities": {"allowedSourcePrefixes": true},
         }),
     );
-    let a = add(&p, &node, &list);
-    let c = add(&p, &node, &list);
-    let rc = add_with(&p, &node, &list, |att| {
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let c = Pod::add(&p, &node, &list, Stack::Dual);
+    let rc = Pod::add_with(&p, &node, &list, Stack::Dual, |att| {
         att.with_capability("allowedSourcePrefixes", json!(["10.98.0.0/24"]))
     });
-    let args = add_with(&p, &node, &list, |att| {
+    let args = Pod::add_with(&p, &node, &list, Stack::Dual, |att| {
         att.with_args("IgnoreUnknown=1;ECNI_ALLOWED_SOURCES=10.97.0.0/24,fd97::/64")
     });
 
@@ -486,7 +422,7 @@ fn own_traffic_neighbour_discovery_and_listed_prefixes_pass() {
     );
 
     // The network's prefixes, to the other pod and out of the node.
-    a.add_address("10.99.0.5");
+    add_address(&a, "10.99.0.5");
     for (src, to_c, to_ext) in [
         ("10.99.0.5", c.v4(), IpAddr::V4(ext.v4)),
         ("fd99:1::5", c.v6(), IpAddr::V6(ext.v6)),
@@ -497,7 +433,7 @@ fn own_traffic_neighbour_discovery_and_listed_prefixes_pass() {
     }
     assert_eq!(sent(&p, &node, &a).source_drops, 0);
     // Another pod's own prefix is not the network's: A may not use it.
-    a.add_address("10.98.0.5");
+    add_address(&a, "10.98.0.5");
     assert_udp_blocked(
         &a.netns,
         "10.98.0.5".parse().unwrap(),
@@ -508,13 +444,13 @@ fn own_traffic_neighbour_discovery_and_listed_prefixes_pass() {
     assert!(sent(&p, &node, &a).source_drops > 0);
 
     // The per-pod prefixes (runtimeConfig, CNI_ARGS) on top of the network's.
-    rc.add_address("10.98.0.5");
-    rc.add_address("10.99.0.6");
+    add_address(&rc, "10.98.0.5");
+    add_address(&rc, "10.99.0.6");
     for src in ["10.98.0.5", "10.99.0.6"] {
         assert_udp_arrives(&rc.netns, src.parse().unwrap(), &c.netns, c.v4());
     }
-    args.add_address("10.97.0.5");
-    args.add_address("fd97::5");
+    add_address(&args, "10.97.0.5");
+    add_address(&args, "fd97::5");
     assert_udp_arrives(&args.netns, "10.97.0.5".parse().unwrap(), &c.netns, c.v4());
     assert_udp_arrives(&args.netns, "fd97::5".parse().unwrap(), &c.netns, c.v6());
     assert_eq!(sent(&p, &node, &rc).source_drops, 0);
@@ -554,7 +490,7 @@ fn own_traffic_neighbour_discovery_and_listed_prefixes_pass() {
         .unwrap_or_else(|e| panic!("CHECK of the pod with runtimeConfig prefixes: {e}"));
 
     for pod in [&a, &c, &rc, &args] {
-        del(&p, &node, &list, pod);
+        pod.del(&p, &node, &list);
     }
     assert_node_clean(&node, "after the DELs");
 }
@@ -580,9 +516,9 @@ fn turning_the_check_off_restores_todays_behaviour() {
     let node = Node::new().unwrap();
     let p = PluginUnderTest::ebpf_cni();
     let list = list_with(&p, &node, json!({"sourceCheck": false}));
-    let a = add(&p, &node, &list);
-    let b = add(&p, &node, &list);
-    let c = add(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let b = Pod::add(&p, &node, &list, Stack::Dual);
+    let c = Pod::add(&p, &node, &list, Stack::Dual);
     assert_eq!(a.result["sourceCheck"], json!({"enabled": false}));
     assert_eq!(source_check(&p, &node, &a)["mode"], "off");
     assert!(
@@ -590,8 +526,8 @@ fn turning_the_check_off_restores_todays_behaviour() {
         "pods whose check is off have no entries (their lookups find an empty map)"
     );
 
-    a.add_address(&b.v4().to_string());
-    a.add_address(MADE_UP_V6);
+    add_address(&a, &b.v4().to_string());
+    add_address(&a, MADE_UP_V6);
     assert_udp_arrives(&a.netns, b.v4(), &c.netns, c.v4());
     assert_udp_arrives(&a.netns, MADE_UP_V6.parse().unwrap(), &c.netns, c.v6());
     a.netns
@@ -608,7 +544,7 @@ fn turning_the_check_off_restores_todays_behaviour() {
         .unwrap_or_else(|e| panic!("CHECK with the check off: {e}"));
 
     for pod in [&a, &b, &c] {
-        del(&p, &node, &list, pod);
+        pod.del(&p, &node, &list);
     }
     assert_node_clean(&node, "after the DELs");
 }
@@ -669,8 +605,8 @@ fn check_compares_the_allowed_sources_and_del_and_failures_leave_none() {
     let node = Node::new().unwrap();
     let p = PluginUnderTest::ebpf_cni();
     let list = list_with(&p, &node, json!({}));
-    let a = add(&p, &node, &list);
-    let keep = add(&p, &node, &list);
+    let a = Pod::add(&p, &node, &list, Stack::Dual);
+    let keep = Pod::add(&p, &node, &list, Stack::Dual);
     p.runtime.check(&node, &list, &a.att, &a.result).unwrap();
     let id = attachment_id(&node, &a);
     let entries = entries_of(&node, id);
@@ -856,6 +792,6 @@ fn check_compares_the_allowed_sources_and_del_and_failures_leave_none() {
         .check(&node, &list, &keep.att, &keep.result)
         .unwrap();
 
-    del(&p, &node, &list, &keep);
+    keep.del(&p, &node, &list);
     assert_node_clean(&node, "after the DELs");
 }

@@ -44,10 +44,7 @@ use ebpf_cni_tests::net::{tcp_echo, udp_echo};
 use ebpf_cni_tests::rate::{floor, iperf};
 use ebpf_cni_tests::spoof::{assert_udp_arrives, assert_udp_blocked};
 use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
-use ebpf_cni_tests::{
-    require_root, unique_container_id, AddResult, Attachment, NetConfList, Netns, Node,
-    PluginUnderTest, ResultExpectation,
-};
+use ebpf_cni_tests::{require_root, NetConfList, Node, PluginUnderTest, Pod};
 use serde_json::{json, Value};
 
 /// The limited pods' rates towards them and from them: different, so a build that reads
@@ -57,20 +54,16 @@ const EGRESS_BPS: u64 = 20_000_000;
 /// The masquerade port range when the config names none.
 const MASQ_PORTS: std::ops::RangeInclusive<u16> = 61_000..=65_535;
 
-struct Pod {
+/// A pod and what the failure messages call it.
+struct Named {
     what: &'static str,
-    netns: Netns,
-    att: Attachment,
-    result: Value,
-    r: AddResult,
+    pod: Pod,
 }
 
-impl Pod {
-    fn ips(&self) -> Vec<IpAddr> {
-        self.r.ips.iter().map(|i| i.addr).collect()
-    }
-    fn v4(&self) -> IpAddr {
-        self.r.ip4().expect("IPv4").addr
+impl std::ops::Deref for Named {
+    type Target = Pod;
+    fn deref(&self) -> &Pod {
+        &self.pod
     }
 }
 
@@ -100,40 +93,20 @@ fn add(
     l: &NetConfList,
     what: &'static str,
     caps: &[(&str, Value)],
-) -> Pod {
-    let netns = node.new_pod().unwrap();
-    let mut att = Attachment::new(&unique_container_id(), netns.path(), "eth0");
-    for (k, v) in caps {
-        att = att.with_capability(k, v.clone());
-    }
-    let result = p
-        .runtime
-        .add(node, l, &att)
-        .unwrap_or_else(|e| panic!("ADD of {what} by {}: {e}", p.bin.display()));
-    let r = ResultExpectation::standard(
-        "1.0.0",
-        "eth0",
-        &netns.path().to_string_lossy(),
-        Stack::Dual,
-    )
-    .ebpf_cni_host_names()
-    .assert_valid(&result);
-    Pod {
-        what,
-        netns,
-        att,
-        result,
-        r,
-    }
+) -> Named {
+    let pod = Pod::try_add(&p.runtime, node, l, |att| att.with_capabilities(caps))
+        .unwrap_or_else(|e| panic!("ADD of {what} by {}: {e}", p.bin.display()))
+        .assert_standard("1.0.0", Stack::Dual);
+    Named { what, pod }
 }
 
-fn check(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod, by: &str) {
+fn check(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Named, by: &str) {
     p.runtime
         .check(node, l, &pod.att, &pod.result)
         .unwrap_or_else(|e| panic!("CHECK of {} by the {by} build: {e}", pod.what));
 }
 
-fn del(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod, by: &str) {
+fn del(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Named, by: &str) {
     p.runtime
         .del(node, l, &pod.att, Some(&pod.result))
         .unwrap_or_else(|e| panic!("DEL of {} by the {by} build: {e}", pod.what));
@@ -149,7 +122,7 @@ fn del(p: &PluginUnderTest, node: &Node, l: &NetConfList, pod: &Pod, by: &str) {
 }
 
 /// TCP and UDP echo from each pod to each address of the other, both ways.
-fn pods_talk(a: &Pod, b: &Pod) {
+fn pods_talk(a: &Named, b: &Named) {
     for (from, to) in [(a, b), (b, a)] {
         for ip in to.ips() {
             tcp_echo(&from.netns, &to.netns, ip, 0)
@@ -162,7 +135,7 @@ fn pods_talk(a: &Pod, b: &Pod) {
 
 /// Host port `port` of the node answers with `tag` from outside (both node addresses) and
 /// from `pod`, over TCP and UDP.
-fn host_port_serves(ext: &ExternalHost, pod: &Pod, port: u16, tag: &str) {
+fn host_port_serves(ext: &ExternalHost, pod: &Named, port: u16, tag: &str) {
     let (v4, v6) = (IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6));
     let failures = ask_each(
         &[
@@ -181,7 +154,7 @@ fn host_port_serves(ext: &ExternalHost, pod: &Pod, port: u16, tag: &str) {
 
 /// The masquerading pod reaches `ext`, which has no route to the pods, over TCP and UDP in
 /// both families, seen from the node's address and a port of the masquerade range.
-fn masquerades(pod: &Pod, ext: &ExternalHost) {
+fn masquerades(pod: &Named, ext: &ExternalHost) {
     for node_addr in [IpAddr::V4(ext.node_v4), IpAddr::V6(ext.node_v6)] {
         let dst = ext.addr_like(node_addr);
         for (proto, echo) in [
@@ -200,7 +173,7 @@ fn masquerades(pod: &Pod, ext: &ExternalHost) {
 
 /// UDP at twice the limit towards the limited pod (from `from`) and from it: about the
 /// direction's limit arrives each way (the bandwidth suite's tolerance).
-fn limited(from: &Pod, pod: &Pod) {
+fn limited(from: &Named, pod: &Named) {
     for (what, limit, client, server, addr) in [
         ("towards", INGRESS_BPS, &from.netns, &pod.netns, pod.v4()),
         ("from", EGRESS_BPS, &pod.netns, &from.netns, from.v4()),
@@ -228,7 +201,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(pod: &Pod, ext: &ExternalHost) -> Self {
+    fn open(pod: &Named, ext: &ExternalHost) -> Self {
         let at = SocketAddr::new(IpAddr::V4(ext.v4), 7007);
         let listener = ext
             .netns()
@@ -269,7 +242,7 @@ impl Conn {
 }
 
 /// inspect's attachment of `pod`.
-fn inspected<'a>(report: &'a Value, pod: &Pod) -> &'a Value {
+fn inspected<'a>(report: &'a Value, pod: &Named) -> &'a Value {
     dp::inspect_attachment(report, &pod.att.container_id)
         .unwrap_or_else(|| panic!("inspect lists {}: {report:#}", pod.what))
 }
@@ -461,6 +434,15 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
     // PREVIOUS_RELEASE has the fix.
     check(&old, &node, &plain, &e, "previous");
     del(&old, &node, &plain, &f, "previous");
+    // The previous build knows no lease records: its DEL leaves `f`'s behind (links to the
+    // lease files it unlinked). The current build drops them at its next release.
+    let records = node.data_dir().join(NETWORK).join("ebpf-cni");
+    for ip in f.ips() {
+        assert!(
+            records.join(ip.to_string()).exists(),
+            "the rollback's DEL was expected to leave the record of {ip}"
+        );
+    }
 
     // The current build DELs every other pod; the node is left as it was.
     drop(conn);
@@ -483,6 +465,14 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
         node.leases(NETWORK).is_empty(),
         "{:?}",
         node.leases(NETWORK)
+    );
+    // Nothing of ebpf-cni's is left in the network's IPAM directory, the rollback's records
+    // included: only what the reference host-local leaves (its lock and round robin).
+    let files = ebpf_cni_tests::fsutil::list_files(&node.data_dir().join(NETWORK)).unwrap();
+    assert!(
+        files.iter().all(|f| f == std::path::Path::new("lock")
+            || f.to_string_lossy().starts_with("last_reserved_ip.")),
+        "files left in the network's directory: {files:?}"
     );
     assert_eq!(
         node.reserved_ports(),
