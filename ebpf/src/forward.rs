@@ -453,9 +453,7 @@ fn fib_request(ctx: &TcContext, proto: u16, me: u32, fib: &mut bpf_fib_lookup) -
     // IPv6 is never fragmented on the way.
     let mut may_fragment = false;
     if proto == ETH_P_IP {
-        let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
-            return None;
-        };
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
         fib.family = AF_INET;
@@ -466,9 +464,7 @@ fn fib_request(ctx: &TcContext, proto: u16, me: u32, fib: &mut bpf_fib_lookup) -
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.saddr);
         fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.daddr);
     } else {
-        let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
-            return None;
-        };
+        let ip = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN)?;
         // SAFETY: bounds checked by `ptr_at`.
         let ip = unsafe { &*ip };
         fib.family = AF_INET6;

@@ -363,6 +363,7 @@ fn mark_ce(ctx: &TcContext) -> bool {
             let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN) else {
                 return false;
             };
+            // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
             let ip = unsafe { &mut *ip };
             let ecn = ip.tos & 0x03;
             if ecn == 0 || ecn == 0x03 {
@@ -381,6 +382,7 @@ fn mark_ce(ctx: &TcContext) -> bool {
             let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, ETH_HLEN) else {
                 return false;
             };
+            // SAFETY: bounds checked by `ptr_at`; TC programs may write packet data.
             let ip = unsafe { &mut *ip };
             // ECN is bits 4-5 of the second byte (the low bits of the traffic class).
             let ecn = (ip.ver_tc_flow[1] >> 4) & 0x03;

@@ -22,6 +22,14 @@
 //! the next program, then the stack", so a packet we cannot handle is never lost.
 #![no_std]
 #![no_main]
+// aya-ebpf's map methods take `impl Borrow<K>`: handing them a key by value, as this lint
+// asks, copies it into a new stack slot first. Done throughout, it grew the object's
+// global functions by 24% (14285 to 17753 instructions), the XDP program by 30% and the
+// deepest stack slot any function uses from 280 to 328 bytes (the verifier allows 512).
+#![allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "a key passed by value costs instructions and stack (see above)"
+)]
 
 mod floor;
 mod forward;

@@ -220,8 +220,8 @@ pub fn set_l4_u16_at(
     let (from, to) = (old.to_be_bytes(), new.to_be_bytes());
     let sum = l4_sum(v4, proto);
     let l4 = l4_off(v4) + extra;
-    if sum.present {
-        if ctx
+    if sum.present
+        && ctx
             .l4_csum_replace(
                 l4 + sum.off,
                 u64::from(u16::from_ne_bytes(from)),
@@ -229,9 +229,8 @@ pub fn set_l4_u16_at(
                 sum.flags | 2,
             )
             .is_err()
-        {
-            return false;
-        }
+    {
+        return false;
     }
     // The fields rewritten lie in the first 8 bytes of every transport header here.
     let Some(h) = ptr_at::<[u8; 8]>(ctx, l4) else {
@@ -255,7 +254,10 @@ pub fn set_l4_u16_at(
 /// checksum follows every byte changed. The quoted transport checksum is left as it is
 /// (stacks do not verify a quote's).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one rewrite's inputs, inlined at each call: a struct of them would only rename them"
+)]
 pub fn set_quote(
     ctx: &TcContext,
     v4: bool,

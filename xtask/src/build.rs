@@ -171,26 +171,39 @@ impl Tree {
     }
 }
 
-/// Builds the eBPF object and returns its absolute path.
-pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
-    let Tree {
-        root,
-        target_dir,
-        bpf_globals,
-        bpf_flags,
-    } = tree;
-    let started = Instant::now();
-    let mut build = cmd::nightly("cargo");
-    build
-        .current_dir(root)
-        .args(["build", "--package", EBPF_PACKAGE, "--release"])
+/// Nightly cargo's `subcommand` (`build`, `clippy`) on the eBPF crate of `tree`, for the
+/// BPF target with the eBPF build's flags.
+fn ebpf_cargo(tree: &Tree, subcommand: &str) -> std::process::Command {
+    let mut c = cmd::nightly("cargo");
+    c.current_dir(&tree.root)
+        .args([subcommand, "--package", EBPF_PACKAGE, "--release"])
         .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
-        .env("CARGO_TARGET_DIR", target_dir)
-        .env("RUSTFLAGS", bpf_rustflags(bpf_flags, bpf_globals))
+        .env("CARGO_TARGET_DIR", &tree.target_dir)
+        .env(
+            "RUSTFLAGS",
+            bpf_rustflags(&tree.bpf_flags, &tree.bpf_globals),
+        )
         // Either of these would override or add to RUSTFLAGS above.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .env_remove(OBJ_ENV);
+    c
+}
+
+/// clippy on the eBPF crate as it is built (nightly, the BPF target, the build's flags),
+/// with the workspace's lints and `-D warnings`. The host clippy never sees that crate: it
+/// is no default member and builds for no host target.
+pub fn clippy_ebpf() -> Result<()> {
+    let mut clippy = ebpf_cargo(&Tree::current()?, "clippy");
+    clippy.args(["--", "-D", "warnings"]);
+    cmd::run(&mut clippy)
+}
+
+/// Builds the eBPF object and returns its absolute path.
+pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
+    let target_dir = &tree.target_dir;
+    let started = Instant::now();
+    let mut build = ebpf_cargo(tree, "build");
     cmd::run(&mut build).context(
         "building the eBPF programs failed; `cargo xtask setup` installs what this build needs",
     )?;

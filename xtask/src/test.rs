@@ -4,8 +4,8 @@
 //! integration tests that drive the real binary against this machine's kernel, the demo's
 //! checks, the quick benchmark and the release profile's training (`pgo`), then the
 //! kernel matrix (the integration suites in VMs booting the kernels nodes run, see
-//! `vmtest`). clippy runs first, with the workspace's lints and `-D warnings`: a warning
-//! fails the run.
+//! `vmtest`). clippy runs first, with the workspace's lints and `-D warnings`, on the host
+//! crates and on the eBPF programs (nightly, their BPF target): a warning fails the run.
 
 use anyhow::Result;
 
@@ -41,6 +41,9 @@ pub fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]);
     let lints = cmd::run(&mut clippy).map_err(|e| e.context("clippy found warnings"));
+    println!("clippy on the eBPF programs (nightly, bpfel-unknown-none, -D warnings)");
+    let ebpf_lints =
+        build::clippy_ebpf().map_err(|e| e.context("clippy found warnings in the eBPF programs"));
     // The deploy manifests, against a fixed Kubernetes version's schemas (before the
     // tests: xtask's own tests of this step then find the validator installed).
     println!("deploy manifests (strict schema validation)");
@@ -77,6 +80,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     installs?;
     lints?;
+    ebpf_lints?;
     manifests?;
     previous?;
     dist?;
