@@ -6,6 +6,10 @@
 //! they carry, walking the endpoint, pacing and source maps: each walk is one system call
 //! per entry of every pod of the node, and one scan of the map's buckets. A pod attached
 //! by a release before the record has none, and DEL walks as it did.
+//!
+//! The record knows nothing of a pod's description: the placement ADD makes of one is
+//! `PodSpec::placement`'s (capability/spec.rs), so the capabilities that read the record
+//! depend on this module and it on none of them.
 
 use std::{
     fs,
@@ -15,8 +19,6 @@ use std::{
 use ebpf_cni_maps::pin::PLACEMENT_RECORD_PREFIX;
 
 use super::{
-    capability::{PodSpec, Veth},
-    maps::is_one_of,
     pin::{create_dir_all_racy, walk, AttachmentPins},
     BpfError,
 };
@@ -63,27 +65,6 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// The placement ADD is about to make of `pod` on `veth`.
-    pub fn of(pod: &PodSpec, veth: &Veth) -> Self {
-        let ips = pod.ips();
-        let sources = match &pod.sources {
-            None => PlacedSources::Off,
-            Some(allowed) => {
-                if allowed.iter().all(|n| is_one_of(n, &ips)) {
-                    PlacedSources::Own
-                } else {
-                    PlacedSources::Extra
-                }
-            }
-        };
-        Self {
-            host_ifindex: veth.host_ifindex,
-            netns_cookie: pod.limits.netns_cookie,
-            sources,
-            ips,
-        }
-    }
-
     /// The record's directory name (bpffs names may hold no dot: addresses in hex).
     pub fn record_name(&self) -> String {
         let mut name = format!(

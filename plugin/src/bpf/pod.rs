@@ -68,7 +68,7 @@ pub fn add_pod(
         collect("removal of the stale attachment", failures)?;
     }
     maps.ensure_free(key.id(), &pod.ips())?;
-    let placement = Placement::of(pod, veth);
+    let placement = pod.placement(veth);
     let res = (|| {
         create_dir_all_racy(pins.dir())?;
         // Before the entries it names: DEL finds them by it.

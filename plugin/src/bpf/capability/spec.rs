@@ -8,7 +8,11 @@ use ipnetwork::IpNetwork;
 
 use crate::{
     bandwidth::SubnetKey,
-    bpf::{maps::SourceCheck, MasqSpec},
+    bpf::{
+        maps::{is_one_of, SourceCheck},
+        placement::{PlacedSources, Placement},
+        MasqSpec,
+    },
     portmap::PortEntry,
 };
 
@@ -95,5 +99,26 @@ impl PodSpec {
 
     pub fn ips(&self) -> Vec<IpAddr> {
         self.addrs.iter().map(|a| a.ip).collect()
+    }
+
+    /// The placement ADD is about to make of the pod on `veth` (see `placement.rs`).
+    pub fn placement(&self, veth: &Veth) -> Placement {
+        let ips = self.ips();
+        let sources = match &self.sources {
+            None => PlacedSources::Off,
+            Some(allowed) => {
+                if allowed.iter().all(|n| is_one_of(n, &ips)) {
+                    PlacedSources::Own
+                } else {
+                    PlacedSources::Extra
+                }
+            }
+        };
+        Placement {
+            host_ifindex: veth.host_ifindex,
+            netns_cookie: self.limits.netns_cookie,
+            sources,
+            ips,
+        }
     }
 }
