@@ -4,9 +4,12 @@
 //! expression. A path that ends in an item of a module (`super::Hook`) uses that module,
 //! or, when the module only imported the item (`pub use pod::attach`, or a plain `use`),
 //! the module it came from. So a child that names its parent's own items while the parent
-//! names the child is a circle, as two siblings naming each other are. Circles in that
-//! graph are what issue 17 removed; the unit test below keeps every crate of the workspace
-//! free of them.
+//! names the child is a circle, as two siblings naming each other are. The modules of one
+//! parent make a graph too, each module standing for every file at or below it: a file that
+//! takes an item its sibling directory re-exports (`super::capability::PodSpec`, defined in
+//! `capability/spec.rs`) while another file of that directory names the file is a circle of
+//! the two modules, though no file reaches back to the one it uses. No module imports its
+//! caller: the unit test below keeps every crate of the workspace free of both kinds.
 //!
 //! A reading of the text, not of the compiler's resolution: enough for this code base,
 //! which names modules by those prefixes. A glob import (`use x::*`) is not followed.
@@ -309,8 +312,56 @@ fn display(m: &ModPath) -> String {
     }
 }
 
+/// The groups of `nodes` that reach each other along `edges` (strongly connected
+/// components of more than one node), each sorted.
+fn groups(
+    nodes: &BTreeSet<ModPath>,
+    edges: &BTreeMap<ModPath, BTreeSet<ModPath>>,
+) -> BTreeSet<Vec<ModPath>> {
+    // Reachability is enough at this size: a and b share a circle when each reaches the other.
+    let reach = |from: &ModPath| -> BTreeSet<ModPath> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for n in edges.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&ModPath, BTreeSet<ModPath>> =
+        nodes.iter().map(|m| (m, reach(m))).collect();
+    nodes
+        .iter()
+        .map(|m| {
+            nodes
+                .iter()
+                .filter(|n| reaches[m].contains(*n) && reaches[*n].contains(m))
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+        .filter(|g| g.len() > 1)
+        .collect()
+}
+
+/// Under `parent`, what stands for file `f`: the parent's own file itself, a child module
+/// for every file at or below it; `None` for a file elsewhere.
+fn under(parent: &ModPath, f: &ModPath) -> Option<ModPath> {
+    if f == parent {
+        return Some(f.clone());
+    }
+    (f.len() > parent.len() && f.starts_with(parent)).then(|| f[..=parent.len()].to_vec())
+}
+
 /// The groups of files of the crate at `src` that use each other in a circle (strongly
-/// connected components of more than one file), each sorted, as `a::b` names.
+/// connected components of more than one file), each sorted, as `a::b` names; then the
+/// circles between the modules of one parent, each module standing for every file at or
+/// below it and the parent for its own file (`a::b` uses `a::c` when a file of `a::b`'s
+/// tree uses one of `a::c`'s), where no circle of files is all there is to them: a
+/// directory module and its sibling use each other even when no file of one reaches back
+/// to the very file that uses it.
 pub fn circles(src: &Path) -> Vec<Vec<String>> {
     circles_and_uses(src).0
 }
@@ -336,48 +387,64 @@ pub fn circles_and_uses(src: &Path) -> (Vec<Vec<String>>, Vec<String>) {
     };
     let graph: BTreeMap<ModPath, BTreeSet<ModPath>> =
         names.iter().map(|m| (m.clone(), uses(&krate, m))).collect();
-    // Reachability is enough at this size: a and b share a circle when each reaches the other.
-    let reach = |from: &ModPath| -> BTreeSet<ModPath> {
-        let mut seen = BTreeSet::new();
-        let mut todo = vec![from.clone()];
-        while let Some(m) = todo.pop() {
-            for n in graph.get(&m).into_iter().flatten() {
-                if seen.insert(n.clone()) {
-                    todo.push(n.clone());
+    let file_circles = groups(&names, &graph);
+    let mut found: Vec<Vec<String>> = Vec::new();
+    let mut uses_in_circles = Vec::new();
+    for group in &file_circles {
+        found.push(group.iter().map(display).collect());
+        for m in group {
+            let inside: Vec<String> = graph[m]
+                .iter()
+                .filter(|u| group.contains(u))
+                .map(display)
+                .collect();
+            uses_in_circles.push(format!("{} -> {}", display(m), inside.join(", ")));
+        }
+    }
+    for parent in names
+        .iter()
+        .filter(|m| !Crate::children(&names, m).is_empty())
+    {
+        let mut edges: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+        for (f, used) in &graph {
+            let Some(from) = under(parent, f) else {
+                continue;
+            };
+            for to in used.iter().filter_map(|u| under(parent, u)) {
+                if to != from {
+                    edges.entry(from.clone()).or_default().insert(to);
                 }
             }
         }
-        seen
-    };
-    let reaches: BTreeMap<ModPath, BTreeSet<ModPath>> =
-        names.iter().map(|m| (m.clone(), reach(m))).collect();
-    let mut groups: BTreeSet<Vec<String>> = BTreeSet::new();
-    for m in &names {
-        let group: Vec<String> = names
-            .iter()
-            .filter(|n| reaches[m].contains(*n) && reaches[*n].contains(m))
-            .map(display)
-            .collect();
-        if group.len() > 1 {
-            groups.insert(group);
-        }
-    }
-    let mut uses_in_circles = Vec::new();
-    for group in &groups {
-        for (m, used) in &graph {
-            let name = display(m);
-            if !group.contains(&name) {
+        let nodes: BTreeSet<ModPath> = names.iter().filter_map(|f| under(parent, f)).collect();
+        for group in groups(&nodes, &edges) {
+            let only_files = file_circles.iter().any(|files| {
+                let seen: BTreeSet<ModPath> =
+                    files.iter().filter_map(|f| under(parent, f)).collect();
+                seen.len() == group.len() && group.iter().all(|g| seen.contains(g))
+            });
+            if only_files {
                 continue;
             }
-            let inside: Vec<String> = used
-                .iter()
-                .map(display)
-                .filter(|u| group.contains(u))
-                .collect();
-            uses_in_circles.push(format!("{name} -> {}", inside.join(", ")));
+            found.push(group.iter().map(display).collect());
+            for (f, used) in &graph {
+                let Some(from) = under(parent, f).filter(|m| group.contains(m)) else {
+                    continue;
+                };
+                let across: Vec<String> = used
+                    .iter()
+                    .filter(|u| {
+                        under(parent, u).is_some_and(|to| to != from && group.contains(&to))
+                    })
+                    .map(display)
+                    .collect();
+                if !across.is_empty() {
+                    uses_in_circles.push(format!("{} -> {}", display(f), across.join(", ")));
+                }
+            }
         }
     }
-    (groups.into_iter().collect(), uses_in_circles)
+    (found, uses_in_circles)
 }
 
 #[cfg(test)]
@@ -431,6 +498,45 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A file that takes an item its sibling directory re-exports from one of its files,
+    /// while other files of that directory take items from it: no file reaches back to the
+    /// file it uses, yet the two modules use each other.
+    #[test]
+    fn sees_a_module_and_a_sibling_directory_using_each_other() {
+        let dir = std::env::temp_dir().join(format!("ecni-imports-sib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("b/cap")).unwrap();
+        std::fs::write(dir.join("lib.rs"), "mod b;").unwrap();
+        std::fs::write(dir.join("b/mod.rs"), "mod cap; mod place;").unwrap();
+        std::fs::write(
+            dir.join("b/cap/mod.rs"),
+            "mod spec; mod unit; pub use spec::Spec;",
+        )
+        .unwrap();
+        std::fs::write(dir.join("b/cap/spec.rs"), "pub struct Spec;").unwrap();
+        std::fs::write(dir.join("b/cap/unit.rs"), "use crate::b::place::Placement;").unwrap();
+        std::fs::write(
+            dir.join("b/place.rs"),
+            "use super::cap::Spec;\npub struct Placement;",
+        )
+        .unwrap();
+        let (found, uses) = circles_and_uses(&dir);
+        assert_eq!(found, vec![vec!["b::cap", "b::place"]]);
+        assert_eq!(
+            uses,
+            ["b::cap::unit -> b::place", "b::place -> b::cap::spec"]
+        );
+        // The dependency one way: the spec below the placement's module, not beside it.
+        std::fs::write(dir.join("b/cap/spec.rs"), "pub use crate::b::place::Spec;").unwrap();
+        std::fs::write(
+            dir.join("b/place.rs"),
+            "pub struct Spec;\npub struct Placement;",
+        )
+        .unwrap();
+        assert!(circles(&dir).is_empty(), "{:?}", circles_and_uses(&dir).1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The `members = [...]` of a workspace manifest.
     fn workspace_members(manifest: &str) -> Vec<String> {
         let list = manifest
@@ -445,7 +551,8 @@ mod tests {
             .collect()
     }
 
-    /// Issue 17: no crate of the workspace has files that import each other in a circle.
+    /// No crate of the workspace has files, or modules of one parent, that use each other
+    /// in a circle.
     #[test]
     fn no_crate_has_an_import_circle() {
         let root = crate::build::workspace_root();
