@@ -1,7 +1,8 @@
-//! `ecni_xdp_dev`: a measurement prototype of `ecni_from_dev`'s host-port path at XDP (issue
-//! 26, item 6). Not loaded by the plugin: the benchmark's `xdp` section attaches it to a
-//! node's uplink in native mode to compare it with the TC path, and the program tests check
-//! its translation. docs/dataplane.md says why the product stays on TC.
+//! `ecni_xdp_dev`: a prototype of `ecni_from_dev`'s host-port path at XDP, to measure what
+//! delivering host-port traffic before the stack builds its skb would save. Not loaded by
+//! the plugin: the benchmark's `xdp` section attaches it to a node's uplink in native mode
+//! to compare it with the TC path, and the program tests check its translation.
+//! docs/dataplane.md says why the product stays on TC.
 //!
 //! For an IPv4 TCP or UDP packet without options or fragments, to a node address and a
 //! mapped host port, of a pod without an ingress limit, it does what `nat::forward` and
