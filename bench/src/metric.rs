@@ -396,6 +396,38 @@ impl PathFigure {
     }
 }
 
+/// An IPv4 TCP segment of the masquerade section's `BPF_PROG_TEST_RUN` figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MasqSegment {
+    /// A pod that does not masquerade, to a routed destination (the control).
+    Routed,
+    /// A masqueraded flow's segment after its first.
+    Established,
+    /// A new flow's SYN, its port free.
+    SynPortFree,
+    /// A new flow's SYN taking the port of an idle closed flow.
+    SynReclaim,
+}
+
+impl MasqSegment {
+    pub const ALL: [MasqSegment; 4] = [
+        MasqSegment::Routed,
+        MasqSegment::Established,
+        MasqSegment::SynPortFree,
+        MasqSegment::SynReclaim,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            MasqSegment::Routed => "routed segment (not translated)",
+            MasqSegment::Established => "established flow's segment",
+            MasqSegment::SynPortFree => "new flow's SYN, port free",
+            MasqSegment::SynReclaim => "new flow's SYN reclaiming an idle flow's port",
+        }
+    }
+}
+
 /// The state of the node in the pod → pod path section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -529,6 +561,11 @@ pub enum Metric {
     /// What masquerade adds per TCP_CRR connection, `ecni_from_pod` and `ecni_from_dev`
     /// together (run time per connection, masqueraded less untranslated).
     MasqExtraPerConn,
+    /// `ecni_from_pod`'s own run time on one IPv4 TCP segment in `BPF_PROG_TEST_RUN` (the
+    /// program tests' lab), by what the segment is to masquerade.
+    MasqTestRunNs {
+        segment: MasqSegment,
+    },
     FlowsOffered,
     FlowsHeld,
     /// Held / offered, of `flows` opened at once.
@@ -695,6 +732,9 @@ impl Metric {
             MasqExtraPerConn => {
                 "masquerade's extra run time per TCP_CRR connection (ecni_from_pod + ecni_from_dev)"
                     .into()
+            }
+            MasqTestRunNs { segment } => {
+                format!("ecni_from_pod in BPF_PROG_TEST_RUN, {}", segment.label())
             }
             FlowsOffered => "flows offered".into(),
             FlowsHeld => "flows held by the node's flow table".into(),
@@ -888,9 +928,11 @@ impl Metric {
                 PathFigure::CrrOfVeth => "%",
                 PathFigure::FromPodNs | PathFigure::TestRunNs | PathFigure::CgroupNsPerConn => "ns",
             },
-            MasqProgNs { .. } | MasqBulkProgNs { .. } | MasqExtraNs { .. } | MasqExtraPerConn => {
-                "ns"
-            }
+            MasqProgNs { .. }
+            | MasqBulkProgNs { .. }
+            | MasqExtraNs { .. }
+            | MasqExtraPerConn
+            | MasqTestRunNs { .. } => "ns",
             MasqThroughputRouted => "Gbit/s",
             MasqCrrShare => "%",
             LeftAfterDels => "objects",
@@ -1022,6 +1064,14 @@ mod tests {
         assert_eq!(src(SourceFigure::Crr, true).better(), Better::Higher);
         assert_eq!(src(SourceFigure::RrP99, true).better(), Better::Lower);
         assert_eq!(src(SourceFigure::Throughput, true).unit(), "Gbit/s");
+        let syn = Metric::MasqTestRunNs {
+            segment: MasqSegment::SynReclaim,
+        };
+        assert_eq!(
+            syn.name(),
+            "ecni_from_pod in BPF_PROG_TEST_RUN, new flow's SYN reclaiming an idle flow's port"
+        );
+        assert_eq!((syn.unit(), syn.better()), ("ns", Better::Lower));
         assert_eq!(
             Metric::MetricsRead { pods: 1_000 }.name(),
             "reading the maps (ebpf_cni_metrics_read_seconds), 1,000 pods; target < 100 ms"

@@ -1092,6 +1092,25 @@ mod tests {
 
     /// A planned name that no test has would run nothing and pass: each names a test of
     /// its binary, runs on a kernel of the matrix, and is planned once per kernel.
+    /// The source of test target `name`: `tests/tests/<name>.rs`, or every file of the
+    /// directory target `tests/tests/<name>/` (`main.rs` and its modules).
+    fn suite_source(tests: &std::path::Path, name: &str) -> String {
+        let file = tests.join(format!("{name}.rs"));
+        if file.is_file() {
+            return fs::read_to_string(file).unwrap();
+        }
+        let mut files: Vec<_> = fs::read_dir(tests.join(name))
+            .unwrap_or_else(|e| panic!("{name}: neither {name}.rs nor {name}/: {e}"))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|p| fs::read_to_string(p).unwrap())
+            .collect()
+    }
+
     #[test]
     fn every_planned_test_exists_and_runs_on_a_kernel_of_the_matrix() {
         let series: Vec<&str> = KERNELS.iter().map(|k| k.series).collect();
@@ -1106,7 +1125,7 @@ mod tests {
                     suite.test
                 );
             }
-            let source = fs::read_to_string(tests.join(format!("{}.rs", suite.test))).unwrap();
+            let source = suite_source(&tests, suite.test);
             for name in suite.only {
                 assert!(
                     source.contains(&format!("fn {name}()")),

@@ -23,12 +23,13 @@ use ebpf_cni_tests::{dataplane as dp, Netns};
 use serde_json::{Map, Value};
 
 use crate::log::progress;
-use crate::metric::Metric;
+use crate::metric::{MasqSegment, Metric};
 use crate::model::{Cell, Repeats, Row, Subject, Summary, Table};
 use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server, Proto};
 use crate::rig::topo::{self, BenchNode, Binaries, Egress, Pod, Stack};
 use crate::sections::source_check::BpfStats;
+use crate::stats::percentile;
 use crate::turns::in_turn;
 
 const IPERF_PORT: u16 = 5201;
@@ -445,6 +446,31 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             traffic.rows.push(r.row(Metric::MasqProgNs { dev, masq }));
         }
     }
+    let mut test_run: BTreeMap<MasqSegment, Repeats> = BTreeMap::new();
+    match new_flow_cost(bins) {
+        Ok(costs) => {
+            for (segment, ns) in costs {
+                test_run
+                    .entry(segment)
+                    .or_default()
+                    .push(Subject::EbpfCni, ns);
+            }
+        }
+        Err(e) => {
+            progress(&format!("masquerade: BPF_PROG_TEST_RUN: {e:#}"));
+            for segment in MasqSegment::ALL {
+                test_run
+                    .entry(segment)
+                    .or_default()
+                    .set_instead(Subject::EbpfCni, Cell::failed(&e));
+            }
+        }
+    }
+    for (segment, r) in &test_run {
+        traffic
+            .rows
+            .push(r.row(Metric::MasqTestRunNs { segment: *segment }));
+    }
     traffic.notes = vec![
         format!(
             "Both subjects with `ipMasq: true`: the reference chain's ptp masquerades with \
@@ -495,6 +521,16 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          (/proc/net/stat/nf_conntrack of the node), before and after all repeats."
             .into(),
     ];
+    traffic.notes.push(format!(
+        "BPF_PROG_TEST_RUN: ecni_from_pod alone in the program tests' lab (the object loaded \
+         into maps of its own, no node), pod a masquerading with a range of {NEW_FLOW_PORTS} \
+         ports, IPv4 TCP towards one remote end as TCP_CRR opens flows: {NEW_FLOW_PASSES} \
+         passes over the range, each port's SYN (port free in the first pass; in the later \
+         ones the range is full of flows the pod reset over 100 ms before, so each SYN \
+         reclaims an idle closed flow's port), its flow's next segment, and a segment of pod \
+         b, which does not masquerade. Single runs (a SYN opens its flow once), the median \
+         of the kernel's durations of each kind."
+    ));
     traffic.notes.extend(crr_notes);
 
     progress(&format!(
@@ -512,6 +548,81 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 
 /// Seconds of each of ebpf-cni's bulk streams measured for run time per packet.
 const BULK_STATS_SECS: u32 = 1;
+
+/// The masquerade range of [`new_flow_cost`], and how many times it is gone over.
+const NEW_FLOW_PORTS: u16 = 200;
+const NEW_FLOW_PASSES: u16 = 8;
+
+/// What a new flow's first packet costs `ecni_from_pod`, in the program tests' lab
+/// (`progtest`): IPv4 TCP SYNs from masquerading pod a towards one remote end, with their
+/// port free and reclaiming the port of an idle closed flow, against an established flow's
+/// segment and a segment of pod b, which does not masquerade; the median of single runs'
+/// durations of each kind (see the note in [`run`]).
+fn new_flow_cost(bins: &Binaries) -> Result<Vec<(MasqSegment, f64)>> {
+    use ebpf_cni_tests::packet::{Pkt, L4, TCP_ACK, TCP_SYN};
+    use ebpf_cni_tests::progtest::{Lab, LabPod, Verdict};
+    const TCP_RST: u8 = 0x04;
+    let obj = xtask::build::staged_object(&bins.ebpf_cni);
+    let mut lab = Lab::with_object(&obj)
+        .with_context(|| format!("the program lab with {}", obj.display()))?;
+    let (a, b) = (lab.a.clone(), lab.b.clone());
+    lab.masquerade(&a);
+    lab.progs.set_config(ebpf_cni_maps::NodeConfig {
+        flags: ebpf_cni_maps::NODE_FLAG_MASQ,
+        masq_port_min: 61_000,
+        masq_port_max: 61_000 + NEW_FLOW_PORTS - 1,
+        ..Default::default()
+    });
+    let remote = lab.up.remote(true);
+    let seg = |p: &LabPod, sport, flags| {
+        Pkt::new(p.addr(true), remote, L4::tcp(sport, 80, flags))
+            .macs(p.pod_mac, p.host_mac)
+            .frame()
+    };
+    let mut ns: BTreeMap<MasqSegment, Vec<f64>> = BTreeMap::new();
+    let mut record = |segment, run: ebpf_cni_tests::progtest::Run| -> Result<()> {
+        ensure!(
+            run.verdict == Verdict::Redirect,
+            "{segment:?}: verdict {:?}, not a redirect",
+            run.verdict
+        );
+        ns.entry(segment).or_default().push(run.ns as f64);
+        Ok(())
+    };
+    for pass in 0..NEW_FLOW_PASSES {
+        for i in 0..NEW_FLOW_PORTS {
+            let sport = 10_000 + pass * NEW_FLOW_PORTS + i;
+            let syn = if pass == 0 {
+                MasqSegment::SynPortFree
+            } else {
+                MasqSegment::SynReclaim
+            };
+            record(syn, lab.from_pod(&a, &seg(&a, sport, TCP_SYN)))?;
+            record(
+                MasqSegment::Established,
+                lab.from_pod(&a, &seg(&a, sport, TCP_ACK)),
+            )?;
+            record(
+                MasqSegment::Routed,
+                lab.from_pod(&b, &seg(&b, sport, TCP_ACK)),
+            )?;
+            // RST: the flow is closed, idle past its timeout 100 ms on.
+            lab.from_pod(&a, &seg(&a, sport, TCP_RST | TCP_ACK));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let stats = lab.progs.masq_stats();
+    ensure!(
+        stats.exhausted == 0,
+        "{} SYNs found no port (reclaimed {})",
+        stats.exhausted,
+        stats.reclaimed
+    );
+    Ok(ns
+        .into_iter()
+        .map(|(segment, v)| (segment, percentile(&v, 50.0)))
+        .collect())
+}
 
 /// Run time per run between two readings of a program's statistics.
 fn per_packet(before: (u64, u64), after: (u64, u64)) -> Result<f64> {
