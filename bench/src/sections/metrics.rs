@@ -24,8 +24,7 @@ use crate::params::Params;
 use crate::rig::exec;
 use crate::rig::topo::{self, BenchNode, Binaries};
 
-/// The limit every second pod carries (both directions), as the ignored test in
-/// tests/tests/metrics.rs sets it.
+/// The limit every second pod carries (both directions).
 const RATE_BPS: u64 = 1_000_000_000;
 const FIRST_HOST_PORT: usize = 10_000;
 const CONTAINER_PORT: u16 = 80;
@@ -63,7 +62,7 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         format!(
             "One ebpf-cni node with {pods} pods added one after another, each with one host \
              port ({FIRST_HOST_PORT}+i → {CONTAINER_PORT}/tcp) and every second one with a \
-             {} Gbit/s limit both ways (as tests/tests/metrics.rs's ignored measurement), \
+             {} Gbit/s limit both ways, \
              then `ebpf-cni metrics --netns <node>` run from the host, one at a time, after \
              the machine settled.",
             RATE_BPS / 1_000_000_000
