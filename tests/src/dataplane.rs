@@ -1,6 +1,6 @@
-//! ebpf-cni's node-wide dataplane state (issue 3), read — and, for CHECK tests, damaged —
-//! without going through the plugin: the pinned maps through `bpftool`, the pin layout
-//! under the node's directory, and `ebpf-cni inspect --json` for comparison.
+//! ebpf-cni's node-wide dataplane state, read — and, for CHECK tests, damaged — without
+//! going through the plugin: the pinned maps through `bpftool`, the pin layout under the
+//! node's directory, and `ebpf-cni inspect --json` for comparison.
 //!
 //! The layouts decoded here are the contract of `maps/` (little-endian integers):
 //! `ECNI_ENDPOINTS` maps a 16-byte address (IPv4 as `::ffff:a.b.c.d`) to 32 bytes
@@ -503,7 +503,7 @@ mod tests {
     }
 }
 
-// The node-wide host port map (issue 4), read independently of the plugin.
+// The node-wide host port map, read independently of the plugin.
 
 /// One entry of [`PORTMAP_MAP`]: key `addr(16) port(u16 LE) proto(u8) pad`, value
 /// `attachment_id(u64) pod_addr(16) gateway(16) host_ifindex(u32) pod_port(u16) pad(2)`.

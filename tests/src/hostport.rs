@@ -1,6 +1,7 @@
-//! Clients and a server for host-port tests (issues 4 and 7): a pod server that answers
-//! with its tag and the peer it saw, TCP and UDP clients that check the answer came from
-//! the address they dialled, and the node's netfilter ruleset for "no rule was created".
+//! Clients and a server for host-port tests (standalone and chained): a pod server that
+//! answers with its tag and the peer it saw, TCP and UDP clients that check the answer came
+//! from the address they dialled, and the node's netfilter ruleset for "no rule was
+//! created".
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};

@@ -11,12 +11,12 @@
 //! [`Node::pinned_files`]); traffic is checked in-process between test-made namespaces only
 //! ([`net`]). Everything is torn down in `Drop`, also when a test panics.
 //!
-//! For the dataplane (issue 3): [`external`] wires hosts outside a node to it through node
-//! devices, [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads
-//! (and, for CHECK tests, damages) the node-wide pinned maps with bpftool and runs
-//! `ebpf-cni inspect`; [`spoof`] sends traffic with a source not the sender's own (issue
-//! 27). [`progtest`] runs the TC programs themselves on frames [`packet`] builds, through
-//! `BPF_PROG_TEST_RUN` (issue 25).
+//! For the dataplane: [`external`] wires hosts outside a node to it through node devices,
+//! [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads (and,
+//! for CHECK tests, damages) the node-wide pinned maps with bpftool and runs `ebpf-cni
+//! inspect`; [`spoof`] sends traffic with a source not the sender's own (for the source
+//! check). [`progtest`] runs the TC programs themselves on frames [`packet`] builds,
+//! through `BPF_PROG_TEST_RUN`; [`pod`] is the tests' pod.
 //!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 

@@ -1,7 +1,7 @@
-//! Traffic that claims a source other than the sender's own (issue 27), and what arrives
-//! of it: UDP datagrams sent from an address the sender put on its interface, and ARP
-//! requests built by hand on a raw socket (a sender address that is not the sender's).
-//! Every wait is bounded: "nothing arrived" is a result, not a hang.
+//! Traffic that claims a source other than the sender's own, for the source check's tests,
+//! and what arrives of it: UDP datagrams sent from an address the sender put on its
+//! interface, and ARP requests built by hand on a raw socket (a sender address that is not
+//! the sender's). Every wait is bounded: "nothing arrived" is a result, not a hang.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

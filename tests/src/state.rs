@@ -233,8 +233,8 @@ pub fn eventually(bound: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Nothing of ebpf-cni remains on the node: no pin directory, no TC/TCX program on any
-/// of its links (issue 3: "nothing of the pods remains pinned or attached").
+/// Nothing of ebpf-cni remains on the node: no pin directory, no TC/TCX program on any of
+/// its links: after the last pod's DEL nothing of the pods remains pinned or attached.
 pub fn assert_node_clean(node: &Node, what: &str) {
     assert!(
         !node.pin_root().exists(),

@@ -1,9 +1,9 @@
-//! Per-pod rate limits in eBPF (issue 5, CONVENTIONS.md "bandwidth"): real traffic with
-//! iperf3 between a pod and a host behind the node's uplink proves each direction of a
-//! limited pod is held to its limit (a generous tolerance: precise figures belong to the
-//! benchmark) while an unlimited pod is not; no qdisc, class, filter or ifb device appears;
-//! CHECK notices a limiter that differs from the config; DEL removes it; bad inputs get
-//! error 7 and change nothing.
+//! Per-pod rate limits in eBPF (CNI conventions, "bandwidth"): real traffic with iperf3
+//! between a pod and a host behind the node's uplink proves each direction of a limited pod
+//! is held to its limit (a generous tolerance: precise figures belong to the benchmark)
+//! while an unlimited pod is not; no qdisc, class, filter or ifb device appears; CHECK
+//! notices a limiter that differs from the config; DEL removes it; bad inputs get error 7
+//! and change nothing.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -267,12 +267,12 @@ fn limits_hold_in_both_directions_and_unlimited_pods_are_untouched() {
 /// TCP from a limited pod paces itself at the limit: without help a single stream bounces
 /// off the policer far below the rate. ebpf-cni's sockops program gives the pod's TCP
 /// sockets `SO_MAX_PACING_RATE` (the payload share of the limit: 1448 of 1514 bytes) and
-/// the stream then runs at the limit on the wire: never more than 2% above it (issue 15).
-/// Below it, a busy machine costs up to a fifth: TCP's pacing timer fires late and the time
-/// is not made up (0.93–1.00 over quiet runs here, 0.83 in a CI run), so the floor only
-/// proves the stream is paced, not policed (policed, one stream got a tenth of the limit);
-/// the accuracy is the benchmark's (99.9–100.0% in the 6.12 guest). The pacing entry is
-/// the pod's, CHECK proves it, DEL removes it.
+/// the stream then runs at the limit on the wire: never more than 2% above it. Below it, a
+/// busy machine costs up to a fifth: TCP's pacing timer fires late and the time is not made
+/// up (0.93–1.00 over quiet runs here, 0.83 in a CI run), so the floor only proves the
+/// stream is paced, not policed (policed, one stream got a tenth of the limit); the
+/// accuracy is the benchmark's (99.9–100.0% in the 6.12 guest). The pacing entry is the
+/// pod's, CHECK proves it, DEL removes it.
 #[test]
 fn tcp_from_a_limited_pod_is_paced_to_the_limit() {
     require_root();
@@ -395,14 +395,15 @@ fn host_veth(pod: &Pod) -> &str {
     &pod.r.host_ifname
 }
 
-/// Issue 15: traffic towards a pod with an ingress limit is paced, not policed. Its host
-/// veth gets an `fq` (handle `ecf0:`, nothing else), deliveries to it go through that veth,
-/// and `ecni_to_pod` stamps each packet with its departure time: a single TCP stream from a
+/// Traffic towards a pod with an ingress limit is paced, not policed. Its host veth gets an
+/// `fq` (handle `ecf0:`, nothing else), deliveries to it go through that veth, and
+/// `ecni_to_pod` stamps each packet with its departure time: a single TCP stream from a
 /// host behind the node, or from another pod, gets the limit (±5%), as does UDP offered at
 /// twice the limit; a ping (a sparse flow) does not wait behind the stream's queue, and a
-/// pod without a limit is not slowed by it and gets no qdisc. CHECK sees a missing fq; DEL leaves nothing.
-/// Where the kernel has no `sch_fq` (this machine's), the limit is policed instead, and
-/// inspect and the log say so; the accuracy is proven in the kernel matrix's guests.
+/// pod without a limit is not slowed by it and gets no qdisc. CHECK sees a missing fq; DEL
+/// leaves nothing. Where the kernel has no `sch_fq` (this machine's), the limit is policed
+/// instead, and inspect and the log say so; the accuracy is proven in the kernel matrix's
+/// guests.
 #[test]
 fn traffic_towards_a_limited_pod_is_paced_to_the_limit() {
     require_root();
@@ -609,10 +610,10 @@ fn udp_at(client: &Netns, server: &Netns, addr: IpAddr, offer: f64, reverse: boo
     iperf_for(client, server, addr, subnet_secs(), &args)
 }
 
-/// `unshapedSubnets` / `shapedSubnets` (the reference plugin's v1.5 keys, issue 24): a
-/// pod with `unshapedSubnets` covering host A's subnet sends to and receives from A well
-/// above its limit (UDP at 5x the limit gets through; TCP too, so its sockets are not paced
-/// for A) while traffic with host B is held to the limit in both directions; a pod with
+/// `unshapedSubnets` / `shapedSubnets` (the reference plugin's v1.5 keys): a pod with
+/// `unshapedSubnets` covering host A's subnet sends to and receives from A well above its
+/// limit (UDP at 5x the limit gets through; TCP too, so its sockets are not paced for A)
+/// while traffic with host B is held to the limit in both directions; a pod with
 /// `shapedSubnets` naming A is the reverse. The static key and the runtime's
 /// `runtimeConfig.bandwidth` spelling both work. `inspect` shows the subnets, CHECK fails
 /// once an entry is removed from the subnet map, DEL removes every entry.

@@ -1,12 +1,13 @@
-//! Chained mode (issue 7): ebpf-cni after the reference `bridge` plugin in a conflist, with
-//! only the `portMappings` and `bandwidth` capabilities, in place of `portmap` and
-//! `bandwidth`. The bridge makes and addresses the pod's interface; ebpf-cni finds the host
-//! end of its veth from `prevResult`, serves the pod's host ports and limits there, passes
-//! the result through, and DEL/CHECK work as in standalone mode. Spec 1.0 section 3
-//! ("prevResult", chained plugins) and the conventions' portMappings/bandwidth capabilities.
+//! Chained mode: ebpf-cni after the reference `bridge` plugin in a conflist, with only the
+//! `portMappings` and `bandwidth` capabilities, in place of `portmap` and `bandwidth`. The
+//! bridge makes and addresses the pod's interface; ebpf-cni finds the host end of its veth
+//! from `prevResult`, serves the pod's host ports and limits there, passes the result
+//! through, and DEL/CHECK work as in standalone mode. Spec 1.0 section 3 ("prevResult",
+//! chained plugins) and the conventions' portMappings/bandwidth capabilities.
 //!
-//! Real traffic only: every host-port path of issue 4 through the bridge's pod, the limits
-//! measured with iperf3, and the bridge's own forwarding left alone.
+//! Real traffic only: every host-port path (from outside the node, from the node itself,
+//! from another pod, hairpin) through the bridge's pod, the limits measured with iperf3,
+//! and the bridge's own forwarding left alone.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -93,7 +94,7 @@ fn assert_passed_through(result: &Value, pod: &Netns) {
     assert_eq!(result["cniVersion"], "1.0.0", "{result}");
 }
 
-/// The bridge's pod gets host ports (every path of issue 4) and rate limits from ebpf-cni;
+/// The bridge's pod gets host ports (every path to them) and rate limits from ebpf-cni;
 /// CHECK passes and fails on tampering; DEL removes ebpf-cni's state and the bridge's DEL
 /// still works after it.
 #[test]
@@ -144,7 +145,7 @@ fn after_bridge_serves_host_ports_and_limits_and_deletes_cleanly() {
     assert_eq!(on(Direction::Ingress), vec![dp::PROG_FROM_CHAIN], "{veth}");
     assert_eq!(on(Direction::Egress), vec![dp::PROG_TO_POD], "{veth}");
 
-    // Issue 4's paths, TCP and UDP, IPv4 and IPv6, through the bridge's pod.
+    // Every path to a host port, TCP and UDP, IPv4 and IPv6, through the bridge's pod.
     let _server = PodServer::start(&a.netns, 80, "podA");
     let (node4, node6): (IpAddr, IpAddr) = (ext.node_v4.into(), ext.node_v6.into());
     let cases: Vec<(&str, &Netns, SocketAddr)> = vec![
@@ -608,7 +609,7 @@ fn after_bridge_unshaped_subnets_exempt_their_traffic() {
     assert!(left.is_empty(), "subnet entries left: {left:?}");
 }
 
-/// The source check on the bridge's veths (issue 27): with the addresses the bridge gave
+/// The source check on the bridge's veths: with the addresses the bridge gave
 /// (`prevResult`), a pod cannot send to another pod of the bridge with a third pod's
 /// address, a made-up one or a forged MAC; its own traffic is switched by the bridge as
 /// before. The result passed on says what is in force, CHECK compares it, DEL removes it.

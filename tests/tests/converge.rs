@@ -1,8 +1,8 @@
-//! The node follows its devices and addresses between ADDs (issue 24, item 1: cilium#12116,
-//! cilium PR #30419, cilium#37976): an address added later (a DHCP renewal, a keepalived or
-//! kube-vip VIP, a second NIC) gets wildcard host ports and, on a new device, the device
-//! program without a new pod; masquerade leaves with the egress device's new address; a
-//! device that holds no address any more has nothing of ours left on it.
+//! The node follows its devices and addresses between ADDs (cilium#12116, cilium PR #30419,
+//! cilium#37976): an address added later (a DHCP renewal, a keepalived or kube-vip VIP, a
+//! second NIC) gets wildcard host ports and, on a new device, the device program without a
+//! new pod; masquerade leaves with the egress device's new address; a device that holds no
+//! address any more has nothing of ours left on it.
 //!
 //! STATUS (CNI 1.1, which containerd 2.x sends every 5 s) converges the node, writing
 //! nothing when the node is in line (its record of the last convergence, shown by
@@ -28,7 +28,7 @@ use ebpf_cni_tests::{
 };
 use serde_json::{json, Value};
 
-/// What the issue allows between a change and the node following it.
+/// The longest a change may wait for the node to follow it.
 const CONVERGE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A dual-stack network of cniVersion 1.1.0 (STATUS needs it) taking port mappings.
@@ -163,12 +163,12 @@ fn addr(ns: &Netns, op: &str, a: &str, dev: &str) {
     ns.ip_ok(&args).unwrap();
 }
 
-/// Issue 24, item 1, by STATUS: a VIP on the uplink and a second NIC appear after the pod's
-/// ADD. Before STATUS host port 8080 does not answer on them (the node's programs know
-/// neither); after it, it answers on each, from the external hosts, both families, and the
-/// new NIC carries the device program. A STATUS on the node in line writes nothing (its
-/// convergence record and the device links stay). When the VIP goes and the NIC loses its
-/// addresses, STATUS takes them out: nothing of ours is left on the NIC.
+/// Followed by STATUS: a VIP on the uplink and a second NIC appear after the pod's ADD.
+/// Before STATUS host port 8080 does not answer on them (the node's programs know neither);
+/// after it, it answers on each, from the external hosts, both families, and the new NIC
+/// carries the device program. A STATUS on the node in line writes nothing (its convergence
+/// record and the device links stay). When the VIP goes and the NIC loses its addresses,
+/// STATUS takes them out: nothing of ours is left on the NIC.
 #[test]
 fn status_gives_new_addresses_and_devices_host_ports_and_takes_them_back() {
     require_root();
@@ -275,12 +275,12 @@ fn status_gives_new_addresses_and_devices_host_ports_and_takes_them_back() {
 }
 
 /// The socket programs' links on the cgroup v2 root take the node's own connections to its
-/// host ports. An ADD only lists their pins (issue 26: opening each link and reading its
-/// info was 24 system calls of every ADD with a host port); STATUS (containerd's every 5 s)
-/// attaches again one an operator detached (`bpftool link detach`: the pin stays, the
-/// link runs nowhere) or unpinned (the pin was its only reference), both families. Before
-/// STATUS the node's own connections to its host port fail and CHECK names the link; after
-/// it they reach the pod again, CHECK passes, and a second STATUS writes nothing.
+/// host ports. An ADD only lists their pins (opening each link and reading its info was 24
+/// system calls of every ADD with a host port); STATUS (containerd's every 5 s) attaches
+/// again one an operator detached (`bpftool link detach`: the pin stays, the link runs
+/// nowhere) or unpinned (the pin was its only reference), both families. Before STATUS the
+/// node's own connections to its host port fail and CHECK names the link; after it they
+/// reach the pod again, CHECK passes, and a second STATUS writes nothing.
 #[test]
 fn status_attaches_a_detached_socket_program_again() {
     require_root();
@@ -593,10 +593,10 @@ fn status_puts_an_ipv6_gateway_taken_off_host_veths_back() {
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
-/// Issue 24, item 1, masquerade: the egress device is renumbered (a DHCP renewal). The
-/// recorded source the programs leave with where the FIB cannot tell it (before 6.8)
-/// follows at the next STATUS, and the masquerading pod's connections leave with the new
-/// address, both families.
+/// Followed for masquerade: the egress device is renumbered (a DHCP renewal). The recorded
+/// source the programs leave with where the FIB cannot tell it (before 6.8) follows at the
+/// next STATUS, and the masquerading pod's connections leave with the new address, both
+/// families.
 #[test]
 fn status_moves_masquerade_to_the_egress_devices_new_address() {
     require_root();
@@ -669,10 +669,10 @@ fn within_deadline(what: &str, mut ok: impl FnMut() -> bool) -> Duration {
     t.elapsed()
 }
 
-/// Issue 24, item 1, by the agent: with `ebpf-cni agent` running and no STATUS, a VIP
-/// added to the uplink answers the host port within 5 s, and its removal is followed as
-/// fast; the agent records its convergence, says what it changed, and serves the node's
-/// metrics with `--metrics-listen`.
+/// Followed by the agent: with `ebpf-cni agent` running and no STATUS, a VIP added to the
+/// uplink answers the host port within 5 s, and its removal is followed as fast; the agent
+/// records its convergence, says what it changed, and serves the node's metrics with
+/// `--metrics-listen`.
 #[test]
 fn the_agent_follows_a_vip_within_five_seconds_and_serves_metrics() {
     require_root();
@@ -793,7 +793,7 @@ fn the_agent_puts_an_ipv6_gateway_taken_off_host_veths_back_within_five_seconds(
     assert_eq!(node.pinned_files(), Vec::<std::path::PathBuf>::new());
 }
 
-/// Issue 24, item 1, the node lock: pods added and deleted while STATUS runs in a loop, the
+/// Following under the node lock: pods added and deleted while STATUS runs in a loop, the
 /// agent runs and a VIP comes and goes. Afterwards the pods left pass CHECK, the node's
 /// host-port addresses are exactly its addresses, and after their DEL nothing is pinned.
 #[test]

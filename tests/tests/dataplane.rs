@@ -1,9 +1,10 @@
-//! The eBPF dataplane of issue 3 against the real kernel: traffic between pods, and
-//! between node devices and pods, is forwarded by ebpf-cni's TC programs (`bpf_redirect_peer`
-//! into the pod, FIB lookup + `bpf_redirect_neigh` out of it), not by the node's stack and
-//! its netfilter FORWARD chain; the per-pod counters account for it; the node-wide state is
+//! The eBPF dataplane against the real kernel: traffic between pods, and between node
+//! devices and pods, is forwarded by ebpf-cni's TC programs (`bpf_redirect_peer` into the
+//! pod, FIB lookup + `bpf_redirect_neigh` out of it), not by the node's stack and its
+//! netfilter FORWARD chain; the per-pod counters account for it; the node-wide state is
 //! pinned under `/sys/fs/bpf/ebpf-cni/v1/netns-<node inode>/` and goes with the last pod;
-//! CHECK notices each kind of damage the issue lists.
+//! CHECK notices each kind of damage: a program detached, a pin gone, an endpoint entry
+//! missing or stale.
 //!
 //! Every claim is read back from the kernel independently of the plugin (bpftool on the
 //! pinned maps, BPF_PROG_QUERY on each device, iptables counters), and every negative
@@ -89,7 +90,7 @@ fn assert_device_program(node: &Node, dev: &str) {
             && progs[0].name == dp::PROG_FROM_DEV
             && progs[0].direction == Direction::Ingress
             && progs[0].mechanism == Mechanism::Tcx,
-        "node device {dev} must carry exactly {} at ingress (issue 3: node devices -> pod), \
+        "node device {dev} must carry exactly {} at ingress (node devices -> pod), \
          has {progs:?}",
         dp::PROG_FROM_DEV
     );
@@ -186,14 +187,14 @@ fn udp_burst(from: &Netns, to: &Netns, to_addr: IpAddr, n: u64) -> u64 {
     got
 }
 
-/// Issue 3, "Bypass is proven, not assumed": with the node's FORWARD chain dropping
-/// everything (and counting it), pod<->pod and uplink<->pod TCP over IPv4 and IPv6 still
-/// works, the FORWARD chain sees none of it, and the pods' counters (read with bpftool from
-/// the pinned per-CPU map, and through `inspect --json`) account for every segment known
-/// to have crossed, and count a burst of datagrams exactly once. Traffic between the node
-/// itself and a pod keeps working through the stack. Control: traffic between two external
-/// hosts, which does take the node's forwarding path, is blocked and counted by the same
-/// chain — and passes once the policy is ACCEPT.
+/// The bypass is proven, not assumed: with the node's FORWARD chain dropping everything
+/// (and counting it), pod<->pod and uplink<->pod TCP over IPv4 and IPv6 still works, the
+/// FORWARD chain sees none of it, and the pods' counters (read with bpftool from the pinned
+/// per-CPU map, and through `inspect --json`) account for every segment known to have
+/// crossed, and count a burst of datagrams exactly once. Traffic between the node itself
+/// and a pod keeps working through the stack. Control: traffic between two external hosts,
+/// which does take the node's forwarding path, is blocked and counted by the same chain —
+/// and passes once the policy is ACCEPT.
 #[test]
 fn forwarding_bypasses_netfilter_and_is_counted() {
     require_root();
@@ -462,10 +463,10 @@ fn forwarding_bypasses_netfilter_and_is_counted() {
     }
 }
 
-/// Issue 3: "IPv4 and IPv6; 20 pods all reaching each other; DEL of one pod leaves the
-/// others working". Every ordered pair over both families, then again without the deleted
-/// pod, whose addresses then answer nobody (a wildcard listener left in its namespace
-/// answered before the DEL) and are gone from the endpoint map.
+/// IPv4 and IPv6, 20 pods all reaching each other, and DEL of one pod leaves the others
+/// working. Every ordered pair over both families, then again without the deleted pod,
+/// whose addresses then answer nobody (a wildcard listener left in its namespace answered
+/// before the DEL) and are gone from the endpoint map.
 #[test]
 fn twenty_pods_reach_each_other_and_survive_a_del() {
     require_root();
@@ -579,12 +580,12 @@ fn twenty_pods_reach_each_other_and_survive_a_del() {
     drop(listener);
 }
 
-/// Issue 3: "After DEL of every pod nothing of the pods remains pinned or attached (list
-/// bpffs and the attached programs)". The shared state (programs, maps, device links)
-/// stays while any pod does; with the last DEL the node's pin directory is gone, no
-/// program is attached to any node device, and the kernel has released every program, map
-/// and link that was pinned. A later ADD loads everything again and works; a repeated DEL
-/// on the empty node recreates nothing.
+/// After DEL of every pod nothing of the pods remains pinned or attached (bpffs and the
+/// attached programs listed). The shared state (programs, maps, device links) stays while
+/// any pod does; with the last DEL the node's pin directory is gone, no program is attached
+/// to any node device, and the kernel has released every program, map and link that was
+/// pinned. A later ADD loads everything again and works; a repeated DEL on the empty node
+/// recreates nothing.
 #[test]
 fn nothing_left_after_the_last_del_and_add_works_again() {
     require_root();
@@ -744,10 +745,10 @@ fn pinned_link_id(path: &Path) -> u32 {
     }
 }
 
-/// Issue 3: "CHECK fails, naming the missing piece, when a program is detached, a link pin
-/// is gone, or the endpoint entry is missing or stale (wrong ifindex/MAC)". One pod per
-/// kind of damage, done from outside the plugin (rm, bpftool); an untouched pod keeps
-/// passing, a repaired entry passes again, and DEL still removes everything.
+/// CHECK fails, naming the missing piece, when a program is detached, a link pin is gone,
+/// or the endpoint entry is missing or stale (wrong ifindex/MAC). One pod per kind of
+/// damage, done from outside the plugin (rm, bpftool); an untouched pod keeps passing, a
+/// repaired entry passes again, and DEL still removes everything.
 #[test]
 fn check_names_each_kind_of_damage() {
     require_root();
@@ -863,9 +864,9 @@ fn check_names_each_kind_of_damage() {
     assert_node_clean(&node, "DEL after tampering");
 }
 
-/// Issue 3: device coverage is "re-evaluated at each ADD so a device that appears later is
-/// covered", and a `devices` list in the config restricts it. Traffic from behind a device
-/// reaches pods with FORWARD dropping only when that device carries the program.
+/// Device coverage is re-evaluated at each ADD, so a device that appears later is covered,
+/// and a `devices` list in the config restricts it. Traffic from behind a device reaches
+/// pods with FORWARD dropping only when that device carries the program.
 #[test]
 fn device_programs_follow_the_node_devices_and_the_config() {
     require_root();
@@ -950,10 +951,10 @@ fn device_programs_follow_the_node_devices_and_the_config() {
     assert_node_clean(&node, "after DEL (devices list)");
 }
 
-/// Issue 3, fast path: the programs "decrement TTL / hop limit" — exactly once per pass
-/// through the node, pod -> pod, uplink -> pod and pod -> uplink, IPv4 and IPv6 — and
-/// leave an expiring TTL to the stack (which answers with ICMP time exceeded and delivers
-/// nothing). With FORWARD dropping, so this is the eBPF path.
+/// The fast path decrements the TTL / hop limit exactly once per pass through the node, pod
+/// -> pod, uplink -> pod and pod -> uplink, IPv4 and IPv6 — and leave an expiring TTL to
+/// the stack (which answers with ICMP time exceeded and delivers nothing). With FORWARD
+/// dropping, so this is the eBPF path.
 #[test]
 fn ttl_is_decremented_once_and_expiry_left_to_the_stack() {
     require_root();
@@ -1049,14 +1050,13 @@ fn overlapping_networks_on_one_node_are_refused() {
         .expect_success("DEL of the refused attachment is a no-op");
 }
 
-/// Issue 3: "fall back to netlink clsact filters where TCX is missing, and let config
-/// force that mode so it is tested", and "ADD p50 ≤ 10 ms with the programs attached",
-/// which TCX cannot give (two RCU grace periods per hook under the RTNL lock). By default
-/// the pods' veths carry netlink `bpf` filters and the node's device a TCX link; with
-/// `tcAttachMode: netlink` the device gets a filter too. Either way no TCX attachment
-/// appears on a pod, forwarding still bypasses netfilter, `inspect` reports the filters
-/// and notices a removed one, CHECK names it, and the last DEL leaves no program on the
-/// device and nothing pinned.
+/// Netlink clsact filters where TCX is missing, a config that forces that mode so it is
+/// tested, and ADD p50 ≤ 10 ms with the programs attached, which TCX cannot give (two RCU
+/// grace periods per hook under the RTNL lock). By default the pods' veths carry netlink
+/// `bpf` filters and the node's device a TCX link; with `tcAttachMode: netlink` the device
+/// gets a filter too. Either way no TCX attachment appears on a pod, forwarding still
+/// bypasses netfilter, `inspect` reports the filters and notices a removed one, CHECK names
+/// it, and the last DEL leaves no program on the device and nothing pinned.
 #[test]
 fn netlink_filters_on_pods_run_the_same_dataplane() {
     require_root();
@@ -1277,8 +1277,8 @@ fn netlink_mode_removes_only_its_own_clsact_on_node_devices() {
     );
 }
 
-/// Issue 3: `ebpf-cni trace` streams the programs' decisions while it runs, and the
-/// programs log nothing once it has stopped (the trace flag is cleared).
+/// `ebpf-cni trace` streams the programs' decisions while it runs, and the programs log
+/// nothing once it has stopped (the trace flag is cleared).
 #[test]
 fn trace_streams_decisions_only_while_it_runs() {
     require_root();
@@ -1545,12 +1545,12 @@ fn ipv4_gateway_is_held_once_on_lo_and_answered_by_the_programs() {
 }
 
 /// An ADD whose IPv4 gateway other pods use already does not ask the kernel for it again
-/// (issue 26: an `RTM_NEWADDR` on `lo` the kernel answered `EEXIST`, each ADD): it finds
-/// the gateway among `lo`'s addresses in its dump of the node's addresses. The node's first
-/// pod adds it (control: the trace shows that request). When someone took the gateway off
-/// `lo`, the next ADD puts it back, before the pod's host route that takes it as source:
-/// the new pod reaches it and passes CHECK. The requests are read from
-/// `strace -e trace=sendto` of the plugin.
+/// (it was an `RTM_NEWADDR` on `lo` the kernel answered `EEXIST`, each ADD): it finds the
+/// gateway among `lo`'s addresses in its dump of the node's addresses. The node's first pod
+/// adds it (control: the trace shows that request). When someone took the gateway off `lo`,
+/// the next ADD puts it back, before the pod's host route that takes it as source: the new
+/// pod reaches it and passes CHECK. The requests are read from `strace -e trace=sendto` of
+/// the plugin.
 #[test]
 fn a_later_add_finds_its_gateway_on_lo_or_puts_it_back() {
     require_root();

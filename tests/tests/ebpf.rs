@@ -3,12 +3,12 @@
 //! <ifname>/` pins what holds them (so it outlives the plugin process, which has exited by
 //! the time we look); DEL removes them for that attachment only.
 //!
-//! Two attach modes (issue 3: "Attach with TCX links … fall back to netlink clsact filters
-//! …, and let config force that mode"): with `tcAttachMode: "tcx"` the programs hang on
-//! TCX links pinned there; by default (`auto`) ebpf-cni's own host veths get netlink
-//! `bpf` filters (a TCX attach waits out RCU grace periods under the RTNL lock, see
-//! docs/dataplane.md), the directory pins each program as the record, and the node's devices keep
-//! TCX links.
+//! Two attach modes (TCX links where the kernel has them, netlink clsact filters where not,
+//! and a config that forces either): with `tcAttachMode: "tcx"` the programs hang on TCX
+//! links pinned there; by default (`auto`) ebpf-cni's own host veths get netlink `bpf`
+//! filters (a TCX attach waits out RCU grace periods under the RTNL lock, see
+//! docs/dataplane.md), the directory pins each program as the record, and the node's
+//! devices keep TCX links.
 
 use std::collections::BTreeSet;
 

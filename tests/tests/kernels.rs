@@ -1,4 +1,4 @@
-//! What each kernel gets (issue 14, docs/kernels.md "Kernel requirements"): below the minimum (5.10)
+//! What each kernel gets (docs/kernels.md "Kernel requirements"): below the minimum (5.10)
 //! ADD and STATUS fail naming what the kernel lacks, never with a verifier dump; a config
 //! that forces TCX is refused on a kernel without it; `inspect` and STATUS say how each
 //! part runs on this kernel.

@@ -732,10 +732,10 @@ fn add_opens_each_socket_of_the_node_once() {
 }
 
 /// A later ADD of a node records its use of the network's gateway, which the node holds
-/// already, with one `mkdir` of its record (issue 26, ADD against its floor): the second
-/// pod's ADD runs under `strace` of the calls that make or look at a path, and names the
-/// gateways' records in one call. Before: four `stat`s of the record's parents, then the
-/// `mkdir`.
+/// already, with one `mkdir` of its record (ADD brought towards its floor, the kernel work
+/// alone): the second pod's ADD runs under `strace` of the calls that make or look at a
+/// path, and names the gateways' records in one call. Before: four `stat`s of the record's
+/// parents, then the `mkdir`.
 #[test]
 fn a_later_add_records_its_gateway_use_with_one_mkdir() {
     require_root();
@@ -762,9 +762,10 @@ fn a_later_add_records_its_gateway_use_with_one_mkdir() {
     }
 }
 
-/// A later ADD of a node asks the kernel for each pinned object once (issue 26, ADD against
-/// its floor): the second pod's ADD (a host port and a paced egress limit, so it reaches
-/// every node map and the socket programs' links) runs under `strace -e trace=bpf`.
+/// A later ADD of a node asks the kernel for each pinned object once (ADD brought towards
+/// its floor, the kernel work alone): the second pod's ADD (a host port and a paced egress
+/// limit, so it reaches every node map and the socket programs' links) runs under `strace
+/// -e trace=bpf`.
 ///
 /// - Each pinned map is opened once (`BPF_OBJ_GET`), but the node's config, which the node
 ///   maps and the host-port maps each hold (twice): the check of the pod's addresses

@@ -1,11 +1,11 @@
-//! Masquerade in eBPF (issue 16, `ipMasq` as ptp and bridge spell it): a pod reaches a host
-//! beyond the node that has no route to the pod network, over TCP, UDP and ICMP echo, IPv4
-//! and IPv6, and that host sees the node's address and a port of the masquerade range.
-//! Nothing of it touches netfilter: the node's FORWARD policy is DROP throughout, its
-//! rulesets are unchanged, and its conntrack table holds none of these flows. A pod without
-//! `ipMasq` on the same node is not reached back (so the test fails without the feature),
-//! and a host that routes to the pods still reaches the masquerading pod's own address.
-//! DEL removes the pod's flows and gives back the reserved ports; chained mode refuses it.
+//! Masquerade in eBPF (`ipMasq` as ptp and bridge spell it): a pod reaches a host beyond
+//! the node that has no route to the pod network, over TCP, UDP and ICMP echo, IPv4 and
+//! IPv6, and that host sees the node's address and a port of the masquerade range. Nothing
+//! of it touches netfilter: the node's FORWARD policy is DROP throughout, its rulesets are
+//! unchanged, and its conntrack table holds none of these flows. A pod without `ipMasq` on
+//! the same node is not reached back (so the test fails without the feature), and a host
+//! that routes to the pods still reaches the masquerading pod's own address. DEL removes
+//! the pod's flows and gives back the reserved ports; chained mode refuses it.
 
 use std::net::IpAddr;
 use std::path::Path;

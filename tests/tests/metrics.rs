@@ -1,8 +1,8 @@
-//! `ebpf-cni metrics` (issue 18) against the real kernel: the node's counters in the
-//! Prometheus text format, read by a Prometheus text parser as a scraper would, move with
-//! real traffic for the pod and host port that carried it and for no other; `--listen`
-//! serves them over HTTP and survives garbage; `--output` replaces its file atomically; and
-//! the conflist's `logLevel`/`logFile` steer the log.
+//! `ebpf-cni metrics` against the real kernel: the node's counters in the Prometheus text
+//! format, read by a Prometheus text parser as a scraper would, move with real traffic for
+//! the pod and host port that carried it and for no other; `--listen` serves them over HTTP
+//! and survives garbage; `--output` replaces its file atomically; and the conflist's
+//! `logLevel`/`logFile` steer the log.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -128,8 +128,8 @@ fn by_series(scrape: &Scrape) -> HashMap<String, f64> {
         .collect()
 }
 
-/// Issue 18: counters for the right pod and the right host port only; node gauges; the
-/// format's rules (counters end in `_total` and are typed counter).
+/// Counters for the right pod and the right host port only; node gauges; the format's rules
+/// (counters end in `_total` and are typed counter).
 #[test]
 fn counters_move_with_traffic_for_the_right_pod_and_host_port_only() {
     require_root();

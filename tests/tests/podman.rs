@@ -1,6 +1,6 @@
-//! Issue 7, "Real runtimes": Debian's podman 4.3 with its CNI backend, runc and conmon runs a
-//! container on an ordinary conflist whose only plugin is ebpf-cni (with the
-//! `portMappings` capability), and real traffic reaches it through `-p 8080:80`.
+//! A real runtime: Debian's podman 4.3 with its CNI backend, runc and conmon runs a
+//! container on an ordinary conflist whose only plugin is ebpf-cni (with the `portMappings`
+//! capability), and real traffic reaches it through `-p 8080:80`.
 //!
 //! Isolation: podman gets a fully private configuration (containers.conf, storage.conf,
 //! registries.conf, storage root/runroot, tmpdir, file locks, a test-made plugin directory
@@ -678,9 +678,9 @@ fn assert_attached(node: &Node, c: &Container) -> String {
     host_name
 }
 
-/// Issue 7: a podman container on ebpf-cni, reached through its host port from the node
-/// (loopback and node addresses, both families), from outside the node and from another
-/// pod; the same after `podman restart` (DEL then ADD); and nothing left after `podman rm`.
+/// A podman container on ebpf-cni, reached through its host port from the node (loopback
+/// and node addresses, both families), from outside the node and from another pod; the same
+/// after `podman restart` (DEL then ADD); and nothing left after `podman rm`.
 #[test]
 fn podman_runs_a_container_on_ebpf_cni_and_rm_leaves_nothing() {
     require_root();

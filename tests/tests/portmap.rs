@@ -1,10 +1,10 @@
-//! Host ports (issue 4) against the real kernel: `runtimeConfig.portMappings` (CNI
-//! conventions, "Port mappings" capability) served by ebpf-cni's programs — TC DNAT and
-//! reverse NAT for traffic arriving on node devices and from pods, socket-address programs
-//! for the node's own connections — with no iptables or nftables rule.
+//! Host ports against the real kernel: `runtimeConfig.portMappings` (CNI conventions, "Port
+//! mappings" capability) served by ebpf-cni's programs — TC DNAT and reverse NAT for
+//! traffic arriving on node devices and from pods, socket-address programs for the node's
+//! own connections — with no iptables or nftables rule.
 //!
-//! Every path of the issue sends real traffic to a server in the pod that answers with its
-//! own tag and the peer address it saw, and every client checks the reply came from the
+//! Every path to a host port sends real traffic to a server in the pod that answers with
+//! its own tag and the peer address it saw, and every client checks the reply came from the
 //! address it dialled (TCP: the connection's peer; UDP: the datagram's source).
 
 use std::collections::BTreeSet;
@@ -42,7 +42,8 @@ fn add(p: &PluginUnderTest, node: &Node, l: &NetConfList, mappings: Value) -> Po
     })
 }
 
-/// Issue 4, "Paths that must work" 1-5 (except re-add, below), TCP and UDP, IPv4 and IPv6.
+/// Every path to a host port (numbered below: from outside the node, from the node itself,
+/// from another pod, hairpin), TCP and UDP, IPv4 and IPv6; the re-add is its own test.
 #[test]
 fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
     require_root();
@@ -66,7 +67,7 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
     assert_eq!(
         before,
         ruleset(&node),
-        "issue 4: no iptables/nftables rule may be created"
+        "host ports create no iptables/nftables rule"
     );
 
     let node4: IpAddr = ext.node_v4.into();
@@ -96,7 +97,7 @@ fn every_path_reaches_the_pod_and_replies_come_from_the_dialled_address() {
     let failures = ask_each(&cases, "podA");
     assert!(
         failures.is_empty(),
-        "issue 4 paths through hostPort 8080 failed:\n{}",
+        "paths through hostPort 8080 failed:\n{}",
         failures.join("\n")
     );
 
@@ -228,8 +229,8 @@ fn a_specific_host_ip_answers_only_on_that_address() {
     );
 }
 
-/// Issue 4, path 5: a long UDP flow keeps its translation, and when the pod is deleted and
-/// re-added with a new address the same client flow reaches the new pod at once.
+/// Re-add: a long UDP flow keeps its translation, and when the pod is deleted and re-added
+/// with a new address the same client flow reaches the new pod at once.
 #[test]
 fn udp_flow_survives_and_follows_a_readded_pod() {
     require_root();
@@ -748,10 +749,10 @@ fn del_without_port_mappings_cleans_up_and_check_sees_tampering() {
     );
 }
 
-/// Teardown goes on past a failure (issue 17): when the pod's pinned port list cannot be
-/// read, DEL still removes the pod's endpoint entries, reports the failure naming the list,
-/// and keeps the attachment's pins (the list among them) for a retry; the DEL after the
-/// repair removes the mappings and, the node's last pod gone, everything pinned.
+/// Teardown goes on past a failure: when the pod's pinned port list cannot be read, DEL
+/// still removes the pod's endpoint entries, reports the failure naming the list, and keeps
+/// the attachment's pins (the list among them) for a retry; the DEL after the repair
+/// removes the mappings and, the node's last pod gone, everything pinned.
 #[test]
 fn a_del_that_cannot_read_the_port_list_removes_the_rest_and_says_so() {
     require_root();

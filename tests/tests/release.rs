@@ -1,5 +1,5 @@
-//! The release artifacts (issue 23, `cargo xtask dist`), installed as an operator installs
-//! them: `cargo xtask test` builds them and names them in `EBPF_CNI_DIST_*` (see
+//! The release artifacts (`cargo xtask dist`), installed as an operator installs them:
+//! `cargo xtask test` builds them and names them in `EBPF_CNI_DIST_*` (see
 //! `ebpf_cni_tests::release`); a test whose artifact is not named fails, it never skips.
 //!
 //! - The tarballs: the `.sha256` checks with `sha256sum -c`; the members are exactly the

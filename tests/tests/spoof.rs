@@ -1,13 +1,13 @@
-//! The source check (issue 27, "a pod cannot send with an address that is not its own"):
-//! a pod that puts another pod's address, or a made-up one, on its interface and sends
-//! from it reaches neither another pod nor a host outside the node; a pod that changes its
-//! MAC reaches nobody; an ARP request claiming another pod's address is neither answered
-//! nor learnt by the node. Each drop is counted per pod under its own reason, and shows in
-//! `inspect`, `metrics` and `trace`. The pod's own traffic, neighbour discovery (ARP, ND
-//! with link-local sources, DAD from `::`) and the prefixes the config lists pass;
-//! `sourceCheck: false` restores the behaviour before the check; CHECK fails when the
-//! allowed sources differ from the config and the pod's addresses, DEL removes them from
-//! the pins alone, and a failed or refused ADD leaves none.
+//! The source check (a pod cannot send with an address that is not its own): a pod that
+//! puts another pod's address, or a made-up one, on its interface and sends from it reaches
+//! neither another pod nor a host outside the node; a pod that changes its MAC reaches
+//! nobody; an ARP request claiming another pod's address is neither answered nor learnt by
+//! the node. Each drop is counted per pod under its own reason, and shows in `inspect`,
+//! `metrics` and `trace`. The pod's own traffic, neighbour discovery (ARP, ND with
+//! link-local sources, DAD from `::`) and the prefixes the config lists pass; `sourceCheck:
+//! false` restores the behaviour before the check; CHECK fails when the allowed sources
+//! differ from the config and the pod's addresses, DEL removes them from the pins alone,
+//! and a failed or refused ADD leaves none.
 //!
 //! Each test has a part that only the check makes true (a datagram that must not arrive, a
 //! counter that must move, a report field that must be there), next to positive controls,

@@ -1,16 +1,16 @@
-//! An upgrade (issue 17, "a node attached by the previous release keeps working"): the
-//! previous release's binary (`EBPF_CNI_PREVIOUS_BIN`, see `cargo xtask build-previous`)
-//! attaches pods to a node with every kind of state it pins — plain routing (the pods'
-//! programs as netlink filters, the default, and as TCX links), host ports, a bandwidth
-//! limit, masquerade, and the node-wide state they share (maps, programs, the
-//! device program on the uplink, the pods' gateway on `lo`, the socket programs) — then the
-//! binary is replaced by the current build (`EBPF_CNI_BIN`), which must CHECK those pods,
-//! keep their traffic flowing as configured (connections opened before the upgrade
-//! included), ADD a new pod beside them that works with the old ones, read the node with
-//! `inspect`, and DEL every pod, old and new, leaving nothing behind. A rollback too: the
-//! previous binary CHECKs and DELs pods the current one ADDed. The source check (issue
-//! 27) of the current build applies to its own pods only: the old pods, unchecked, keep
-//! sending as before until their next ADD.
+//! An upgrade (a node attached by the previous release keeps working): the previous
+//! release's binary (`EBPF_CNI_PREVIOUS_BIN`, see `cargo xtask build-previous`) attaches
+//! pods to a node with every kind of state it pins — plain routing (the pods' programs as
+//! netlink filters, the default, and as TCX links), host ports, a bandwidth limit,
+//! masquerade, and the node-wide state they share (maps, programs, the device program on
+//! the uplink, the pods' gateway on `lo`, the socket programs) — then the binary is
+//! replaced by the current build (`EBPF_CNI_BIN`), which must CHECK those pods, keep their
+//! traffic flowing as configured (connections opened before the upgrade included), ADD a
+//! new pod beside them that works with the old ones, read the node with `inspect`, and DEL
+//! every pod, old and new, leaving nothing behind. A rollback too: the previous binary
+//! CHECKs and DELs pods the current one ADDed. The source check of the current build
+//! applies to its own pods only: the old pods, unchecked, keep sending as before until
+//! their next ADD.
 //!
 //! What it catches, and how:
 //! - A pin renamed (a map, a program, a link, a directory of the layout): the current
@@ -395,9 +395,9 @@ fn a_node_attached_by_the_previous_release_keeps_working_after_the_upgrade() {
         "the masquerading pod's flows: {m}"
     );
 
-    // The source check (issue 27): the previous release's pods have no allow-list and run
-    // its programs, so they keep their behaviour until their next ADD; the current build's
-    // pods are checked from their ADD on.
+    // The source check: the previous release's pods have no allow-list and run its
+    // programs, so they keep their behaviour until their next ADD; the current build's pods
+    // are checked from their ADD on.
     for pod in [&a, &b, &c, &d, &g] {
         assert_eq!(
             inspected(&report, pod)["source_check"]["mode"],

@@ -1,5 +1,5 @@
-//! End to end with a real runtime (issue 7): a private containerd 1.6 runs a pod through
-//! its CRI API, as kubelet would, with ebpf-cni as its CNI network.
+//! End to end with a real runtime: a private containerd 1.6 runs a pod through its CRI API,
+//! as kubelet would, with ebpf-cni as its CNI network.
 //!
 //! The pod asks for hostPort 8080 → containerPort 80 and for 10 Mbit/s each way through
 //! the `kubernetes.io/{ingress,egress}-bandwidth` annotations; its container serves HTTP
