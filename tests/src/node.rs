@@ -151,16 +151,9 @@ impl Node {
         crate::plugin::run_plugin_by_hand(plugin, self.netns.name(), command, env, stdin.as_ref())
     }
 
-    /// Every file below the dataDir, relative to it, but the spare lease files
-    /// (`<network>/ebpf-cni/spare/<ip>`): released leases' files kept for the next
-    /// reservation, a cache of at most one file per address (it is named by the address),
-    /// which no attachment owns and a rollback may add to.
+    /// Every file below the dataDir, relative to it.
     pub fn data_dir_files(&self) -> Vec<PathBuf> {
-        fsutil::list_files(&self.data_dir)
-            .expect("listing dataDir")
-            .into_iter()
-            .filter(|f| !is_spare_lease(f))
-            .collect()
+        fsutil::list_files(&self.data_dir).expect("listing dataDir")
     }
 
     /// Every file below this node's pin root, relative to it.
@@ -257,12 +250,6 @@ impl Drop for Node {
         }
         // The namespace and the scratch directory go with their own Drop impls.
     }
-}
-
-/// A spare lease file of ebpf-cni's IPAM store (see [`Node::data_dir_files`]).
-pub fn is_spare_lease(path: &Path) -> bool {
-    path.parent()
-        .is_some_and(|dir| dir.ends_with("ebpf-cni/spare"))
 }
 
 /// The path component bpffs holds for a network, container id or interface name: bpffs

@@ -115,6 +115,23 @@ impl BootedNode {
         }
     }
 
+    /// DEL of a pod `add` gave `added`.
+    fn del(&self, pod: &Netns, added: &Added) {
+        let env = self.env(&added.container_id, pod.path());
+        self.p
+            .run(&self.node, CniCommand::Del, &env, self.conf.to_string())
+            .expect_success("DEL");
+    }
+
+    /// Every file in the network's IPAM directory, relative to it.
+    fn network_files(&self) -> Vec<String> {
+        fsutil::list_files(&self.node.data_dir().join(NETWORK))
+            .unwrap()
+            .iter()
+            .map(|f| f.to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// The addresses leased in the network (anyone's).
     fn leased(&self) -> BTreeSet<IpAddr> {
         self.node
@@ -279,6 +296,60 @@ fn concurrent_first_adds_of_a_boot_keep_their_leases() {
     let lines: Vec<&str> = added.iter().flat_map(|a| reclaimed(&a.stderr)).collect();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains(&dead.container_id), "{lines:?}");
+}
+
+/// What the reference host-local itself leaves in a network's directory once its last
+/// lease is gone: its lock and the round robin's position.
+const REFERENCE_FILES: [&str; 2] = ["last_reserved_ip.0", "lock"];
+
+/// After the network's last DEL its IPAM directory holds only what the reference
+/// host-local leaves there: no released lease file kept for later, no record of ours, no
+/// boot record. A reboot's reclaim of the last leases leaves the same once the next pod
+/// is DELed.
+#[test]
+fn the_networks_last_del_leaves_only_the_reference_host_locals_files() {
+    require_root();
+    let n = BootedNode::new("boot-1");
+    let pods: Vec<Netns> = (0..3).map(|_| n.node.new_pod().unwrap()).collect();
+    let added: Vec<Added> = pods.iter().map(|p| n.add(p, None)).collect();
+    assert!(
+        n.network_files()
+            .iter()
+            .any(|f| f == &format!("ebpf-cni/{}", added[0].ip)),
+        "a lease of ours has its record: {:?}",
+        n.network_files()
+    );
+    n.del(&pods[0], &added[0]);
+    assert!(
+        !n.network_files().iter().any(|f| f.contains(&added[0].ip.to_string())),
+        "the DELed pod's lease went whole: {:?}",
+        n.network_files()
+    );
+    for (pod, a) in pods.iter().zip(&added).skip(1) {
+        n.del(pod, a);
+    }
+    assert_eq!(n.network_files(), REFERENCE_FILES, "after the last DEL");
+    // A second DEL of a pod already gone changes nothing.
+    n.del(&pods[1], &added[1]);
+    assert_eq!(n.network_files(), REFERENCE_FILES, "after a repeated DEL");
+
+    // A reboot loses two pods without a DEL; the first ADD of the new boot reclaims their
+    // leases, and the DEL of that last pod leaves the reference's files again.
+    let lost: Vec<Netns> = (0..2).map(|_| n.node.new_pod().unwrap()).collect();
+    for pod in &lost {
+        n.add(pod, None);
+    }
+    for pod in lost {
+        pod.delete().unwrap();
+    }
+    n.wait_for_host_veths(0);
+    n.empty_pin_tree();
+    n.boot("boot-2");
+    let pod = n.node.new_pod().unwrap();
+    let last = n.add(&pod, None);
+    assert_eq!(reclaimed(&last.stderr).len(), 2, "{}", last.stderr);
+    n.del(&pod, &last);
+    assert_eq!(n.network_files(), REFERENCE_FILES, "after the new boot's last DEL");
 }
 
 // ---------------------------------------------------------------------------------------

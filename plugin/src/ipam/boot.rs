@@ -92,6 +92,7 @@ pub fn reclaim(
     let (_, stale) = store.own_leases()?;
     store.remove_records(&stale);
     store.record_boot(boot)?;
+    store.tidy();
     Ok(released)
 }
 
@@ -148,18 +149,13 @@ mod tests {
         }
     }
 
+    /// The names in ebpf-cni's directory of the network; none when it is gone.
     fn records(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir.join(NET).join("ebpf-cni"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n != "spare")
-            .collect();
-        v.sort();
-        v
+        names(&dir.join(NET).join("ebpf-cni"))
     }
 
-    fn spares(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir.join(NET).join("ebpf-cni/spare"))
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
             .map(|d| {
                 d.map(|e| e.unwrap().file_name().into_string().unwrap())
                     .collect()
@@ -167,52 +163,6 @@ mod tests {
             .unwrap_or_default();
         v.sort();
         v
-    }
-
-    #[test]
-    fn a_released_lease_file_serves_the_next_reservation() {
-        let tmp = tempfile::tempdir().unwrap();
-        let c = conf(tmp.path());
-        let dir = tmp.path().join(NET);
-        let a = alloc(&c, "a");
-        let a_inode = inode(&dir.join(a.to_string()));
-        release(&c, NET, "a", "eth0").unwrap();
-        // Released: the lease and its record are gone; the file is a spare naming nobody.
-        assert!(!dir.join(a.to_string()).exists());
-        assert_eq!(records(tmp.path()), ["boot_id"]);
-        assert_eq!(spares(tmp.path()), [a.to_string()]);
-        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
-        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
-        assert_eq!(inode(&spare), a_inode);
-
-        // The next reservation (another address: round robin) takes it, with its owner's
-        // content exactly (shorter than before: nothing of the old one is left).
-        let b = alloc(&c, "b");
-        assert_ne!(a, b);
-        let lease = dir.join(b.to_string());
-        assert_eq!(inode(&lease), a_inode);
-        assert_eq!(fs::read_to_string(&lease).unwrap(), "b\r\neth0");
-        assert_eq!(fs::metadata(&lease).unwrap().nlink(), 2);
-        assert_eq!(
-            inode(&dir.join("ebpf-cni").join(b.to_string())),
-            a_inode,
-            "the spare's name became the record"
-        );
-        assert!(spares(tmp.path()).is_empty());
-
-        // A spare still linked elsewhere (a crash between linking it in and renaming it)
-        // is no spare: its name goes, the file it shares stays as it is.
-        release(&c, NET, "b", "eth0").unwrap();
-        let other = dir.join("10.9.0.12");
-        fs::write(&other, "someone\r\neth0").unwrap();
-        let spare_b = dir.join("ebpf-cni/spare").join(b.to_string());
-        fs::remove_file(&spare_b).unwrap();
-        fs::hard_link(&other, &spare_b).unwrap();
-        let d = alloc(&c, "d");
-        assert_ne!(inode(&dir.join(d.to_string())), inode(&other));
-        assert_eq!(fs::read_to_string(&other).unwrap(), "someone\r\neth0");
-        assert_eq!(fs::metadata(&other).unwrap().nlink(), 1);
-        assert!(spares(tmp.path()).is_empty());
     }
 
     #[test]
@@ -235,11 +185,88 @@ mod tests {
             records(tmp.path()),
             [a.to_string(), b.to_string(), "boot_id".into()]
         );
-        // DEL and GC take the record with the lease.
+        // DEL and GC take the record with the lease; the boot's record goes with the last.
         release(&c, NET, "a", "eth0").unwrap();
+        assert_eq!(records(tmp.path()), [b.to_string(), "boot_id".into()]);
         gc(&c, NET, &[]).unwrap();
-        assert_eq!(records(tmp.path()), ["boot_id"]);
+        assert!(!dir.join("ebpf-cni").exists());
         assert!(!needs_check(&c, NET, &boot).unwrap());
+    }
+
+    /// What the reference host-local itself leaves in a network directory.
+    const REFERENCE_FILES: [&str; 2] = ["last_reserved_ip.0", "lock"];
+
+    #[test]
+    fn the_last_release_leaves_only_the_references_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        alloc(&c, "b");
+        release(&c, NET, "a", "eth0").unwrap();
+        // A released lease is unlinked: no file is kept for a later reservation.
+        assert!(!dir.join(a.to_string()).exists());
+        assert_eq!(fs::read_dir(dir.join("ebpf-cni")).unwrap().count(), 2);
+        release(&c, NET, "b", "eth0").unwrap();
+        assert_eq!(names(&dir), REFERENCE_FILES);
+        // A DEL of nothing changes nothing.
+        release(&c, NET, "b", "eth0").unwrap();
+        assert_eq!(names(&dir), REFERENCE_FILES);
+    }
+
+    #[test]
+    fn released_lease_files_an_earlier_build_kept_go_at_the_next_release() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        // An earlier build kept released lease files in `ebpf-cni/spare/`, each marked
+        // to name no owner, and one still linked as a lease after a crash.
+        let spares = dir.join("ebpf-cni/spare");
+        fs::create_dir(&spares).unwrap();
+        fs::write(spares.join("10.9.0.9"), "#\r\neth0").unwrap();
+        fs::hard_link(dir.join(a.to_string()), spares.join(a.to_string())).unwrap();
+        let b = alloc(&c, "b");
+        release(&c, NET, "a", "eth0").unwrap();
+        assert!(!dir.join(a.to_string()).exists(), "the lease is released");
+        assert_eq!(records(tmp.path()), [b.to_string(), "boot_id".into()]);
+        release(&c, NET, "b", "eth0").unwrap();
+        assert_eq!(names(&dir), REFERENCE_FILES);
+    }
+
+    #[test]
+    fn records_a_rollbacks_del_left_go_at_the_next_release() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = conf(tmp.path());
+        let dir = tmp.path().join(NET);
+        let a = alloc(&c, "a");
+        let b = alloc(&c, "b");
+        let live = alloc(&c, "live");
+        // A build that knows no records DELs `a` and `b`: their lease files go, the
+        // records (links to them) stay.
+        fs::remove_file(dir.join(a.to_string())).unwrap();
+        fs::remove_file(dir.join(b.to_string())).unwrap();
+        assert_eq!(
+            records(tmp.path()),
+            [a.to_string(), b.to_string(), live.to_string(), "boot_id".into()]
+        );
+        // The next release of this build drops them and keeps the live one's.
+        let other = alloc(&c, "other");
+        release(&c, NET, "other", "eth0").unwrap();
+        assert!(!dir.join(other.to_string()).exists());
+        assert_eq!(records(tmp.path()), [live.to_string(), "boot_id".into()]);
+        // A record file of an earlier build describing a live lease is kept too.
+        let older = "10.9.0.12".parse::<IpAddr>().unwrap();
+        fs::write(dir.join(older.to_string()), "older\r\neth0").unwrap();
+        fs::write(dir.join("ebpf-cni").join(older.to_string()), "older/eth0").unwrap();
+        gc(&c, NET, &[("live".into(), "eth0".into()), ("older".into(), "eth0".into())]).unwrap();
+        assert_eq!(
+            records(tmp.path()),
+            [older.to_string(), live.to_string(), "boot_id".into()]
+        );
+        release(&c, NET, "live", "eth0").unwrap();
+        release(&c, NET, "older", "eth0").unwrap();
+        assert_eq!(names(&dir), REFERENCE_FILES);
     }
 
     fn inode(p: &Path) -> u64 {
@@ -282,45 +309,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(released, [own(ours, "again"), own(old, "older")]);
-        assert_eq!(records(tmp.path()), ["boot_id"]);
-    }
-
-    #[test]
-    fn a_taken_address_leaves_the_spare_as_it_was() {
-        let tmp = tempfile::tempdir().unwrap();
-        let c = conf(tmp.path());
-        let dir = tmp.path().join(NET);
-        let a = alloc(&c, "a");
-        let b = alloc(&c, "b");
-        release(&c, NET, "a", "eth0").unwrap();
-        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
-        // A request for `b`'s address is refused; the spare still names no owner (the
-        // reference searches the spares too) and `b`'s lease is untouched.
-        let refused = alloc_requested(&c, "c", &[b]);
-        assert!(refused.is_err(), "{refused:?}");
-        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
-        assert_eq!(
-            fs::read_to_string(dir.join(b.to_string())).unwrap(),
-            "b\r\neth0"
-        );
-        assert_eq!(spares(tmp.path()), [a.to_string()]);
-    }
-
-    #[test]
-    fn a_lease_still_linked_as_its_spare_is_released_and_its_spare_marked() {
-        let tmp = tempfile::tempdir().unwrap();
-        let c = conf(tmp.path());
-        let dir = tmp.path().join(NET);
-        let a = alloc(&c, "a");
-        // A crash between linking a spare in as the lease and renaming it to the record:
-        // the lease's file has its spare's name too.
-        let spare = dir.join("ebpf-cni/spare").join(a.to_string());
-        fs::create_dir_all(spare.parent().unwrap()).unwrap();
-        fs::hard_link(dir.join(a.to_string()), &spare).unwrap();
-        release(&c, NET, "a", "eth0").unwrap();
-        assert!(!dir.join(a.to_string()).exists(), "the lease is released");
-        assert_eq!(fs::read_to_string(&spare).unwrap(), "#\r\neth0");
-        assert_eq!(records(tmp.path()), ["boot_id"]);
+        assert!(records(tmp.path()).is_empty(), "{:?}", records(tmp.path()));
     }
 
     #[test]

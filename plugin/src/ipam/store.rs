@@ -11,39 +11,38 @@
 //! Beside them, in `ebpf-cni/`, what only ebpf-cni writes. The reference looks for a
 //! container's leases in the whole directory, subdirectories included, matching a file's
 //! content against `<containerID>\r\n<ifname>` or `<containerID>`: a record is the lease
-//! file itself (it finds the address twice, and its DEL removes both names); a spare and
-//! the boot id never match.
+//! file itself (it finds the address twice, and its DEL removes both names); the boot id
+//! never matches.
 //! - `ebpf-cni/<ip>`: a hard link to the lease file of each lease ebpf-cni reserves
 //!   (holding what it holds), removed with it: what tells ebpf-cni's leases from those of
 //!   another plugin sharing the directory (a lease counts as ours only while its owner is
 //!   the record's: a lease released and reserved again is a new file, the record keeps the
 //!   old one). A link is a name, not a file: ext4 allocates no inode for it. Where the
 //!   filesystem refuses hard links, and as earlier builds wrote it, the record is a file
-//!   of its own holding `<containerID>/<ifname>`; both are read. A build that only knows
-//!   the file (the upgrade test's previous release, 167c4dc, among them) takes a link for
-//!   a record that describes no lease and removes it, the lease staying: rolled back to
-//!   such a build, a node's reboot leaves those pods' addresses to the runtime's DEL or GC;
-//! - `ebpf-cni/spare/<ip>`: lease files released, kept for their inodes. A release renames
-//!   the lease file there (the lease is gone as at once as an unlink would make it) and
-//!   marks it (`#` for its first byte: it names no owner). A reservation links a spare in
-//!   as the lease (failing as `O_EXCL` would where the address is taken), writes its owner
-//!   into it and renames the spare to the lease's record. On ext4 a new file's inode costs
-//!   an allocator scan over the recently deleted ones, which busy pod churn makes long (a
-//!   tenth of an ADD's CPU time); a name costs nothing of the kind. A spare still linked
-//!   elsewhere (a crash between two of these steps) is no spare: its name is dropped when
-//!   found. At most one spare per address; without one, a reservation creates its file;
+//!   of its own holding `<containerID>/<ifname>`; both are read. A build that knows no
+//!   records (the upgrade test's previous release, 167c4dc) DELs the lease and leaves its
+//!   record, which the next release of this build drops (see [`LockedStore::tidy`]);
 //! - `ebpf-cni/boot_id`: the boot (`/proc/sys/kernel/random/boot_id`) the records were
 //!   last checked in; the directory is created with it, so a record never exists without
 //!   a boot to compare (see `boot`).
+//!
+//! Every release tidies `ebpf-cni/` ([`LockedStore::tidy`]): it drops records that no
+//! longer describe a lease (a rollback's DEL, by a build that knows no records, leaves
+//! them), the `spare/` directory of released lease files that earlier builds kept, and,
+//! once no record is left, the boot's record and the directory itself. A network none of
+//! whose leases is ebpf-cni's holds only what the reference writes: `lock` and
+//! `last_reserved_ip.<N>`.
 //!
 //! A [`LockedStore`] only exists while that flock is held, so every read and write goes
 //! through it; an allocation or release holds it from first read to last write, which is
 //! what keeps two processes (ours or the reference's) from reserving one address twice.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -63,7 +62,8 @@ pub const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
 /// ebpf-cni's own records (see the module docs).
 const OWN_DIR: &str = "ebpf-cni";
 const BOOT_ID_FILE: &str = "boot_id";
-/// Released lease files kept for their inodes (see the module docs), in [`OWN_DIR`].
+/// Where earlier builds kept released lease files for their inodes, in [`OWN_DIR`]; only
+/// removed now (see [`LockedStore::tidy`]).
 const SPARE_DIR: &str = "spare";
 const LINE_BREAK: &str = "\r\n";
 /// The reference's modes; the lock file's is ours (the reference's 0750 has no meaning).
@@ -240,14 +240,8 @@ impl LockedStore {
         set_index: usize,
     ) -> Result<bool, IpamError> {
         let path = self.dir.join(ip.to_string());
-        match self.reserve_spare(ip, &path, container_id, ifname)? {
-            Spare::Reserved => {}
-            Spare::Taken => return Ok(false),
-            Spare::None => {
-                if !self.reserve_new(ip, &path, container_id, ifname)? {
-                    return Ok(false);
-                }
-            }
+        if !self.reserve_new(ip, &path, container_id, ifname)? {
+            return Ok(false);
         }
         let last = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set_index}"));
         if let Err(source) = overwrite_file(&last, ip.to_string().as_bytes()) {
@@ -300,98 +294,6 @@ impl LockedStore {
             return Err(e);
         }
         Ok(true)
-    }
-
-    /// [`Self::reserve`] with a spare lease file (see the module docs): linked in as the
-    /// lease at `path`, its owner written into it, then renamed to the record. A taken
-    /// address leaves the spare as it was, marked.
-    fn reserve_spare(
-        &self,
-        ip: IpAddr,
-        path: &Path,
-        container_id: &str,
-        ifname: &str,
-    ) -> Result<Spare, IpamError> {
-        // A taken address costs what the exclusive create cost: one system call.
-        if fs::symlink_metadata(path).is_ok() {
-            return Ok(Spare::Taken);
-        }
-        let Some(spare) = self.first_spare() else {
-            return Ok(Spare::None);
-        };
-        match fs::hard_link(&spare, path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(Spare::Taken),
-            Err(e) => {
-                log::debug!("no lease from the spare {}: {e}", spare.display());
-                return Ok(Spare::None);
-            }
-        }
-        // The spare's file is the lease now, and nothing else's: a spare linked elsewhere
-        // too (a crash between two of these steps) is no spare, and both new names go.
-        let content = key(container_id, ifname);
-        let written = OpenOptions::new().write(true).open(path).and_then(|mut f| {
-            if f.metadata()?.nlink() != 2 {
-                return Err(std::io::Error::other("the spare is linked elsewhere"));
-            }
-            f.write_all(content.as_bytes())?;
-            f.set_len(content.len() as u64)
-        });
-        if let Err(e) = written {
-            log::debug!("no lease from the spare {}: {e}", spare.display());
-            let _ = fs::remove_file(path);
-            let _ = fs::remove_file(&spare);
-            return Ok(Spare::None);
-        }
-        let record = own_dir(&self.dir).join(ip.to_string());
-        if fs::rename(&spare, &record).is_err() {
-            // The spare's name stays linked to the lease (it is dropped as no spare when
-            // found); the record is linked as a new lease's is.
-            if let Err(e) = self.write_record(ip, container_id, ifname) {
-                remove_quietly(path);
-                return Err(e);
-            }
-        }
-        Ok(Spare::Reserved)
-    }
-
-    /// A spare lease file's path, `None` when there is none.
-    fn first_spare(&self) -> Option<PathBuf> {
-        let dir = own_dir(&self.dir).join(SPARE_DIR);
-        fs::read_dir(dir).ok()?.flatten().next().map(|e| e.path())
-    }
-
-    /// Removes the lease file at `path` (of address `ip`): into the spares when it can,
-    /// else unlinked. `NotFound` when there was none.
-    fn retire_lease(&self, ip: IpAddr, path: &Path) -> std::io::Result<()> {
-        let spares = own_dir(&self.dir).join(SPARE_DIR);
-        let spare = spares.join(ip.to_string());
-        let renamed = match fs::rename(path, &spare) {
-            // No spare directory yet: the first release makes it, in ebpf-cni's directory
-            // only where that exists (it is made with the boot id: see `write_record`).
-            Err(e) if e.kind() == ErrorKind::NotFound && path.exists() => fs::DirBuilder::new()
-                .mode(DIR_MODE)
-                .create(&spares)
-                .and_then(|()| fs::rename(path, &spare)),
-            r => r,
-        };
-        match renamed {
-            Ok(()) => {
-                // Renaming a name onto another of the same file does nothing: a lease
-                // linked as its spare too (a crash mid-reservation) is still there.
-                if fs::symlink_metadata(path).is_ok() {
-                    fs::remove_file(path)?;
-                }
-                // The reference looks for leases in the whole directory, spares included:
-                // a spare must name no owner. If it cannot be marked, it goes.
-                if mark_spare(&spare).is_err() {
-                    let _ = fs::remove_file(&spare);
-                }
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound && !path.exists() => Err(e),
-            Err(_) => fs::remove_file(path),
-        }
     }
 
     /// The last address reserved from set `set_index`; `None` when unknown. A broken file
@@ -496,7 +398,7 @@ impl LockedStore {
         let mut removed = Vec::new();
         let mut first_err = None;
         for lease in leases {
-            match self.retire_lease(lease.ip, &lease.path) {
+            match fs::remove_file(&lease.path) {
                 Ok(()) => {
                     self.remove_record(lease.ip);
                     removed.push(lease.ip);
@@ -511,13 +413,14 @@ impl LockedStore {
                 }
             }
         }
+        self.tidy();
         first_err.map_or(Ok(removed), Err)
     }
 
     /// Removes the lease of `ip` if any (undo of [`Self::reserve`]).
     pub fn release_ip(&self, ip: IpAddr) -> Result<(), IpamError> {
         let path = self.dir.join(ip.to_string());
-        match self.retire_lease(ip, &path) {
+        match fs::remove_file(&path) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(IpamError::Io {
                 op: "remove",
                 path,
@@ -525,6 +428,7 @@ impl LockedStore {
             }),
             _ => {
                 self.remove_record(ip);
+                self.tidy();
                 Ok(())
             }
         }
@@ -634,26 +538,103 @@ impl LockedStore {
             else {
                 continue;
             };
-            let owner = fs::read_to_string(entry.path()).unwrap_or_default();
-            let Some((container_id, ifname)) = record_owner(&owner) else {
-                stale.push(ip);
-                continue;
-            };
-            match fs::read(self.dir.join(ip.to_string())) {
-                Ok(lease)
-                    if String::from_utf8_lossy(&lease).trim() == key(container_id, ifname) =>
-                {
-                    ours.push(OwnLease {
-                        ip: canonical_ip(ip),
-                        container_id: container_id.to_owned(),
-                        ifname: ifname.to_owned(),
-                    })
-                }
-                _ => stale.push(ip),
+            match self.lease_of_record(ip, &entry.path()) {
+                Some(lease) => ours.push(lease),
+                None => stale.push(ip),
             }
         }
         ours.sort_by_key(|l| sort_key(l.ip));
         Ok((ours, stale))
+    }
+
+    /// The lease the record at `record` describes: `ip`'s lease file names the owner the
+    /// record names. `None` when the lease is gone or is another owner's.
+    fn lease_of_record(&self, ip: IpAddr, record: &Path) -> Option<OwnLease> {
+        let owner = fs::read_to_string(record).ok()?;
+        let (container_id, ifname) = record_owner(&owner)?;
+        let lease = fs::read(self.dir.join(ip.to_string())).ok()?;
+        (String::from_utf8_lossy(&lease).trim() == key(container_id, ifname)).then(|| OwnLease {
+            ip: canonical_ip(ip),
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+        })
+    }
+
+    /// Tidies ebpf-cni's directory after a release (see the module docs): drops the records
+    /// that describe no lease and the `spare/` directory earlier builds kept, then, when no
+    /// record is left, the boot's record and the directory. Runs under the store's lock, so
+    /// no reservation runs meanwhile. A failure is logged, never fatal: the next release
+    /// tidies what stayed.
+    pub fn tidy(&self) {
+        let own = own_dir(&self.dir);
+        let entries = match fs::read_dir(&own) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return,
+            Err(e) => return log::warn!("not tidying {}: {e}", own.display()),
+        };
+        // A record linked to its lease shares the lease's inode: the two listings tell
+        // those apart without opening a file; only a record file of its own is read.
+        let lease_inodes = self.lease_inodes();
+        let mut kept = 0usize;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let path = entry.path();
+            let gone = if name == BOOT_ID_FILE {
+                continue;
+            } else if name == SPARE_DIR {
+                fs::remove_dir_all(&path)
+            } else if let Some(ip) = name.to_str().and_then(|n| n.parse::<IpAddr>().ok()) {
+                if lease_inodes.get(&name) == Some(&entry.ino())
+                    || self.lease_of_record(ip, &path).is_some()
+                {
+                    kept += 1;
+                    continue;
+                }
+                fs::remove_file(&path)
+            } else if name
+                .to_str()
+                .is_some_and(|n| n.starts_with(&format!("{BOOT_ID_FILE}.tmp-")))
+            {
+                // A boot record half written by a run that died.
+                fs::remove_file(&path)
+            } else {
+                kept += 1;
+                continue;
+            };
+            match gone {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    log::warn!("failed to remove {}: {e}", path.display());
+                    kept += 1;
+                }
+                _ => {}
+            }
+        }
+        if kept > 0 {
+            return;
+        }
+        for gone in [
+            fs::remove_file(own.join(BOOT_ID_FILE)),
+            fs::remove_dir(&own),
+        ] {
+            match gone {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    return log::warn!("failed to remove {}: {e}", own.display());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The inode of each file named by an address in the network directory, by name.
+    fn lease_inodes(&self) -> HashMap<OsString, u64> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return HashMap::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.parse::<IpAddr>().is_ok()))
+            .map(|e| (e.file_name(), e.ino()))
+            .collect()
     }
 
     /// Removes records that describe no lease (see [`Self::own_leases`]).
@@ -678,7 +659,7 @@ impl LockedStore {
         if !lease_names || !record_names {
             return Ok(false);
         }
-        match self.retire_lease(lease.ip, &path) {
+        match fs::remove_file(&path) {
             Ok(()) => {
                 self.remove_record(lease.ip);
                 Ok(true)
@@ -691,27 +672,6 @@ impl LockedStore {
             }),
         }
     }
-}
-
-/// Makes a spare's content name no owner: its first byte becomes `#`, which begins no
-/// container ID (the spec allows letters, digits, `_`, `-` and `.`), so the reference's
-/// search of the directory for `<id>\r\n<ifname>` or `<id>` never matches it.
-fn mark_spare(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    OpenOptions::new()
-        .write(true)
-        .open(path)?
-        .write_all_at(b"#", 0)
-}
-
-/// What [`LockedStore::reserve_spare`] did.
-enum Spare {
-    /// The lease and its record are in place.
-    Reserved,
-    /// The address has a lease already.
-    Taken,
-    /// No spare could serve: the lease is to be created.
-    None,
 }
 
 /// IPv4 before IPv6, then numeric.
