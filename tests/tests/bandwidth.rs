@@ -841,7 +841,7 @@ fn del_removes_the_pacing_entry_by_key_and_asks_for_one_more() {
         "control: both pods are paced"
     );
     let del = |p: &PluginUnderTest, pod: &Pod| {
-        p.run(&node, CniCommand::Del, &pod.env(&p), conf.to_string())
+        p.run(&node, CniCommand::Del, &pod.env(p), conf.to_string())
             .expect_success("DEL")
     };
     del(&t, &a);

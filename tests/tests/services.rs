@@ -211,12 +211,12 @@ fn services_of(v4: bool, b: &Pod, ext: &ExternalHost, local: bool) -> Vec<Servic
     let (vip, dns, out, empty) = Cluster::vips(v4);
     let ext_addr = ext.addr_like(vip);
     let mut web =
-        Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(addr(&b, v4), 8080));
+        Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(addr(b, v4), 8080));
     web.node_port = Some(NODE_PORT);
     web.local = local;
     vec![
         web,
-        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(addr(&b, v4), 5353)),
+        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(addr(b, v4), 5353)),
         Service::new("default/outside:http", out, 81, Proto::Tcp).endpoint(sa(ext_addr, 9090)),
         Service::new("default/empty:http", empty, 82, Proto::Tcp),
     ]
@@ -341,17 +341,17 @@ impl Cluster {
             let (web, dns, out, empty) = Self::vips(v4);
             let (a, b) = (&self.a, &self.b);
             let fam = if v4 { "IPv4" } else { "IPv6" };
-            let peer = tcp_via(&a.netns, sa(web, 80), &b.netns, sa(addr(&b, v4), 8080))
+            let peer = tcp_via(&a.netns, sa(web, 80), &b.netns, sa(addr(b, v4), 8080))
                 .unwrap_or_else(|e| {
                     panic!("{fam} pod A -> ClusterIP:80/tcp, endpoint pod B: {e:#}")
                 });
             if !masq {
-                assert_eq!(peer.ip(), addr(&a, v4), "{fam}: the endpoint sees pod A");
+                assert_eq!(peer.ip(), addr(a, v4), "{fam}: the endpoint sees pod A");
             }
-            udp_via(&a.netns, sa(dns, 53), &b.netns, sa(addr(&b, v4), 5353)).unwrap_or_else(|e| {
+            udp_via(&a.netns, sa(dns, 53), &b.netns, sa(addr(b, v4), 5353)).unwrap_or_else(|e| {
                 panic!("{fam} pod A -> ClusterIP:53/udp, endpoint pod B: {e:#}")
             });
-            tcp_via(&b.netns, sa(web, 80), &b.netns, sa(addr(&b, v4), 8080))
+            tcp_via(&b.netns, sa(web, 80), &b.netns, sa(addr(b, v4), 8080))
                 .unwrap_or_else(|e| panic!("{fam} pod B -> its own ClusterIP (hairpin): {e:#}"));
             let ext_addr = self.ext.addr_like(web);
             let peer = tcp_via(&a.netns, sa(out, 81), self.ext.netns(), sa(ext_addr, 9090))
@@ -363,7 +363,7 @@ impl Cluster {
             } else {
                 self.ext.node_v6.into()
             };
-            let want = if masq { node_addr } else { addr(&a, v4) };
+            let want = if masq { node_addr } else { addr(a, v4) };
             assert_eq!(
                 peer.ip(),
                 want,
@@ -373,7 +373,7 @@ impl Cluster {
                 self.node.netns(),
                 sa(web, 80),
                 &b.netns,
-                sa(addr(&b, v4), 8080),
+                sa(addr(b, v4), 8080),
             )
             .unwrap_or_else(|e| panic!("{fam} node -> ClusterIP:80/tcp: {e:#}"));
             // No endpoints: kube-proxy's REJECT reaches the pod at once.
@@ -539,7 +539,7 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
             IpAddr::V6(VIP6_DNS)
         };
         vec![Service::new("kube-system/dns:dns", vip, 53, Proto::Udp)
-            .endpoint(sa(addr(&ep, v4), 5353))]
+            .endpoint(sa(addr(ep, v4), 5353))]
     };
     let write = |ep: &Pod| {
         for v4 in [true, false] {
@@ -576,7 +576,7 @@ fn a_dns_service_keeps_answering_after_its_endpoint_is_replaced() {
             .unwrap();
         let ask = |endpoint: &Pod| {
             let server = bind_in(&endpoint.netns, || {
-                UdpSocket::bind(sa(addr(&endpoint, v4), 5353))
+                UdpSocket::bind(sa(addr(endpoint, v4), 5353))
             });
             server
                 .set_read_timeout(Some(Duration::from_secs(3)))
@@ -1103,7 +1103,7 @@ fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
         "{s}"
     );
     let (a, b) = (&adds[0].0, &adds[1].0);
-    tcp_echo(&a.netns, &b.netns, addr(&b, true), 0).unwrap();
+    tcp_echo(&a.netns, &b.netns, addr(b, true), 0).unwrap();
 }
 
 /// A client that reuses its port: pod A reaches the Service (pod B the endpoint) from a
