@@ -23,11 +23,6 @@ mod firewall;
 mod gateway;
 mod gc;
 mod install;
-#[allow(
-    dead_code,
-    unused_imports,
-    reason = "ipam/ is being reworked: its unused re-exports and `RangeSet::overlaps` go with that change"
-)]
 mod ipam;
 mod logging;
 mod metrics;

@@ -13,7 +13,7 @@ use std::io::ErrorKind;
 use super::allocator::open_existing;
 use super::config::HostLocalConfig;
 use super::error::IpamError;
-pub use super::store::{current_boot as current, BOOT_ID_FILE_ENV};
+pub use super::store::current_boot as current;
 use super::store::{network_dir, own_dir, recorded_boot, OwnLease};
 
 /// Whether this network's records were last checked in another boot than `current` (without the lock:

@@ -27,10 +27,9 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 pub use allocator::{allocate, gc, holders, release, reserved, usage, SetUsage};
-pub use config::{HostLocalConfig, DEFAULT_DATA_DIR, DEFAULT_LOCK_TIMEOUT};
-pub use dns::{parse_resolv_conf, IpamDns};
+pub use config::HostLocalConfig;
+pub use dns::IpamDns;
 pub use error::IpamError;
-pub use range::{Range, RangeSet};
 pub use store::OwnLease;
 
 /// One attachment asking for addresses.

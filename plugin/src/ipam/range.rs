@@ -76,12 +76,6 @@ impl RangeSet {
         self.ranges.iter().any(|r| r.gateway == ip)
     }
 
-    pub fn overlaps(&self, other: &RangeSet) -> bool {
-        self.ranges
-            .iter()
-            .any(|a| other.ranges.iter().any(|b| a.overlaps(b)))
-    }
-
     /// Walks the set once, starting right after `last_reserved` when it lies in the set
     /// (else at the first range's start), skipping every gateway of the set.
     pub fn iter_from(&self, last_reserved: Option<IpAddr>) -> RangeIter<'_> {
