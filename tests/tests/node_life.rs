@@ -1,5 +1,5 @@
-//! A node's life after ADD (issue 24): what happens to a node's pods, leases and host
-//! ports when nothing the runtime does is the textbook sequence.
+//! A node's life after ADD: what happens to a node's pods, leases and host ports when
+//! nothing the runtime does is the textbook sequence.
 //!
 //! - A hard reboot: the runtime never DELs the pods it lost. The first ADD of the new boot
 //!   reclaims the network's leases whose attachment is gone, and only ebpf-cni's (the boot
@@ -176,11 +176,11 @@ fn reclaimed(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Issue 24, item 2: after a (simulated) reboot, the first ADD reclaims this network's leases
-/// of pods that are gone (no attachment: no host veth, no pins), logging each; it keeps the
-/// lease of a pod still attached (its veth is there) and another plugin's lease in the same
-/// directory (the reference host-local's: no record of ours). Later ADDs of that boot
-/// reclaim nothing.
+/// After a (simulated) reboot, the first ADD reclaims this network's leases of pods that
+/// are gone (no attachment: no host veth, no pins), logging each; it keeps the lease of a
+/// pod still attached (its veth is there) and another plugin's lease in the same directory
+/// (the reference host-local's: no record of ours). Later ADDs of that boot reclaim
+/// nothing.
 #[test]
 fn the_first_add_after_a_reboot_reclaims_only_our_dead_pods_leases() {
     require_root();
@@ -612,13 +612,13 @@ fn conntrack_udp_to(ns: &Netns, port: u16) -> Vec<String> {
         .collect()
 }
 
-/// Issue 24, item 4 (plugins#123, #1190, kubernetes#58336): a client outside the node keeps
-/// sending to a UDP host port from one source port while the pod behind it is deleted;
-/// the datagrams of the gap meet the node's stack, where conntrack (on here) records the
-/// flow, as it does on the reference's nodes, whose stale entry then blackholes the port.
-/// Here (a) a new pod given the port answers the very next datagram sent after its ADD
-/// returned, and (b) after that pod's DEL, a process of the node that binds the port
-/// answers the very next datagram sent after its bind, IPv4 and IPv6 alike.
+/// A stale flow of a deleted pod (plugins#123, #1190, kubernetes#58336): a client outside
+/// the node keeps sending to a UDP host port from one source port while the pod behind it
+/// is deleted; the datagrams of the gap meet the node's stack, where conntrack (on here)
+/// records the flow, as it does on the reference's nodes, whose stale entry then blackholes
+/// the port. Here (a) a new pod given the port answers the very next datagram sent after
+/// its ADD returned, and (b) after that pod's DEL, a process of the node that binds the
+/// port answers the very next datagram sent after its bind, IPv4 and IPv6 alike.
 #[test]
 fn a_udp_host_port_goes_to_its_next_owner_with_the_next_datagram() {
     require_root();
@@ -983,8 +983,9 @@ fn with_mappings(conf: &Value, mappings: &Value) -> String {
     c.to_string()
 }
 
-/// Issue 24, item 5 (cilium#24818): a wildcard host port 5356 and a node that already serves
-/// `127.0.0.1:5356` and `[::1]:5356` itself (as a local DNS resolver would 53).
+/// A host port the node itself serves on loopback (cilium#24818): a wildcard host port 5356
+/// and a node that already serves `127.0.0.1:5356` and `[::1]:5356` itself (as a local DNS
+/// resolver would 53).
 ///
 /// By default the mapping takes loopback, as the reference portmap does: the node's own
 /// connections to `127.0.0.1:5356` and `[::1]:5356` reach the pod, and ADD warns, naming
@@ -1266,7 +1267,7 @@ fn uplink_serves_the_dataplane(uplink: ExternalHostBuilder) {
     }
 }
 
-/// Issue 24, item 6: the node's uplink is an 802.3ad bond (the external host bonds too).
+/// An uplink that is not a plain link: an 802.3ad bond (the external host bonds too).
 #[test]
 fn a_bond_uplink_carries_pods_masquerade_and_host_ports() {
     if kernel_makes(&["bond"]) {
@@ -1274,9 +1275,9 @@ fn a_bond_uplink_carries_pods_masquerade_and_host_ports() {
     }
 }
 
-/// Issue 24, item 6: the node's addresses are on VLAN 100 of its link (so are the host's),
-/// named as iproute2 and ifupdown name it, `<link>.<id>`: bpffs refuses dotted names, and
-/// the device's pins must not.
+/// An uplink that is not a plain link: the node's addresses are on VLAN 100 of its link (so
+/// are the host's), named as iproute2 and ifupdown name it, `<link>.<id>`: bpffs refuses
+/// dotted names, and the device's pins must not.
 #[test]
 fn a_vlan_uplink_carries_pods_masquerade_and_host_ports() {
     if kernel_makes(&["vlan"]) {
@@ -1292,7 +1293,7 @@ fn a_dotted_uplink_name_carries_pods_masquerade_and_host_ports() {
     uplink_serves_the_dataplane(ExternalHost::builder("eth0.100", 55));
 }
 
-/// Issue 24, item 6: VLAN 100 on an 802.3ad bond, on both ends.
+/// An uplink that is not a plain link: VLAN 100 on an 802.3ad bond, on both ends.
 #[test]
 fn a_vlan_on_a_bond_uplink_carries_pods_masquerade_and_host_ports() {
     if kernel_makes(&["bond", "vlan"]) {
@@ -1300,8 +1301,8 @@ fn a_vlan_on_a_bond_uplink_carries_pods_masquerade_and_host_ports() {
     }
 }
 
-/// Issue 24, item 6: the node's addresses are on a bridge whose port is its link (as on
-/// nodes that also bridge virtual machines); runs on every kernel.
+/// An uplink that is not a plain link: the node's addresses are on a bridge whose port is
+/// its link (as on nodes that also bridge virtual machines); runs on every kernel.
 #[test]
 fn a_bridge_uplink_carries_pods_masquerade_and_host_ports() {
     uplink_serves_the_dataplane(ExternalHost::builder("up0", 54).bridge());
