@@ -264,6 +264,16 @@ fn owner_pid(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
+/// A container id unique across threads and processes, shaped like containerd's (64 hex).
+pub fn unique_container_id() -> String {
+    let (pid, n) = unique_parts();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{pid:016x}{n:016x}{:032x}", nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::owner_pid;

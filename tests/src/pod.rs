@@ -40,7 +40,7 @@ impl Pod {
     ) -> Result<Self, ListError> {
         let netns = node.new_pod().unwrap();
         let att = tweak(Attachment::new(
-            &crate::unique_container_id(),
+            &crate::netns::unique_container_id(),
             netns.path(),
             IFNAME,
         ));
@@ -72,7 +72,7 @@ impl Pod {
     /// arguments: what the configuration holds is what the plugin gets).
     pub fn add_direct(p: &PluginUnderTest, node: &Node, conf: &Value) -> Self {
         let netns = node.new_pod().unwrap();
-        let att = Attachment::new(&crate::unique_container_id(), netns.path(), IFNAME);
+        let att = Attachment::new(&crate::netns::unique_container_id(), netns.path(), IFNAME);
         let out = p.run(
             node,
             CniCommand::Add,
