@@ -6,7 +6,8 @@
 //! boot, after an eviction); read back through a mapping marked `MADV_HUGEPAGE`, the kernel
 //! reads it in 2 MiB folios where the filesystem supports large folios (XFS, ext4 on recent
 //! kernels). Measured on the test node: an ADD 14% faster, in 27 fewer page faults, for
-//! 0.1 MiB more peak RSS (docs/performance.md, "The binary in 2 MiB folios").
+//! 0.1 MiB more peak RSS (docs/design-decisions.md, "The binary in 2 MiB
+//! folios").
 //!
 //! Only pages no process maps leave the page cache: an ADD running meanwhile keeps its
 //! pages where they are, and the report says how much was laid out.

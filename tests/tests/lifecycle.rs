@@ -910,8 +910,8 @@ fn add_rewrites_last_reserved_in_place() {
 /// While a run holds the node lock (and while CHECK reads), bpffs's layout directory
 /// (`/sys/fs/bpf/ebpf-cni/v1`, the lock's) is its working directory, and the system calls
 /// on pin paths are given the paths below it: the kernel then skips the walk of the prefix,
-/// a sysfs directory and a mount crossing (docs/performance.md, "Pin paths below the
-/// lock's directory"). The plugin runs from a directory of the test's, under
+/// a sysfs directory and a mount crossing (docs/design-decisions.md, "Pin paths below
+/// the lock's directory"). The plugin runs from a directory of the test's, under
 /// `strace -e trace=bpf,fchdir`, for ADD (a host port and a limit, so every map and the
 /// socket programs' links are opened), CHECK and DEL of one pod: the pins it opens and
 /// makes are named below the layout directory (none by its absolute name: ADD's check of

@@ -302,8 +302,9 @@ impl CrossTarget {
 /// The plugin's release build is optimized as one unit: fat LTO, one codegen unit. A CNI
 /// plugin is a process per ADD, so what its start touches counts; on a test node of 60 pods
 /// ADD took 1.84 → 1.60 ms (8 alternating rounds, every round lower), peak RSS 3.8 → 3.4 MiB
-/// and the first ADD 119–132 → 113–117 ms (docs/performance.md, "One unit"). Set for this
-/// build only, not in the workspace's release profile, which the eBPF object's build shares.
+/// and the first ADD 119–132 → 113–117 ms (docs/design-decisions.md, "One unit"). Set for
+/// this build only, not in the workspace's release profile, which the eBPF object's build
+/// shares.
 const RELEASE_LINK: [(&str, &str); 2] = [
     ("CARGO_PROFILE_RELEASE_LTO", "fat"),
     ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1"),

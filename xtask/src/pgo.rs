@@ -8,8 +8,8 @@
 //! linker's `.text.unlikely`) and optimized for size, the hottest are put together
 //! (`.text.hot`), and inlining and branch layout follow what runs. On a test node, ADDs
 //! alternating with a build of the same code without the profile took 85 page faults
-//! instead of 94 and 4–9% less time; CHECK and DEL about 5% less CPU (docs/performance.md,
-//! "The profile").
+//! instead of 94 and 4–9% less time; CHECK and DEL about 5% less CPU
+//! (docs/design-decisions.md, "The profile").
 //!
 //! The task builds the plugin instrumented (`-Cprofile-generate`, in a target directory of
 //! its own), plays a container runtime on a throw-away node with it — what a busy node

@@ -1,11 +1,12 @@
 //! The binaries the benchmark runs, started from disk. A file the build has just written
 //! sits in the page cache as it was written, in large folios, and an exec's fault maps a
-//! whole folio: such a copy of the plugin took up to 12 fewer page faults per ADD than the
-//! same bytes read back from disk (docs/performance.md, "Pin paths below the lock's
-//! directory"). Dropping every binary from the page cache before the sections run starts
-//! each as on a node after a reboot, the same way for all subjects and every run; then
-//! ebpf-cni's binary and the floor's are read back in 2 MiB folios, as ebpf-cni's install
-//! and its boot-time `ebpf-cni layout` leave the plugin on a node.
+//! whole folio: such a copy of the plugin takes fewer page faults per ADD than the same
+//! bytes read back from disk, enough to have made an LLD link of it look better than GNU
+//! ld's until both were read back (docs/design-decisions.md, "GNU ld"; docs/performance.md,
+//! "Measuring one change"). Dropping every binary from the page cache before the sections
+//! run starts each as on a node after a reboot, the same way for all subjects and every
+//! run; then ebpf-cni's binary and the floor's are read back in 2 MiB folios, as
+//! ebpf-cni's install and its boot-time `ebpf-cni layout` leave the plugin on a node.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
