@@ -164,6 +164,10 @@ struct Request<'a> {
     host_name: &'a str,
 }
 
+/// ADD's steps after validation, in order, each registering its undo in `undo` as it
+/// succeeds (or, for the gateways, as it tries): the IPAM allocation, the pod's
+/// description, the gateways, the veth pair and its container side, the eBPF programs on
+/// the host side while it is down, then the host side up, forwarding, and the result.
 async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Value, CniError> {
     let Request {
         env,
@@ -171,13 +175,10 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
         stdin,
         ipam,
         host_nl,
-        node,
-        key,
-        mac,
         pod_conf,
         pod_ns,
         pod_nl,
-        host_name,
+        ..
     } = cx;
     let t = std::time::Instant::now();
     let step =
@@ -185,67 +186,18 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     let mut result: SuccessResult = ipam.add(conf, env, stdin)?;
     step("ipam");
     undo.push(Undo::Ipam);
-    if result.ips.is_empty() {
-        return Err(AddError::NoAddress.into());
-    }
-    if conf.is_default_gateway {
-        add_default_routes(&mut result);
-    }
-    let addrs: Vec<PodAddress> = result
-        .ips
-        .iter()
-        .map(|ip| PodAddress {
-            address: ip.address,
-            gateway: ip.gateway,
-        })
-        .collect();
-    let pod_addrs: Vec<PodAddr> = result
-        .ips
-        .iter()
-        .map(|ip| PodAddr {
-            address: ip.address,
-            gateway: ip.gateway,
-            gateway4: crate::gateway::of_address(ip.address.ip(), ip.gateway),
-        })
-        .collect();
+    complete_allocation(conf, &mut result)?;
+    let (addrs, pod_addrs) = pod_addresses(&result);
     // The pod's dataplane, before anything changes (its host ports against its addresses).
     // Whether another attachment of the node holds one of these addresses is asked once,
     // under the node lock (`bpf::add_pod`): a refusal there rolls back what came before, as
     // any failure does, and the common ADD opens the endpoint map once.
     let spec = pod_conf.pod_spec(&pod_addrs, pod_ns, false)?;
 
-    // Before the host routes, which take the gateway as their source address. The undo
-    // step is registered whether or not it succeeds, with what it created either way.
-    let mut created = Default::default();
-    let acquired = crate::gateway::acquire(
-        host_nl,
-        node,
-        key.id(),
-        &crate::gateway::ipv4(addrs.iter().map(|a| a.gateway)),
-        &crate::gateway::ipv6(addrs.iter().map(|a| a.gateway)),
-        &mut created,
-    )
-    .await;
-    undo.push(Undo::Gateways(created));
-    let held = acquired?;
+    let held = acquire_gateways(cx, &addrs, undo).await?;
     step("gateways");
-
-    let pair = veth::create(
-        host_nl,
-        pod_nl,
-        pod_ns,
-        host_name,
-        &env.ifname,
-        conf.mtu,
-        mac,
-        addrs.iter().any(|a| a.address.is_ipv6()),
-    )
-    .await?;
-    undo.push(Undo::HostLink {
-        index: pair.host.index,
-    });
+    let pair = create_veth(cx, &addrs, undo).await?;
     step("veth created");
-
     veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;
     step("container side");
 
@@ -254,34 +206,154 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     // deactivating it (an expedited RCU grace period, RTNL held, when it is up).
     veth::add_host_gateways(host_nl, pair.host.index, &addrs).await?;
     let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
-    let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
-    let mut view = crate::node::node_view(host_nl, conf, &gateways).await?;
-    crate::gateway::ensure_held(host_nl, &held, &mut view).await?;
+    let view = node_view_with_gateways(cx, &addrs, &held).await?;
     step("devices listed");
     crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
-    undo.push(Undo::Programs);
-    bpf::add_pod(
-        node,
-        key,
-        &spec,
-        &veth_ends,
-        &view,
-        crate::node::attach_modes(conf, false).pod,
-    )?;
+    attach_programs(cx, &spec, &veth_ends, &view, undo)?;
     step("eBPF attached");
 
     veth::bring_up_host(host_nl, pair.host.index, &addrs).await?;
     step("host side");
     veth::await_container_side(pod_nl, pair.container.index).await?;
     step("pod side running");
+    enable_forwarding(&addrs)?;
+    crate::node::failpoint()?;
+
+    name_interfaces(cx, &mut result, &pair);
+    apply_config_dns(conf, &mut result)?;
+    let mut out = result.to_json(conf.cni_version.as_str(), conf.cni_version.format());
+    crate::source_check::add_to_result(&mut out, &spec.source_check(&veth_ends));
+    Ok(out)
+}
+
+/// IPAM gave the pod an address, and with `isDefaultGateway` its default routes.
+fn complete_allocation(conf: &NetConf, result: &mut SuccessResult) -> Result<(), AddError> {
+    if result.ips.is_empty() {
+        return Err(AddError::NoAddress);
+    }
+    if conf.is_default_gateway {
+        add_default_routes(result);
+    }
+    Ok(())
+}
+
+/// The pod's addresses as the veth's configuration and as the pod's description take them.
+fn pod_addresses(result: &SuccessResult) -> (Vec<PodAddress>, Vec<PodAddr>) {
+    let addrs = result
+        .ips
+        .iter()
+        .map(|ip| PodAddress {
+            address: ip.address,
+            gateway: ip.gateway,
+        })
+        .collect();
+    let pod_addrs = result
+        .ips
+        .iter()
+        .map(|ip| PodAddr {
+            address: ip.address,
+            gateway: ip.gateway,
+            gateway4: crate::gateway::of_address(ip.address.ip(), ip.gateway),
+        })
+        .collect();
+    (addrs, pod_addrs)
+}
+
+/// The pod's gateways recorded as used by this attachment (see `gateway::acquire`): the
+/// IPv4 ones other attachments hold already are returned. Before the host routes, which
+/// take the gateway as their source address. The undo step is registered whether or not
+/// it succeeds, with what it created either way.
+async fn acquire_gateways(
+    cx: Request<'_>,
+    addrs: &[PodAddress],
+    undo: &mut Vec<Undo>,
+) -> Result<Vec<std::net::Ipv4Addr>, CniError> {
+    let mut created = Default::default();
+    let acquired = crate::gateway::acquire(
+        cx.host_nl,
+        cx.node,
+        cx.key.id(),
+        &crate::gateway::ipv4(addrs.iter().map(|a| a.gateway)),
+        &crate::gateway::ipv6(addrs.iter().map(|a| a.gateway)),
+        &mut created,
+    )
+    .await;
+    undo.push(Undo::Gateways(created));
+    acquired
+}
+
+/// The veth pair, its container side created in the pod's namespace; its undo deletes the
+/// host side (and the peer with it).
+async fn create_veth(
+    cx: Request<'_>,
+    addrs: &[PodAddress],
+    undo: &mut Vec<Undo>,
+) -> Result<veth::VethPair, CniError> {
+    let pair = veth::create(
+        cx.host_nl,
+        cx.pod_nl,
+        cx.pod_ns,
+        cx.host_name,
+        &cx.env.ifname,
+        cx.conf.mtu,
+        cx.mac,
+        addrs.iter().any(|a| a.address.is_ipv6()),
+    )
+    .await?;
+    undo.push(Undo::HostLink {
+        index: pair.host.index,
+    });
+    Ok(pair)
+}
+
+/// The node's devices and addresses the programs are attached against, with the IPv4
+/// gateways other attachments hold (`held`) back on `lo` if they went missing.
+async fn node_view_with_gateways(
+    cx: Request<'_>,
+    addrs: &[PodAddress],
+    held: &[std::net::Ipv4Addr],
+) -> Result<crate::bpf::NodeView, CniError> {
+    let gateways: Vec<std::net::IpAddr> = addrs.iter().filter_map(|a| a.gateway).collect();
+    let mut view = crate::node::node_view(cx.host_nl, cx.conf, &gateways).await?;
+    crate::gateway::ensure_held(cx.host_nl, held, &mut view).await?;
+    Ok(view)
+}
+
+/// The pod's dataplane installed and its programs attached to the host veth (see
+/// `bpf::add_pod`). Its undo is registered before the attempt: a failed one may leave the
+/// node's programs and maps, which `del_pod` removes with the node's last attachment.
+fn attach_programs(
+    cx: Request<'_>,
+    spec: &crate::bpf::PodSpec,
+    veth_ends: &crate::bpf::Veth,
+    view: &crate::bpf::NodeView,
+    undo: &mut Vec<Undo>,
+) -> Result<(), CniError> {
+    undo.push(Undo::Programs);
+    bpf::add_pod(
+        cx.node,
+        cx.key,
+        spec,
+        veth_ends,
+        view,
+        crate::node::attach_modes(cx.conf, false).pod,
+    )?;
+    Ok(())
+}
+
+/// Forwarding on for each family the pod has an address in.
+fn enable_forwarding(addrs: &[PodAddress]) -> Result<(), CniError> {
     if addrs.iter().any(|a| a.address.is_ipv4()) {
         write_sysctl("net.ipv4.ip_forward", "1")?;
     }
     if addrs.iter().any(|a| a.address.is_ipv6()) {
         write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
-    crate::node::failpoint()?;
+    Ok(())
+}
 
+/// The result names both ends of the pair, and gives every address to the pod's.
+fn name_interfaces(cx: Request<'_>, result: &mut SuccessResult, pair: &veth::VethPair) {
     result.interfaces = vec![
         Interface {
             name: pair.host.name.clone(),
@@ -289,21 +361,24 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
             sandbox: String::new(),
         },
         Interface {
-            name: env.ifname.clone(),
+            name: cx.env.ifname.clone(),
             mac: pair
                 .container
                 .mac
                 .map(|m| format_mac(&m))
                 .unwrap_or_default(),
-            sandbox: pod_ns.path().display().to_string(),
+            sandbox: cx.pod_ns.path().display().to_string(),
         },
     ];
     for ip in &mut result.ips {
         ip.interface = Some(1);
     }
+}
+
+/// The config's dns wins when it says anything, as in the reference ptp; otherwise what
+/// IPAM found (host-local's resolvConf) stays.
+fn apply_config_dns(conf: &NetConf, result: &mut SuccessResult) -> Result<(), AddError> {
     if let Some(dns) = &conf.dns {
-        // The config's dns wins when it says anything, as in the reference ptp; otherwise
-        // what IPAM found (host-local's resolvConf) stays.
         match serde_json::from_value::<crate::cni::types::Dns>(dns.clone()) {
             Ok(d) if !d.is_empty() => result.dns = d,
             Ok(_) => {}
@@ -311,14 +386,11 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
                 return Err(AddError::InvalidDns {
                     dns: dns.clone(),
                     why,
-                }
-                .into())
+                })
             }
         }
     }
-    let mut out = result.to_json(conf.cni_version.as_str(), conf.cni_version.format());
-    crate::source_check::add_to_result(&mut out, &spec.source_check(&veth_ends));
-    Ok(out)
+    Ok(())
 }
 
 async fn rollback(undo: Vec<Undo>, cx: Request<'_>) {
