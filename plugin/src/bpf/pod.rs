@@ -15,15 +15,16 @@ use super::{
     masq::MasqMaps,
     pin::{create_dir_all_racy, ensure_bpffs_at, walk, AttachmentPins, LayoutCwd, NodeId, PinRoot},
     placement::Placement,
+    ports::PortMaps,
     programs::{self, Programs},
     tree, AttachMode, AttachmentKey, BpfError, Hook,
 };
 
-/// Attaches a pod: each capability installs its part of `pod` (see `capability`), then
-/// its host veth gets the pod programs (TCX links pinned under the attachment's directory,
-/// or netlink filters with a pinned record), and the node is converged to `view` (its
-/// device links, host-port addresses and masquerade sources: see `converge.rs`). On error
-/// nothing of the pod stays.
+/// Attaches a pod: under the node lock, the node is converged to `view` (its device links,
+/// host-port addresses and masquerade sources: see `converge.rs`) and each capability
+/// installs its part of `pod` (see `capability`); then its host veth gets the pod programs
+/// (TCX links pinned under the attachment's directory, or netlink filters with a pinned
+/// record). On error nothing of the pod stays.
 pub fn add_pod(
     node: &NodeId,
     key: &AttachmentKey<'_>,
@@ -32,7 +33,6 @@ pub fn add_pod(
     view: &NodeView,
     mode: AttachMode,
 ) -> Result<(), BpfError> {
-    let [from_hook, to_hook] = Hook::pod(pod.chained);
     key.validate()?;
     if programs::PROGRAMS.is_empty() {
         return Err(BpfError::NotBuilt);
@@ -48,10 +48,7 @@ pub fn add_pod(
     super::orphans::sweep_locked(&root, node);
     let mut progs = Some(Programs::open_or_load(&root, node)?);
     step("programs");
-    let mut maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
-        what: "endpoint map",
-        path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
-    })?;
+    let mut maps = required_maps(&root, node)?;
     step("maps");
     let mut ports = None;
     // A pod on a node whose devices lack the program would be half-configured (no host
@@ -61,116 +58,218 @@ pub fn add_pod(
     step("devices");
 
     let pins = root.attachment(node, key);
-    if fs::symlink_metadata(walk(pins.dir())).is_ok() {
-        log::warn!("replacing the stale attachment at {}", pins.dir().display());
-        // Scans the whole endpoint map: only for this rare case, so ADD stays O(1).
-        let (_, failures) = remove_attachment(&root, node, key, &pins, Some(&mut maps), None);
-        collect("removal of the stale attachment", failures)?;
-    }
+    let at = Attaching {
+        root: &root,
+        node,
+        key,
+        pins: &pins,
+        pod,
+        veth,
+        mode,
+    };
+    at.replace_stale(&mut maps)?;
     maps.ensure_free(key.id(), &pod.ips())?;
     let placement = pod.placement(veth);
     let res = (|| {
-        create_dir_all_racy(pins.dir())?;
-        // Before the entries it names: DEL finds them by it.
-        placement.record(&pins)?;
-        let mut cx = Install {
-            root: &root,
-            node,
-            key,
-            pins: &pins,
-            maps: &mut maps,
-            ports: &mut ports,
-            view,
-        };
-        for cap in CAPABILITIES {
-            cap.install(pod, veth, &mut cx)?;
-            step(cap.name());
-        }
-        match mode {
-            AttachMode::Tcx => {
-                // The attachment's directory and entries exist, so a concurrent DEL of the
-                // node's last other pod will not tear the node down: the slow part below
-                // runs without the lock, letting concurrent ADDs overlap.
-                drop(lock.take());
-                // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here):
-                // the two hooks attach at once so their waits overlap.
-                let from_pod = progs
-                    .fd(from_hook)?
-                    .try_clone_to_owned()
-                    .map_err(|source| BpfError::OpenPin {
-                        path: root.program(node, super::revision(), from_hook.program()),
-                        source,
-                    })?;
-                let to_pod = progs.fd(to_hook)?;
-                let (host_ifname, host_ifindex) = (veth.host_name.as_str(), veth.host_ifindex);
-                let (a, b) = std::thread::scope(|s| {
-                    let path = pins.link(from_hook);
-                    let t = s.spawn(move || {
-                        links::attach(
-                            from_pod.as_fd(),
-                            from_hook,
-                            host_ifname,
-                            host_ifindex,
-                            &path,
-                        )
-                    });
-                    let b = links::attach(
-                        to_pod,
-                        to_hook,
-                        host_ifname,
-                        host_ifindex,
-                        &pins.link(to_hook),
-                    );
-                    (t.join().expect("attach thread does not panic"), b)
-                });
-                a?;
-                b?;
-            }
-            AttachMode::Netlink => {
-                for (i, hook) in Hook::pod(pod.chained).into_iter().enumerate() {
-                    links::attach_netlink(
-                        progs.classifier(hook)?,
-                        hook,
-                        &veth.host_name,
-                        &pins.netlink_record(hook),
-                        None,
-                        Some(links::KnownLink {
-                            ifindex: veth.host_ifindex,
-                            clsact_added: i > 0,
-                        }),
-                    )?;
-                }
-            }
-        }
+        at.record(&placement)?;
+        at.install_capabilities(&mut maps, &mut ports, view, &step)?;
+        at.attach_programs(&mut progs, &mut lock)?;
         step("attached");
         Ok(())
     })();
     let Err(error) = res else {
         return Ok(());
     };
-    // Undo: every capability's part and the programs, each tried past the failures of the
-    // others.
-    let mut undo = Vec::new();
-    let _relock = if lock.is_none() {
-        NodeLock::take(&root).map_err(|e| undo.push(e)).ok()
-    } else {
-        None
-    };
-    if mode == AttachMode::Netlink {
-        // A filter whose record was not written yet has none to be found by.
-        for hook in Hook::pod(pod.chained) {
-            links::detach_netlink(hook, &veth.host_name);
+    Err(at.undo(error, lock.is_none(), &mut maps, placement))
+}
+
+/// The node's endpoint map and the maps beside it, which ADD and CHECK require.
+fn required_maps(root: &PinRoot, node: &NodeId) -> Result<Maps, BpfError> {
+    Maps::open(root, node)?.ok_or_else(|| BpfError::PinMissing {
+        what: "endpoint map",
+        path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
+    })
+}
+
+/// One pod's attachment as [`add_pod`] makes it: where its pins go, what it installs and
+/// the host veth its programs go on.
+struct Attaching<'a> {
+    root: &'a PinRoot,
+    node: &'a NodeId,
+    key: &'a AttachmentKey<'a>,
+    pins: &'a AttachmentPins,
+    pod: &'a PodSpec,
+    veth: &'a Veth,
+    mode: AttachMode,
+}
+
+impl Attaching<'_> {
+    /// An attachment of the same key left by an earlier ADD is removed first.
+    fn replace_stale(&self, maps: &mut Maps) -> Result<(), BpfError> {
+        if fs::symlink_metadata(walk(self.pins.dir())).is_ok() {
+            log::warn!(
+                "replacing the stale attachment at {}",
+                self.pins.dir().display()
+            );
+            // Scans the whole endpoint map: only for this rare case, so ADD stays O(1).
+            let (_, failures) =
+                remove_attachment(self.root, self.node, self.key, self.pins, Some(maps), None);
+            collect("removal of the stale attachment", failures)?;
+        }
+        Ok(())
+    }
+
+    /// The attachment's directory, with the placement record in it before the entries it
+    /// names: DEL finds them by it.
+    fn record(&self, placement: &Placement) -> Result<(), BpfError> {
+        create_dir_all_racy(self.pins.dir())?;
+        placement.record(self.pins)
+    }
+
+    /// Each capability installs its part of the pod, in the order of `CAPABILITIES`.
+    fn install_capabilities(
+        &self,
+        maps: &mut Maps,
+        ports: &mut Option<PortMaps>,
+        view: &NodeView,
+        step: &dyn Fn(&str),
+    ) -> Result<(), BpfError> {
+        let mut cx = Install {
+            root: self.root,
+            node: self.node,
+            key: self.key,
+            pins: self.pins,
+            maps,
+            ports,
+            view,
+        };
+        for cap in CAPABILITIES {
+            cap.install(self.pod, self.veth, &mut cx)?;
+            step(cap.name());
+        }
+        Ok(())
+    }
+
+    /// The pod programs on the host veth: TCX links pinned under the attachment's
+    /// directory (the node lock let go first), or netlink filters with pinned records.
+    fn attach_programs(
+        &self,
+        progs: &mut Programs,
+        lock: &mut Option<NodeLock>,
+    ) -> Result<(), BpfError> {
+        match self.mode {
+            AttachMode::Tcx => {
+                // The attachment's directory and entries exist, so a concurrent DEL of the
+                // node's last other pod will not tear the node down: the slow part below
+                // runs without the lock, letting concurrent ADDs overlap.
+                drop(lock.take());
+                self.attach_tcx(progs)
+            }
+            AttachMode::Netlink => self.attach_netlink(progs),
         }
     }
-    undo.extend(remove_attachment(&root, node, key, &pins, Some(&mut maps), Some(placement)).1);
-    if undo.is_empty() {
-        return Err(error);
+
+    /// Both hooks' TCX links, attached at once and pinned.
+    fn attach_tcx(&self, progs: &mut Programs) -> Result<(), BpfError> {
+        let [from_hook, to_hook] = Hook::pod(self.pod.chained);
+        let pins = self.pins;
+        // Each TCX attach waits out an RCU grace period in the kernel (~15 ms here): the
+        // two hooks attach at once so their waits overlap.
+        let from_pod = progs
+            .fd(from_hook)?
+            .try_clone_to_owned()
+            .map_err(|source| BpfError::OpenPin {
+                path: self
+                    .root
+                    .program(self.node, super::revision(), from_hook.program()),
+                source,
+            })?;
+        let to_pod = progs.fd(to_hook)?;
+        let (host_ifname, host_ifindex) = (self.veth.host_name.as_str(), self.veth.host_ifindex);
+        let (a, b) = std::thread::scope(|s| {
+            let path = pins.link(from_hook);
+            let t = s.spawn(move || {
+                links::attach(
+                    from_pod.as_fd(),
+                    from_hook,
+                    host_ifname,
+                    host_ifindex,
+                    &path,
+                )
+            });
+            let b = links::attach(
+                to_pod,
+                to_hook,
+                host_ifname,
+                host_ifindex,
+                &pins.link(to_hook),
+            );
+            (t.join().expect("attach thread does not panic"), b)
+        });
+        a?;
+        b
     }
-    log_each("undoing a failed ADD", &undo);
-    Err(BpfError::AddUndone {
-        error: Box::new(error),
-        undo,
-    })
+
+    /// Both hooks' netlink filters, each with its pinned record.
+    fn attach_netlink(&self, progs: &mut Programs) -> Result<(), BpfError> {
+        for (i, hook) in Hook::pod(self.pod.chained).into_iter().enumerate() {
+            links::attach_netlink(
+                progs.classifier(hook)?,
+                hook,
+                &self.veth.host_name,
+                &self.pins.netlink_record(hook),
+                None,
+                Some(links::KnownLink {
+                    ifindex: self.veth.host_ifindex,
+                    clsact_added: i > 0,
+                }),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// After a failed ADD: every capability's part and the programs removed, each tried
+    /// past the failures of the others, under the node lock (taken again if `relock`, the
+    /// attach having let it go). `error` alone when all of it went, else with the undo's.
+    fn undo(
+        &self,
+        error: BpfError,
+        relock: bool,
+        maps: &mut Maps,
+        placement: Placement,
+    ) -> BpfError {
+        let mut undo = Vec::new();
+        let _relock = if relock {
+            NodeLock::take(self.root).map_err(|e| undo.push(e)).ok()
+        } else {
+            None
+        };
+        if self.mode == AttachMode::Netlink {
+            // A filter whose record was not written yet has none to be found by.
+            for hook in Hook::pod(self.pod.chained) {
+                links::detach_netlink(hook, &self.veth.host_name);
+            }
+        }
+        undo.extend(
+            remove_attachment(
+                self.root,
+                self.node,
+                self.key,
+                self.pins,
+                Some(maps),
+                Some(placement),
+            )
+            .1,
+        );
+        if undo.is_empty() {
+            return error;
+        }
+        log_each("undoing a failed ADD", &undo);
+        BpfError::AddUndone {
+            error: Box::new(error),
+            undo,
+        }
+    }
 }
 
 /// Removes what an attachment holds: each capability's part (in the reverse of ADD's
@@ -355,10 +454,7 @@ pub fn check_pod(
             }
         }
     }
-    let maps = Maps::open(&root, node)?.ok_or_else(|| BpfError::PinMissing {
-        what: "endpoint map",
-        path: root.map(node, ebpf_cni_maps::ENDPOINTS_MAP),
-    })?;
+    let maps = required_maps(&root, node)?;
     let cx = Check {
         root: &root,
         node,
