@@ -10,7 +10,7 @@ use super::{
     gateways, kernel, links,
     maps::{key_ip, Maps, PodSources, SourceRecord},
     masq::{MasqMaps, MasqReport},
-    pin::{NodeId, PinRoot},
+    pin::{AttachmentPins, NodeId, PinRoot},
     ports::{self, PortMaps},
     queue, sys, tree, BpfError, Hook,
 };
@@ -335,167 +335,20 @@ pub enum Links {
 pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
     let root = PinRoot::from_env();
     let maps = Maps::open(&root, node)?;
-    let list = |p: &Path| -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(p)
-            .map(|es| {
-                es.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
     let mut prog_names = ProgNames::default();
-    let mut devices = root.pinned_devices(node);
-    devices.sort();
-    let devices = devices
-        .into_iter()
-        .map(|name| {
-            if links == Links::Skip {
-                return DeviceReport { name, link: None };
-            }
-            let link = link_report(
-                &mut prog_names,
-                Hook::FromDev,
-                &root.device_link(node, &name),
-            )
-            .or_else(|| {
-                netlink_report(
-                    &mut prog_names,
-                    Hook::FromDev,
-                    &root.device_netlink_record(node, &name),
-                    None,
-                )
-            });
-            DeviceReport { name, link }
-        })
-        .collect();
-    let mut attachments = Vec::new();
-    let mut names = HashMap::new();
-    // One walk of each map for the whole node: per-pod walks cost O(pods²) syscalls.
-    let mut by_attachment = maps
-        .as_ref()
-        .map(Maps::entries_by_attachment)
-        .unwrap_or_default();
-    let pacing = maps
-        .as_ref()
-        .map(Maps::pacing_by_attachment)
-        .unwrap_or_default();
-    let sources = maps
-        .as_ref()
-        .map(Maps::sources_by_ifindex)
-        .unwrap_or_default();
-    for dir in tree::attachments(&root, node)? {
-        let id = dir.key().id();
-        names.insert(id, dir.to_string());
-        let pins = root.attachment(node, &dir.key());
-        let mut entries = by_attachment.remove(&id).unwrap_or_default();
-        entries.sort_by_key(|(ip, _)| *ip);
-        let mut pod_links: Vec<LinkReport> = Vec::new();
-        if links == Links::Read || entries.is_empty() {
-            pod_links.extend(
-                Hook::ANY_POD
-                    .iter()
-                    .filter_map(|h| link_report(&mut prog_names, *h, &pins.link(*h))),
-            );
-        }
-        let host_ifindex = entries
-            .first()
-            .map(|(_, e)| e.host_ifindex)
-            .or_else(|| pod_links.first().map(|l| l.ifindex));
-        if links == Links::Read {
-            pod_links.extend(Hook::ANY_POD.iter().filter_map(|h| {
-                netlink_report(&mut prog_names, *h, &pins.netlink_record(*h), host_ifindex)
-            }));
-        }
-        let counters = host_ifindex.and_then(|i| maps.as_ref()?.counters(i));
-        let limits = host_ifindex.and_then(|i| maps.as_ref()?.limits(i));
-        let report = |b: ebpf_cni_maps::Bucket| {
-            (b.rate_bytes > 0).then(|| LimitReport {
-                rate_bytes: b.rate_bytes,
-                burst_bytes: u64::from(b.burst_bytes),
-                mode: queue::mode_label(b.mode & ebpf_cni_maps::LIMIT_MODE_MASK),
-                horizon_ns: (b.mode & ebpf_cni_maps::LIMIT_MODE_MASK == ebpf_cni_maps::LIMIT_EDT)
-                    .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
-            })
-        };
-        attachments.push(AttachmentReport {
-            addresses: entries.iter().map(|(ip, _)| *ip).collect(),
-            host_ifindex,
-            links: pod_links,
-            from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
-            to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
-            ingress_limit: limits.and_then(|l| report(l.ingress)),
-            egress_limit: limits.and_then(|l| report(l.egress)),
-            tcp_pacing_bytes: pacing.get(&id).copied(),
-            shape_subnets: limits.and_then(|l| {
-                let flags = (l.ingress.mode | l.egress.mode) & !ebpf_cni_maps::LIMIT_MODE_MASK;
-                let rule = if flags & ebpf_cni_maps::LIMIT_SUBNETS_UNSHAPED != 0 {
-                    "unshapedSubnets"
-                } else if flags & ebpf_cni_maps::LIMIT_SUBNETS_SHAPED != 0 {
-                    "shapedSubnets"
-                } else {
-                    return None;
-                };
-                let subnets = host_ifindex
-                    .and_then(|i| Some(maps.as_ref()?.shape_subnets(i)))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|k| crate::bandwidth::subnet_of_key(k).to_string())
-                    .collect();
-                Some(ShapeSubnetsReport { rule, subnets })
-            }),
-            source_check: SourceCheckReport::of(host_ifindex.and_then(|i| sources.get(&i)), || {
-                super::capability::source_record(&pins)
-            }),
-            network: dir.network,
-            container_id: dir.container_id,
-            ifname: dir.ifname,
-        });
-    }
-    let (mut node_addresses, mut port_mappings) = (Vec::new(), Vec::new());
-    if maps.is_some() && root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
-        let pm = PortMaps::open(&root, node)?;
-        node_addresses = pm.node_addrs();
-        for m in pm.list() {
-            let pod = key_ip(&ebpf_cni_maps::EndpointKey {
-                addr: m.target.pod_addr,
-            });
-            let host_ip = match m.key.addr {
-                a if a == ebpf_cni_maps::PortKey::WILDCARD_V6 => {
-                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
-                }
-                addr => key_ip(&ebpf_cni_maps::EndpointKey { addr }),
-            };
-            port_mappings.push(PortMappingReport {
-                host: ports::describe_key(&m.key),
-                protocol: crate::portmap::Protocol::from_number(m.key.proto)
-                    .map_or("unknown", crate::portmap::Protocol::as_str),
-                host_ip,
-                host_port: m.key.port,
-                pod_address: pod,
-                pod_port: m.target.pod_port,
-                pod: if pod.is_ipv6() {
-                    format!("[{pod}]:{}", m.target.pod_port)
-                } else {
-                    format!("{pod}:{}", m.target.pod_port)
-                },
-                host_ifindex: m.target.host_ifindex,
-                attachment: names.get(&m.target.attachment_id).cloned(),
-                packets: m.hits.packets,
-                bytes: m.hits.bytes,
-                socket: m.hits.socket,
-                loopback: m.target.flags & ebpf_cni_maps::PORT_FLAG_NO_LOOPBACK == 0,
-            });
-        }
-    }
+    let devices = device_reports(&root, node, links, &mut prog_names);
+    let (attachments, names) =
+        attachment_reports(&root, node, maps.as_ref(), links, &mut prog_names)?;
+    let (node_addresses, port_mappings) = match maps {
+        Some(_) => host_port_reports(&root, node, &names)?,
+        None => (Vec::new(), Vec::new()),
+    };
     Ok(NodeReport {
         node: node.to_string(),
         kernel: kernel::release().to_owned(),
         modes: super::part_modes(node),
         pin_dir: root.node_dir(node).display().to_string(),
-        revisions: list(&root.programs_dir(node)),
+        revisions: sorted_names(&root.programs_dir(node)),
         endpoints: maps.as_ref().map_or(0, Maps::endpoint_count),
         maps: map_usage(&root, node),
         devices,
@@ -511,4 +364,246 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
             .map(|m| m.report(super::services_source(&root, node))),
         converged: super::converge::last(&root, node),
     })
+}
+
+/// The names in directory `dir`, sorted (none when it cannot be read).
+fn sorted_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|es| {
+            es.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Each pinned device, sorted by name, with its link or filter (unless `links` is
+/// `Skip`).
+fn device_reports(
+    root: &PinRoot,
+    node: &NodeId,
+    links: Links,
+    prog_names: &mut ProgNames,
+) -> Vec<DeviceReport> {
+    let mut devices = root.pinned_devices(node);
+    devices.sort();
+    devices
+        .into_iter()
+        .map(|name| {
+            if links == Links::Skip {
+                return DeviceReport { name, link: None };
+            }
+            let link = link_report(prog_names, Hook::FromDev, &root.device_link(node, &name))
+                .or_else(|| {
+                    netlink_report(
+                        prog_names,
+                        Hook::FromDev,
+                        &root.device_netlink_record(node, &name),
+                        None,
+                    )
+                });
+            DeviceReport { name, link }
+        })
+        .collect()
+}
+
+/// The node maps' contents by pod, each map walked once for the whole node: per-pod walks
+/// cost O(pods²) syscalls.
+struct ByPod<'a> {
+    maps: Option<&'a Maps>,
+    entries: HashMap<u64, Vec<(IpAddr, ebpf_cni_maps::EndpointInfo)>>,
+    pacing: HashMap<u64, u32>,
+    sources: HashMap<u32, PodSources>,
+}
+
+/// Each attachment's report, and each attachment's name by id (for the host ports and
+/// gateways that name their users by it).
+fn attachment_reports(
+    root: &PinRoot,
+    node: &NodeId,
+    maps: Option<&Maps>,
+    links: Links,
+    prog_names: &mut ProgNames,
+) -> Result<(Vec<AttachmentReport>, HashMap<u64, String>), BpfError> {
+    let mut attachments = Vec::new();
+    let mut names = HashMap::new();
+    let mut by_pod = ByPod {
+        maps,
+        entries: maps.map(Maps::entries_by_attachment).unwrap_or_default(),
+        pacing: maps.map(Maps::pacing_by_attachment).unwrap_or_default(),
+        sources: maps.map(Maps::sources_by_ifindex).unwrap_or_default(),
+    };
+    for dir in tree::attachments(root, node)? {
+        let id = dir.key().id();
+        names.insert(id, dir.to_string());
+        attachments.push(attachment_report(
+            root,
+            node,
+            id,
+            dir,
+            &mut by_pod,
+            links,
+            prog_names,
+        ));
+    }
+    Ok((attachments, names))
+}
+
+/// One attachment's addresses, links, counters, limits and source check.
+fn attachment_report(
+    root: &PinRoot,
+    node: &NodeId,
+    id: u64,
+    dir: tree::AttachmentDir,
+    by_pod: &mut ByPod<'_>,
+    links: Links,
+    prog_names: &mut ProgNames,
+) -> AttachmentReport {
+    let pins = root.attachment(node, &dir.key());
+    let mut entries = by_pod.entries.remove(&id).unwrap_or_default();
+    entries.sort_by_key(|(ip, _)| *ip);
+    let (host_ifindex, pod_links) = pod_links(prog_names, &pins, &entries, links);
+    let maps = by_pod.maps;
+    let counters = host_ifindex.and_then(|i| maps?.counters(i));
+    let limits = host_ifindex.and_then(|i| maps?.limits(i));
+    AttachmentReport {
+        addresses: entries.iter().map(|(ip, _)| *ip).collect(),
+        host_ifindex,
+        links: pod_links,
+        from_pod: counters.as_ref().map(|c| (&c.from_pod).into()),
+        to_pod: counters.as_ref().map(|c| (&c.to_pod).into()),
+        ingress_limit: limits.and_then(|l| limit_report(l.ingress)),
+        egress_limit: limits.and_then(|l| limit_report(l.egress)),
+        tcp_pacing_bytes: by_pod.pacing.get(&id).copied(),
+        shape_subnets: limits.and_then(|l| shape_subnets_report(maps, host_ifindex, l)),
+        source_check: SourceCheckReport::of(
+            host_ifindex.and_then(|i| by_pod.sources.get(&i)),
+            || super::capability::source_record(&pins),
+        ),
+        network: dir.network,
+        container_id: dir.container_id,
+        ifname: dir.ifname,
+    }
+}
+
+/// The pod's TCX links (read also under `Links::Skip` when no endpoint entry names its
+/// host interface) and, with `Links::Read`, its filter records; and the host interface's
+/// index, from its entries or else its first link.
+fn pod_links(
+    prog_names: &mut ProgNames,
+    pins: &AttachmentPins,
+    entries: &[(IpAddr, ebpf_cni_maps::EndpointInfo)],
+    links: Links,
+) -> (Option<u32>, Vec<LinkReport>) {
+    let mut pod_links: Vec<LinkReport> = Vec::new();
+    if links == Links::Read || entries.is_empty() {
+        pod_links.extend(
+            Hook::ANY_POD
+                .iter()
+                .filter_map(|h| link_report(prog_names, *h, &pins.link(*h))),
+        );
+    }
+    let host_ifindex = entries
+        .first()
+        .map(|(_, e)| e.host_ifindex)
+        .or_else(|| pod_links.first().map(|l| l.ifindex));
+    if links == Links::Read {
+        pod_links.extend(Hook::ANY_POD.iter().filter_map(|h| {
+            netlink_report(prog_names, *h, &pins.netlink_record(*h), host_ifindex)
+        }));
+    }
+    (host_ifindex, pod_links)
+}
+
+/// One direction's limit, if it has a rate.
+fn limit_report(b: ebpf_cni_maps::Bucket) -> Option<LimitReport> {
+    (b.rate_bytes > 0).then(|| LimitReport {
+        rate_bytes: b.rate_bytes,
+        burst_bytes: u64::from(b.burst_bytes),
+        mode: queue::mode_label(b.mode & ebpf_cni_maps::LIMIT_MODE_MASK),
+        horizon_ns: (b.mode & ebpf_cni_maps::LIMIT_MODE_MASK == ebpf_cni_maps::LIMIT_EDT)
+            .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
+    })
+}
+
+/// The limits' `unshapedSubnets` or `shapedSubnets` with their subnets, if they have
+/// either.
+fn shape_subnets_report(
+    maps: Option<&Maps>,
+    host_ifindex: Option<u32>,
+    l: ebpf_cni_maps::RateLimit,
+) -> Option<ShapeSubnetsReport> {
+    let flags = (l.ingress.mode | l.egress.mode) & !ebpf_cni_maps::LIMIT_MODE_MASK;
+    let rule = if flags & ebpf_cni_maps::LIMIT_SUBNETS_UNSHAPED != 0 {
+        "unshapedSubnets"
+    } else if flags & ebpf_cni_maps::LIMIT_SUBNETS_SHAPED != 0 {
+        "shapedSubnets"
+    } else {
+        return None;
+    };
+    let subnets = host_ifindex
+        .and_then(|i| Some(maps?.shape_subnets(i)))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|k| crate::bandwidth::subnet_of_key(k).to_string())
+        .collect();
+    Some(ShapeSubnetsReport { rule, subnets })
+}
+
+/// The addresses wildcard host ports answer on and each mapping, when the node has the
+/// host-port maps.
+fn host_port_reports(
+    root: &PinRoot,
+    node: &NodeId,
+    names: &HashMap<u64, String>,
+) -> Result<(Vec<IpAddr>, Vec<PortMappingReport>), BpfError> {
+    if !root.map(node, ebpf_cni_maps::PORTMAP_MAP).exists() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let pm = PortMaps::open(root, node)?;
+    let node_addresses = pm.node_addrs();
+    let port_mappings = pm
+        .list()
+        .iter()
+        .map(|m| port_mapping_report(m, names))
+        .collect();
+    Ok((node_addresses, port_mappings))
+}
+
+/// One host-port mapping with its hits, its attachment named as in `names`.
+fn port_mapping_report(
+    m: &ports::InstalledMapping,
+    names: &HashMap<u64, String>,
+) -> PortMappingReport {
+    let pod = key_ip(&ebpf_cni_maps::EndpointKey {
+        addr: m.target.pod_addr,
+    });
+    let host_ip = match m.key.addr {
+        a if a == ebpf_cni_maps::PortKey::WILDCARD_V6 => {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        }
+        addr => key_ip(&ebpf_cni_maps::EndpointKey { addr }),
+    };
+    PortMappingReport {
+        host: ports::describe_key(&m.key),
+        protocol: crate::portmap::Protocol::from_number(m.key.proto)
+            .map_or("unknown", crate::portmap::Protocol::as_str),
+        host_ip,
+        host_port: m.key.port,
+        pod_address: pod,
+        pod_port: m.target.pod_port,
+        pod: if pod.is_ipv6() {
+            format!("[{pod}]:{}", m.target.pod_port)
+        } else {
+            format!("{pod}:{}", m.target.pod_port)
+        },
+        host_ifindex: m.target.host_ifindex,
+        attachment: names.get(&m.target.attachment_id).cloned(),
+        packets: m.hits.packets,
+        bytes: m.hits.bytes,
+        socket: m.hits.socket,
+        loopback: m.target.flags & ebpf_cni_maps::PORT_FLAG_NO_LOOPBACK == 0,
+    }
 }
