@@ -255,141 +255,23 @@ impl NetConf {
         Ok(accepted)
     }
 
+    /// Parses a decoded config, key by key in this order; the first bad key is the error.
     pub fn parse(raw: Value) -> Result<Self, ConfigError> {
         let cni_version = version_of(&raw)?;
         let obj = raw.as_object().expect("decode() only returns objects");
-
-        let name = match obj.get("name") {
-            Some(Value::String(s)) => s.clone(),
-            None => return Err(ConfigError::Missing { field: "name" }),
-            Some(other) => return Err(wrong_type("name", other, "a string")),
-        };
-        validate_network_name(&name)?;
-
-        let mtu = match obj.get("mtu") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_u64() {
-                Some(m) if (68..=65535).contains(&m) => Some(m as u32),
-                _ => return Err(invalid("mtu", v, "expected an integer from 68 to 65535")),
-            },
-        };
-
-        let masq = match obj.get("ipMasq") {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-            Some(Value::Bool(true)) => Some(MasqConf {
-                exclude: match obj.get("ipMasqExclude") {
-                    None | Some(Value::Null) => Vec::new(),
-                    Some(v) => parse_cidr_list(v, "ipMasqExclude")?,
-                },
-                ports: match obj.get("ipMasqPortRange") {
-                    None | Some(Value::Null) => None,
-                    Some(v) => Some(parse_port_range(v, "ipMasqPortRange")?),
-                },
-            }),
-            Some(other) => return Err(wrong_type("ipMasq", other, "true or false")),
-        };
-
-        let is_default_gateway = match obj.get("isDefaultGateway") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => return Err(wrong_type("isDefaultGateway", other, "true or false")),
-        };
-        let host_ports_on_loopback = match obj.get("hostPortsOnLoopback") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => return Err(wrong_type("hostPortsOnLoopback", other, "true or false")),
-        };
-
-        let (ipam, ipam_type) = match obj.get("ipam") {
-            None | Some(Value::Null) => (None, None),
-            Some(Value::Object(m)) => {
-                let t = match m.get("type") {
-                    Some(Value::String(t))
-                        if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
-                    {
-                        t.clone()
-                    }
-                    Some(other) => {
-                        return Err(invalid(
-                            "ipam.type",
-                            other,
-                            "expected the name of an IPAM plugin",
-                        ))
-                    }
-                    None => return Err(ConfigError::MissingIpamType),
-                };
-                (Some(Value::Object(m.clone())), Some(t))
-            }
-            Some(other) => return Err(wrong_type("ipam", other, "an object")),
-        };
-
-        let dns = match obj.get("dns") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v.clone()),
-            Some(other) => return Err(wrong_type("dns", other, "an object")),
-        };
-
-        let runtime = match obj.get("runtimeConfig") {
-            None | Some(Value::Null) => RuntimeConfig::default(),
-            Some(Value::Object(m)) => RuntimeConfig::parse(m)?,
-            Some(other) => return Err(wrong_type("runtimeConfig", other, "an object")),
-        };
-
-        let args_ips = match obj
-            .get("args")
-            .and_then(Value::as_object)
-            .and_then(|a| get_ci(a, "cni"))
-        {
-            Some(Value::Object(cni)) => match get_ci(cni, "ips") {
-                Some(v) => parse_ip_list(v, "args.cni.ips")?,
-                None => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
-
-        let prev_result = match obj.get("prevResult") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v.clone()),
-            Some(other) => return Err(wrong_type("prevResult", other, "an object")),
-        };
-
-        let devices = match obj.get("devices") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(items)) => Some(
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| match v.as_str() {
-                        Some(n) if super::env::validate_ifname(n).is_ok() => Ok(n.to_owned()),
-                        _ => Err(ConfigError::NotAnIfname {
-                            index: i,
-                            value: v.clone(),
-                        }),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Some(other) => return Err(wrong_type("devices", other, "a list of interface names")),
-        };
-
-        let service_cidrs = match obj.get("serviceCIDRs") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(v) => parse_cidr_list(v, "serviceCIDRs")?,
-        };
-
-        let tc_attach_mode = match obj.get("tcAttachMode") {
-            None | Some(Value::Null) => TcAttachMode::Auto,
-            Some(Value::String(m)) if m == "auto" => TcAttachMode::Auto,
-            Some(Value::String(m)) if m == "tcx" => TcAttachMode::Tcx,
-            Some(Value::String(m)) if m == "netlink" => TcAttachMode::Netlink,
-            Some(other) => {
-                return Err(invalid(
-                    "tcAttachMode",
-                    other,
-                    "expected \"auto\", \"tcx\" or \"netlink\"",
-                ))
-            }
-        };
-
+        let name = parse_name(obj)?;
+        let mtu = parse_mtu(obj)?;
+        let masq = parse_masq(obj)?;
+        let is_default_gateway = parse_flag(obj, "isDefaultGateway", false)?;
+        let host_ports_on_loopback = parse_flag(obj, "hostPortsOnLoopback", true)?;
+        let (ipam, ipam_type) = parse_ipam(obj)?;
+        let dns = parse_object(obj, "dns")?;
+        let runtime = parse_runtime_config(obj)?;
+        let args_ips = parse_args_ips(obj)?;
+        let prev_result = parse_object(obj, "prevResult")?;
+        let devices = parse_devices(obj)?;
+        let service_cidrs = parse_service_cidrs(obj)?;
+        let tc_attach_mode = parse_tc_attach_mode(obj)?;
         Ok(NetConf {
             masq,
             host_ports_on_loopback,
@@ -408,6 +290,164 @@ impl NetConf {
             prev_result,
             raw,
         })
+    }
+}
+
+/// `name`: present, a string, and a valid network name.
+fn parse_name(obj: &Map<String, Value>) -> Result<String, ConfigError> {
+    let name = match obj.get("name") {
+        Some(Value::String(s)) => s.clone(),
+        None => return Err(ConfigError::Missing { field: "name" }),
+        Some(other) => return Err(wrong_type("name", other, "a string")),
+    };
+    validate_network_name(&name)?;
+    Ok(name)
+}
+
+/// `mtu`: absent, or an integer from 68 to 65535.
+fn parse_mtu(obj: &Map<String, Value>) -> Result<Option<u32>, ConfigError> {
+    match obj.get("mtu") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(m) if (68..=65535).contains(&m) => Ok(Some(m as u32)),
+            _ => Err(invalid("mtu", v, "expected an integer from 68 to 65535")),
+        },
+    }
+}
+
+/// `ipMasq`, and with `true` its `ipMasqExclude` and `ipMasqPortRange`.
+fn parse_masq(obj: &Map<String, Value>) -> Result<Option<MasqConf>, ConfigError> {
+    match obj.get("ipMasq") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(MasqConf {
+            exclude: match obj.get("ipMasqExclude") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(v) => parse_cidr_list(v, "ipMasqExclude")?,
+            },
+            ports: match obj.get("ipMasqPortRange") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(parse_port_range(v, "ipMasqPortRange")?),
+            },
+        })),
+        Some(other) => Err(wrong_type("ipMasq", other, "true or false")),
+    }
+}
+
+/// A boolean key, `default` when absent or null.
+fn parse_flag(
+    obj: &Map<String, Value>,
+    field: &'static str,
+    default: bool,
+) -> Result<bool, ConfigError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(wrong_type(field, other, "true or false")),
+    }
+}
+
+/// `ipam`: absent, or an object whose `type` names a plugin (a file name, no path).
+fn parse_ipam(obj: &Map<String, Value>) -> Result<(Option<Value>, Option<String>), ConfigError> {
+    match obj.get("ipam") {
+        None | Some(Value::Null) => Ok((None, None)),
+        Some(Value::Object(m)) => {
+            let t = match m.get("type") {
+                Some(Value::String(t))
+                    if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
+                {
+                    t.clone()
+                }
+                Some(other) => {
+                    return Err(invalid(
+                        "ipam.type",
+                        other,
+                        "expected the name of an IPAM plugin",
+                    ))
+                }
+                None => return Err(ConfigError::MissingIpamType),
+            };
+            Ok((Some(Value::Object(m.clone())), Some(t)))
+        }
+        Some(other) => Err(wrong_type("ipam", other, "an object")),
+    }
+}
+
+/// An object-valued key (`dns`, `prevResult`) kept whole; `None` when absent or null.
+fn parse_object(
+    obj: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<Value>, ConfigError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => Ok(Some(v.clone())),
+        Some(other) => Err(wrong_type(field, other, "an object")),
+    }
+}
+
+/// `runtimeConfig`: absent, or an object (see [`RuntimeConfig`]).
+fn parse_runtime_config(obj: &Map<String, Value>) -> Result<RuntimeConfig, ConfigError> {
+    match obj.get("runtimeConfig") {
+        None | Some(Value::Null) => Ok(RuntimeConfig::default()),
+        Some(Value::Object(m)) => RuntimeConfig::parse(m),
+        Some(other) => Err(wrong_type("runtimeConfig", other, "an object")),
+    }
+}
+
+/// `args.cni.ips` (keys in either case); none unless `args.cni` is an object.
+fn parse_args_ips(obj: &Map<String, Value>) -> Result<Vec<IpAddr>, ConfigError> {
+    match obj
+        .get("args")
+        .and_then(Value::as_object)
+        .and_then(|a| get_ci(a, "cni"))
+    {
+        Some(Value::Object(cni)) => match get_ci(cni, "ips") {
+            Some(v) => parse_ip_list(v, "args.cni.ips"),
+            None => Ok(Vec::new()),
+        },
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// `devices`: absent, or a list of valid interface names.
+fn parse_devices(obj: &Map<String, Value>) -> Result<Option<Vec<String>>, ConfigError> {
+    match obj.get("devices") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_str() {
+                Some(n) if super::env::validate_ifname(n).is_ok() => Ok(n.to_owned()),
+                _ => Err(ConfigError::NotAnIfname {
+                    index: i,
+                    value: v.clone(),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(other) => Err(wrong_type("devices", other, "a list of interface names")),
+    }
+}
+
+/// `serviceCIDRs`: absent, or a list of CIDRs.
+fn parse_service_cidrs(obj: &Map<String, Value>) -> Result<Vec<ipnetwork::IpNetwork>, ConfigError> {
+    match obj.get("serviceCIDRs") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => parse_cidr_list(v, "serviceCIDRs"),
+    }
+}
+
+/// `tcAttachMode`: absent (`auto`), or one of "auto", "tcx" and "netlink".
+fn parse_tc_attach_mode(obj: &Map<String, Value>) -> Result<TcAttachMode, ConfigError> {
+    match obj.get("tcAttachMode") {
+        None | Some(Value::Null) => Ok(TcAttachMode::Auto),
+        Some(Value::String(m)) if m == "auto" => Ok(TcAttachMode::Auto),
+        Some(Value::String(m)) if m == "tcx" => Ok(TcAttachMode::Tcx),
+        Some(Value::String(m)) if m == "netlink" => Ok(TcAttachMode::Netlink),
+        Some(other) => Err(invalid(
+            "tcAttachMode",
+            other,
+            "expected \"auto\", \"tcx\" or \"netlink\"",
+        )),
     }
 }
 
