@@ -185,6 +185,7 @@ pub fn towards(ctx: &TcContext, ifindex: u32) -> Towards {
 
 /// Whether the pod behind host veth `ifindex` has an ingress limit (the XDP prototype
 /// leaves such pods to the TC path).
+#[cfg(feature = "prototypes")]
 #[inline(always)]
 pub fn has_ingress_limit(ifindex: u32) -> bool {
     bucket(ifindex, Way::Ingress).is_some()

@@ -31,6 +31,7 @@
     reason = "a key passed by value costs instructions and stack (see above)"
 )]
 
+#[cfg(feature = "prototypes")]
 mod floor;
 mod forward;
 mod limit;
@@ -45,12 +46,15 @@ mod sock;
 mod source;
 mod tcp_ts;
 mod trace;
+#[cfg(feature = "prototypes")]
 mod xdp;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier, sock_ops, xdp},
-    programs::{SockAddrContext, SockOpsContext, TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, sock_ops},
+    programs::{SockAddrContext, SockOpsContext, TcContext},
 };
+#[cfg(feature = "prototypes")]
+use aya_ebpf::{macros::xdp, programs::XdpContext};
 use ebpf_cni_maps::str_eq;
 
 // The entry points' identifiers become the program names user space pins and checks.
@@ -92,13 +96,18 @@ pub fn ecni_from_dev(ctx: TcContext) -> i32 {
     forward::from_dev(&ctx)
 }
 
+// The benchmark's prototypes, in its object only (the `prototypes` feature, which the
+// object the plugin embeds is built without; `cargo xtask dist` checks).
+
 /// A measurement prototype of `ecni_from_dev`'s host-port path at XDP, not loaded by the
 /// plugin (see `xdp`).
+#[cfg(feature = "prototypes")]
 #[xdp]
 pub fn ecni_xdp_dev(ctx: XdpContext) -> u32 {
     xdp::from_dev(&ctx)
 }
 
+#[cfg(feature = "prototypes")]
 const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_XDP_DEV,
     stringify!(ecni_xdp_dev)
@@ -106,22 +115,26 @@ const _: () = assert!(str_eq(
 
 /// The floor of routing pod → pod at TC, for the benchmark; not loaded by the plugin (see
 /// `floor`).
+#[cfg(feature = "prototypes")]
 #[classifier]
 pub fn ecni_floor_pod(ctx: TcContext) -> i32 {
     floor::route(&ctx)
 }
 
+#[cfg(feature = "prototypes")]
 const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_FLOOR_POD,
     stringify!(ecni_floor_pod)
 ));
 
 /// The same floor for pods behind netkit devices; for the benchmark only (see `floor`).
+#[cfg(feature = "prototypes")]
 #[classifier]
 pub fn ecni_floor_nk(ctx: TcContext) -> i32 {
     floor::route_netkit(&ctx)
 }
 
+#[cfg(feature = "prototypes")]
 const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_FLOOR_NETKIT,
     stringify!(ecni_floor_nk)

@@ -271,13 +271,13 @@ pub const PROG_FROM_POD: &str = "ecni_from_pod";
 pub const PROG_TO_POD: &str = "ecni_to_pod";
 /// TC program at the ingress of the node's external devices: traffic arriving for pods.
 pub const PROG_FROM_DEV: &str = "ecni_from_dev";
-/// The XDP prototype of `ecni_from_dev`'s host-port path: in the object for the benchmark's
-/// `xdp` section and the program tests, never loaded by the plugin (docs/dataplane.md).
+/// The XDP prototype of `ecni_from_dev`'s host-port path: in the benchmark's object, for
+/// its `xdp` section and the program tests, never in the plugin's (docs/dataplane.md).
 pub const PROG_XDP_DEV: &str = "ecni_xdp_dev";
 /// The floor of routing pod → pod at TC: what any program on a pod's host veth must do to
 /// deliver to a local pod (the destination's endpoint, TTL and MACs, `bpf_redirect_peer`)
-/// and nothing else. In the object for the benchmark's pod-path section and the program
-/// tests, never loaded by the plugin.
+/// and nothing else. In the benchmark's object, for its pod-path section and the program
+/// tests, never in the plugin's.
 pub const PROG_FLOOR_POD: &str = "ecni_floor_pod";
 /// The same floor for pods behind netkit devices (Linux 6.7+): `bpf_redirect` out of the
 /// destination's netkit primary device instead of `bpf_redirect_peer`. For the benchmark's
@@ -286,6 +286,27 @@ pub const PROG_FLOOR_NETKIT: &str = "ecni_floor_nk";
 /// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
 /// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
+
+/// Every program the plugin loads: the object it embeds holds these and no other
+/// (`cargo xtask dist` checks the release's).
+pub const PLUGIN_PROGRAMS: [&str; 13] = [
+    PROG_FROM_POD,
+    PROG_TO_POD,
+    PROG_FROM_DEV,
+    PROG_FROM_CHAIN,
+    PROG_CONNECT4,
+    PROG_CONNECT6,
+    PROG_SENDMSG4,
+    PROG_SENDMSG6,
+    PROG_RECVMSG4,
+    PROG_RECVMSG6,
+    PROG_PEERNAME4,
+    PROG_PEERNAME6,
+    PROG_SOCKOPS,
+];
+/// The benchmark's prototypes: only in its own object (the eBPF crate's `prototypes`
+/// feature), beside [`PLUGIN_PROGRAMS`].
+pub const PROTOTYPE_PROGRAMS: [&str; 3] = [PROG_XDP_DEV, PROG_FLOOR_POD, PROG_FLOOR_NETKIT];
 
 /// IP protocol numbers of the host port protocols.
 pub const IPPROTO_TCP: u8 = 6;

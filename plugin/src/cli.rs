@@ -120,8 +120,13 @@ pub fn main() -> i32 {
     match cli.command {
         Cmd::Version => {
             println!(
-                "ebpf-cni {}\nCNI spec versions: {}\neBPF programs: {}",
+                "ebpf-cni {}{}\nCNI spec versions: {}\neBPF programs: {}",
                 env!("CARGO_PKG_VERSION"),
+                if crate::test_hooks::ENABLED {
+                    " (a test build: it reads the test hooks)"
+                } else {
+                    ""
+                },
                 crate::cni::version::SUPPORTED_VERSIONS.join(", "),
                 if bpf::programs_embedded() {
                     format!("embedded, revision {}", bpf::revision())

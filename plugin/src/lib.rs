@@ -39,6 +39,7 @@ mod services;
 mod sockopt;
 mod source_check;
 mod status;
+mod test_hooks;
 mod version;
 mod veth;
 

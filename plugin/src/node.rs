@@ -13,10 +13,6 @@ use crate::{
     veth,
 };
 
-/// Test hook: `EBPF_CNI_FAILPOINT=before-result` fails ADD after every step succeeded, so
-/// tests can prove the rollback undoes all of them.
-const FAILPOINT_ENV: &str = "EBPF_CNI_FAILPOINT";
-
 /// The node as it is now ([`bpf::NodeView`]): the devices that get the device program
 /// (the `devices` of the config, or else every device holding a global address that is not
 /// a pod's host veth or loopback), every global address of the node (what wildcard host
@@ -100,10 +96,17 @@ pub async fn node_view(
     })
 }
 
-/// The error the test hook [`FAILPOINT_ENV`] makes ADD fail with (code 199).
+/// The error the test hook `EBPF_CNI_FAILPOINT` makes ADD fail with (code 199).
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, thiserror::Error)]
-#[error("failpoint {}=before-result", FAILPOINT_ENV)]
+#[error("failpoint {}=before-result", crate::test_hooks::FAILPOINT_ENV)]
 pub struct Failpoint;
+
+/// A release build has no failpoint: this error cannot be made.
+#[cfg(not(feature = "test-hooks"))]
+#[derive(Debug, thiserror::Error)]
+#[error("no failpoint in a release build")]
+pub enum Failpoint {}
 
 impl Failpoint {
     pub fn cni_code(&self) -> u32 {
@@ -111,9 +114,10 @@ impl Failpoint {
     }
 }
 
-/// The test hook [`FAILPOINT_ENV`]: an error once every step of ADD has succeeded.
+/// The test hook `EBPF_CNI_FAILPOINT`: an error once every step of ADD has succeeded.
 pub fn failpoint() -> Result<(), Failpoint> {
-    if std::env::var(FAILPOINT_ENV).as_deref() == Ok("before-result") {
+    #[cfg(feature = "test-hooks")]
+    if crate::test_hooks::fail_before_result() {
         return Err(Failpoint);
     }
     Ok(())

@@ -53,6 +53,7 @@ pub(crate) use machine::bin_from_env;
 pub use machine::{
     ebpf_cni_bin, euid, pin_root_for, plugin_type, previous_ebpf_cni_bin, require_root,
     BPF_PIN_BASE, CNI_VERSIONS, PLUGIN_BIN_ENV, PREVIOUS_BIN_ENV, PROGRAMS_OBJ_ENV,
+    PROTOTYPES_OBJ_ENV,
     REFERENCE_HOST_LOCAL, REFERENCE_PLUGIN_DIR, REFERENCE_PTP,
 };
 pub use netns::{unique_container_id, Netns, NetnsGuard};

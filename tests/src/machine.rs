@@ -40,6 +40,9 @@ pub const PLUGIN_BIN_ENV: &str = "EBPF_CNI_BIN";
 /// Environment variable naming the eBPF object (`ebpf-cni-programs`) the program tests
 /// load (`progtest`).
 pub const PROGRAMS_OBJ_ENV: &str = "EBPF_CNI_PROGRAMS_OBJ";
+/// The benchmark's eBPF object (the plugin's programs and the benchmark's prototypes),
+/// which the prototypes' program tests load.
+pub const PROTOTYPES_OBJ_ENV: &str = "EBPF_CNI_PROTOTYPES_OBJ";
 
 /// The effective user id. The tests, the demo, the benchmark and the kernel matrix all need
 /// root (namespaces, veths, bpffs pins); this is the one place that asks.

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,50 @@ const CONTROLLED_ENV: &[&str] = &[
     "CNI_IFNAME",
     "CNI_ARGS",
     "CNI_PATH",
+    TEST_HOOKS[0],
+    TEST_HOOKS[1],
+    TEST_HOOKS[2],
+];
+
+/// ebpf-cni's test hooks (plugin/src/test_hooks.rs): only a test build reads them
+/// (`cargo xtask build --test-hooks`; `cargo xtask test` stages one), a release build
+/// ignores them.
+pub const TEST_HOOKS: [&str; 3] = [
     "EBPF_CNI_FAILPOINT",
     "EBPF_CNI_TEST_KERNEL_RELEASE",
     "EBPF_CNI_BOOT_ID_FILE",
 ];
+
+/// Fails when `env` sets a test hook for an ebpf-cni binary that is no test build: the
+/// test would otherwise see the hook ignored and fail far from the reason.
+fn require_test_build(plugin: &Path, env: &ContainerEnv) -> Result<()> {
+    let Some((hook, _)) = env.extra.iter().find(|(k, _)| TEST_HOOKS.contains(&k.as_str()))
+    else {
+        return Ok(());
+    };
+    if plugin.file_name().is_none_or(|n| n != "ebpf-cni") {
+        return Ok(());
+    }
+    static TEST_BUILDS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut known = TEST_BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+    if known.iter().any(|p| p == plugin) {
+        return Ok(());
+    }
+    let out = Command::new(plugin)
+        .arg("version")
+        .env_remove("CNI_COMMAND")
+        .output()
+        .with_context(|| format!("running {} version", plugin.display()))?;
+    if !String::from_utf8_lossy(&out.stdout).contains("(a test build") {
+        bail!(
+            "{hook} is a test hook, but {} is a release build, which ignores it: run the \
+             suites with a test build (`cargo xtask build --test-hooks`, or `cargo xtask test`)",
+            plugin.display()
+        );
+    }
+    known.push(plugin.to_path_buf());
+    Ok(())
+}
 
 /// `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,6 +323,7 @@ fn run_command(
     env: &ContainerEnv,
     stdin: &[u8],
 ) -> Result<PluginOutput> {
+    require_test_build(plugin, env)?;
     for var in CONTROLLED_ENV {
         cmd.env_remove(var);
     }

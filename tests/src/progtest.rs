@@ -50,6 +50,17 @@ pub fn programs_obj() -> PathBuf {
     )
 }
 
+/// The benchmark's eBPF object, from `EBPF_CNI_PROTOTYPES_OBJ`: the plugin's programs and
+/// the prototypes the plugin's own object leaves out (`ebpf_cni_maps::PROTOTYPE_PROGRAMS`).
+pub fn prototypes_obj() -> PathBuf {
+    crate::bin_from_env(
+        crate::PROTOTYPES_OBJ_ENV,
+        "the benchmark's eBPF object, with the prototypes",
+        "`cargo xtask test` and `cargo xtask vmtest` build it and set the variable (it is \
+         staged beside the plugin under test as ebpf-cni-prototypes)",
+    )
+}
+
 /// Entries of each keyed map: a test holds a few; the production sizes would only cost
 /// memory and, under emulation, time.
 const MAP_ENTRIES: u32 = 256;
@@ -855,6 +866,12 @@ impl Lab {
     /// state) and an uplink; the TC programs loaded.
     pub fn new() -> Result<Self> {
         Self::with_object(&programs_obj())
+    }
+
+    /// [`Lab::new`] with the benchmark's object, whose prototypes (the XDP host-port path,
+    /// the routing floors) the plugin's object leaves out.
+    pub fn with_prototypes() -> Result<Self> {
+        Self::with_object(&prototypes_obj())
     }
 
     /// [`Lab::new`] with the eBPF object at `obj`.

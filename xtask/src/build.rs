@@ -48,6 +48,8 @@ const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
 
 const PLUGIN_PACKAGE: &str = "ebpf-cni";
 const PLUGIN_BIN: &str = "ebpf-cni";
+/// The benchmark's object, staged beside the plugin.
+const PROTOTYPES_BIN: &str = "ebpf-cni-prototypes";
 /// Read by plugin/build.rs.
 const OBJ_ENV: &str = "EBPF_CNI_BPF_OBJ";
 
@@ -56,7 +58,18 @@ pub struct BuildOptions {
     /// Build the plugin with the dev profile instead of release (the eBPF object is always
     /// built in release: debug BPF code does not pass the verifier).
     pub debug_plugin: bool,
+    /// Build the plugin with its test hooks (`--features test-hooks`, see
+    /// plugin/src/test_hooks.rs): the build the integration suites run. Release artefacts
+    /// never have them.
+    pub test_hooks: bool,
 }
+
+/// The build the integration suites, the demo and the kernel matrix run: release, with the
+/// test hooks.
+pub const UNDER_TEST: BuildOptions = BuildOptions {
+    debug_plugin: false,
+    test_hooks: true,
+};
 
 /// The workspace root (where the root Cargo.toml is).
 pub fn workspace_root() -> PathBuf {
@@ -190,20 +203,51 @@ fn ebpf_cargo(tree: &Tree, subcommand: &str) -> std::process::Command {
     c
 }
 
-/// clippy on the eBPF crate as it is built (nightly, the BPF target, the build's flags),
-/// with the workspace's lints and `-D warnings`. The host clippy never sees that crate: it
-/// is no default member and builds for no host target.
-pub fn clippy_ebpf() -> Result<()> {
-    let mut clippy = ebpf_cargo(&Tree::current()?, "clippy");
-    clippy.args(["--", "-D", "warnings"]);
-    cmd::run(&mut clippy)
+/// The eBPF crate's feature that adds the benchmark's prototypes (see
+/// `ebpf_cni_maps::PROTOTYPE_PROGRAMS`).
+const PROTOTYPES_FEATURE: &str = "prototypes";
+
+/// [`ebpf_cargo`] for the benchmark's object: with the prototypes, in a target directory of
+/// its own so the plugin's object and it are both kept.
+fn ebpf_cargo_prototypes(tree: &Tree, subcommand: &str) -> std::process::Command {
+    let mut c = ebpf_cargo(tree, subcommand);
+    c.args(["--features", PROTOTYPES_FEATURE])
+        .env("CARGO_TARGET_DIR", tree.target_dir.join(PROTOTYPES_FEATURE));
+    c
 }
 
-/// Builds the eBPF object and returns its absolute path.
+/// clippy on the eBPF crate as it is built (nightly, the BPF target, the build's flags),
+/// with the workspace's lints and `-D warnings`, without and with the prototypes. The host
+/// clippy never sees that crate: it is no default member and builds for no host target.
+pub fn clippy_ebpf() -> Result<()> {
+    let tree = Tree::current()?;
+    for mut clippy in [
+        ebpf_cargo(&tree, "clippy"),
+        ebpf_cargo_prototypes(&tree, "clippy"),
+    ] {
+        clippy.args(["--", "-D", "warnings"]);
+        cmd::run(&mut clippy)?;
+    }
+    Ok(())
+}
+
+/// Builds the eBPF object the plugin embeds and returns its absolute path.
 pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
-    let target_dir = &tree.target_dir;
+    build_object(ebpf_cargo(tree, "build"), &tree.target_dir)
+}
+
+/// Builds the benchmark's eBPF object: the plugin's programs and the prototypes the
+/// benchmark and the program tests load (never shipped). Returns its absolute path.
+pub fn build_prototypes(tree: &Tree) -> Result<PathBuf> {
+    build_object(
+        ebpf_cargo_prototypes(tree, "build"),
+        &tree.target_dir.join(PROTOTYPES_FEATURE),
+    )
+}
+
+/// Runs the eBPF `build` into `target_dir`; returns the object's path.
+fn build_object(mut build: std::process::Command, target_dir: &Path) -> Result<PathBuf> {
     let started = Instant::now();
-    let mut build = ebpf_cargo(tree, "build");
     cmd::run(&mut build).context(
         "building the eBPF programs failed; `cargo xtask setup` installs what this build needs",
     )?;
@@ -229,27 +273,31 @@ pub fn build_ebpf(tree: &Tree) -> Result<PathBuf> {
 /// plugin (without the eBPF object) would overwrite it there with a stub build. Each user
 /// (tests, benchmark) stages to a directory of its own, so a concurrent run of another
 /// never swaps its binary.
+///
+/// This is the build under test ([`UNDER_TEST`]: with the test hooks).
 pub fn stage(dir: &str) -> Result<PathBuf> {
-    stage_for(dir, None)
+    stage_with(dir, None, &UNDER_TEST)
 }
 
-/// [`stage`] of the plugin built for `target` (`None`: the host's default target), e.g. the
-/// static binary the release ships (see `dist`).
+/// [`stage`] of the release plugin (no test hooks) built for `target` (`None`: the host's
+/// default target), e.g. the static binary the release ships (see `dist`).
 pub fn stage_for(dir: &str, target: Option<CrossTarget>) -> Result<PathBuf> {
+    stage_with(dir, target, &BuildOptions::default())
+}
+
+fn stage_with(dir: &str, target: Option<CrossTarget>, opts: &BuildOptions) -> Result<PathBuf> {
     let tree = Tree::current()?;
     let obj = build_ebpf(&tree)?;
-    let built = build_plugin(
-        &tree,
-        &obj,
-        &BuildOptions {
-            debug_plugin: false,
-        },
-        target,
-    )?;
+    let prototypes = build_prototypes(&tree)?;
+    let built = build_plugin(&tree, &obj, opts, target)?;
     let dir = target_dir()?.join(dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let staged = dir.join(PLUGIN_BIN);
-    for (from, to) in [(&obj, staged_object(&staged)), (&built, staged.clone())] {
+    for (from, to) in [
+        (&obj, staged_object(&staged)),
+        (&prototypes, staged_prototypes(&staged)),
+        (&built, staged.clone()),
+    ] {
         let name = to.file_name().unwrap_or_default().to_string_lossy();
         let tmp = dir.join(format!(".{name}.tmp"));
         std::fs::copy(from, &tmp)
@@ -263,6 +311,12 @@ pub fn stage_for(dir: &str, target: Option<CrossTarget>) -> Result<PathBuf> {
 /// load (`EBPF_CNI_PROGRAMS_OBJ`).
 pub fn staged_object(plugin: &Path) -> PathBuf {
     plugin.with_file_name(EBPF_BIN)
+}
+
+/// The benchmark's object (see [`build_prototypes`]) that [`stage`] put beside `plugin`:
+/// what the benchmark and the prototypes' program tests load (`EBPF_CNI_PROTOTYPES_OBJ`).
+pub fn staged_prototypes(plugin: &Path) -> PathBuf {
+    plugin.with_file_name(PROTOTYPES_BIN)
 }
 
 /// Builds the eBPF object, then the plugin with the object embedded; returns the plugin
@@ -398,6 +452,9 @@ pub fn build_plugin_with(
     if !opts.debug_plugin {
         build.arg("--release").envs(RELEASE_LINK);
     }
+    if opts.test_hooks {
+        build.args(["--features", "test-hooks"]);
+    }
     let profiled = profile_env(&tree.root, opts, target, pgo);
     if let Some((var, flag)) = &profiled {
         build.env(var, flag);
@@ -503,7 +560,10 @@ mod tests {
     fn only_the_profiled_release_target_takes_a_profile() {
         let root = workspace_root();
         let release = BuildOptions::default();
-        let debug = BuildOptions { debug_plugin: true };
+        let debug = BuildOptions {
+            debug_plugin: true,
+            test_hooks: false,
+        };
         let arm = CrossTarget {
             triple: "aarch64-unknown-linux-musl",
             cross_cc: Some("aarch64-linux-gnu-gcc"),

@@ -207,14 +207,13 @@ fn build_all() -> Result<Artifacts> {
     }
 
     let obj = build::build_ebpf(&tree)?;
+    check_object(&obj)?;
     let mut arches = Vec::new();
     for arch in ARCHES {
         let binary = build::build_plugin(
             &tree,
             &obj,
-            &BuildOptions {
-                debug_plugin: false,
-            },
+            &BuildOptions::default(),
             Some(arch.target),
         )?;
         check_binary(&binary, arch, &pkg.version)?;
@@ -303,7 +302,86 @@ fn source_date_epoch(root: &Path) -> Result<u64> {
 
 /// Refuses a binary that is not static, not of `arch`, or does not start and report this
 /// version with its eBPF programs embedded.
+/// The eBPF object the release embeds holds exactly the programs the plugin loads: no
+/// prototype of the benchmark's, nothing the plugin never attaches.
+fn check_object(obj: &Path) -> Result<()> {
+    let mut found = object_programs(obj)?;
+    found.sort();
+    let mut loaded: Vec<String> = ebpf_cni_maps::PLUGIN_PROGRAMS
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    loaded.sort();
+    if found != loaded {
+        bail!(
+            "{} holds the programs {found:?}; the plugin loads {loaded:?} (the benchmark's \
+             prototypes belong in its own object)",
+            obj.display()
+        );
+    }
+    Ok(())
+}
+
+/// The programs of the eBPF object at `obj`, by `readelf`: its global functions of default
+/// visibility outside `.text` (which holds the subprograms they call), each in its
+/// program's section.
+fn object_programs(obj: &Path) -> Result<Vec<String>> {
+    let out = cmd::output(
+        Command::new("readelf")
+            .args(["--section-headers", "--syms", "--wide"])
+            .arg(obj),
+    )?;
+    Ok(programs_of_readelf(&out))
+}
+
+/// [`object_programs`] of `readelf --section-headers --syms --wide`'s output.
+fn programs_of_readelf(out: &str) -> Vec<String> {
+    // `  [ 2] .text  PROGBITS …`: the section index of `.text`.
+    let text = out.lines().find_map(|l| {
+        let (idx, rest) = l.trim().strip_prefix('[')?.split_once(']')?;
+        (rest.split_whitespace().next() == Some(".text")).then(|| idx.trim().to_owned())
+    });
+    // `  77: 00000000000047d0 16128 FUNC GLOBAL DEFAULT 8 ecni_from_pod`
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [_, _, _, "FUNC", "GLOBAL", "DEFAULT", ndx, name]
+                    if Some(*ndx) != text.as_deref() && *ndx != "UND" =>
+                {
+                    Some((*name).to_owned())
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The test hooks' variables (plugin/src/test_hooks.rs): a release binary holds none of
+/// their names, which only a test build (`--features test-hooks`) compiles in.
+const TEST_HOOK_VARS: [&str; 3] = [
+    "EBPF_CNI_FAILPOINT",
+    "EBPF_CNI_TEST_KERNEL_RELEASE",
+    "EBPF_CNI_BOOT_ID_FILE",
+];
+
+/// The first test hook whose name is in `binary`'s bytes.
+fn test_hook_in(binary: &[u8]) -> Option<&'static str> {
+    TEST_HOOK_VARS
+        .into_iter()
+        .find(|var| binary.windows(var.len()).any(|w| w == var.as_bytes()))
+}
+
 fn check_binary(bin: &Path, arch: Arch, version: &str) -> Result<()> {
+    let bytes = fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+    if let Some(var) = test_hook_in(&bytes) {
+        bail!(
+            "{} honours the test hook {var}: a release binary is built without the \
+             test-hooks feature",
+            bin.display()
+        );
+    }
+    drop(bytes);
     let elf = ElfFacts::read(bin)?;
     if elf.machine != arch.elf_machine {
         bail!(
@@ -664,6 +742,50 @@ fn image(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_objects_programs_are_its_global_functions_outside_text() {
+        let out = "\
+Section Headers:
+  [Nr] Name              Type            Address          Off    Size   ES Flg Lk Inf Al
+  [ 2] .text             PROGBITS        0000000000000000 000040 01c370 00  AX  0   0  8
+  [ 8] classifier        PROGBITS        0000000000000000 01c3b0 00a2c8 00  AX  0   0  8
+  [24] xdp               PROGBITS        0000000000000000 02e160 001018 00  AX  0   0  8
+Symbol table '.symtab' contains 102 entries:
+   Num:    Value          Size Type    Bind   Vis      Ndx Name
+    48: 0000000000000500  4768 FUNC    GLOBAL DEFAULT    2 ecni_source_check
+    77: 00000000000047d0 16128 FUNC    GLOBAL DEFAULT    8 ecni_from_pod
+    98: 0000000000000000  4120 FUNC    GLOBAL DEFAULT   24 ecni_xdp_dev
+    99: 000000000001c190    88 FUNC    GLOBAL HIDDEN     2 memcpy
+    12: 0000000000000010     0 FUNC    LOCAL  DEFAULT    8 LBB0_1
+";
+        assert_eq!(programs_of_readelf(out), ["ecni_from_pod", "ecni_xdp_dev"]);
+    }
+
+    /// The names dist looks for are the hooks the plugin defines, each behind the feature.
+    #[test]
+    fn the_test_hooks_checked_are_the_plugins() {
+        let src = fs::read_to_string(build::workspace_root().join("plugin/src/test_hooks.rs"))
+            .unwrap();
+        let mut defined: Vec<&str> = src
+            .split('"')
+            .filter(|s| s.starts_with("EBPF_CNI_"))
+            .collect();
+        defined.sort_unstable();
+        let mut checked = TEST_HOOK_VARS.to_vec();
+        checked.sort_unstable();
+        assert_eq!(defined, checked);
+        // Every definition of a name is compiled only into a test build.
+        for line in src.lines().filter(|l| l.contains("\"EBPF_CNI_")) {
+            let before = &src[..src.find(line).unwrap()];
+            assert!(
+                before.trim_end().ends_with("#[cfg(feature = \"test-hooks\")]"),
+                "{line} is not behind the test-hooks feature"
+            );
+        }
+        assert_eq!(test_hook_in(b"..EBPF_CNI_BOOT_ID_FILE.."), Some("EBPF_CNI_BOOT_ID_FILE"));
+        assert_eq!(test_hook_in(b"EBPF_CNI_LOG"), None);
+    }
 
     /// The benchmark measures the release binary of the machine it runs on: each
     /// architecture Rust names maps to the release of that architecture.

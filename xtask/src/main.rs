@@ -65,6 +65,10 @@ struct BuildArgs {
     /// Build the plugin with the dev profile (the eBPF object is always release).
     #[arg(long)]
     debug_plugin: bool,
+    /// Build the plugin with its test hooks, as the integration suites need it (never for
+    /// a node), and the benchmark's eBPF object the prototypes' program tests load.
+    #[arg(long)]
+    test_hooks: bool,
 }
 
 fn main() -> Result<()> {
@@ -74,7 +78,11 @@ fn main() -> Result<()> {
         Task::Build(args) => {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,
+                test_hooks: args.test_hooks,
             })?;
+            if args.test_hooks {
+                xtask::build::build_prototypes(&xtask::build::Tree::current()?)?;
+            }
             println!("{}", plugin.display());
             Ok(())
         }

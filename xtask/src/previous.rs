@@ -59,9 +59,8 @@ pub fn build() -> Result<PathBuf> {
     };
     let built = build::build_tree(
         &tree,
-        &BuildOptions {
-            debug_plugin: false,
-        },
+        // The previous release has no test hooks to build.
+        &BuildOptions::default(),
     )
     .with_context(|| format!("building the previous release {PREVIOUS_RELEASE}"))?;
     let dir = bin.parent().expect("the binary is in a directory");

@@ -57,6 +57,10 @@ pub fn test(extra: &[String]) -> Result<()> {
         .env(
             ebpf_cni_tests::PROGRAMS_OBJ_ENV,
             build::staged_object(&plugin),
+        )
+        .env(
+            ebpf_cni_tests::PROTOTYPES_OBJ_ENV,
+            build::staged_prototypes(&plugin),
         );
     match &previous {
         Ok(bin) => c.env(previous::PREVIOUS_BIN_ENV, bin),

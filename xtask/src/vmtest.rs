@@ -933,6 +933,13 @@ fn guest_script(plugin: &Path, runs: &[(&str, PathBuf, Vec<String>)]) -> String 
         ebpf_cni_tests::PROGRAMS_OBJ_ENV,
         q(&build::staged_object(plugin).to_string_lossy())
     );
+    // The prototypes' program tests load the benchmark's object (staged beside it too).
+    let _ = writeln!(
+        s,
+        "export {}={}",
+        ebpf_cni_tests::PROTOTYPES_OBJ_ENV,
+        q(&build::staged_prototypes(plugin).to_string_lossy())
+    );
     // Tells the tests they run under emulation (`ebpf_cni_tests::rate::VM_ENV`).
     let _ = writeln!(s, "export {}=1", ebpf_cni_tests::rate::VM_ENV);
     let _ = writeln!(

@@ -309,7 +309,8 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
 fn program_cost(bins: &Binaries) -> Result<Vec<(PathPart, f64)>> {
     use ebpf_cni_maps::{SourceKey, SourceRule, SOURCE_FAMILY_V4, SOURCE_HEAD_BITS, SOURCE_PASS};
     use ebpf_cni_tests::packet::{Pkt, L4, TCP_ACK};
-    let obj = xtask::build::staged_object(&bins.ebpf_cni);
+    // The benchmark's object: the plugin's programs and the routing floor.
+    let obj = xtask::build::staged_prototypes(&bins.ebpf_cni);
     let mut lab = ebpf_cni_tests::progtest::Lab::with_object(&obj)
         .with_context(|| format!("the program lab with {}", obj.display()))?;
     let (a, b) = (lab.a.clone(), lab.b.clone());

@@ -23,17 +23,15 @@ pub const MINIMUM: (u32, u32) = (5, 10);
 /// What a kernel below [`MINIMUM`] lacks.
 const MINIMUM_NEEDS: &str = "bpf_redirect_peer and bpf_redirect_neigh";
 
-/// Test hook: the kernel release to act on instead of `uname -r`, so the tests can show
-/// what a node with an older kernel gets without booting one (e.g. `5.4.0`, below the
-/// minimum, which no VM of the matrix runs). Only this module's decisions read it.
-const RELEASE_ENV: &str = "EBPF_CNI_TEST_KERNEL_RELEASE";
-
-/// `uname -r` (or [`RELEASE_ENV`]).
+/// `uname -r`, or in a test build the release a test stands in for it
+/// (`EBPF_CNI_TEST_KERNEL_RELEASE`, see `test_hooks`: a node with an older kernel, e.g.
+/// `5.4.0`, below the minimum, which no VM of the matrix runs). Only this module's
+/// decisions read it.
 pub fn release() -> &'static str {
     static RELEASE: OnceLock<String> = OnceLock::new();
-    RELEASE.get_or_init(|| match std::env::var(RELEASE_ENV) {
-        Ok(r) if !r.is_empty() => r,
-        _ => nix::sys::utsname::uname()
+    RELEASE.get_or_init(|| match crate::test_hooks::kernel_release() {
+        Some(r) => r,
+        None => nix::sys::utsname::uname()
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_default(),
     })

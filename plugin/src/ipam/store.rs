@@ -56,9 +56,6 @@ const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 const LOCK_FILE: &str = "lock";
 /// Where the kernel says which boot this is (a random UUID per boot).
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
-/// Test hook: a file to read the boot id from instead of [`BOOT_ID`], so a test can show
-/// what the first ADD after a reboot does without rebooting. Nothing else reads it.
-pub const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
 /// ebpf-cni's own records (see the module docs).
 const OWN_DIR: &str = "ebpf-cni";
 const BOOT_ID_FILE: &str = "boot_id";
@@ -149,11 +146,10 @@ fn record_owner(content: &str) -> Option<(&str, &str)> {
         .or_else(|| content.split_once('/'))
 }
 
-/// This boot's id.
+/// This boot's id ([`BOOT_ID`], or in a test build the file a test names instead:
+/// `EBPF_CNI_BOOT_ID_FILE`, see `test_hooks`).
 pub fn current_boot() -> Result<String, IpamError> {
-    let path = std::env::var_os(BOOT_ID_FILE_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(BOOT_ID), PathBuf::from);
+    let path = crate::test_hooks::boot_id_file().unwrap_or_else(|| PathBuf::from(BOOT_ID));
     match fs::read_to_string(&path) {
         Ok(s) => Ok(s.trim().to_owned()),
         Err(source) => Err(IpamError::Io {

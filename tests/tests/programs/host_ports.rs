@@ -1,7 +1,7 @@
 //! Host ports: the DNAT towards the pod and the reply's reverse translation, ICMP errors
 //! and fragments of host-port flows, and the XDP prototype of the uplink's path.
 
-use super::{arriving, checksums_ok, family, fragments, from, lab, map_port, port_unreachable};
+use super::{arriving, checksums_ok, family, fragments, from, lab, map_port, port_unreachable, prototype_lab};
 use ebpf_cni_maps::{NatKey, NatOrig, IPPROTO_TCP, IPPROTO_UDP};
 use ebpf_cni_tests::packet::{parse, reassemble, Pkt, ETH_HLEN, L4, TCP_ACK, TCP_SYN};
 use ebpf_cni_tests::progtest::{endpoint_key, Verdict};
@@ -139,7 +139,7 @@ const XDP_REDIRECT: u32 = 4;
 /// `ecni_from_dev` leaves byte for byte the same. Anything else passes unchanged.
 #[test]
 fn the_xdp_prototype_does_the_host_port_dnat_of_the_tc_program() {
-    let mut lab = lab();
+    let mut lab = prototype_lab();
     lab.host_ports();
     let (a, node, client) = (lab.a.clone(), lab.up.addr(true), lab.up.remote(true));
     for (i, proto) in [IPPROTO_TCP, IPPROTO_UDP].into_iter().enumerate() {

@@ -32,6 +32,12 @@ fn lab() -> Lab {
     Lab::new().unwrap_or_else(|e| panic!("setting up the program lab: {e:#}"))
 }
 
+/// [`lab`] with the benchmark's object, for the prototypes the plugin's object leaves out.
+fn prototype_lab() -> Lab {
+    require_root();
+    Lab::with_prototypes().unwrap_or_else(|e| panic!("setting up the prototypes' lab: {e:#}"))
+}
+
 fn family(v4: bool) -> &'static str {
     if v4 {
         "IPv4"

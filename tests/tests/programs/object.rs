@@ -97,3 +97,45 @@ fn no_program_calls_a_memory_builtin() {
         calls.join("; ")
     );
 }
+
+/// The programs of the eBPF object at `path`: its global functions of default visibility
+/// outside `.text` (which holds the subprograms they call), sorted.
+fn programs_of(path: &std::path::Path) -> Vec<String> {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolScope, SymbolSection};
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = object::File::parse(&*data)
+        .unwrap_or_else(|e| panic!("{}: not an object file: {e}", path.display()));
+    let mut programs: Vec<String> = file
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
+        .filter(|s| s.scope() == SymbolScope::Dynamic)
+        .filter(|s| match s.section() {
+            SymbolSection::Section(i) => file
+                .section_by_index(i)
+                .is_ok_and(|sec| sec.name() != Ok(".text")),
+            _ => false,
+        })
+        .filter_map(|s| s.name().ok().map(str::to_owned))
+        .collect();
+    programs.sort();
+    programs
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    v.sort();
+    v
+}
+
+/// The object the plugin embeds holds exactly the programs it loads; the benchmark's
+/// prototypes (the XDP host-port path, the routing floors) are in the benchmark's object
+/// only, beside the same programs.
+#[test]
+fn the_plugins_object_holds_only_what_it_loads_and_the_prototypes_are_the_benchmarks() {
+    use ebpf_cni_maps::{PLUGIN_PROGRAMS, PROTOTYPE_PROGRAMS};
+    let plugin = programs_of(&ebpf_cni_tests::progtest::programs_obj());
+    assert_eq!(plugin, sorted(&PLUGIN_PROGRAMS), "the plugin's object");
+    let bench = programs_of(&ebpf_cni_tests::progtest::prototypes_obj());
+    let both: Vec<&str> = PLUGIN_PROGRAMS.iter().chain(&PROTOTYPE_PROGRAMS).copied().collect();
+    assert_eq!(bench, sorted(&both), "the benchmark's object");
+}

@@ -1,7 +1,7 @@
 //! Routing: pod to pod, device to pod, the FIB's answers, the TTL, ARP for the gateway,
 //! the routing floor, and what the stack sends into a pod.
 
-use super::{arriving, checksums_ok, family, from, lab};
+use super::{arriving, checksums_ok, family, from, lab, prototype_lab};
 use ebpf_cni_tests::packet::{parse, Arp, Pkt, ARP_REPLY, L4, TCP_ACK, TCP_SYN};
 use ebpf_cni_tests::progtest::{Lab, LabPod, Verdict};
 
@@ -162,7 +162,7 @@ fn arp_for_the_gateway_is_answered_with_the_host_veths_mac() {
 /// `bpf_redirect` where the TC floor uses `bpf_redirect_peer`.
 #[test]
 fn the_routing_floor_delivers_pod_to_pod_as_ecni_from_pod_does() {
-    let mut lab = lab();
+    let mut lab = prototype_lab();
     let (a, b) = (lab.a.clone(), lab.b.clone());
     type Floor = fn(&mut Lab, &LabPod, &[u8]) -> ebpf_cni_tests::progtest::Run;
     let floors: [(&str, Floor); 2] = [
