@@ -1,4 +1,4 @@
-//! The kernel floor of ebpf-cni's ADD and DEL (issue 26): the kernel work one ADD of the
+//! The kernel floor of ebpf-cni's ADD and DEL: the kernel work one ADD of the
 //! benchmark's pods needs, done as directly as a program can, and nothing else. The
 //! benchmark runs it as it runs a plugin (forked into the node's namespace, reaped with
 //! `wait4`), alternating with ebpf-cni's own ADDs, and reports ADD as a multiple of it.
