@@ -28,10 +28,6 @@ pub const MAX_SERVICES_NETS: u32 = 65_536;
 /// the least recently used; an evicted flow that is still alive would see its replies take
 /// the redirect path, so this is sized well above a node's Service connections).
 pub const MAX_SERVICES_FLOWS: u32 = 131_072;
-/// [`crate::NodeConfig::flags`]: the node runs Services (user space found kube-proxy's
-/// rules, or the config names `serviceCIDRs`): the programs look packets up in the two
-/// maps. Without it they skip both lookups.
-pub const NODE_FLAG_SERVICES: u32 = 16;
 /// A flow value: a pod's flow to a Service address (the key has no peer).
 pub const SERVICES_FLOW_CLIENT: u32 = 1;
 /// A flow value: the stack delivered the flow into the pod (the key names the peer).
@@ -100,3 +96,9 @@ pub struct ServicesStats {
 }
 
 const _: () = assert!(core::mem::size_of::<ServicesStats>() == 56);
+
+plain_old_data!(ServicesFlowKey, ServicesFlow, ServicesStats);
+
+const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_NETS_MAP));
+const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_FLOWS_MAP));
+const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_STATS_MAP));
