@@ -18,19 +18,19 @@ use aya_ebpf::{
 use ebpf_cni_maps::{EndpointInfo, EndpointKey, EP_FLAG_CHAINED, EP_FLAG_MASQ};
 
 use crate::{
-    limit::{header_len, pace, police, towards, Towards, Verdict, Way},
+    bandwidth::{header_len, pace, police, towards, Towards, Verdict, Way},
+    host_ports::{self, Nat},
     maps::{
         count, count_in, endpoint, endpoint_in_map, no_egress_limit, no_host_ports,
         no_ingress_limit, no_limits, pod_counters, AlignedKey, Dir, Event,
     },
-    masq::{self, MasqHint, Reply, Snat, Want},
-    nat::{self, Nat},
+    masquerade::{self, MasqHint, Reply, Snat, Want},
     packet::{
         ipv4_decrement_ttl, ipv4_is_special, ipv6_is_special, ptr_at, ArpEth4, EthHdr, Ipv4Hdr,
         Ipv6Hdr, ARP_REPLY, ARP_REQUEST, ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6,
     },
     services::{self, Services},
-    source::{self, Source},
+    source_check::{self, Source},
     trace::{note, Note},
 };
 
@@ -248,7 +248,7 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     // After the limiter and the count: every frame of the pod spends its tokens and is
     // counted, spoofed or not, and the verifier walks the limiter once, not once per
     // verdict of the check.
-    let src_masq = match source::check(ctx, me) {
+    let src_masq = match source_check::check(ctx, me) {
         Source::BadAddress => {
             count(me, Dir::FromPod, Event::SourceDrop, len);
             note(Note::SourceDropped(me));
@@ -280,16 +280,16 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
     // (the pod → pod path). A pod no host port leads to sends no replies in such flows.
     // In chained mode the destination is looked up only for the translated packets the
     // programs deliver themselves.
-    let mut nat = nat::reverse(ctx, host_ports);
+    let mut nat = host_ports::reverse(ctx, host_ports);
     let mut dest = Dest::stack(0);
     if CHAINED {
         if nat == Nat::None {
-            nat = nat::forward(ctx, me);
+            nat = host_ports::forward(ctx, me);
         }
     } else {
         dest = classify(ctx);
         if nat == Nat::None && dest.pod.is_none() {
-            nat = nat::forward(ctx, me);
+            nat = host_ports::forward(ctx, me);
             if nat == Nat::Done || nat == Nat::Hairpin {
                 dest = classify(ctx);
             }
@@ -314,7 +314,7 @@ fn leave_pod<const CHAINED: bool>(ctx: &TcContext) -> i32 {
         let masq = if CHAINED || nat != Nat::None {
             Want::No
         } else {
-            masq::wanted(ctx, src_masq)
+            masquerade::wanted(ctx, src_masq)
         };
         if masq == Want::Untranslatable {
             count(me, Dir::FromPod, Event::Drop, len);
@@ -394,10 +394,10 @@ pub fn to_pod(ctx: &TcContext) -> i32 {
 /// Node device ingress.
 #[inline(always)]
 pub fn from_dev(ctx: &TcContext) -> i32 {
-    let nat = match masq::reply(ctx) {
+    let nat = match masquerade::reply(ctx) {
         Reply::Done => Nat::Done,
         Reply::Failed => Nat::Failed,
-        Reply::None => nat::forward_from_dev(ctx),
+        Reply::None => host_ports::forward_from_dev(ctx),
     };
     if nat == Nat::Failed {
         return TC_ACT_SHOT as i32;
@@ -408,7 +408,7 @@ pub fn from_dev(ctx: &TcContext) -> i32 {
         Some(_) if nat == Nat::None && services::from_dev(ctx) == Services::Stack => PASS,
         Some(ep) if ours(ep, nat) => {
             if nat == Nat::None && ep.flags & EP_FLAG_MASQ != 0 {
-                masq::inbound(ctx);
+                masquerade::inbound(ctx);
             }
             deliver(ctx, dest.proto, ep)
         }
@@ -483,7 +483,7 @@ fn fib_request(ctx: &TcContext, proto: u16, me: u32, fib: &mut bpf_fib_lookup) -
 }
 
 /// Forwards by the FIB's answer, bypassing the stack's forwarding path (and netfilter);
-/// with `masq`, the packet leaves masqueraded (`masq::snat`) or not at all.
+/// with `masq`, the packet leaves masqueraded (`masquerade::snat`) or not at all.
 /// Local destinations, unreachable ones, those needing fragmentation and everything the
 /// FIB does not resolve go to the stack, which knows how to answer them; but a masqueraded
 /// IPv4 packet that the stack would fragment is dropped and counted.
@@ -513,10 +513,10 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
     // (Made again in place rather than kept in a copy: 64 bytes more of `ecni_from_pod`'s
     // frame took the deepest call chain past 512 bytes on 5.10 and 6.1.)
     let mut rc = -1;
-    if masq && masq::opens_tcp_flow() {
-        let r = lookup(&mut fib, masq::FIB_LOOKUP_SRC);
+    if masq && masquerade::opens_tcp_flow() {
+        let r = lookup(&mut fib, masquerade::FIB_LOOKUP_SRC);
         if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS) || r == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
-            masq::fib_source(&fib);
+            masquerade::fib_source(&fib);
             rc = r;
         } else if fib_request(ctx, proto, me, &mut fib).is_none() {
             return PASS;
@@ -535,7 +535,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         // The stack would fragment it and forward the fragments with the pod's address
         // (the stack's fragments never pass the programs). Without DF it gets no ICMP
         // error either way.
-        masq::untranslatable();
+        masquerade::untranslatable();
         count(me, Dir::FromPod, Event::Drop, ctx.len());
         return TC_ACT_SHOT as i32;
     }
@@ -546,7 +546,7 @@ fn route(ctx: &TcContext, proto: u16, me: u32, masq: bool) -> i32 {
         // A new flow asks the FIB for the node's source address itself: an established
         // one keeps its own, and the address selection (IPv6's above all) is not paid
         // for on every packet.
-        if masq::snat(ctx, fib.ifindex) == Snat::Drop {
+        if masquerade::snat(ctx, fib.ifindex) == Snat::Drop {
             count(me, Dir::FromPod, Event::Drop, ctx.len());
             return TC_ACT_SHOT as i32;
         }

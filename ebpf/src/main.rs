@@ -31,30 +31,30 @@
     reason = "a key passed by value costs instructions and stack (see above)"
 )]
 
+mod bandwidth;
+mod bandwidth_pace;
 #[cfg(feature = "prototypes")]
 mod floor;
 mod forward;
-mod limit;
+mod host_ports;
+mod host_ports_sock;
 mod maps;
-mod masq;
-mod nat;
-mod pace;
+mod masquerade;
 mod packet;
 mod rewrite;
 mod services;
-mod sock;
-mod source;
+mod source_check;
 mod tcp_ts;
 mod trace;
 #[cfg(feature = "prototypes")]
 mod xdp;
 
+#[cfg(feature = "prototypes")]
+use aya_ebpf::{macros::xdp, programs::XdpContext};
 use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier, sock_ops},
     programs::{SockAddrContext, SockOpsContext, TcContext},
 };
-#[cfg(feature = "prototypes")]
-use aya_ebpf::{macros::xdp, programs::XdpContext};
 use ebpf_cni_maps::str_eq;
 
 // The entry points' identifiers become the program names user space pins and checks.
@@ -143,7 +143,7 @@ const _: () = assert!(str_eq(
 /// TCP sockets of a pod with an egress limit pace themselves at it (see `pace`).
 #[sock_ops]
 pub fn ecni_sockops(ctx: SockOpsContext) -> u32 {
-    pace::on_sock_op(&ctx)
+    bandwidth_pace::on_sock_op(&ctx)
 }
 
 const _: () = assert!(str_eq(
@@ -152,48 +152,48 @@ const _: () = assert!(str_eq(
 ));
 
 /// The node's own connections to a host port go to the pod (see `sock`); the plugin's probe
-/// socket learns the node's namespace cookie here (see `sock::netns_probe`).
+/// socket learns the node's namespace cookie here (see `host_ports_sock::netns_probe`).
 #[cgroup_sock_addr(connect4)]
 pub fn ecni_connect4(ctx: SockAddrContext) -> i32 {
-    if sock::netns_probe(&ctx) {
-        return sock::DENY;
+    if host_ports_sock::netns_probe(&ctx) {
+        return host_ports_sock::DENY;
     }
-    sock::to_pod(&ctx, false)
+    host_ports_sock::to_pod(&ctx, false)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn ecni_connect6(ctx: SockAddrContext) -> i32 {
-    sock::to_pod(&ctx, true)
+    host_ports_sock::to_pod(&ctx, true)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn ecni_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::to_pod(&ctx, false)
+    host_ports_sock::to_pod(&ctx, false)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn ecni_sendmsg6(ctx: SockAddrContext) -> i32 {
-    sock::to_pod(&ctx, true)
+    host_ports_sock::to_pod(&ctx, true)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn ecni_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::from_pod(&ctx, false)
+    host_ports_sock::from_pod(&ctx, false)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn ecni_recvmsg6(ctx: SockAddrContext) -> i32 {
-    sock::from_pod(&ctx, true)
+    host_ports_sock::from_pod(&ctx, true)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn ecni_peername4(ctx: SockAddrContext) -> i32 {
-    sock::from_pod(&ctx, false)
+    host_ports_sock::from_pod(&ctx, false)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn ecni_peername6(ctx: SockAddrContext) -> i32 {
-    sock::from_pod(&ctx, true)
+    host_ports_sock::from_pod(&ctx, true)
 }
 
 const _: () = assert!(str_eq(

@@ -36,7 +36,7 @@ pub static ECNI_TRACE: Array<u32> = Array::with_max_entries(1, 0);
 pub static ECNI_RATES: HashMap<u32, RateLimit> =
     HashMap::with_max_entries(MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
-/// The subnets of limited pods' `unshapedSubnets` / `shapedSubnets` (see `limit.rs`).
+/// The subnets of limited pods' `unshapedSubnets` / `shapedSubnets` (see `bandwidth.rs`).
 #[map]
 pub static ECNI_SHAPE_NET: LpmTrie<ShapeSubnetKey, u32> =
     LpmTrie::with_max_entries(MAX_SHAPE_SUBNETS, 0);

@@ -76,7 +76,7 @@ pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
 /// Copies a 16-byte address, a byte loaded and stored at a time (BPF has no unaligned
 /// loads). A `memcpy`, so the copy is lowered load by store: as a read and a write of the
 /// whole array it became a `memmove`, whose lowering makes all 16 loads before the first
-/// store and spills them to the stack (`masq::wanted`'s frame: 104 bytes, against 32).
+/// store and spills them to the stack (`masquerade::wanted`'s frame: 104 bytes, against 32).
 #[inline(always)]
 pub fn copy16(dst: &mut [u8; 16], src: &[u8; 16]) {
     // SAFETY: two valid 16-byte arrays; a `&mut` and a `&` never overlap.

@@ -5,7 +5,7 @@
 //! docs/dataplane.md says why the product stays on TC.
 //!
 //! For an IPv4 TCP or UDP packet without options or fragments, to a node address and a
-//! mapped host port, of a pod without an ingress limit, it does what `nat::forward` and
+//! mapped host port, of a pod without an ingress limit, it does what `host_ports::forward` and
 //! `forward::deliver` do at TC: records the reverse translation in `ECNI_NAT_REV`, rewrites
 //! the destination address and port (IPv4 header and transport checksums patched
 //! incrementally, RFC 1624), decrements the TTL, sets the pod's MACs, counts the packet and
@@ -27,7 +27,7 @@ use aya_ebpf::{
 use ebpf_cni_maps::{EndpointKey, NatKey, NatOrig, PortKey, PortTarget, IPPROTO_TCP, IPPROTO_UDP};
 
 use crate::{
-    limit::has_ingress_limit,
+    bandwidth::has_ingress_limit,
     maps::{
         count, count_hit, endpoint, is_node_addr, port_target, portmap_enabled, AlignedKey, Dir,
         Event, ECNI_NAT_REV,
@@ -141,7 +141,7 @@ fn try_from_dev(ctx: &XdpContext) -> Option<u32> {
     f.rev.proto = proto;
     copy16(&mut f.orig.addr, &dst.0.addr);
     f.orig.port = dport;
-    // As `nat::forward`: written only when new or changed.
+    // As `host_ports::forward`: written only when new or changed.
     // SAFETY: the value is compared at once.
     let same = match unsafe { ECNI_NAT_REV.get(&f.rev) } {
         Some(v) => v.addr == f.orig.addr && v.port == f.orig.port && v.flags == f.orig.flags,

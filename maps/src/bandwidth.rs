@@ -159,6 +159,6 @@ const _: () = assert!(core::mem::size_of::<Pacing>() == 16);
 
 plain_old_data!(RateLimit, ShapeSubnetKey, Pacing);
 
-const _: () = assert!(crate::fits_bpf_obj_name(RATE_LIMITS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(PACING_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(SHAPE_SUBNETS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(RATE_LIMITS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(PACING_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SHAPE_SUBNETS_MAP));

@@ -139,5 +139,5 @@ const _: () = assert!(core::mem::size_of::<PodCounters>() == 128);
 
 plain_old_data!(EndpointKey, EndpointInfo, DirCounters, PodCounters);
 
-const _: () = assert!(crate::fits_bpf_obj_name(ENDPOINTS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(POD_COUNTERS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(ENDPOINTS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(POD_COUNTERS_MAP));

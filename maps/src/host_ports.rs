@@ -1,7 +1,8 @@
 //! Host ports: the port mappings, the translation of their flows (the reverse flow map,
 //! fragments) and of the node's own connections and datagrams to them at the socket.
 
-use crate::{EndpointKey, MasqFrag6, MasqFrag6Key};
+use crate::endpoints::EndpointKey;
+use crate::masquerade::{MasqFrag6, MasqFrag6Key};
 
 /// Node-wide hash of the host port mappings: [`PortKey`] → [`PortTarget`].
 pub const PORTMAP_MAP: &str = "ECNI_PORTMAP";
@@ -41,14 +42,6 @@ pub const MAX_NAT_FLOWS: u32 = 65_536;
 /// the [`PortKey`]s the attachment installed: DEL removes exactly those, with or without
 /// `portMappings` in its input.
 pub const ATTACHMENT_PORTS_MAP: &str = "ecni_att_ports";
-
-/// IP protocol numbers of the host port protocols.
-/// Masquerade and Services match them too.
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_SCTP: u8 = 132;
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// [`NatOrig::flags`]: the flow is a pod reaching its own host port; its source was
 /// rewritten to the pod's gateway, so the reply's destination goes back to the pod.
@@ -180,9 +173,9 @@ pub type NatFrag = MasqFrag6;
 
 plain_old_data!(PortKey, PortTarget, PortHits, NatKey, NatOrig, SockKey, SockOrig);
 
-const _: () = assert!(crate::fits_bpf_obj_name(PORTMAP_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(PORTMAP_HITS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(NAT_REV_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(SOCK_REV_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(NAT_FRAG_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(PORTMAP_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(PORTMAP_HITS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(NAT_REV_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SOCK_REV_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(NAT_FRAG_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(ATTACHMENT_PORTS_MAP));

@@ -18,9 +18,10 @@
 //! - `node`: the node config and its flags, the node's addresses, its namespace probe;
 //! - `trace`: the notes of `ebpf-cni trace`;
 //! - `programs`: program names, [`PLUGIN_PROGRAMS`] and [`PROTOTYPE_PROGRAMS`];
-//! - [`pin`]: names under the bpffs mount point.
+//! - [`pin`]: names under the bpffs mount point;
+//! - `ip`: IP protocol numbers; `names`: checks on this crate's names.
 //!
-//! Here: [`NODE_MAPS`], the list of every node-wide map, and the name helpers.
+//! Here: [`NODE_MAPS`], the list of every node-wide map.
 #![no_std]
 
 /// `aya::Pod` for the map types, so user space reads and writes them as plain bytes.
@@ -38,7 +39,9 @@ macro_rules! plain_old_data {
 mod bandwidth;
 mod endpoints;
 mod host_ports;
+mod ip;
 mod masquerade;
+mod names;
 mod node;
 pub mod pin;
 mod programs;
@@ -49,7 +52,9 @@ mod trace;
 pub use bandwidth::*;
 pub use endpoints::*;
 pub use host_ports::*;
+pub use ip::*;
 pub use masquerade::*;
+pub use names::str_eq;
 pub use node::*;
 pub use programs::*;
 pub use services::*;
@@ -104,26 +109,3 @@ pub const NODE_MAPS: [NodeMap; 25] = [
     NodeMap::keyed(SERVICES_FLOWS_MAP),
     NodeMap::array(SERVICES_STATS_MAP),
 ];
-
-/// The kernel keeps 15 bytes of an object name (`BPF_OBJ_NAME_LEN` is 16 with the NUL); a
-/// longer name would show up cut in bpftool and in the program info that CHECK compares.
-const fn fits_bpf_obj_name(name: &str) -> bool {
-    name.len() <= 15
-}
-
-/// `a == b` usable in constants, so the kernel-side crate can assert at compile time that the
-/// identifiers it declares (which become the object names) match the names of this crate.
-pub const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}

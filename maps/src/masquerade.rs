@@ -1,7 +1,7 @@
 //! Masquerade: pods' flows translated to the node's address (the flow tables, fragments,
 //! each device's source address, ports and timeouts).
 
-use crate::{IPPROTO_TCP, IPPROTO_UDP};
+use crate::ip::{IPPROTO_TCP, IPPROTO_UDP};
 
 /// Node-wide hash of masqueraded flows as the pod sends them: [`MasqKey`] with the pod's
 /// address and port (ICMP echo: identifier) → [`MasqFlow`] with the node's address and the
@@ -240,10 +240,10 @@ const _: () = assert!(core::mem::size_of::<MasqStats>() == 64);
 
 plain_old_data!(MasqKey, MasqFlow, MasqFragKey, MasqFrag, MasqStats);
 
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_FWD_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_REV_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_SKIP_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_SRC_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_STATS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_FRAG_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(MASQ_FRAG6_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_FWD_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_REV_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_SKIP_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_SRC_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_STATS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_FRAG_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(MASQ_FRAG6_MAP));

@@ -84,6 +84,6 @@ const _: () = assert!(core::mem::size_of::<NsProbe>() == 32);
 
 plain_old_data!(NodeConfig, NsProbe);
 
-const _: () = assert!(crate::fits_bpf_obj_name(NODE_ADDRS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(CONFIG_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(NS_PROBE_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(NODE_ADDRS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(CONFIG_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(NS_PROBE_MAP));

@@ -99,6 +99,6 @@ const _: () = assert!(core::mem::size_of::<ServicesStats>() == 56);
 
 plain_old_data!(ServicesFlowKey, ServicesFlow, ServicesStats);
 
-const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_NETS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_FLOWS_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(SERVICES_STATS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SERVICES_NETS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SERVICES_FLOWS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SERVICES_STATS_MAP));

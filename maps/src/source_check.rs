@@ -1,6 +1,6 @@
 //! The source check: the addresses and the MAC each pod may send from.
 
-use crate::MAX_ENDPOINTS;
+use crate::endpoints::MAX_ENDPOINTS;
 
 /// Node-wide LPM trie of the source addresses each pod may send from (the source check):
 /// an LPM key of [`SourceKey`] (prefix length counting its 64 head bits) → [`SourceRule`].
@@ -73,4 +73,4 @@ pub const SOURCE_REFUSE: u16 = 2;
 
 plain_old_data!(SourceKey, SourceRule);
 
-const _: () = assert!(crate::fits_bpf_obj_name(SOURCES_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(SOURCES_MAP));

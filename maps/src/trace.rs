@@ -48,5 +48,5 @@ pub const NOTE_SERVICES: u32 = 7;
 
 plain_old_data!(TraceNote);
 
-const _: () = assert!(crate::fits_bpf_obj_name(TRACE_MAP));
-const _: () = assert!(crate::fits_bpf_obj_name(TRACE_RING_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(TRACE_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(TRACE_RING_MAP));

@@ -208,7 +208,7 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
     let veth_ends = crate::attachment::veth(&pair.host, &pair.container)?;
     let view = node_view_with_gateways(cx, &addrs, &held).await?;
     step("devices listed");
-    crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
+    crate::host_ports::warn_taken_listeners(&spec.ports, &view.addrs);
     attach_programs(cx, &spec, &veth_ends, &view, undo)?;
     step("eBPF attached");
 

@@ -15,9 +15,9 @@ use crate::{
         env::CniEnv,
         CniError,
     },
+    host_ports::PortMapping,
     netlink::{Link, Netlink},
     netns::Netns,
-    portmap::PortMapping,
     source_check::SourceConf,
 };
 
@@ -156,7 +156,7 @@ impl PodConf {
     pub fn parse(conf: &NetConf, env: &CniEnv) -> Result<Self, CniError> {
         Ok(Self {
             limits: crate::bandwidth::limits(conf)?,
-            port_mappings: crate::portmap::mappings(conf)?,
+            port_mappings: crate::host_ports::mappings(conf)?,
             sources: SourceConf::parse(conf, env)?,
             masq: conf.masq.clone(),
         })
@@ -197,7 +197,7 @@ impl PodConf {
                 .as_ref()
                 .filter(|_| !chained)
                 .map(|m| masq_spec(m, &networks)),
-            ports: crate::portmap::entries(&self.port_mappings, &gateways)?,
+            ports: crate::host_ports::entries(&self.port_mappings, &gateways)?,
         })
     }
 }

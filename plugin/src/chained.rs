@@ -202,7 +202,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf) -> Result<Value, CniError> {
     let (spec, veth) = pod.spec(&pod_conf)?;
     bpf::ensure_addresses_free(&node, &key, &spec.ips())?;
     let view = crate::node::node_view(&host_nl, conf, &pod.gateways()).await?;
-    crate::portmap::warn_taken_listeners(&spec.ports, &view.addrs);
+    crate::host_ports::warn_taken_listeners(&spec.ports, &view.addrs);
     // add_pod leaves nothing of the pod behind when it fails.
     bpf::add_pod(
         &node,

@@ -11,11 +11,11 @@ use crate::{
         types::ResultError, version::VersionError, CniError,
     },
     gateway::GatewayError,
+    host_ports::PortmapError,
     ipam::{backend::BackendError, delegate::DelegateError, IpamError},
     netlink::NetlinkError,
     netns::NetnsError,
     node::Failpoint,
-    portmap::PortmapError,
     source_check::SourceCheckError,
 };
 

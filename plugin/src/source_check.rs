@@ -1,7 +1,7 @@
 //! The source check: a pod sends only from its own addresses and its own MAC. Frames from
 //! the pod with another source address (IPv4, IPv6, ARP's sender) or another source MAC
 //! are dropped by the program at its host veth's ingress and counted per pod, each reason
-//! on its own counter (`ebpf/src/source.rs`; the map in `bpf/maps/sources.rs`).
+//! on its own counter (`ebpf/src/source_check.rs`; the map in `bpf/maps/source_check.rs`).
 //!
 //! On by default. Input:
 //! - `sourceCheck` (network config): `false` turns the check off for the network's pods,

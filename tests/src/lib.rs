@@ -14,7 +14,7 @@
 //! For the dataplane: [`external`] wires hosts outside a node to it through node devices,
 //! [`netfilter`] sets and counts the node's FORWARD chain, and [`dataplane`] reads (and,
 //! for CHECK tests, damages) the node-wide pinned maps with bpftool and runs `ebpf-cni
-//! inspect`; [`spoof`] sends traffic with a source not the sender's own (for the source
+//! inspect`; [`source_check`] sends traffic with a source not the sender's own (for the source
 //! check). [`progtest`] runs the TC programs themselves on frames [`packet`] builds,
 //! through `BPF_PROG_TEST_RUN`; [`pod`] is the tests' pod.
 //!
@@ -26,7 +26,7 @@ pub mod config;
 pub mod dataplane;
 pub mod external;
 pub mod fsutil;
-pub mod hostport;
+pub mod host_ports;
 pub mod kernel;
 pub mod kube_proxy;
 mod machine;
@@ -43,7 +43,7 @@ pub mod release;
 pub mod result;
 pub mod rtevents;
 pub mod runtime;
-pub mod spoof;
+pub mod source_check;
 pub mod state;
 pub mod strace;
 pub mod under_test;
@@ -53,8 +53,7 @@ pub(crate) use machine::bin_from_env;
 pub use machine::{
     ebpf_cni_bin, euid, pin_root_for, plugin_type, previous_ebpf_cni_bin, require_root,
     BPF_PIN_BASE, CNI_VERSIONS, PLUGIN_BIN_ENV, PREVIOUS_BIN_ENV, PROGRAMS_OBJ_ENV,
-    PROTOTYPES_OBJ_ENV,
-    REFERENCE_HOST_LOCAL, REFERENCE_PLUGIN_DIR, REFERENCE_PTP,
+    PROTOTYPES_OBJ_ENV, REFERENCE_HOST_LOCAL, REFERENCE_PLUGIN_DIR, REFERENCE_PTP,
 };
 pub use netns::{unique_container_id, Netns, NetnsGuard};
 pub use node::{Lease, Node, NodeSnapshot};

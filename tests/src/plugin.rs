@@ -50,7 +50,10 @@ pub const TEST_HOOKS: [&str; 3] = [
 /// Fails when `env` sets a test hook for an ebpf-cni binary that is no test build: the
 /// test would otherwise see the hook ignored and fail far from the reason.
 fn require_test_build(plugin: &Path, env: &ContainerEnv) -> Result<()> {
-    let Some((hook, _)) = env.extra.iter().find(|(k, _)| TEST_HOOKS.contains(&k.as_str()))
+    let Some((hook, _)) = env
+        .extra
+        .iter()
+        .find(|(k, _)| TEST_HOOKS.contains(&k.as_str()))
     else {
         return Ok(());
     };

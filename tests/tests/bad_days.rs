@@ -343,7 +343,7 @@ fn a_cni_netns_that_is_the_nodes_own_changes_nothing_of_the_node() {
 /// still answers.
 #[test]
 fn a_stale_del_of_an_old_sandbox_leaves_the_new_one_alone() {
-    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
@@ -538,7 +538,7 @@ fn attachment_locks() -> (usize, usize) {
 /// returns the same result or a clear error (107) and never undoes the first's work; one DEL
 /// leaves nothing.
 fn duplicate_adds_make_one_attachment(hold: Hold) {
-    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
     use std::os::fd::AsRawFd;
     require_root();
     let p = PluginUnderTest::ebpf_cni();
@@ -724,7 +724,7 @@ fn one_container_on_two_networks() {
 /// reach pod 1.
 #[test]
 fn host_ports_take_only_traffic_addressed_to_the_node() {
-    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, PodServer};
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, udp_ask, PodServer};
     use std::net::{IpAddr, Ipv4Addr};
     require_root();
     let p = PluginUnderTest::ebpf_cni();
@@ -982,7 +982,7 @@ fn the_agent_killed_and_the_conflist_deleted_stop_no_traffic() {
     .unwrap();
     // The killed agent may have converged the node before it died; either way the host
     // port answers on the new address once the restarted agent ran.
-    let _web = ebpf_cni_tests::hostport::PodServer::start(&pod, 80, "pod");
+    let _web = ebpf_cni_tests::host_ports::PodServer::start(&pod, 80, "pod");
     ext.netns()
         .ip_ok(&[
             "route",
@@ -992,11 +992,11 @@ fn the_agent_killed_and_the_conflist_deleted_stop_no_traffic() {
             &ext.node_v4.to_string(),
         ])
         .unwrap();
-    let vip = ebpf_cni_tests::hostport::sa(std::net::Ipv4Addr::new(192, 168, 85, 100), 8087);
+    let vip = ebpf_cni_tests::host_ports::sa(std::net::Ipv4Addr::new(192, 168, 85, 100), 8087);
     assert!(
         ebpf_cni_tests::state::eventually(std::time::Duration::from_secs(10), || {
-            ebpf_cni_tests::hostport::tcp_ask(ext.netns(), vip)
-                .is_ok_and(|a| ebpf_cni_tests::hostport::tag_of(&a) == "pod")
+            ebpf_cni_tests::host_ports::tcp_ask(ext.netns(), vip)
+                .is_ok_and(|a| ebpf_cni_tests::host_ports::tag_of(&a) == "pod")
         }),
         "the restarted agent did not bring the node in line with its new address"
     );
@@ -1232,7 +1232,7 @@ fn parallel_datagrams_of_a_new_masqueraded_flow_both_get_answers() {
 /// not lead to B.
 #[test]
 fn a_pod_given_a_deleted_pods_address_gets_nothing_of_its_flows() {
-    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, PodServer};
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, udp_ask, PodServer};
     use std::net::{SocketAddr, UdpSocket};
     use std::time::{Duration, Instant};
     require_root();

@@ -16,7 +16,7 @@ use ebpf_cni_tests::bpf::{attached_programs, tcx_programs, Direction};
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::host_ports::{ask_each, ruleset, sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::kernel::Family;
 use ebpf_cni_tests::rate::{self, floor, iperf};
 use ebpf_cni_tests::{
@@ -615,7 +615,7 @@ fn after_bridge_unshaped_subnets_exempt_their_traffic() {
 /// before. The result passed on says what is in force, CHECK compares it, DEL removes it.
 #[test]
 fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
-    use ebpf_cni_tests::spoof::{assert_udp_arrives, assert_udp_blocked};
+    use ebpf_cni_tests::source_check::{assert_udp_arrives, assert_udp_blocked};
     require_root();
     let p = PluginUnderTest::ebpf_cni();
     let node = Node::new().unwrap();
@@ -655,7 +655,7 @@ fn the_bridges_pods_send_only_from_their_own_addresses_and_macs() {
     }
     let (by_addr, by_mac) = drops(&a);
     assert!(by_addr >= 3 && by_mac == 0, "({by_addr}, {by_mac})");
-    let mac = ebpf_cni_tests::spoof::mac_of(&a.netns, "eth0").unwrap();
+    let mac = ebpf_cni_tests::source_check::mac_of(&a.netns, "eth0").unwrap();
     let mac = dp::format_mac(&mac);
     let set_mac = |m: &str| {
         a.netns

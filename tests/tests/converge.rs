@@ -20,7 +20,7 @@ use ebpf_cni_tests::agent::AgentProcess;
 use ebpf_cni_tests::bpf;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, ContainerEnv, NetConfList, Netns,

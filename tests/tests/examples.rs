@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::release::deploy_dir;
 use ebpf_cni_tests::result::in_subnet;

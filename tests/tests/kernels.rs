@@ -201,7 +201,7 @@ fn inspect_and_status_say_how_each_part_runs() {
 /// reaches the pod, and another namespace's `127.0.0.1:<hostPort>` stays its own.
 #[test]
 fn without_so_netns_cookie_the_node_learns_its_cookie_from_a_probe() {
-    use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
     use std::net::Ipv4Addr;
     require_root();
     if !bpf::kernel_has_so_netns_cookie() {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, CniCommand, NetConfList, Node, PluginUnderTest,
     Pod,

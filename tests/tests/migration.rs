@@ -29,7 +29,7 @@ use std::net::IpAddr;
 use ebpf_cni_tests::config::{self, Stack, NETWORK};
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{ruleset, sa, tag_of, tcp_ask, PodServer};
+use ebpf_cni_tests::host_ports::{ruleset, sa, tag_of, tcp_ask, PodServer};
 use ebpf_cni_tests::net::tcp_echo;
 use ebpf_cni_tests::state::{assert_gone, assert_node_clean};
 use ebpf_cni_tests::{

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use ebpf_cni_tests::config::NETWORK;
 use ebpf_cni_tests::external::{kernel_has_link_kind, ExternalHost, ExternalHostBuilder};
-use ebpf_cni_tests::hostport::{sa, tag_of, tcp_ask, udp_ask, unmap, PodServer};
+use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, udp_ask, unmap, PodServer};
 use ebpf_cni_tests::kernel::Family;
 use ebpf_cni_tests::net::{tcp_echo, udp_echo};
 use ebpf_cni_tests::netfilter;
@@ -321,7 +321,9 @@ fn the_networks_last_del_leaves_only_the_reference_host_locals_files() {
     );
     n.del(&pods[0], &added[0]);
     assert!(
-        !n.network_files().iter().any(|f| f.contains(&added[0].ip.to_string())),
+        !n.network_files()
+            .iter()
+            .any(|f| f.contains(&added[0].ip.to_string())),
         "the DELed pod's lease went whole: {:?}",
         n.network_files()
     );
@@ -349,7 +351,11 @@ fn the_networks_last_del_leaves_only_the_reference_host_locals_files() {
     let last = n.add(&pod, None);
     assert_eq!(reclaimed(&last.stderr).len(), 2, "{}", last.stderr);
     n.del(&pod, &last);
-    assert_eq!(n.network_files(), REFERENCE_FILES, "after the new boot's last DEL");
+    assert_eq!(
+        n.network_files(),
+        REFERENCE_FILES,
+        "after the new boot's last DEL"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ const BPF_TARGET: &str = "bpfel-unknown-none";
 const BPF_RUSTFLAGS: &str =
     "-C debuginfo=2 -C link-arg=--btf -C link-arg=--disable-expand-memcpy-in-order";
 /// The eBPF functions the linker keeps global (it makes every other one static): the
-/// verifier checks a global function once, not at each call (see ebpf/src/masq.rs).
+/// verifier checks a global function once, not at each call (see ebpf/src/masquerade.rs).
 const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
     "ecni_masq_frag_find",
     "ecni_masq_frag_record",

@@ -210,12 +210,7 @@ fn build_all() -> Result<Artifacts> {
     check_object(&obj)?;
     let mut arches = Vec::new();
     for arch in ARCHES {
-        let binary = build::build_plugin(
-            &tree,
-            &obj,
-            &BuildOptions::default(),
-            Some(arch.target),
-        )?;
+        let binary = build::build_plugin(&tree, &obj, &BuildOptions::default(), Some(arch.target))?;
         check_binary(&binary, arch, &pkg.version)?;
         let tarball = tarball(&root, &stage, &dir, &binary, arch, &pkg.version, epoch)?;
         let deb = deb(&root, &stage, &dir, &binary, arch, &pkg, epoch)?;
@@ -765,8 +760,8 @@ Symbol table '.symtab' contains 102 entries:
     /// The names dist looks for are the hooks the plugin defines, each behind the feature.
     #[test]
     fn the_test_hooks_checked_are_the_plugins() {
-        let src = fs::read_to_string(build::workspace_root().join("plugin/src/test_hooks.rs"))
-            .unwrap();
+        let src =
+            fs::read_to_string(build::workspace_root().join("plugin/src/test_hooks.rs")).unwrap();
         let mut defined: Vec<&str> = src
             .split('"')
             .filter(|s| s.starts_with("EBPF_CNI_"))
@@ -779,11 +774,16 @@ Symbol table '.symtab' contains 102 entries:
         for line in src.lines().filter(|l| l.contains("\"EBPF_CNI_")) {
             let before = &src[..src.find(line).unwrap()];
             assert!(
-                before.trim_end().ends_with("#[cfg(feature = \"test-hooks\")]"),
+                before
+                    .trim_end()
+                    .ends_with("#[cfg(feature = \"test-hooks\")]"),
                 "{line} is not behind the test-hooks feature"
             );
         }
-        assert_eq!(test_hook_in(b"..EBPF_CNI_BOOT_ID_FILE.."), Some("EBPF_CNI_BOOT_ID_FILE"));
+        assert_eq!(
+            test_hook_in(b"..EBPF_CNI_BOOT_ID_FILE.."),
+            Some("EBPF_CNI_BOOT_ID_FILE")
+        );
         assert_eq!(test_hook_in(b"EBPF_CNI_LOG"), None);
     }
 

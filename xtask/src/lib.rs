@@ -11,6 +11,8 @@ pub mod dist;
 pub mod imports;
 pub mod kernels;
 pub mod manifests;
+#[cfg(test)]
+mod names;
 pub mod pgo;
 pub mod prepare;
 pub mod previous;

@@ -136,17 +136,17 @@ const PLAN: &[Suite] = &[
     // The node's own paths to host ports: the cookie from a probe (5.10) or the socket
     // option (6.1, 6.12), and scoped to the node's namespace either way.
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K5_10_6_12,
         only: &["every_path_reaches_the_pod_and_replies_come_from_the_dialled_address"],
     },
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K5_10_6_1,
         only: &["socket_translation_is_scoped_to_the_node_namespace"],
     },
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K6_1,
         only: &[
             "each_node_of_a_machine_reaches_its_own_pod_through_loopback",
@@ -154,7 +154,7 @@ const PLAN: &[Suite] = &[
         ],
     },
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K6_12,
         only: &["del_without_port_mappings_cleans_up_and_check_sees_tampering"],
     },
@@ -162,7 +162,7 @@ const PLAN: &[Suite] = &[
     // path MTU discovery and fragments through a host port on the oldest verifier (and
     // its `bpf_redirect_peer`), the pod's port unreachable on 6.1.
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K5_10,
         only: &[
             "fragmentation_needed_about_a_host_port_reply_reaches_the_pod",
@@ -170,7 +170,7 @@ const PLAN: &[Suite] = &[
         ],
     },
     Suite {
-        test: "portmap",
+        test: "host_ports",
         on: K6_1,
         only: &["a_pods_port_unreachable_reaches_the_host_port_client"],
     },
@@ -213,7 +213,7 @@ const PLAN: &[Suite] = &[
     // The source check end to end (its LPM lookup and verdicts are in the program tests
     // on every kernel).
     Suite {
-        test: "spoof",
+        test: "source_check",
         on: K6_1,
         only: &[
             "a_forged_mac_is_dropped_and_counted",
@@ -221,7 +221,7 @@ const PLAN: &[Suite] = &[
         ],
     },
     Suite {
-        test: "spoof",
+        test: "source_check",
         on: K5_10,
         only: &[
             "spoofed_sources_are_dropped_and_counted",
@@ -229,7 +229,7 @@ const PLAN: &[Suite] = &[
         ],
     },
     Suite {
-        test: "spoof",
+        test: "source_check",
         on: K6_12,
         only: &[
             "turning_the_check_off_restores_todays_behaviour",

@@ -16,7 +16,7 @@ use std::{
 
 use super::{
     lock::NodeLock,
-    maps::{any_pacing, ports::PortMaps},
+    maps::{any_pacing, host_ports::PortMaps},
     pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     programs::{self, Program, Programs},
     sys, BpfError,

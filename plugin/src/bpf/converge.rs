@@ -18,11 +18,12 @@
 use std::{fs, net::IpAddr, path::Path};
 
 use super::{
-    cgroup, links,
+    cgroup,
+    host_ports::PortMaps,
+    links,
     lock::NodeLock,
-    masq::MasqMaps,
+    masquerade::MasqMaps,
     pin::{create_dir_all_racy, walk, NodeId, PinRoot},
-    ports::PortMaps,
     programs::Programs,
     services::ServicesMaps,
     AttachMode, BpfError, Device, Hook,

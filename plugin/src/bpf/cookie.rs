@@ -99,7 +99,7 @@ fn probe(root: &PinRoot, node: &NodeId) -> Result<u64, BpfError> {
         port: u16::from_ne_bytes([nonce[4], nonce[5]]),
         ..NsProbe::default()
     };
-    let update = |what: &str| super::maps::ports::update_err(NS_PROBE_MAP, what.to_owned());
+    let update = |what: &str| super::maps::host_ports::update_err(NS_PROBE_MAP, what.to_owned());
     map.set(0, armed, 0).map_err(update("arm the probe"))?;
     let dest = SocketAddrV4::new(Ipv4Addr::from(armed.addr_be), armed.port);
     let connected = sock.connect(dest);

@@ -7,12 +7,13 @@ use std::{collections::HashMap, fs, net::IpAddr, os::fd::AsFd, path::Path};
 use serde::Serialize;
 
 use super::{
-    gateways, kernel, links,
+    bandwidth, gateways,
+    host_ports::{self, PortMaps},
+    kernel, links,
     maps::{key_ip, Maps, PodSources, SourceRecord},
-    masq::{MasqMaps, MasqReport},
+    masquerade::{MasqMaps, MasqReport},
     pin::{AttachmentPins, NodeId, PinRoot},
-    ports::{self, PortMaps},
-    queue, sys, tree, BpfError, Hook,
+    sys, tree, BpfError, Hook,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -522,7 +523,7 @@ fn limit_report(b: ebpf_cni_maps::Bucket) -> Option<LimitReport> {
     (b.rate_bytes > 0).then(|| LimitReport {
         rate_bytes: b.rate_bytes,
         burst_bytes: u64::from(b.burst_bytes),
-        mode: queue::mode_label(b.mode & ebpf_cni_maps::LIMIT_MODE_MASK),
+        mode: bandwidth::mode_label(b.mode & ebpf_cni_maps::LIMIT_MODE_MASK),
         horizon_ns: (b.mode & ebpf_cni_maps::LIMIT_MODE_MASK == ebpf_cni_maps::LIMIT_EDT)
             .then(|| ebpf_cni_maps::edt_horizon_ns(b.rate_bytes)),
     })
@@ -574,7 +575,7 @@ fn host_port_reports(
 
 /// One host-port mapping with its hits, its attachment named as in `names`.
 fn port_mapping_report(
-    m: &ports::InstalledMapping,
+    m: &host_ports::InstalledMapping,
     names: &HashMap<u64, String>,
 ) -> PortMappingReport {
     let pod = key_ip(&ebpf_cni_maps::EndpointKey {
@@ -587,9 +588,9 @@ fn port_mapping_report(
         addr => key_ip(&ebpf_cni_maps::EndpointKey { addr }),
     };
     PortMappingReport {
-        host: ports::describe_key(&m.key),
-        protocol: crate::portmap::Protocol::from_number(m.key.proto)
-            .map_or("unknown", crate::portmap::Protocol::as_str),
+        host: host_ports::describe_key(&m.key),
+        protocol: crate::host_ports::Protocol::from_number(m.key.proto)
+            .map_or("unknown", crate::host_ports::Protocol::as_str),
         host_ip,
         host_port: m.key.port,
         pod_address: pod,

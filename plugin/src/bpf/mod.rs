@@ -9,6 +9,7 @@
 //! A process-wide lock (flock on the layout directory) serialises these steps between
 //! concurrent plugin runs; it is held for milliseconds.
 
+mod bandwidth;
 mod capability;
 mod cgroup;
 mod converge;
@@ -22,14 +23,13 @@ mod keys;
 mod links;
 mod lock;
 mod maps;
-mod masq;
+mod masquerade;
 mod orphans;
 pub mod pin;
 mod placement;
 mod pod;
 mod programs;
 mod purge;
-mod queue;
 mod services;
 mod survey;
 mod sys;
@@ -51,9 +51,9 @@ pub use inspect::{
 pub(crate) use keys::fnv1a;
 pub use keys::AttachmentKey;
 pub use lock::NodeLock;
-use maps::ports;
+use maps::host_ports;
 pub use maps::SourceCheck;
-pub use masq::{MasqReport, MasqSourceReport, MasqSpec};
+pub use masquerade::{MasqReport, MasqSourceReport, MasqSpec};
 pub use orphans::{sweep as sweep_orphans, unpinned_filters, UnpinnedFilter};
 pub use pin::{ensure_bpffs, NodeId, PinRoot};
 pub use pod::{add_pod, check_pod, del_pod, ensure_addresses_free, sweep_masq, sweep_sources};

@@ -17,7 +17,7 @@ use ipnetwork::IpNetwork;
 use serde::Serialize;
 
 use super::{
-    maps::{endpoint_key, key_ip, open_map_err, open_pinned, ports::update_err},
+    maps::{endpoint_key, host_ports::update_err, key_ip, open_map_err, open_pinned},
     pin::{NodeId, PinRoot},
     BpfError,
 };

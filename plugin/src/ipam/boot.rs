@@ -248,7 +248,12 @@ mod tests {
         fs::remove_file(dir.join(b.to_string())).unwrap();
         assert_eq!(
             records(tmp.path()),
-            [a.to_string(), b.to_string(), live.to_string(), "boot_id".into()]
+            [
+                a.to_string(),
+                b.to_string(),
+                live.to_string(),
+                "boot_id".into()
+            ]
         );
         // The next release of this build drops them and keeps the live one's.
         let other = alloc(&c, "other");
@@ -259,7 +264,15 @@ mod tests {
         let older = "10.9.0.12".parse::<IpAddr>().unwrap();
         fs::write(dir.join(older.to_string()), "older\r\neth0").unwrap();
         fs::write(dir.join("ebpf-cni").join(older.to_string()), "older/eth0").unwrap();
-        gc(&c, NET, &[("live".into(), "eth0".into()), ("older".into(), "eth0".into())]).unwrap();
+        gc(
+            &c,
+            NET,
+            &[
+                ("live".into(), "eth0".into()),
+                ("older".into(), "eth0".into()),
+            ],
+        )
+        .unwrap();
         assert_eq!(
             records(tmp.path()),
             [older.to_string(), live.to_string(), "boot_id".into()]

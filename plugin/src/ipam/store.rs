@@ -628,7 +628,11 @@ impl LockedStore {
         };
         entries
             .flatten()
-            .filter(|e| e.file_name().to_str().is_some_and(|n| n.parse::<IpAddr>().is_ok()))
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<IpAddr>().is_ok())
+            })
             .map(|e| (e.file_name(), e.ino()))
             .collect()
     }

@@ -6,17 +6,17 @@
 //! report does not build until a part renders it in both outputs, or says there why one of
 //! them leaves it out. `inspect --json` is the report itself, serialized.
 
+mod bandwidth;
 mod devices;
 pub mod exposition;
 mod gateways;
 mod host_ports;
-mod limits;
 mod masquerade;
 mod node;
 mod part;
 mod pods;
 mod services;
-mod sources;
+mod source_check;
 
 use crate::bpf::NodeReport;
 pub use exposition::Exposition;

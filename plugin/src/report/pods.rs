@@ -1,11 +1,11 @@
 //! The pods (attachments): each one's identity, addresses, programs and links, its traffic
-//! counters, and the lines and series of its limits ([`limits`]) and source check
-//! ([`sources`]); the node's endpoint count.
+//! counters, and the lines and series of its limits ([`bandwidth`]) and source check
+//! ([`source_check`]); the node's endpoint count.
 
 use super::{
-    limits,
+    bandwidth,
     part::{attachment, heading, with, Exposition, Part, Text},
-    sources,
+    source_check,
 };
 use crate::bpf::{AttachmentReport, Counts, LinkReport};
 
@@ -24,8 +24,8 @@ struct Pod<'a> {
     links: &'a [LinkReport],
     /// Towards the pod (`ingress`, as the bandwidth keys name it) and from it (`egress`).
     traffic: [(&'static str, Option<Traffic>); 2],
-    limits: limits::PodLimits<'a>,
-    sources: sources::PodSources<'a>,
+    limits: bandwidth::PodLimits<'a>,
+    sources: source_check::PodSources<'a>,
 }
 
 /// The routing's counters of one direction.
@@ -90,7 +90,7 @@ fn pod(a: &AttachmentReport) -> Pod<'_> {
             .join(","),
         links,
         traffic: [("ingress", to.map(|c| c.0)), ("egress", from.map(|c| c.0))],
-        limits: limits::PodLimits {
+        limits: bandwidth::PodLimits {
             ingress: ingress_limit.as_ref(),
             egress: egress_limit.as_ref(),
             tcp_pacing_bytes: *tcp_pacing_bytes,
@@ -98,7 +98,7 @@ fn pod(a: &AttachmentReport) -> Pod<'_> {
             marks: [("ingress", to.map(|c| c.1)), ("egress", from.map(|c| c.1))],
         },
         // The check runs on what the pod sends: the other direction's drops stay 0.
-        sources: sources::PodSources {
+        sources: source_check::PodSources {
             check: source_check,
             drops: from.map(|c| c.2),
         },
@@ -228,8 +228,8 @@ impl Part for Pods<'_> {
         for (name, help, _) in counters {
             e.family(name, "counter", help);
         }
-        limits::declare(e);
-        sources::declare(e);
+        bandwidth::declare(e);
+        source_check::declare(e);
         for a in *attachments {
             // Identity and links are the labels' and inspect's; a link's state is CHECK's.
             let p = pod(a);

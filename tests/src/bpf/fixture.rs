@@ -3,16 +3,10 @@ use super::*;
 /// Loads `r0 = TCX_NEXT; exit`, attaches it to `dev` in `ns` with a TCX link, pins the
 /// link at `pin` (parent directories created) and returns the link's id. The attachment
 /// lives as long as the pin.
-pub fn attach_pinned_tcx(
-    ns: &Netns,
-    dev: &str,
-    direction: Direction,
-    pin: &Path,
-) -> Result<u32> {
+pub fn attach_pinned_tcx(ns: &Netns, dev: &str, direction: Direction, pin: &Path) -> Result<u32> {
     ensure_bpffs()?;
     if let Some(parent) = pin.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("mkdir {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("mkdir {}", parent.display()))?;
     }
     ns.run_in(|| -> Result<u32> {
         let idx = ifindex(dev)?;
@@ -27,8 +21,7 @@ pub fn attach_pinned_tcx(
                 Direction::Egress => BPF_TCX_EGRESS,
             },
         );
-        let link =
-            fd_from(sys_bpf(BPF_LINK_CREATE, &mut attr, 32).context("BPF_LINK_CREATE tcx")?);
+        let link = fd_from(sys_bpf(BPF_LINK_CREATE, &mut attr, 32).context("BPF_LINK_CREATE tcx")?);
         let c = CString::new(pin.as_os_str().as_encoded_bytes())?;
         let mut attr = Buf::new();
         attr.put_u64(0, c.as_ptr() as u64);
@@ -45,16 +38,14 @@ pub fn attach_pinned_tcx(
 pub fn pin_tc_prog(pin: &Path) -> Result<u32> {
     ensure_bpffs()?;
     if let Some(parent) = pin.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("mkdir {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("mkdir {}", parent.display()))?;
     }
     let prog = load_tc_next()?;
     let c = CString::new(pin.as_os_str().as_encoded_bytes())?;
     let mut attr = Buf::new();
     attr.put_u64(0, c.as_ptr() as u64);
     attr.put_u32(8, prog.as_raw_fd() as u32);
-    sys_bpf(BPF_OBJ_PIN, &mut attr, 16)
-        .with_context(|| format!("pinning {}", pin.display()))?;
+    sys_bpf(BPF_OBJ_PIN, &mut attr, 16).with_context(|| format!("pinning {}", pin.display()))?;
     Ok(obj_info(&prog)?.u32_at(4))
 }
 

@@ -1,7 +1,9 @@
 //! Host ports: the DNAT towards the pod and the reply's reverse translation, ICMP errors
 //! and fragments of host-port flows, and the XDP prototype of the uplink's path.
 
-use super::{arriving, checksums_ok, family, fragments, from, lab, map_port, port_unreachable, prototype_lab};
+use super::{
+    arriving, checksums_ok, family, fragments, from, lab, map_port, port_unreachable, prototype_lab,
+};
 use ebpf_cni_maps::{NatKey, NatOrig, IPPROTO_TCP, IPPROTO_UDP};
 use ebpf_cni_tests::packet::{parse, reassemble, Pkt, ETH_HLEN, L4, TCP_ACK, TCP_SYN};
 use ebpf_cni_tests::progtest::{endpoint_key, Verdict};

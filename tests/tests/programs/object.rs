@@ -136,6 +136,10 @@ fn the_plugins_object_holds_only_what_it_loads_and_the_prototypes_are_the_benchm
     let plugin = programs_of(&ebpf_cni_tests::progtest::programs_obj());
     assert_eq!(plugin, sorted(&PLUGIN_PROGRAMS), "the plugin's object");
     let bench = programs_of(&ebpf_cni_tests::progtest::prototypes_obj());
-    let both: Vec<&str> = PLUGIN_PROGRAMS.iter().chain(&PROTOTYPE_PROGRAMS).copied().collect();
+    let both: Vec<&str> = PLUGIN_PROGRAMS
+        .iter()
+        .chain(&PROTOTYPE_PROGRAMS)
+        .copied()
+        .collect();
     assert_eq!(bench, sorted(&both), "the benchmark's object");
 }

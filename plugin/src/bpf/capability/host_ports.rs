@@ -1,7 +1,7 @@
 //! Host ports: the pod's mappings in the node's port map, the attachment's list of them
 //! (pinned, so DEL finds what to remove without the request), the node's addresses the
 //! wildcard mappings answer on, and the socket programs on the cgroup root that take the
-//! node's own connections to them (`maps/ports.rs`, `cgroup.rs`).
+//! node's own connections to them (`maps/host_ports.rs`, `cgroup.rs`).
 
 use super::{
     spec::{PodSpec, Veth},
@@ -9,7 +9,7 @@ use super::{
 };
 use crate::bpf::{
     cgroup, cookie,
-    maps::ports::{self, PortMaps, RemovedMapping},
+    maps::host_ports::{self, PortMaps, RemovedMapping},
     pin::walk,
     BpfError,
 };
@@ -35,8 +35,8 @@ impl Capability for HostPorts {
         pm.enable(cookie)?;
         pm.sync_node_addrs(&cx.view.addrs)?;
         // The list first: whatever happens next, DEL finds what to remove.
-        let keys: Vec<_> = pod.ports.iter().map(ports::port_key).collect();
-        ports::pin_attachment_ports(&cx.pins.ports(), &keys)?;
+        let keys: Vec<_> = pod.ports.iter().map(host_ports::port_key).collect();
+        host_ports::pin_attachment_ports(&cx.pins.ports(), &keys)?;
         pm.install(id, veth.host_ifindex, &pod.ports)
     }
 
@@ -46,11 +46,11 @@ impl Capability for HostPorts {
         }
         let pm = PortMaps::open(cx.root, cx.node)?;
         pm.check(cx.key.id(), veth.host_ifindex, &pod.ports)?;
-        let listed = ports::attachment_ports(&cx.pins.ports())?;
+        let listed = host_ports::attachment_ports(&cx.pins.ports())?;
         if !pod
             .ports
             .iter()
-            .all(|e| listed.contains(&ports::port_key(e)))
+            .all(|e| listed.contains(&host_ports::port_key(e)))
         {
             return Err(BpfError::PinMissing {
                 what: "attachment port list entry",
@@ -77,7 +77,7 @@ impl Capability for HostPorts {
     /// address, whoever takes the host port next.
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
         let (root, node) = (cx.root, cx.node);
-        let keys = ports::attachment_ports(&cx.pins.ports())?;
+        let keys = host_ports::attachment_ports(&cx.pins.ports())?;
         if keys.is_empty() || !walk(&root.map(node, ebpf_cni_maps::PORTMAP_MAP)).exists() {
             return Ok(false);
         }
@@ -105,13 +105,13 @@ impl Capability for HostPorts {
                 Ok(n) => log::info!(
                     "closed {n} socket(s) of the node connected to {pod} port {} through host port {}",
                     target.pod_port,
-                    ports::describe_key(key)
+                    host_ports::describe_key(key)
                 ),
                 // Not a failure of the teardown: those sockets only keep talking to nothing.
                 Err(e) => log::warn!(
                     "cannot close the node's sockets connected to {pod} port {} (host port {}): {e}",
                     target.pod_port,
-                    ports::describe_key(key)
+                    host_ports::describe_key(key)
                 ),
             }
         }

@@ -1,12 +1,12 @@
 //! Masquerade (`ipMasq`): the node-wide translation the pod's traffic to outside
-//! destinations takes (its skip ranges, port range and sources, `masq.rs`); the pod's
-//! endpoint entries carry the flag that sends it there (`endpoint.rs`).
+//! destinations takes (its skip ranges, port range and sources, `masquerade.rs`); the pod's
+//! endpoint entries carry the flag that sends it there (`endpoints.rs`).
 
 use super::{
     spec::{PodSpec, Veth},
     unit::{Capability, Check, Install, Removal},
 };
-use crate::bpf::{masq::MasqMaps, BpfError};
+use crate::bpf::{masquerade::MasqMaps, BpfError};
 
 pub(super) struct Masquerade;
 

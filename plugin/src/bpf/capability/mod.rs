@@ -7,16 +7,16 @@
 //! [`CAPABILITIES`] for all three: adding a capability is a module here and one line in
 //! that list (docs/development.md, "How to add a capability").
 
-mod endpoint;
+mod bandwidth;
+mod endpoints;
 mod host_ports;
-mod limits;
 mod masquerade;
-mod sources;
+mod source_check;
 mod spec;
 mod unit;
 
-pub use limits::pacing_rate;
-pub(super) use sources::record as source_record;
+pub use bandwidth::pacing_rate;
+pub(super) use source_check::record as source_record;
 pub use spec::{LimitSpec, PodIp, PodSpec, Veth};
 pub(super) use unit::{Capability, Check, Install, Removal};
 
@@ -27,9 +27,9 @@ use super::BpfError;
 /// parts are keyed by the attachment and its host veth, and a pod whose endpoint entries
 /// are gone is gone for the programs.
 pub(super) const CAPABILITIES: &[&dyn Capability] = &[
-    &endpoint::Endpoint,
-    &sources::Sources,
-    &limits::Limits,
+    &endpoints::Endpoint,
+    &source_check::Sources,
+    &bandwidth::Limits,
     &masquerade::Masquerade,
     &host_ports::HostPorts,
 ];

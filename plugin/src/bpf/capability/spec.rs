@@ -13,7 +13,7 @@ use crate::{
         placement::{PlacedSources, Placement},
         MasqSpec,
     },
-    portmap::PortEntry,
+    host_ports::PortEntry,
 };
 
 /// What one pod's dataplane holds, one field per capability.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use super::spec::{PodSpec, Veth};
 use crate::bpf::{
     converge::NodeView,
-    maps::{ports::PortMaps, Maps},
+    maps::{host_ports::PortMaps, Maps},
     pin::{AttachmentPins, NodeId, PinRoot},
     placement::Placement,
     AttachmentKey, BpfError,

@@ -1,5 +1,5 @@
 //! The source check: what the pod may send from, in the source map, and the attachment's
-//! record of whether it is on (see `maps/sources.rs`).
+//! record of whether it is on (see `maps/source_check.rs`).
 
 use super::{
     spec::{PodSpec, Veth},

@@ -71,7 +71,7 @@ impl Maps {
     }
 
     /// TCP pacing for the pod whose network namespace has `cookie`: its sockets are capped
-    /// at `rate_bytes` per second (see `ebpf/src/pace.rs`).
+    /// at `rate_bytes` per second (see `ebpf/src/bandwidth_pace.rs`).
     pub fn set_pacing(
         &mut self,
         cookie: u64,
@@ -216,7 +216,7 @@ impl Maps {
             ),
         };
         // The mode's flags (which subnets rule applies) are compared; the mode itself is
-        // ADD's decision from the node's qdiscs, checked by `queue::check`.
+        // ADD's decision from the node's qdiscs, checked by `bandwidth::check`.
         let flags = |m: u32| m & !LIMIT_MODE_MASK;
         let same = |a: &RateLimit, b: &RateLimit| {
             (

@@ -1,6 +1,6 @@
 //! Rate limits: the pod's buckets in the rate map (the policer and EDT pacer of its
 //! programs), its shaped or unshaped subnets, the `fq` that paces traffic towards it
-//! (`queue.rs`) and the TCP pacing of its sockets (`ecni_sockops` on the cgroup root).
+//! (`bpf/bandwidth.rs`) and the TCP pacing of its sockets (`ecni_sockops` on the cgroup root).
 
 use ebpf_cni_maps::RateLimit;
 
@@ -8,7 +8,7 @@ use super::{
     spec::{PodSpec, Veth},
     unit::{Capability, Check, Install, Removal},
 };
-use crate::bpf::{cgroup, kernel, programs::Programs, queue, BpfError};
+use crate::bpf::{bandwidth, cgroup, kernel, programs::Programs, BpfError};
 
 pub(super) struct Limits;
 
@@ -42,7 +42,7 @@ impl Capability for Limits {
         let mut rate = pod.limits.rate;
         let key = cx.key;
         let pod_name = format!("{}/{}/{}", key.network, key.container_id, key.ifname);
-        queue::prepare(veth.host_ifindex, &mut rate, &pod_name)?;
+        bandwidth::prepare(veth.host_ifindex, &mut rate, &pod_name)?;
         cx.maps.set_limits(veth.host_ifindex, rate)?;
         if rate.is_some() {
             cx.maps.settle_limits_switch()?;
@@ -73,7 +73,7 @@ impl Capability for Limits {
         cx.maps.check_limits(ifindex, pod.limits.rate)?;
         cx.maps
             .check_shape_subnets(ifindex, &pod.limits.shape_subnets)?;
-        queue::check(ifindex, cx.maps.limits(ifindex))?;
+        bandwidth::check(ifindex, cx.maps.limits(ifindex))?;
         // As ADD decided: no pacing where the kernel refused the program.
         let pacing = pacing_rate(pod.limits.rate).filter(|_| {
             pod.limits.netns_cookie != 0 && Programs::pacing_available(cx.root, cx.node)
@@ -94,7 +94,7 @@ impl Capability for Limits {
     fn remove(&self, cx: &mut Removal<'_>) -> Result<bool, BpfError> {
         let mut removed = false;
         if let Some(ifindex) = cx.host_ifindex {
-            removed |= queue::remove(ifindex)?;
+            removed |= bandwidth::remove(ifindex)?;
         }
         if let Some(maps) = cx.maps.as_deref_mut() {
             maps.remove_pacing(cx.key.id(), cx.placement.as_ref().map(|p| p.netns_cookie))?;

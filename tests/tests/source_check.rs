@@ -22,7 +22,7 @@ use std::time::Duration;
 use ebpf_cni_tests::config::{Stack, V4_GATEWAY};
 use ebpf_cni_tests::dataplane::{self as dp, DirCounts};
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::spoof::{arp_ask, assert_udp_arrives, assert_udp_blocked, mac_of};
+use ebpf_cni_tests::source_check::{arp_ask, assert_udp_arrives, assert_udp_blocked, mac_of};
 use ebpf_cni_tests::state::{assert_node_clean, eventually};
 use ebpf_cni_tests::{
     require_root, unique_container_id, Attachment, ListError, NetConfList, Netns, Node,

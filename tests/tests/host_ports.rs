@@ -16,7 +16,7 @@ use anyhow::Result;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::dataplane as dp;
 use ebpf_cni_tests::external::ExternalHost;
-use ebpf_cni_tests::hostport::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
+use ebpf_cni_tests::host_ports::{ask_each, ruleset, sa, tag_of, tcp_ask, udp_ask_from, PodServer};
 use ebpf_cni_tests::net::udp_error_after_send;
 use ebpf_cni_tests::{
     bpf, require_root, unique_container_id, Attachment, CniCommand, NetConfList, Netns, Node,
@@ -467,7 +467,7 @@ fn datagrams_in_fragments_cross_a_host_port_both_ways() {
                 panic!("{target}, round {round}: the client's datagram, whole: {e}")
             });
             assert_eq!(
-                (n, ebpf_cni_tests::hostport::unmap(from).ip()),
+                (n, ebpf_cni_tests::host_ports::unmap(from).ip()),
                 (4000, client_addr),
                 "{target}, round {round}"
             );

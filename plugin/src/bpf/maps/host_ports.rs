@@ -17,7 +17,7 @@ use crate::bpf::{
     pin::{walk, NodeId, PinRoot},
     sys, BpfError,
 };
-use crate::portmap::{PortEntry, Protocol};
+use crate::host_ports::{PortEntry, Protocol};
 
 pub fn port_key(e: &PortEntry) -> PortKey {
     let addr = match e.host {

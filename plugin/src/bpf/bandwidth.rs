@@ -1,4 +1,4 @@
-//! The `fq` qdisc of pods whose ingress limit is paced (EDT, see `ebpf/src/limit.rs`).
+//! The `fq` qdisc of pods whose ingress limit is paced (EDT, see `ebpf/src/bandwidth.rs`).
 //!
 //! A pod with an ingress limit gets an `fq` as the root qdisc of its host veth, with
 //! ebpf-cni's handle ([`EDT_QDISC_HANDLE`]): `ecni_to_pod` stamps each packet towards the pod

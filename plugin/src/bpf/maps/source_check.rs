@@ -1,5 +1,5 @@
 //! The source map (`ECNI_SOURCES`): what each pod may send from, which its host veth's
-//! ingress program checks every frame against (see `ebpf/src/source.rs`). A pod's entries
+//! ingress program checks every frame against (see `ebpf/src/source_check.rs`). A pod's entries
 //! are keyed by its host veth's ifindex: one per allowed prefix (its own addresses as /32
 //! and /128, then the extra prefixes its config lists), each carrying the pod interface's
 //! MAC, and a catch-all of the ifindex alone that refuses every other source. A pod whose

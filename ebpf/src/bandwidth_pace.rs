@@ -1,13 +1,13 @@
 //! TCP pacing for pods with an egress limit. Traffic from a pod is policed at its host
 //! veth's ingress whatever the kernel (a qdisc only holds traffic leaving a device, and the
 //! `fq` of paced pods, where the kernel has `sch_fq`, holds traffic towards them: see
-//! `bpf/queue.rs` in the plugin), and a TCP sender that bursts into a policer loses packets
+//! `bpf/bandwidth.rs` in the plugin), and a TCP sender that bursts into a policer loses packets
 //! and backs off far below the rate. TCP paces itself when a socket has
 //! `SO_MAX_PACING_RATE` (the stack's internal pacing, no qdisc needed): this sockops
 //! program, attached to the cgroup v2 root, sets it on every TCP socket of a limited pod's
 //! network namespace when the connection is made or accepted, at 1448/1514 (about 95.6%) of
 //! the policer's rate, the payload share of a full frame (see `pacing_rate` in the plugin's
-//! `bpf/capability/limits.rs`). The policer stays for everything else (UDP, sockets opened before the
+//! `bpf/capability/bandwidth.rs`). The policer stays for everything else (UDP, sockets opened before the
 //! limit).
 
 use aya_ebpf::{
@@ -77,7 +77,7 @@ pub fn on_sock_op(ctx: &SockOpsContext) -> u32 {
     let mut rate: u32 = p.rate_bytes;
     // A peer the pod's `unshapedSubnets`/`shapedSubnets` exempt from its egress limit:
     // the socket is not held to it either.
-    if p.shape_ifindex != 0 && crate::limit::egress_exempts(p.shape_ifindex, peer(ctx)) {
+    if p.shape_ifindex != 0 && crate::bandwidth::egress_exempts(p.shape_ifindex, peer(ctx)) {
         return 1;
     }
     // SAFETY: `rate` is a valid int of the size passed; the kernel copies it.

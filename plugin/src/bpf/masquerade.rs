@@ -1,7 +1,7 @@
 //! Masquerade on the node (`ipMasq`): the skip trie, each device's source address, the
 //! port range and its reservation in the node's `ip_local_reserved_ports`, a pod's flows on
 //! DEL, and the release of it all when the node's last masquerading pod goes. The programs'
-//! side is `ebpf/src/masq.rs`.
+//! side is `ebpf/src/masquerade.rs`.
 
 use std::{
     collections::BTreeSet,
@@ -23,9 +23,9 @@ use ipnetwork::IpNetwork;
 use serde::Serialize;
 
 use super::{
+    host_ports::update_err,
     maps::{endpoint_key, is_not_found, key_ip, open_map_err, open_pinned},
     pin::{NodeId, PinRoot},
-    ports::update_err,
     BpfError,
 };
 
