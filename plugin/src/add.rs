@@ -196,6 +196,7 @@ async fn setup(cx: Request<'_>, undo: &mut Vec<Undo>) -> Result<serde_json::Valu
 
     let held = acquire_gateways(cx, &addrs, undo).await?;
     step("gateways");
+    crate::test_hooks::hold_before_veth();
     let pair = create_veth(cx, &addrs, undo).await?;
     step("veth created");
     veth::configure_container(pod_nl, pair.container.index, &addrs, &result.routes).await?;

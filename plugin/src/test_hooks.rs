@@ -19,6 +19,12 @@ const KERNEL_RELEASE_ENV: &str = "EBPF_CNI_TEST_KERNEL_RELEASE";
 #[cfg(feature = "test-hooks")]
 const BOOT_ID_FILE_ENV: &str = "EBPF_CNI_BOOT_ID_FILE";
 
+/// A file ADD takes an exclusive `flock` on just before it creates the pod's veth: a test
+/// holding that lock holds ADD at that step (the other steps are held by the locks they
+/// take themselves: the IPAM store's, the node's).
+#[cfg(feature = "test-hooks")]
+const HOLD_BEFORE_VETH_ENV: &str = "EBPF_CNI_HOLD_BEFORE_VETH";
+
 /// The variable `name`, when set and not empty.
 #[cfg(feature = "test-hooks")]
 fn var(name: &str) -> Option<String> {
@@ -30,6 +36,19 @@ fn var(name: &str) -> Option<String> {
 #[cfg(feature = "test-hooks")]
 pub fn fail_before_result() -> bool {
     var(FAILPOINT_ENV).as_deref() == Some("before-result")
+}
+
+/// Waits while a test holds ADD before its veth step ([`HOLD_BEFORE_VETH_ENV`]); a
+/// release build goes straight on.
+pub fn hold_before_veth() {
+    #[cfg(feature = "test-hooks")]
+    if let Some(path) = var(HOLD_BEFORE_VETH_ENV) {
+        use std::os::fd::AsRawFd;
+        if let Ok(file) = std::fs::File::open(&path) {
+            // SAFETY: flock on a descriptor this function owns; the lock goes with it.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        }
+    }
 }
 
 /// The kernel release a test stands in for `uname -r`.

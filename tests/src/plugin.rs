@@ -36,15 +36,17 @@ const CONTROLLED_ENV: &[&str] = &[
     TEST_HOOKS[0],
     TEST_HOOKS[1],
     TEST_HOOKS[2],
+    TEST_HOOKS[3],
 ];
 
 /// ebpf-cni's test hooks (plugin/src/test_hooks.rs): only a test build reads them
 /// (`cargo xtask build --test-hooks`; `cargo xtask test` stages one), a release build
 /// ignores them.
-pub const TEST_HOOKS: [&str; 3] = [
+pub const TEST_HOOKS: [&str; 4] = [
     "EBPF_CNI_FAILPOINT",
     "EBPF_CNI_TEST_KERNEL_RELEASE",
     "EBPF_CNI_BOOT_ID_FILE",
+    "EBPF_CNI_HOLD_BEFORE_VETH",
 ];
 
 /// Fails when `env` sets a test hook for an ebpf-cni binary that is no test build: the

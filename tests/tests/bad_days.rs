@@ -508,10 +508,12 @@ fn a_del_replayed_after_a_reboot_releases_the_lease_and_nothing_else() {
 }
 
 /// What holds a plugin run at one step of its ADD: the IPAM store's lock (the lease step),
-/// or the node lock (the gateway, map and attach steps).
+/// the test build's hook before the veth is created (`EBPF_CNI_HOLD_BEFORE_VETH`), or the
+/// node lock (the gateway, map and attach steps).
 #[derive(Clone, Copy, Debug)]
 enum Hold {
     Lease,
+    Veth,
     Node,
 }
 
@@ -548,7 +550,12 @@ fn duplicate_adds_make_one_attachment(hold: Hold) {
         json!({"portMappings": [{"hostPort": 8085, "containerPort": 80, "protocol": "tcp"}]});
     let pod = node.new_pod().unwrap();
     let cid = format!("dup-{hold:?}").to_lowercase();
-    let env = p.env(&cid, pod.path(), "eth0");
+    let veth_hold = node.scratch_dir().join("hold-before-veth");
+    std::fs::write(&veth_hold, "").unwrap();
+    let mut env = p.env(&cid, pod.path(), "eth0");
+    if let Hold::Veth = hold {
+        env = env.with_env("EBPF_CNI_HOLD_BEFORE_VETH", &veth_hold.to_string_lossy());
+    }
 
     // Warm the node (its programs loaded) so the held ADD reaches the step quickly.
     let warm = node.new_pod().unwrap();
@@ -564,6 +571,7 @@ fn duplicate_adds_make_one_attachment(hold: Hold) {
             std::fs::create_dir_all(&dir).unwrap();
             dir.join("lock")
         }
+        Hold::Veth => veth_hold.clone(),
         Hold::Node => node.pin_root().parent().unwrap().to_path_buf(),
     };
     let held = std::fs::File::open(&held_path).unwrap();
@@ -659,6 +667,11 @@ fn duplicate_adds_make_one_attachment(hold: Hold) {
 #[test]
 fn duplicate_adds_held_at_the_lease_make_one_attachment() {
     duplicate_adds_make_one_attachment(Hold::Lease);
+}
+
+#[test]
+fn duplicate_adds_held_before_the_veth_make_one_attachment() {
+    duplicate_adds_make_one_attachment(Hold::Veth);
 }
 
 #[test]

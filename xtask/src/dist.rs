@@ -354,10 +354,11 @@ fn programs_of_readelf(out: &str) -> Vec<String> {
 
 /// The test hooks' variables (plugin/src/test_hooks.rs): a release binary holds none of
 /// their names, which only a test build (`--features test-hooks`) compiles in.
-const TEST_HOOK_VARS: [&str; 3] = [
+const TEST_HOOK_VARS: [&str; 4] = [
     "EBPF_CNI_FAILPOINT",
     "EBPF_CNI_TEST_KERNEL_RELEASE",
     "EBPF_CNI_BOOT_ID_FILE",
+    "EBPF_CNI_HOLD_BEFORE_VETH",
 ];
 
 /// The first test hook whose name is in `binary`'s bytes.
