@@ -989,6 +989,80 @@ fn a_connection_reopened_on_a_closed_flows_tuple_keeps_its_port() {
     pod.del_direct(&p, &node, &conf);
 }
 
+/// When every port of the masquerade range is taken towards one destination, a new flow to
+/// it is dropped and counted (`exhausted`, in `inspect` and the metrics), the flows holding
+/// the ports keep working, and a port freed by a closed flow goes to the next new flow once
+/// that flow's short timeout has passed. Ports are per destination, and the range here is
+/// small (8 ports, the ports a new flow probes), so 8 connections fill it.
+#[test]
+fn a_destination_with_every_port_taken_drops_new_flows_counted_and_recovers() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 89, Some("40000-40007"));
+    let (server, listener) = tcp_server(&ext, 7000);
+    // Echoes every byte until the client closes, then closes too.
+    std::thread::spawn(move || {
+        while let Ok((mut s, _)) = listener.accept() {
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
+            });
+        }
+    });
+    let connect = |timeout: Duration| {
+        pod.netns
+            .run_in(|| TcpStream::connect_timeout(&server, timeout))
+            .unwrap()
+    };
+    let echoes = |c: &mut TcpStream| {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 1];
+        c.write_all(b"x").is_ok() && c.read_exact(&mut b).is_ok() && &b == b"x"
+    };
+    let exhausted = || {
+        dp::inspect(Path::new(&p.bin), &node).unwrap()["masquerade"]["exhausted"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut held: Vec<TcpStream> = (0..8)
+        .map(|i| connect(Duration::from_secs(5)).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+        .collect();
+    for (i, c) in held.iter_mut().enumerate() {
+        assert!(echoes(c), "connection {i} echoes");
+    }
+    assert_eq!(exhausted(), 0, "no flow dropped while ports were free");
+
+    // The ninth: every port towards the server is taken, its SYNs are dropped and counted.
+    let ninth = connect(Duration::from_millis(1500));
+    assert!(ninth.is_err(), "a ninth connection got through: {ninth:?}");
+    assert!(exhausted() >= 1, "the dropped SYN was counted as exhausted");
+    for (i, c) in held.iter_mut().enumerate() {
+        assert!(
+            echoes(c),
+            "connection {i} still echoes after the dropped flow"
+        );
+    }
+
+    // One flow closes both ways; after its 100 ms the next new flow takes its port.
+    let closed = held.pop().unwrap();
+    closed.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(closed);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut next = connect(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("no new flow after a port was freed: {e}"));
+    assert!(echoes(&mut next), "the new flow echoes");
+    for (i, c) in held.iter_mut().enumerate() {
+        assert!(
+            echoes(c),
+            "connection {i} still echoes after the port went to a new flow"
+        );
+    }
+    drop((held, next));
+    pod.del_direct(&p, &node, &conf);
+}
+
 /// `ebpf-cni inspect` (the table, as `inspect --json` and the metrics) shows masquerade:
 /// on, its port range reserved by ebpf-cni, and the flows of the masquerading pod's
 /// address, with the same count as the JSON report. The table once had no masquerade at

@@ -275,6 +275,7 @@ const PLAN: &[Suite] = &[
             "the_pods_port_unreachable_reaches_the_remote_end",
             "ports_reused_towards_a_server_in_time_wait_connect_at_once",
             "a_datagram_the_node_would_fragment_never_leaves_with_the_pods_address",
+            "a_destination_with_every_port_taken_drops_new_flows_counted_and_recovers",
         ],
     },
     Suite {
