@@ -2,11 +2,14 @@
 //! its iptables and nftables proxiers write them: `ebpf_cni_tests::kube_proxy`), pods reach
 //! a ClusterIP whose endpoint is a pod of the node, the pod itself (hairpin) or a host
 //! outside, over TCP and UDP, IPv4 and IPv6, and every answer comes back from the Service's
-//! address; a Service without endpoints refuses at once; hosts outside reach a NodePort
-//! (externalTrafficPolicy Cluster and Local); and flows no rule touches keep the programs'
-//! redirect path (netfilter's FORWARD hook sees none of their packets). The programs learn
-//! the Service addresses when STATUS (or the agent) reads the rules, so rules written after
-//! the pods, and taken away, are followed without a new ADD.
+//! address; a Service without endpoints refuses at once; hosts outside reach NodePorts
+//! over TCP, UDP and (where the kernel has it) SCTP, with externalTrafficPolicy Cluster and
+//! Local, the answers from the node's address; and flows no rule touches keep the
+//! programs' redirect path (netfilter's FORWARD hook sees none of their packets).
+//! ebpf-cni's masquerade, bandwidth limits and chained mode are each tested on their own
+//! over those paths. The programs learn the Service addresses when STATUS (or the agent)
+//! reads the rules, so rules written after the pods, and taken away, are followed without
+//! a new ADD.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
@@ -34,6 +37,8 @@ const VIP6_DNS: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x53);
 const VIP6_OUT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20);
 const VIP6_EMPTY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x30);
 const NODE_PORT: u16 = 30_080;
+const NODE_PORT_UDP: u16 = 30_053;
+const NODE_PORT_SCTP: u16 = 30_090;
 
 fn add(p: &PluginUnderTest, node: &Node, conf: &Value) -> Pod {
     dual_stack(Pod::add_direct(p, node, conf))
@@ -190,8 +195,8 @@ fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
 
 /// The node, its pods A and B, a host outside with routes to the pods, and the rule set of
 /// `mode` for the Services of both families: `web` (TCP 80 → B:8080, NodePort 30080),
-/// `dns` (UDP 53 → B:5353), `outside` (TCP 81 → the outside host's 9090) and `empty` (TCP 82,
-/// no endpoints).
+/// `dns` (UDP 53 → B:5353, NodePort 30053), `outside` (TCP 81 → the outside host's 9090)
+/// and `empty` (TCP 82, no endpoints).
 struct Cluster {
     p: PluginUnderTest,
     node: Node,
@@ -214,9 +219,13 @@ fn services_of(v4: bool, b: &Pod, ext: &ExternalHost, local: bool) -> Vec<Servic
         Service::new("default/web:http", vip, 80, Proto::Tcp).endpoint(sa(addr(b, v4), 8080));
     web.node_port = Some(NODE_PORT);
     web.local = local;
+    let mut dns =
+        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(addr(b, v4), 5353));
+    dns.node_port = Some(NODE_PORT_UDP);
+    dns.local = local;
     vec![
         web,
-        Service::new("kube-system/dns:dns", dns, 53, Proto::Udp).endpoint(sa(addr(b, v4), 5353)),
+        dns,
         Service::new("default/outside:http", out, 81, Proto::Tcp).endpoint(sa(ext_addr, 9090)),
         Service::new("default/empty:http", empty, 82, Proto::Tcp),
     ]
@@ -358,12 +367,11 @@ impl Cluster {
                 .unwrap_or_else(|e| {
                     panic!("{fam} pod A -> ClusterIP:81/tcp, endpoint outside: {e:#}")
                 });
-            let node_addr: IpAddr = if v4 {
-                self.ext.node_v4.into()
+            let want = if masq {
+                self.node_addr(v4)
             } else {
-                self.ext.node_v6.into()
+                addr(a, v4)
             };
-            let want = if masq { node_addr } else { addr(a, v4) };
             assert_eq!(
                 peer.ip(),
                 want,
@@ -393,6 +401,71 @@ impl Cluster {
                 "{fam}: refused after {:?}",
                 started.elapsed()
             );
+        }
+    }
+
+    /// The node's address of IPv4 when `v4`, else of IPv6, on the link to the host outside.
+    fn node_addr(&self, v4: bool) -> IpAddr {
+        if v4 {
+            self.ext.node_v4.into()
+        } else {
+            self.ext.node_v6.into()
+        }
+    }
+
+    /// kube-proxy's rules (iptables, nft backend) written again, the NodePorts'
+    /// externalTrafficPolicy Local where `local`, else Cluster; then STATUS.
+    fn rewrite_rules(&self, local: bool) {
+        for v4 in [true, false] {
+            kp::flush_iptables(self.node.netns(), v4, Backend::Nft).unwrap();
+        }
+        load(self, Mode::Iptables(Backend::Nft), local);
+        status(&self.p, &self.node, &self.conf);
+    }
+
+    /// The host outside → a NodePort of the node → pod B, over TCP (`web`) and UDP (`dns`),
+    /// both families, each answer from the node's address (TCP's connected socket; UDP's
+    /// unconnected one checks the source). Policy Local (`local`): pod B sees the client's
+    /// own address; Cluster: the node masquerades it.
+    fn check_node_ports(&self, local: bool) {
+        let policy = if local { "Local" } else { "Cluster" };
+        for v4 in [true, false] {
+            let fam = if v4 { "IPv4" } else { "IPv6" };
+            let node = self.node_addr(v4);
+            let client = self.ext.addr_like(node);
+            let b = addr(&self.b, v4);
+            let ext = self.ext.netns();
+            let tcp =
+                tcp_via(ext, sa(node, NODE_PORT), &self.b.netns, sa(b, 8080)).unwrap_or_else(|e| {
+                    panic!("{fam} outside -> {node}:{NODE_PORT}/tcp (policy {policy}): {e:#}")
+                });
+            let udp = udp_via(ext, sa(node, NODE_PORT_UDP), &self.b.netns, sa(b, 5353))
+                .unwrap_or_else(|e| {
+                    panic!("{fam} outside -> {node}:{NODE_PORT_UDP}/udp (policy {policy}): {e:#}")
+                });
+            for (peer, proto) in [(tcp, "tcp"), (udp, "udp")] {
+                if local {
+                    assert_eq!(
+                        peer.ip(),
+                        client,
+                        "{fam} NodePort/{proto}: Local keeps the client's address"
+                    );
+                } else {
+                    assert_ne!(
+                        peer.ip(),
+                        client,
+                        "{fam} NodePort/{proto}: Cluster masquerades the client"
+                    );
+                }
+            }
+        }
+    }
+
+    /// [`Self::check_node_ports`] under each traffic policy, the rules written for each.
+    fn check_node_ports_under_either_policy(&self) {
+        for local in [false, true] {
+            self.rewrite_rules(local);
+            self.check_node_ports(local);
         }
     }
 
@@ -464,33 +537,12 @@ fn cluster_ips_work_next_to_kube_proxy_in_nftables_mode() {
     c.check_cluster_ip_paths();
 }
 
+/// Hosts outside reach a pod of the node through its NodePorts, TCP and UDP, both families,
+/// with externalTrafficPolicy Cluster and Local.
 #[test]
 fn node_ports_reach_a_local_pod_with_either_traffic_policy() {
-    for local in [false, true] {
-        let c = cluster(Some((Mode::Iptables(Backend::Nft), local)));
-        for v4 in [true, false] {
-            let node_addr: IpAddr = if v4 {
-                c.ext.node_v4.into()
-            } else {
-                c.ext.node_v6.into()
-            };
-            let ext_addr = c.ext.addr_like(node_addr);
-            let peer = tcp_via(
-                c.ext.netns(),
-                sa(node_addr, NODE_PORT),
-                &c.b.netns,
-                sa(addr(&c.b, v4), 8080),
-            )
-            .unwrap_or_else(|e| {
-                panic!("outside -> NodePort {node_addr}:{NODE_PORT} (local {local}): {e:#}")
-            });
-            if local {
-                assert_eq!(peer.ip(), ext_addr, "Local keeps the client's address");
-            } else {
-                assert_ne!(peer.ip(), ext_addr, "Cluster masquerades the client");
-            }
-        }
-    }
+    let c = cluster(None);
+    c.check_node_ports_under_either_policy();
 }
 
 #[test]
@@ -713,7 +765,9 @@ fn the_agent_follows_kube_proxy_within_five_seconds() {
 }
 
 /// ebpf-cni's masquerade on (`ipMasq`): the base paths, and the outside endpoint sees the
-/// node's address (kube-proxy's masquerade rule takes the pod's marked Service packets).
+/// node's address (kube-proxy's masquerade rule takes the pod's marked Service packets);
+/// the NodePorts under either traffic policy (pod B's answers to the client, Local's
+/// unmasqueraded too, leave translated back by the stack, not masqueraded by the programs).
 #[test]
 fn cluster_ips_work_with_masquerade_on() {
     let masq = |c: &mut Value| c["ipMasq"] = serde_json::json!(true);
@@ -722,12 +776,14 @@ fn cluster_ips_work_with_masquerade_on() {
         Setup::Plain(&masq),
     );
     c.check_paths(true);
+    c.check_node_ports_under_either_policy();
     node_netfilter_counts(&c);
     c.check_fast_path_kept();
 }
 
 /// Pods with both limits (policed here; paced where the kernel has `sch_fq`, whose
-/// deliveries the programs make through the host veth's egress and do not record).
+/// deliveries the programs make through the host veth's egress and do not record): the
+/// base paths, and the NodePorts under either traffic policy.
 #[test]
 fn cluster_ips_work_for_pods_with_bandwidth_limits() {
     let limits = |c: &mut Value| {
@@ -741,16 +797,19 @@ fn cluster_ips_work_for_pods_with_bandwidth_limits() {
         Setup::Plain(&limits),
     );
     c.check_cluster_ip_paths();
+    c.check_node_ports_under_either_policy();
     node_netfilter_counts(&c);
     c.check_fast_path_kept();
 }
 
-/// Chained after the reference bridge: the bridge's pods reach Services as the bridge
-/// alone gives them (the chained program leaves their forwarding to the bridge).
+/// Chained after the reference bridge: the bridge's pods reach Services, and hosts outside
+/// reach them through NodePorts under either traffic policy, as the bridge alone gives
+/// them (the chained program leaves their forwarding to the bridge).
 #[test]
 fn cluster_ips_work_for_chained_pods() {
     let c = cluster_with(Some((Mode::Iptables(Backend::Nft), false)), Setup::Chained);
     c.check_cluster_ip_paths();
+    c.check_node_ports_under_either_policy();
 }
 
 /// A Service's external IP from a host outside and from a pod, a pod reaching a NodePort
@@ -808,11 +867,7 @@ fn external_ips_own_node_ports_and_session_affinity() {
             .unwrap_or_else(|e| panic!("{fam} outside -> external IP {ext_ip}: {e:#}"));
         tcp_via(&c.a.netns, sa(ext_ip, 80), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod A -> external IP {ext_ip}: {e:#}"));
-        let node_addr: IpAddr = if v4 {
-            c.ext.node_v4.into()
-        } else {
-            c.ext.node_v6.into()
-        };
+        let node_addr = c.node_addr(v4);
         tcp_via(&c.a.netns, sa(node_addr, 30_081), &c.b.netns, sa(b, 8080))
             .unwrap_or_else(|e| panic!("{fam} pod A -> its node's NodePort: {e:#}"));
         // Affinity: every connection of pod A goes to the endpoint its first one took.
@@ -895,26 +950,40 @@ fn cluster_ips_work_next_to_kube_proxy_in_ipvs_mode() {
     }
 }
 
-/// SCTP Services (kube-proxy writes them as TCP's, `-p sctp`): pod A → ClusterIP → pod B
-/// over SCTP, both families, where the kernel has SCTP (the guests; this machine's has
-/// none, which the test checks rather than assumes).
+/// SCTP Services (kube-proxy writes them as TCP's, `-p sctp`), where the kernel has SCTP
+/// (the guests; this machine's has none, which the test checks rather than assumes), both
+/// families, under each externalTrafficPolicy: pod A → ClusterIP → pod B, and the host
+/// outside → NodePort → pod B (Local: pod B sees the client's address; Cluster: the node
+/// masquerades it), each association's answers from the address dialled.
 #[test]
-fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
+fn sctp_cluster_ips_and_node_ports_work_where_the_kernel_has_sctp() {
     let c = cluster(None);
-    for v4 in [true, false] {
-        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
-        let svc =
-            Service::new("default/sctp:s", vip, 90, Proto::Sctp).endpoint(sa(addr(&c.b, v4), 9090));
-        let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
-        kp::load_iptables(
-            c.node.netns(),
-            v4,
-            Backend::Nft,
-            &kp::iptables_rules(&[svc], cidr),
-        )
-        .unwrap();
-    }
-    status(&c.p, &c.node, &c.conf);
+    let vip = |v4: bool| -> IpAddr {
+        if v4 {
+            VIP4.into()
+        } else {
+            VIP6.into()
+        }
+    };
+    let write = |local: bool| {
+        for v4 in [true, false] {
+            let mut svc = Service::new("default/sctp:s", vip(v4), 90, Proto::Sctp)
+                .endpoint(sa(addr(&c.b, v4), 9090));
+            svc.node_port = Some(NODE_PORT_SCTP);
+            svc.local = local;
+            let cidr = if v4 { V4_SUBNET } else { V6_SUBNET };
+            kp::flush_iptables(c.node.netns(), v4, Backend::Nft).unwrap();
+            kp::load_iptables(
+                c.node.netns(),
+                v4,
+                Backend::Nft,
+                &kp::iptables_rules(&[svc], cidr),
+            )
+            .unwrap();
+        }
+        status(&c.p, &c.node, &c.conf);
+    };
+    write(false);
     let s = services(&c.p, &c.node);
     assert_eq!(
         (s["in_force"].clone(), s["addresses"].clone()),
@@ -929,26 +998,57 @@ fn sctp_cluster_ips_work_where_the_kernel_has_sctp() {
         eprintln!("this kernel has no SCTP: SCTP Services are tested in the kernel matrix");
         return;
     }
-    for v4 in [true, false] {
-        let fam = if v4 { "IPv4" } else { "IPv6" };
-        let vip: IpAddr = if v4 { VIP4.into() } else { VIP6.into() };
-        let b = addr(&c.b, v4);
-        let listener =
-            c.b.netns
-                .run_in(|| sctp::listen(sa(b, 9090)))
-                .unwrap()
-                .unwrap();
-        let client = c.a.netns.run_in(|| sctp::connect(sa(vip, 90))).unwrap();
-        let mut client = client.unwrap_or_else(|e| panic!("{fam} SCTP pod A -> ClusterIP: {e}"));
-        let (mut server, peer) = listener.accept().unwrap();
-        assert_eq!(peer.ip(), addr(&c.a, v4), "{fam}");
-        std::io::Write::write_all(&mut client, b"sctp").unwrap();
-        let mut buf = [0u8; 4];
-        std::io::Read::read_exact(&mut server, &mut buf).unwrap();
-        std::io::Write::write_all(&mut server, &buf).unwrap();
-        std::io::Read::read_exact(&mut client, &mut buf).unwrap();
-        assert_eq!(&buf, b"sctp", "{fam}: the echo over SCTP");
+    for local in [false, true] {
+        let policy = if local { "Local" } else { "Cluster" };
+        write(local);
+        for v4 in [true, false] {
+            let fam = if v4 { "IPv4" } else { "IPv6" };
+            let b = sa(addr(&c.b, v4), 9090);
+            let peer = sctp_via(&c.a.netns, sa(vip(v4), 90), &c.b.netns, b)
+                .unwrap_or_else(|e| panic!("{fam} SCTP pod A -> ClusterIP ({policy}): {e:#}"));
+            assert_eq!(peer.ip(), addr(&c.a, v4), "{fam}: the endpoint sees pod A");
+            let node = c.node_addr(v4);
+            let client = c.ext.addr_like(node);
+            let peer = sctp_via(c.ext.netns(), sa(node, NODE_PORT_SCTP), &c.b.netns, b)
+                .unwrap_or_else(|e| {
+                    panic!("{fam} SCTP outside -> {node}:{NODE_PORT_SCTP} ({policy}): {e:#}")
+                });
+            if local {
+                assert_eq!(peer.ip(), client, "{fam}: Local keeps the client's address");
+            } else {
+                assert_ne!(peer.ip(), client, "{fam}: Cluster masquerades the client");
+            }
+        }
     }
+}
+
+/// One SCTP exchange: a server in `server_ns` on `bind` echoes a message, a client in
+/// `from` dialling `dial` checks it; the client's address as the server saw it. The
+/// client's association is with `dial` (an answer from another address would not join it).
+fn sctp_via(
+    from: &Netns,
+    dial: SocketAddr,
+    server_ns: &Netns,
+    bind: SocketAddr,
+) -> Result<SocketAddr> {
+    let listener = bind_in(server_ns, || sctp::listen(bind));
+    let mut client = from
+        .run_in(|| sctp::connect(dial))?
+        .with_context(|| format!("SCTP {} -> {dial}", from.name()))?;
+    let (mut server, peer) = listener.accept()?;
+    std::io::Write::write_all(&mut client, b"sctp")?;
+    let mut buf = [0u8; 4];
+    std::io::Read::read_exact(&mut server, &mut buf)?;
+    std::io::Write::write_all(&mut server, &buf)?;
+    std::io::Read::read_exact(&mut client, &mut buf).context("the echo")?;
+    if &buf != b"sctp" {
+        bail!("SCTP {dial}: echo {buf:?}");
+    }
+    let to = client.peer_addr()?;
+    if to != dial {
+        bail!("SCTP {dial}: the association is with {to}");
+    }
+    Ok(peer)
 }
 
 /// One-to-one SCTP sockets (`SOCK_STREAM`, `IPPROTO_SCTP`), used through std's TCP types,

@@ -343,7 +343,7 @@ const PLAN: &[Suite] = &[
         on: K6_12,
         only: &[
             "cluster_ips_work_next_to_kube_proxy_in_ipvs_mode",
-            "sctp_cluster_ips_work_where_the_kernel_has_sctp",
+            "sctp_cluster_ips_and_node_ports_work_where_the_kernel_has_sctp",
             "cluster_ips_work_for_pods_with_bandwidth_limits",
         ],
     },
