@@ -185,8 +185,23 @@ impl ServicesFigure {
 #[serde(rename_all = "kebab-case")]
 pub enum ServicesPath {
     PodToPod,
+    /// To the node's external host (behind its uplink), untranslated: no Service.
+    PodToExternal,
     /// To a ClusterIP whose endpoint is a pod of the node.
     PodToClusterIp,
+    /// To a ClusterIP whose endpoint is the node's external host.
+    PodToClusterIpExternal,
+}
+
+impl ServicesPath {
+    pub fn label(self) -> &'static str {
+        match self {
+            ServicesPath::PodToPod => "pod → pod",
+            ServicesPath::PodToExternal => "pod → external host (no Service)",
+            ServicesPath::PodToClusterIp => "pod → ClusterIP (a local pod)",
+            ServicesPath::PodToClusterIpExternal => "pod → ClusterIP (an external host)",
+        }
+    }
 }
 
 /// How the netkit section's two pods are joined to each other.
@@ -763,10 +778,7 @@ impl Metric {
             } => format!(
                 "{}, {}, {}",
                 figure.label(),
-                match path {
-                    ServicesPath::PodToPod => "pod → pod",
-                    ServicesPath::PodToClusterIp => "pod → ClusterIP (a local pod)",
-                },
+                path.label(),
                 if *rules {
                     "kube-proxy's rules in the node"
                 } else {
@@ -1072,6 +1084,23 @@ mod tests {
             "ecni_from_pod in BPF_PROG_TEST_RUN, new flow's SYN reclaiming an idle flow's port"
         );
         assert_eq!((syn.unit(), syn.better()), ("ns", Better::Lower));
+        let svc = |path, rules| Metric::Services {
+            figure: ServicesFigure::Crr,
+            path,
+            rules,
+        };
+        assert_eq!(
+            svc(ServicesPath::PodToClusterIp, true).name(),
+            "TCP_CRR, pod → ClusterIP (a local pod), kube-proxy's rules in the node"
+        );
+        assert_eq!(
+            svc(ServicesPath::PodToExternal, false).name(),
+            "TCP_CRR, pod → external host (no Service), no rules"
+        );
+        assert_eq!(
+            svc(ServicesPath::PodToClusterIpExternal, true).better(),
+            Better::Higher
+        );
         assert_eq!(
             Metric::MetricsRead { pods: 1_000 }.name(),
             "reading the maps (ebpf_cni_metrics_read_seconds), 1,000 pods; target < 100 ms"

@@ -3,14 +3,22 @@
 //! ebpf-cni node without kube-proxy's rules, an ebpf-cni node and a reference node with a
 //! kube-proxy-shaped rule set of [`SERVICES`] Services of [`ENDPOINTS`] endpoints each (the
 //! iptables proxier's rules, through iptables-nft, as `ebpf_cni_tests::kube_proxy` writes
-//! them), and two Services more whose endpoint is each node's server pod. Every repeat
-//! measures, alternating the nodes: pod → pod (ebpf-cni with and without the rules: the
-//! fast path kept), pod → ClusterIP with the endpoint a pod of the node from another client
-//! pod (ebpf-cni against the reference, both through netfilter), single-stream TCP throughput, TCP_RR and
-//! TCP_CRR; then an ADD and a DEL of one more pod on each node, and ebpf-cni's STATUS (which
-//! reads the rules) with and without them.
+//! them), and four Services more: two whose endpoint is each node's server pod, two whose
+//! endpoint is the servers of the node's external host (behind its uplink, routing the pod
+//! network via the node). Every repeat measures, alternating the nodes, single-stream TCP
+//! throughput, TCP_RR and TCP_CRR on four paths:
+//!
+//! - pod → pod, ebpf-cni with and without the rules (the fast path kept);
+//! - pod → the external host, untranslated and no Service, ebpf-cni with and without the
+//!   rules (the fast path kept) and the reference with them;
+//! - pod → ClusterIP with the endpoint a pod of the node, and
+//! - pod → ClusterIP with the endpoint the external host, both from another client pod,
+//!   ebpf-cni against the reference (both through netfilter);
+//!
+//! then an ADD and a DEL of one more pod on each node, and ebpf-cni's STATUS (which reads
+//! the rules) with and without them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -22,7 +30,7 @@ use crate::metric::{Metric, ServicesFigure, ServicesPath};
 use crate::model::{Cell, Repeats, Subject, Table};
 use crate::params::Params;
 use crate::rig::load::{self, EchoServer, Iperf3Server};
-use crate::rig::topo::{self, BenchNode, Binaries, Pod, POD_SUBNET_V4};
+use crate::rig::topo::{self, BenchNode, Binaries, Pod, EXT_IP, POD_SUBNET_V4};
 use crate::stats::percentile;
 
 /// The rule set's size: Services, and endpoints each.
@@ -30,9 +38,12 @@ pub const SERVICES: usize = 1_000;
 pub const ENDPOINTS: usize = 3;
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
-/// The measured Services' ClusterIPs (the rule set's are 10.96.0.0/16 below them).
+/// The measured Services' ClusterIPs (the rule set's are 10.96.0.0/16 below them): to the
+/// server pod, and to the external host.
 const VIP_ECHO: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 1);
 const VIP_IPERF: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 2);
+const VIP_EXT_ECHO: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 3);
+const VIP_EXT_IPERF: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 4);
 const RR_SLICES: u32 = 4;
 
 pub struct Output {
@@ -66,13 +77,17 @@ impl Variant {
 }
 
 struct Setup {
+    // Servers first: they must stop before their namespaces go.
     _iperf: Iperf3Server,
     _echo: EchoServer,
-    /// The pod → pod client.
+    /// The same servers on the node's external host.
+    _ext_iperf: Iperf3Server,
+    _ext_echo: EchoServer,
+    /// The client of the paths through no Service: pod → pod and pod → external host.
     a: Pod,
-    /// The pod → ClusterIP client: a pod of its own, so that the pod → pod client's ports
-    /// are held by no Service flow (a port a live Service flow holds sends its other flows
-    /// through the stack too).
+    /// The pod → ClusterIP client (both Services): a pod of its own, so that the other
+    /// client's ports are held by no Service flow (a port a live Service flow holds sends
+    /// its other flows through the stack too).
     c: Pod,
     b_ip: Ipv4Addr,
     _b: Pod,
@@ -80,9 +95,10 @@ struct Setup {
 }
 
 /// kube-proxy's rules for [`SERVICES`] Services of [`ENDPOINTS`] endpoints (addresses of
-/// the pod network no pod has), and the two measured Services to `server`.
+/// the pod network no pod has), and the measured Services: two to `server`, two to the
+/// external host.
 fn rule_set(server: Ipv4Addr) -> String {
-    let mut svcs = Vec::with_capacity(SERVICES + 2);
+    let mut svcs = Vec::with_capacity(SERVICES + 4);
     for i in 0..SERVICES {
         let vip = Ipv4Addr::new(10, 96, (i / 250) as u8, (i % 250 + 1) as u8);
         let mut s = Service::new(&format!("bench/svc-{i}:http"), vip.into(), 80, Proto::Tcp);
@@ -92,15 +108,20 @@ fn rule_set(server: Ipv4Addr) -> String {
         }
         svcs.push(s);
     }
-    for (vip, port) in [(VIP_ECHO, ECHO_PORT), (VIP_IPERF, IPERF_PORT)] {
+    for (name, vip, ep, port) in [
+        ("measured", VIP_ECHO, server, ECHO_PORT),
+        ("measured", VIP_IPERF, server, IPERF_PORT),
+        ("outside", VIP_EXT_ECHO, EXT_IP, ECHO_PORT),
+        ("outside", VIP_EXT_IPERF, EXT_IP, IPERF_PORT),
+    ] {
         svcs.push(
             Service::new(
-                &format!("bench/measured-{port}:p"),
+                &format!("bench/{name}-{port}:p"),
                 vip.into(),
                 port,
                 Proto::Tcp,
             )
-            .endpoint(SocketAddr::new(server.into(), port)),
+            .endpoint(SocketAddr::new(ep.into(), port)),
         );
     }
     kp::iptables_rules(&svcs, POD_SUBNET_V4)
@@ -130,9 +151,13 @@ impl Setup {
         }
         let iperf = Iperf3Server::start(&b.netns, b_ip, IPERF_PORT)?;
         let echo = EchoServer::start(&b.netns, ECHO_PORT)?;
+        let ext_iperf = Iperf3Server::start(node.ext(), EXT_IP, IPERF_PORT)?;
+        let ext_echo = EchoServer::start(node.ext(), ECHO_PORT)?;
         let s = Self {
             _iperf: iperf,
             _echo: echo,
+            _ext_iperf: ext_iperf,
+            _ext_echo: ext_echo,
             a,
             c,
             b_ip,
@@ -143,11 +168,10 @@ impl Setup {
             // The node learns the Service addresses (the agent's or the runtime's STATUS).
             s.status()?;
         }
-        load::probe_echo(&s.a.netns, SocketAddr::from((b_ip, ECHO_PORT)))
-            .context("pod → pod echo")?;
-        if v.rules() {
-            load::probe_echo(&s.c.netns, SocketAddr::from((VIP_ECHO, ECHO_PORT)))
-                .context("pod → ClusterIP echo")?;
+        for path in paths(v) {
+            let (echo, _) = s.targets(*path);
+            load::probe_echo(&s.client(*path).netns, echo)
+                .with_context(|| format!("{} echo", path.label()))?;
         }
         Ok(s)
     }
@@ -165,32 +189,39 @@ impl Setup {
     /// The client of `path`.
     fn client(&self, path: ServicesPath) -> &Pod {
         match path {
-            ServicesPath::PodToPod => &self.a,
-            ServicesPath::PodToClusterIp => &self.c,
+            ServicesPath::PodToPod | ServicesPath::PodToExternal => &self.a,
+            ServicesPath::PodToClusterIp | ServicesPath::PodToClusterIpExternal => &self.c,
         }
     }
 
-    /// The targets of `path` on this node.
+    /// The targets of `path` on this node: the echo server's, the iperf3 server's.
     fn targets(&self, path: ServicesPath) -> (SocketAddr, SocketAddr) {
-        match path {
-            ServicesPath::PodToPod => (
-                SocketAddr::from((self.b_ip, ECHO_PORT)),
-                SocketAddr::from((self.b_ip, IPERF_PORT)),
-            ),
-            ServicesPath::PodToClusterIp => (
-                SocketAddr::from((VIP_ECHO, ECHO_PORT)),
-                SocketAddr::from((VIP_IPERF, IPERF_PORT)),
-            ),
-        }
+        let (echo, iperf) = match path {
+            ServicesPath::PodToPod => (self.b_ip, self.b_ip),
+            ServicesPath::PodToExternal => (EXT_IP, EXT_IP),
+            ServicesPath::PodToClusterIp => (VIP_ECHO, VIP_IPERF),
+            ServicesPath::PodToClusterIpExternal => (VIP_EXT_ECHO, VIP_EXT_IPERF),
+        };
+        (
+            SocketAddr::from((echo, ECHO_PORT)),
+            SocketAddr::from((iperf, IPERF_PORT)),
+        )
     }
 }
 
-/// The paths each variant measures.
+/// The paths each variant measures: the fast paths on both ebpf-cni nodes (and pod →
+/// external host on the reference too, beside), the Services on the nodes with the rules.
 fn paths(v: Variant) -> &'static [ServicesPath] {
+    use ServicesPath::*;
     match v {
-        Variant::Plain => &[ServicesPath::PodToPod],
-        Variant::EbpfRules => &[ServicesPath::PodToPod, ServicesPath::PodToClusterIp],
-        Variant::RefRules => &[ServicesPath::PodToClusterIp],
+        Variant::Plain => &[PodToPod, PodToExternal],
+        Variant::EbpfRules => &[
+            PodToPod,
+            PodToExternal,
+            PodToClusterIp,
+            PodToClusterIpExternal,
+        ],
+        Variant::RefRules => &[PodToExternal, PodToClusterIp, PodToClusterIpExternal],
     }
 }
 
@@ -314,17 +345,19 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         "Services next to kube-proxy",
         format!("median [min–max] over {} repeat(s)", p.repeats),
     );
+    // Each path's rows without the rules, then with them (the order ServicesPath declares).
+    let traffic: BTreeSet<(ServicesPath, bool)> = VARIANTS
+        .iter()
+        .flat_map(|v| paths(*v).iter().map(|p| (*p, v.rules())))
+        .collect();
+    let node = BTreeSet::from([
+        (ServicesPath::PodToPod, false),
+        (ServicesPath::PodToPod, true),
+    ]);
     for f in ServicesFigure::ALL {
-        let keys: &[(ServicesPath, bool)] = match f {
-            ServicesFigure::AddMs | ServicesFigure::StatusMs => &[
-                (ServicesPath::PodToPod, false),
-                (ServicesPath::PodToPod, true),
-            ],
-            _ => &[
-                (ServicesPath::PodToPod, false),
-                (ServicesPath::PodToPod, true),
-                (ServicesPath::PodToClusterIp, true),
-            ],
+        let keys = match f {
+            ServicesFigure::AddMs | ServicesFigure::StatusMs => &node,
+            _ => &traffic,
         };
         for (path, rules) in keys {
             table.rows.push(
@@ -342,16 +375,22 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
         format!(
             "Three IPv4 nodes: ebpf-cni without kube-proxy's rules, ebpf-cni and the reference \
              chain with the iptables proxier's rules for {SERVICES} Services of {ENDPOINTS} \
-             endpoints each (iptables-nft) and two more whose endpoint is the node's server pod \
-             ({VIP_ECHO}, {VIP_IPERF}). iperf3 -t {} -O {}, one TCP stream; TCP_RR and TCP_CRR \
-             {} s per figure and repeat in {RR_SLICES} slices alternating the nodes; ADD is one \
-             more pod's, its DEL right after; STATUS is ebpf-cni's, which reads the rules.",
+             endpoints each (iptables-nft) and four more: two whose endpoint is the node's \
+             server pod ({VIP_ECHO}, {VIP_IPERF}), two whose endpoint is the node's external \
+             host {EXT_IP} behind its uplink ({VIP_EXT_ECHO}, {VIP_EXT_IPERF}; the host \
+             routes the pod network via the node, so nothing is masqueraded). Pod → pod and \
+             pod → external host from one client pod, both ClusterIPs from another. iperf3 \
+             -t {} -O {}, one TCP stream; TCP_RR and TCP_CRR {} s per figure and repeat in \
+             {RR_SLICES} slices alternating the nodes; ADD is one more pod's, its DEL right \
+             after; STATUS is ebpf-cni's, which reads the rules.",
             p.iperf_secs, p.iperf_omit, p.rr_secs
         ),
-        "Goals: pod → pod with the rules within the run's spread of the node without them (the \
-         fast path is kept; the tests prove no pod → pod packet passes netfilter's FORWARD); \
-         pod → ClusterIP at least the reference's on the same rules (both through netfilter); \
-         ADD with the rules within 1.1× of ADD without (ADD reads no rules)."
+        "Goals: pod → pod and pod → external host with the rules within the run's spread of \
+         the node without them (the fast path is kept; the tests prove no pod → pod packet \
+         passes netfilter's FORWARD); the reference's pod → external host is shown beside, \
+         with no goal; pod → ClusterIP, the endpoint a local pod or the external host, at \
+         least the reference's on the same rules within the run's spread (both through \
+         netfilter); ADD with the rules within 1.1× of ADD without (ADD reads no rules)."
             .to_owned(),
     ];
     Output { table }
