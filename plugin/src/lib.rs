@@ -29,6 +29,7 @@ mod logging;
 mod metrics;
 mod netlink;
 mod netns;
+mod netfilter;
 mod node;
 mod page_cache;
 mod reboot;
