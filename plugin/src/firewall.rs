@@ -6,17 +6,17 @@
 //! naming what it found, and `inspect` lists it. Service flows, which go through the stack
 //! (see `services`), pass the forward hook as on any node.
 //!
-//! Found: in `iptables-save` (legacy and nft backends, both families), a FORWARD policy of
-//! DROP and the DROP and REJECT rules of FORWARD and of the chains it jumps to, kube-proxy's
-//! own (`KUBE-*`) left out; in `nft list ruleset`, every chain on the forward hook with a
-//! drop policy or a drop or reject statement, outside the tables iptables-nft and
-//! kube-proxy manage.
+//! Found, in every table of both backends read from the kernel (`netfilter`: legacy
+//! iptables, iptables-nft and native nftables, both families and `inet`): a forward-hook
+//! chain whose policy is drop, and the drop and reject rules of the forward-hook chains and
+//! of the chains they jump to, kube-proxy's own (`KUBE-*` chains, its `kube-proxy` table)
+//! left out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::{
     bpf::{NodeId, PinRoot},
-    services::{legacy_tables, run},
+    netfilter::{self, nftables::Want, Backend, Family, Hook, Rule, Table, Verdict},
 };
 
 /// The node's first ADD (no record yet under its pin directory) looks for a forward-hook
@@ -43,219 +43,223 @@ pub fn warn_once(node: &NodeId) {
 
 /// What would drop or reject forwarded traffic, one line each (empty: nothing).
 pub fn detect() -> Vec<String> {
-    let mut out = Vec::new();
-    for (backend, tools) in [
-        (
-            "iptables-legacy",
-            [
-                (true, "iptables-legacy-save"),
-                (false, "ip6tables-legacy-save"),
-            ],
-        ),
-        (
-            "iptables-nft",
-            [(true, "iptables-nft-save"), (false, "ip6tables-nft-save")],
-        ),
-    ] {
-        for (v4, tool) in tools {
-            if backend == "iptables-legacy" && !legacy_tables(v4) {
-                continue;
-            }
-            if let Some(save) = run(tool, &["-t", "filter"]) {
-                let fam = if v4 { "IPv4" } else { "IPv6" };
-                out.extend(
-                    iptables_forward_drops(&save)
-                        .into_iter()
-                        .map(|l| format!("{backend} {fam}: {l}")),
-                );
-            }
-        }
-    }
-    if let Some(ruleset) = run("nft", &["list", "ruleset"]) {
-        out.extend(
-            nft_forward_drops(&ruleset)
-                .into_iter()
-                .map(|l| format!("nftables: {l}")),
-        );
-    }
-    out
+    forward_drops(&netfilter::read(&Want {
+        chains: None,
+        sets: &[],
+    }))
 }
 
-/// The filter table's FORWARD policy when it is DROP, and the DROP and REJECT rules of
-/// FORWARD and the chains reachable from it (kube-proxy's `KUBE-*` chains left out).
-pub fn iptables_forward_drops(save: &str) -> Vec<String> {
-    let mut policy_drop = false;
-    let mut rules: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    let mut in_filter = false;
-    for line in save.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            in_filter = t.trim() == "filter";
-            continue;
-        }
-        if !in_filter {
-            continue;
-        }
-        if line.starts_with(":FORWARD DROP") {
-            policy_drop = true;
-        }
-        if let Some(rest) = line.strip_prefix("-A ") {
-            if let Some((chain, rule)) = rest.split_once(' ') {
-                rules.entry(chain).or_default().push(rule);
-            }
-        }
-    }
+/// kube-proxy's nftables table, whose forward chain drops only invalid packets.
+const KUBE_PROXY_TABLE: &str = "kube-proxy";
+
+/// The forward-hook chains' drop policies, and the drop and reject rules of those chains
+/// and of the chains reachable from them, table by table: `iptables-legacy ip filter:
+/// FORWARD policy DROP`, `nf_tables inet firewalld: -A filter_FORWARD -j REJECT`.
+pub fn forward_drops(tables: &[Table]) -> Vec<String> {
     let mut out = Vec::new();
-    if policy_drop {
-        out.push("FORWARD policy DROP".to_owned());
-    }
-    // The chains FORWARD reaches, breadth first.
-    let mut seen = BTreeSet::from(["FORWARD"]);
-    let mut queue = vec!["FORWARD"];
-    while let Some(chain) = queue.pop() {
-        for rule in rules.get(chain).into_iter().flatten() {
-            let target = target_of(rule);
-            match target {
-                Some("DROP" | "REJECT") => out.push(format!("{chain}: -A {chain} {rule}")),
-                Some(t) if rules.contains_key(t) && !t.starts_with("KUBE-") && seen.insert(t) => {
-                    queue.push(t)
+    for t in tables {
+        if matches!(t.family, Family::Other(_)) || t.name == KUBE_PROXY_TABLE {
+            continue;
+        }
+        let backend = match t.backend {
+            Backend::Legacy => "iptables-legacy",
+            Backend::Nftables => "nf_tables",
+        };
+        let label = format!("{backend} {} {}", t.family.as_str(), t.name);
+        let forward = t
+            .chains
+            .iter()
+            .filter(|c| c.hook == Some(Hook::Forward))
+            .collect::<Vec<_>>();
+        for c in forward.iter().filter(|c| c.policy_drop) {
+            out.push(format!("{label}: {} policy DROP", c.name));
+        }
+        // The chains the forward hook reaches, depth first.
+        let mut seen: BTreeSet<&str> = forward.iter().map(|c| c.name.as_str()).collect();
+        let mut stack = forward;
+        while let Some(chain) = stack.pop() {
+            for rule in &chain.rules {
+                match &rule.verdict {
+                    Verdict::Drop | Verdict::Reject => {
+                        out.push(format!("{label}: {}", render(&chain.name, rule)))
+                    }
+                    Verdict::Jump(to) | Verdict::Goto(to)
+                        if !to.starts_with("KUBE-") && seen.insert(to) =>
+                    {
+                        stack.extend(t.chain(to));
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
         }
     }
     out
 }
 
-/// The `-j`/`-g` target of a rule.
-fn target_of(rule: &str) -> Option<&str> {
-    let mut w = rule.split_whitespace();
-    while let Some(x) = w.next() {
-        if x == "-j" || x == "-g" || x == "--jump" || x == "--goto" {
-            return w.next();
-        }
+/// A rule as `iptables-save` would start it, with what the model keeps of it: `-A C
+/// [-d A/N] -j DROP|REJECT`.
+fn render(chain: &str, rule: &Rule) -> String {
+    let mut s = format!("-A {chain}");
+    if let Some(d) = rule.daddr {
+        s.push_str(&format!(" -d {d}"));
     }
-    None
-}
-
-/// The tables whose rules `iptables-nft-save` already shows, or that are kube-proxy's.
-fn managed_table(family: &str, name: &str) -> bool {
-    matches!(
-        (family, name),
-        (
-            "ip" | "ip6",
-            "filter" | "nat" | "mangle" | "raw" | "security"
-        ) | (_, "kube-proxy")
-    )
-}
-
-/// The chains on the forward hook of `nft list ruleset` with a drop policy or a drop or
-/// reject statement, outside [`managed_table`]s.
-pub fn nft_forward_drops(ruleset: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut table: Option<(String, String)> = None;
-    let mut chain: Option<String> = None;
-    let mut forward = false;
-    for line in ruleset.lines() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("table ") {
-            let mut w = rest.split_whitespace();
-            let fam = w.next().unwrap_or("").to_owned();
-            let name = w.next().unwrap_or("").to_owned();
-            table = Some((fam, name));
-            continue;
-        }
-        let Some((fam, name)) = &table else { continue };
-        if managed_table(fam, name) {
-            continue;
-        }
-        if let Some(rest) = t.strip_prefix("chain ") {
-            chain = rest.split_whitespace().next().map(str::to_owned);
-            forward = false;
-            continue;
-        }
-        let Some(c) = &chain else { continue };
-        if t.starts_with("type filter hook forward") {
-            forward = true;
-            if t.contains("policy drop") {
-                out.push(format!("table {fam} {name} chain {c}: policy drop"));
-            }
-            continue;
-        }
-        if forward && t.split_whitespace().any(|w| w == "drop" || w == "reject") {
-            out.push(format!("table {fam} {name} chain {c}: {t}"));
-        }
-    }
-    out
+    let target = if rule.verdict == Verdict::Drop {
+        "DROP"
+    } else {
+        "REJECT"
+    };
+    s.push_str(&format!(" -j {target}"));
+    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netfilter::Chain;
+
+    fn chain(name: &str, hook: Option<Hook>, policy_drop: bool, rules: Vec<Rule>) -> Chain {
+        Chain {
+            name: name.to_owned(),
+            hook,
+            policy_drop,
+            rules,
+        }
+    }
+
+    fn rule(daddr: &str, verdict: Verdict) -> Rule {
+        Rule {
+            daddr: daddr.parse().ok(),
+            verdict,
+            ..Rule::default()
+        }
+    }
+
+    fn table(backend: Backend, family: Family, name: &str, chains: Vec<Chain>) -> Table {
+        Table {
+            backend,
+            family,
+            name: name.to_owned(),
+            chains,
+            sets: Vec::new(),
+        }
+    }
 
     /// Docker's filter table as it writes it, with kube-proxy's and a ufw-like chain.
-    const DOCKER: &str = "*filter\n\
-        :INPUT ACCEPT [0:0]\n\
-        :FORWARD DROP [0:0]\n\
-        :DOCKER-USER - [0:0]\n\
-        :DOCKER-ISOLATION-STAGE-1 - [0:0]\n\
-        :DOCKER-ISOLATION-STAGE-2 - [0:0]\n\
-        :KUBE-FORWARD - [0:0]\n\
-        :ufw-before-forward - [0:0]\n\
-        -A FORWARD -j DOCKER-USER\n\
-        -A FORWARD -j DOCKER-ISOLATION-STAGE-1\n\
-        -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
-        -A FORWARD -j ufw-before-forward\n\
-        -A DOCKER-ISOLATION-STAGE-1 -i docker0 ! -o docker0 -j DOCKER-ISOLATION-STAGE-2\n\
-        -A DOCKER-ISOLATION-STAGE-2 -o docker0 -j DROP\n\
-        -A DOCKER-USER -j RETURN\n\
-        -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n\
-        -A ufw-before-forward -p icmp -j ACCEPT\n\
-        -A ufw-before-forward -s 10.0.0.0/8 -j REJECT --reject-with icmp-port-unreachable\n\
-        COMMIT\n";
-
-    #[test]
-    fn iptables_forward_drops_are_found_through_the_jumps() {
-        assert_eq!(
-            iptables_forward_drops(DOCKER),
-            [
-                "FORWARD policy DROP",
-                "ufw-before-forward: -A ufw-before-forward -s 10.0.0.0/8 -j REJECT --reject-with icmp-port-unreachable",
-                "DOCKER-ISOLATION-STAGE-2: -A DOCKER-ISOLATION-STAGE-2 -o docker0 -j DROP",
-            ]
-        );
-        assert!(iptables_forward_drops("*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n").is_empty());
+    fn docker(backend: Backend) -> Table {
+        let jump = |c: &str| Verdict::Jump(c.to_owned());
+        table(
+            backend,
+            Family::Ipv4,
+            "filter",
+            vec![
+                chain(
+                    "INPUT",
+                    Some(Hook::Input),
+                    false,
+                    vec![rule("", Verdict::Drop)],
+                ),
+                chain(
+                    "FORWARD",
+                    Some(Hook::Forward),
+                    true,
+                    vec![
+                        rule("", jump("DOCKER-USER")),
+                        rule("", jump("DOCKER-ISOLATION-STAGE-1")),
+                        rule("", jump("KUBE-FORWARD")),
+                        rule("", jump("ufw-before-forward")),
+                    ],
+                ),
+                chain(
+                    "DOCKER-ISOLATION-STAGE-1",
+                    None,
+                    false,
+                    vec![rule("", jump("DOCKER-ISOLATION-STAGE-2"))],
+                ),
+                chain(
+                    "DOCKER-ISOLATION-STAGE-2",
+                    None,
+                    false,
+                    vec![rule("", Verdict::Drop)],
+                ),
+                chain("DOCKER-USER", None, false, vec![rule("", Verdict::Return)]),
+                chain("KUBE-FORWARD", None, false, vec![rule("", Verdict::Drop)]),
+                chain(
+                    "ufw-before-forward",
+                    None,
+                    false,
+                    vec![
+                        rule("", Verdict::Accept),
+                        rule("10.0.0.0/8", Verdict::Reject),
+                        // A chain jumped to twice is looked at once.
+                        rule("", jump("DOCKER-ISOLATION-STAGE-2")),
+                    ],
+                ),
+            ],
+        )
     }
 
     #[test]
-    fn nft_forward_chains_are_found_outside_managed_tables() {
-        let ruleset = "table inet firewalld {\n\
-            \tchain filter_FORWARD {\n\
-            \t\ttype filter hook forward priority filter + 10; policy accept;\n\
-            \t\tct state established,related accept\n\
-            \t\treject with icmpx admin-prohibited\n\
-            \t}\n\
-            }\n\
-            table inet lockdown {\n\
-            \tchain fwd {\n\
-            \t\ttype filter hook forward priority 0; policy drop;\n\
-            \t}\n\
-            }\n\
-            table ip filter {\n\
-            \tchain FORWARD {\n\
-            \t\ttype filter hook forward priority filter; policy drop;\n\
-            \t}\n\
-            }\n\
-            table ip kube-proxy {\n\
-            \tchain filter-forward {\n\
-            \t\ttype filter hook forward priority -110; policy accept;\n\
-            \t\tct state invalid drop\n\
-            \t}\n\
-            }\n";
+    fn forward_drops_are_found_through_the_jumps() {
         assert_eq!(
-            nft_forward_drops(ruleset),
+            forward_drops(&[docker(Backend::Legacy)]),
             [
-                "table inet firewalld chain filter_FORWARD: reject with icmpx admin-prohibited",
-                "table inet lockdown chain fwd: policy drop",
+                "iptables-legacy ip filter: FORWARD policy DROP",
+                "iptables-legacy ip filter: -A ufw-before-forward -d 10.0.0.0/8 -j REJECT",
+                "iptables-legacy ip filter: -A DOCKER-ISOLATION-STAGE-2 -j DROP",
+            ]
+        );
+        let open = table(
+            Backend::Legacy,
+            Family::Ipv4,
+            "filter",
+            vec![chain("FORWARD", Some(Hook::Forward), false, Vec::new())],
+        );
+        assert!(forward_drops(&[open]).is_empty());
+    }
+
+    #[test]
+    fn native_forward_chains_are_found_and_kube_proxys_table_left_out() {
+        let tables = [
+            table(
+                Backend::Nftables,
+                Family::Inet,
+                "firewalld",
+                vec![chain(
+                    "filter_FORWARD",
+                    Some(Hook::Forward),
+                    false,
+                    vec![rule("", Verdict::Accept), rule("", Verdict::Reject)],
+                )],
+            ),
+            table(
+                Backend::Nftables,
+                Family::Inet,
+                "lockdown",
+                vec![chain("fwd", Some(Hook::Forward), true, Vec::new())],
+            ),
+            table(
+                Backend::Nftables,
+                Family::Ipv4,
+                "kube-proxy",
+                vec![chain(
+                    "filter-forward",
+                    Some(Hook::Forward),
+                    false,
+                    vec![rule("", Verdict::Drop)],
+                )],
+            ),
+            table(
+                Backend::Nftables,
+                Family::Other(7),
+                "bridged",
+                vec![chain("fwd", Some(Hook::Forward), true, Vec::new())],
+            ),
+        ];
+        assert_eq!(
+            forward_drops(&tables),
+            [
+                "nf_tables inet firewalld: -A filter_FORWARD -j REJECT",
+                "nf_tables inet lockdown: fwd policy DROP",
             ]
         );
     }

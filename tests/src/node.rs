@@ -139,6 +139,24 @@ impl Node {
         )
     }
 
+    /// Runs `plugin` in the node with no netfilter tool on the machine, as the
+    /// DaemonSet's image runs it (`plugin::run_plugin_without_host_tools`).
+    pub fn run_without_host_tools(
+        &self,
+        plugin: &Path,
+        command: CniCommand,
+        env: &ContainerEnv,
+        stdin: impl AsRef<[u8]>,
+    ) -> Result<PluginOutput> {
+        crate::plugin::run_plugin_without_host_tools(
+            plugin,
+            self.netns.path(),
+            command,
+            env,
+            stdin.as_ref(),
+        )
+    }
+
     /// Runs `plugin` as someone trying it by hand does, `ip netns exec <node> plugin`
     /// (a mount namespace of its own, a fresh sysfs: no bpffs at `/sys/fs/bpf`).
     pub fn run_by_hand(

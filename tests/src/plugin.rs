@@ -320,6 +320,23 @@ pub fn run_plugin_by_hand(
     run_command(cmd, plugin, None, command, env, stdin)
 }
 
+/// Runs `plugin` once in `netns` as the DaemonSet's image runs it: with no netfilter tools
+/// to be found (`iptables*`, `ip6tables*`, `nft`, `ipvsadm` all live in `/usr/sbin`, which a
+/// private mount namespace covers with an empty tmpfs for this one run).
+pub fn run_plugin_without_host_tools(
+    plugin: &Path,
+    netns: &Path,
+    command: CniCommand,
+    env: &ContainerEnv,
+    stdin: &[u8],
+) -> Result<PluginOutput> {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none /usr/sbin && ! command -v iptables-save >/dev/null && exec "$0""#)
+        .arg(plugin);
+    run_command(cmd, plugin, Some(netns), command, env, stdin)
+}
+
 fn run_command(
     mut cmd: Command,
     plugin: &Path,

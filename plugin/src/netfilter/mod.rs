@@ -40,11 +40,12 @@ pub enum Family {
 }
 
 impl Family {
+    /// From `NFPROTO_IPV4` (2), `NFPROTO_IPV6` (10), `NFPROTO_INET` (1)…
     pub fn from_nfproto(p: u8) -> Self {
         match p {
-            libc::NFPROTO_IPV4 => Self::Ipv4,
-            libc::NFPROTO_IPV6 => Self::Ipv6,
-            libc::NFPROTO_INET => Self::Inet,
+            2 => Self::Ipv4,
+            10 => Self::Ipv6,
+            1 => Self::Inet,
             other => Self::Other(other),
         }
     }
@@ -156,10 +157,11 @@ impl Table {
 
 /// The tables of both backends in the calling thread's network namespace. A backend that
 /// cannot be read (no module, no permission) holds nothing; the error goes to the debug
-/// log. `sets_of` names the nf_tables tables whose sets and maps are read too.
-pub fn read(sets_of: &[&str]) -> Vec<Table> {
+/// log. `want` says which nf_tables chains and sets are read (the legacy tables come
+/// whole: one socket option each).
+pub fn read(want: &nftables::Want) -> Vec<Table> {
     let mut tables = xtables::read();
-    match nftables::read(sets_of) {
+    match nftables::read(want) {
         Ok(t) => tables.extend(t),
         Err(e) => log::debug!("nf_tables: {e}"),
     }
@@ -204,10 +206,7 @@ mod tests {
         assert_eq!(mask_prefix(&[255; 4]), Some(32));
         assert_eq!(mask_prefix(&[0; 16]), Some(0));
         assert_eq!(mask_prefix(&[255, 0, 255, 0]), None);
-        assert_eq!(
-            network(&[10, 96, 0, 0], 12),
-            "10.96.0.0/12".parse().ok()
-        );
+        assert_eq!(network(&[10, 96, 0, 0], 12), "10.96.0.0/12".parse().ok());
         assert_eq!(network(&[10, 96, 0], 12), None);
     }
 }
