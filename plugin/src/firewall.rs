@@ -97,9 +97,12 @@ pub fn forward_drops(tables: &[Table]) -> Vec<String> {
 }
 
 /// A rule as `iptables-save` would start it, with what the model keeps of it: `-A C
-/// [-d A/N] -j DROP|REJECT`.
+/// [-s A/N] [-d A/N] -j DROP|REJECT`.
 fn render(chain: &str, rule: &Rule) -> String {
     let mut s = format!("-A {chain}");
+    if let Some(a) = rule.saddr {
+        s.push_str(&format!(" -s {a}"));
+    }
     if let Some(d) = rule.daddr {
         s.push_str(&format!(" -d {d}"));
     }
@@ -189,7 +192,10 @@ mod tests {
                     false,
                     vec![
                         rule("", Verdict::Accept),
-                        rule("10.0.0.0/8", Verdict::Reject),
+                        Rule {
+                            saddr: "10.99.0.0/16".parse().ok(),
+                            ..rule("10.0.0.0/8", Verdict::Reject)
+                        },
                         // A chain jumped to twice is looked at once.
                         rule("", jump("DOCKER-ISOLATION-STAGE-2")),
                     ],
@@ -204,7 +210,7 @@ mod tests {
             forward_drops(&[docker(Backend::Legacy)]),
             [
                 "iptables-legacy ip filter: FORWARD policy DROP",
-                "iptables-legacy ip filter: -A ufw-before-forward -d 10.0.0.0/8 -j REJECT",
+                "iptables-legacy ip filter: -A ufw-before-forward -s 10.99.0.0/16 -d 10.0.0.0/8 -j REJECT",
                 "iptables-legacy ip filter: -A DOCKER-ISOLATION-STAGE-2 -j DROP",
             ]
         );

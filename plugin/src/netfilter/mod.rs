@@ -105,6 +105,8 @@ pub enum Verdict {
 /// One rule.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rule {
+    /// The source it matches (`-s A/N`, `ip saddr A/N`); `None` as for `daddr`.
+    pub saddr: Option<IpNetwork>,
     /// The destination it matches (`-d A/N`, `ip daddr A/N`); `None` for a rule without
     /// one or with a negated one (`! -d`, `!=`).
     pub daddr: Option<IpNetwork>,

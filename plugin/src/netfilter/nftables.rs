@@ -293,10 +293,10 @@ fn parse_expressions(list: &[u8], family: Family) -> Rule {
                         l3 = Family::from_nfproto(value.first().copied().unwrap_or(0));
                     }
                     Some(Reg::Network { offset, .. }) => {
-                        rule.daddr = rule.daddr.or(daddr(l3, *offset, value, None));
+                        addr_match(&mut rule, l3, *offset, value, None);
                     }
                     Some(Reg::MaskedNetwork { offset, mask }) => {
-                        rule.daddr = rule.daddr.or(daddr(l3, *offset, value, Some(mask)));
+                        addr_match(&mut rule, l3, *offset, value, Some(mask));
                     }
                     _ => {}
                 }
@@ -332,19 +332,25 @@ fn parse_expressions(list: &[u8], family: Family) -> Rule {
     rule
 }
 
-/// A destination match: `value` compared with the network header's bytes at `offset`
-/// (16 in IPv4, 24 in IPv6), under `mask` when one was applied.
-fn daddr(
-    l3: Family,
-    offset: u32,
-    value: &[u8],
-    mask: Option<&Vec<u8>>,
-) -> Option<super::IpNetwork> {
-    let width = match (l3, offset) {
-        (Family::Ipv4, 16) => 4,
-        (Family::Ipv6, 24) => 16,
-        _ => return None,
+/// An address match: `value` compared with the network header's bytes at `offset` (the
+/// source at 12 in IPv4 and 8 in IPv6, the destination at 16 and 24), under `mask` when one
+/// was applied; the rule's first of each is kept.
+fn addr_match(rule: &mut Rule, l3: Family, offset: u32, value: &[u8], mask: Option<&Vec<u8>>) {
+    let (width, slot) = match (l3, offset) {
+        (Family::Ipv4, 12) => (4, &mut rule.saddr),
+        (Family::Ipv4, 16) => (4, &mut rule.daddr),
+        (Family::Ipv6, 8) => (16, &mut rule.saddr),
+        (Family::Ipv6, 24) => (16, &mut rule.daddr),
+        _ => return,
     };
+    if slot.is_none() {
+        *slot = prefix_net(width, value, mask);
+    }
+}
+
+/// `value`, zero-padded to `width` bytes, as a network: of `mask`'s prefix, or of the whole
+/// bytes compared.
+fn prefix_net(width: usize, value: &[u8], mask: Option<&Vec<u8>>) -> Option<super::IpNetwork> {
     if value.len() > width {
         return None;
     }
@@ -652,6 +658,10 @@ mod tests {
             parse_expressions(&short, Family::Ipv4).daddr,
             "10.0.0.0/8".parse().ok()
         );
+        // `-s 10.99.0.0/16` (two bytes of the source).
+        let source = [payload(1, 12, 2), cmp(0, &[10, 99])].concat();
+        let r = parse_expressions(&source, Family::Ipv4);
+        assert_eq!((r.saddr, r.daddr), ("10.99.0.0/16".parse().ok(), None));
         // `! -d 10.9.9.9/32 -j RETURN`.
         let negated = [payload(1, 16, 4), cmp(1, &[10, 9, 9, 9]), jump(-5, "")].concat();
         let r = parse_expressions(&negated, Family::Ipv4);

@@ -84,8 +84,10 @@ struct Layout {
     level: libc::c_int,
     /// `sizeof` the entry: where its matches start.
     entry_len: usize,
-    /// `ip.dst` and `ip.dmsk`, `addr_len` bytes each.
+    /// `ip.src`, `ip.dst`, `ip.smsk` and `ip.dmsk`, `addr_len` bytes each.
+    src: usize,
     dst: usize,
+    smsk: usize,
     dmsk: usize,
     addr_len: usize,
     /// `ip.flags`, `ip.invflags`.
@@ -97,6 +99,8 @@ struct Layout {
     next_offset: usize,
     /// `IPT_F_GOTO`/`IP6T_F_GOTO` in flags: the jump is a goto.
     goto: u8,
+    /// `IPT_INV_SRCIP`/`IP6T_INV_SRCIP` in invflags: `! -s`.
+    inv_src: u8,
     /// `IPT_INV_DSTIP`/`IP6T_INV_DSTIP` in invflags: `! -d`.
     inv_dst: u8,
 }
@@ -110,7 +114,9 @@ const IPV4: Layout = Layout {
     domain: AddressFamily::Inet,
     level: libc::SOL_IP,
     entry_len: 112,
+    src: 0,
     dst: 4,
+    smsk: 8,
     dmsk: 12,
     addr_len: 4,
     flags: 82,
@@ -118,6 +124,7 @@ const IPV4: Layout = Layout {
     target_offset: 88,
     next_offset: 90,
     goto: 0x02,
+    inv_src: 0x08,
     inv_dst: 0x10,
 };
 
@@ -131,7 +138,9 @@ const IPV6: Layout = Layout {
     domain: AddressFamily::Inet6,
     level: libc::SOL_IPV6,
     entry_len: 168,
+    src: 0,
     dst: 16,
+    smsk: 32,
     dmsk: 48,
     addr_len: 16,
     flags: 131,
@@ -139,6 +148,7 @@ const IPV6: Layout = Layout {
     target_offset: 140,
     next_offset: 142,
     goto: 0x04,
+    inv_src: 0x08,
     inv_dst: 0x10,
 };
 
@@ -277,7 +287,9 @@ struct Entry<'a> {
     offset: usize,
     /// Its length (`next_offset`).
     len: usize,
+    src: &'a [u8],
     dst: &'a [u8],
+    smsk: &'a [u8],
     dmsk: &'a [u8],
     flags: u8,
     invflags: u8,
@@ -337,7 +349,9 @@ fn entries<'a>(layout: &Layout, blob: &'a [u8]) -> Result<Vec<Entry<'a>>, Error>
         out.push(Entry {
             offset: at,
             len,
+            src: addr(layout.src),
             dst: addr(layout.dst),
+            smsk: addr(layout.smsk),
             dmsk: addr(layout.dmsk),
             flags: e[layout.flags],
             invflags: e[layout.invflags],
@@ -438,13 +452,18 @@ fn parse(layout: &Layout, name: &str, info: &Info, blob: &[u8]) -> Result<Table,
     })
 }
 
-/// One entry as a rule: its destination (`-d`, not `! -d`), its verdict and its mark.
+/// One entry as a rule: its source and destination (`-s`, `-d`; not `! -s`, `! -d`), its
+/// verdict and its mark.
 fn rule(layout: &Layout, e: &Entry, chain_at: &HashMap<usize, &str>) -> Result<Rule, Error> {
-    let daddr = if e.dmsk.iter().any(|&b| b != 0) && e.invflags & layout.inv_dst == 0 {
-        mask_prefix(e.dmsk).and_then(|p| network(e.dst, p))
-    } else {
-        None
+    let matched = |addr: &[u8], mask: &[u8], inv: u8| {
+        if mask.iter().any(|&b| b != 0) && e.invflags & inv == 0 {
+            mask_prefix(mask).and_then(|p| network(addr, p))
+        } else {
+            None
+        }
     };
+    let saddr = matched(e.src, e.smsk, layout.inv_src);
+    let daddr = matched(e.dst, e.dmsk, layout.inv_dst);
     let mut sets_mark = None;
     let verdict = match e.target {
         STANDARD => match e.verdict()? {
@@ -474,6 +493,7 @@ fn rule(layout: &Layout, e: &Entry, chain_at: &HashMap<usize, &str>) -> Result<R
         _ => Verdict::Other,
     };
     Ok(Rule {
+        saddr,
         daddr,
         verdict,
         sets_mark,
@@ -491,9 +511,11 @@ mod tests {
         info: Info,
     }
 
-    /// A rule for the builder: `-d`, `!`, goto, and its target.
+    /// A rule for the builder: `-s`, `-d`, `!`, goto, and its target.
     #[derive(Default)]
     struct Spec<'a> {
+        src: &'a [u8],
+        smsk: &'a [u8],
         dst: &'a [u8],
         dmsk: &'a [u8],
         not_dst: bool,
@@ -528,6 +550,8 @@ mod tests {
         fn entry(&mut self, s: &Spec) -> &mut Self {
             let l = self.layout;
             let mut e = vec![0u8; l.entry_len];
+            e[l.src..l.src + s.src.len()].copy_from_slice(s.src);
+            e[l.smsk..l.smsk + s.smsk.len()].copy_from_slice(s.smsk);
             e[l.dst..l.dst + s.dst.len()].copy_from_slice(s.dst);
             e[l.dmsk..l.dmsk + s.dmsk.len()].copy_from_slice(s.dmsk);
             e[l.flags] = if s.goto { l.goto } else { 0 };
@@ -585,7 +609,7 @@ mod tests {
         Rule {
             daddr: daddr.map(|d| d.parse().unwrap()),
             verdict,
-            sets_mark: None,
+            ..Rule::default()
         }
     }
 
@@ -626,7 +650,7 @@ mod tests {
     fn filter_table_reads_as_iptables_save_shows_it() {
         let mut b = Builder::new(&IPV4);
         // INPUT: ACCEPT, no rules. FORWARD DROP: -j DOCKER-USER, -g KUBE-FW,
-        // -d 10.96.0.0/12 -j REJECT, ! -d 10.0.0.1/32 -j ACCEPT, -j MARK --or-mark 0x4000,
+        // -s 10.99.0.0/16 -d 10.96.0.0/12 -j REJECT, ! -d 10.0.0.1/32 -j ACCEPT, -j MARK --or-mark 0x4000,
         // -d 10.0.0.2/32 (no target), -j LOG, -j DNAT.
         b.hook(1).policy(1, VERDICT_ACCEPT).hook(2);
         let forward = b.here();
@@ -638,6 +662,8 @@ mod tests {
             ..standard(0)
         });
         b.entry(&Spec {
+            src: &[10, 99, 0, 0],
+            smsk: &[255, 255, 0, 0],
             dst: &[10, 96, 0, 0],
             dmsk: &[255, 240, 0, 0],
             target: "REJECT",
@@ -711,7 +737,10 @@ mod tests {
             [
                 rule(None, Verdict::Jump("DOCKER-USER".into())),
                 rule(None, Verdict::Goto("KUBE-FW".into())),
-                rule(Some("10.96.0.0/12"), Verdict::Reject),
+                Rule {
+                    saddr: "10.99.0.0/16".parse().ok(),
+                    ..rule(Some("10.96.0.0/12"), Verdict::Reject)
+                },
                 rule(None, Verdict::Accept),
                 Rule {
                     sets_mark: Some(0x4000),
