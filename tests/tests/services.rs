@@ -520,6 +520,42 @@ fn cluster_ips_work_next_to_kube_proxy_in_iptables_mode() {
     c.check_fast_path_kept();
 }
 
+/// The DaemonSet's image holds only the binary, and a node may have no iptables or nft
+/// installed: STATUS run with no netfilter tool on the machine learns kube-proxy's rules
+/// from the kernel all the same, in each backend, and pod A reaches a ClusterIP.
+#[test]
+fn kube_proxys_rules_are_learned_with_no_netfilter_tool_on_the_machine() {
+    for (mode, source) in [
+        (Mode::Iptables(Backend::Nft), "kube-proxy-iptables-nft"),
+        (
+            Mode::Iptables(Backend::Legacy),
+            "kube-proxy-iptables-legacy",
+        ),
+        (Mode::Nftables, "kube-proxy-nftables"),
+    ] {
+        let c = cluster(None);
+        load(&c, mode, false);
+        let env = ContainerEnv::none().with_cni_path(&c.p.runtime.cni_path_env());
+        c.node
+            .run_without_host_tools(&c.p.bin, CniCommand::Status, &env, c.conf.to_string())
+            .unwrap()
+            .expect_success("STATUS with no netfilter tool");
+        let s = services(&c.p, &c.node);
+        assert_eq!(s["source"], source, "{s}");
+        assert_eq!(s["addresses"], 8, "four Services of each family: {s}");
+        for v4 in [true, false] {
+            let (web, ..) = Cluster::vips(v4);
+            tcp_via(
+                &c.a.netns,
+                sa(web, 80),
+                &c.b.netns,
+                sa(addr(&c.b, v4), 8080),
+            )
+            .unwrap_or_else(|e| panic!("{source}: pod A -> {web}:80, endpoint pod B: {e:#}"));
+        }
+    }
+}
+
 #[test]
 fn cluster_ips_work_next_to_kube_proxy_in_iptables_legacy_mode() {
     let c = cluster(Some((Mode::Iptables(Backend::Legacy), false)));
@@ -1187,7 +1223,8 @@ fn a_forward_firewall_is_named_once_by_add_and_by_inspect() {
     let warning = "drop or reject forwarded traffic";
     assert!(adds[0].1.contains(warning), "the first ADD: {}", adds[0].1);
     assert!(
-        adds[0].1.contains("FORWARD policy DROP") && adds[0].1.contains("-s 10.99.0.0/16"),
+        adds[0].1.contains("FORWARD policy DROP")
+            && adds[0].1.contains("-A FORWARD -s 10.99.0.0/16 -j REJECT"),
         "{}",
         adds[0].1
     );
