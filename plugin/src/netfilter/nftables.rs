@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::{mask_prefix, network, Backend, Chain, Family, Hook, Rule, Set, Table, Verdict};
+use super::model::{mask_prefix, network, Backend, Chain, Family, Hook, Rule, Set, Table, Verdict};
 
 /// What to read besides the tables: every chain with its rules, or only the chains of
 /// these names (each table asked for each, which costs a few small dumps instead of the
@@ -350,7 +350,7 @@ fn addr_match(rule: &mut Rule, l3: Family, offset: u32, value: &[u8], mask: Opti
 
 /// `value`, zero-padded to `width` bytes, as a network: of `mask`'s prefix, or of the whole
 /// bytes compared.
-fn prefix_net(width: usize, value: &[u8], mask: Option<&Vec<u8>>) -> Option<super::IpNetwork> {
+fn prefix_net(width: usize, value: &[u8], mask: Option<&Vec<u8>>) -> Option<ipnetwork::IpNetwork> {
     if value.len() > width {
         return None;
     }

@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockProtocol, SockType};
 
-use super::{mask_prefix, network, Backend, Chain, Family, Hook, Rule, Table, Verdict};
+use super::model::{mask_prefix, network, Backend, Chain, Family, Hook, Rule, Table, Verdict};
 
 /// The tables read: the ones kube-proxy, Docker and firewalls write to.
 const TABLES: [&str; 2] = ["filter", "nat"];
