@@ -33,6 +33,9 @@ const DUMP_TRIES: usize = 5;
 /// The nf_tables tables of the calling thread's network namespace: ip, ip6 and inet ones
 /// (the others hold nothing `services` or `firewall` reads), with `want`'s chains and sets.
 pub fn read(want: &Want) -> io::Result<Vec<Table>> {
+    if !in_kernel() {
+        return Ok(Vec::new());
+    }
     let sock = Socket::open()?;
     let mut tables = Vec::new();
     for msg in sock.dump(GETTABLE, 0, &[])? {
@@ -68,6 +71,31 @@ pub fn read(want: &Want) -> io::Result<Vec<Table>> {
         }
     }
     Ok(tables)
+}
+
+/// Whether nf_tables is in the kernel already. Asking a kernel whose nf_tables is a module
+/// not loaded would load it (nfnetlink requests the subsystem's module), a side effect
+/// STATUS must not have; and without the module no table exists to be read. A kernel with
+/// modules lists them in `/proc/modules`; a loaded or built-in nf_tables has
+/// `/sys/module/nf_tables` or a line in `modules.builtin` (where either is missing, it is
+/// asked: that kernel has no modules, or says nothing either way).
+fn in_kernel() -> bool {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let builtin = std::fs::read_to_string(format!("/lib/modules/{release}/modules.builtin"));
+    loaded_or_builtin(
+        std::path::Path::new("/proc/modules").exists(),
+        std::path::Path::new("/sys/module/nf_tables").exists(),
+        builtin.ok().as_deref(),
+    )
+}
+
+/// [`in_kernel`]'s decision, from what it found.
+fn loaded_or_builtin(has_modules: bool, in_sysfs: bool, builtin: Option<&str>) -> bool {
+    !has_modules
+        || in_sysfs
+        || builtin.is_none_or(|list| list.lines().any(|l| l.ends_with("/nf_tables.ko")))
 }
 
 /// Every chain of `table` (hook and policy included) with its rules.
@@ -708,6 +736,23 @@ mod tests {
             parse_expressions(&reject, Family::Ipv4).verdict,
             Verdict::Reject
         );
+    }
+
+    #[test]
+    fn a_module_not_loaded_is_not_asked_for() {
+        let builtin = "kernel/net/netfilter/nf_tables.ko\n";
+        // Debian: a module, loaded or not.
+        assert!(loaded_or_builtin(true, true, Some("")));
+        assert!(!loaded_or_builtin(
+            true,
+            false,
+            Some("kernel/fs/ext4/ext4.ko\n")
+        ));
+        // Built in.
+        assert!(loaded_or_builtin(true, false, Some(builtin)));
+        // No modules at all, or no list of the built-in ones: asked.
+        assert!(loaded_or_builtin(false, false, None));
+        assert!(loaded_or_builtin(true, false, None));
     }
 
     #[test]
