@@ -331,10 +331,14 @@ const PLAN: &[Suite] = &[
         on: ALL,
         only: &["cluster_ips_work_next_to_kube_proxy_in_iptables_mode"],
     },
+    // The rules read from each kernel's own nf_tables and x_tables, with no tool present.
     Suite {
         test: "services",
         on: K6_1_6_12,
-        only: &["cluster_ips_work_next_to_kube_proxy_in_nftables_mode"],
+        only: &[
+            "cluster_ips_work_next_to_kube_proxy_in_nftables_mode",
+            "kube_proxys_rules_are_learned_with_no_netfilter_tool_on_the_machine",
+        ],
     },
     // What only the guests have: IPVS, SCTP, and `sch_fq` (deliveries to a paced pod go
     // through its host veth's egress, which must not take them for the stack's).
