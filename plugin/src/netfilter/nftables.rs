@@ -38,6 +38,7 @@ pub fn read(want: &Want) -> io::Result<Vec<Table>> {
     }
     let sock = Socket::open()?;
     let mut tables = Vec::new();
+    // `NFPROTO_UNSPEC`: the tables of every family.
     for msg in sock.dump(GETTABLE, 0, &[])? {
         let family = Family::from_nfproto(msg.family);
         if matches!(family, Family::Other(_)) {
