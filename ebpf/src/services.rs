@@ -69,7 +69,10 @@ struct Scratch {
     net: Key<[u8; 16]>,
     /// TCP: FIN or RST set.
     closing: u8,
-    _pad: [u8; 3],
+    /// TCP: SYN set without ACK (a new flow: whatever an earlier flow of the same port
+    /// closed no longer counts).
+    opening: u8,
+    _pad: [u8; 2],
 }
 
 #[map]
@@ -187,11 +190,15 @@ fn parse(ctx: &TcContext, f: &mut Scratch, pod: Pod) -> Option<bool> {
     }
     let l4 = ETH_HLEN + if ip.v4 { 20 } else { 40 };
     f.closing = 0;
+    f.opening = 0;
     if ip.proto == IPPROTO_TCP {
         // Byte 13 of the TCP header: FIN 0x01, RST 0x04.
         if let Some(flags) = ptr_at::<u8>(ctx, l4 + 13) {
             // SAFETY: bounds checked by `ptr_at`.
-            f.closing = u8::from(unsafe { *flags } & 0x05 != 0);
+            let flags = unsafe { *flags };
+            f.closing = u8::from(flags & 0x05 != 0);
+            // SYN 0x02, ACK 0x10.
+            f.opening = u8::from(flags & 0x12 == 0x02);
         }
     }
     let ports = ptr_at::<Ports>(ctx, l4)?;
@@ -234,18 +241,24 @@ fn scratch() -> Option<&'static mut Scratch> {
     ECNI_SVC_TMP.get_ptr_mut(0).map(|s| unsafe { &mut *s })
 }
 
-/// Records `key` as a flow of kind `kind` seen `now` (`closing`: a FIN or RST in it); an
-/// entry already there is kept, a client flow's time and closing brought up to date (the
-/// lookup refreshes its place in the LRU too).
+/// Records `key` as a flow of kind `kind` seen `now` (`closing`: a FIN or RST in it;
+/// `opening`: a TCP SYN, a new flow); an entry already there is kept, a client flow's time
+/// and closing brought up to date (the lookup refreshes its place in the LRU too): a new
+/// flow, or one from a port whose earlier flow's record has ended, starts with its own
+/// closing, not the earlier flow's.
 #[inline(always)]
-fn record(key: &ServicesFlowKey, kind: u32, now: u64, closing: u8) {
+fn record(key: &ServicesFlowKey, kind: u32, now: u64, closing: u8, opening: u8) {
     if let Some(v) = ECNI_SVC_FLOWS.get_ptr_mut(key) {
         if kind == SERVICES_FLOW_CLIENT {
             // SAFETY: a map value, valid for the run; concurrent writers only move the
             // time forward or set the flag.
             unsafe {
+                if opening != 0 || !client_alive(&*v, key.proto, now) {
+                    (*v).closing = u32::from(closing);
+                } else {
+                    (*v).closing |= u32::from(closing);
+                }
                 (*v).seen_ns = now;
-                (*v).closing |= u32::from(closing);
             }
         }
         return;
@@ -344,19 +357,22 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
     let Some(ports) = parse(&ctx, f, Pod::Source) else {
         return Services::Fast as u32;
     };
-    // A reply in a flow the stack delivered to this pod.
-    // SAFETY: the value is not read, only its presence.
-    if ports && unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_some() {
-        if let Some(s) = stats() {
-            s.replies = s.replies.wrapping_add(1);
-        }
-        return Services::Stack as u32;
-    }
     // SAFETY: a plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
+    // To a Service address first: a flow the stack delivered to this pod may hold the same
+    // tuple (an earlier flow from this port to the same Service, whose answers the stack
+    // delivered), and the new flow still needs its own record and mark.
     let Some(&masq_mark) = ECNI_SVC_NETS.get(&f.net) else {
         if !ports {
             return Services::Fast as u32;
+        }
+        // A reply in a flow the stack delivered to this pod.
+        // SAFETY: the value is not read, only its presence.
+        if unsafe { ECNI_SVC_FLOWS.get(&f.key) }.is_some() {
+            if let Some(s) = stats() {
+                s.replies = s.replies.wrapping_add(1);
+            }
+            return Services::Stack as u32;
         }
         // From a port a live Service flow of the pod holds: the stack too, so that conntrack
         // sees this flow and forwards its answers, which come for the same port.
@@ -387,7 +403,7 @@ pub extern "C" fn ecni_svc_from_pod(skb: *mut __sk_buff) -> u32 {
     if ports {
         f.key.peer = [0; 16];
         f.key.peer_port = 0;
-        record(&f.key, SERVICES_FLOW_CLIENT, now, f.closing);
+        record(&f.key, SERVICES_FLOW_CLIENT, now, f.closing, f.opening);
     }
     if let Some(s) = stats() {
         s.to_service = s.to_service.wrapping_add(1);
@@ -437,7 +453,7 @@ pub extern "C" fn ecni_svc_to_pod(skb: *mut __sk_buff) -> u32 {
         return 0;
     };
     if parse(&ctx, f, Pod::Destination) == Some(true) {
-        record(&f.key, SERVICES_FLOW_DELIVERED, 0, 0);
+        record(&f.key, SERVICES_FLOW_DELIVERED, 0, 0, 0);
     }
     0
 }

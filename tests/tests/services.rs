@@ -812,6 +812,24 @@ fn cluster_ips_work_with_masquerade_on() {
         Setup::Plain(&masq),
     );
     c.check_paths(true);
+    // A second connection from the same port to the same Service is masqueraded too: its
+    // packets carry kube-proxy's mark although the first flow's answers left a record.
+    for v4 in [true, false] {
+        let (_, _, out, _) = Cluster::vips(v4);
+        let l = bind_in(c.ext.netns(), || {
+            TcpListener::bind(sa(c.ext.addr_like(out), 9090))
+        });
+        let from = sa(addr(&c.a, v4), 40_310);
+        for i in 1..=2 {
+            let peer = exchange_from(&c.a.netns, from, sa(out, 81), &l)
+                .unwrap_or_else(|e| panic!("v4 {v4}: connection {i} from {from}: {e:#}"));
+            assert_eq!(
+                peer.ip(),
+                c.node_addr(v4),
+                "v4 {v4}: connection {i} from {from} reached the outside endpoint unmasqueraded"
+            );
+        }
+    }
     c.check_node_ports_under_either_policy();
     node_netfilter_counts(&c);
     c.check_fast_path_kept();
@@ -1292,7 +1310,7 @@ fn a_port_reused_from_a_service_flow_to_the_endpoint_directly_gets_the_endpoints
 }
 
 /// A TCP connection from `ns` bound to `from` (with `SO_REUSEADDR`, as a client reusing its
-/// port) to `dial`.
+/// port) to `dial`, given up after two SYN retransmissions.
 fn connect_from(ns: &Netns, from: SocketAddr, dial: SocketAddr) -> std::io::Result<TcpStream> {
     use nix::sys::socket as s;
     ns.run_in(|| -> std::io::Result<TcpStream> {
@@ -1303,6 +1321,21 @@ fn connect_from(ns: &Netns, from: SocketAddr, dial: SocketAddr) -> std::io::Resu
         };
         let fd = s::socket(fam, s::SockType::Stream, s::SockFlag::empty(), None)?;
         s::setsockopt(&fd, s::sockopt::ReuseAddr, &true)?;
+        // Two SYN retransmissions: a connection that cannot be made fails in 7 s, not 2 min.
+        let syn_count: libc::c_int = 2;
+        // SAFETY: a plain setsockopt on our own descriptor, with an int of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::IPPROTO_TCP,
+                libc::TCP_SYNCNT,
+                (&syn_count as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         s::bind(
             std::os::fd::AsRawFd::as_raw_fd(&fd),
             &s::SockaddrStorage::from(from),
@@ -1355,5 +1388,96 @@ fn a_port_shared_by_a_service_flow_and_a_direct_flow_to_the_outside_serves_both(
                 .unwrap_or_else(|e| panic!("{fam} {what} connection's answer: {e}"));
             assert_eq!(&buf, b"pong", "{fam} {what}");
         }
+    }
+}
+
+/// One exchange over a TCP connection from `from` in `ns` (bound with `SO_REUSEADDR`) to
+/// `dial`, accepted by `listener`; returns the peer address the server saw. The server
+/// closes first, then the client: the client's port is left without a TIME_WAIT, free for
+/// the next connection, as a busy client's ports are.
+fn exchange_from(
+    ns: &Netns,
+    from: SocketAddr,
+    dial: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr> {
+    use std::io::{Read, Write};
+    let mut conn = connect_from(ns, from, dial).with_context(|| format!("{from} -> {dial}"))?;
+    listener.set_nonblocking(false)?;
+    let (mut server, peer) = listener.accept()?;
+    conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+    server.set_read_timeout(Some(Duration::from_secs(3)))?;
+    conn.write_all(b"ping")?;
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf)?;
+    server.write_all(b"pong")?;
+    conn.read_exact(&mut buf)
+        .with_context(|| format!("{from} -> {dial}: the answer"))?;
+    drop(server);
+    let _ = conn.read(&mut buf);
+    Ok(peer)
+}
+
+/// A pod reaching a Service whose endpoint is beyond the node from a port it used for the
+/// same Service before, over TCP, both families: the endpoint's answers go to the stack,
+/// which translates them back to the Service's address,
+/// - after the earlier flow's record ended (TCP: 120 s after its close, as conntrack's
+///   TIME_WAIT). A DNS client's random ports meet this all day, towards a DNS Service whose
+///   endpoints are on other nodes. Before, the record the stack's delivery left for the
+///   earlier flow sent the new flow to the stack without a record of its own, so the
+///   endpoint's answers took the redirect path, reached the pod from the endpoint's
+///   address and were refused: every connection from that port timed out;
+/// - at once after the earlier flow's close, the new connection then idle for longer than
+///   a closed flow's 120 s, and the endpoint speaking first (a server push): the new flow's
+///   record does not inherit the earlier flow's close.
+#[test]
+fn a_port_reused_for_a_service_reaches_it_again_at_once_and_after_its_flow_ended() {
+    use std::io::{Read, Write};
+    let c = cluster(Some((Mode::Iptables(Backend::Nft), false)));
+    let mut cases = Vec::new();
+    for v4 in [true, false] {
+        let fam = if v4 { "IPv4" } else { "IPv6" };
+        let (_, _, out, _) = Cluster::vips(v4);
+        let ext = c.ext.addr_like(out);
+        let l = bind_in(c.ext.netns(), || TcpListener::bind(sa(ext, 9090)));
+        let (expired, reused) = (sa(addr(&c.a, v4), 40_300), sa(addr(&c.a, v4), 40_302));
+        for from in [expired, reused] {
+            let peer = exchange_from(&c.a.netns, from, sa(out, 81), &l)
+                .unwrap_or_else(|e| panic!("{fam}: the first connection from {from}: {e:#}"));
+            assert_eq!(peer, from, "{fam}: the endpoint sees the pod's port");
+        }
+        // The port used again at once, the connection kept open.
+        // (At once: as soon as the earlier socket has let the port go, within a second.)
+        let mut last = None;
+        let mut conn = (0..10)
+            .find_map(|_| match connect_from(&c.a.netns, reused, sa(out, 81)) {
+                Ok(conn) => Some(conn),
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(100));
+                    None
+                }
+            })
+            .unwrap_or_else(|| panic!("{fam}: {reused} again at once: {last:?}"));
+        let (mut server, _) = l.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        conn.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).unwrap();
+        cases.push((fam, expired, sa(out, 81), l, conn, server));
+    }
+    // The first flows' records end 120 s after their close.
+    std::thread::sleep(Duration::from_secs(125));
+    for (fam, expired, dial, l, mut conn, mut server) in cases {
+        server.write_all(b"push").unwrap();
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf).unwrap_or_else(|e| {
+            panic!("{fam}: the endpoint's push after 125 s idle, on a port reused at once: {e}")
+        });
+        assert_eq!(&buf, b"push", "{fam}");
+        let peer = exchange_from(&c.a.netns, expired, dial, &l).unwrap_or_else(|e| {
+            panic!("{fam}: {expired} to the same Service 125 s after its flow's close: {e:#}")
+        });
+        assert_eq!(peer, expired, "{fam}");
     }
 }
