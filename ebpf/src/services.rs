@@ -251,7 +251,7 @@ fn record(key: &ServicesFlowKey, kind: u32, now: u64, closing: u8, opening: u8) 
     if let Some(v) = ECNI_SVC_FLOWS.get_ptr_mut(key) {
         if kind == SERVICES_FLOW_CLIENT {
             // SAFETY: a map value, valid for the run; concurrent writers only move the
-            // time forward or set the flag.
+            // time forward, or set the flag (or reset it, for a new flow).
             unsafe {
                 if opening != 0 || !client_alive(&*v, key.proto, now) {
                     (*v).closing = u32::from(closing);
