@@ -69,10 +69,16 @@ pub fn measuring() -> std::sync::MutexGuard<'static, ()> {
 /// Starts a one-off iperf3 server in `server` on `addr`:`port` and returns once it
 /// listens (a fixed pause was too short on a loaded machine: the client found no server).
 pub fn iperf_server(server: &Netns, addr: IpAddr, port: u16) {
+    start_iperf_server(server, addr, port, &[]);
+}
+
+/// [`iperf_server`] with `extra` arguments (`-J`: a client's `--get-server-output` gets
+/// the server's report as JSON).
+fn start_iperf_server(server: &Netns, addr: IpAddr, port: u16, extra: &[&str]) {
     let (a, p) = (addr.to_string(), port.to_string());
-    let out = server
-        .exec(&["iperf3", "-s", "-1", "-D", "-B", &a, "-p", &p])
-        .unwrap();
+    let mut args = vec!["iperf3", "-s", "-1", "-D", "-B", &a, "-p", &p];
+    args.extend_from_slice(extra);
+    let out = server.exec(&args).unwrap();
     assert!(out.status.success(), "iperf3 server: {out:?}");
     let filter = format!("sport = :{port}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -172,5 +178,98 @@ pub fn on_the_wire(goodput_bps: f64, udp_payload: Option<u32>) -> f64 {
     match udp_payload {
         Some(l) => goodput_bps * f64::from(l + 42) / f64::from(l),
         None => goodput_bps * 1514.0 / 1448.0,
+    }
+}
+
+/// What the receiver of one iperf3 test got in its first second and after it, both as the
+/// receiver counted them (its own intervals: a server's from `--get-server-output`, the
+/// client's own with `-R`), so a burst let through at once shows in the first and not in
+/// the rest.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    /// Bytes of the first interval (about a second: `first_secs`).
+    pub first_bytes: f64,
+    pub first_secs: f64,
+    /// Bit/s over the intervals after the first.
+    pub steady_bps: f64,
+}
+
+/// One iperf3 test of `secs` seconds from `client` to a one-off server in `server`
+/// listening on `listen`, the client connecting to `connect` (a host port's address, or
+/// `listen` itself; the same port: iperf3's control connection uses it too).
+pub fn iperf_after_first_second(
+    client: &Netns,
+    server: &Netns,
+    listen: SocketAddr,
+    connect: SocketAddr,
+    secs: u32,
+    extra: &[&str],
+) -> Received {
+    assert_eq!(
+        listen.port(),
+        connect.port(),
+        "iperf3's control connection takes one port"
+    );
+    let _one_at_a_time = measuring();
+    start_iperf_server(server, listen.ip(), listen.port(), &["-J"]);
+    let (a, p, s) = (
+        connect.ip().to_string(),
+        connect.port().to_string(),
+        secs.to_string(),
+    );
+    let mut args = vec![
+        "iperf3",
+        "-c",
+        &a,
+        "-p",
+        &p,
+        "-t",
+        &s,
+        "-J",
+        "--get-server-output",
+    ];
+    args.extend_from_slice(extra);
+    let out = client.exec(&args).unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 {extra:?}: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    if let Some(e) = v["error"].as_str() {
+        panic!("iperf3 {extra:?} to {connect}: {e}");
+    }
+    let receiver = if extra.contains(&"-R") {
+        &v["intervals"]
+    } else {
+        &v["server_output_json"]["intervals"]
+    };
+    let intervals: Vec<(f64, f64, f64)> = receiver
+        .as_array()
+        .unwrap_or_else(|| panic!("no receiver intervals in {v}"))
+        .iter()
+        .filter_map(|i| {
+            let sum = &i["sum"];
+            Some((
+                sum["start"].as_f64()?,
+                sum["seconds"].as_f64()?,
+                sum["bytes"].as_f64()?,
+            ))
+        })
+        .collect();
+    let sum = |first: bool| {
+        intervals
+            .iter()
+            .filter(|(start, ..)| (*start < 0.5) == first)
+            .fold((0.0, 0.0), |(s, b), (_, secs, bytes)| (s + secs, b + bytes))
+    };
+    let (first_secs, first_bytes) = sum(true);
+    let (secs, bytes) = sum(false);
+    assert!(secs > 0.0, "no interval after the first second: {receiver}");
+    Received {
+        first_bytes,
+        first_secs,
+        steady_bps: bytes * 8.0 / secs,
     }
 }

@@ -183,7 +183,10 @@ const PLAN: &[Suite] = &[
     Suite {
         test: "bandwidth",
         on: K6_1,
-        only: &["subnets_exempt_or_select_the_traffic_a_limit_holds"],
+        only: &[
+            "subnets_exempt_or_select_the_traffic_a_limit_holds",
+            "runtime_bursts_hold_every_path_to_the_limit",
+        ],
     },
     // sch_fq's accuracy checks run only where the kernel has it: in the guests.
     Suite {
