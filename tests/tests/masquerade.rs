@@ -537,6 +537,73 @@ fn the_pods_port_unreachable_reaches_the_remote_end() {
     pod.del_direct(&p, &node, &conf);
 }
 
+/// A pod sending from source port P while another pod holds host port P (cilium/cilium#34041:
+/// the replies to the first pod's SNATed flow went to the host-port pod): the masquerading
+/// pod's TCP connection and UDP datagrams from port 8090 get their answers, while the other
+/// pod's host port 8090 (TCP and UDP) still answers from outside.
+#[test]
+fn a_pod_sending_from_another_pods_host_port_gets_its_replies() {
+    use ebpf_cni_tests::host_ports::{sa, tag_of, tcp_ask, udp_ask, udp_ask_from, PodServer};
+    const P: u16 = 8090;
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (node, ext, conf, pod) = masquerading_pod(&p, 90, None);
+    let mut mapped_conf = conf.clone();
+    mapped_conf["runtimeConfig"] = json!({"portMappings": [
+        {"hostPort": P, "containerPort": 80, "protocol": "tcp"},
+        {"hostPort": P, "containerPort": 80, "protocol": "udp"},
+    ]});
+    let mapped = Pod::add_direct(&p, &node, &mapped_conf);
+    let _mapped_server = PodServer::start(&mapped.netns, 80, "host-port-pod");
+    let _ext_server = PodServer::start(ext.netns(), 9000, "ext");
+    let target = sa(ext.v4, 9000);
+
+    let answer = tcp_from_port(&pod.netns, P, target).expect("TCP from port 8090");
+    assert_eq!(tag_of(&answer), "ext", "{answer}");
+    let answer = udp_ask_from(&pod.netns, sa(std::net::Ipv4Addr::UNSPECIFIED, P), target)
+        .expect("UDP from port 8090");
+    assert_eq!(tag_of(&answer), "ext", "{answer}");
+    // The server saw the node's address and a masquerade port, never P.
+    let seen: std::net::SocketAddr = answer.split(' ').nth(1).unwrap().parse().unwrap();
+    assert_eq!(seen.ip(), IpAddr::V4(ext.node_v4), "{answer}");
+    assert!(PORTS.contains(&seen.port()), "{answer}");
+    // The host port is still the other pod's.
+    let node_p = sa(ext.node_v4, P);
+    for answer in [tcp_ask(ext.netns(), node_p), udp_ask(ext.netns(), node_p)] {
+        let answer = answer.expect("the host port from outside");
+        assert_eq!(tag_of(&answer), "host-port-pod", "{answer}");
+    }
+    for (pod, conf) in [(&pod, &conf), (&mapped, &mapped_conf)] {
+        pod.del_direct(&p, &node, conf);
+    }
+}
+
+/// TCP from `from`'s source port `port` to `target`: the server's answer to "hello".
+fn tcp_from_port(from: &Netns, port: u16, target: std::net::SocketAddr) -> anyhow::Result<String> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let std::net::SocketAddr::V4(v4) = target else {
+        anyhow::bail!("IPv4 only: {target}");
+    };
+    from.run_in(|| -> anyhow::Result<String> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )?;
+        bind(fd.as_raw_fd(), &SockaddrIn::new(0, 0, 0, 0, port))?;
+        connect(fd.as_raw_fd(), &SockaddrIn::from(v4))?;
+        let mut c = std::net::TcpStream::from(fd);
+        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+        c.write_all(b"hello")?;
+        let mut s = String::new();
+        c.read_to_string(&mut s)?;
+        Ok(s)
+    })?
+}
+
 /// A flow entry as the maps hold it (`ebpf_cni_maps::MasqKey`, `MasqFlow`).
 fn flow_entry(local: IpAddr, remote: IpAddr, port: u16, last_ns: u64) -> (Vec<u8>, Vec<u8>) {
     let mut key = dp::endpoint_key(local).to_vec();
