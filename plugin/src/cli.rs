@@ -8,6 +8,8 @@ use std::{
 
 use clap::{Parser, Subcommand};
 
+use crate::cni::error::chain;
+
 use crate::{
     bpf::{self, NodeId},
     netlink::Netlink,
@@ -89,6 +91,8 @@ enum Cmd {
         /// Also serve the node's metrics at GET /metrics on this address.
         #[arg(long, value_name = "ADDR:PORT")]
         metrics_listen: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        cluster: Box<crate::cluster::ClusterArgs>,
     },
     /// Install this binary into the host's CNI bin dir and write its conflist into the conf
     /// dir (a DaemonSet's install step): atomically, idempotently, other files untouched.
@@ -170,7 +174,16 @@ pub fn main() -> i32 {
             services_poll,
             once,
             metrics_listen,
-        } => match agent(conf, netns, resync, services_poll, once, metrics_listen) {
+            cluster,
+        } => match agent(
+            conf,
+            netns,
+            resync,
+            services_poll,
+            once,
+            metrics_listen,
+            &cluster,
+        ) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("ebpf-cni agent: {}", chain(e.as_ref()));
@@ -232,14 +245,6 @@ fn layout(
     lay_out(&path).map(|l| (path, l))
 }
 
-/// An error with its causes, one after the other.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    std::iter::once(e.to_string())
-        .chain(crate::cni::error::source_lines(e))
-        .collect::<Vec<_>>()
-        .join(": ")
-}
-
 /// One exposition of `node`, read from its pins now.
 fn exposition(node: &NodeId) -> Result<String, bpf::BpfError> {
     let t = std::time::Instant::now();
@@ -292,17 +297,34 @@ fn agent(
     services_poll: u64,
     once: bool,
     metrics_listen: Option<std::net::SocketAddr>,
+    cluster: &crate::cluster::ClusterArgs,
 ) -> Result<(), Box<dyn std::error::Error>> {
     // What changed is the agent's output: said unless EBPF_CNI_LOG asks otherwise.
     if std::env::var_os("EBPF_CNI_LOG").is_none() {
         log::set_max_level(log::LevelFilter::Info);
     }
-    let conf = crate::agent::network_conf(conf.as_deref())?;
-    // The main thread enters the node for good: the runtime and the events socket live in it.
+    // The main thread enters the node for good: the runtime and the events socket live in
+    // it, and so do the cluster source's connections (its thread is started from it).
     let _node_ns = match &netns {
         Some(p) => Some(Netns::open(p)?.enter()?),
         None => None,
     };
+    if cluster.leave {
+        let released = crate::cluster::leave(cluster)?;
+        let released: Vec<String> = released.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "ebpf-cni agent: the node left the cluster network; its subnets are free: {}",
+            if released.is_empty() {
+                "(it held none)".to_owned()
+            } else {
+                released.join(", ")
+            }
+        );
+        return Ok(());
+    }
+    // Joined before the conflist is read: the join may have written it.
+    crate::cluster::start(cluster, conf.as_deref())?;
+    let conf = crate::agent::network_conf(conf.as_deref())?;
     let node = NodeId::current()?;
     if let Some(addr) = metrics_listen {
         std::thread::spawn(move || {

@@ -15,6 +15,7 @@ mod bpf;
 mod chained;
 mod check;
 mod cli;
+mod cluster;
 mod cni;
 mod converge;
 mod del;

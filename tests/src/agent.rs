@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 /// What the agent says once it runs (`cli.rs`).
 const STARTED: &str = "follows its devices and addresses";
 
+#[derive(Debug)]
 pub struct AgentProcess {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -31,6 +32,19 @@ impl AgentProcess {
         conf: Option<&Path>,
         metrics_listen: Option<&str>,
     ) -> Result<Self> {
+        let args: Vec<&str> = metrics_listen
+            .map(|m| vec!["--metrics-listen", m])
+            .unwrap_or_default();
+        Self::start_with(bin, netns, conf, &args)
+    }
+
+    /// [`AgentProcess::start`] with further arguments (`--cluster etcd …`).
+    pub fn start_with(
+        bin: &Path,
+        netns: &Path,
+        conf: Option<&Path>,
+        args: &[&str],
+    ) -> Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.env_remove("CNI_COMMAND")
             .arg("agent")
@@ -42,9 +56,7 @@ impl AgentProcess {
         if let Some(c) = conf {
             cmd.arg("--conf").arg(c);
         }
-        if let Some(m) = metrics_listen {
-            cmd.args(["--metrics-listen", m]);
-        }
+        cmd.args(args);
         let mut child = cmd.spawn().context("starting ebpf-cni agent")?;
         let stderr = child.stderr.take().context("the agent's stderr")?;
         let (tx, lines) = mpsc::channel();
@@ -83,6 +95,21 @@ impl AgentProcess {
                 ),
             }
         }
+    }
+
+    /// SIGKILLs it and reaps it.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Every line it said so far.
+    pub fn said(&mut self) -> String {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        self.seen.join("\n")
     }
 
     /// Fails if the agent has exited.

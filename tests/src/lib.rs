@@ -24,6 +24,7 @@ pub mod agent;
 pub mod bpf;
 pub mod config;
 pub mod dataplane;
+pub mod etcd;
 pub mod external;
 pub mod fsutil;
 pub mod host_ports;

@@ -352,3 +352,157 @@ fn connectivity_checks_can_fail() {
         .all(|r| !r.is_default()));
     assert_eq!(kernel::links(&a).unwrap().len(), 1, "only lo");
 }
+
+/// The etcd harness (tests/src/etcd.rs) runs a real cluster: its members elect a leader, a
+/// namespace attached to its LAN (and only once attached) reads and writes through any
+/// member, the cluster survives its leader killed (a new one is elected, the data stays
+/// readable and writable), the killed member comes back on its data and catches up, and
+/// dropping the cluster leaves no namespace, process or directory behind.
+#[test]
+fn etcd_cluster_elects_a_leader_and_survives_one_member_killed() {
+    use ebpf_cni_tests::etcd::EtcdCluster;
+    use std::net::Ipv4Addr;
+    use std::process::Command;
+
+    ebpf_cni_tests::require_root();
+    let mut cluster = EtcdCluster::start(3).expect("etcd cluster");
+    assert_eq!(cluster.len(), 3);
+    let eps = [
+        "http://10.250.0.10:2379",
+        "http://10.250.0.11:2379",
+        "http://10.250.0.12:2379",
+    ];
+    assert_eq!(cluster.endpoints(), eps);
+    assert_eq!(cluster.endpoints_arg(), eps.join(","));
+    let health = cluster
+        .etcdctl(&["endpoint", "health", "-w", "json"])
+        .unwrap();
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    let healthy = health
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["health"].as_bool() == Some(true))
+        .count();
+    assert_eq!(healthy, 3, "{health}");
+
+    // A node outside the LAN reaches no member; attached, it does.
+    let node = Netns::create("n").unwrap();
+    let err = cluster
+        .etcdctl_in(&node, &["get", "/ecni/selfcheck"])
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("failed"), "{err:#}");
+    let addr = cluster.attach(&node, "lan0", 100).unwrap();
+    assert_eq!(addr, Ipv4Addr::new(10, 250, 0, 100));
+    let shown = node.ip_ok(&["-4", "addr", "show", "dev", "lan0"]).unwrap();
+    assert!(shown.contains("10.250.0.100/24"), "{shown}");
+    assert!(
+        cluster.attach(&node, "lan1", 11).is_err(),
+        "a member's address"
+    );
+    assert_eq!(
+        cluster
+            .etcdctl_in(&node, &["put", "/ecni/selfcheck", "before"])
+            .unwrap()
+            .trim(),
+        "OK"
+    );
+    assert_eq!(
+        cluster.get("/ecni/selfcheck").unwrap().as_deref(),
+        Some("before")
+    );
+    cluster.put("/ecni/selfcheck/other", "-x y\nz").unwrap();
+    assert_eq!(
+        cluster.get_prefix("/ecni/").unwrap(),
+        [
+            ("/ecni/selfcheck".to_owned(), "before".to_owned()),
+            ("/ecni/selfcheck/other".to_owned(), "-x y\nz".to_owned()),
+        ]
+    );
+    assert_eq!(cluster.get("/ecni/none").unwrap(), None);
+
+    // The leader dies: another is elected, and the data stays readable and writable from
+    // the node.
+    let old = cluster.leader().unwrap();
+    assert!(old < 3);
+    cluster.kill(old).unwrap();
+    assert!(!cluster.is_running(old));
+    assert!(
+        cluster
+            .etcdctl_member(old, &["get", "/ecni/selfcheck"])
+            .is_err(),
+        "the killed member m{old} still answers"
+    );
+    let new = cluster.leader().unwrap();
+    assert_ne!(new, old);
+    assert!(cluster.is_running(new));
+    let read = cluster
+        .etcdctl_in(&node, &["get", "--print-value-only", "/ecni/selfcheck"])
+        .unwrap();
+    assert_eq!(read, "before\n");
+    cluster
+        .etcdctl_in(&node, &["put", "/ecni/selfcheck", "after"])
+        .unwrap();
+    assert_eq!(
+        cluster.get("/ecni/selfcheck").unwrap().as_deref(),
+        Some("after")
+    );
+    assert_eq!(cluster.del("/ecni/selfcheck/other").unwrap(), 1);
+    assert_eq!(cluster.del("/ecni/selfcheck/other").unwrap(), 0);
+
+    // Back on its data, the killed member catches up with what it missed.
+    cluster.restart(old).unwrap();
+    assert!(cluster.is_running(old));
+    let read = cluster
+        .etcdctl_member(old, &["get", "--print-value-only", "/ecni/selfcheck"])
+        .unwrap();
+    assert_eq!(read, "after\n");
+    assert!(cluster.log(old).unwrap().contains("existing"));
+    let leader = cluster.leader().unwrap();
+    assert!(leader < 3);
+
+    // Compaction drops the history: the first write's revision is gone.
+    let rev = cluster.compact().unwrap();
+    assert!(rev >= 5, "revision {rev}");
+    assert_eq!(cluster.compact().unwrap(), rev, "compacting twice");
+    let err = cluster
+        .etcdctl(&["get", "--rev", "2", "/ecni/selfcheck"])
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("compacted"), "{err:#}");
+
+    // Nothing is left behind.
+    let namespaces: Vec<String> = std::iter::once(cluster.lan().name().to_owned())
+        .chain((0..3).map(|i| cluster.member_netns(i).name().to_owned()))
+        .collect();
+    let dir = cluster.dir().to_path_buf();
+    drop(cluster);
+    let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for ns in &namespaces {
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(ns.as_str())),
+            "{ns} left: {listed}"
+        );
+    }
+    assert!(!dir.exists(), "{} left", dir.display());
+    let etcds = Command::new("pgrep")
+        .args(["-f", &dir.to_string_lossy()])
+        .output()
+        .unwrap();
+    assert!(
+        !etcds.status.success(),
+        "etcd left: {}",
+        String::from_utf8_lossy(&etcds.stdout)
+    );
+    // The kernel destroys a deleted namespace, and with it the veth, asynchronously.
+    let gone = (0..50).any(|_| {
+        let link = node.ip(&["link", "show", "lan0"]).unwrap();
+        !link.status.success() || {
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(gone, "lan0 outlived the LAN by 5 s");
+}

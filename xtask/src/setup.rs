@@ -2,8 +2,8 @@
 //! second run only looks (well under a second). One line per step on stdout.
 //!
 //! What is installed depends on the task ([`Scope`]): the demo gets only what it uses (the
-//! toolchain pieces and four Debian packages); the test command adds the reference plugins,
-//! the runtimes, the traffic tools and the kernel VMs' pieces (see [`crate::kernels`]).
+//! toolchain pieces and five Debian packages); the test command adds the reference plugins,
+//! the runtimes, the traffic tools, etcd and the kernel VMs' pieces (see [`crate::kernels`]).
 //!
 //! bpf-linker is the delicate part: it must link the same LLVM major as the nightly rustc
 //! that emits the bitcode, and no system libLLVM matches, so it is built against nightly's
@@ -31,10 +31,19 @@ pub enum Scope {
 }
 
 /// What the demo runs besides the plugin: `ip` (iproute2), `bpftool` (the attached
-/// programs), `nsenter` and `mount` (util-linux), `modprobe` (kmod).
+/// programs), `nsenter` and `mount` (util-linux), `modprobe` (kmod); and what building the
+/// plugin needs besides the toolchain: `protoc`.
 pub const DEMO_PACKAGES: Install = Install {
     purpose: "the demo",
-    packages: &["iproute2", "bpftool", "util-linux", "kmod"],
+    packages: &[
+        "iproute2",
+        "bpftool",
+        "util-linux",
+        "kmod",
+        // `protoc`, which the etcd-client crate's build script runs (it generates etcd's
+        // gRPC API), so the demo's build of the plugin needs it too.
+        "protobuf-compiler",
+    ],
     target_release: None,
 };
 
@@ -70,6 +79,10 @@ pub const TEST_PACKAGES: Install = Install {
         // What an ADD asks of the kernel, counted (`strace`): the static binary's memory
         // mappings (tests/tests/release.rs), the IPAM store's file opens (lifecycle.rs).
         "strace",
+        // A real etcd cluster (3.4's `etcd`, and `etcdctl`) for the cluster-network tests
+        // (tests/src/etcd.rs).
+        "etcd-server",
+        "etcd-client",
     ],
     target_release: None,
 };

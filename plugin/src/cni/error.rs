@@ -95,6 +95,14 @@ impl CniError {
     }
 }
 
+/// An error with its causes, one after the other (what the operator commands print).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::once(e.to_string())
+        .chain(source_lines(e))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 /// The messages of `err`'s sources, each on one line. A message of several lines (the
 /// kernel verifier's log inside a program load error: a dump of the rejected program) is
 /// cut to its last line, the verifier's reason; the whole text goes to the debug log.

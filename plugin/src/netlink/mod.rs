@@ -27,7 +27,10 @@ use rtnetlink::{
             InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
             LinkMessage, State,
         },
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteScope},
+        route::{
+            RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+            RouteScope,
+        },
         tc::TcMessage,
         AddressFamily, RouteNetlinkMessage,
     },
@@ -139,6 +142,8 @@ pub struct RouteEntry {
     pub gw: Option<IpAddr>,
     pub oif: Option<u32>,
     pub scope_link: bool,
+    /// Who wrote it (`rtm_protocol`: 2 the kernel, 3 boot, 4 static, …).
+    pub protocol: u8,
 }
 
 /// A route to install.
@@ -553,6 +558,63 @@ impl Netlink {
         )
     }
 
+    /// Adds or replaces the main table's route to `dst` via `gw` out of `oif`, marked as
+    /// written by `protocol` (so its writer can find its own routes again).
+    pub async fn replace_owned_route(
+        &self,
+        dst: IpNetwork,
+        gw: IpAddr,
+        oif: u32,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
+        let invalid = |e: &dyn std::fmt::Display| NetlinkError::InvalidRoute {
+            dst,
+            reason: e.to_string(),
+        };
+        let msg = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.network(), dst.prefix())
+            .map_err(|e| invalid(&e))?
+            .output_interface(oif)
+            .gateway(gw)
+            .map_err(|e| invalid(&e))?
+            .protocol(RouteProtocol::from(protocol))
+            .build();
+        self.request(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_REPLACE,
+            || format!("replace route {dst} via {gw} dev {oif}"),
+            |_| {},
+        )
+    }
+
+    /// Deletes the main table's route to `dst` written by `protocol`; `Ok(false)` when
+    /// there is none.
+    pub async fn delete_owned_route(
+        &self,
+        dst: IpNetwork,
+        protocol: u8,
+    ) -> Result<bool, NetlinkError> {
+        let invalid = |e: &dyn std::fmt::Display| NetlinkError::InvalidRoute {
+            dst,
+            reason: e.to_string(),
+        };
+        let msg = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.network(), dst.prefix())
+            .map_err(|e| invalid(&e))?
+            .protocol(RouteProtocol::from(protocol))
+            .build();
+        match self.request(
+            RouteNetlinkMessage::DelRoute(msg),
+            0,
+            || format!("delete route {dst}"),
+            |_| {},
+        ) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.errno(), Some(libc::ESRCH | libc::ENOENT)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`Self::add_route`] where the same route may be there already: `Ok(false)` when the
     /// kernel has a route to `r.dst` out of `r.oif` (another writer, STATUS putting a
     /// pod's host route back, came first); a route to `r.dst` elsewhere is still an error.
@@ -629,6 +691,7 @@ impl Netlink {
                     gw,
                     oif,
                     scope_link: m.header.scope == RouteScope::Link,
+                    protocol: u8::from(m.header.protocol),
                 });
             },
         )?;

@@ -1,0 +1,342 @@
+//! The cluster network: which pod subnets this node holds, taken from a source the nodes
+//! share (etcd today) and written into the node's conflist so its pods get addresses from
+//! them, and a route to each peer's subnets (`routes`). `ebpf-cni agent --cluster etcd`
+//! joins before its first convergence, then keeps the membership alive and follows the
+//! members in a thread of its own; `--leave` gives the subnets back. See docs/cluster.md.
+
+pub mod conflist;
+pub mod etcd;
+pub mod network;
+pub mod routes;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnetwork::IpNetwork;
+
+use self::etcd::{EtcdArgs, EtcdError, Membership};
+use self::network::{MemberRecord, NetworkConfig};
+
+/// Where the node's subnets come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// The conflist's own ranges; no peers.
+    #[default]
+    None,
+    /// etcd (flannel's layout, see docs/cluster.md).
+    Etcd,
+}
+
+/// The agent's cluster settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// Where the node's pod subnets and the cluster's members come from.
+    #[arg(long = "cluster", env = "EBPF_CNI_CLUSTER", value_enum, default_value_t = Source::None)]
+    pub source: Source,
+    /// The node's name in the cluster (default: its host name).
+    #[arg(long = "node-name", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The node's addresses on the network between the nodes, at most one per family,
+    /// comma-separated (default: its address towards the first etcd endpoint).
+    #[arg(long = "node-ip", env = "EBPF_CNI_NODE_IP", value_delimiter = ',')]
+    pub node_ip: Vec<IpAddr>,
+    /// Give the node's subnets back (their keys deleted at once) and exit.
+    #[arg(long)]
+    pub leave: bool,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error("--node-ip (EBPF_CNI_NODE_IP) gives two {family} addresses, {first} and {second}: one per family")]
+    TwoAddresses {
+        family: &'static str,
+        first: IpAddr,
+        second: IpAddr,
+    },
+    #[error("--cluster etcd needs --conf: the conflist the node's subnets are written into")]
+    NoConflist,
+    #[error("the node's name: its host name cannot be read")]
+    Hostname(#[source] nix::Error),
+    #[error("starting the etcd client's runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("writing the node's subnets into {path}")]
+    Conflist {
+        path: PathBuf,
+        source: Box<conflist::ConflistUpdateError>,
+    },
+}
+
+impl ClusterArgs {
+    fn node_name(&self) -> Result<String, ClusterError> {
+        match &self.node_name {
+            Some(n) if !n.is_empty() => Ok(n.clone()),
+            _ => Ok(nix::unistd::gethostname()
+                .map_err(ClusterError::Hostname)?
+                .to_string_lossy()
+                .into_owned()),
+        }
+    }
+
+    fn record(&self, node: String) -> Result<MemberRecord, ClusterError> {
+        let mut record = MemberRecord {
+            node,
+            public_ip: None,
+            public_ipv6: None,
+        };
+        let addrs = if self.node_ip.is_empty() {
+            vec![self.etcd.node_address()?]
+        } else {
+            self.node_ip.clone()
+        };
+        for a in addrs {
+            let (family, first) = match (a, record.public_ip, record.public_ipv6) {
+                (IpAddr::V4(v4), None, _) => {
+                    record.public_ip = Some(v4);
+                    continue;
+                }
+                (IpAddr::V6(v6), _, None) => {
+                    record.public_ipv6 = Some(v6);
+                    continue;
+                }
+                (IpAddr::V4(_), Some(f), _) => ("IPv4", IpAddr::V4(f)),
+                (IpAddr::V6(_), _, Some(f)) => ("IPv6", IpAddr::V6(f)),
+            };
+            return Err(ClusterError::TwoAddresses {
+                family,
+                first,
+                second: a,
+            });
+        }
+        Ok(record)
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ClusterError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClusterError::Runtime)
+}
+
+/// `agent --leave`: deletes the node's keys; the subnets they held.
+pub fn leave(args: &ClusterArgs) -> Result<Vec<IpNetwork>, ClusterError> {
+    let node = args.node_name()?;
+    runtime()?.block_on(async {
+        let mut client = args.etcd.connect().await?;
+        Ok(etcd::leave(&mut client, &args.etcd.prefix, &node).await?)
+    })
+}
+
+/// Joins the cluster (nothing without a source), writes the node's subnets into the
+/// conflist at `conf`, and keeps the membership alive in a thread of its own, which, in
+/// the calling thread's network namespace, follows a lease that expired (the same subnets
+/// asked for again) and an etcd that cannot be reached (nothing changes meanwhile).
+pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError> {
+    if args.source == Source::None {
+        return Ok(());
+    }
+    let conf = conf.ok_or(ClusterError::NoConflist)?.to_owned();
+    args.etcd.validate()?;
+    let node = args.node_name()?;
+    let record = args.record(node.clone())?;
+    let rt = runtime()?;
+    let prefix = args.etcd.prefix.clone();
+    let ttl = args.etcd.ttl;
+    let preferred = conflist::current_subnets(&conf);
+    let (mut client, config, membership) = rt.block_on(async {
+        let mut client = args.etcd.connect().await?;
+        let config = etcd::network_config(&mut client, &prefix).await?;
+        let m = etcd::join(&mut client, &prefix, &config, &record, &preferred, ttl).await?;
+        Ok::<_, EtcdError>((client, config, m))
+    })?;
+    write_conflist(&conf, &membership.subnets)?;
+    log::info!(
+        "node {node} holds {} in the cluster network (etcd, lease {:x})",
+        list(&membership.subnets),
+        membership.lease
+    );
+    std::thread::Builder::new()
+        .name("etcd".into())
+        .spawn(move || {
+            rt.block_on(hold(
+                &mut client,
+                &prefix,
+                &config,
+                &record,
+                membership,
+                ttl,
+                &conf,
+            ))
+        })
+        .map_err(ClusterError::Runtime)?;
+    Ok(())
+}
+
+fn write_conflist(conf: &Path, subnets: &[IpNetwork]) -> Result<(), ClusterError> {
+    if conflist::write_subnets(conf, subnets).map_err(|source| ClusterError::Conflist {
+        path: conf.to_owned(),
+        source: Box::new(source),
+    })? {
+        log::info!(
+            "{} gives pods addresses from {}",
+            conf.display(),
+            list(subnets)
+        );
+    }
+    Ok(())
+}
+
+fn list(subnets: &[IpNetwork]) -> String {
+    subnets
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+/// How often the peer routes are compared with the kernel's without any event (a route
+/// someone deleted, a link that came back), as flannel's route check does every 10 s.
+const ROUTE_RESYNC: Duration = Duration::from_secs(10);
+
+/// The membership renewed and the members followed, until the process ends.
+async fn hold(
+    client: &mut etcd_client::Client,
+    prefix: &str,
+    config: &NetworkConfig,
+    record: &MemberRecord,
+    membership: Membership,
+    ttl: u64,
+    conf: &Path,
+) {
+    let mut watcher = client.clone();
+    tokio::join!(
+        renew(client, prefix, config, record, membership, ttl, conf),
+        follow_members(&mut watcher, prefix, &record.node),
+    );
+}
+
+/// The members listed, then followed; each change brought into the peer routes. When etcd
+/// cannot be reached the routes stay as they are; after a compaction, the members are
+/// listed again.
+async fn follow_members(client: &mut etcd_client::Client, prefix: &str, own: &str) {
+    let nl = match crate::netlink::Netlink::connect() {
+        Ok(nl) => nl,
+        Err(e) => {
+            log::error!("the peer routes: {}", crate::cni::error::chain(&e));
+            return;
+        }
+    };
+    let mut last = routes::Outcome::default();
+    let mut apply =
+        |members: &routes::Members| match crate::block_on(routes::reconcile(&nl, members, own)) {
+            Ok(out) => {
+                for dst in &out.added {
+                    if let Some(m) = members.get(dst) {
+                        log::info!("route to {dst} of node {} added", m.node);
+                    }
+                }
+                for dst in &out.removed {
+                    log::info!("route to {dst} removed: no member holds it now");
+                }
+                if out.unreachable != last.unreachable {
+                    for (dst, node, why) in &out.unreachable {
+                        log::warn!("no route to {dst} of node {node}: {why}");
+                    }
+                }
+                last = out;
+            }
+            Err(e) => log::error!("the peer routes: {}", crate::cni::error::chain(&e)),
+        };
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let result = match etcd::members(client, prefix).await {
+            Ok((mut members, revision)) => {
+                apply(&members);
+                backoff = Duration::from_secs(1);
+                etcd::follow(
+                    client,
+                    prefix,
+                    &mut members,
+                    revision + 1,
+                    ROUTE_RESYNC,
+                    &mut apply,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Err(EtcdError::Compacted(rev)) => {
+                log::info!(
+                    "the subnets' history was compacted (revision {rev}): listing them again"
+                );
+                continue;
+            }
+            Err(e) => log::warn!(
+                "following the members: {}: the routes stay; trying again in {} s",
+                crate::cni::error::chain(&e),
+                backoff.as_secs()
+            ),
+            Ok(()) => {}
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// The membership's life after the join: renewed until killed.
+async fn renew(
+    client: &mut etcd_client::Client,
+    prefix: &str,
+    config: &NetworkConfig,
+    record: &MemberRecord,
+    mut membership: Membership,
+    ttl: u64,
+    conf: &Path,
+) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match etcd::keep_alive(client, &membership, ttl).await {
+            Ok(()) => continue,
+            Err(EtcdError::LeaseExpired) => {
+                log::warn!("the lease of the node's subnets expired: asking for them again");
+            }
+            // The dataplane and the conflist stay as they are while etcd is away.
+            Err(e) => back_off(&mut backoff, &e).await,
+        }
+        match etcd::join(client, prefix, config, record, &membership.subnets, ttl).await {
+            Ok(m) => {
+                backoff = Duration::from_secs(1);
+                if m.subnets != membership.subnets {
+                    log::error!(
+                        "the node's subnets {} went to another node while its lease was expired: \
+                         it holds {} now, new pods get addresses from them",
+                        list(&membership.subnets),
+                        list(&m.subnets)
+                    );
+                    if let Err(e) = write_conflist(conf, &m.subnets) {
+                        log::error!("{}", crate::cni::error::chain(&e));
+                    }
+                }
+                membership = m;
+            }
+            Err(e) => back_off(&mut backoff, &e).await,
+        }
+    }
+}
+
+/// Says `e` and waits `backoff`, which doubles up to 30 s.
+async fn back_off(backoff: &mut Duration, e: &EtcdError) {
+    log::warn!(
+        "{}: trying again in {} s",
+        crate::cni::error::chain(e),
+        backoff.as_secs()
+    );
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(30));
+}

@@ -1,0 +1,294 @@
+//! The cluster network with its membership from a real etcd (three members of Debian's
+//! etcd-server in namespaces of their own, started by the test): nodes are network
+//! namespaces on one LAN with the etcd members, each with its own plugin state, each
+//! running `ebpf-cni agent --cluster etcd`. An agent takes one subnet of the network config
+//! for its node (never one another node's key holds), writes it into its conflist, keeps
+//! it across a restart and gives it back on `--leave`; a node that dies loses it when its
+//! lease expires. Pods on two nodes reach each other over the routes each agent keeps to
+//! its peers' subnets.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ebpf_cni_tests::agent::AgentProcess;
+use ebpf_cni_tests::config::Stack;
+use ebpf_cni_tests::etcd::EtcdCluster;
+use ebpf_cni_tests::net::tcp_echo;
+use ebpf_cni_tests::{require_root, Node, PluginUnderTest, Pod};
+use ipnetwork::IpNetwork;
+use serde_json::{json, Value};
+
+const PREFIX: &str = "/ebpf-cni/network";
+
+/// A node on the etcd cluster's LAN (its `lan0`, 10.250.0.`host`), with the test's
+/// standard config written where its agent's `--conf` points.
+struct ClusterNode {
+    node: Node,
+    name: String,
+    addr: Ipv4Addr,
+    conf: PathBuf,
+}
+
+impl ClusterNode {
+    fn new(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
+        let node = Node::new().unwrap();
+        let addr = etcd.attach(node.netns(), "lan0", host).unwrap();
+        let conf = node.scratch_dir().join("10-ebpf-cni.conf");
+        std::fs::write(&conf, p.conf("1.0.0", &node, Stack::V4).to_string()).unwrap();
+        Self {
+            node,
+            name: name.to_owned(),
+            addr,
+            conf,
+        }
+    }
+
+    /// Its agent with the etcd source (a lease of `ttl` seconds) and `extra` arguments.
+    fn agent(
+        &self,
+        p: &PluginUnderTest,
+        etcd: &EtcdCluster,
+        ttl: u64,
+        extra: &[&str],
+    ) -> anyhow::Result<AgentProcess> {
+        let endpoints = etcd.endpoints_arg();
+        let ttl = ttl.to_string();
+        let mut args = vec![
+            "--cluster",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--node-name",
+            &self.name,
+            "--subnet-ttl",
+            &ttl,
+        ];
+        args.extend_from_slice(extra);
+        AgentProcess::start_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args)
+    }
+
+    /// `agent --leave`: its output.
+    fn leave(&self, p: &PluginUnderTest, etcd: &EtcdCluster) -> std::process::Output {
+        std::process::Command::new(&p.bin)
+            .env_remove("CNI_COMMAND")
+            .args(["agent", "--netns"])
+            .arg(self.node.netns().path())
+            .args([
+                "--cluster",
+                "etcd",
+                "--etcd-endpoints",
+                &etcd.endpoints_arg(),
+            ])
+            .args(["--node-name", &self.name, "--leave"])
+            .output()
+            .unwrap()
+    }
+
+    /// The subnets its conflist gives pods.
+    fn subnets(&self) -> Vec<IpNetwork> {
+        let conf = self.conf_value();
+        conf["ipam"]["ranges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|set| set[0]["subnet"].as_str()?.parse().ok())
+            .collect()
+    }
+
+    fn conf_value(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(&self.conf).unwrap()).unwrap()
+    }
+
+    /// The routes its agent keeps to peers (`proto 236`).
+    fn peer_routes(&self) -> String {
+        self.node
+            .netns()
+            .ip_ok(&["-4", "route", "show", "proto", "236"])
+            .unwrap()
+    }
+}
+
+/// The subnet keys with their records.
+fn subnet_keys(etcd: &EtcdCluster) -> Vec<(String, Value)> {
+    etcd.get_prefix(&format!("{PREFIX}/subnets/"))
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::from_str(&v).unwrap()))
+        .collect()
+}
+
+fn key_of(subnet: IpNetwork) -> String {
+    format!("{PREFIX}/subnets/{}-{}", subnet.network(), subnet.prefix())
+}
+
+/// Polls `ok` until it holds, for at most `bound`.
+fn eventually(what: &str, bound: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn nodes_take_subnets_from_etcd_keep_them_and_give_them_back() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(3).unwrap();
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
+
+    // Without a network config the agent stops at once, naming the key.
+    let err = a.agent(&p, &etcd, 60, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("no network config at {PREFIX}/config")),
+        "{err}"
+    );
+
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/22", "subnetLen": 24}"#,
+    )
+    .unwrap();
+    let network: IpNetwork = "10.244.0.0/22".parse().unwrap();
+    let mut agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    let (sa, sb) = (a.subnets(), b.subnets());
+    assert_eq!((sa.len(), sb.len()), (1, 1), "{sa:?} {sb:?}");
+    assert_ne!(sa, sb, "two nodes got one subnet");
+    for s in sa.iter().chain(&sb) {
+        assert!(network.contains(s.network()) && s.prefix() == 24, "{s}");
+    }
+    // Each key holds its node's name and address; the conflists keep their other keys.
+    let keys = subnet_keys(&etcd);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for (node, subnet) in [(&a, sa[0]), (&b, sb[0])] {
+        let (_, record) = keys.iter().find(|(k, _)| *k == key_of(subnet)).unwrap();
+        assert_eq!(
+            record,
+            &json!({"node": node.name, "publicIP": node.addr.to_string()}),
+            "{keys:?}"
+        );
+        assert!(node.conf_value()["ipam"]["dataDir"].is_string());
+    }
+
+    // A restarted agent keeps its subnet (its key found by the node's name).
+    agent_a.kill().unwrap();
+    let agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    assert_eq!(a.subnets(), sa);
+    assert_eq!(subnet_keys(&etcd).len(), 2);
+
+    // A third and a fourth node fill the /22; a fifth finds nothing free and says so.
+    let c = ClusterNode::new(&p, &etcd, "node-c", 3);
+    let d = ClusterNode::new(&p, &etcd, "node-d", 4);
+    let e = ClusterNode::new(&p, &etcd, "node-e", 5);
+    let _agent_c = c.agent(&p, &etcd, 60, &[]).unwrap();
+    let mut agent_d = d.agent(&p, &etcd, 60, &[]).unwrap();
+    let err = e.agent(&p, &etcd, 60, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("every /24 subnet of 10.244.0.0/22 is held by another node"),
+        "{err}"
+    );
+
+    // A node that leaves frees its subnet at once: the waiting node gets it.
+    drop(agent_a);
+    let out = a.leave(&p, &etcd);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&sa[0].to_string()),
+        "{out:?}"
+    );
+    assert!(!subnet_keys(&etcd).iter().any(|(k, _)| *k == key_of(sa[0])));
+    let _agent_e = e.agent(&p, &etcd, 60, &[]).unwrap();
+    assert_eq!(e.subnets(), sa, "the freed subnet goes to the next node");
+
+    // A node that dies keeps its subnet until its lease expires (3 s here).
+    agent_d.kill().unwrap();
+    let sd = d.subnets();
+    let mut agent_d = d.agent(&p, &etcd, 3, &[]).unwrap();
+    assert_eq!(d.subnets(), sd, "the restarted node keeps its subnet");
+    agent_d.kill().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        subnet_keys(&etcd).iter().any(|(k, _)| *k == key_of(sd[0])),
+        "gone before its lease"
+    );
+    eventually(
+        "the dead node's key expires",
+        Duration::from_secs(15),
+        || !subnet_keys(&etcd).iter().any(|(k, _)| *k == key_of(sd[0])),
+    );
+    drop(agent_b);
+}
+
+#[test]
+fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(3).unwrap();
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16"}"#,
+    )
+    .unwrap();
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
+    let mut agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    assert!(sa.contains(pod_a.v4()) && sb.contains(pod_b.v4()));
+
+    // Each agent routes to the other's subnet via its LAN address.
+    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
+        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
+    };
+    eventually(
+        "node a's route to b's subnet",
+        Duration::from_secs(5),
+        || route_to(&a, sb, b.addr),
+    );
+    eventually(
+        "node b's route to a's subnet",
+        Duration::from_secs(5),
+        || route_to(&b, sa, a.addr),
+    );
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+    tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
+    tcp_echo(a.node.netns(), &pod_b.netns, pod_b.v4(), 0).expect("node a -> pod b");
+
+    // A route deleted by hand comes back; an agent restarted changes nothing.
+    a.node
+        .netns()
+        .ip_ok(&["route", "del", &sb.to_string(), "proto", "236"])
+        .unwrap();
+    eventually("the deleted route back", Duration::from_secs(15), || {
+        route_to(&a, sb, b.addr)
+    });
+    agent_a.kill().unwrap();
+    assert!(
+        route_to(&a, sb, b.addr),
+        "the routes stay while the agent is down"
+    );
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b, agent down");
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    assert_eq!(a.peer_routes().lines().count(), 1, "{}", a.peer_routes());
+
+    // A node that leaves takes its route with it; back, it gets it again.
+    drop(agent_b);
+    assert!(b.leave(&p, &etcd).status.success());
+    eventually("a's route to b removed", Duration::from_secs(5), || {
+        a.peer_routes().trim().is_empty()
+    });
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    assert_eq!(b.subnets()[0], sb, "b asks for the subnet its pods use");
+    eventually("a's route to b back", Duration::from_secs(5), || {
+        route_to(&a, sb, b.addr)
+    });
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b again");
+
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
