@@ -121,6 +121,11 @@ pub fn iperf_for(client: &Netns, server: &Netns, addr: IpAddr, secs: u32, extra:
 
 /// What the receiver got, bit/s, from the `-J` output of an iperf3 client run with `extra`.
 pub fn parse_report(out: &std::process::Output, extra: &[&str]) -> f64 {
+    received_bps(&report_json(out, extra), extra.contains(&"-u"))
+}
+
+/// The `-J` report of an iperf3 client run with `extra`; panics on iperf3's own error.
+fn report_json(out: &std::process::Output, extra: &[&str]) -> Value {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "iperf3 {extra:?}: {e}: {}{}",
@@ -131,7 +136,46 @@ pub fn parse_report(out: &std::process::Output, extra: &[&str]) -> f64 {
     if let Some(e) = v["error"].as_str() {
         panic!("iperf3 {extra:?}: {e}");
     }
-    received_bps(&v, extra.contains(&"-u"))
+    v
+}
+
+/// Datagrams the UDP sockets of `netns` dropped because their receive buffer was full
+/// (`Udp: RcvbufErrors` of /proc/net/snmp, which is per namespace).
+pub fn udp_receive_buffer_drops(netns: &Netns) -> u64 {
+    let out = netns.exec(&["cat", "/proc/net/snmp"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next(), udp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        panic!("no Udp lines in /proc/net/snmp: {text}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Udp RcvbufErrors in /proc/net/snmp: {text}"))
+}
+
+/// Lets sockets of a matrix guest ask for buffers of up to `bytes` (`net.core.rmem_max` and
+/// `wmem_max`, which are the kernel's, not a namespace's): only ever in a guest, whose
+/// kernel is the test's own.
+pub fn allow_socket_buffers_in_vm(bytes: u64) {
+    assert!(
+        in_vm(),
+        "net.core.rmem_max is this machine's: only a guest's is raised"
+    );
+    for knob in ["rmem_max", "wmem_max"] {
+        let path = format!("/proc/sys/net/core/{knob}");
+        let now: u64 = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        if now < bytes {
+            std::fs::write(&path, bytes.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+    }
 }
 
 /// What the receiver got in an iperf3 `-J` report, bit/s (UDP: the sent rate less the
@@ -192,6 +236,9 @@ pub struct Received {
     pub first_secs: f64,
     /// Bit/s over the intervals after the first.
     pub steady_bps: f64,
+    /// UDP datagrams that reached the receiver's namespace and that its socket dropped
+    /// (a full receive buffer: the receiver starved of CPU), over the whole test.
+    pub receiver_socket_drops: u64,
 }
 
 /// One iperf3 test of `secs` seconds from `client` to a one-off server in `server`
@@ -229,17 +276,10 @@ pub fn iperf_after_first_second(
         "--get-server-output",
     ];
     args.extend_from_slice(extra);
+    let drops_before = udp_receive_buffer_drops(server);
     let out = client.exec(&args).unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "iperf3 {extra:?}: {e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    if let Some(e) = v["error"].as_str() {
-        panic!("iperf3 {extra:?} to {connect}: {e}");
-    }
+    let receiver_socket_drops = udp_receive_buffer_drops(server) - drops_before;
+    let v = report_json(&out, extra);
     let receiver = if extra.contains(&"-R") {
         &v["intervals"]
     } else {
@@ -271,5 +311,6 @@ pub fn iperf_after_first_second(
         first_bytes,
         first_secs,
         steady_bps: bytes * 8.0 / secs,
+        receiver_socket_drops,
     }
 }

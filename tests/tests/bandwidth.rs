@@ -933,7 +933,15 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
     // 1,400-byte payloads in 1,400-byte packets).
     let payload = MTU - 28;
     let (l, b) = (payload.to_string(), (2.0 * limit).to_string());
-    let udp = ["-u", "-l", &l, "-b", &b];
+    let mut udp = vec!["-u", "-l", &l, "-b", &b];
+    // A guest's receiver shares an emulated CPU with two other guests: one not scheduled
+    // for 0.2 s overflows the default receive buffer (212,992 bytes, 0.17 s of the limit),
+    // and what the limiter let through is lost at its socket (0.72 of the limit once in CI,
+    // every other path at 0.96-1.02). A 4 MiB buffer holds over 3 s of the limit.
+    if ebpf_cni_tests::rate::in_vm() {
+        ebpf_cni_tests::rate::allow_socket_buffers_in_vm(8 << 20);
+        udp.extend(["-w", "4M"]);
+    }
     // Frame bytes per payload byte at the pods' MTU: TCP with timestamps, UDP over IPv4.
     let wire_per_payload = |udp_payload: Option<u32>| match udp_payload {
         Some(l) => f64::from(l + 42) / f64::from(l),
@@ -997,9 +1005,10 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
             let steady = got.steady_bps * wire_per_payload(payload);
             let first = got.first_bytes * wire_per_payload(payload);
             let first_bound = 1.05 * limit / 8.0 * got.first_secs + burst_bytes;
+            let dropped = got.receiver_socket_drops;
             eprintln!(
                 "{proto} {what}: first second {first:.0} bytes (bound {first_bound:.0}), then \
-                 {:.4} of the limit",
+                 {:.4} of the limit ({dropped} datagrams dropped at the receiver's socket)",
                 steady / limit
             );
             measured.push((proto, what, steady / limit));
@@ -1019,7 +1028,8 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
             assert!(
                 (low * limit..=1.05 * limit).contains(&steady),
                 "{proto} {what}: {steady:.0} bit/s on the wire after the first second, {:.3} \
-                 of the limit (allowed {low}–1.05)",
+                 of the limit (allowed {low}–1.05); the receiver's socket dropped {dropped} \
+                 datagrams (a full receive buffer)",
                 steady / limit
             );
         }
