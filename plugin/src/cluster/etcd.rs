@@ -502,8 +502,8 @@ pub async fn members(client: &mut Client, prefix: &str) -> Result<(Members, i64)
 }
 
 /// Follows the members from `revision` on, `members` updated by each event; `changed` is
-/// called after each batch of events and every `resync` without any. Returns when the
-/// watch ends: `Err(Compacted)` when etcd no longer has the revisions (then list again).
+/// called after each batch of events and every `resync` without any. Returns only when the
+/// watch ends, with why: `Compacted` when etcd no longer has the revisions (then list again).
 pub async fn follow(
     client: &mut Client,
     prefix: &str,
@@ -511,7 +511,7 @@ pub async fn follow(
     revision: i64,
     resync: Duration,
     mut changed: impl FnMut(&Members),
-) -> Result<(), EtcdError> {
+) -> Result<std::convert::Infallible, EtcdError> {
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revision)

@@ -254,11 +254,11 @@ async fn follow_members(client: &mut etcd_client::Client, prefix: &str, own: &st
         };
     let mut backoff = Duration::from_secs(1);
     loop {
-        let result = match etcd::members(client, prefix).await {
+        let e = match etcd::members(client, prefix).await {
             Ok((mut members, revision)) => {
                 apply(&members);
                 backoff = Duration::from_secs(1);
-                etcd::follow(
+                let Err(e) = etcd::follow(
                     client,
                     prefix,
                     &mut members,
@@ -266,26 +266,16 @@ async fn follow_members(client: &mut etcd_client::Client, prefix: &str, own: &st
                     ROUTE_RESYNC,
                     &mut apply,
                 )
-                .await
+                .await;
+                e
             }
-            Err(e) => Err(e),
+            Err(e) => e,
         };
-        match result {
-            Err(EtcdError::Compacted(rev)) => {
-                log::info!(
-                    "the subnets' history was compacted (revision {rev}): listing them again"
-                );
-                continue;
-            }
-            Err(e) => log::warn!(
-                "following the members: {}: the routes stay; trying again in {} s",
-                crate::cni::error::chain(&e),
-                backoff.as_secs()
-            ),
-            Ok(()) => {}
+        if let EtcdError::Compacted(rev) = e {
+            log::info!("the subnets' history was compacted (revision {rev}): listing them again");
+            continue;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        back_off(&mut backoff, "following the members (the routes stay)", &e).await;
     }
 }
 
@@ -307,7 +297,7 @@ async fn renew(
                 log::warn!("the lease of the node's subnets expired: asking for them again");
             }
             // The dataplane and the conflist stay as they are while etcd is away.
-            Err(e) => back_off(&mut backoff, &e).await,
+            Err(e) => back_off(&mut backoff, "the node's membership", &e).await,
         }
         match etcd::join(client, prefix, config, record, &membership.subnets, ttl).await {
             Ok(m) => {
@@ -325,15 +315,15 @@ async fn renew(
                 }
                 membership = m;
             }
-            Err(e) => back_off(&mut backoff, &e).await,
+            Err(e) => back_off(&mut backoff, "the node's membership", &e).await,
         }
     }
 }
 
-/// Says `e` and waits `backoff`, which doubles up to 30 s.
-async fn back_off(backoff: &mut Duration, e: &EtcdError) {
+/// Says `e` about `what` and waits `backoff`, which doubles up to 30 s.
+async fn back_off(backoff: &mut Duration, what: &str, e: &EtcdError) {
     log::warn!(
-        "{}: trying again in {} s",
+        "{what}: {}: trying again in {} s",
         crate::cni::error::chain(e),
         backoff.as_secs()
     );

@@ -391,14 +391,22 @@ impl Netlink {
     pub async fn delete_link(&self, index: u32) -> Result<bool, NetlinkError> {
         let mut m = LinkMessage::default();
         m.header.index = index;
-        match self.request(
-            RouteNetlinkMessage::DelLink(m),
-            0,
-            || format!("delete link {index}"),
-            |_| {},
-        ) {
+        self.delete(RouteNetlinkMessage::DelLink(m), &[libc::ENODEV], || {
+            format!("delete link {index}")
+        })
+    }
+
+    /// Sends the delete request `payload`: `Ok(true)` when the kernel deleted the object,
+    /// `Ok(false)` when it answered one of `absent` (there was none to delete).
+    fn delete(
+        &self,
+        payload: RouteNetlinkMessage,
+        absent: &[i32],
+        op: impl FnOnce() -> String,
+    ) -> Result<bool, NetlinkError> {
+        match self.request(payload, 0, op, |_| {}) {
             Ok(()) => Ok(true),
-            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(false),
+            Err(e) if e.errno().is_some_and(|n| absent.contains(&n)) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -458,16 +466,11 @@ impl Netlink {
             m.attributes.push(AddressAttribute::Local(addr.ip()));
         }
         m.attributes.push(AddressAttribute::Address(addr.ip()));
-        match self.request(
+        self.delete(
             RouteNetlinkMessage::DelAddress(m),
-            0,
+            &[libc::EADDRNOTAVAIL, libc::ENOENT],
             || format!("delete address {addr} from link {index}"),
-            |_| {},
-        ) {
-            Ok(()) => Ok(true),
-            Err(e) if matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        )
     }
 
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, NetlinkError> {
@@ -603,16 +606,11 @@ impl Netlink {
             .map_err(|e| invalid(&e))?
             .protocol(RouteProtocol::from(protocol))
             .build();
-        match self.request(
+        self.delete(
             RouteNetlinkMessage::DelRoute(msg),
-            0,
+            &[libc::ESRCH, libc::ENOENT],
             || format!("delete route {dst}"),
-            |_| {},
-        ) {
-            Ok(()) => Ok(true),
-            Err(e) if matches!(e.errno(), Some(libc::ESRCH | libc::ENOENT)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        )
     }
 
     /// [`Self::add_route`] where the same route may be there already: `Ok(false)` when the
