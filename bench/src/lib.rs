@@ -148,8 +148,6 @@ fn out_dir(args: &BenchArgs) -> Result<PathBuf> {
 
 /// The task's name in messages (root check, the report's command line).
 const TASK: &str = "cargo xtask bench";
-/// Where the plugin is staged when the bench builds it (see [`xtask::prepare`]).
-const STAGE_DIR: &str = "bench-plugin";
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
@@ -178,7 +176,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let plugin = xtask::prepare::prepare_release(
         TASK,
         xtask::setup::Scope::Full,
-        STAGE_DIR,
+        xtask::bench::STAGE_DIR,
         args.plugin.as_deref(),
     )?;
     for tool in ["ptp", "host-local", "portmap", "bandwidth"] {

@@ -2,6 +2,8 @@
 //! arguments given (`cargo xtask bench --help` shows them). It is its own crate and binary:
 //! xtask only starts it, so none of the benchmark is built into the other tasks.
 
+use std::path::Path;
+
 use anyhow::Result;
 
 use crate::{build, cmd};
@@ -17,11 +19,19 @@ pub fn run(args: &[String]) -> Result<()> {
     cmd::run(&mut c)
 }
 
+/// Where the benchmark's plugin is staged (see [`crate::prepare`]): a directory of its own,
+/// so a run of the tests never swaps its binary.
+pub const STAGE_DIR: &str = "bench-plugin";
+
 /// What `cargo xtask test` runs: the quick benchmark, into the default quick output
-/// directory. The benchmark stages the static release binary itself, as `dist` builds it
-/// (the build `dist` just made: cargo finds nothing to redo), with the eBPF object it
-/// embeds beside it, which the program-lab and XDP sections load; `dist`'s own copy of
-/// the binary has no object beside it.
-pub fn quick_for_ci() -> Vec<String> {
-    vec!["--quick".to_owned()]
+/// directory, of `release`, the static binary `dist` just built, staged with the eBPF
+/// objects beside it (the program-lab and XDP sections load them), so it is not built a
+/// second time. Without one (`dist` failed) the benchmark builds its own as `dist` does.
+pub fn quick_for_ci(release: Option<&Path>) -> Result<Vec<String>> {
+    let mut args = vec!["--quick".to_owned()];
+    if let Some(bin) = release {
+        let staged = build::stage_built(STAGE_DIR, bin)?;
+        args.extend(["--plugin".to_owned(), staged.display().to_string()]);
+    }
+    Ok(args)
 }

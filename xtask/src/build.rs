@@ -62,13 +62,21 @@ pub struct BuildOptions {
     /// plugin/src/test_hooks.rs): the build the integration suites run. Release artefacts
     /// never have them.
     pub test_hooks: bool,
+    /// Link a release build with the release profile's own settings (thin local LTO,
+    /// parallel codegen) instead of the artefacts' fat LTO and one codegen unit
+    /// ([`RELEASE_LINK`]): a faster build of the same code, for the builds only tests run
+    /// (the suites' binary, the previous release's). The artefacts, the benchmark's binary
+    /// and the profile's training keep the shipped link.
+    pub test_link: bool,
 }
 
 /// The build the integration suites, the demo and the kernel matrix run: release, with the
-/// test hooks.
+/// test hooks, linked for a quick build (the release artefacts are tested by the release
+/// suite).
 pub const UNDER_TEST: BuildOptions = BuildOptions {
     debug_plugin: false,
     test_hooks: true,
+    test_link: true,
 };
 
 /// The workspace root (where the root Cargo.toml is).
@@ -288,15 +296,25 @@ pub fn stage_for(dir: &str, target: Option<CrossTarget>) -> Result<PathBuf> {
 fn stage_with(dir: &str, target: Option<CrossTarget>, opts: &BuildOptions) -> Result<PathBuf> {
     let tree = Tree::current()?;
     let obj = build_ebpf(&tree)?;
-    let prototypes = build_prototypes(&tree)?;
     let built = build_plugin(&tree, &obj, opts, target)?;
+    stage_built(dir, &built)
+}
+
+/// Copies `built`, a plugin binary of this tree, to `<target>/<dir>/ebpf-cni`, with the eBPF
+/// object it embeds and the benchmark's object beside it (built unless they are); returns
+/// the staged plugin's path. `dist`'s static binary staged this way is the benchmark's,
+/// without a second build of it.
+pub fn stage_built(dir: &str, built: &Path) -> Result<PathBuf> {
+    let tree = Tree::current()?;
+    let obj = build_ebpf(&tree)?;
+    let prototypes = build_prototypes(&tree)?;
     let dir = target_dir()?.join(dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let staged = dir.join(PLUGIN_BIN);
     for (from, to) in [
-        (&obj, staged_object(&staged)),
-        (&prototypes, staged_prototypes(&staged)),
-        (&built, staged.clone()),
+        (obj.as_path(), staged_object(&staged)),
+        (prototypes.as_path(), staged_prototypes(&staged)),
+        (built, staged.clone()),
     ] {
         let name = to.file_name().unwrap_or_default().to_string_lossy();
         let tmp = dir.join(format!(".{name}.tmp"));
@@ -450,7 +468,10 @@ pub fn build_plugin_with(
         .env("CARGO_TARGET_DIR", &tree.target_dir)
         .env(OBJ_ENV, &obj);
     if !opts.debug_plugin {
-        build.arg("--release").envs(RELEASE_LINK);
+        build.arg("--release");
+        if !opts.test_link {
+            build.envs(RELEASE_LINK);
+        }
     }
     if opts.test_hooks {
         build.args(["--features", "test-hooks"]);
@@ -562,7 +583,7 @@ mod tests {
         let release = BuildOptions::default();
         let debug = BuildOptions {
             debug_plugin: true,
-            test_hooks: false,
+            ..BuildOptions::default()
         };
         let arm = CrossTarget {
             triple: "aarch64-unknown-linux-musl",

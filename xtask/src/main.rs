@@ -28,7 +28,8 @@ enum Task {
     /// would, and keep the profile its release build is optimized with (needs root).
     Pgo {
         /// Write the profile into the target directory and compare the kept one with it,
-        /// leaving plugin/pgo/ as it is (what `cargo xtask test` runs).
+        /// leaving plugin/pgo/ as it is (`cargo xtask test` runs only the training's
+        /// workload, with the plugin under test).
         #[arg(long)]
         check: bool,
     },
@@ -66,7 +67,8 @@ struct BuildArgs {
     #[arg(long)]
     debug_plugin: bool,
     /// Build the plugin with its test hooks, as the integration suites need it (never for
-    /// a node), and the benchmark's eBPF object the prototypes' program tests load.
+    /// a node; linked for a quick build, not as the artefacts are), and the benchmark's eBPF
+    /// object the prototypes' program tests load.
     #[arg(long)]
     test_hooks: bool,
 }
@@ -79,6 +81,7 @@ fn main() -> Result<()> {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,
                 test_hooks: args.test_hooks,
+                test_link: args.test_hooks,
             })?;
             if args.test_hooks {
                 xtask::build::build_prototypes(&xtask::build::Tree::current()?)?;

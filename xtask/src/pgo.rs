@@ -69,9 +69,9 @@ pub fn pgo() -> Result<()> {
     write_profile(&kept)
 }
 
-/// What `cargo xtask test` runs, so the training cannot rot: the whole task, its profile
-/// written into the target directory (the kept one stays as it is), then compared with the
-/// kept one (`llvm-profdata overlap`: how much of the kept profile still matches the code).
+/// `cargo xtask pgo --check`: the whole task, its profile written into the target
+/// directory (the kept one stays as it is), then compared with the kept one (`llvm-profdata
+/// overlap`: how much of the kept profile still matches the code).
 pub fn check() -> Result<()> {
     let out = build::target_dir()?.join("pgo").join("check.profdata");
     write_profile(&out)?;
@@ -90,6 +90,16 @@ pub fn check() -> Result<()> {
         eprintln!("the kept profile against this training: {}", line.trim());
     }
     Ok(())
+}
+
+/// What `cargo xtask test` runs, so the training cannot rot: its workload, played with
+/// `bin`, a build that is not instrumented (it writes no counts). The instrumented build is
+/// `dist`'s with `-Cprofile-generate` for `-Cprofile-use`; building it too cost each CI run
+/// five minutes, so only `cargo xtask pgo` and `cargo xtask pgo --check` build it.
+pub fn check_workload(bin: &Path) -> Result<()> {
+    require_root();
+    let unused = build::target_dir()?.join("pgo").join("workload-counts");
+    train(bin, &unused).context("the training run failed")
 }
 
 /// Builds the plugin instrumented, trains it and writes the merged profile to `out`.

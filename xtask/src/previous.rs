@@ -59,8 +59,12 @@ pub fn build() -> Result<PathBuf> {
     };
     let built = build::build_tree(
         &tree,
-        // The previous release has no test hooks to build.
-        &BuildOptions::default(),
+        // The previous release has no test hooks to build; its link options do not change
+        // what its pins and maps are.
+        &BuildOptions {
+            test_link: true,
+            ..BuildOptions::default()
+        },
     )
     .with_context(|| format!("building the previous release {PREVIOUS_RELEASE}"))?;
     let dir = bin.parent().expect("the binary is in a directory");

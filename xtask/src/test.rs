@@ -2,7 +2,7 @@
 //! missing, builds the real plugin with its eBPF programs (and the previous release's, for
 //! the upgrade test: see `previous`), then runs every test: unit tests of pure logic and the
 //! integration tests that drive the real binary against this machine's kernel, the demo's
-//! checks, the quick benchmark and the release profile's training (`pgo`), then the
+//! checks, the quick benchmark and the release profile's training workload (`pgo`), then the
 //! kernel matrix (the integration suites in VMs booting the kernels nodes run, see
 //! `vmtest`). clippy runs first, with the workspace's lints and `-D warnings`, on the host
 //! crates and on the eBPF programs (nightly, their BPF target): a warning fails the run.
@@ -19,11 +19,16 @@ pub fn test(extra: &[String]) -> Result<()> {
     let plugin = prepare::prepare("cargo xtask test", Scope::Full, prepare::UNDER_TEST, None)?;
     println!("plugin under test: {}", plugin.display());
     // A pin or a missing dependency in an install line fails here, not on a user's machine.
+    // It waits on apt's resolver and the kernels' mirror, so it runs beside the previous
+    // release's build (which installs nothing), not before it.
     println!("the set-up's installs (apt's simulation on a clean Debian 12 and here)");
-    let installs =
-        setup::check_installs().map_err(|e| e.context("an install of the set-up does not resolve"));
+    let installs = std::thread::spawn(setup::check_installs);
     // Without it the other tests still run; the upgrade test then fails for want of it.
     let previous = previous::build().map_err(|e| e.context("the previous release's build failed"));
+    let installs = installs
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        .map_err(|e| e.context("an install of the set-up does not resolve"));
     match &previous {
         Ok(bin) => println!("previous release: {}", bin.display()),
         Err(e) => eprintln!("{e:#}"),
@@ -76,10 +81,13 @@ pub fn test(extra: &[String]) -> Result<()> {
     // The quick benchmark runs too, so it cannot rot: it must complete and write its report.
     // It asserts no timing.
     println!("quick benchmark (checks that it runs and reports; asserts no timing)");
-    let bench = bench::run(&bench::quick_for_ci());
-    // The profile's training too (`cargo xtask pgo`, into the target directory).
-    println!("the release build's profile: its training runs (the kept profile is left as it is)");
-    let pgo = crate::pgo::check().map_err(|e| e.context("the profile's training failed"));
+    let release = dist.as_ref().ok().and_then(|a| a.host_binary());
+    let bench = bench::quick_for_ci(release).and_then(|args| bench::run(&args));
+    // The profile's training workload too, played with the plugin under test (the kept
+    // profile is left as it is; `cargo xtask pgo --check` builds the instrumented binary).
+    println!("the release build's profile: its training workload runs");
+    let pgo =
+        crate::pgo::check_workload(&plugin).map_err(|e| e.context("the profile's training failed"));
     println!("kernel matrix (the integration suites on 5.10, 6.1 and 6.12 in VMs)");
     let matrix = vmtest::run(&vmtest::VmArgs::all(), &plugin);
     installs?;
