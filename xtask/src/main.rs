@@ -67,8 +67,7 @@ struct BuildArgs {
     #[arg(long)]
     debug_plugin: bool,
     /// Build the plugin with its test hooks, as the integration suites need it (never for
-    /// a node; linked for a quick build, not as the artefacts are), and the benchmark's eBPF
-    /// object the prototypes' program tests load.
+    /// a node), and the benchmark's eBPF object the prototypes' program tests load.
     #[arg(long)]
     test_hooks: bool,
 }
@@ -81,7 +80,7 @@ fn main() -> Result<()> {
             let plugin = xtask::build::build(&BuildOptions {
                 debug_plugin: args.debug_plugin,
                 test_hooks: args.test_hooks,
-                test_link: args.test_hooks,
+                test_link: false,
             })?;
             if args.test_hooks {
                 xtask::build::build_prototypes(&xtask::build::Tree::current()?)?;
