@@ -150,6 +150,8 @@ pub struct PodConf {
     pub sources: SourceConf,
     /// `ipMasq` (a network setting).
     pub masq: Option<MasqConf>,
+    /// `clusterNetworks`: pods on the other nodes, which masquerade skips.
+    pub cluster_networks: Vec<IpNetwork>,
 }
 
 impl PodConf {
@@ -159,6 +161,7 @@ impl PodConf {
             port_mappings: crate::host_ports::mappings(conf)?,
             sources: SourceConf::parse(conf, env)?,
             masq: conf.masq.clone(),
+            cluster_networks: conf.cluster_networks.clone(),
         })
     }
 
@@ -196,7 +199,7 @@ impl PodConf {
                 .masq
                 .as_ref()
                 .filter(|_| !chained)
-                .map(|m| masq_spec(m, &networks)),
+                .map(|m| masq_spec(m, &networks, &self.cluster_networks)),
             ports: crate::host_ports::entries(&self.port_mappings, &gateways)?,
         })
     }
@@ -219,13 +222,15 @@ pub fn veth(host: &Link, pod: &Link) -> Result<Veth, AttachmentError> {
 }
 
 /// What `ipMasq` asks of the node for a pod with addresses `addrs`: the subnets of those
-/// addresses (the pod network's ranges) and `ipMasqExclude` keep the pod's address (what
-/// masqueraded flows leave with is the node's devices' addresses: `node::node_view`).
-fn masq_spec(m: &MasqConf, addrs: &[IpNetwork]) -> MasqSpec {
+/// addresses (the pod network's ranges), `ipMasqExclude` and the cluster's pod networks
+/// keep the pod's address (what masqueraded flows leave with is the node's devices'
+/// addresses: `node::node_view`).
+fn masq_spec(m: &MasqConf, addrs: &[IpNetwork], cluster: &[IpNetwork]) -> MasqSpec {
     let mut skip: Vec<IpNetwork> = addrs
         .iter()
         .map(|a| IpNetwork::new(a.network(), a.prefix()).expect("prefix is valid"))
         .chain(m.exclude.iter().copied())
+        .chain(cluster.iter().copied())
         .collect();
     skip.sort();
     skip.dedup();

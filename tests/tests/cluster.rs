@@ -5,7 +5,7 @@
 //! for its node (never one another node's key holds), writes it into its conflist, keeps
 //! it across a restart and gives it back on `--leave`; a node that dies loses it when its
 //! lease expires. Pods on two nodes reach each other over the routes each agent keeps to
-//! its peers' subnets.
+//! its peers' subnets; with `ipMasq` they keep their addresses towards each other.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -94,6 +94,13 @@ impl ClusterNode {
             .flatten()
             .filter_map(|set| set[0]["subnet"].as_str()?.parse().ok())
             .collect()
+    }
+
+    /// Sets `key` of its conflist (before its agent starts: the agent keeps it).
+    fn set_conf(&self, key: &str, value: Value) {
+        let mut conf = self.conf_value();
+        conf[key] = value;
+        std::fs::write(&self.conf, conf.to_string()).unwrap();
     }
 
     fn conf_value(&self) -> Value {
@@ -288,6 +295,59 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
         route_to(&a, sb, b.addr)
     });
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b again");
+
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
+#[test]
+fn masquerading_pods_keep_their_address_towards_the_cluster_network() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(3).unwrap();
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16"}"#,
+    )
+    .unwrap();
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
+    for n in [&a, &b] {
+        n.set_conf("ipMasq", json!(true));
+    }
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    // The agent names the cluster's pod network in the conflist, beside the operator's keys.
+    for n in [&a, &b] {
+        let conf = n.conf_value();
+        assert_eq!(conf["clusterNetworks"], json!(["10.244.0.0/16"]), "{conf}");
+        assert_eq!(conf["ipMasq"], json!(true), "{conf}");
+    }
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    let sb = b.subnets()[0];
+    eventually(
+        "node a's route to b's subnet",
+        Duration::from_secs(5),
+        || {
+            a.peer_routes()
+                .contains(&format!("{sb} via {} dev lan0", b.addr))
+        },
+    );
+
+    // To a pod on the other node the pod's own address; to the other node itself (outside
+    // the cluster's pod network) the node's address: masquerade is on, and skips the pods.
+    let to_pod = tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+    assert_eq!(to_pod.client_addr.ip(), pod_a.v4(), "pod b saw {to_pod:?}");
+    let to_node =
+        tcp_echo(&pod_a.netns, b.node.netns(), b.addr.into(), 0).expect("pod a -> node b");
+    assert_eq!(
+        to_node.client_addr.ip(),
+        std::net::IpAddr::from(a.addr),
+        "node b saw {to_node:?}"
+    );
+    let back = tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
+    assert_eq!(back.client_addr.ip(), pod_b.v4(), "pod a saw {back:?}");
 
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());

@@ -64,8 +64,13 @@ pub fn current_subnets(path: &Path) -> Vec<IpNetwork> {
 }
 
 /// Makes the conflist at `path` give the node's pods addresses from `subnets` (one range
-/// set each); whether it was written.
-pub fn write_subnets(path: &Path, subnets: &[IpNetwork]) -> Result<bool, ConflistUpdateError> {
+/// set each) and name the cluster's pod `networks` (`clusterNetworks`: masquerade skips
+/// them); whether it was written.
+pub fn write_subnets(
+    path: &Path,
+    subnets: &[IpNetwork],
+    networks: &[IpNetwork],
+) -> Result<bool, ConflistUpdateError> {
     let text = match std::fs::read(path) {
         Ok(text) => {
             let mut list: Value =
@@ -77,6 +82,7 @@ pub fn write_subnets(path: &Path, subnets: &[IpNetwork]) -> Result<bool, Conflis
                 path: path.to_owned(),
             })?;
             with_subnets(plugin, subnets);
+            plugin["clusterNetworks"] = networks.iter().map(|n| n.to_string()).collect();
             let mut text = serde_json::to_string_pretty(&list).expect("JSON serializes");
             text.push('\n');
             text
@@ -91,6 +97,7 @@ pub fn write_subnets(path: &Path, subnets: &[IpNetwork]) -> Result<bool, Conflis
                 bandwidth: true,
             },
             ip_masq: false,
+            cluster_networks: networks,
         })?,
         Err(source) => {
             return Err(FileError::Read {
@@ -139,13 +146,18 @@ mod tests {
             vec!["10.1.0.0/24".parse::<IpNetwork>().unwrap()]
         );
         let subnets: Vec<IpNetwork> = vec!["10.244.3.0/24".parse().unwrap()];
-        assert!(write_subnets(&path, &subnets).unwrap());
+        let networks: Vec<IpNetwork> = vec!["10.244.0.0/16".parse().unwrap()];
+        assert!(write_subnets(&path, &subnets, &networks).unwrap());
         assert!(
-            !write_subnets(&path, &subnets).unwrap(),
+            !write_subnets(&path, &subnets, &networks).unwrap(),
             "a second write changes nothing"
         );
         let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(written["plugins"][0]["mtu"], json!(1450));
+        assert_eq!(
+            written["plugins"][0]["clusterNetworks"],
+            json!(["10.244.0.0/16"])
+        );
         assert_eq!(written["plugins"][1], json!({"type": "tuning"}));
         assert_eq!(
             written["plugins"][0]["ipam"]["ranges"],
@@ -162,9 +174,18 @@ mod tests {
             "10.244.3.0/24".parse().unwrap(),
             "fd00:10:244:3::/64".parse().unwrap(),
         ];
-        assert!(write_subnets(&path, &subnets).unwrap());
+        let networks: Vec<IpNetwork> = vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:10:244::/56".parse().unwrap(),
+        ];
+        assert!(write_subnets(&path, &subnets, &networks).unwrap());
         assert_eq!(current_subnets(&path), subnets);
         let text = std::fs::read(&path).unwrap();
         assert!(crate::install::conflist::is_ours(&text));
+        let written: Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(
+            written["plugins"][0]["clusterNetworks"],
+            json!(["10.244.0.0/16", "fd00:10:244::/56"])
+        );
     }
 }

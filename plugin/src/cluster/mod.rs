@@ -154,7 +154,7 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
         let m = etcd::join(&mut client, &prefix, &config, &record, &preferred, ttl).await?;
         Ok::<_, EtcdError>((client, config, m))
     })?;
-    write_conflist(&conf, &membership.subnets)?;
+    write_conflist(&conf, &membership.subnets, &config.networks())?;
     log::info!(
         "node {node} holds {} in the cluster network (etcd, lease {:x})",
         list(&membership.subnets),
@@ -177,10 +177,16 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
     Ok(())
 }
 
-fn write_conflist(conf: &Path, subnets: &[IpNetwork]) -> Result<(), ClusterError> {
-    if conflist::write_subnets(conf, subnets).map_err(|source| ClusterError::Conflist {
-        path: conf.to_owned(),
-        source: Box::new(source),
+fn write_conflist(
+    conf: &Path,
+    subnets: &[IpNetwork],
+    networks: &[IpNetwork],
+) -> Result<(), ClusterError> {
+    if conflist::write_subnets(conf, subnets, networks).map_err(|source| {
+        ClusterError::Conflist {
+            path: conf.to_owned(),
+            source: Box::new(source),
+        }
     })? {
         log::info!(
             "{} gives pods addresses from {}",
@@ -309,7 +315,7 @@ async fn renew(
                         list(&membership.subnets),
                         list(&m.subnets)
                     );
-                    if let Err(e) = write_conflist(conf, &m.subnets) {
+                    if let Err(e) = write_conflist(conf, &m.subnets, &config.networks()) {
                         log::error!("{}", crate::cni::error::chain(&e));
                     }
                 }

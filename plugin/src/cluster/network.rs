@@ -86,6 +86,13 @@ const MAX_V4_SUBNET_LEN: u8 = 28;
 const MAX_V6_SUBNET_LEN: u8 = 120;
 
 impl NetworkConfig {
+    /// The cluster's pod networks, IPv4 first: every member's subnets are in them.
+    pub fn networks(&self) -> Vec<IpNetwork> {
+        let v4 = self.network.map(IpNetwork::V4);
+        let v6 = self.ipv6_network.map(IpNetwork::V6);
+        v4.into_iter().chain(v6).collect()
+    }
+
     /// Parses and checks the config's text.
     pub fn parse(text: &[u8]) -> Result<Self, NetworkConfigError> {
         let c: Self =

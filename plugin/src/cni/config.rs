@@ -127,6 +127,10 @@ pub struct NetConf {
     /// `serviceCIDRs`: Service ranges the programs hand to the stack besides those learned
     /// from kube-proxy's rules (see `services`).
     pub service_cidrs: Vec<ipnetwork::IpNetwork>,
+    /// `clusterNetworks`: the cluster's pod networks, which `ebpf-cni agent` writes from its
+    /// cluster source (see cluster.md): pods on other nodes, which keep the pod's address
+    /// under `ipMasq`.
+    pub cluster_networks: Vec<ipnetwork::IpNetwork>,
 }
 
 /// What `ipMasq: true` asks for: the pod's traffic to destinations outside the pod
@@ -270,13 +274,15 @@ impl NetConf {
         let args_ips = parse_args_ips(obj)?;
         let prev_result = parse_object(obj, "prevResult")?;
         let devices = parse_devices(obj)?;
-        let service_cidrs = parse_service_cidrs(obj)?;
+        let service_cidrs = parse_cidrs(obj, "serviceCIDRs")?;
+        let cluster_networks = parse_cidrs(obj, "clusterNetworks")?;
         let tc_attach_mode = parse_tc_attach_mode(obj)?;
         Ok(NetConf {
             masq,
             host_ports_on_loopback,
             is_default_gateway,
             service_cidrs,
+            cluster_networks,
             tc_attach_mode,
             devices,
             cni_version,
@@ -428,11 +434,14 @@ fn parse_devices(obj: &Map<String, Value>) -> Result<Option<Vec<String>>, Config
     }
 }
 
-/// `serviceCIDRs`: absent, or a list of CIDRs.
-fn parse_service_cidrs(obj: &Map<String, Value>) -> Result<Vec<ipnetwork::IpNetwork>, ConfigError> {
-    match obj.get("serviceCIDRs") {
+/// A key holding a list of CIDRs (`serviceCIDRs`, `clusterNetworks`): empty when absent.
+fn parse_cidrs(
+    obj: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Vec<ipnetwork::IpNetwork>, ConfigError> {
+    match obj.get(field) {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(v) => parse_cidr_list(v, "serviceCIDRs"),
+        Some(v) => parse_cidr_list(v, field),
     }
 }
 
@@ -601,6 +610,25 @@ mod tests {
         }
         let c = parse(json!({"cniVersion":"1.0.0","name":"n","runtimeConfig":{"bandwidth":{"IngressRate":1000000,"IngressBurst":4294967295u64}}})).unwrap();
         assert!(c.runtime.capability("bandwidth").is_some());
+    }
+
+    #[test]
+    fn cluster_networks_are_a_list_of_cidrs() {
+        let c = parse(json!({"cniVersion":"1.0.0","name":"n","clusterNetworks":["10.244.0.0/16","fd00:10:244::/56"]})).unwrap();
+        assert_eq!(
+            c.cluster_networks,
+            vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "fd00:10:244::/56".parse().unwrap()
+            ]
+        );
+        assert!(parse(json!({"cniVersion":"1.0.0","name":"n"}))
+            .unwrap()
+            .cluster_networks
+            .is_empty());
+        let e = parse(json!({"cniVersion":"1.0.0","name":"n","clusterNetworks":["10.244.0.0/33"]}))
+            .unwrap_err();
+        assert!(e.to_string().contains("clusterNetworks"), "{e}");
     }
 
     #[test]

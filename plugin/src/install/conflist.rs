@@ -30,6 +30,8 @@ pub struct Spec<'a> {
     pub mtu: Option<u32>,
     pub capabilities: Capabilities,
     pub ip_masq: bool,
+    /// `clusterNetworks` (the agent's, from its cluster source; `install` writes none).
+    pub cluster_networks: &'a [IpNetwork],
 }
 
 /// The plugin refused the conflist we would write: the settings that made it are wrong in a
@@ -62,6 +64,8 @@ struct Plugin {
     mtu: Option<u32>,
     #[serde(rename = "ipMasq", skip_serializing_if = "std::ops::Not::not")]
     ip_masq: bool,
+    #[serde(rename = "clusterNetworks", skip_serializing_if = "Vec::is_empty")]
+    cluster_networks: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     capabilities: Option<CapabilityFlags>,
     ipam: Ipam,
@@ -107,6 +111,11 @@ pub fn render(spec: &Spec<'_>) -> Result<String, ConflistError> {
             plugin_type: BINARY_NAME,
             mtu: spec.mtu,
             ip_masq: spec.ip_masq,
+            cluster_networks: spec
+                .cluster_networks
+                .iter()
+                .map(|n| n.to_string())
+                .collect(),
             capabilities: (caps.port_mappings || caps.bandwidth).then_some(CapabilityFlags {
                 port_mappings: caps.port_mappings,
                 bandwidth: caps.bandwidth,
@@ -188,6 +197,7 @@ mod tests {
             mtu: Some(1450),
             capabilities: BOTH,
             ip_masq: true,
+            cluster_networks: &[],
         })
         .unwrap();
         assert!(text.ends_with("}\n"));
@@ -232,6 +242,7 @@ mod tests {
                 bandwidth: true,
             },
             ip_masq: false,
+            cluster_networks: &[],
         })
         .unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
@@ -252,6 +263,7 @@ mod tests {
             mtu: None,
             capabilities: BOTH,
             ip_masq: false,
+            cluster_networks: &[],
         })
         .unwrap_err();
         assert!(matches!(err, ConflistError::Config(_)), "{err}");
@@ -262,6 +274,7 @@ mod tests {
             mtu: None,
             capabilities: BOTH,
             ip_masq: false,
+            cluster_networks: &[],
         })
         .unwrap_err();
         assert!(matches!(err, ConflistError::NoSubnet), "{err}");

@@ -149,6 +149,7 @@ pub fn install(args: &InstallArgs) -> Result<InstallReport, InstallError> {
         mtu: s.mtu,
         capabilities: s.capabilities,
         ip_masq: s.ip_masq,
+        cluster_networks: &[],
     })?;
     let binary = files::read(&s.source)?;
     let binary_put = files::put(&s.target.binary(), &binary, 0o755)?;
