@@ -77,6 +77,11 @@ pub struct BenchArgs {
     /// 6.1 or 6.12 [default: 6.12 when this machine's kernel has no sch_fq, else host].
     #[arg(long, value_name = "KERNEL")]
     pub bandwidth_kernel: Option<String>,
+    /// Boot no guest: the bandwidth section on this machine, the netkit section only
+    /// where this machine's kernel has netkit (else it is reported as not run). What
+    /// `cargo xtask test` runs: each guest costs CI a minute.
+    #[arg(long, conflicts_with = "bandwidth_kernel")]
+    pub no_guests: bool,
     /// Inside such a guest: run one section alone and write its output here.
     #[arg(long, hide = true, value_name = "FILE")]
     pub guest_output: Option<PathBuf>,
@@ -171,6 +176,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let bandwidth_kernel = match args.bandwidth_kernel.as_deref() {
         Some("host") => None,
         Some(k) => Some(k.to_owned()),
+        None if args.no_guests => None,
         None => (!guest::host_has_fq()).then(|| "6.12".to_owned()),
     };
     let plugin = xtask::prepare::prepare_release(
@@ -192,6 +198,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let mut command = String::from(TASK);
     if args.quick {
         command.push_str(" --quick");
+    }
+    if args.no_guests {
+        command.push_str(" --no-guests");
     }
     if !args.only.is_empty() {
         let names: Vec<String> = args
@@ -240,6 +249,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         floor: floor.as_deref(),
         only: &args.only,
         bandwidth_kernel: bandwidth_kernel.as_deref(),
+        guests: !args.no_guests,
     };
     let run = Run::sections(&plan, machine, command, started);
     report::write(&run, &out_dir)

@@ -50,6 +50,8 @@ pub struct Plan<'a> {
     pub only: &'a [Section],
     /// The kernel of the guest the bandwidth section runs in; `None`: on this machine.
     pub bandwidth_kernel: Option<&'a str>,
+    /// Whether a section may boot a guest (`--no-guests`: not).
+    pub guests: bool,
 }
 
 impl Run {
@@ -86,6 +88,11 @@ impl Run {
         for section in Section::ALL {
             if !plan.only.is_empty() && !plan.only.contains(&section) {
                 run.skipped.push((section, "not selected (--only)".into()));
+                continue;
+            }
+            if section == Section::Netkit && !plan.guests && !crate::rig::netkit::available() {
+                run.skipped
+                    .push((section, "needs a guest (--no-guests)".into()));
                 continue;
             }
             let t = Instant::now();
