@@ -157,27 +157,6 @@ pub fn udp_receive_buffer_drops(netns: &Netns) -> u64 {
         .unwrap_or_else(|| panic!("no Udp RcvbufErrors in /proc/net/snmp: {text}"))
 }
 
-/// Lets sockets of a matrix guest ask for buffers of up to `bytes` (`net.core.rmem_max` and
-/// `wmem_max`, which are the kernel's, not a namespace's): only ever in a guest, whose
-/// kernel is the test's own.
-pub fn allow_socket_buffers_in_vm(bytes: u64) {
-    assert!(
-        in_vm(),
-        "net.core.rmem_max is this machine's: only a guest's is raised"
-    );
-    for knob in ["rmem_max", "wmem_max"] {
-        let path = format!("/proc/sys/net/core/{knob}");
-        let now: u64 = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{path}: {e}"))
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
-        if now < bytes {
-            std::fs::write(&path, bytes.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
-        }
-    }
-}
-
 /// What the receiver got in an iperf3 `-J` report, bit/s (UDP: the sent rate less the
 /// lost share).
 pub fn received_bps(v: &Value, udp: bool) -> f64 {

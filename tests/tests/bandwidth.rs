@@ -933,15 +933,7 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
     // 1,400-byte payloads in 1,400-byte packets).
     let payload = MTU - 28;
     let (l, b) = (payload.to_string(), (2.0 * limit).to_string());
-    let mut udp = vec!["-u", "-l", &l, "-b", &b];
-    // A guest's receiver shares an emulated CPU with two other guests: one not scheduled
-    // for 0.2 s overflows the default receive buffer (212,992 bytes, 0.17 s of the limit),
-    // and what the limiter let through is lost at its socket (0.72 of the limit once in CI,
-    // every other path at 0.96-1.02). A 4 MiB buffer holds over 3 s of the limit.
-    if ebpf_cni_tests::rate::in_vm() {
-        ebpf_cni_tests::rate::allow_socket_buffers_in_vm(8 << 20);
-        udp.extend(["-w", "4M"]);
-    }
+    let udp = ["-u", "-l", &l, "-b", &b];
     // Frame bytes per payload byte at the pods' MTU: TCP with timestamps, UDP over IPv4.
     let wire_per_payload = |udp_payload: Option<u32>| match udp_payload {
         Some(l) => f64::from(l + 42) / f64::from(l),
