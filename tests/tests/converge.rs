@@ -28,8 +28,17 @@ use ebpf_cni_tests::{
 };
 use serde_json::{json, Value};
 
-/// The longest a change may wait for the node to follow it.
-const CONVERGE_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest a change may wait for the node to follow it: 5 s, the agent's promise, on
+/// this machine. A matrix guest under TCG runs a process 30–60× slower (docs/kernels.md),
+/// so there it is 30 s: the guests prove each kernel's part, the host holds the time (one
+/// CI run's 6.1 guest missed the 5 s for a new VIP's host port).
+fn converge_deadline() -> Duration {
+    if ebpf_cni_tests::rate::in_vm() {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_secs(5)
+    }
+}
 
 /// A dual-stack network of cniVersion 1.1.0 (STATUS needs it) taking port mappings.
 fn network(p: &PluginUnderTest, node: &Node) -> NetConfList {
@@ -656,14 +665,12 @@ fn start_agent(
     AgentProcess::start(&p.bin, node.netns().path(), Some(&conf), metrics).unwrap()
 }
 
-/// Polls `ok` until it holds or [`CONVERGE_DEADLINE`] passes; how long it took.
+/// Polls `ok` until it holds or [`converge_deadline`] passes; how long it took.
 fn within_deadline(what: &str, mut ok: impl FnMut() -> bool) -> Duration {
     let t = Instant::now();
+    let deadline = converge_deadline();
     while !ok() {
-        assert!(
-            t.elapsed() < CONVERGE_DEADLINE,
-            "{what}: not within {CONVERGE_DEADLINE:?}"
-        );
+        assert!(t.elapsed() < deadline, "{what}: not within {deadline:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
     t.elapsed()
