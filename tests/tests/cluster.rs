@@ -138,6 +138,28 @@ fn eventually(what: &str, bound: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// A real etcd with the network config `10.244.0.0/16` and two nodes on its LAN, their
+/// conflists given `conf`'s keys (no agent started yet).
+fn two_nodes(
+    p: &PluginUnderTest,
+    conf: &[(&str, Value)],
+) -> (EtcdCluster, ClusterNode, ClusterNode) {
+    let etcd = EtcdCluster::start(3).unwrap();
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16"}"#,
+    )
+    .unwrap();
+    let a = ClusterNode::new(p, &etcd, "node-a", 1);
+    let b = ClusterNode::new(p, &etcd, "node-b", 2);
+    for n in [&a, &b] {
+        for (key, value) in conf {
+            n.set_conf(key, value.clone());
+        }
+    }
+    (etcd, a, b)
+}
+
 #[test]
 fn nodes_take_subnets_from_etcd_keep_them_and_give_them_back() {
     require_root();
@@ -233,14 +255,7 @@ fn nodes_take_subnets_from_etcd_keep_them_and_give_them_back() {
 fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let etcd = EtcdCluster::start(3).unwrap();
-    etcd.put(
-        &format!("{PREFIX}/config"),
-        r#"{"network": "10.244.0.0/16"}"#,
-    )
-    .unwrap();
-    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
-    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
+    let (etcd, a, b) = two_nodes(&p, &[]);
     let mut agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
     let agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
     let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
@@ -304,17 +319,7 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
 fn masquerading_pods_keep_their_address_towards_the_cluster_network() {
     require_root();
     let p = PluginUnderTest::ebpf_cni();
-    let etcd = EtcdCluster::start(3).unwrap();
-    etcd.put(
-        &format!("{PREFIX}/config"),
-        r#"{"network": "10.244.0.0/16"}"#,
-    )
-    .unwrap();
-    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
-    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
-    for n in [&a, &b] {
-        n.set_conf("ipMasq", json!(true));
-    }
+    let (etcd, a, b) = two_nodes(&p, &[("ipMasq", json!(true))]);
     let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
     let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
     // The agent names the cluster's pod network in the conflist, beside the operator's keys.
