@@ -418,20 +418,21 @@ fn inspect(json: bool, netns: Option<PathBuf>) -> Result<(), Box<dyn std::error:
     let mut r = bpf::inspect(&node, bpf::Links::Read)?;
     confirm_netlink_filters(&mut r, netns.as_ref())?;
     {
-        // Found by netlink, in the node's namespace.
+        // Found by netlink in the node's namespace: the filters, and the rule dumps.
         let _in_node = match &netns {
             Some(p) => Some(Netns::open(p)?.enter()?),
             None => None,
         };
         r.unpinned = bpf::unpinned_filters(&node);
-    }
-    if let Some(s) = r.services.as_mut() {
-        // The rule dumps run in the node's namespace.
-        let _in_node = match &netns {
-            Some(p) => Some(Netns::open(p)?.enter()?),
-            None => None,
-        };
-        s.forward_firewall = crate::firewall::detect();
+        if let Some(s) = r.services.as_mut() {
+            s.forward_firewall = crate::firewall::detect();
+        }
+        if let Some(m) = r.masquerade.as_mut() {
+            m.kube_proxy_ports = crate::netfilter::masq_ports::current()
+                .ok()
+                .flatten()
+                .map(|g| format!("{}-{}", g.ports.0, g.ports.1));
+        }
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

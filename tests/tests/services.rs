@@ -835,6 +835,89 @@ fn cluster_ips_work_with_masquerade_on() {
     c.check_fast_path_kept();
 }
 
+/// kube-proxy's masquerade keeps off ebpf-cni's masquerade ports (61000–65535 here), in
+/// iptables mode (legacy backend) and nftables mode (5.13 and later), both families: a masquerading pod
+/// makes 200 connections to the Service whose endpoint is the outside host, and each
+/// reaches it from the node's address and a port below 61000. kube-proxy's own
+/// `MASQUERADE --random-fully` picks from 1024–65535, so about 14 of 200 would land in
+/// ebpf-cni's range, where a reply can be taken for one of ebpf-cni's flows. The table that
+/// holds the rule (`inet ebpf-cni`) goes when kube-proxy's rules go, and when the node's
+/// last masquerading pod is deleted.
+#[test]
+fn kube_proxys_masquerade_keeps_off_the_masquerade_ports() {
+    const CONNECTIONS: usize = 200;
+    let masq = |c: &mut Value| c["ipMasq"] = serde_json::json!(true);
+    let table = |c: &Cluster| {
+        let out = c
+            .node
+            .netns()
+            .exec(&["nft", "list", "table", "inet", "ebpf-cni"])
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mut modes = vec![Mode::Iptables(Backend::Legacy)];
+    // kube-proxy's nftables mode needs 5.13 (see the kernel matrix).
+    if ebpf_cni_tests::bpf::kernel_version() >= (5, 13) {
+        modes.push(Mode::Nftables);
+    } else {
+        eprintln!("nftables mode not run: kube-proxy refuses it below 5.13");
+    }
+    for mode in modes {
+        let c = cluster_with(Some((mode, false)), Setup::Plain(&masq));
+        let listed = table(&c).expect("STATUS wrote table inet ebpf-cni");
+        assert!(
+            listed.contains("masquerade to :1024-60999 fully-random"),
+            "{listed}"
+        );
+        let shown = dp::inspect(&c.p.bin, &c.node).unwrap();
+        assert_eq!(
+            shown["masquerade"]["kube_proxy_ports"], "1024-60999",
+            "inspect: {shown}"
+        );
+        for v4 in [true, false] {
+            let fam = if v4 { "IPv4" } else { "IPv6" };
+            let (_, _, out, _) = Cluster::vips(v4);
+            let l = bind_in(c.ext.netns(), || {
+                TcpListener::bind(sa(c.ext.addr_like(out), 9090))
+            });
+            let mut ports = Vec::with_capacity(CONNECTIONS);
+            for i in 0..CONNECTIONS {
+                let peer = exchange_from(&c.a.netns, sa(addr(&c.a, v4), 0), sa(out, 81), &l)
+                    .unwrap_or_else(|e| panic!("{fam}: connection {i}: {e:#}"));
+                assert_eq!(peer.ip(), c.node_addr(v4), "{fam}: connection {i}");
+                ports.push(peer.port());
+            }
+            let ours: Vec<u16> = ports.iter().copied().filter(|p| *p >= 61_000).collect();
+            assert!(
+                ours.is_empty(),
+                "{fam}: kube-proxy masqueraded {} of {CONNECTIONS} connections into ebpf-cni's ports: {ours:?}",
+                ours.len()
+            );
+            // Its randomness is kept: the ports spread over the range left.
+            ports.sort_unstable();
+            ports.dedup();
+            assert!(ports.len() > CONNECTIONS * 9 / 10, "{fam}: {ports:?}");
+        }
+        match mode {
+            Mode::Iptables(backend) => {
+                for v4 in [true, false] {
+                    kp::flush_iptables(c.node.netns(), v4, backend).unwrap();
+                }
+                status(&c.p, &c.node, &c.conf);
+                assert_eq!(table(&c), None, "the table outlived kube-proxy's rules");
+            }
+            Mode::Nftables => {
+                c.a.del_direct(&c.p, &c.node, &c.conf);
+                assert!(table(&c).is_some(), "pod B still masquerades");
+                c.b.del_direct(&c.p, &c.node, &c.conf);
+                assert_eq!(table(&c), None, "the table outlived the masquerading pods");
+            }
+        }
+    }
+}
+
 /// Pods with both limits (policed here; paced where the kernel has `sch_fq`, whose
 /// deliveries the programs make through the host veth's egress and do not record): the
 /// base paths, and the NodePorts under either traffic policy.

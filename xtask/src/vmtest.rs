@@ -333,7 +333,11 @@ const PLAN: &[Suite] = &[
     Suite {
         test: "services",
         on: ALL,
-        only: &["cluster_ips_work_next_to_kube_proxy_in_iptables_mode"],
+        only: &[
+            "cluster_ips_work_next_to_kube_proxy_in_iptables_mode",
+            // The inet nat table that keeps kube-proxy's masquerade off ebpf-cni's ports.
+            "kube_proxys_masquerade_keeps_off_the_masquerade_ports",
+        ],
     },
     // The rules read from each kernel's own nf_tables and x_tables, with no tool present.
     Suite {

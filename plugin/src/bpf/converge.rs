@@ -17,6 +17,8 @@
 
 use std::{fs, net::IpAddr, path::Path};
 
+use crate::netfilter::masq_ports;
+
 use super::{
     cgroup,
     host_ports::PortMaps,
@@ -221,6 +223,9 @@ pub struct Plan {
     /// The Service ranges or the switch differ from the view's (or its source's record):
     /// what they become.
     services: Option<String>,
+    /// kube-proxy's masquerade ports (`netfilter::masq_ports`) differ from what the node
+    /// wants: what it wants (`None`: no table).
+    masq_ports: Option<Option<masq_ports::Guard>>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -238,6 +243,7 @@ impl Plan {
             && !self.masq_sources
             && self.links.is_empty()
             && self.services.is_none()
+            && self.masq_ports.is_none()
     }
 
     /// One line per change, for the log.
@@ -280,6 +286,14 @@ impl Plan {
         );
         if let Some(line) = &self.services {
             out.push(line.clone());
+        }
+        match &self.masq_ports {
+            Some(Some(g)) => out.push(format!(
+                "kube-proxy's masquerade keeps to ports {}-{} (mark {:#x})",
+                g.ports.0, g.ports.1, g.mark
+            )),
+            Some(None) => out.push("kube-proxy's masquerade has every port again".to_owned()),
+            None => {}
         }
         out
     }
@@ -326,6 +340,21 @@ fn plan(
         }
     }
     if let Some(want) = &view.services {
+        // kube-proxy's masquerade kept off the node's masquerade ports, while it
+        // masquerades and kube-proxy marks.
+        let guard = match MasqMaps::open(root, node)? {
+            Some(m) if masquerading && m.active() => {
+                masq_ports::Guard::beside(want.masq_mark, m.port_range())
+            }
+            _ => None,
+        };
+        let held = masq_ports::current().unwrap_or_else(|e| {
+            log::warn!("table inet {}: {e}", masq_ports::TABLE);
+            None
+        });
+        if guard != held {
+            p.masq_ports = Some(guard);
+        }
         // Programs of a release before Services: the next load pins the maps.
         if let Some(m) = ServicesMaps::open(root, node)? {
             // A node that never had Service addresses has no record of their source
@@ -434,6 +463,15 @@ fn apply(
             m.sync(&want.entries(), want.in_force())?;
             record_services_source(root, node, &want.source)?;
         }
+    }
+    // Not fatal: the node's flows go on, and the next convergence tries again.
+    let guard = match &plan.masq_ports {
+        Some(Some(g)) => masq_ports::set(g),
+        Some(None) => masq_ports::remove().map(|_| ()),
+        None => Ok(()),
+    };
+    if let Err(e) = guard {
+        log::warn!("table inet {}: {e}", masq_ports::TABLE);
     }
     device_err.map_or(Ok(()), Err)
 }

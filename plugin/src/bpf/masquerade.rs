@@ -301,13 +301,18 @@ impl MasqMaps {
     }
 
     /// The node's last masquerading pod went: the flag off, the skip ranges and sources
-    /// emptied, the reserved ports given back.
+    /// emptied, the reserved ports given back, kube-proxy's masquerade let back into them
+    /// (`netfilter::masq_ports`).
     pub fn release(&mut self) -> Result<(), BpfError> {
         let c = self.node_config();
         if c.flags & NODE_FLAG_MASQ_RESERVED != 0 {
             unreserve(Path::new(RESERVED_PORTS), c.masq_port_min, c.masq_port_max)?;
         }
         if c.flags & (NODE_FLAG_MASQ | NODE_FLAG_MASQ_RESERVED) != 0 {
+            // kube-proxy's masquerade gets the whole range back.
+            if let Err(e) = crate::netfilter::masq_ports::remove() {
+                log::warn!("table inet {}: {e}", crate::netfilter::masq_ports::TABLE);
+            }
             self.set_node_config(NodeConfig {
                 flags: c.flags & !(NODE_FLAG_MASQ | NODE_FLAG_MASQ_RESERVED),
                 ..c
@@ -360,6 +365,8 @@ impl MasqMaps {
             sources,
             ports: format!("{lo}-{hi}"),
             ports_reserved_by_us: c.flags & NODE_FLAG_MASQ_RESERVED != 0,
+            // Read by netlink in the node's namespace, by the caller.
+            kube_proxy_ports: None,
             flows: flows_by_pod.values().sum(),
             flows_by_pod,
             out_packets: stats.out_packets,
@@ -382,6 +389,9 @@ pub struct MasqReport {
     pub sources: Vec<MasqSourceReport>,
     pub ports: String,
     pub ports_reserved_by_us: bool,
+    /// The ports kube-proxy's masquerade is kept to (`netfilter::masq_ports`); `None`: no
+    /// such rule (no kube-proxy mark learned, or the node does not masquerade).
+    pub kube_proxy_ports: Option<String>,
     pub flows: usize,
     pub flows_by_pod: std::collections::BTreeMap<IpAddr, usize>,
     pub out_packets: u64,

@@ -71,6 +71,19 @@ pub fn find(root: &PinRoot, node: &NodeId) -> Vec<UnpinnedFilter> {
 /// [`sweep`] with the node lock held.
 pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
     let mut lines = Vec::new();
+    // Nothing masquerades without pins: kube-proxy's masquerade gets its whole range back.
+    match crate::netfilter::masq_ports::remove() {
+        Ok(true) => {
+            let line = format!(
+                "removed table inet {}: node {node} has no pinned state",
+                crate::netfilter::masq_ports::TABLE
+            );
+            log::warn!("{line}");
+            lines.push(line);
+        }
+        Ok(false) => {}
+        Err(e) => log::warn!("table inet {}: {e}", crate::netfilter::masq_ports::TABLE),
+    }
     let found = find(root, node);
     for f in &found {
         let Some(hook) = Hook::ALL.into_iter().find(|h| h.program() == f.program) else {

@@ -14,6 +14,7 @@
 //! destination match, its verdict and the mark it sets. What the model does not keep (the
 //! other matches) neither reader needs.
 
+pub mod masq_ports;
 mod model;
 pub mod nftables;
 mod xtables;

@@ -1,7 +1,8 @@
 //! nf_tables over netlink (`NETLINK_NETFILTER`, subsystem `NFNL_SUBSYS_NFTABLES`): the
 //! tables, chains, rules and set elements `nft list` would print, as the kernel sends them
-//! (uapi `linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`). Only dump requests
-//! are sent; nothing is written.
+//! (uapi `linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`). The readers send
+//! only dump requests; the one table ebpf-cni writes (`masq_ports`) goes in one batch
+//! through [`Socket::batch`].
 
 use std::collections::BTreeMap;
 use std::io;
@@ -19,10 +20,10 @@ pub struct Want<'a> {
 
 // Message types: the subsystem in the high byte (`NFNL_SUBSYS_NFTABLES`), the message in
 // the low one (`enum nf_tables_msg_types`).
-const SUBSYS: u16 = 10 << 8;
+pub(super) const SUBSYS: u16 = 10 << 8;
 const GETTABLE: u16 = SUBSYS | 1;
 const GETCHAIN: u16 = SUBSYS | 4;
-const GETRULE: u16 = SUBSYS | 7;
+pub(super) const GETRULE: u16 = SUBSYS | 7;
 const GETSETELEM: u16 = SUBSYS | 13;
 
 /// `NLM_F_DUMP_INTR`: the ruleset changed during the dump.
@@ -80,7 +81,7 @@ pub fn read(want: &Want) -> io::Result<Vec<Table>> {
 /// modules lists them in `/proc/modules`; a loaded or built-in nf_tables has
 /// `/sys/module/nf_tables` or a line in `modules.builtin` (where either is missing, it is
 /// asked: that kernel has no modules, or says nothing either way).
-fn in_kernel() -> bool {
+pub(super) fn in_kernel() -> bool {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -436,14 +437,14 @@ fn host32(v: &[u8]) -> Option<u32> {
 }
 
 /// A NUL-terminated string attribute.
-fn text(v: &[u8]) -> String {
+pub(super) fn text(v: &[u8]) -> String {
     let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
 }
 
 /// The netlink attributes in `buf`: (type without the nested and byte-order flags, value).
 /// A truncated one ends the walk.
-fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(super) fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     let mut rest = buf;
     std::iter::from_fn(move || {
         let len = usize::from(u16::from_ne_bytes(rest.get(..2)?.try_into().ok()?));
@@ -455,7 +456,7 @@ fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 }
 
 /// One netlink attribute, as a request carries it: a NUL-terminated string.
-fn attr_str(kind: u16, s: &str) -> Vec<u8> {
+pub(super) fn attr_str(kind: u16, s: &str) -> Vec<u8> {
     let len = 4 + s.len() + 1;
     let mut out = Vec::with_capacity(len.next_multiple_of(4));
     out.extend_from_slice(&(len as u16).to_ne_bytes());
@@ -465,25 +466,57 @@ fn attr_str(kind: u16, s: &str) -> Vec<u8> {
     out
 }
 
+/// A netlink attribute as the kernel lays it out: length, type, value, padding to 4.
+pub(super) fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
+    let len = 4 + value.len();
+    let mut out = (len as u16).to_ne_bytes().to_vec();
+    out.extend(kind.to_ne_bytes());
+    out.extend(value);
+    out.resize(len.next_multiple_of(4), 0);
+    out
+}
+
+/// A nested attribute (`NLA_F_NESTED` set, as the kernel sets it and wants it).
+pub(super) fn nest(kind: u16, inner: &[Vec<u8>]) -> Vec<u8> {
+    attr(kind | 0x8000, &inner.concat())
+}
+
+/// A 32-bit attribute value, network order.
+pub(super) fn be(v: u32) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+
+/// One expression of `NFTA_RULE_EXPRESSIONS`: `NFTA_LIST_ELEM` { name, data }.
+pub(super) fn expr(name: &str, data: &[Vec<u8>]) -> Vec<u8> {
+    let mut n = name.as_bytes().to_vec();
+    n.push(0);
+    nest(1, &[attr(1, &n), nest(2, data)])
+}
+
+/// A data attribute: `NFTA_DATA_VALUE` inside `kind`.
+pub(super) fn value(kind: u16, v: &[u8]) -> Vec<u8> {
+    nest(kind, &[attr(1, v)])
+}
+
 /// One nfnetlink message of a dump: the family of its `nfgenmsg` and its attributes.
-struct Msg {
-    family: u8,
+pub(super) struct Msg {
+    pub(super) family: u8,
     body: Vec<u8>,
 }
 
 impl Msg {
-    fn attrs(&self) -> impl Iterator<Item = (u16, &[u8])> {
+    pub(super) fn attrs(&self) -> impl Iterator<Item = (u16, &[u8])> {
         attrs(&self.body)
     }
 }
 
 /// A `NETLINK_NETFILTER` socket.
-struct Socket {
+pub(super) struct Socket {
     fd: OwnedFd,
 }
 
 impl Socket {
-    fn open() -> io::Result<Self> {
+    pub(super) fn open() -> io::Result<Self> {
         // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
         let fd = unsafe {
             libc::socket(
@@ -502,7 +535,7 @@ impl Socket {
 
     /// A dump of `kind` for `family` with the request's attributes `req`: every message
     /// until `NLMSG_DONE`, tried again when the ruleset changed during it.
-    fn dump(&self, kind: u16, family: u8, req: &[Vec<u8>]) -> io::Result<Vec<Msg>> {
+    pub(super) fn dump(&self, kind: u16, family: u8, req: &[Vec<u8>]) -> io::Result<Vec<Msg>> {
         for _ in 0..DUMP_TRIES {
             if let Some(msgs) = self.dump_once(kind, family, req)? {
                 return Ok(msgs);
@@ -512,6 +545,106 @@ impl Socket {
             io::ErrorKind::Interrupted,
             "the ruleset kept changing during the dump",
         ))
+    }
+
+    /// Sends `msgs` (`(kind, flags, family, attributes)`) as one nf_tables transaction
+    /// (`NFNL_MSG_BATCH_BEGIN` … `NFNL_MSG_BATCH_END`): the kernel applies all of them or
+    /// none. Each is acknowledged; the first error is returned.
+    pub(super) fn batch(&self, msgs: &[(u16, u16, u8, Vec<Vec<u8>>)]) -> io::Result<()> {
+        // NFNL_MSG_BATCH_BEGIN/END (NLMSG_MIN_TYPE, +1), res_id NFNL_SUBSYS_NFTABLES.
+        const BEGIN: u16 = 0x10;
+        const END: u16 = 0x11;
+        let mut buf = Vec::new();
+        let mut push =
+            |kind: u16, flags: u16, family: u8, res_id: u16, seq: u32, body: &[Vec<u8>]| {
+                let len = 16 + 4 + body.iter().map(Vec::len).sum::<usize>();
+                buf.extend_from_slice(&(len as u32).to_ne_bytes());
+                buf.extend_from_slice(&kind.to_ne_bytes());
+                buf.extend_from_slice(&flags.to_ne_bytes());
+                buf.extend_from_slice(&seq.to_ne_bytes());
+                buf.extend_from_slice(&0u32.to_ne_bytes());
+                buf.extend_from_slice(&[family, 0]);
+                buf.extend_from_slice(&res_id.to_be_bytes());
+                for a in body {
+                    buf.extend_from_slice(a);
+                }
+            };
+        let request = libc::NLM_F_REQUEST as u16;
+        push(BEGIN, request, 0, SUBSYS >> 8, 1, &[]);
+        for (i, (kind, flags, family, body)) in msgs.iter().enumerate() {
+            let flags = request | libc::NLM_F_ACK as u16 | flags;
+            push(*kind, flags, *family, 0, 2 + i as u32, body);
+        }
+        push(END, request, 0, SUBSYS >> 8, 2 + msgs.len() as u32, &[]);
+        let timeout = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: setsockopt(2) with a timeval of the size passed, on an owned socket.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: send(2) of a buffer of the length passed on an owned socket.
+        let sent = unsafe { libc::send(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // One acknowledgement per message; an error may come for the batch's ends too.
+        let mut acked = 0;
+        let mut first_err = None;
+        let mut rbuf = vec![0u8; 1 << 16];
+        while acked < msgs.len() {
+            // SAFETY: recv(2) into a buffer of the length passed on an owned socket.
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), rbuf.as_mut_ptr().cast(), rbuf.len(), 0) };
+            if n < 0 {
+                return Err(first_err.unwrap_or_else(io::Error::last_os_error));
+            }
+            let mut rest = &rbuf[..n as usize];
+            while rest.len() >= 16 {
+                let mlen = u32::from_ne_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
+                let mtype = u16::from_ne_bytes([rest[4], rest[5]]);
+                let Some(m) = rest.get(..mlen).filter(|_| mlen >= 16) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a truncated netlink message",
+                    ));
+                };
+                if i32::from(mtype) == libc::NLMSG_ERROR {
+                    let errno = m
+                        .get(16..20)
+                        .map_or(0, |e| i32::from_ne_bytes(e.try_into().unwrap_or_default()));
+                    // The echoed request's sequence: the batch's ends are not counted.
+                    let seq = m
+                        .get(24..28)
+                        .map_or(0, |s| u32::from_ne_bytes(s.try_into().unwrap_or_default()));
+                    if errno != 0 && first_err.is_none() {
+                        first_err = Some(io::Error::from_raw_os_error(-errno));
+                    }
+                    if (2..2 + msgs.len() as u32).contains(&seq) {
+                        acked += 1;
+                    } else if errno != 0 {
+                        // The batch itself was refused: no message of it is acknowledged.
+                        break;
+                    }
+                }
+                rest = rest.get(mlen.next_multiple_of(4)..).unwrap_or(&[]);
+            }
+            if first_err.is_some() && acked < msgs.len() {
+                // The kernel reports every failing message; the others may not answer.
+                break;
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// One dump; `None` when it was interrupted by a change.
@@ -584,36 +717,6 @@ impl Socket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A netlink attribute as the kernel lays it out: length, type, value, padding to 4.
-    fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
-        let len = 4 + value.len();
-        let mut out = (len as u16).to_ne_bytes().to_vec();
-        out.extend(kind.to_ne_bytes());
-        out.extend(value);
-        out.resize(len.next_multiple_of(4), 0);
-        out
-    }
-
-    /// A nested attribute (`NLA_F_NESTED` set, as the kernel sets it).
-    fn nest(kind: u16, inner: &[Vec<u8>]) -> Vec<u8> {
-        attr(kind | 0x8000, &inner.concat())
-    }
-
-    fn be(v: u32) -> Vec<u8> {
-        v.to_be_bytes().to_vec()
-    }
-
-    /// One expression of `NFTA_RULE_EXPRESSIONS`: `NFTA_LIST_ELEM` { name, data }.
-    fn expr(name: &str, data: &[Vec<u8>]) -> Vec<u8> {
-        let mut n = name.as_bytes().to_vec();
-        n.push(0);
-        nest(1, &[attr(1, &n), nest(2, data)])
-    }
-
-    fn value(kind: u16, v: &[u8]) -> Vec<u8> {
-        nest(kind, &[attr(1, v)])
-    }
 
     fn payload(base: u32, offset: u32, len: u32) -> Vec<u8> {
         expr(

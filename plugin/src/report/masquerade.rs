@@ -19,6 +19,7 @@ impl Part for Masquerade<'_> {
             sources,
             ports,
             ports_reserved_by_us,
+            kube_proxy_ports,
             flows,
             flows_by_pod,
             out_packets,
@@ -52,6 +53,15 @@ impl Part for Masquerade<'_> {
         t.line(format!(
             "  dropped {exhausted} (ports exhausted), {table_full} (table full), {untranslatable} (untranslatable)"
         ));
+        match kube_proxy_ports {
+            Some(p) => t.line(format!(
+                "  kube-proxy's masquerade kept to ports {p} (table inet ebpf-cni)"
+            )),
+            None if *enabled => t.line(
+                "  kube-proxy's masquerade: every port (no kube-proxy masquerade mark learned)",
+            ),
+            None => {}
+        }
         for MasqSourceReport { ifindex, address } in sources {
             t.line(format!("  leaves ifindex {ifindex} with {address}"));
         }
@@ -70,6 +80,7 @@ impl Part for Masquerade<'_> {
             sources: Vec::new(),
             ports: String::new(),
             ports_reserved_by_us: false,
+            kube_proxy_ports: None,
             flows: 0,
             flows_by_pod: Default::default(),
             out_packets: 0,
@@ -86,6 +97,7 @@ impl Part for Masquerade<'_> {
             sources: _,
             ports: _,
             ports_reserved_by_us: _,
+            kube_proxy_ports: _,
             flows: _,
             flows_by_pod,
             out_packets,
