@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 /// What the agent says once it runs (`cli.rs`).
-const STARTED: &str = "follows its devices and addresses";
+pub const STARTED: &str = "follows its devices and addresses";
 
 #[derive(Debug)]
 pub struct AgentProcess {
@@ -45,6 +45,18 @@ impl AgentProcess {
         conf: Option<&Path>,
         args: &[&str],
     ) -> Result<Self> {
+        let mut a = Self::spawn_with(bin, netns, conf, args)?;
+        a.wait_for(STARTED, Duration::from_secs(10))?;
+        Ok(a)
+    }
+
+    /// [`AgentProcess::start_with`] without waiting for its start line.
+    pub fn spawn_with(
+        bin: &Path,
+        netns: &Path,
+        conf: Option<&Path>,
+        args: &[&str],
+    ) -> Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.env_remove("CNI_COMMAND")
             .arg("agent")
@@ -67,14 +79,12 @@ impl AgentProcess {
                 }
             }
         });
-        let mut a = Self {
+        Ok(Self {
             child,
             lines,
             seen: Vec::new(),
             next: 0,
-        };
-        a.wait_for(STARTED, Duration::from_secs(10))?;
-        Ok(a)
+        })
     }
 
     /// Waits until the agent says a line containing `what`, after the line the last wait

@@ -52,20 +52,32 @@ impl ClusterNode {
         ttl: u64,
         extra: &[&str],
     ) -> anyhow::Result<AgentProcess> {
-        let endpoints = etcd.endpoints_arg();
-        let ttl = ttl.to_string();
-        let mut args = vec![
+        let mut args = self.agent_args(etcd, ttl);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        AgentProcess::start_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args)
+    }
+
+    /// [`Self::agent`] without waiting for its start (no extra arguments).
+    fn spawn_agent(&self, p: &PluginUnderTest, etcd: &EtcdCluster, ttl: u64) -> AgentProcess {
+        let args = self.agent_args(etcd, ttl);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        AgentProcess::spawn_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args).unwrap()
+    }
+
+    fn agent_args(&self, etcd: &EtcdCluster, ttl: u64) -> Vec<String> {
+        [
             "--cluster",
             "etcd",
             "--etcd-endpoints",
-            &endpoints,
+            &etcd.endpoints_arg(),
             "--node-name",
             &self.name,
             "--subnet-ttl",
-            &ttl,
-        ];
-        args.extend_from_slice(extra);
-        AgentProcess::start_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args)
+            &ttl.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
     }
 
     /// `agent --leave`: its output.
@@ -354,6 +366,130 @@ fn masquerading_pods_keep_their_address_towards_the_cluster_network() {
     let back = tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
     assert_eq!(back.client_addr.ip(), pod_b.v4(), "pod a saw {back:?}");
 
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
+/// etcd on a bad day, with leases of 30 s:
+/// - the leader killed, then a second member (no quorum): a node whose agent starts then
+///   waits for etcd and joins once a member is back, both nodes route to it, and the
+///   nodes' leases are kept (node b's key outlives its 30 s after the kill);
+/// - node a cut off from etcd for 20 s (longer than the client's keep-alive gives a silent
+///   connection), while node c leaves, node d joins and the history is compacted: a's
+///   routes stay as they were meanwhile (nothing is flushed), and once etcd is back it
+///   lists the members again and follows them: a route to d, none to c, its own subnet kept,
+///   b's route to a in place, the pods talking.
+#[test]
+fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compaction() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (mut etcd, a, b) = two_nodes(&p, &[]);
+    let _agent_a = a.agent(&p, &etcd, 30, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 30, &[]).unwrap();
+    let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
+        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
+    };
+    eventually("a's route to b", Duration::from_secs(5), || {
+        route_to(&a, sb, b.addr)
+    });
+    eventually("b's route to a", Duration::from_secs(5), || {
+        route_to(&b, sa, a.addr)
+    });
+
+    // The leader goes, then a second member: no quorum. A node whose agent starts now
+    // waits for etcd, and joins once a member is back; both nodes route to it.
+    let leader = etcd.leader().unwrap();
+    etcd.kill(leader).unwrap();
+    let killed_at = Instant::now();
+    let second = etcd.leader().unwrap();
+    etcd.kill(second).unwrap();
+    let c = ClusterNode::new(&p, &etcd, "node-c", 3);
+    let mut agent_c = c.spawn_agent(&p, &etcd, 30);
+    agent_c
+        .wait_for("joining the cluster network", Duration::from_secs(30))
+        .unwrap();
+    etcd.restart(second).unwrap();
+    agent_c
+        .wait_for(ebpf_cni_tests::agent::STARTED, Duration::from_secs(45))
+        .unwrap();
+    let sc = c.subnets()[0];
+    for n in [&a, &b] {
+        eventually(
+            &format!("{}'s route to c, the leader down", n.name),
+            Duration::from_secs(15),
+            || route_to(n, sc, c.addr),
+        );
+    }
+    etcd.restart(leader).unwrap();
+
+    // Node a cut off from every member (its packets to and from etcd's port dropped).
+    let cut = |on: bool| {
+        let script = if on {
+            "add table inet cutoff\n\
+             add chain inet cutoff out { type filter hook output priority 0; }\n\
+             add rule inet cutoff out tcp dport 2379 drop\n\
+             add chain inet cutoff in { type filter hook input priority 0; }\n\
+             add rule inet cutoff in tcp sport 2379 drop\n"
+        } else {
+            "delete table inet cutoff\n"
+        };
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", a.node.netns().path().display()))
+            .args(["--", "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "nft: {script}");
+    };
+    cut(true);
+    let cut_at = Instant::now();
+    drop(agent_c);
+    assert!(c.leave(&p, &etcd).status.success());
+    let d = ClusterNode::new(&p, &etcd, "node-d", 4);
+    let _agent_d = d.agent(&p, &etcd, 30, &[]).unwrap();
+    let sd = d.subnets()[0];
+    etcd.compact().unwrap();
+    eventually(
+        "b follows c's leave and d's join",
+        Duration::from_secs(5),
+        || route_to(&b, sd, d.addr) && !route_to(&b, sc, c.addr),
+    );
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(cut_at.elapsed()));
+    assert!(
+        route_to(&a, sb, b.addr) && route_to(&a, sc, c.addr),
+        "a's routes changed while etcd was away:\n{}",
+        a.peer_routes()
+    );
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b, etcd away");
+    cut(false);
+
+    eventually(
+        "a follows the members again",
+        Duration::from_secs(45),
+        || route_to(&a, sd, d.addr) && !route_to(&a, sc, c.addr) && route_to(&a, sb, b.addr),
+    );
+    eventually("b's route to a", Duration::from_secs(45), || {
+        route_to(&b, sa, a.addr)
+    });
+    assert_eq!(a.subnets(), vec![sa], "a keeps its subnet");
+    assert!(
+        killed_at.elapsed() > Duration::from_secs(30),
+        "b's lease has not been through a whole TTL since the leader went"
+    );
+    let keys = subnet_keys(&etcd);
+    for (n, s) in [(&a, sa), (&b, sb)] {
+        assert!(
+            keys.iter().any(|(k, _)| *k == key_of(s)),
+            "{}'s key is gone: {keys:?}",
+            n.name
+        );
+    }
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+    tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }

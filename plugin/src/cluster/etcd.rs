@@ -12,6 +12,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -32,6 +33,9 @@ pub const DEFAULT_PREFIX: &str = "/ebpf-cni/network";
 pub const DEFAULT_TTL_SECS: u64 = 24 * 60 * 60;
 /// How many times a join is tried again when another node took a chosen subnet first.
 const JOIN_ATTEMPTS: usize = 10;
+
+/// The endpoint the next [`EtcdArgs::connect`] tries first.
+static NEXT_ENDPOINT: AtomicUsize = AtomicUsize::new(0);
 
 /// How the agent reaches etcd (flags with an environment variable each).
 #[derive(Debug, Clone, clap::Args)]
@@ -134,6 +138,27 @@ pub enum EtcdError {
     WatchEnded,
 }
 
+impl EtcdError {
+    /// Whether etcd may answer if asked again: it cannot be reached, or it answered that it
+    /// cannot serve now (`Unavailable`: no leader, "leader changed"; a deadline or an
+    /// aborted request). A missing or wrong config, a full network or bad settings are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { .. } => true,
+            Self::Request { source, .. } => match source {
+                etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+                // gRPC's CANCELLED (the client's own timeout), UNKNOWN, DEADLINE_EXCEEDED,
+                // ABORTED, UNAVAILABLE.
+                etcd_client::Error::GRpcStatus(s) => {
+                    matches!(i32::from(s.code()), 1 | 2 | 4 | 10 | 14)
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 fn request(what: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> EtcdError {
     let what = what.into();
     move |source| EtcdError::Request { what, source }
@@ -210,13 +235,40 @@ impl EtcdArgs {
         if let (Some(user), Some(password)) = (&self.username, &self.password) {
             options = options.with_user(user, password);
         }
+        // One member at a time, the first that answers: etcd-client's balanced channel
+        // fails a request sent to a member that is down instead of trying another
+        // (etcdv3/etcd-client#39), so with one member of three stopped every third request
+        // would fail. Each connection starts after the member the last one reached, so the
+        // reconnection after an error goes to the next member, as etcd's own Go client
+        // rotates.
         let endpoints = self.endpoints();
-        Client::connect(&endpoints, Some(options))
-            .await
-            .map_err(|source| EtcdError::Connect {
-                endpoints: endpoints.join(","),
-                source,
-            })
+        let start = NEXT_ENDPOINT.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..endpoints.len() {
+            let at = (start + i) % endpoints.len();
+            let attempt = async {
+                let mut client = Client::connect([&endpoints[at]], Some(options.clone())).await?;
+                // A single endpoint connects lazily: a status answered proves a member.
+                client.status().await?;
+                Ok::<_, etcd_client::Error>(client)
+            };
+            match attempt.await {
+                Ok(client) => {
+                    NEXT_ENDPOINT.store((at + 1) % endpoints.len(), Ordering::Relaxed);
+                    log::debug!("etcd: connected to {}", endpoints[at]);
+                    return Ok(client);
+                }
+                Err(e) => {
+                    log::debug!("etcd: {}: {e}", endpoints[at]);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(EtcdError::Connect {
+            endpoints: endpoints.join(","),
+            source: last
+                .unwrap_or_else(|| etcd_client::Error::InvalidArgs("no etcd endpoint".to_owned())),
+        })
     }
 
     /// The node's address towards the first endpoint: the source the kernel picks for it

@@ -148,11 +148,24 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
     let prefix = args.etcd.prefix.clone();
     let ttl = args.etcd.ttl;
     let preferred = conflist::current_subnets(&conf);
+    // An etcd that cannot serve yet (unreachable, electing a leader) is waited for, as
+    // its outages later are; a missing config or a full network ends the agent.
     let (mut client, config, membership) = rt.block_on(async {
-        let mut client = args.etcd.connect().await?;
-        let config = etcd::network_config(&mut client, &prefix).await?;
-        let m = etcd::join(&mut client, &prefix, &config, &record, &preferred, ttl).await?;
-        Ok::<_, EtcdError>((client, config, m))
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let joined = async {
+                let mut client = args.etcd.connect().await?;
+                let config = etcd::network_config(&mut client, &prefix).await?;
+                let m = etcd::join(&mut client, &prefix, &config, &record, &preferred, ttl).await?;
+                Ok::<_, EtcdError>((client, config, m))
+            };
+            match joined.await {
+                Err(e) if e.is_transient() => {
+                    back_off(&mut backoff, "joining the cluster network", &e).await
+                }
+                other => return other,
+            }
+        }
     })?;
     write_conflist(&conf, &membership.subnets, &config.networks())?;
     log::info!(
@@ -160,18 +173,19 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
         list(&membership.subnets),
         membership.lease
     );
+    let etcd = args.etcd.clone();
     std::thread::Builder::new()
         .name("etcd".into())
         .spawn(move || {
-            rt.block_on(hold(
-                &mut client,
-                &prefix,
-                &config,
-                &record,
-                membership,
+            let held = Held {
+                etcd: &etcd,
+                prefix: &prefix,
+                config: &config,
+                record: &record,
                 ttl,
-                &conf,
-            ))
+                conf: &conf,
+            };
+            rt.block_on(hold(&held, &mut client, membership))
         })
         .map_err(ClusterError::Runtime)?;
     Ok(())
@@ -210,26 +224,44 @@ fn list(subnets: &[IpNetwork]) -> String {
 const ROUTE_RESYNC: Duration = Duration::from_secs(10);
 
 /// The membership renewed and the members followed, until the process ends.
-async fn hold(
-    client: &mut etcd_client::Client,
-    prefix: &str,
-    config: &NetworkConfig,
-    record: &MemberRecord,
-    membership: Membership,
+/// What holding the membership needs besides the connection.
+#[derive(Clone, Copy)]
+struct Held<'a> {
+    etcd: &'a EtcdArgs,
+    prefix: &'a str,
+    config: &'a NetworkConfig,
+    record: &'a MemberRecord,
     ttl: u64,
-    conf: &Path,
-) {
+    /// The conflist the node's subnets are written into.
+    conf: &'a Path,
+}
+
+async fn hold(held: &Held<'_>, client: &mut etcd_client::Client, membership: Membership) {
     let mut watcher = client.clone();
     tokio::join!(
-        renew(client, prefix, config, record, membership, ttl, conf),
-        follow_members(&mut watcher, prefix, &record.node),
+        renew(held, client, membership),
+        follow_members(held.etcd, &mut watcher, held.prefix, &held.record.node),
     );
+}
+
+/// After an error: `client` replaced by a connection to the next member that answers (it
+/// stays as it is when none does; the next error tries again).
+async fn reconnect(etcd: &EtcdArgs, client: &mut etcd_client::Client) {
+    match etcd.connect().await {
+        Ok(c) => *client = c,
+        Err(e) => log::debug!("{}", crate::cni::error::chain(&e)),
+    }
 }
 
 /// The members listed, then followed; each change brought into the peer routes. When etcd
 /// cannot be reached the routes stay as they are; after a compaction, the members are
 /// listed again.
-async fn follow_members(client: &mut etcd_client::Client, prefix: &str, own: &str) {
+async fn follow_members(
+    etcd: &EtcdArgs,
+    client: &mut etcd_client::Client,
+    prefix: &str,
+    own: &str,
+) {
     let nl = match crate::netlink::Netlink::connect() {
         Ok(nl) => nl,
         Err(e) => {
@@ -282,19 +314,20 @@ async fn follow_members(client: &mut etcd_client::Client, prefix: &str, own: &st
             continue;
         }
         back_off(&mut backoff, "following the members (the routes stay)", &e).await;
+        reconnect(etcd, client).await;
     }
 }
 
 /// The membership's life after the join: renewed until killed.
-async fn renew(
-    client: &mut etcd_client::Client,
-    prefix: &str,
-    config: &NetworkConfig,
-    record: &MemberRecord,
-    mut membership: Membership,
-    ttl: u64,
-    conf: &Path,
-) {
+async fn renew(held: &Held<'_>, client: &mut etcd_client::Client, mut membership: Membership) {
+    let Held {
+        etcd,
+        prefix,
+        config,
+        record,
+        ttl,
+        conf,
+    } = *held;
     let mut backoff = Duration::from_secs(1);
     loop {
         match etcd::keep_alive(client, &membership, ttl).await {
@@ -303,7 +336,10 @@ async fn renew(
                 log::warn!("the lease of the node's subnets expired: asking for them again");
             }
             // The dataplane and the conflist stay as they are while etcd is away.
-            Err(e) => back_off(&mut backoff, "the node's membership", &e).await,
+            Err(e) => {
+                back_off(&mut backoff, "the node's membership", &e).await;
+                reconnect(etcd, client).await;
+            }
         }
         match etcd::join(client, prefix, config, record, &membership.subnets, ttl).await {
             Ok(m) => {
@@ -321,7 +357,10 @@ async fn renew(
                 }
                 membership = m;
             }
-            Err(e) => back_off(&mut backoff, "the node's membership", &e).await,
+            Err(e) => {
+                back_off(&mut backoff, "the node's membership", &e).await;
+                reconnect(etcd, client).await;
+            }
         }
     }
 }
