@@ -208,7 +208,7 @@ pub fn on_the_wire(goodput_bps: f64, udp_payload: Option<u32>) -> f64 {
 /// receiver counted them (its own intervals: a server's from `--get-server-output`, the
 /// client's own with `-R`), so a burst let through at once shows in the first and not in
 /// the rest.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Received {
     /// Bytes of the first interval (about a second: `first_secs`).
     pub first_bytes: f64,
@@ -218,6 +218,10 @@ pub struct Received {
     /// UDP datagrams that reached the receiver's namespace and that its socket dropped
     /// (a full receive buffer: the receiver starved of CPU), over the whole test.
     pub receiver_socket_drops: u64,
+    /// Bytes per interval (about a second each) as the client sent and the server received
+    /// them: where a starved sender fell behind and caught up, beside what arrived.
+    pub sent_per_interval: Vec<f64>,
+    pub received_per_interval: Vec<f64>,
 }
 
 /// One iperf3 test of `secs` seconds from `client` to a one-off server in `server`
@@ -259,10 +263,17 @@ pub fn iperf_after_first_second(
     let out = client.exec(&args).unwrap();
     let receiver_socket_drops = udp_receive_buffer_drops(server) - drops_before;
     let v = report_json(&out, extra);
-    let receiver = if extra.contains(&"-R") {
-        &v["intervals"]
+    let (receiver, sender) = if extra.contains(&"-R") {
+        (&v["intervals"], &v["server_output_json"]["intervals"])
     } else {
-        &v["server_output_json"]["intervals"]
+        (&v["server_output_json"]["intervals"], &v["intervals"])
+    };
+    let bytes_of = |list: &serde_json::Value| -> Vec<f64> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["sum"]["bytes"].as_f64())
+            .collect()
     };
     let intervals: Vec<(f64, f64, f64)> = receiver
         .as_array()
@@ -291,5 +302,7 @@ pub fn iperf_after_first_second(
         first_secs,
         steady_bps: bytes * 8.0 / secs,
         receiver_socket_drops,
+        sent_per_interval: bytes_of(sender),
+        received_per_interval: bytes_of(receiver),
     }
 }

@@ -993,6 +993,13 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
     ];
     for (what, client, server, listen, connect, towards) in paths {
         for (proto, extra, payload) in [("TCP", &[][..], None), ("UDP", &udp[..], Some(payload))] {
+            let qdiscs = || {
+                node.netns()
+                    .exec(&["tc", "-s", "qdisc", "show"])
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            let qdiscs_before = qdiscs();
             let got = iperf_after_first_second(client, server, listen, connect, 6, extra);
             let steady = got.steady_bps * wire_per_payload(payload);
             let first = got.first_bytes * wire_per_payload(payload);
@@ -1021,8 +1028,15 @@ fn runtime_bursts_hold_every_path_to_the_limit() {
                 (low * limit..=1.05 * limit).contains(&steady),
                 "{proto} {what}: {steady:.0} bit/s on the wire after the first second, {:.3} \
                  of the limit (allowed {low}–1.05); the receiver's socket dropped {dropped} \
-                 datagrams (a full receive buffer)",
-                steady / limit
+                 datagrams (a full receive buffer); bytes per interval sent {:?}, received \
+                 {:?}; the ingress pod's counters {}; the node's qdiscs before:\n{qdiscs_before}\nafter:\n{}",
+                steady / limit,
+                got.sent_per_interval,
+                got.received_per_interval,
+                dp::inspect_attachment(&dp::inspect(Path::new(&p.bin), &node).unwrap(), ingress.id())
+                    .map(|a| a["to_pod"].to_string())
+                    .unwrap_or_default(),
+                qdiscs(),
             );
         }
     }

@@ -185,8 +185,8 @@ const PLAN: &[Suite] = &[
         on: K6_1,
         // Not `runtime_bursts_hold_every_path_to_the_limit`: in CI's busy 6.1 guest its UDP
         // from a host behind the node towards the paced pod read 0.72 and 0.40 of the limit
-        // (no datagram lost at the receiver's socket; alone in the guest it passes): it runs
-        // here by hand until that is understood (docs/bandwidth.md).
+        // (no datagram lost at the receiver's socket; alone in the guest it passes): it is
+        // added here by hand until that is understood (docs/bandwidth.md).
         only: &["subnets_exempt_or_select_the_traffic_a_limit_holds"],
     },
     // sch_fq's accuracy checks run only where the kernel has it: in the guests.
