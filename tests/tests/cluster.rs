@@ -493,3 +493,55 @@ fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compacti
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
+
+/// A node whose address on the LAN changes (the new one added, the old one taken away, as a
+/// DHCP renewal with a new lease does): its agent notices within a second, rewrites its
+/// keys' records, and the peer routes its subnet via the new address; the pods talk again.
+#[test]
+fn a_node_whose_address_changes_is_routed_to_at_its_new_address() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (etcd, a, b) = two_nodes(&p, &[]);
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    let sb = b.subnets()[0];
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
+        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
+    };
+    eventually("a's route to b", Duration::from_secs(5), || {
+        route_to(&a, sb, b.addr)
+    });
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+
+    let new = Ipv4Addr::new(10, 250, 0, 50);
+    let ns = b.node.netns();
+    // The new address stays when the old, primary one goes.
+    ns.exec(&["sysctl", "-qw", "net.ipv4.conf.lan0.promote_secondaries=1"])
+        .unwrap();
+    ns.ip_ok(&["addr", "add", &format!("{new}/24"), "dev", "lan0"])
+        .unwrap();
+    ns.ip_ok(&["addr", "del", &format!("{}/24", b.addr), "dev", "lan0"])
+        .unwrap();
+    let moved = Instant::now();
+    eventually(
+        "a's route to b's subnet via b's new address",
+        Duration::from_secs(30),
+        || route_to(&a, sb, new),
+    );
+    eprintln!(
+        "a routes to b's new address {:?} after the change",
+        moved.elapsed()
+    );
+    assert!(!route_to(&a, sb, b.addr), "{}", a.peer_routes());
+    let keys = subnet_keys(&etcd);
+    let (_, record) = keys.iter().find(|(k, _)| *k == key_of(sb)).unwrap();
+    assert_eq!(record["publicIP"], json!(new.to_string()), "{keys:?}");
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b, moved");
+    eventually("pod b reaches pod a", Duration::from_secs(15), || {
+        tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).is_ok()
+    });
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}

@@ -173,12 +173,12 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
         list(&membership.subnets),
         membership.lease
     );
-    let etcd = args.etcd.clone();
+    let args = args.clone();
     std::thread::Builder::new()
         .name("etcd".into())
         .spawn(move || {
             let held = Held {
-                etcd: &etcd,
+                args: &args,
                 prefix: &prefix,
                 config: &config,
                 record: &record,
@@ -227,7 +227,7 @@ const ROUTE_RESYNC: Duration = Duration::from_secs(10);
 /// What holding the membership needs besides the connection.
 #[derive(Clone, Copy)]
 struct Held<'a> {
-    etcd: &'a EtcdArgs,
+    args: &'a ClusterArgs,
     prefix: &'a str,
     config: &'a NetworkConfig,
     record: &'a MemberRecord,
@@ -240,7 +240,12 @@ async fn hold(held: &Held<'_>, client: &mut etcd_client::Client, membership: Mem
     let mut watcher = client.clone();
     tokio::join!(
         renew(held, client, membership),
-        follow_members(held.etcd, &mut watcher, held.prefix, &held.record.node),
+        follow_members(
+            &held.args.etcd,
+            &mut watcher,
+            held.prefix,
+            &held.record.node
+        ),
     );
 }
 
@@ -318,30 +323,46 @@ async fn follow_members(
     }
 }
 
-/// The membership's life after the join: renewed until killed.
+/// The membership's life after the join: renewed until killed, and its record rewritten
+/// when the node's address moves (the peers route to the new one).
 async fn renew(held: &Held<'_>, client: &mut etcd_client::Client, mut membership: Membership) {
     let Held {
-        etcd,
+        args,
         prefix,
         config,
         record,
         ttl,
         conf,
     } = *held;
+    let etcd = &args.etcd;
+    let mut record = record.clone();
     let mut backoff = Duration::from_secs(1);
     loop {
-        match etcd::keep_alive(client, &membership, ttl).await {
-            Ok(()) => continue,
-            Err(EtcdError::LeaseExpired) => {
+        let woke = tokio::select! {
+            kept = etcd::keep_alive(client, &membership, ttl) => Woke::Kept(kept),
+            now = moved(args, &record) => Woke::Moved(now),
+        };
+        match woke {
+            Woke::Kept(Ok(())) => continue,
+            Woke::Kept(Err(EtcdError::LeaseExpired)) => {
                 log::warn!("the lease of the node's subnets expired: asking for them again");
             }
             // The dataplane and the conflist stay as they are while etcd is away.
-            Err(e) => {
+            Woke::Kept(Err(e)) => {
                 back_off(&mut backoff, "the node's membership", &e).await;
                 reconnect(etcd, client).await;
             }
+            Woke::Moved(now) => {
+                log::info!(
+                    "the node's address moved: its subnets' keys say {} now",
+                    now.to_json()
+                );
+                record = now;
+                // The connection may have left from the address that went.
+                reconnect(etcd, client).await;
+            }
         }
-        match etcd::join(client, prefix, config, record, &membership.subnets, ttl).await {
+        match etcd::join(client, prefix, config, &record, &membership.subnets, ttl).await {
             Ok(m) => {
                 backoff = Duration::from_secs(1);
                 if m.subnets != membership.subnets {
@@ -361,6 +382,33 @@ async fn renew(held: &Held<'_>, client: &mut etcd_client::Client, mut membership
                 back_off(&mut backoff, "the node's membership", &e).await;
                 reconnect(etcd, client).await;
             }
+        }
+    }
+}
+
+/// What woke [`renew`].
+enum Woke {
+    /// The lease's renewal ended (only with an error, or a lease that expired).
+    Kept(Result<(), EtcdError>),
+    /// The node's record with its new address.
+    Moved(MemberRecord),
+}
+
+/// How often the node's own address is looked at: one route lookup, no packet sent.
+const ADDRESS_CHECK: Duration = Duration::from_secs(1);
+
+/// Returns the node's record once its address differs from `record`'s (never where
+/// `--node-ip` gives it).
+async fn moved(args: &ClusterArgs, record: &MemberRecord) -> MemberRecord {
+    if !args.node_ip.is_empty() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(ADDRESS_CHECK).await;
+        match args.record(record.node.clone()) {
+            Ok(now) if now != *record => return now,
+            Ok(_) => {}
+            Err(e) => log::debug!("the node's address: {}", crate::cni::error::chain(&e)),
         }
     }
 }
