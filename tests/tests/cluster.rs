@@ -119,6 +119,12 @@ impl ClusterNode {
         serde_json::from_slice(&std::fs::read(&self.conf).unwrap()).unwrap()
     }
 
+    /// Whether its agent routes `subnet` via `via` on the LAN.
+    fn routes_to(&self, subnet: IpNetwork, via: Ipv4Addr) -> bool {
+        self.peer_routes()
+            .contains(&format!("{subnet} via {via} dev lan0"))
+    }
+
     /// The routes its agent keeps to peers (`proto 236`).
     fn peer_routes(&self) -> String {
         self.node
@@ -276,18 +282,15 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
     assert!(sa.contains(pod_a.v4()) && sb.contains(pod_b.v4()));
 
     // Each agent routes to the other's subnet via its LAN address.
-    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
-        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
-    };
     eventually(
         "node a's route to b's subnet",
         Duration::from_secs(5),
-        || route_to(&a, sb, b.addr),
+        || a.routes_to(sb, b.addr),
     );
     eventually(
         "node b's route to a's subnet",
         Duration::from_secs(5),
-        || route_to(&b, sa, a.addr),
+        || b.routes_to(sa, a.addr),
     );
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
     tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
@@ -299,11 +302,11 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
         .ip_ok(&["route", "del", &sb.to_string(), "proto", "236"])
         .unwrap();
     eventually("the deleted route back", Duration::from_secs(15), || {
-        route_to(&a, sb, b.addr)
+        a.routes_to(sb, b.addr)
     });
     agent_a.kill().unwrap();
     assert!(
-        route_to(&a, sb, b.addr),
+        a.routes_to(sb, b.addr),
         "the routes stay while the agent is down"
     );
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b, agent down");
@@ -319,7 +322,7 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
     let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
     assert_eq!(b.subnets()[0], sb, "b asks for the subnet its pods use");
     eventually("a's route to b back", Duration::from_secs(5), || {
-        route_to(&a, sb, b.addr)
+        a.routes_to(sb, b.addr)
     });
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b again");
 
@@ -389,14 +392,11 @@ fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compacti
     let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
     let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
     let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
-    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
-        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
-    };
     eventually("a's route to b", Duration::from_secs(5), || {
-        route_to(&a, sb, b.addr)
+        a.routes_to(sb, b.addr)
     });
     eventually("b's route to a", Duration::from_secs(5), || {
-        route_to(&b, sa, a.addr)
+        b.routes_to(sa, a.addr)
     });
 
     // The leader goes, then a second member: no quorum. A node whose agent starts now
@@ -420,7 +420,7 @@ fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compacti
         eventually(
             &format!("{}'s route to c, the leader down", n.name),
             Duration::from_secs(15),
-            || route_to(n, sc, c.addr),
+            || n.routes_to(sc, c.addr),
         );
     }
     etcd.restart(leader).unwrap();
@@ -456,11 +456,11 @@ fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compacti
     eventually(
         "b follows c's leave and d's join",
         Duration::from_secs(5),
-        || route_to(&b, sd, d.addr) && !route_to(&b, sc, c.addr),
+        || b.routes_to(sd, d.addr) && !b.routes_to(sc, c.addr),
     );
     std::thread::sleep(Duration::from_secs(20).saturating_sub(cut_at.elapsed()));
     assert!(
-        route_to(&a, sb, b.addr) && route_to(&a, sc, c.addr),
+        a.routes_to(sb, b.addr) && a.routes_to(sc, c.addr),
         "a's routes changed while etcd was away:\n{}",
         a.peer_routes()
     );
@@ -470,10 +470,10 @@ fn the_routes_outlive_an_etcd_outage_and_follow_through_leader_loss_and_compacti
     eventually(
         "a follows the members again",
         Duration::from_secs(45),
-        || route_to(&a, sd, d.addr) && !route_to(&a, sc, c.addr) && route_to(&a, sb, b.addr),
+        || a.routes_to(sd, d.addr) && !a.routes_to(sc, c.addr) && a.routes_to(sb, b.addr),
     );
     eventually("b's route to a", Duration::from_secs(45), || {
-        route_to(&b, sa, a.addr)
+        b.routes_to(sa, a.addr)
     });
     assert_eq!(a.subnets(), vec![sa], "a keeps its subnet");
     assert!(
@@ -507,11 +507,8 @@ fn a_node_whose_address_changes_is_routed_to_at_its_new_address() {
     let sb = b.subnets()[0];
     let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
     let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
-    let route_to = |n: &ClusterNode, s: IpNetwork, via: Ipv4Addr| {
-        n.peer_routes().contains(&format!("{s} via {via} dev lan0"))
-    };
     eventually("a's route to b", Duration::from_secs(5), || {
-        route_to(&a, sb, b.addr)
+        a.routes_to(sb, b.addr)
     });
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
 
@@ -528,13 +525,13 @@ fn a_node_whose_address_changes_is_routed_to_at_its_new_address() {
     eventually(
         "a's route to b's subnet via b's new address",
         Duration::from_secs(30),
-        || route_to(&a, sb, new),
+        || a.routes_to(sb, new),
     );
     eprintln!(
         "a routes to b's new address {:?} after the change",
         moved.elapsed()
     );
-    assert!(!route_to(&a, sb, b.addr), "{}", a.peer_routes());
+    assert!(!a.routes_to(sb, b.addr), "{}", a.peer_routes());
     let keys = subnet_keys(&etcd);
     let (_, record) = keys.iter().find(|(k, _)| *k == key_of(sb)).unwrap();
     assert_eq!(record["publicIP"], json!(new.to_string()), "{keys:?}");
