@@ -542,3 +542,85 @@ fn a_node_whose_address_changes_is_routed_to_at_its_new_address() {
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
+
+/// A Service on node a (kube-proxy's iptables rules, nft backend, learned by a's agent)
+/// whose endpoint is a pod on node b: pod a reaches it through the ClusterIP over the
+/// route to b, the endpoint sees pod a's own address, and the answer comes back from the
+/// ClusterIP (the endpoint's reply, arriving from the LAN, goes through the stack).
+#[test]
+fn a_service_whose_endpoint_is_a_pod_on_another_node_answers_from_its_cluster_ip() {
+    use ebpf_cni_tests::kube_proxy::{self as kp, Backend, Proto, Service};
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (etcd, a, b) = two_nodes(&p, &[]);
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    eventually("the routes between a and b", Duration::from_secs(5), || {
+        a.routes_to(sb, b.addr) && b.routes_to(sa, a.addr)
+    });
+    let vip = Ipv4Addr::new(10, 96, 0, 10);
+    let endpoint = SocketAddr::new(pod_b.v4(), 8080);
+    let svc = Service::new("default/web:http", vip.into(), 80, Proto::Tcp).endpoint(endpoint);
+    kp::load_iptables(
+        a.node.netns(),
+        true,
+        Backend::Nft,
+        &kp::iptables_rules(&[svc], "10.244.0.0/16"),
+    )
+    .unwrap();
+    let listener = pod_b
+        .netns
+        .run_in(|| TcpListener::bind(endpoint))
+        .unwrap()
+        .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let dial = SocketAddr::new(vip.into(), 80);
+    // The agent reads kube-proxy's rules every 3 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut client, (mut server, from)) = 'connected: loop {
+        let c = pod_a
+            .netns
+            .run_in(|| TcpStream::connect_timeout(&dial, Duration::from_secs(1)))
+            .unwrap();
+        if let Ok(c) = c {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                match listener.accept() {
+                    Ok((s, peer)) => break 'connected (c, (s, peer)),
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("the connection to {dial} reached no endpoint: {e}"),
+                }
+            }
+        } else {
+            assert!(Instant::now() < deadline, "pod a -> {dial}: {c:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    assert_eq!(from.ip(), pod_a.v4(), "the endpoint saw {from}");
+    assert_eq!(client.peer_addr().unwrap(), dial);
+    server.set_nonblocking(false).unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    client.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf).unwrap();
+    server.write_all(b"pong").unwrap();
+    client
+        .read_exact(&mut buf)
+        .expect("the endpoint's answer through the ClusterIP");
+    assert_eq!(&buf, b"pong");
+    drop((client, server));
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
