@@ -546,9 +546,10 @@ fn a_node_whose_address_changes_is_routed_to_at_its_new_address() {
 /// A Service on node a (kube-proxy's iptables rules, nft backend, learned by a's agent)
 /// whose endpoint is a pod on node b: pod a reaches it through the ClusterIP over the
 /// route to b, the endpoint sees pod a's own address, and the answer comes back from the
-/// ClusterIP (the endpoint's reply, arriving from the LAN, goes through the stack).
+/// ClusterIP (the endpoint's reply, arriving from the LAN, goes through the stack); a host
+/// outside reaches it through node a's NodePort (externalTrafficPolicy Cluster).
 #[test]
-fn a_service_whose_endpoint_is_a_pod_on_another_node_answers_from_its_cluster_ip() {
+fn a_remote_pod_serves_a_cluster_ip_and_a_node_port() {
     use ebpf_cni_tests::kube_proxy::{self as kp, Backend, Proto, Service};
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -558,6 +559,8 @@ fn a_service_whose_endpoint_is_a_pod_on_another_node_answers_from_its_cluster_ip
     let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
     let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
     let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
+    // A host outside, behind node a's second link, for the NodePort.
+    let ext = ebpf_cni_tests::external::ExternalHost::attach(a.node.netns(), "up0", 72).unwrap();
     let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
     let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
     eventually("the routes between a and b", Duration::from_secs(5), || {
@@ -565,7 +568,8 @@ fn a_service_whose_endpoint_is_a_pod_on_another_node_answers_from_its_cluster_ip
     });
     let vip = Ipv4Addr::new(10, 96, 0, 10);
     let endpoint = SocketAddr::new(pod_b.v4(), 8080);
-    let svc = Service::new("default/web:http", vip.into(), 80, Proto::Tcp).endpoint(endpoint);
+    let mut svc = Service::new("default/web:http", vip.into(), 80, Proto::Tcp).endpoint(endpoint);
+    svc.node_port = Some(30_080);
     kp::load_iptables(
         a.node.netns(),
         true,
@@ -619,6 +623,34 @@ fn a_service_whose_endpoint_is_a_pod_on_another_node_answers_from_its_cluster_ip
     client
         .read_exact(&mut buf)
         .expect("the endpoint's answer through the ClusterIP");
+    assert_eq!(&buf, b"pong");
+    drop((client, server));
+
+    // The NodePort on node a (externalTrafficPolicy Cluster): the host outside reaches the
+    // pod on node b, which sees node a's address (kube-proxy masquerades it), and the
+    // answer comes back from the NodePort.
+    let node_port = SocketAddr::new(ext.node_v4.into(), 30_080);
+    let mut client = ext
+        .netns()
+        .run_in(|| TcpStream::connect_timeout(&node_port, Duration::from_secs(3)))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the outside host -> {node_port}: {e}"));
+    listener.set_nonblocking(false).unwrap();
+    let (mut server, from) = listener.accept().unwrap();
+    assert_eq!(
+        from.ip(),
+        std::net::IpAddr::V4(a.addr),
+        "the endpoint saw {from}"
+    );
+    client
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    client.write_all(b"ping").unwrap();
+    server.read_exact(&mut buf).unwrap();
+    server.write_all(b"pong").unwrap();
+    client
+        .read_exact(&mut buf)
+        .expect("the endpoint's answer through the NodePort");
     assert_eq!(&buf, b"pong");
     drop((client, server));
     pod_a.del_direct(&p, &a.node, &a.conf_value());
