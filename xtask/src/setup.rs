@@ -41,8 +41,11 @@ pub const DEMO_PACKAGES: Install = Install {
         "util-linux",
         "kmod",
         // `protoc`, which the etcd-client crate's build script runs (it generates etcd's
-        // gRPC API), so the demo's build of the plugin needs it too.
+        // gRPC API), so the demo's build of the plugin needs it too; and the well-known
+        // types it imports (`google/protobuf/descriptor.proto`), which only a Recommends of
+        // protobuf-compiler brings, and installs here never take Recommends.
         "protobuf-compiler",
+        "libprotobuf-dev",
     ],
     target_release: None,
 };
