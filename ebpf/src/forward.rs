@@ -32,6 +32,7 @@ use crate::{
     services::{self, Services},
     source_check::{self, Source},
     trace::{note, Note},
+    tunnel,
 };
 
 pub(crate) const PASS: i32 = TCX_NEXT;
@@ -394,6 +395,9 @@ pub fn to_pod(ctx: &TcContext) -> i32 {
 /// Node device ingress.
 #[inline(always)]
 pub fn from_dev(ctx: &TcContext) -> i32 {
+    if tunnel::is_tunnel(ifindex(ctx)) && !tunnel::from_tunnel(ctx) {
+        return TC_ACT_SHOT as i32;
+    }
     let nat = match masquerade::reply(ctx) {
         Reply::Done => Nat::Done,
         Reply::Failed => Nat::Failed,

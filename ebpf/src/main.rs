@@ -11,6 +11,8 @@
 //!   limits, counts and translates host-port flows, and leaves every other packet to that
 //!   plugin's bridge or routes.
 //! - `ecni_to_pod`, at the host veth egress, counts what the stack sends into the pod.
+//! - `ecni_to_tunnel`, at the egress of the cluster network's VXLAN device, sets the
+//!   tunnel key towards the peer holding the destination (see `tunnel`).
 //! - `ecni_connect4/6`, `ecni_sendmsg4/6`, `ecni_recvmsg4/6`, `ecni_peername4/6`, cgroup
 //!   socket-address programs, send the node's own connections to a host port to the pod
 //!   (see `sock`); `nat` does the same for packets at the TC hooks above.
@@ -46,6 +48,7 @@ mod services;
 mod source_check;
 mod tcp_ts;
 mod trace;
+mod tunnel;
 #[cfg(feature = "prototypes")]
 mod xdp;
 
@@ -71,6 +74,10 @@ const _: () = assert!(str_eq(
     ebpf_cni_maps::PROG_FROM_CHAIN,
     stringify!(ecni_from_chain)
 ));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::PROG_TO_TUNNEL,
+    stringify!(ecni_to_tunnel)
+));
 
 /// Host veth ingress: the pod sent this packet.
 #[classifier]
@@ -94,6 +101,12 @@ pub fn ecni_to_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn ecni_from_dev(ctx: TcContext) -> i32 {
     forward::from_dev(&ctx)
+}
+
+/// Egress of the cluster network's VXLAN device: the packet is for a peer's pod.
+#[classifier]
+pub fn ecni_to_tunnel(ctx: TcContext) -> i32 {
+    tunnel::to_tunnel(&ctx)
 }
 
 // The benchmark's prototypes, in its object only (the `prototypes` feature, which the

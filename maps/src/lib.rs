@@ -17,6 +17,7 @@
 //! - `services`: the flows of Kubernetes Services handed to the node's stack;
 //! - `node`: the node config and its flags, the node's addresses, its namespace probe;
 //! - `trace`: the notes of `ebpf-cni trace`;
+//! - `tunnel`: the cluster network's overlay (its peers, node addresses, device, counters);
 //! - `programs`: program names, [`PLUGIN_PROGRAMS`] and [`PROTOTYPE_PROGRAMS`];
 //! - [`pin`]: names under the bpffs mount point;
 //! - `ip`: IP protocol numbers; `names`: checks on this crate's names.
@@ -48,6 +49,7 @@ mod programs;
 mod services;
 mod source_check;
 mod trace;
+mod tunnel;
 
 pub use bandwidth::*;
 pub use endpoints::*;
@@ -60,6 +62,7 @@ pub use programs::*;
 pub use services::*;
 pub use source_check::*;
 pub use trace::*;
+pub use tunnel::*;
 
 /// A node-wide map as user space handles it: a hash, LRU hash or LPM trie (looked up by key), or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +85,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 25] = [
+pub const NODE_MAPS: [NodeMap; 29] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -108,4 +111,8 @@ pub const NODE_MAPS: [NodeMap; 25] = [
     NodeMap::keyed(SERVICES_NETS_MAP),
     NodeMap::keyed(SERVICES_FLOWS_MAP),
     NodeMap::array(SERVICES_STATS_MAP),
+    NodeMap::keyed(TUNNEL_PEERS_MAP),
+    NodeMap::keyed(TUNNEL_NODES_MAP),
+    NodeMap::array(TUNNEL_CONFIG_MAP),
+    NodeMap::array(TUNNEL_STATS_MAP),
 ];

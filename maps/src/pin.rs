@@ -23,6 +23,10 @@ pub const LINK_FROM_CHAIN: &str = "link_from_chain";
 pub const NETLINK_FROM_DEV: &str = "netlink_from_dev";
 /// A chained pod's record of its ingress filter in netlink mode.
 pub const NETLINK_FROM_CHAIN: &str = "netlink_from_chain";
+/// The pinned TCX link of [`PROG_TO_TUNNEL`](super::PROG_TO_TUNNEL) on the tunnel device.
+pub const LINK_TO_TUNNEL: &str = "link_to_tunnel";
+/// The tunnel device's record of its egress filter in netlink mode.
+pub const NETLINK_TO_TUNNEL: &str = "netlink_to_tunnel";
 /// Directory of the node-wide maps, each pinned under its map name.
 pub const MAPS_DIR: &str = "maps";
 /// Directory of the loaded programs, one sub-directory per object revision (a hash of

@@ -37,14 +37,18 @@ pub const PROG_FLOOR_NETKIT: &str = "ecni_floor_nk";
 /// Host veth ingress of a pod another plugin created (chained mode): limits, counters and
 /// host-port translation only; untranslated packets go on to that plugin's bridge or routes.
 pub const PROG_FROM_CHAIN: &str = "ecni_from_chain";
+/// TC program at the egress of the cluster network's VXLAN device: sets the tunnel key
+/// towards the peer holding the destination.
+pub const PROG_TO_TUNNEL: &str = "ecni_to_tunnel";
 
 /// Every program the plugin loads: the object it embeds holds these and no other
 /// (`cargo xtask dist` checks the release's).
-pub const PLUGIN_PROGRAMS: [&str; 13] = [
+pub const PLUGIN_PROGRAMS: [&str; 14] = [
     PROG_FROM_POD,
     PROG_TO_POD,
     PROG_FROM_DEV,
     PROG_FROM_CHAIN,
+    PROG_TO_TUNNEL,
     PROG_CONNECT4,
     PROG_CONNECT6,
     PROG_SENDMSG4,
@@ -66,6 +70,7 @@ const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_XDP_DEV));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_FLOOR_POD));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_FLOOR_NETKIT));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_FROM_CHAIN));
+const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_TO_TUNNEL));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_SOCKOPS));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_CONNECT4));
 const _: () = assert!(crate::names::fits_bpf_obj_name(PROG_CONNECT6));

@@ -47,6 +47,24 @@ pub enum AgentError {
     Events(#[source] std::io::Error),
 }
 
+/// Converges the node for the conflist at `conf`, logging what failed: after the cluster
+/// network's peer routes changed, the programs' tunnel maps follow them at once, not at
+/// the next pass.
+pub fn converge_for(conf: &Path) {
+    let res = network_conf(Some(conf))
+        .map_err(|e| crate::cni::error::chain(&e))
+        .and_then(|c| {
+            crate::block_on(crate::converge::converge(
+                &c,
+                crate::bpf::ConvergedBy::Agent,
+            ))
+            .map_err(|e| e.to_string())
+        });
+    if let Err(e) = res {
+        log::error!("converging the node after the peer routes changed: {e}");
+    }
+}
+
 /// The network the agent converges for: the `ebpf-cni` plugin of the conflist (or the
 /// single-plugin config) at `path`, with the list's `name` and `cniVersion`; without a
 /// file, the defaults (every device holding a global address, attach mode `auto`).

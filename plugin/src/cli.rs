@@ -323,7 +323,7 @@ fn agent(
         return Ok(());
     }
     // Joined before the conflist is read: the join may have written it.
-    crate::cluster::start(cluster, conf.as_deref())?;
+    crate::cluster::start(cluster, conf.as_deref(), crate::agent::converge_for)?;
     let conf = crate::agent::network_conf(conf.as_deref())?;
     let node = NodeId::current()?;
     if let Some(addr) = metrics_listen {

@@ -2,8 +2,13 @@
 //! attaches to, what wildcard host ports answer on), how programs attach there, and the
 //! test hook that fails an ADD after all its steps.
 
+use std::net::IpAddr;
+
 use crate::{
-    bpf::{AttachMode, AttachModes, Device, NodeView},
+    bpf::{
+        tunnel::{TunnelView, ROUTE_PROTOCOL, TUNNEL_DEVICE},
+        AttachMode, AttachModes, Device, NodeView,
+    },
     cni::{
         code,
         config::{NetConf, TcAttachMode},
@@ -60,6 +65,7 @@ pub async fn node_view(
                 None => log::warn!("devices: {name:?} does not exist in the node namespace (yet)"),
             }
         }
+        let tunnel = tunnel_view(host_nl, &mut devices).await?;
         return Ok(NodeView {
             devices,
             addrs,
@@ -67,6 +73,7 @@ pub async fn node_view(
             mode,
             services: None,
             ipvs,
+            tunnel,
         });
     }
     let mut candidates: Vec<u32> = global
@@ -86,6 +93,7 @@ pub async fn node_view(
             }
         }
     }
+    let tunnel = tunnel_view(host_nl, &mut devices).await?;
     Ok(NodeView {
         devices,
         addrs,
@@ -93,7 +101,46 @@ pub async fn node_view(
         mode,
         services: None,
         ipvs,
+        tunnel,
     })
+}
+
+/// The cluster network's tunnel device, if the agent made one, with its peers: the routes
+/// of the cluster's protocol through it, each via its peer's node address. It joins
+/// `devices` (what arrives through it is checked, then delivered like from any device).
+async fn tunnel_view(
+    host_nl: &Netlink,
+    devices: &mut Vec<Device>,
+) -> Result<Option<TunnelView>, CniError> {
+    let Some(l) = host_nl.link_by_name(TUNNEL_DEVICE).await? else {
+        return Ok(None);
+    };
+    let Some(vxlan) = l.vxlan.filter(|v| v.external) else {
+        log::warn!("{TUNNEL_DEVICE} is not an external VXLAN device: not the cluster network's");
+        return Ok(None);
+    };
+    if !devices.iter().any(|d| d.ifindex == l.index) {
+        devices.push(Device {
+            name: l.name.clone(),
+            ifindex: l.index,
+        });
+    }
+    let mut peers = Vec::new();
+    for v6 in [false, true] {
+        for r in host_nl.routes(v6).await? {
+            if let (ROUTE_PROTOCOL, Some(oif), Some(IpAddr::V4(gw))) = (r.protocol, r.oif, r.gw) {
+                if oif == l.index {
+                    peers.push((r.dst, gw));
+                }
+            }
+        }
+    }
+    Ok(Some(TunnelView {
+        ifindex: l.index,
+        name: l.name,
+        udp_csum: vxlan.udp_csum,
+        peers,
+    }))
 }
 
 /// The error the test hook `EBPF_CNI_FAILPOINT` makes ADD fail with (code 199).

@@ -112,6 +112,7 @@ pub async fn create(
             oper_up: false,
             kind: host.kind.clone(),
             peer_index: Some(host.index),
+            vxlan: None,
         },
         _ => pod_nl
             .link_by_name(ifname)

@@ -42,6 +42,8 @@ pub const ETCD_BIN: &str = "/usr/bin/etcd";
 pub const ETCDCTL_BIN: &str = "/usr/bin/etcdctl";
 /// The bridge's address in the LAN namespace; the LAN is its /24.
 pub const LAN_BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 254);
+/// The network behind the LAN namespace acting as a router ([`EtcdCluster::attach_routed`]).
+pub const ROUTED_NET: &str = "10.251.0.0/16";
 /// The bridge's name in the LAN namespace.
 pub const LAN_BRIDGE: &str = "br0";
 /// Member `i` is `10.250.0.(MEMBER_HOST_BASE + i)`.
@@ -231,22 +233,71 @@ impl EtcdCluster {
         let ip = Ipv4Addr::new(10, 250, 0, host);
         plug(&self.lan, ns, ifname, &format!("h{host}"), ip)?;
         let bridge = LAN_BRIDGE_IP.to_string();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let out = ns.exec(&["ping", "-c", "1", "-W", "1", &bridge])?;
-            if out.status.success() {
-                return Ok(ip);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} does not reach the LAN bridge {bridge} over {ifname}: {} {}",
-                    ns.name(),
-                    String::from_utf8_lossy(&out.stdout).trim(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        reaches(
+            ns,
+            &bridge,
+            &format!("the LAN bridge {bridge} over {ifname}"),
+        )?;
+        Ok(ip)
+    }
+
+    /// Attaches `ns` behind the LAN namespace, which routes between the two: a veth named
+    /// `ifname` in `ns` addressed `10.251.<host>.2/24` with its default route via
+    /// `10.251.<host>.1` (the LAN namespace's end), forwarding on there, and the members
+    /// given a route to [`ROUTED_NET`] via the bridge's address. A node on the LAN reaches
+    /// it only through that gateway once it has the same route ([`Self::route_to_routed`]).
+    /// Returns the address once `ns` reaches a member (ping, within 5 s).
+    pub fn attach_routed(&self, ns: &Netns, ifname: &str, host: u8) -> Result<Ipv4Addr> {
+        let ip = Ipv4Addr::new(10, 251, host, 2);
+        let gw = Ipv4Addr::new(10, 251, host, 1);
+        let port = format!("r{host}");
+        ns.ip_ok(&[
+            "link",
+            "add",
+            ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            self.lan.name(),
+        ])?;
+        self.lan
+            .ip_ok(&["addr", "add", &format!("{gw}/24"), "dev", &port])?;
+        self.lan.ip_ok(&["link", "set", &port, "up"])?;
+        let out = self.lan.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        ensure!(
+            out.status.success(),
+            "forwarding on in the LAN namespace: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
+        ns.ip_ok(&["link", "set", ifname, "up"])?;
+        ns.ip_ok(&["route", "add", "default", "via", &gw.to_string()])?;
+        for m in &self.members {
+            Self::route_to_routed(&m.netns)?;
         }
+        let member = self.member_ip(0).to_string();
+        reaches(
+            ns,
+            &member,
+            &format!("the member {member} through the LAN namespace"),
+        )?;
+        Ok(ip)
+    }
+
+    /// Gives `ns` (on the LAN) its route to [`ROUTED_NET`] via the bridge's address; a
+    /// second call changes nothing.
+    pub fn route_to_routed(ns: &Netns) -> Result<()> {
+        ns.ip_ok(&[
+            "route",
+            "replace",
+            ROUTED_NET,
+            "via",
+            &LAN_BRIDGE_IP.to_string(),
+        ])?;
+        Ok(())
     }
 
     /// `etcdctl --endpoints <all members> <args>` (v3 API) in the LAN namespace; returns its
@@ -717,6 +768,26 @@ fn base64_decode(s: &str) -> Result<Vec<u8>> {
         }
     }
     Ok(out)
+}
+
+/// Ok once `ns` pings `addr` (within 5 s); the error names `what` and ping's last words.
+fn reaches(ns: &Netns, addr: &str, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = ns.exec(&["ping", "-c", "1", "-W", "1", addr])?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} does not reach {what}: {} {}",
+                ns.name(),
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 
 use crate::netns::Netns;
 
@@ -128,6 +128,71 @@ pub fn tcp_echo_with(
             .map_err(|_| anyhow!("server thread panicked"))?;
         client?;
         server
+    })
+}
+
+/// TCP: `size` bytes from a client in `from` to a server in `to` on `to_addr` (any free
+/// port), which answers with the count it read once the client shut its side; Ok when
+/// both counts are `size`. Full-sized segments must cross the path (or the path's MTU be
+/// learnt on the way), which a short echo never shows.
+pub fn tcp_transfer(from: &Netns, to: &Netns, to_addr: IpAddr, size: usize) -> Result<()> {
+    let listener = to.run_in(|| {
+        retry_bind(Instant::now() + CHECK_DEADLINE, || {
+            TcpListener::bind((to_addr, 0))
+        })
+    })??;
+    let target = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let server = s.spawn(|| -> Result<usize> {
+            let mut stream = loop {
+                match listener.accept() {
+                    Ok((c, _)) => break c,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            bail!("no connection reached {target} in {}", to.name());
+                        }
+                        std::thread::sleep(POLL);
+                    }
+                    Err(e) => return Err(e).context("accept"),
+                }
+            };
+            stream.set_nonblocking(false)?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 65536];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) => bail!("{target} reading after {got} bytes: {e}"),
+                }
+            }
+            stream.write_all(&(got as u64).to_be_bytes())?;
+            Ok(got)
+        });
+        let sent = from.run_in(|| -> Result<u64> {
+            let mut c = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT)?;
+            c.set_write_timeout(Some(Duration::from_secs(10)))?;
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            c.write_all(&vec![7u8; size]).context("client write")?;
+            c.shutdown(std::net::Shutdown::Write)?;
+            let mut n = [0u8; 8];
+            c.read_exact(&mut n).context("client read of the count")?;
+            Ok(u64::from_be_bytes(n))
+        });
+        let got = server
+            .join()
+            .map_err(|_| anyhow!("server thread panicked"))?;
+        let sent = sent?.with_context(|| format!("{} -> {target}", from.name()))?;
+        let got = got?;
+        ensure!(
+            got == size && sent == size as u64,
+            "{} -> {target}: sent {size}, the server read {got}, the client heard {sent}",
+            from.name()
+        );
+        Ok(())
     })
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use ebpf_cni_tests::agent::AgentProcess;
 use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::etcd::EtcdCluster;
-use ebpf_cni_tests::net::tcp_echo;
+use ebpf_cni_tests::net::{tcp_echo, tcp_transfer};
 use ebpf_cni_tests::{require_root, Node, PluginUnderTest, Pod};
 use ipnetwork::IpNetwork;
 use serde_json::{json, Value};
@@ -32,8 +32,23 @@ struct ClusterNode {
 
 impl ClusterNode {
     fn new(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
+        Self::attached(p, name, |ns| etcd.attach(ns, "lan0", host))
+    }
+
+    /// A node behind the LAN namespace, which routes to it (`10.251.<host>.2`): the nodes on
+    /// the LAN reach it only through a gateway, so their agents tunnel to it.
+    fn behind_router(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
+        Self::attached(p, name, |ns| etcd.attach_routed(ns, "wan0", host))
+    }
+
+    /// A node whose namespace `attach` connects, returning its address.
+    fn attached(
+        p: &PluginUnderTest,
+        name: &str,
+        attach: impl FnOnce(&ebpf_cni_tests::Netns) -> anyhow::Result<Ipv4Addr>,
+    ) -> Self {
         let node = Node::new().unwrap();
-        let addr = etcd.attach(node.netns(), "lan0", host).unwrap();
+        let addr = attach(node.netns()).unwrap();
         let conf = node.scratch_dir().join("10-ebpf-cni.conf");
         std::fs::write(&conf, p.conf("1.0.0", &node, Stack::V4).to_string()).unwrap();
         Self {
@@ -42,6 +57,17 @@ impl ClusterNode {
             addr,
             conf,
         }
+    }
+
+    /// Whether its agent routes `subnet` through the tunnel to `via`.
+    fn tunnels_to(&self, subnet: IpNetwork, via: Ipv4Addr) -> bool {
+        self.peer_routes()
+            .contains(&format!("{subnet} via {via} dev ecni-vxlan"))
+    }
+
+    /// `inspect --json`'s tunnel part.
+    fn tunnel_report(&self, p: &PluginUnderTest) -> Value {
+        ebpf_cni_tests::dataplane::inspect(&p.bin, &self.node).unwrap()["tunnel"].clone()
     }
 
     /// Its agent with the etcd source (a lease of `ttl` seconds) and `extra` arguments.
@@ -655,4 +681,168 @@ fn a_remote_pod_serves_a_cluster_ip_and_a_node_port() {
     drop((client, server));
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
+/// A node behind a router is reached through the tunnel: the agents on both sides route to
+/// each other's subnet via the peer's address on `ecni-vxlan`, the programs give each
+/// packet its tunnel key (counted on both nodes), pods and the node reach the pods across,
+/// and VXLAN from a host that is no member is dropped and counted, never delivered.
+#[test]
+fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(3).unwrap();
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16"}"#,
+    )
+    .unwrap();
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    EtcdCluster::route_to_routed(a.node.netns()).unwrap();
+    let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3);
+    // The pods' MTU as an operator leaves it, the underlay's: the agents lower it.
+    for n in [&a, &c] {
+        let mut conf = n.conf_value();
+        conf["mtu"] = 1500.into();
+        std::fs::write(&n.conf, conf.to_string()).unwrap();
+    }
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_c = c.agent(&p, &etcd, 60, &[]).unwrap();
+    let (sa, sc) = (a.subnets()[0], c.subnets()[0]);
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_c = Pod::add_direct(&p, &c.node, &c.conf_value());
+
+    eventually(
+        "a's tunnel route to c's subnet",
+        Duration::from_secs(5),
+        || a.tunnels_to(sc, c.addr),
+    );
+    eventually(
+        "c's tunnel route to a's subnet",
+        Duration::from_secs(5),
+        || c.tunnels_to(sa, a.addr),
+    );
+    // The overhead taken off the underlay's MTU.
+    let link = a
+        .node
+        .netns()
+        .ip_ok(&["-d", "link", "show", "ecni-vxlan"])
+        .unwrap();
+    assert!(
+        link.contains("mtu 1450") && link.contains("external") && link.contains("dstport 8472"),
+        "{link}"
+    );
+    tcp_echo(&pod_a.netns, &pod_c.netns, pod_c.v4(), 0).expect("pod a -> pod c");
+    tcp_echo(&pod_c.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod c -> pod a");
+    tcp_echo(a.node.netns(), &pod_c.netns, pod_c.v4(), 0).expect("node a -> pod c");
+    // Full-sized segments: the agent gave the pods the tunnel's MTU (the underlay's, 50
+    // bytes less), so the encapsulated packets fit the underlay and the router between
+    // the nodes fragments none of them.
+    for (pod, what) in [(&pod_a, "a"), (&pod_c, "c")] {
+        let eth0 = pod.netns.ip_ok(&["link", "show", "eth0"]).unwrap();
+        assert!(eth0.contains("mtu 1450"), "pod {what}: {eth0}");
+    }
+    // What says a packet was too big: the router fragmenting one, a node refusing one
+    // (answering "fragmentation needed").
+    let too_big = || {
+        [
+            (etcd.lan(), "IpFragCreates"),
+            (a.node.netns(), "IpFragFails"),
+            (c.node.netns(), "IpFragFails"),
+        ]
+        .map(|(ns, counter)| (ns.name().to_owned(), counter, snmp(ns, counter)))
+    };
+    let before = too_big();
+    tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v4(), 4 << 20).expect("pod a => pod c");
+    tcp_transfer(&pod_c.netns, &pod_a.netns, pod_a.v4(), 4 << 20).expect("pod c => pod a");
+    assert_eq!(too_big(), before, "a packet did not fit the tunnel");
+    for (n, what) in [(&a, "a"), (&c, "c")] {
+        let t = n.tunnel_report(&p);
+        assert_eq!(t["peers"], 1, "node {what}: {t}");
+        assert_eq!(
+            t["drop_no_peer"], 0,
+            "node {what}: nothing sent into it unrouted: {t}"
+        );
+        assert!(
+            t["encap_packets"].as_u64().unwrap() > 0 && t["decap_packets"].as_u64().unwrap() > 0,
+            "node {what}: the programs carried the packets both ways: {t}"
+        );
+    }
+
+    // VXLAN from the LAN namespace (on the underlay, no member) to node a's port, with an
+    // inner source in no member's subnet: dropped and counted, never delivered.
+    let lan = etcd.lan();
+    lan.ip_ok(&[
+        "link",
+        "add",
+        "forge",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "8472",
+        "remote",
+        &a.addr.to_string(),
+        "local",
+        "10.250.0.254",
+        "nolearning",
+    ])
+    .unwrap();
+    lan.ip_ok(&["addr", "add", "10.244.250.1/24", "dev", "forge"])
+        .unwrap();
+    lan.ip_ok(&["link", "set", "forge", "up"]).unwrap();
+    lan.ip_ok(&[
+        "neigh",
+        "add",
+        &pod_a.v4().to_string(),
+        "lladdr",
+        "02:00:00:00:00:01",
+        "dev",
+        "forge",
+        "nud",
+        "permanent",
+    ])
+    .unwrap();
+    lan.ip_ok(&[
+        "route",
+        "add",
+        &format!("{}/32", pod_a.v4()),
+        "dev",
+        "forge",
+    ])
+    .unwrap();
+    let before = a.tunnel_report(&p)["drop_not_member"].as_u64().unwrap();
+    let ping = lan
+        .exec(&[
+            "ping",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            &pod_a.v4().to_string(),
+        ])
+        .unwrap();
+    assert!(!ping.status.success(), "a non-member's VXLAN reached pod a");
+    let after = a.tunnel_report(&p)["drop_not_member"].as_u64().unwrap();
+    assert!(
+        after >= before + 3,
+        "non-member drops counted: {before} -> {after}"
+    );
+    lan.ip_ok(&["link", "del", "forge"]).unwrap();
+
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_c.del_direct(&p, &c.node, &c.conf_value());
+}
+
+/// The namespace's SNMP counter `name` (`nstat`'s absolute value).
+fn snmp(ns: &ebpf_cni_tests::Netns, name: &str) -> u64 {
+    let out = ns.exec(&["nstat", "-az", name]).unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).to_string();
+    out.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {}: {out}", ns.name()))
 }

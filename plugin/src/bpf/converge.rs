@@ -28,6 +28,7 @@ use super::{
     pin::{create_dir_all_racy, walk, NodeId, PinRoot},
     programs::Programs,
     services::ServicesMaps,
+    tunnel::{TunnelMaps, TunnelView, TUNNEL_DEVICE},
     AttachMode, BpfError, Device, Hook,
 };
 
@@ -50,6 +51,8 @@ pub struct NodeView {
     /// The addresses of kube-proxy's IPVS dummy device (`kube-ipvs0`): Service addresses,
     /// which are in none of the fields above.
     pub ipvs: Vec<IpAddr>,
+    /// The cluster network's tunnel device and its peers (one of `devices` too).
+    pub tunnel: Option<super::tunnel::TunnelView>,
 }
 
 /// The node's Services as learned: the ranges, and where they came from.
@@ -226,6 +229,10 @@ pub struct Plan {
     /// kube-proxy's masquerade ports (`netfilter::masq_ports`) differ from what the node
     /// wants: what it wants (`None`: no table).
     masq_ports: Option<Option<masq_ports::Guard>>,
+    /// The tunnel device needs its egress program.
+    tunnel_hook: bool,
+    /// The tunnel maps differ from the view's tunnel: what they become.
+    tunnel_maps: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -244,6 +251,8 @@ impl Plan {
             && self.links.is_empty()
             && self.services.is_none()
             && self.masq_ports.is_none()
+            && !self.tunnel_hook
+            && self.tunnel_maps.is_none()
     }
 
     /// One line per change, for the log.
@@ -295,6 +304,12 @@ impl Plan {
             Some(None) => out.push("kube-proxy's masquerade has every port again".to_owned()),
             None => {}
         }
+        if self.tunnel_hook {
+            out.push(format!("tunnel program attached to {TUNNEL_DEVICE}"));
+        }
+        if let Some(line) = &self.tunnel_maps {
+            out.push(line.clone());
+        }
         out
     }
 }
@@ -311,6 +326,21 @@ fn plan(
 ) -> Result<Plan, BpfError> {
     let mut p = Plan::default();
     plan_devices(root, node, &view.devices, view.mode, &mut p);
+    if let Some(t) = &view.tunnel {
+        p.tunnel_hook = !tunnel_hook_in_place(root, node, t, view.mode);
+    }
+    if let Some(m) = TunnelMaps::open(root, node)? {
+        if !m.in_line(view.tunnel.as_ref()) {
+            p.tunnel_maps = Some(match &view.tunnel {
+                Some(t) => format!(
+                    "the tunnel reaches {} peer subnets through {}",
+                    t.peers.len(),
+                    t.name
+                ),
+                None => "no tunnel: its peers forgotten".to_owned(),
+            });
+        }
+    }
     // The node's switches, read once (the host-port maps hold the config map open on any
     // node with programs).
     let mut config = None;
@@ -419,6 +449,58 @@ fn plan_devices(root: &PinRoot, node: &NodeId, devices: &[Device], mode: AttachM
     }
 }
 
+/// Whether the tunnel device carries the tunnel program: a live link of it (TCX), or the
+/// record of its filter (netlink).
+fn tunnel_hook_in_place(root: &PinRoot, node: &NodeId, t: &TunnelView, mode: AttachMode) -> bool {
+    let dir = root.device_dir(node, &t.name);
+    match mode {
+        AttachMode::Netlink => walk(&dir.join(Hook::ToTunnel.netlink_record_name())).exists(),
+        AttachMode::Tcx => links::check(
+            Hook::ToTunnel,
+            &dir.join(Hook::ToTunnel.link_pin_name()),
+            t.ifindex,
+        )
+        .is_ok(),
+    }
+}
+
+/// Attaches the tunnel program to the tunnel device's egress.
+fn attach_tunnel(
+    root: &PinRoot,
+    node: &NodeId,
+    t: &TunnelView,
+    mode: AttachMode,
+    progs: &mut Option<Programs>,
+) -> Result<(), BpfError> {
+    if progs.is_none() {
+        *progs = Some(Programs::open_or_load(root, node)?);
+    }
+    let progs = progs.as_mut().expect("opened above");
+    let dir = root.device_dir(node, &t.name);
+    create_dir_all_racy(&dir)?;
+    match mode {
+        AttachMode::Netlink => links::attach_netlink(
+            progs.classifier(Hook::ToTunnel)?,
+            Hook::ToTunnel,
+            &t.name,
+            &dir.join(Hook::ToTunnel.netlink_record_name()),
+            Some(&root.device_clsact_record(node, &t.name)),
+            None,
+        ),
+        AttachMode::Tcx => {
+            let path = dir.join(Hook::ToTunnel.link_pin_name());
+            let _ = fs::remove_file(&path);
+            links::attach(
+                progs.fd(Hook::ToTunnel)?,
+                Hook::ToTunnel,
+                &t.name,
+                t.ifindex,
+                &path,
+            )
+        }
+    }
+}
+
 /// Writes what `plan` found different; the node lock is held. `progs` is opened only when
 /// a device needs the program.
 fn apply(
@@ -439,9 +521,27 @@ fn apply(
             });
         }
     }
+    // The peers first: the device's program finds them when it starts.
+    if plan.tunnel_maps.is_some() {
+        if let Some(mut m) = TunnelMaps::open(root, node)? {
+            m.sync(view.tunnel.as_ref())?;
+        }
+    }
+    if let (true, Some(t)) = (plan.tunnel_hook, &view.tunnel) {
+        if let Err(e) = attach_tunnel(root, node, t, view.mode, progs) {
+            log::warn!("tunnel device {}: {e}", t.name);
+            device_err.get_or_insert(BpfError::NodeDevice {
+                ifname: t.name.clone(),
+                source: Box::new(e),
+            });
+        }
+    }
     let dir = root.devices_dir(node);
     for name in &plan.detach {
         let path = root.device_dir(node, name);
+        if walk(&path.join(Hook::ToTunnel.netlink_record_name())).exists() {
+            links::detach_netlink(Hook::ToTunnel, name);
+        }
         if root.device_netlink_record(node, name).exists() {
             links::detach_device_netlink(name, &root.device_clsact_record(node, name));
         }
@@ -670,6 +770,7 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let mut v = NodeView {
             devices: Vec::new(),
+            tunnel: None,
             addrs: vec![ip("10.0.0.5"), ip("192.168.1.2")],
             by_link: Vec::new(),
             mode: AttachMode::Netlink,
@@ -695,6 +796,7 @@ mod tests {
         let gw: IpAddr = "fd00::1".parse().unwrap();
         let mut v = NodeView {
             devices: Vec::new(),
+            tunnel: None,
             addrs: vec![gw],
             by_link: vec![(7, gw), (9, gw)],
             mode: AttachMode::Netlink,

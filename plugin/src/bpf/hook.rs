@@ -54,10 +54,18 @@ pub enum Hook {
     /// Host veth ingress of a pod another plugin created (chained mode): traffic leaving
     /// the pod, of which only host-port flows are forwarded here.
     FromChain,
+    /// The cluster network's VXLAN device egress: traffic for a peer's pods.
+    ToTunnel,
 }
 
 impl Hook {
-    pub const ALL: [Hook; 4] = [Hook::FromPod, Hook::ToPod, Hook::FromDev, Hook::FromChain];
+    pub const ALL: [Hook; 5] = [
+        Hook::FromPod,
+        Hook::ToPod,
+        Hook::FromDev,
+        Hook::FromChain,
+        Hook::ToTunnel,
+    ];
     /// Every hook a pod's host veth may carry, in either mode.
     pub const ANY_POD: [Hook; 3] = [Hook::FromPod, Hook::FromChain, Hook::ToPod];
 
@@ -76,6 +84,7 @@ impl Hook {
             Self::ToPod => "to_pod",
             Self::FromDev => "from_dev",
             Self::FromChain => "from_chain",
+            Self::ToTunnel => "to_tunnel",
         }
     }
 
@@ -85,6 +94,7 @@ impl Hook {
             Self::ToPod => ebpf_cni_maps::PROG_TO_POD,
             Self::FromDev => ebpf_cni_maps::PROG_FROM_DEV,
             Self::FromChain => ebpf_cni_maps::PROG_FROM_CHAIN,
+            Self::ToTunnel => ebpf_cni_maps::PROG_TO_TUNNEL,
         }
     }
 
@@ -95,6 +105,7 @@ impl Hook {
             Self::ToPod => "netlink_to_pod",
             Self::FromDev => ebpf_cni_maps::pin::NETLINK_FROM_DEV,
             Self::FromChain => ebpf_cni_maps::pin::NETLINK_FROM_CHAIN,
+            Self::ToTunnel => ebpf_cni_maps::pin::NETLINK_TO_TUNNEL,
         }
     }
 
@@ -104,20 +115,21 @@ impl Hook {
             Self::ToPod => ebpf_cni_maps::pin::LINK_TO_POD,
             Self::FromDev => ebpf_cni_maps::pin::LINK_FROM_DEV,
             Self::FromChain => ebpf_cni_maps::pin::LINK_FROM_CHAIN,
+            Self::ToTunnel => ebpf_cni_maps::pin::LINK_TO_TUNNEL,
         }
     }
 
     pub const fn tc_attach_type(self) -> TcAttachType {
         match self {
             Self::FromPod | Self::FromDev | Self::FromChain => TcAttachType::Ingress,
-            Self::ToPod => TcAttachType::Egress,
+            Self::ToPod | Self::ToTunnel => TcAttachType::Egress,
         }
     }
 
     pub(super) const fn tcx_attach_type(self) -> u32 {
         match self {
             Self::FromPod | Self::FromDev | Self::FromChain => sys::BPF_TCX_INGRESS,
-            Self::ToPod => sys::BPF_TCX_EGRESS,
+            Self::ToPod | Self::ToTunnel => sys::BPF_TCX_EGRESS,
         }
     }
 }

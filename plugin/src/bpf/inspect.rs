@@ -213,6 +213,9 @@ pub struct NodeReport {
     /// Services next to kube-proxy: whether the programs hand Service flows to the stack,
     /// why, and what they counted (`None` on a node whose maps predate it).
     pub services: Option<super::ServicesReport>,
+    /// The cluster network's tunnel: its device, peers and what its programs counted
+    /// (`None` on a node whose maps predate it).
+    pub tunnel: Option<super::tunnel::TunnelReport>,
     /// The last time ADD, STATUS or the agent changed the node to follow its devices and
     /// addresses (`None`: never recorded, e.g. a node of an older release).
     pub converged: Option<super::ConvergeRecord>,
@@ -363,6 +366,7 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         masquerade: MasqMaps::open(&root, node)?.map(|m| m.report()),
         services: super::ServicesMaps::open(&root, node)?
             .map(|m| m.report(super::services_source(&root, node))),
+        tunnel: super::tunnel::TunnelMaps::open(&root, node)?.map(|m| m.report()),
         converged: super::converge::last(&root, node),
     })
 }

@@ -35,6 +35,7 @@ mod survey;
 mod sys;
 mod trace;
 mod tree;
+pub mod tunnel;
 pub mod walk;
 
 pub use capability::{pacing_rate, LimitSpec, PodIp, PodSpec, Veth};
@@ -175,6 +176,7 @@ mod tests {
                 mode: AttachMode::Tcx,
                 services: None,
                 ipvs: Vec::new(),
+                tunnel: None,
             },
             AttachMode::Tcx,
         )

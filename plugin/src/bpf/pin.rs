@@ -15,9 +15,11 @@
 //!                                     ECNI_MASQ_REV ECNI_MASQ_SKIP ECNI_MASQ_SRC ECNI_MASQ_STAT
 //!                                     ECNI_MASQ_FRAG ECNI_MASQ_FRAG6 ECNI_NS_PROBE
 //!                                     ECNI_SHAPE_NET ECNI_SOURCES ECNI_SVC_NETS
-//!                                     ECNI_SVC_FLOWS ECNI_SVC_STAT
+//!                                     ECNI_SVC_FLOWS ECNI_SVC_STAT ECNI_TUN_PEERS
+//!                                     ECNI_TUN_NODES ECNI_TUN_CFG ECNI_TUN_STAT
 //!     programs/<revision>/<program>   every program of programs::TABLE, per object revision:
 //!                                     ecni_from_pod ecni_to_pod ecni_from_dev ecni_from_chain
+//!                                     ecni_to_tunnel
 //!                                     ecni_connect4 ecni_connect6 ecni_sendmsg4 ecni_sendmsg6
 //!                                     ecni_recvmsg4 ecni_recvmsg6 ecni_peername4 ecni_peername6
 //!                                     ecni_sockops
@@ -27,6 +29,9 @@
 //!     devices/<ifname>/               one per node device:
 //!         link_from_dev               TCX: the device program's link
 //!         netlink_from_dev            netlink mode: the filter's record (its program)
+//!         link_to_tunnel              the tunnel device (ecni-vxlan) only: TCX, the link
+//!                                     of its egress program
+//!         netlink_to_tunnel           netlink mode: that filter's record
 //!         clsact_created/             netlink mode: ebpf-cni made the device's clsact
 //!     gateways/<gateway>/<id>/        the attachments (id in 16 hex digits) using each IPv4
 //!                                     gateway (8 hex digits) the node holds on `lo`

@@ -106,11 +106,12 @@ impl Program {
 }
 
 /// Every program of the embedded object, in load order.
-pub const TABLE: [Program; 13] = [
+pub const TABLE: [Program; 14] = [
     Program::tc(Hook::FromPod),
     Program::tc(Hook::ToPod),
     Program::tc(Hook::FromDev),
     Program::tc(Hook::FromChain),
+    Program::tc(Hook::ToTunnel),
     Program::sock_addr(ebpf_cni_maps::PROG_CONNECT4, sys::BPF_CGROUP_INET4_CONNECT),
     Program::sock_addr(ebpf_cni_maps::PROG_CONNECT6, sys::BPF_CGROUP_INET6_CONNECT),
     Program::sock_addr(ebpf_cni_maps::PROG_SENDMSG4, sys::BPF_CGROUP_UDP4_SENDMSG),

@@ -64,12 +64,14 @@ pub fn current_subnets(path: &Path) -> Vec<IpNetwork> {
 }
 
 /// Makes the conflist at `path` give the node's pods addresses from `subnets` (one range
-/// set each) and name the cluster's pod `networks` (`clusterNetworks`: masquerade skips
-/// them); whether it was written.
+/// set each), name the cluster's pod `networks` (`clusterNetworks`: masquerade skips
+/// them) and, with `max_mtu` (the tunnel's), give pods at most that MTU (a smaller `mtu`
+/// is kept); whether it was written.
 pub fn write_subnets(
     path: &Path,
     subnets: &[IpNetwork],
     networks: &[IpNetwork],
+    max_mtu: Option<u32>,
 ) -> Result<bool, ConflistUpdateError> {
     let text = match std::fs::read(path) {
         Ok(text) => {
@@ -83,6 +85,12 @@ pub fn write_subnets(
             })?;
             with_subnets(plugin, subnets);
             plugin["clusterNetworks"] = networks.iter().map(|n| n.to_string()).collect();
+            if let Some(max) = max_mtu {
+                let mtu = plugin["mtu"]
+                    .as_u64()
+                    .map_or(max, |m| m.min(u64::from(max)) as u32);
+                plugin["mtu"] = mtu.into();
+            }
             let mut text = serde_json::to_string_pretty(&list).expect("JSON serializes");
             text.push('\n');
             text
@@ -91,7 +99,7 @@ pub fn write_subnets(
             cni_version: DEFAULT_CNI_VERSION,
             network: DEFAULT_NETWORK,
             subnets,
-            mtu: None,
+            mtu: max_mtu,
             capabilities: Capabilities {
                 port_mappings: true,
                 bandwidth: true,
@@ -147,9 +155,9 @@ mod tests {
         );
         let subnets: Vec<IpNetwork> = vec!["10.244.3.0/24".parse().unwrap()];
         let networks: Vec<IpNetwork> = vec!["10.244.0.0/16".parse().unwrap()];
-        assert!(write_subnets(&path, &subnets, &networks).unwrap());
+        assert!(write_subnets(&path, &subnets, &networks, None).unwrap());
         assert!(
-            !write_subnets(&path, &subnets, &networks).unwrap(),
+            !write_subnets(&path, &subnets, &networks, None).unwrap(),
             "a second write changes nothing"
         );
         let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -167,6 +175,26 @@ mod tests {
     }
 
     #[test]
+    fn the_tunnels_mtu_bounds_the_pods_and_a_smaller_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("10-ebpf-cni.conflist");
+        let subnets: Vec<IpNetwork> = vec!["10.244.3.0/24".parse().unwrap()];
+        let mtu = |path: &Path| {
+            let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            v["plugins"][0]["mtu"].clone()
+        };
+        assert!(write_subnets(&path, &subnets, &subnets, Some(1450)).unwrap());
+        assert_eq!(mtu(&path), json!(1450), "a new conflist");
+        let list = json!({"cniVersion": "1.0.0", "name": "k8s", "plugins": [
+            {"type": "ebpf-cni", "mtu": 9000}]});
+        std::fs::write(&path, serde_json::to_vec(&list).unwrap()).unwrap();
+        assert!(write_subnets(&path, &subnets, &subnets, Some(8950)).unwrap());
+        assert_eq!(mtu(&path), json!(8950), "lowered to the tunnel's");
+        assert!(!write_subnets(&path, &subnets, &subnets, Some(9000)).unwrap());
+        assert_eq!(mtu(&path), json!(8950), "a smaller one kept");
+    }
+
+    #[test]
     fn a_missing_conflist_is_written_as_install_writes_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("10-ebpf-cni.conflist");
@@ -178,7 +206,7 @@ mod tests {
             "10.244.0.0/16".parse().unwrap(),
             "fd00:10:244::/56".parse().unwrap(),
         ];
-        assert!(write_subnets(&path, &subnets, &networks).unwrap());
+        assert!(write_subnets(&path, &subnets, &networks, None).unwrap());
         assert_eq!(current_subnets(&path), subnets);
         let text = std::fs::read(&path).unwrap();
         assert!(crate::install::conflist::is_ours(&text));

@@ -8,6 +8,7 @@ pub mod conflist;
 pub mod etcd;
 pub mod network;
 pub mod routes;
+pub mod tunnel;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,8 @@ pub enum ClusterError {
     Hostname(#[source] nix::Error),
     #[error("starting the etcd client's runtime")]
     Runtime(#[source] std::io::Error),
+    #[error("the cluster network's tunnel")]
+    Tunnel(#[from] tunnel::TunnelError),
     #[error("writing the node's subnets into {path}")]
     Conflist {
         path: PathBuf,
@@ -132,11 +135,20 @@ pub fn leave(args: &ClusterArgs) -> Result<Vec<IpNetwork>, ClusterError> {
     })
 }
 
+/// What the agent does with the node's conflist once the peer routes changed: converge
+/// the node for it, so the programs' tunnel maps follow the routes at once.
+pub type AfterRoutes = fn(&Path);
+
 /// Joins the cluster (nothing without a source), writes the node's subnets into the
 /// conflist at `conf`, and keeps the membership alive in a thread of its own, which, in
 /// the calling thread's network namespace, follows a lease that expired (the same subnets
-/// asked for again) and an etcd that cannot be reached (nothing changes meanwhile).
-pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError> {
+/// asked for again) and an etcd that cannot be reached (nothing changes meanwhile), and
+/// calls `after_routes` each time the peer routes changed.
+pub fn start(
+    args: &ClusterArgs,
+    conf: Option<&Path>,
+    after_routes: AfterRoutes,
+) -> Result<(), ClusterError> {
     if args.source == Source::None {
         return Ok(());
     }
@@ -167,7 +179,33 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
             }
         }
     })?;
-    write_conflist(&conf, &membership.subnets, &config.networks())?;
+    // The tunnel device before the conflist (whose MTU is the tunnel's) and the first
+    // peer route: a port another device holds ends the agent here, naming it.
+    let tunnel = match config.mode {
+        network::Mode::Direct => None,
+        network::Mode::Auto | network::Mode::Overlay => {
+            let nl = crate::netlink::Netlink::connect().map_err(tunnel::TunnelError::from)?;
+            let spec = tunnel::TunnelSpec {
+                port: config.vxlan_port,
+                udp_csum: config.vxlan_udp_checksum,
+                underlay_mtu: crate::block_on(tunnel::mtu_of(
+                    &nl,
+                    record.public_ip.map(IpAddr::V4),
+                )),
+                subnet: tunnel::subnet_v4(&membership.subnets),
+            };
+            crate::block_on(tunnel::ensure(&nl, &spec))?;
+            log::info!(
+                "tunnel {} up: VXLAN on UDP {}, MTU {}",
+                crate::bpf::tunnel::TUNNEL_DEVICE,
+                spec.port,
+                spec.mtu()
+            );
+            Some(spec)
+        }
+    };
+    let max_mtu = tunnel.map(|t| t.mtu());
+    write_conflist(&conf, &membership.subnets, &config.networks(), max_mtu)?;
     log::info!(
         "node {node} holds {} in the cluster network (etcd, lease {:x})",
         list(&membership.subnets),
@@ -184,6 +222,8 @@ pub fn start(args: &ClusterArgs, conf: Option<&Path>) -> Result<(), ClusterError
                 record: &record,
                 ttl,
                 conf: &conf,
+                tunnel: tunnel.as_ref(),
+                after_routes,
             };
             rt.block_on(hold(&held, &mut client, membership))
         })
@@ -195,8 +235,9 @@ fn write_conflist(
     conf: &Path,
     subnets: &[IpNetwork],
     networks: &[IpNetwork],
+    max_mtu: Option<u32>,
 ) -> Result<(), ClusterError> {
-    if conflist::write_subnets(conf, subnets, networks).map_err(|source| {
+    if conflist::write_subnets(conf, subnets, networks, max_mtu).map_err(|source| {
         ClusterError::Conflist {
             path: conf.to_owned(),
             source: Box::new(source),
@@ -234,18 +275,17 @@ struct Held<'a> {
     ttl: u64,
     /// The conflist the node's subnets are written into.
     conf: &'a Path,
+    /// The tunnel's settings (mode `direct`: none).
+    tunnel: Option<&'a tunnel::TunnelSpec>,
+    /// Called with `conf` after the peer routes changed.
+    after_routes: AfterRoutes,
 }
 
 async fn hold(held: &Held<'_>, client: &mut etcd_client::Client, membership: Membership) {
     let mut watcher = client.clone();
     tokio::join!(
         renew(held, client, membership),
-        follow_members(
-            &held.args.etcd,
-            &mut watcher,
-            held.prefix,
-            &held.record.node
-        ),
+        follow_members(held, &mut watcher),
     );
 }
 
@@ -261,12 +301,8 @@ async fn reconnect(etcd: &EtcdArgs, client: &mut etcd_client::Client) {
 /// The members listed, then followed; each change brought into the peer routes. When etcd
 /// cannot be reached the routes stay as they are; after a compaction, the members are
 /// listed again.
-async fn follow_members(
-    etcd: &EtcdArgs,
-    client: &mut etcd_client::Client,
-    prefix: &str,
-    own: &str,
-) {
+async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
+    let (etcd, prefix, own) = (&held.args.etcd, held.prefix, held.record.node.as_str());
     let nl = match crate::netlink::Netlink::connect() {
         Ok(nl) => nl,
         Err(e) => {
@@ -275,12 +311,39 @@ async fn follow_members(
         }
     };
     let mut last = routes::Outcome::default();
-    let mut apply =
-        |members: &routes::Members| match crate::block_on(routes::reconcile(&nl, members, own)) {
+    let mut tunnel_err = None;
+    let mut apply = |members: &routes::Members| {
+        // The tunnel device made again where it went (deleted by hand, a restart).
+        let tunnel =
+            held.tunnel
+                .and_then(|spec| match crate::block_on(tunnel::ensure(&nl, spec)) {
+                    Ok(index) => {
+                        tunnel_err = None;
+                        Some(index)
+                    }
+                    Err(e) => {
+                        let line = crate::cni::error::chain(&e);
+                        if tunnel_err.as_ref() != Some(&line) {
+                            log::error!("the tunnel: {line}");
+                        }
+                        tunnel_err = Some(line);
+                        None
+                    }
+                });
+        let reach = routes::Reach {
+            mode: held.config.mode,
+            tunnel,
+        };
+        match crate::block_on(routes::reconcile(&nl, members, own, reach)) {
             Ok(out) => {
                 for dst in &out.added {
                     if let Some(m) = members.get(dst) {
-                        log::info!("route to {dst} of node {} added", m.node);
+                        let how = if out.tunneled.contains(dst) {
+                            "through the tunnel"
+                        } else {
+                            "direct"
+                        };
+                        log::info!("route to {dst} of node {} added ({how})", m.node);
                     }
                 }
                 for dst in &out.removed {
@@ -291,10 +354,15 @@ async fn follow_members(
                         log::warn!("no route to {dst} of node {node}: {why}");
                     }
                 }
+                // The programs' tunnel maps follow the routes (`bpf::tunnel`).
+                if tunnel.is_some() && (!out.added.is_empty() || !out.removed.is_empty()) {
+                    (held.after_routes)(held.conf);
+                }
                 last = out;
             }
             Err(e) => log::error!("the peer routes: {}", crate::cni::error::chain(&e)),
-        };
+        }
+    };
     let mut backoff = Duration::from_secs(1);
     loop {
         let e = match etcd::members(client, prefix).await {
@@ -333,6 +401,7 @@ async fn renew(held: &Held<'_>, client: &mut etcd_client::Client, mut membership
         record,
         ttl,
         conf,
+        ..
     } = *held;
     let etcd = &args.etcd;
     let mut record = record.clone();
@@ -372,7 +441,12 @@ async fn renew(held: &Held<'_>, client: &mut etcd_client::Client, mut membership
                         list(&membership.subnets),
                         list(&m.subnets)
                     );
-                    if let Err(e) = write_conflist(conf, &m.subnets, &config.networks()) {
+                    if let Err(e) = write_conflist(
+                        conf,
+                        &m.subnets,
+                        &config.networks(),
+                        held.tunnel.map(|t| t.mtu()),
+                    ) {
                         log::error!("{}", crate::cni::error::chain(&e));
                     }
                 }

@@ -17,11 +17,14 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// A route via the peer's node address where a route without a gateway covers it;
-    /// a peer behind a gateway is reported and gets no route (no overlay in this release).
+    /// through the tunnel (VXLAN) to a peer behind a gateway.
     #[default]
     Auto,
-    /// The same, named: every peer is expected on one of the node's links.
+    /// Direct routes only: every peer is expected on one of the node's links, and one that
+    /// is not is reported and gets no route.
     Direct,
+    /// Every peer through the tunnel.
+    Overlay,
 }
 
 /// The network config under `<prefix>/config`. flannel's capitalized keys are taken too.
@@ -48,10 +51,20 @@ pub struct NetworkConfig {
     pub ipv6_subnet_len: u8,
     #[serde(default)]
     pub mode: Mode,
+    /// The tunnel's UDP port (flannel's `vxlan` backend's and the kernel's default).
+    #[serde(default = "default_vxlan_port", rename = "vxlanPort")]
+    pub vxlan_port: u16,
+    /// Whether the tunnel's outer UDP header carries a checksum (IPv4; off by default).
+    #[serde(default, rename = "vxlanUdpChecksum")]
+    pub vxlan_udp_checksum: bool,
 }
 
 fn default_subnet_len() -> u8 {
     24
+}
+
+fn default_vxlan_port() -> u16 {
+    8472
 }
 
 fn default_ipv6_subnet_len() -> u8 {
@@ -304,11 +317,20 @@ mod tests {
         assert!(e.contains("subnetLen 31"), "{e}");
         let e = err(r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
         assert!(e.contains("backend"), "{e}");
-        // No overlay in this release: its mode and keys are refused, not ignored.
-        let e = err(r#"{"network": "10.244.0.0/16", "mode": "overlay"}"#);
-        assert!(e.contains("overlay"), "{e}");
-        let e = err(r#"{"network": "10.244.0.0/16", "vxlanPort": 8472}"#);
-        assert!(e.contains("vxlanPort"), "{e}");
+        let c = NetworkConfig::parse(
+            br#"{"network": "10.244.0.0/16", "mode": "overlay", "vxlanPort": 4789, "vxlanUdpChecksum": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.mode, c.vxlan_port, c.vxlan_udp_checksum),
+            (Mode::Overlay, 4789, true)
+        );
+        let c = NetworkConfig::parse(br#"{"network": "10.244.0.0/16"}"#).unwrap();
+        assert_eq!((c.vxlan_port, c.vxlan_udp_checksum), (8472, false));
+        let e = err(r#"{"network": "10.244.0.0/16", "mode": "tunnel"}"#);
+        assert!(e.contains("tunnel"), "{e}");
+        let e = err(r#"{"network": "10.244.0.0/16", "vxlanPort": 70000}"#);
+        assert!(e.contains("70000"), "{e}");
     }
 
     #[test]

@@ -4,19 +4,19 @@
 //! carry their own protocol number ([`ROUTE_PROTOCOL`]), so each pass compares the kernel's
 //! routes of that protocol with the members and changes only the difference: a member
 //! added, gone, re-added or given a new address, and an agent restarted, are one code path.
-//! A peer whose address only a gateway reaches is reported and gets no route.
+//! A peer whose address only a gateway reaches goes through the tunnel (`super::tunnel`)
+//! in modes `auto` and `overlay`: `<subnet> via <peer's node address> dev ecni-vxlan
+//! onlink`, whose gateway the programs' maps take as the tunnel's remote; in mode `direct`
+//! it is reported and gets no route.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
-use super::network::MemberRecord;
+use super::network::{MemberRecord, Mode};
+use crate::bpf::tunnel::ROUTE_PROTOCOL;
 use crate::netlink::{Netlink, NetlinkError, RouteEntry};
-
-/// `rtm_protocol` of the routes to peers (`ip route show proto 236`): no other writer
-/// (iproute2's `rt_protos` stops at 192 for the well-known ones, bird 12, zebra 11) uses it.
-pub const ROUTE_PROTOCOL: u8 = 236;
 
 /// The cluster's members as the source lists them: each subnet with its holder.
 pub type Members = BTreeMap<IpNetwork, MemberRecord>;
@@ -29,6 +29,12 @@ pub enum Plan {
         via: IpAddr,
         oif: u32,
     },
+    /// Through the tunnel device `oif`, the peer's node address as the gateway.
+    Tunnel {
+        dst: IpNetwork,
+        via: IpAddr,
+        oif: u32,
+    },
     /// Only a gateway reaches the peer (or it has no address of the subnet's family).
     Unreachable {
         dst: IpNetwork,
@@ -37,28 +43,64 @@ pub enum Plan {
     },
 }
 
+/// Where the node's peers may be reached besides directly: the mode and the tunnel
+/// device's index (none in mode `direct`, or while it cannot be made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    pub mode: Mode,
+    pub tunnel: Option<u32>,
+}
+
 /// What each peer subnet gets, given the node's own name and its main table's routes
 /// (those of [`ROUTE_PROTOCOL`] left out: a route to a peer never makes another direct).
-pub fn plan(members: &Members, own: &str, routes: &[RouteEntry]) -> Vec<Plan> {
+pub fn plan(members: &Members, own: &str, routes: &[RouteEntry], reach: Reach) -> Vec<Plan> {
     members
         .iter()
         .filter(|(_, r)| r.node != own)
         .map(|(dst, r)| {
+            // The tunnel's underlay is IPv4, and it carries IPv4 pod subnets only in this
+            // release.
+            let tunnel = |why: String| match (reach.mode, reach.tunnel, r.public_ip) {
+                _ if dst.is_ipv6() && reach.mode != Mode::Direct => Plan::Unreachable {
+                    dst: *dst,
+                    node: r.node.clone(),
+                    why: format!("{why}, and IPv6 pod subnets do not cross the tunnel yet"),
+                },
+                (Mode::Auto | Mode::Overlay, Some(oif), Some(v4)) => Plan::Tunnel {
+                    dst: *dst,
+                    via: IpAddr::V4(v4),
+                    oif,
+                },
+                (Mode::Direct, ..) => Plan::Unreachable {
+                    dst: *dst,
+                    node: r.node.clone(),
+                    why,
+                },
+                (_, None, _) => Plan::Unreachable {
+                    dst: *dst,
+                    node: r.node.clone(),
+                    why: format!("{why}, and the tunnel device is not up"),
+                },
+                (_, _, None) => Plan::Unreachable {
+                    dst: *dst,
+                    node: r.node.clone(),
+                    why: format!("{why}, and the node has no IPv4 address for the tunnel"),
+                },
+            };
+            if reach.mode == Mode::Overlay {
+                return tunnel("mode overlay".to_owned());
+            }
             let via: Option<IpAddr> = if dst.is_ipv4() {
                 r.public_ip.map(IpAddr::V4)
             } else {
                 r.public_ipv6.map(IpAddr::V6)
             };
             let Some(via) = via else {
-                return Plan::Unreachable {
-                    dst: *dst,
-                    node: r.node.clone(),
-                    why: format!(
-                        "node {} has no {} address",
-                        r.node,
-                        if dst.is_ipv4() { "IPv4" } else { "IPv6" }
-                    ),
-                };
+                return tunnel(format!(
+                    "node {} has no {} address",
+                    r.node,
+                    if dst.is_ipv4() { "IPv4" } else { "IPv6" }
+                ));
             };
             match covering(routes, via) {
                 Some(RouteEntry {
@@ -70,16 +112,10 @@ pub fn plan(members: &Members, own: &str, routes: &[RouteEntry]) -> Vec<Plan> {
                     via,
                     oif: *oif,
                 },
-                Some(RouteEntry { gw: Some(gw), .. }) => Plan::Unreachable {
-                    dst: *dst,
-                    node: r.node.clone(),
-                    why: format!("its address {via} is reached through the gateway {gw}"),
-                },
-                _ => Plan::Unreachable {
-                    dst: *dst,
-                    node: r.node.clone(),
-                    why: format!("no route covers its address {via}"),
-                },
+                Some(RouteEntry { gw: Some(gw), .. }) => tunnel(format!(
+                    "its address {via} is reached through the gateway {gw}"
+                )),
+                _ => tunnel(format!("no route covers its address {via}")),
             }
         })
         .collect()
@@ -97,6 +133,8 @@ fn covering(routes: &[RouteEntry], addr: IpAddr) -> Option<&RouteEntry> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub added: Vec<IpNetwork>,
+    /// Of `added`, those through the tunnel.
+    pub tunneled: Vec<IpNetwork>,
     pub removed: Vec<IpNetwork>,
     pub unreachable: Vec<(IpNetwork, String, String)>,
 }
@@ -107,14 +145,15 @@ pub async fn reconcile(
     nl: &Netlink,
     members: &Members,
     own: &str,
+    reach: Reach,
 ) -> Result<Outcome, NetlinkError> {
     let mut routes = nl.routes(false).await?;
     routes.extend(nl.routes(true).await?);
     let mut out = Outcome::default();
-    let plans = plan(members, own, &routes);
+    let plans = plan(members, own, &routes, reach);
     for p in &plans {
         match p {
-            Plan::Direct { dst, via, oif } => {
+            Plan::Direct { dst, via, oif } | Plan::Tunnel { dst, via, oif } => {
                 let have = routes.iter().any(|r| {
                     r.protocol == ROUTE_PROTOCOL
                         && r.dst == *dst
@@ -122,9 +161,13 @@ pub async fn reconcile(
                         && r.oif == Some(*oif)
                 });
                 if !have {
-                    nl.replace_owned_route(*dst, *via, *oif, ROUTE_PROTOCOL)
+                    let tunneled = matches!(p, Plan::Tunnel { .. });
+                    nl.replace_owned_route(*dst, *via, *oif, ROUTE_PROTOCOL, tunneled)
                         .await?;
                     out.added.push(*dst);
+                    if tunneled {
+                        out.tunneled.push(*dst);
+                    }
                 }
             }
             Plan::Unreachable { dst, node, why } => {
@@ -135,7 +178,7 @@ pub async fn reconcile(
     let wanted: Vec<IpNetwork> = plans
         .iter()
         .filter_map(|p| match p {
-            Plan::Direct { dst, .. } => Some(*dst),
+            Plan::Direct { dst, .. } | Plan::Tunnel { dst, .. } => Some(*dst),
             Plan::Unreachable { .. } => None,
         })
         .collect();
@@ -194,7 +237,11 @@ mod tests {
             "fd00:10:244:2::/64".parse().unwrap(),
             member("b", Some("192.168.1.6")),
         );
-        let plans = plan(&members, "self", &routes);
+        let direct = Reach {
+            mode: Mode::Direct,
+            tunnel: None,
+        };
+        let plans = plan(&members, "self", &routes, direct);
         assert_eq!(plans.len(), 3, "{plans:?}");
         assert!(plans.contains(&Plan::Direct {
             dst: "10.244.2.0/24".parse().unwrap(),
@@ -221,6 +268,47 @@ mod tests {
             why("fd00:10:244:2::/64")
                 .unwrap()
                 .contains("no IPv6 address"),
+            "{plans:?}"
+        );
+
+        // auto: the peer behind the gateway goes through the tunnel, the direct one stays.
+        let auto = Reach {
+            mode: Mode::Auto,
+            tunnel: Some(9),
+        };
+        let plans = plan(&members, "self", &routes, auto);
+        assert!(plans.contains(&Plan::Direct {
+            dst: "10.244.2.0/24".parse().unwrap(),
+            via: "192.168.1.6".parse().unwrap(),
+            oif: 2
+        }));
+        assert!(plans.contains(&Plan::Tunnel {
+            dst: "10.244.3.0/24".parse().unwrap(),
+            via: "10.9.0.7".parse().unwrap(),
+            oif: 9
+        }));
+        // overlay: every peer through it.
+        let overlay = Reach {
+            mode: Mode::Overlay,
+            tunnel: Some(9),
+        };
+        let plans = plan(&members, "self", &routes, overlay);
+        assert!(
+            plans.iter().all(|p| match p {
+                Plan::Tunnel { oif, .. } => *oif == 9,
+                Plan::Unreachable { dst, why, .. } => dst.is_ipv6() && why.contains("IPv6"),
+                Plan::Direct { .. } => false,
+            }),
+            "{plans:?}"
+        );
+        // auto without a tunnel device: reported, saying so.
+        let down = Reach {
+            mode: Mode::Auto,
+            tunnel: None,
+        };
+        let plans = plan(&members, "self", &routes, down);
+        assert!(
+            plans.iter().any(|p| matches!(p, Plan::Unreachable { why, .. } if why.contains("tunnel device is not up"))),
             "{plans:?}"
         );
     }

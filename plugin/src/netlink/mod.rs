@@ -24,8 +24,8 @@ use rtnetlink::{
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressMessage},
         link::{
-            InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
-            LinkMessage, State,
+            InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkExtentMask, LinkFlags,
+            LinkInfo, LinkMessage, State,
         },
         route::{
             RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
@@ -34,7 +34,7 @@ use rtnetlink::{
         tc::TcMessage,
         AddressFamily, RouteNetlinkMessage,
     },
-    AddressMessageBuilder, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
+    AddressMessageBuilder, LinkMessageBuilder, LinkUnspec, LinkVxlan, RouteMessageBuilder,
 };
 
 use crate::netns::{Netns, NetnsError};
@@ -98,6 +98,21 @@ pub struct Link {
     pub kind: Option<String>,
     /// IFLA_LINK: for a veth, the peer's index (in the peer's namespace).
     pub peer_index: Option<u32>,
+    /// A VXLAN device's settings.
+    pub vxlan: Option<Vxlan>,
+}
+
+/// What a VXLAN device's link message says of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Vxlan {
+    /// The UDP port it listens on.
+    pub port: u16,
+    /// `external` (collect_md): the tunnel key comes with each packet.
+    pub external: bool,
+    /// The outer UDP header carries a checksum (IPv4).
+    pub udp_csum: bool,
+    /// The device's own VXLAN network identifier.
+    pub vni: u32,
 }
 
 impl Link {
@@ -111,6 +126,7 @@ impl Link {
             oper_up: false,
             kind: None,
             peer_index: None,
+            vxlan: None,
         };
         for a in &m.attributes {
             match a {
@@ -123,8 +139,28 @@ impl Link {
                 LinkAttribute::OperState(State::Up) => l.oper_up = true,
                 LinkAttribute::LinkInfo(infos) => {
                     for i in infos {
-                        if let LinkInfo::Kind(k) = i {
-                            l.kind = Some(k.to_string());
+                        match i {
+                            LinkInfo::Kind(k) => l.kind = Some(k.to_string()),
+                            LinkInfo::Data(InfoData::Vxlan(v)) => {
+                                // The kernel's defaults where an attribute is missing.
+                                let mut x = Vxlan {
+                                    port: 8472,
+                                    external: false,
+                                    udp_csum: true,
+                                    vni: 0,
+                                };
+                                for a in v {
+                                    match a {
+                                        InfoVxlan::Port(p) => x.port = *p,
+                                        InfoVxlan::CollectMetadata(b) => x.external = *b,
+                                        InfoVxlan::UDPCsum(b) => x.udp_csum = *b,
+                                        InfoVxlan::Id(n) => x.vni = *n,
+                                        _ => {}
+                                    }
+                                }
+                                l.vxlan = Some(x);
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -378,6 +414,53 @@ impl Netlink {
         Ok(echoed)
     }
 
+    /// Creates an `external` (collect_md) VXLAN device without learning or ARP (the
+    /// programs set each packet's tunnel key; nothing resolves neighbours through it),
+    /// listening on UDP `port`, down. Its own identifier is 0: the kernel looks a
+    /// received packet's flow-based device up under VNI 0 whatever the packet carries, so
+    /// a device with any other identifier receives nothing.
+    pub async fn create_vxlan(
+        &self,
+        name: &str,
+        port: u16,
+        udp_csum: bool,
+        mtu: u32,
+    ) -> Result<(), NetlinkError> {
+        let m = LinkVxlan::new(name, 0)
+            .port(port)
+            .collect_metadata(true)
+            .learning(false)
+            .udp_csum(udp_csum)
+            .mtu(mtu)
+            .arp(false)
+            .build();
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_EXCL | NLM_F_CREATE,
+            || format!("create vxlan device {name} (external, port {port})"),
+            |_| {},
+        )
+    }
+
+    /// Every link of the namespace.
+    pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let mut out = Vec::new();
+        self.request(
+            RouteNetlinkMessage::GetLink(m),
+            NLM_F_DUMP,
+            || "list links".to_owned(),
+            |m| {
+                if let RouteNetlinkMessage::NewLink(l) = m {
+                    out.push(Link::from_msg(&l));
+                }
+            },
+        )?;
+        Ok(out)
+    }
+
     pub async fn set_up(&self, index: u32) -> Result<(), NetlinkError> {
         self.request(
             RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
@@ -562,30 +645,40 @@ impl Netlink {
     }
 
     /// Adds or replaces the main table's route to `dst` via `gw` out of `oif`, marked as
-    /// written by `protocol` (so its writer can find its own routes again).
+    /// written by `protocol` (so its writer can find its own routes again); with `onlink`,
+    /// the gateway is taken as on the link (a peer's node address behind the tunnel
+    /// device, which holds no address of its subnet).
     pub async fn replace_owned_route(
         &self,
         dst: IpNetwork,
         gw: IpAddr,
         oif: u32,
         protocol: u8,
+        onlink: bool,
     ) -> Result<(), NetlinkError> {
         let invalid = |e: &dyn std::fmt::Display| NetlinkError::InvalidRoute {
             dst,
             reason: e.to_string(),
         };
-        let msg = RouteMessageBuilder::<IpAddr>::new()
+        let mut msg = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(dst.network(), dst.prefix())
             .map_err(|e| invalid(&e))?
             .output_interface(oif)
             .gateway(gw)
             .map_err(|e| invalid(&e))?
-            .protocol(RouteProtocol::from(protocol))
-            .build();
+            .protocol(RouteProtocol::from(protocol));
+        if onlink {
+            msg = msg.onlink();
+        }
         self.request(
-            RouteNetlinkMessage::NewRoute(msg),
+            RouteNetlinkMessage::NewRoute(msg.build()),
             NLM_F_CREATE | NLM_F_REPLACE,
-            || format!("replace route {dst} via {gw} dev {oif}"),
+            || {
+                format!(
+                    "replace route {dst} via {gw} dev {oif}{}",
+                    if onlink { " onlink" } else { "" }
+                )
+            },
             |_| {},
         )
     }

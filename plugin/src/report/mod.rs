@@ -17,13 +17,14 @@ mod part;
 mod pods;
 mod services;
 mod source_check;
+mod tunnel;
 
 use crate::bpf::NodeReport;
 pub use exposition::Exposition;
 use part::{Part, Text};
 
 /// The report as its parts, in the order both outputs show them.
-fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 8] {
+fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 9] {
     let NodeReport {
         node,
         kernel,
@@ -41,6 +42,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 8] {
         gateways6,
         masquerade,
         services,
+        tunnel,
         converged,
     } = r;
     [
@@ -63,6 +65,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 8] {
         }),
         Box::new(masquerade::Masquerade { masquerade }),
         Box::new(services::Services { services }),
+        Box::new(tunnel::Tunnel { tunnel }),
         Box::new(gateways::Gateways {
             gateways,
             gateways6,
@@ -126,6 +129,7 @@ mod tests {
             gateways6: vec![],
             masquerade: None,
             services: None,
+            tunnel: None,
             converged: None,
         }
     }

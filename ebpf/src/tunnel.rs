@@ -1,0 +1,185 @@
+//! The cluster network's overlay (see `ebpf_cni_maps::tunnel`): the node's `external`
+//! VXLAN device carries a packet to the peer holding its destination, which its egress
+//! program names in the tunnel key (`bpf_skb_set_tunnel_key`), and `ecni_from_dev` on the
+//! same device checks what arrives through it before delivering it like anything else
+//! that arrives on a node device.
+//!
+//! The tunnel key is read and written with its 28-byte layout (up to `tunnel_label`),
+//! which every kernel from 5.10 takes; the `local_ipv4` field after it came in 6.0.
+
+use aya_ebpf::{
+    bindings::{bpf_tunnel_key, BPF_F_ZERO_CSUM_TX},
+    helpers::generated::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
+    macros::map,
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray},
+    programs::TcContext,
+};
+use ebpf_cni_maps::{
+    str_eq, EndpointKey, TunnelConfig, TunnelPeer, TunnelStats, MAX_TUNNEL_PEERS,
+    TUNNEL_FLAG_UDP_CSUM,
+};
+
+use crate::packet::parse_ip;
+
+#[map]
+static ECNI_TUN_PEERS: LpmTrie<[u8; 16], TunnelPeer> =
+    LpmTrie::with_max_entries(MAX_TUNNEL_PEERS, 0);
+
+#[map]
+static ECNI_TUN_NODES: HashMap<EndpointKey, u32> = HashMap::with_max_entries(MAX_TUNNEL_PEERS, 0);
+
+#[map]
+static ECNI_TUN_CFG: Array<TunnelConfig> = Array::with_max_entries(1, 0);
+
+#[map]
+static ECNI_TUN_STAT: PerCpuArray<TunnelStats> = PerCpuArray::with_max_entries(1, 0);
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::TUNNEL_PEERS_MAP,
+    stringify!(ECNI_TUN_PEERS)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::TUNNEL_NODES_MAP,
+    stringify!(ECNI_TUN_NODES)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::TUNNEL_CONFIG_MAP,
+    stringify!(ECNI_TUN_CFG)
+));
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::TUNNEL_STATS_MAP,
+    stringify!(ECNI_TUN_STAT)
+));
+
+/// The size of the tunnel key the programs pass: `offsetof(struct bpf_tunnel_key,
+/// local_ipv4)`, which 5.10 (whose struct ends there) and later kernels take.
+const KEY_SIZE: u32 = 28;
+const _: () = assert!(core::mem::size_of::<bpf_tunnel_key>() >= KEY_SIZE as usize);
+/// `PACKET_HOST`.
+const PACKET_HOST: u32 = 0;
+/// The outer header's TTL.
+const OUTER_TTL: u8 = 64;
+
+#[inline(always)]
+fn stats() -> Option<&'static mut TunnelStats> {
+    // SAFETY: this CPU's slot, valid during the program run; TC programs run with bottom
+    // halves off, so nothing else on this CPU touches it meanwhile.
+    ECNI_TUN_STAT.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+}
+
+#[inline(always)]
+fn skb_len(ctx: &TcContext) -> u64 {
+    // SAFETY: a read of the context's own field.
+    u64::from(unsafe { (*ctx.skb.skb).len })
+}
+
+/// The IPv4 address of a 16-byte mapped one, in host order (as the tunnel key holds it).
+#[inline(always)]
+fn v4_host(a: &[u8; 16]) -> u32 {
+    u32::from_be_bytes([a[12], a[13], a[14], a[15]])
+}
+
+/// Egress of the tunnel device: the tunnel key towards the peer holding the destination
+/// (`TC_ACT_OK`), or a drop when no peer does. The mark goes: nothing on the node may
+/// take the outer packet for the inner one's (kube-proxy's masquerade mark, k8s#92035).
+#[inline(always)]
+pub fn to_tunnel(ctx: &TcContext) -> i32 {
+    const TC_ACT_OK: i32 = 0;
+    const TC_ACT_SHOT: i32 = 2;
+    let mut src = [0u8; 16];
+    let mut dst = Key::new(128, [0u8; 16]);
+    if parse_ip(ctx, &mut src, &mut dst.data).is_none() {
+        if let Some(s) = stats() {
+            s.drop_no_peer = s.drop_no_peer.wrapping_add(1);
+        }
+        return TC_ACT_SHOT;
+    }
+    let Some(peer) = ECNI_TUN_PEERS.get(&dst) else {
+        if let Some(s) = stats() {
+            s.drop_no_peer = s.drop_no_peer.wrapping_add(1);
+        }
+        return TC_ACT_SHOT;
+    };
+    let Some(cfg) = ECNI_TUN_CFG.get(0) else {
+        return TC_ACT_SHOT;
+    };
+    // SAFETY: all-zero is a valid `bpf_tunnel_key` (integers only).
+    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    key.tunnel_id = cfg.vni;
+    key.__bindgen_anon_1.remote_ipv4 = v4_host(&peer.node);
+    key.tunnel_ttl = OUTER_TTL;
+    let flags = if cfg.flags & TUNNEL_FLAG_UDP_CSUM != 0 {
+        0
+    } else {
+        u64::from(BPF_F_ZERO_CSUM_TX)
+    };
+    // SAFETY: the program's own `__sk_buff` and a key of at least `KEY_SIZE` bytes.
+    let rc = unsafe { bpf_skb_set_tunnel_key(ctx.skb.skb, &mut key, KEY_SIZE, flags) };
+    if rc != 0 {
+        if let Some(s) = stats() {
+            s.errors = s.errors.wrapping_add(1);
+        }
+        return TC_ACT_SHOT;
+    }
+    ctx.set_mark(0);
+    if let Some(s) = stats() {
+        s.encap_packets = s.encap_packets.wrapping_add(1);
+        s.encap_bytes = s.encap_bytes.wrapping_add(skb_len(ctx));
+    }
+    TC_ACT_OK
+}
+
+/// Whether `ifindex` is the node's tunnel device.
+#[inline(always)]
+pub fn is_tunnel(ifindex: u32) -> bool {
+    matches!(ECNI_TUN_CFG.get(0), Some(c) if c.ifindex != 0 && c.ifindex == ifindex)
+}
+
+/// Ingress of the tunnel device: whether the packet may go on (`ecni_from_dev` then
+/// handles it as from any node device); a packet from a node that is no member, or a
+/// member's whose inner source is not its own, is counted here and dropped by the caller.
+/// An accepted packet is marked as addressed to the node: its inner destination MAC is
+/// the sending node's device's, never this one's.
+#[inline(always)]
+pub fn from_tunnel(ctx: &TcContext) -> bool {
+    // SAFETY: all-zero is a valid `bpf_tunnel_key` (integers only).
+    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    // SAFETY: the program's own `__sk_buff` and a key of at least `KEY_SIZE` bytes.
+    let rc = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, KEY_SIZE, 0) };
+    let mut src = Key::new(128, [0u8; 16]);
+    let mut dst = [0u8; 16];
+    if rc != 0 || parse_ip(ctx, &mut src.data, &mut dst).is_none() {
+        if let Some(s) = stats() {
+            s.drop_malformed = s.drop_malformed.wrapping_add(1);
+        }
+        return false;
+    }
+    // SAFETY: the union's IPv4 member, which an IPv4 underlay's key fills.
+    let remote = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
+    let node = EndpointKey::v4(remote);
+    // SAFETY: the value is not read, only its presence.
+    if unsafe { ECNI_TUN_NODES.get(&node) }.is_none() {
+        if let Some(s) = stats() {
+            s.drop_not_member = s.drop_not_member.wrapping_add(1);
+        }
+        return false;
+    }
+    let own = match ECNI_TUN_PEERS.get(&src) {
+        Some(p) => p.node == node.addr,
+        // The node itself (node → pod, SNATed NodePort traffic).
+        None => src.data == node.addr,
+    };
+    if !own {
+        if let Some(s) = stats() {
+            s.drop_forged_source = s.drop_forged_source.wrapping_add(1);
+        }
+        return false;
+    }
+    // SAFETY: the program's own `__sk_buff`; PACKET_OTHERHOST → PACKET_HOST is allowed.
+    unsafe { bpf_skb_change_type(ctx.skb.skb, PACKET_HOST) };
+    if let Some(s) = stats() {
+        s.decap_packets = s.decap_packets.wrapping_add(1);
+        s.decap_bytes = s.decap_bytes.wrapping_add(skb_len(ctx));
+    }
+    true
+}

@@ -1,0 +1,239 @@
+//! The cluster network's overlay on the node: the tunnel device's index and checksum
+//! setting (`ECNI_TUN_CFG`), the peers' pod subnets with their node addresses
+//! (`ECNI_TUN_PEERS`) and those node addresses (`ECNI_TUN_NODES`), and what the programs
+//! counted. What they should hold is read off the kernel: the tunnel device the agent made
+//! and its routes of the cluster's protocol (`crate::cluster::tunnel`), so a node whose maps
+//! went with its last pod gets them back at its next ADD. The programs' side is
+//! `ebpf/src/tunnel.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use aya::maps::{
+    lpm_trie::{Key, LpmTrie},
+    Array, HashMap, MapData, PerCpuArray,
+};
+use ebpf_cni_maps::{
+    EndpointKey, TunnelConfig, TunnelPeer, TunnelStats, TUNNEL_CONFIG_MAP, TUNNEL_FLAG_UDP_CSUM,
+    TUNNEL_NODES_MAP, TUNNEL_PEERS_MAP, TUNNEL_STATS_MAP,
+};
+use ipnetwork::IpNetwork;
+use serde::Serialize;
+
+use super::{
+    maps::{endpoint_key, host_ports::update_err, open_map_err, open_pinned},
+    pin::{NodeId, PinRoot},
+    BpfError,
+};
+
+/// The cluster network's VXLAN device, which the agent creates (`crate::cluster::tunnel`).
+pub const TUNNEL_DEVICE: &str = "ecni-vxlan";
+
+/// `rtm_protocol` of the cluster network's routes to peers, whose tunnel peers the
+/// programs' maps follow (`ip route show proto 236`): no other writer
+/// (iproute2's `rt_protos` stops at 192 for the well-known ones, bird 12, zebra 11) uses it.
+pub const ROUTE_PROTOCOL: u8 = 236;
+
+/// The VXLAN network identifier the programs put in every packet's tunnel key.
+pub const TUNNEL_VNI: u32 = 1;
+
+/// What the node's tunnel should be, read off the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunnelView {
+    pub ifindex: u32,
+    pub name: String,
+    pub udp_csum: bool,
+    /// Each peer pod subnet behind the tunnel with its node's address.
+    pub peers: Vec<(IpNetwork, Ipv4Addr)>,
+}
+
+impl TunnelView {
+    fn config(&self) -> TunnelConfig {
+        TunnelConfig {
+            ifindex: self.ifindex,
+            vni: TUNNEL_VNI,
+            flags: if self.udp_csum {
+                TUNNEL_FLAG_UDP_CSUM
+            } else {
+                0
+            },
+            _pad: 0,
+        }
+    }
+
+    fn entries(&self) -> BTreeMap<(u32, [u8; 16]), [u8; 16]> {
+        self.peers
+            .iter()
+            .map(|(net, node)| (net_key(net), EndpointKey::v4(node.octets()).addr))
+            .collect()
+    }
+
+    fn nodes(&self) -> BTreeSet<[u8; 16]> {
+        self.peers
+            .iter()
+            .map(|(_, node)| EndpointKey::v4(node.octets()).addr)
+            .collect()
+    }
+}
+
+/// The trie key of a subnet, IPv4 mapped into IPv6.
+fn net_key(net: &IpNetwork) -> (u32, [u8; 16]) {
+    let base = endpoint_key(net.network()).addr;
+    let bits = match net {
+        IpNetwork::V4(n) => 96 + u32::from(n.prefix()),
+        IpNetwork::V6(n) => u32::from(n.prefix()),
+    };
+    (bits, base)
+}
+
+/// The node's tunnel maps, opened from their pins.
+pub struct TunnelMaps {
+    peers: LpmTrie<MapData, [u8; 16], TunnelPeer>,
+    nodes: HashMap<MapData, EndpointKey, u32>,
+    config: Array<MapData, TunnelConfig>,
+    stats: PerCpuArray<MapData, TunnelStats>,
+}
+
+/// What `inspect` and `metrics` show of the tunnel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TunnelReport {
+    /// The tunnel device's index (0: none).
+    pub ifindex: u32,
+    /// Peer pod subnets reached through it, and their nodes.
+    pub peers: usize,
+    pub nodes: usize,
+    pub encap_packets: u64,
+    pub encap_bytes: u64,
+    pub decap_packets: u64,
+    pub decap_bytes: u64,
+    pub drop_no_peer: u64,
+    pub drop_not_member: u64,
+    pub drop_forged_source: u64,
+    pub drop_malformed: u64,
+    pub errors: u64,
+}
+
+impl TunnelMaps {
+    /// `None` when the node's maps are not pinned (no pod yet), or predate the tunnel.
+    pub fn open(root: &PinRoot, node: &NodeId) -> Result<Option<Self>, BpfError> {
+        let open = |name: &'static str| open_pinned(root, node, name);
+        let (Some(peers), Some(nodes), Some(config), Some(stats)) = (
+            open(TUNNEL_PEERS_MAP)?,
+            open(TUNNEL_NODES_MAP)?,
+            open(TUNNEL_CONFIG_MAP)?,
+            open(TUNNEL_STATS_MAP)?,
+        ) else {
+            return Ok(None);
+        };
+        let conv = |name| open_map_err(root, node, name);
+        Ok(Some(Self {
+            peers: LpmTrie::try_from(peers).map_err(conv(TUNNEL_PEERS_MAP))?,
+            nodes: HashMap::try_from(nodes).map_err(conv(TUNNEL_NODES_MAP))?,
+            config: Array::try_from(config).map_err(conv(TUNNEL_CONFIG_MAP))?,
+            stats: PerCpuArray::try_from(stats).map_err(conv(TUNNEL_STATS_MAP))?,
+        }))
+    }
+
+    fn config_now(&self) -> TunnelConfig {
+        self.config.get(&0, 0).unwrap_or_default()
+    }
+
+    fn entries_now(&self) -> BTreeMap<(u32, [u8; 16]), [u8; 16]> {
+        self.peers
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v.node))
+            .collect()
+    }
+
+    fn nodes_now(&self) -> BTreeSet<[u8; 16]> {
+        self.nodes
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| k.addr)
+            .collect()
+    }
+
+    /// Whether the maps hold exactly `want` (no tunnel: nothing at all).
+    pub fn in_line(&self, want: Option<&TunnelView>) -> bool {
+        let empty = TunnelView::default();
+        let want = want.unwrap_or(&empty);
+        let cfg = if want.ifindex == 0 {
+            TunnelConfig::default()
+        } else {
+            want.config()
+        };
+        self.config_now() == cfg
+            && self.entries_now() == want.entries()
+            && self.nodes_now() == want.nodes()
+    }
+
+    /// Writes `want`: the peers and nodes added first, the device last, so a packet the
+    /// device takes always finds its peer; removals after.
+    pub fn sync(&mut self, want: Option<&TunnelView>) -> Result<(), BpfError> {
+        let empty = TunnelView::default();
+        let want = want.unwrap_or(&empty);
+        let entries = want.entries();
+        let have = self.entries_now();
+        for ((bits, addr), node) in &entries {
+            if have.get(&(*bits, *addr)) == Some(node) {
+                continue;
+            }
+            let v = TunnelPeer {
+                node: *node,
+                _pad: 0,
+            };
+            self.peers
+                .insert(&Key::new(*bits, *addr), v, 0)
+                .map_err(update_err(TUNNEL_PEERS_MAP, "add a peer subnet".to_owned()))?;
+        }
+        let nodes = want.nodes();
+        let nodes_have = self.nodes_now();
+        for n in nodes.difference(&nodes_have) {
+            self.nodes
+                .insert(EndpointKey { addr: *n }, 0, 0)
+                .map_err(update_err(TUNNEL_NODES_MAP, "add a peer node".to_owned()))?;
+        }
+        let cfg = if want.ifindex == 0 {
+            TunnelConfig::default()
+        } else {
+            want.config()
+        };
+        if self.config_now() != cfg {
+            self.config.set(0, cfg, 0).map_err(update_err(
+                TUNNEL_CONFIG_MAP,
+                "set the tunnel device".to_owned(),
+            ))?;
+        }
+        for (bits, addr) in have.keys().filter(|k| !entries.contains_key(k)) {
+            let _ = self.peers.remove(&Key::new(*bits, *addr));
+        }
+        for n in nodes_have.difference(&nodes) {
+            let _ = self.nodes.remove(&EndpointKey { addr: *n });
+        }
+        Ok(())
+    }
+
+    pub fn report(&self) -> TunnelReport {
+        let mut r = TunnelReport {
+            ifindex: self.config_now().ifindex,
+            peers: self.entries_now().len(),
+            nodes: self.nodes_now().len(),
+            ..TunnelReport::default()
+        };
+        if let Ok(per_cpu) = self.stats.get(&0, 0) {
+            for s in per_cpu.iter() {
+                r.encap_packets += s.encap_packets;
+                r.encap_bytes += s.encap_bytes;
+                r.decap_packets += s.decap_packets;
+                r.decap_bytes += s.decap_bytes;
+                r.drop_no_peer += s.drop_no_peer;
+                r.drop_not_member += s.drop_not_member;
+                r.drop_forged_source += s.drop_forged_source;
+                r.drop_malformed += s.drop_malformed;
+                r.errors += s.errors;
+            }
+        }
+        r
+    }
+}

@@ -1,0 +1,79 @@
+//! The cluster network's tunnel, node-wide: its device, the peers behind it, and what its
+//! programs carried and dropped.
+
+use super::part::{Exposition, Part, Text};
+use crate::bpf::tunnel::TunnelReport;
+
+pub struct Tunnel<'a> {
+    /// `None` on a node without the tunnel maps (none pinned yet, or pinned by a release
+    /// before them).
+    pub tunnel: &'a Option<TunnelReport>,
+}
+
+impl Part for Tunnel<'_> {
+    fn inspect(&self, t: &mut Text) {
+        match self.tunnel {
+            Some(r) if r.ifindex != 0 => {
+                t.line(format!(
+                    "tunnel: {} (ifindex {}), {} peer subnets of {} nodes",
+                    crate::bpf::tunnel::TUNNEL_DEVICE,
+                    r.ifindex,
+                    r.peers,
+                    r.nodes
+                ));
+                t.line(format!(
+                    "  out: {} packets, {} bytes; in: {} packets, {} bytes",
+                    r.encap_packets, r.encap_bytes, r.decap_packets, r.decap_bytes
+                ));
+                t.line(format!(
+                    "  dropped: {} for no peer, {} from a non-member, {} with a forged source, {} malformed; {} errors",
+                    r.drop_no_peer, r.drop_not_member, r.drop_forged_source, r.drop_malformed, r.errors
+                ));
+            }
+            _ => t.line("tunnel: none on this node"),
+        }
+    }
+
+    fn metrics(&self, e: &mut Exposition) {
+        let default = TunnelReport::default();
+        let r = self.tunnel.as_ref().unwrap_or(&default);
+        let name = "ebpf_cni_tunnel_peers";
+        e.family(
+            name,
+            "gauge",
+            "Peer pod subnets the node reaches through its tunnel device.",
+        );
+        e.sample(name, &[], r.peers);
+        let name = "ebpf_cni_tunnel_packets_total";
+        e.family(
+            name,
+            "counter",
+            "Packets through the tunnel device, by direction (out: given a tunnel key; in: accepted on arrival).",
+        );
+        e.sample(name, &[("direction", "out")], r.encap_packets);
+        e.sample(name, &[("direction", "in")], r.decap_packets);
+        let name = "ebpf_cni_tunnel_bytes_total";
+        e.family(
+            name,
+            "counter",
+            "Bytes (of the inner frames) through the tunnel device, by direction.",
+        );
+        e.sample(name, &[("direction", "out")], r.encap_bytes);
+        e.sample(name, &[("direction", "in")], r.decap_bytes);
+        let name = "ebpf_cni_tunnel_drops_total";
+        e.family(
+            name,
+            "counter",
+            "Packets the tunnel's programs dropped, by reason: no_peer (out, no peer holds the destination), not_member (in, the outer source is no member's node), forged_source (in, a member's packet from outside its pod subnets and address), malformed (in, no tunnel key or not IP), error (out, the tunnel key refused).",
+        );
+        for (reason, v) in [
+            ("no_peer", r.drop_no_peer),
+            ("not_member", r.drop_not_member),
+            ("forged_source", r.drop_forged_source),
+            ("malformed", r.drop_malformed),
+            ("error", r.errors),
+        ] {
+            e.sample(name, &[("reason", reason)], v);
+        }
+    }
+}
