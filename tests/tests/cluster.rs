@@ -7,7 +7,7 @@
 //! lease expires. Pods on two nodes reach each other over the routes each agent keeps to
 //! its peers' subnets; with `ipMasq` they keep their addresses towards each other.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -683,10 +683,61 @@ fn a_remote_pod_serves_a_cluster_ip_and_a_node_port() {
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
 
+/// In mode `overlay` every peer goes through the tunnel, even one on the node's link, on
+/// the configured port and with outer UDP checksums when asked.
+#[test]
+fn mode_overlay_tunnels_to_every_peer_on_its_port_with_checksums() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (etcd, a, b) = two_nodes(&p, &[]);
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16", "mode": "overlay", "vxlanPort": 4789, "vxlanUdpChecksum": true}"#,
+    )
+    .unwrap();
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    let (sa, sb) = (a.subnets()[0], b.subnets()[0]);
+    eventually(
+        "a's tunnel route to b's subnet",
+        Duration::from_secs(5),
+        || a.tunnels_to(sb, b.addr),
+    );
+    eventually(
+        "b's tunnel route to a's subnet",
+        Duration::from_secs(5),
+        || b.tunnels_to(sa, a.addr),
+    );
+    assert!(!a.routes_to(sb, b.addr), "a direct route in mode overlay");
+    let link = a
+        .node
+        .netns()
+        .ip_ok(&["-d", "link", "show", "ecni-vxlan"])
+        .unwrap();
+    assert!(
+        link.contains("dstport 4789") && link.contains(" udpcsum"),
+        "{link}"
+    );
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+    tcp_transfer(&pod_b.netns, &pod_a.netns, pod_a.v4(), 1 << 20).expect("pod b => pod a");
+    for (n, what) in [(&a, "a"), (&b, "b")] {
+        let t = n.tunnel_report(&p);
+        assert!(
+            t["encap_packets"].as_u64().unwrap() > 0 && t["decap_packets"].as_u64().unwrap() > 0,
+            "node {what}: {t}"
+        );
+    }
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
 /// A node behind a router is reached through the tunnel: the agents on both sides route to
 /// each other's subnet via the peer's address on `ecni-vxlan`, the programs give each
 /// packet its tunnel key (counted on both nodes), pods and the node reach the pods across,
-/// and VXLAN from a host that is no member is dropped and counted, never delivered.
+/// VXLAN from a host that is no member, or from a member with another subnet's source,
+/// is dropped and counted, never delivered; a port another device holds stops the agent.
 #[test]
 fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     require_root();
@@ -702,10 +753,38 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3);
     // The pods' MTU as an operator leaves it, the underlay's: the agents lower it.
     for n in [&a, &c] {
-        let mut conf = n.conf_value();
-        conf["mtu"] = 1500.into();
-        std::fs::write(&n.conf, conf.to_string()).unwrap();
+        n.set_conf("mtu", 1500.into());
     }
+    // flannel's device on the port: the agent stops, naming it, and leaves no device.
+    let ns = a.node.netns();
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "flannel.1",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "8472",
+        "dev",
+        "lan0",
+        "nolearning",
+    ])
+    .unwrap();
+    ns.ip_ok(&["link", "set", "flannel.1", "up"]).unwrap();
+    let err = a.agent(&p, &etcd, 60, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("the VXLAN port 8472 is held by the VXLAN device flannel.1")
+            && err.contains("vxlanPort"),
+        "{err}"
+    );
+    assert!(
+        ns.ip_ok(&["link", "show", "ecni-vxlan"]).is_err(),
+        "a device left"
+    );
+    ns.ip_ok(&["link", "del", "flannel.1"]).unwrap();
+
     let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
     let _agent_c = c.agent(&p, &etcd, 60, &[]).unwrap();
     let (sa, sc) = (a.subnets()[0], c.subnets()[0]);
@@ -756,9 +835,14 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v4(), 4 << 20).expect("pod a => pod c");
     tcp_transfer(&pod_c.netns, &pod_a.netns, pod_a.v4(), 4 << 20).expect("pod c => pod a");
     assert_eq!(too_big(), before, "a packet did not fit the tunnel");
-    for (n, what) in [(&a, "a"), (&c, "c")] {
+    for (n, what, peer, via) in [(&a, "a", sc, c.addr), (&c, "c", sa, a.addr)] {
         let t = n.tunnel_report(&p);
         assert_eq!(t["peers"], 1, "node {what}: {t}");
+        assert_eq!(
+            t["peer_subnets"],
+            json!([{"subnet": peer.to_string(), "node": via.to_string()}]),
+            "node {what}"
+        );
         assert_eq!(
             t["drop_no_peer"], 0,
             "node {what}: nothing sent into it unrouted: {t}"
@@ -833,8 +917,54 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     );
     lan.ip_ok(&["link", "del", "forge"]).unwrap();
 
+    // A member's VXLAN whose inner source is outside its subnet is dropped and counted;
+    // the same datagram from the member's own pod address goes on to pod a.
+    let forged = IpAddr::V4(Ipv4Addr::new(10, 244, 250, 1));
+    let counts = || {
+        let t = a.tunnel_report(&p);
+        (
+            t["drop_forged_source"].as_u64().unwrap(),
+            t["decap_packets"].as_u64().unwrap(),
+        )
+    };
+    let (forged_before, decap_before) = counts();
+    vxlan_from(&c, a.addr, forged, pod_a.v4());
+    eventually("the forged source counted", Duration::from_secs(2), || {
+        counts().0 == forged_before + 1
+    });
+    assert_eq!(counts().1, decap_before, "a forged source went on");
+    vxlan_from(&c, a.addr, pod_c.v4(), pod_a.v4());
+    eventually(
+        "the member's own source accepted",
+        Duration::from_secs(2),
+        || counts().1 > decap_before,
+    );
+    assert_eq!(counts().0, forged_before + 1);
+
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_c.del_direct(&p, &c.node, &c.conf_value());
+}
+
+/// One VXLAN datagram (VNI 1) from `node`'s address to `to`'s port 8472, carrying an ICMP
+/// echo request from `src` to `dst`.
+fn vxlan_from(node: &ClusterNode, to: Ipv4Addr, src: IpAddr, dst: IpAddr) {
+    use ebpf_cni_tests::packet::{Pkt, ETH_P_IP, L4};
+    let frame = Pkt::new(src, dst, L4::echo_request(7))
+        .macs([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1])
+        .payload(32)
+        .frame();
+    assert_eq!(u16::from_be_bytes([frame[12], frame[13]]), ETH_P_IP);
+    let mut datagram = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    datagram.extend_from_slice(&frame);
+    let from = node.addr;
+    node.node
+        .netns()
+        .run_in(|| {
+            let s = std::net::UdpSocket::bind((from, 0))?;
+            s.send_to(&datagram, (to, 8472))
+        })
+        .unwrap()
+        .unwrap();
 }
 
 /// The namespace's SNMP counter `name` (`nstat`'s absolute value).

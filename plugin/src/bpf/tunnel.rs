@@ -7,7 +7,7 @@
 //! `ebpf/src/tunnel.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{
     lpm_trie::{Key, LpmTrie},
@@ -76,6 +76,20 @@ impl TunnelView {
     }
 }
 
+/// The subnet of a trie key ([`net_key`] undone).
+fn key_net((bits, addr): (u32, [u8; 16])) -> Option<IpNetwork> {
+    match unmapped(addr) {
+        IpAddr::V4(a) if bits >= 96 => IpNetwork::new(IpAddr::V4(a), (bits - 96) as u8).ok(),
+        a => IpNetwork::new(a, u8::try_from(bits).ok()?).ok(),
+    }
+}
+
+/// A 16-byte address, an IPv4-mapped one as IPv4.
+fn unmapped(addr: [u8; 16]) -> IpAddr {
+    let a = Ipv6Addr::from(addr);
+    a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
+}
+
 /// The trie key of a subnet, IPv4 mapped into IPv6.
 fn net_key(net: &IpNetwork) -> (u32, [u8; 16]) {
     let base = endpoint_key(net.network()).addr;
@@ -94,6 +108,13 @@ pub struct TunnelMaps {
     stats: PerCpuArray<MapData, TunnelStats>,
 }
 
+/// A peer pod subnet in the tunnel's map and its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TunnelRoute {
+    pub subnet: IpNetwork,
+    pub node: IpAddr,
+}
+
 /// What `inspect` and `metrics` show of the tunnel.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TunnelReport {
@@ -102,6 +123,8 @@ pub struct TunnelReport {
     /// Peer pod subnets reached through it, and their nodes.
     pub peers: usize,
     pub nodes: usize,
+    /// Each peer subnet and the node address its packets are sent to.
+    pub peer_subnets: Vec<TunnelRoute>,
     pub encap_packets: u64,
     pub encap_bytes: u64,
     pub decap_packets: u64,
@@ -215,10 +238,20 @@ impl TunnelMaps {
     }
 
     pub fn report(&self) -> TunnelReport {
+        let entries = self.entries_now();
         let mut r = TunnelReport {
             ifindex: self.config_now().ifindex,
-            peers: self.entries_now().len(),
+            peers: entries.len(),
             nodes: self.nodes_now().len(),
+            peer_subnets: entries
+                .iter()
+                .filter_map(|(k, node)| {
+                    Some(TunnelRoute {
+                        subnet: key_net(*k)?,
+                        node: unmapped(*node),
+                    })
+                })
+                .collect(),
             ..TunnelReport::default()
         };
         if let Ok(per_cpu) = self.stats.get(&0, 0) {
@@ -235,5 +268,25 @@ impl TunnelMaps {
             }
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subnets_trie_key_reads_back_as_the_subnet() {
+        for net in [
+            "10.244.7.0/24",
+            "10.0.0.0/8",
+            "fd00:10:244:7::/64",
+            "0.0.0.0/0",
+        ] {
+            let net: IpNetwork = net.parse().unwrap();
+            assert_eq!(key_net(net_key(&net)), Some(net));
+        }
+        let node = EndpointKey::v4([10, 251, 3, 2]).addr;
+        assert_eq!(unmapped(node), IpAddr::V4(Ipv4Addr::new(10, 251, 3, 2)));
     }
 }

@@ -21,6 +21,13 @@ impl Part for Tunnel<'_> {
                     r.peers,
                     r.nodes
                 ));
+                const SHOWN: usize = 32;
+                for route in r.peer_subnets.iter().take(SHOWN) {
+                    t.line(format!("  {} via {}", route.subnet, route.node));
+                }
+                if r.peer_subnets.len() > SHOWN {
+                    t.line(format!("  ({} more)", r.peer_subnets.len() - SHOWN));
+                }
                 t.line(format!(
                     "  out: {} packets, {} bytes; in: {} packets, {} bytes",
                     r.encap_packets, r.encap_bytes, r.decap_packets, r.decap_bytes
