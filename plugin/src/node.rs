@@ -2,8 +2,6 @@
 //! attaches to, what wildcard host ports answer on), how programs attach there, and the
 //! test hook that fails an ADD after all its steps.
 
-use std::net::IpAddr;
-
 use crate::{
     bpf::{
         tunnel::{TunnelView, ROUTE_PROTOCOL, TUNNEL_DEVICE},
@@ -128,9 +126,10 @@ async fn tunnel_view(
     let mut peers = Vec::new();
     for v6 in [false, true] {
         for r in host_nl.routes(v6).await? {
-            if let (ROUTE_PROTOCOL, Some(oif), Some(IpAddr::V4(gw))) = (r.protocol, r.oif, r.gw) {
+            let node = r.gw.and_then(crate::bpf::tunnel::node_of);
+            if let (ROUTE_PROTOCOL, Some(oif), Some(node)) = (r.protocol, r.oif, node) {
                 if oif == l.index {
-                    peers.push((r.dst, gw));
+                    peers.push((r.dst, node));
                 }
             }
         }

@@ -32,25 +32,33 @@ struct ClusterNode {
 
 impl ClusterNode {
     fn new(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
-        Self::attached(p, name, |ns| etcd.attach(ns, "lan0", host))
+        Self::attached(p, name, Stack::V4, |ns| etcd.attach(ns, "lan0", host))
     }
 
     /// A node behind the LAN namespace, which routes to it (`10.251.<host>.2`): the nodes on
     /// the LAN reach it only through a gateway, so their agents tunnel to it.
-    fn behind_router(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
-        Self::attached(p, name, |ns| etcd.attach_routed(ns, "wan0", host))
+    fn behind_router(
+        p: &PluginUnderTest,
+        etcd: &EtcdCluster,
+        name: &str,
+        host: u8,
+        stack: Stack,
+    ) -> Self {
+        Self::attached(p, name, stack, |ns| etcd.attach_routed(ns, "wan0", host))
     }
 
-    /// A node whose namespace `attach` connects, returning its address.
+    /// A node whose namespace `attach` connects, returning its address, its pods of
+    /// `stack`.
     fn attached(
         p: &PluginUnderTest,
         name: &str,
+        stack: Stack,
         attach: impl FnOnce(&ebpf_cni_tests::Netns) -> anyhow::Result<Ipv4Addr>,
     ) -> Self {
         let node = Node::new().unwrap();
         let addr = attach(node.netns()).unwrap();
         let conf = node.scratch_dir().join("10-ebpf-cni.conf");
-        std::fs::write(&conf, p.conf("1.0.0", &node, Stack::V4).to_string()).unwrap();
+        std::fs::write(&conf, p.conf("1.0.0", &node, stack).to_string()).unwrap();
         Self {
             node,
             name: name.to_owned(),
@@ -59,10 +67,30 @@ impl ClusterNode {
         }
     }
 
-    /// Whether its agent routes `subnet` through the tunnel to `via`.
+    /// Whether its agent routes `subnet` through the tunnel to the node `via` (an IPv6
+    /// subnet via `fe80::<via>`, its stand-in for the IPv4 address).
     fn tunnels_to(&self, subnet: IpNetwork, via: Ipv4Addr) -> bool {
-        self.peer_routes()
-            .contains(&format!("{subnet} via {via} dev ecni-vxlan"))
+        if subnet.is_ipv4() {
+            return self
+                .peer_routes()
+                .contains(&format!("{subnet} via {via} dev ecni-vxlan"));
+        }
+        let [a, b, c, d] = via.octets();
+        let gw = std::net::Ipv6Addr::new(
+            0xfe80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from_be_bytes([a, b]),
+            u16::from_be_bytes([c, d]),
+        );
+        self.node
+            .netns()
+            .ip_ok(&["-6", "route", "show", "proto", "236"])
+            .unwrap()
+            .contains(&format!("{subnet} via {gw} dev ecni-vxlan"))
     }
 
     /// `inspect --json`'s tunnel part.
@@ -745,12 +773,12 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     let etcd = EtcdCluster::start(3).unwrap();
     etcd.put(
         &format!("{PREFIX}/config"),
-        r#"{"network": "10.244.0.0/16"}"#,
+        r#"{"network": "10.244.0.0/16", "ipv6Network": "fd00:10:244::/56"}"#,
     )
     .unwrap();
-    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    let a = ClusterNode::attached(&p, "node-a", Stack::Dual, |ns| etcd.attach(ns, "lan0", 1));
     EtcdCluster::route_to_routed(a.node.netns()).unwrap();
-    let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3);
+    let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3, Stack::Dual);
     // The pods' MTU as an operator leaves it, the underlay's: the agents lower it.
     for n in [&a, &c] {
         n.set_conf("mtu", 1500.into());
@@ -787,20 +815,24 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
 
     let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
     let _agent_c = c.agent(&p, &etcd, 60, &[]).unwrap();
-    let (sa, sc) = (a.subnets()[0], c.subnets()[0]);
+    let family = |n: &ClusterNode, v6: bool| {
+        n.subnets()
+            .into_iter()
+            .find(|s| s.is_ipv6() == v6)
+            .unwrap_or_else(|| panic!("{}: no subnet of the family", n.name))
+    };
+    let (sa, sc) = (family(&a, false), family(&c, false));
+    let (sa6, sc6) = (family(&a, true), family(&c, true));
     let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
     let pod_c = Pod::add_direct(&p, &c.node, &c.conf_value());
 
-    eventually(
-        "a's tunnel route to c's subnet",
-        Duration::from_secs(5),
-        || a.tunnels_to(sc, c.addr),
-    );
-    eventually(
-        "c's tunnel route to a's subnet",
-        Duration::from_secs(5),
-        || c.tunnels_to(sa, a.addr),
-    );
+    for (subnet, from, to) in [(sc, &a, &c), (sa, &c, &a), (sc6, &a, &c), (sa6, &c, &a)] {
+        eventually(
+            &format!("{}'s tunnel route to {subnet}", from.name),
+            Duration::from_secs(5),
+            || from.tunnels_to(subnet, to.addr),
+        );
+    }
     // The overhead taken off the underlay's MTU.
     let link = a
         .node
@@ -814,6 +846,10 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     tcp_echo(&pod_a.netns, &pod_c.netns, pod_c.v4(), 0).expect("pod a -> pod c");
     tcp_echo(&pod_c.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod c -> pod a");
     tcp_echo(a.node.netns(), &pod_c.netns, pod_c.v4(), 0).expect("node a -> pod c");
+    // IPv6 pods across the IPv4 underlay.
+    tcp_echo(&pod_a.netns, &pod_c.netns, pod_c.v6(), 0).expect("pod a -> pod c, IPv6");
+    tcp_echo(&pod_c.netns, &pod_a.netns, pod_a.v6(), 0).expect("pod c -> pod a, IPv6");
+    tcp_echo(a.node.netns(), &pod_c.netns, pod_c.v6(), 0).expect("node a -> pod c, IPv6");
     // Full-sized segments: the agent gave the pods the tunnel's MTU (the underlay's, 50
     // bytes less), so the encapsulated packets fit the underlay and the router between
     // the nodes fragments none of them.
@@ -834,15 +870,20 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     let before = too_big();
     tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v4(), 4 << 20).expect("pod a => pod c");
     tcp_transfer(&pod_c.netns, &pod_a.netns, pod_a.v4(), 4 << 20).expect("pod c => pod a");
+    tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v6(), 4 << 20).expect("pod a => pod c, IPv6");
     assert_eq!(too_big(), before, "a packet did not fit the tunnel");
-    for (n, what, peer, via) in [(&a, "a", sc, c.addr), (&c, "c", sa, a.addr)] {
+    for (n, what, peer, peer6, via) in [(&a, "a", sc, sc6, c.addr), (&c, "c", sa, sa6, a.addr)] {
         let t = n.tunnel_report(&p);
-        assert_eq!(t["peers"], 1, "node {what}: {t}");
-        assert_eq!(
-            t["peer_subnets"],
-            json!([{"subnet": peer.to_string(), "node": via.to_string()}]),
-            "node {what}"
-        );
+        assert_eq!(t["peers"], 2, "node {what}: {t}");
+        assert_eq!(t["nodes"], 1, "node {what}: {t}");
+        let mut listed: Vec<Value> = t["peer_subnets"].as_array().unwrap().clone();
+        listed.sort_by_key(|v| v["subnet"].to_string());
+        let mut want = vec![
+            json!({"subnet": peer.to_string(), "node": via.to_string()}),
+            json!({"subnet": peer6.to_string(), "node": via.to_string()}),
+        ];
+        want.sort_by_key(|v| v["subnet"].to_string());
+        assert_eq!(listed, want, "node {what}");
         assert_eq!(
             t["drop_no_peer"], 0,
             "node {what}: nothing sent into it unrouted: {t}"

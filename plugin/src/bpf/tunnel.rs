@@ -34,6 +34,39 @@ pub const TUNNEL_DEVICE: &str = "ecni-vxlan";
 /// (iproute2's `rt_protos` stops at 192 for the well-known ones, bird 12, zebra 11) uses it.
 pub const ROUTE_PROTOCOL: u8 = 236;
 
+/// The gateway of an IPv6 peer route through the tunnel: an IPv6 route cannot go via an
+/// IPv4 address, so the peer's IPv4 node address is written as the link-local
+/// `fe80::<node>` (`fe80::a0f:302` for 10.15.3.2), which the device, holding no link-local
+/// address and resolving no neighbour, never answers for.
+pub fn v6_gateway(node: Ipv4Addr) -> Ipv6Addr {
+    let [a, b, c, d] = node.octets();
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        u16::from_be_bytes([a, b]),
+        u16::from_be_bytes([c, d]),
+    )
+}
+
+/// The peer node a tunnel route's gateway names: an IPv4 one, or [`v6_gateway`]'s form.
+pub fn node_of(gw: IpAddr) -> Option<Ipv4Addr> {
+    match gw {
+        IpAddr::V4(a) => Some(a),
+        IpAddr::V6(a) => {
+            let s = a.segments();
+            (s[..6] == [0xfe80, 0, 0, 0, 0, 0]).then(|| {
+                let [a, b] = s[6].to_be_bytes();
+                let [c, d] = s[7].to_be_bytes();
+                Ipv4Addr::new(a, b, c, d)
+            })
+        }
+    }
+}
+
 /// The VXLAN network identifier the programs put in every packet's tunnel key.
 pub const TUNNEL_VNI: u32 = 1;
 
@@ -286,6 +319,11 @@ mod tests {
             let net: IpNetwork = net.parse().unwrap();
             assert_eq!(key_net(net_key(&net)), Some(net));
         }
+        let v4 = Ipv4Addr::new(10, 15, 3, 2);
+        assert_eq!(v6_gateway(v4), "fe80::a0f:302".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(node_of(IpAddr::V6(v6_gateway(v4))), Some(v4));
+        assert_eq!(node_of(IpAddr::V4(v4)), Some(v4));
+        assert_eq!(node_of("fe80::1:0:a0f:302".parse().unwrap()), None);
         let node = EndpointKey::v4([10, 251, 3, 2]).addr;
         assert_eq!(unmapped(node), IpAddr::V4(Ipv4Addr::new(10, 251, 3, 2)));
     }

@@ -192,7 +192,7 @@ pub fn start(
                     &nl,
                     record.public_ip.map(IpAddr::V4),
                 )),
-                subnet: tunnel::subnet_v4(&membership.subnets),
+                addresses: tunnel::addresses_of(&membership.subnets),
             };
             crate::block_on(tunnel::ensure(&nl, &spec))?;
             log::info!(

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use super::network::{MemberRecord, Mode};
-use crate::bpf::tunnel::ROUTE_PROTOCOL;
+use crate::bpf::tunnel::{v6_gateway, ROUTE_PROTOCOL};
 use crate::netlink::{Netlink, NetlinkError, RouteEntry};
 
 /// The cluster's members as the source lists them: each subnet with its holder.
@@ -58,17 +58,16 @@ pub fn plan(members: &Members, own: &str, routes: &[RouteEntry], reach: Reach) -
         .iter()
         .filter(|(_, r)| r.node != own)
         .map(|(dst, r)| {
-            // The tunnel's underlay is IPv4, and it carries IPv4 pod subnets only in this
-            // release.
+            // The tunnel's underlay is IPv4; an IPv6 subnet's route names the peer's node
+            // address in `v6_gateway`'s form.
             let tunnel = |why: String| match (reach.mode, reach.tunnel, r.public_ip) {
-                _ if dst.is_ipv6() && reach.mode != Mode::Direct => Plan::Unreachable {
-                    dst: *dst,
-                    node: r.node.clone(),
-                    why: format!("{why}, and IPv6 pod subnets do not cross the tunnel yet"),
-                },
                 (Mode::Auto | Mode::Overlay, Some(oif), Some(v4)) => Plan::Tunnel {
                     dst: *dst,
-                    via: IpAddr::V4(v4),
+                    via: if dst.is_ipv4() {
+                        IpAddr::V4(v4)
+                    } else {
+                        IpAddr::V6(v6_gateway(v4))
+                    },
                     oif,
                 },
                 (Mode::Direct, ..) => Plan::Unreachable {
@@ -287,6 +286,13 @@ mod tests {
             via: "10.9.0.7".parse().unwrap(),
             oif: 9
         }));
+        // An IPv6 subnet of a node without an IPv6 address: through the tunnel, its
+        // gateway naming the node's IPv4 address.
+        assert!(plans.contains(&Plan::Tunnel {
+            dst: "fd00:10:244:2::/64".parse().unwrap(),
+            via: "fe80::c0a8:106".parse().unwrap(),
+            oif: 9
+        }));
         // overlay: every peer through it.
         let overlay = Reach {
             mode: Mode::Overlay,
@@ -296,8 +302,7 @@ mod tests {
         assert!(
             plans.iter().all(|p| match p {
                 Plan::Tunnel { oif, .. } => *oif == 9,
-                Plan::Unreachable { dst, why, .. } => dst.is_ipv6() && why.contains("IPv6"),
-                Plan::Direct { .. } => false,
+                Plan::Unreachable { .. } | Plan::Direct { .. } => false,
             }),
             "{plans:?}"
         );

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use ipnetwork::{IpNetwork, Ipv4Network};
+use ipnetwork::IpNetwork;
 
 use crate::bpf::tunnel::TUNNEL_DEVICE;
 use crate::netlink::{Netlink, NetlinkError};
@@ -24,8 +24,9 @@ pub struct TunnelSpec {
     pub udp_csum: bool,
     /// The MTU of the device the node's address is on.
     pub underlay_mtu: u32,
-    /// The node's IPv4 subnet: its network address goes on the device.
-    pub subnet: Option<Ipv4Network>,
+    /// The device's addresses: the network address of the node's subnet of each family,
+    /// alone (`/32`, `/128`).
+    pub addresses: [Option<IpNetwork>; 2],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +85,7 @@ pub async fn ensure(nl: &Netlink, spec: &TunnelSpec) -> Result<u32, TunnelError>
         }
         None => create(nl, spec, mtu).await?,
     };
-    if let Some(s) = spec.subnet {
-        let addr = IpNetwork::V4(Ipv4Network::new(s.network(), 32).expect("/32"));
+    for addr in spec.addresses.into_iter().flatten() {
         nl.ensure_address(link.index, addr).await?;
     }
     if !link.up {
@@ -113,11 +113,12 @@ async fn create(
 ) -> Result<crate::netlink::Link, TunnelError> {
     nl.create_vxlan(TUNNEL_DEVICE, spec.port, spec.udp_csum, mtu)
         .await?;
-    // No IPv6 on it (it carries IPv4 only): no link-local address, so none of the
-    // stack's own IPv6 packets (router solicitations, MLD) is sent into it and counted
-    // as a drop. A kernel without IPv6 has no such setting.
+    // No IPv6 link-local address (`addr_gen_mode` none), set before the device comes up:
+    // the stack's own IPv6 packets from one (router solicitations, neighbour discovery)
+    // would be sent into the tunnel and dropped there for want of a peer. A kernel
+    // without IPv6 has no such setting.
     let _ = std::fs::write(
-        format!("/proc/sys/net/ipv6/conf/{TUNNEL_DEVICE}/disable_ipv6"),
+        format!("/proc/sys/net/ipv6/conf/{TUNNEL_DEVICE}/addr_gen_mode"),
         "1",
     );
     nl.link_by_name(TUNNEL_DEVICE).await?.ok_or_else(|| {
@@ -138,10 +139,12 @@ async fn holder_of(nl: &Netlink, port: u16, own: u32) -> Option<String> {
         .map(|l| format!("the VXLAN device {}", l.name))
 }
 
-/// The node's address to put on the device for `subnets`.
-pub fn subnet_v4(subnets: &[IpNetwork]) -> Option<Ipv4Network> {
-    subnets.iter().find_map(|s| match s {
-        IpNetwork::V4(n) => Some(*n),
-        IpNetwork::V6(_) => None,
-    })
+/// [`TunnelSpec::addresses`] for the node's `subnets`: each family's first subnet's
+/// network address, alone.
+pub fn addresses_of(subnets: &[IpNetwork]) -> [Option<IpNetwork>; 2] {
+    let first = |v6: bool| {
+        let s = subnets.iter().find(|s| s.is_ipv6() == v6)?;
+        IpNetwork::new(s.network(), if v6 { 128 } else { 32 }).ok()
+    };
+    [first(false), first(true)]
 }

@@ -414,9 +414,10 @@ impl Netlink {
         Ok(echoed)
     }
 
-    /// Creates an `external` (collect_md) VXLAN device without learning or ARP (the
-    /// programs set each packet's tunnel key; nothing resolves neighbours through it),
-    /// listening on UDP `port`, down. Its own identifier is 0: the kernel looks a
+    /// Creates an `external` (collect_md) VXLAN device without learning, ARP or multicast
+    /// (the programs set each packet's tunnel key, which only a unicast destination has;
+    /// nothing resolves neighbours or joins groups through it), listening on UDP `port`,
+    /// down. Its own identifier is 0: the kernel looks a
     /// received packet's flow-based device up under VNI 0 whatever the packet carries, so
     /// a device with any other identifier receives nothing.
     pub async fn create_vxlan(
@@ -433,6 +434,7 @@ impl Netlink {
             .udp_csum(udp_csum)
             .mtu(mtu)
             .arp(false)
+            .multicast(false)
             .build();
         self.request(
             RouteNetlinkMessage::NewLink(m),
