@@ -712,7 +712,8 @@ fn a_remote_pod_serves_a_cluster_ip_and_a_node_port() {
 }
 
 /// In mode `overlay` every peer goes through the tunnel, even one on the node's link, on
-/// the configured port and with outer UDP checksums when asked.
+/// the configured port and with outer UDP checksums when asked; a packet over the
+/// tunnel's MTU with DF is refused with "fragmentation needed".
 #[test]
 fn mode_overlay_tunnels_to_every_peer_on_its_port_with_checksums() {
     require_root();
@@ -757,6 +758,64 @@ fn mode_overlay_tunnels_to_every_peer_on_its_port_with_checksums() {
             "node {what}: {t}"
         );
     }
+
+    // A pod that kept the underlay's MTU (one added before the agent lowered it): a
+    // datagram with DF at the tunnel's limit (1,450 bytes of IP) crosses; one byte more is
+    // refused by node a with "fragmentation needed" (counted: IpFragFails), from which the
+    // pod learns the path's MTU.
+    let mut conf = a.conf_value();
+    conf["mtu"] = 1500.into();
+    let wide = Pod::add_direct(&p, &a.node, &conf);
+    let server = pod_b
+        .netns
+        .run_in(|| std::net::UdpSocket::bind((pod_b.v4(), 0)))
+        .unwrap()
+        .unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let to = server.local_addr().unwrap();
+    let send = |len: usize| {
+        wide.netns
+            .run_in(|| {
+                use std::os::fd::AsRawFd;
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                let df: libc::c_int = libc::IP_PMTUDISC_DO;
+                // SAFETY: setsockopt(2) on an open socket with an int option it reads.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_IP,
+                        libc::IP_MTU_DISCOVER,
+                        (&df as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(rc, 0, "IP_MTU_DISCOVER");
+                s.send_to(&vec![b'x'; len], to).unwrap();
+            })
+            .unwrap()
+    };
+    let mut buf = [0u8; 2048];
+    send(1450 - 28);
+    let (n, _) = server
+        .recv_from(&mut buf)
+        .expect("the datagram at the limit");
+    assert_eq!(n, 1450 - 28);
+    let refused = snmp(a.node.netns(), "IpFragFails");
+    send(1450 - 28 + 1);
+    assert!(
+        server.recv_from(&mut buf).is_err(),
+        "a datagram over the tunnel's MTU with DF crossed"
+    );
+    assert_eq!(snmp(a.node.netns(), "IpFragFails"), refused + 1);
+    let route = wide
+        .netns
+        .ip_ok(&["route", "get", &pod_b.v4().to_string()])
+        .unwrap();
+    assert!(route.contains("mtu 1450"), "the pod's route cache: {route}");
+    wide.del_direct(&p, &a.node, &conf);
+
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
