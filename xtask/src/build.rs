@@ -44,6 +44,7 @@ const BPF_GLOBAL_FUNCTIONS: &[&str] = &[
     "ecni_svc_from_dev",
     "ecni_svc_from_pod",
     "ecni_svc_to_pod",
+    "ecni_tun_from_dev",
 ];
 
 const PLUGIN_PACKAGE: &str = "ebpf-cni";
