@@ -8,14 +8,14 @@
 //! which every kernel from 5.10 takes; the `local_ipv4` field after it came in 6.0.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, bpf_tunnel_key, BPF_F_ZERO_CSUM_TX},
+    bindings::{__sk_buff, bpf_tunnel_key, BPF_F_NO_PREALLOC, BPF_F_ZERO_CSUM_TX},
     helpers::generated::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     macros::map,
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
 use ebpf_cni_maps::{
-    str_eq, EndpointKey, TunnelConfig, TunnelPeer, TunnelStats, MAX_TUNNEL_PEERS,
+    str_eq, EndpointKey, TunnelConfig, TunnelPeer, TunnelPeerStats, TunnelStats, MAX_TUNNEL_PEERS,
     TUNNEL_FLAG_UDP_CSUM,
 };
 
@@ -34,6 +34,14 @@ static ECNI_TUN_CFG: Array<TunnelConfig> = Array::with_max_entries(1, 0);
 #[map]
 static ECNI_TUN_STAT: PerCpuArray<TunnelStats> = PerCpuArray::with_max_entries(1, 0);
 
+#[map]
+static ECNI_TUN_PSTAT: PerCpuHashMap<EndpointKey, TunnelPeerStats> =
+    PerCpuHashMap::with_max_entries(MAX_TUNNEL_PEERS, BPF_F_NO_PREALLOC);
+
+const _: () = assert!(str_eq(
+    ebpf_cni_maps::TUNNEL_PEER_STATS_MAP,
+    stringify!(ECNI_TUN_PSTAT)
+));
 const _: () = assert!(str_eq(
     ebpf_cni_maps::TUNNEL_PEERS_MAP,
     stringify!(ECNI_TUN_PEERS)
@@ -71,6 +79,14 @@ fn stats() -> Option<&'static mut TunnelStats> {
 fn skb_len(ctx: &TcContext) -> u64 {
     // SAFETY: a read of the context's own field.
     u64::from(unsafe { (*ctx.skb.skb).len })
+}
+
+/// This CPU's counters of the member at `node`, if user space has added them.
+#[inline(always)]
+fn peer_stats(node: &EndpointKey) -> Option<&'static mut TunnelPeerStats> {
+    // SAFETY: this CPU's value, valid during the program run (as `stats`); an entry user
+    // space removes meanwhile is freed after an RCU grace period, which the run is inside.
+    ECNI_TUN_PSTAT.get_ptr_mut(node).map(|s| unsafe { &mut *s })
 }
 
 /// The IPv4 address of a 16-byte mapped one, in host order (as the tunnel key holds it).
@@ -122,9 +138,14 @@ pub fn to_tunnel(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     ctx.set_mark(0);
+    let len = skb_len(ctx);
     if let Some(s) = stats() {
         s.encap_packets = s.encap_packets.wrapping_add(1);
-        s.encap_bytes = s.encap_bytes.wrapping_add(skb_len(ctx));
+        s.encap_bytes = s.encap_bytes.wrapping_add(len);
+    }
+    if let Some(s) = peer_stats(&EndpointKey { addr: peer.node }) {
+        s.encap_packets = s.encap_packets.wrapping_add(1);
+        s.encap_bytes = s.encap_bytes.wrapping_add(len);
     }
     TC_ACT_OK
 }
@@ -183,17 +204,26 @@ fn check_from_tunnel(ctx: &TcContext) -> bool {
         // The node itself (node → pod, SNATed NodePort traffic).
         None => src.data == node.addr,
     };
+    let peer = peer_stats(&node);
     if !own {
         if let Some(s) = stats() {
+            s.drop_forged_source = s.drop_forged_source.wrapping_add(1);
+        }
+        if let Some(s) = peer {
             s.drop_forged_source = s.drop_forged_source.wrapping_add(1);
         }
         return false;
     }
     // SAFETY: the program's own `__sk_buff`; PACKET_OTHERHOST → PACKET_HOST is allowed.
     unsafe { bpf_skb_change_type(ctx.skb.skb, PACKET_HOST) };
+    let len = skb_len(ctx);
     if let Some(s) = stats() {
         s.decap_packets = s.decap_packets.wrapping_add(1);
-        s.decap_bytes = s.decap_bytes.wrapping_add(skb_len(ctx));
+        s.decap_bytes = s.decap_bytes.wrapping_add(len);
+    }
+    if let Some(s) = peer {
+        s.decap_packets = s.decap_packets.wrapping_add(1);
+        s.decap_bytes = s.decap_bytes.wrapping_add(len);
     }
     true
 }

@@ -85,7 +85,7 @@ impl NodeMap {
 
 /// Every node-wide map, pinned under the node's `maps/` directory: the load pins these, the
 /// load probe shrinks them, and `inspect`/`metrics` report each one's use against its size.
-pub const NODE_MAPS: [NodeMap; 29] = [
+pub const NODE_MAPS: [NodeMap; 30] = [
     NodeMap::keyed(ENDPOINTS_MAP),
     NodeMap::keyed(POD_COUNTERS_MAP),
     NodeMap::array(TRACE_MAP),
@@ -115,4 +115,5 @@ pub const NODE_MAPS: [NodeMap; 29] = [
     NodeMap::keyed(TUNNEL_NODES_MAP),
     NodeMap::array(TUNNEL_CONFIG_MAP),
     NodeMap::array(TUNNEL_STATS_MAP),
+    NodeMap::keyed(TUNNEL_PEER_STATS_MAP),
 ];

@@ -15,8 +15,12 @@ pub const TUNNEL_NODES_MAP: &str = "ECNI_TUN_NODES";
 pub const TUNNEL_CONFIG_MAP: &str = "ECNI_TUN_CFG";
 /// Node-wide per-CPU array with one [`TunnelStats`].
 pub const TUNNEL_STATS_MAP: &str = "ECNI_TUN_STAT";
-/// Capacity of [`TUNNEL_PEERS_MAP`] and [`TUNNEL_NODES_MAP`]: pod subnets (and nodes) of
-/// the peers behind the tunnel.
+/// Node-wide per-CPU hash of what the tunnel carried for each member: its node address as
+/// an [`EndpointKey`](crate::EndpointKey) → [`TunnelPeerStats`]. User space adds and removes
+/// the entries with the members of [`TUNNEL_NODES_MAP`]; the programs count into them.
+pub const TUNNEL_PEER_STATS_MAP: &str = "ECNI_TUN_PSTAT";
+/// Capacity of [`TUNNEL_PEERS_MAP`], [`TUNNEL_NODES_MAP`] and [`TUNNEL_PEER_STATS_MAP`]:
+/// pod subnets (and nodes) of the peers behind the tunnel.
 pub const MAX_TUNNEL_PEERS: u32 = 16_384;
 
 /// [`TunnelConfig::flags`]: the outer UDP header carries a checksum (off by default on
@@ -73,9 +77,27 @@ pub struct TunnelStats {
 
 const _: () = assert!(core::mem::size_of::<TunnelStats>() == 72);
 
-plain_old_data!(TunnelConfig, TunnelPeer, TunnelStats);
+/// What the tunnel carried for one member node, per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunnelPeerStats {
+    /// Packets (and their inner bytes) given a tunnel key towards the member.
+    pub encap_packets: u64,
+    pub encap_bytes: u64,
+    /// Packets from the member that were accepted.
+    pub decap_packets: u64,
+    pub decap_bytes: u64,
+    /// Packets from the member dropped: the inner source is neither in its pod subnets nor
+    /// its node address.
+    pub drop_forged_source: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<TunnelPeerStats>() == 40);
+
+plain_old_data!(TunnelConfig, TunnelPeer, TunnelStats, TunnelPeerStats);
 
 const _: () = assert!(crate::names::fits_bpf_obj_name(TUNNEL_PEERS_MAP));
 const _: () = assert!(crate::names::fits_bpf_obj_name(TUNNEL_NODES_MAP));
 const _: () = assert!(crate::names::fits_bpf_obj_name(TUNNEL_CONFIG_MAP));
 const _: () = assert!(crate::names::fits_bpf_obj_name(TUNNEL_STATS_MAP));
+const _: () = assert!(crate::names::fits_bpf_obj_name(TUNNEL_PEER_STATS_MAP));

@@ -951,6 +951,18 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
             t["encap_packets"].as_u64().unwrap() > 0 && t["decap_packets"].as_u64().unwrap() > 0,
             "node {what}: the programs carried the packets both ways: {t}"
         );
+        // The same, counted for the one member: its 4 MiB (and the 4 MiB back) in it.
+        let members = t["peer_nodes"].as_array().unwrap();
+        assert_eq!(members.len(), 1, "node {what}: {t}");
+        let m = &members[0];
+        assert_eq!(m["node"], via.to_string(), "node {what}: {t}");
+        for field in ["encap_bytes", "decap_bytes"] {
+            assert!(
+                m[field].as_u64().unwrap() >= 4 << 20,
+                "node {what}: {field} of the peer: {t}"
+            );
+        }
+        assert_eq!(m["drop_forged_source"], 0, "node {what}: {t}");
     }
 
     // VXLAN from the LAN namespace (on the underlay, no member) to node a's port, with an
@@ -1020,26 +1032,65 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     // A member's VXLAN whose inner source is outside its subnet is dropped and counted;
     // the same datagram from the member's own pod address goes on to pod a.
     let forged = IpAddr::V4(Ipv4Addr::new(10, 244, 250, 1));
+    // (Node-wide and for member c, whose address the datagrams come from.)
     let counts = || {
         let t = a.tunnel_report(&p);
-        (
+        let m = t["peer_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["node"] == c.addr.to_string())
+            .unwrap_or_else(|| panic!("no counters of member c: {t}"))
+            .clone();
+        [
             t["drop_forged_source"].as_u64().unwrap(),
             t["decap_packets"].as_u64().unwrap(),
-        )
+            m["drop_forged_source"].as_u64().unwrap(),
+            m["decap_packets"].as_u64().unwrap(),
+        ]
     };
-    let (forged_before, decap_before) = counts();
+    let before = counts();
     vxlan_from(&c, a.addr, forged, pod_a.v4());
     eventually("the forged source counted", Duration::from_secs(2), || {
-        counts().0 == forged_before + 1
+        counts()[0] == before[0] + 1
     });
-    assert_eq!(counts().1, decap_before, "a forged source went on");
+    let after = counts();
+    assert_eq!(after[2], before[2] + 1, "member c's forged sources");
+    assert_eq!(
+        [after[1], after[3]],
+        [before[1], before[3]],
+        "a forged source went on"
+    );
     vxlan_from(&c, a.addr, pod_c.v4(), pod_a.v4());
     eventually(
         "the member's own source accepted",
         Duration::from_secs(2),
-        || counts().1 > decap_before,
+        || counts()[1] > before[1],
     );
-    assert_eq!(counts().0, forged_before + 1);
+    let after = counts();
+    assert!(after[3] > before[3], "member c's accepted packets");
+    assert_eq!([after[0], after[2]], [before[0] + 1, before[2] + 1]);
+    // The same per member in the Prometheus exposition.
+    let out = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .args(["metrics", "--netns"])
+        .arg(a.node.netns().path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sample = format!(
+        "ebpf_cni_tunnel_peer_drops_total{{peer=\"{}\",reason=\"forged_source\"}} {}",
+        c.addr, after[2]
+    );
+    assert!(text.lines().any(|l| l == sample), "{sample} in:\n{text}");
+    let sample = format!(
+        "ebpf_cni_tunnel_peer_packets_total{{peer=\"{}\",direction=\"in\"}} ",
+        c.addr
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with(&sample)),
+        "{sample} in:\n{text}"
+    );
 
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_c.del_direct(&p, &c.node, &c.conf_value());

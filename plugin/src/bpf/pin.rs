@@ -17,6 +17,7 @@
 //!                                     ECNI_SHAPE_NET ECNI_SOURCES ECNI_SVC_NETS
 //!                                     ECNI_SVC_FLOWS ECNI_SVC_STAT ECNI_TUN_PEERS
 //!                                     ECNI_TUN_NODES ECNI_TUN_CFG ECNI_TUN_STAT
+//!                                     ECNI_TUN_PSTAT
 //!     programs/<revision>/<program>   every program of programs::TABLE, per object revision:
 //!                                     ecni_from_pod ecni_to_pod ecni_from_dev ecni_from_chain
 //!                                     ecni_to_tunnel

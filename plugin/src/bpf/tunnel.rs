@@ -1,21 +1,22 @@
 //! The cluster network's overlay on the node: the tunnel device's index and checksum
 //! setting (`ECNI_TUN_CFG`), the peers' pod subnets with their node addresses
 //! (`ECNI_TUN_PEERS`) and those node addresses (`ECNI_TUN_NODES`), and what the programs
-//! counted. What they should hold is read off the kernel: the tunnel device the agent made
-//! and its routes of the cluster's protocol (`crate::cluster::tunnel`), so a node whose maps
-//! went with its last pod gets them back at its next ADD. The programs' side is
-//! `ebpf/src/tunnel.rs`.
+//! counted, node-wide (`ECNI_TUN_STAT`) and per member node (`ECNI_TUN_PSTAT`). What they
+//! should hold is read off the kernel: the tunnel device the agent made and its routes of
+//! the cluster's protocol (`crate::cluster::tunnel`), so a node whose maps went with its
+//! last pod gets them back at its next ADD. The programs' side is `ebpf/src/tunnel.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{
     lpm_trie::{Key, LpmTrie},
-    Array, HashMap, MapData, PerCpuArray,
+    Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues,
 };
 use ebpf_cni_maps::{
-    EndpointKey, TunnelConfig, TunnelPeer, TunnelStats, TUNNEL_CONFIG_MAP, TUNNEL_FLAG_UDP_CSUM,
-    TUNNEL_NODES_MAP, TUNNEL_PEERS_MAP, TUNNEL_STATS_MAP,
+    EndpointKey, TunnelConfig, TunnelPeer, TunnelPeerStats, TunnelStats, TUNNEL_CONFIG_MAP,
+    TUNNEL_FLAG_UDP_CSUM, TUNNEL_NODES_MAP, TUNNEL_PEERS_MAP, TUNNEL_PEER_STATS_MAP,
+    TUNNEL_STATS_MAP,
 };
 use ipnetwork::IpNetwork;
 use serde::Serialize;
@@ -139,6 +140,7 @@ pub struct TunnelMaps {
     nodes: HashMap<MapData, EndpointKey, u32>,
     config: Array<MapData, TunnelConfig>,
     stats: PerCpuArray<MapData, TunnelStats>,
+    peer_stats: PerCpuHashMap<MapData, EndpointKey, TunnelPeerStats>,
 }
 
 /// A peer pod subnet in the tunnel's map and its node.
@@ -146,6 +148,17 @@ pub struct TunnelMaps {
 pub struct TunnelRoute {
     pub subnet: IpNetwork,
     pub node: IpAddr,
+}
+
+/// What the tunnel carried for one member node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TunnelPeerReport {
+    pub node: IpAddr,
+    pub encap_packets: u64,
+    pub encap_bytes: u64,
+    pub decap_packets: u64,
+    pub decap_bytes: u64,
+    pub drop_forged_source: u64,
 }
 
 /// What `inspect` and `metrics` show of the tunnel.
@@ -167,17 +180,20 @@ pub struct TunnelReport {
     pub drop_forged_source: u64,
     pub drop_malformed: u64,
     pub errors: u64,
+    /// Per member node, by address.
+    pub peer_nodes: Vec<TunnelPeerReport>,
 }
 
 impl TunnelMaps {
     /// `None` when the node's maps are not pinned (no pod yet), or predate the tunnel.
     pub fn open(root: &PinRoot, node: &NodeId) -> Result<Option<Self>, BpfError> {
         let open = |name: &'static str| open_pinned(root, node, name);
-        let (Some(peers), Some(nodes), Some(config), Some(stats)) = (
+        let (Some(peers), Some(nodes), Some(config), Some(stats), Some(peer_stats)) = (
             open(TUNNEL_PEERS_MAP)?,
             open(TUNNEL_NODES_MAP)?,
             open(TUNNEL_CONFIG_MAP)?,
             open(TUNNEL_STATS_MAP)?,
+            open(TUNNEL_PEER_STATS_MAP)?,
         ) else {
             return Ok(None);
         };
@@ -187,6 +203,7 @@ impl TunnelMaps {
             nodes: HashMap::try_from(nodes).map_err(conv(TUNNEL_NODES_MAP))?,
             config: Array::try_from(config).map_err(conv(TUNNEL_CONFIG_MAP))?,
             stats: PerCpuArray::try_from(stats).map_err(conv(TUNNEL_STATS_MAP))?,
+            peer_stats: PerCpuHashMap::try_from(peer_stats).map_err(conv(TUNNEL_PEER_STATS_MAP))?,
         }))
     }
 
@@ -210,6 +227,14 @@ impl TunnelMaps {
             .collect()
     }
 
+    fn peer_stats_now(&self) -> BTreeSet<[u8; 16]> {
+        self.peer_stats
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| k.addr)
+            .collect()
+    }
+
     /// Whether the maps hold exactly `want` (no tunnel: nothing at all).
     pub fn in_line(&self, want: Option<&TunnelView>) -> bool {
         let empty = TunnelView::default();
@@ -222,6 +247,7 @@ impl TunnelMaps {
         self.config_now() == cfg
             && self.entries_now() == want.entries()
             && self.nodes_now() == want.nodes()
+            && self.peer_stats_now() == want.nodes()
     }
 
     /// Writes `want`: the peers and nodes added first, the device last, so a packet the
@@ -250,6 +276,21 @@ impl TunnelMaps {
                 .insert(EndpointKey { addr: *n }, 0, 0)
                 .map_err(update_err(TUNNEL_NODES_MAP, "add a peer node".to_owned()))?;
         }
+        // A member's counters start at zero when it joins and are kept while it stays.
+        let counted = self.peer_stats_now();
+        if nodes.difference(&counted).next().is_some() {
+            let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Cpus { source })?;
+            for n in nodes.difference(&counted) {
+                let zero = PerCpuValues::try_from(vec![TunnelPeerStats::default(); cpus])
+                    .expect("one per CPU");
+                self.peer_stats
+                    .insert(EndpointKey { addr: *n }, zero, 0)
+                    .map_err(update_err(
+                        TUNNEL_PEER_STATS_MAP,
+                        "add a peer node's counters".to_owned(),
+                    ))?;
+            }
+        }
         let cfg = if want.ifindex == 0 {
             TunnelConfig::default()
         } else {
@@ -266,6 +307,9 @@ impl TunnelMaps {
         }
         for n in nodes_have.difference(&nodes) {
             let _ = self.nodes.remove(&EndpointKey { addr: *n });
+        }
+        for n in counted.difference(&nodes) {
+            let _ = self.peer_stats.remove(&EndpointKey { addr: *n });
         }
         Ok(())
     }
@@ -300,6 +344,30 @@ impl TunnelMaps {
                 r.errors += s.errors;
             }
         }
+        r.peer_nodes = self
+            .peer_stats
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| {
+                let mut p = TunnelPeerReport {
+                    node: unmapped(k.addr),
+                    encap_packets: 0,
+                    encap_bytes: 0,
+                    decap_packets: 0,
+                    decap_bytes: 0,
+                    drop_forged_source: 0,
+                };
+                for s in per_cpu.iter() {
+                    p.encap_packets += s.encap_packets;
+                    p.encap_bytes += s.encap_bytes;
+                    p.decap_packets += s.decap_packets;
+                    p.decap_bytes += s.decap_bytes;
+                    p.drop_forged_source += s.drop_forged_source;
+                }
+                p
+            })
+            .collect();
+        r.peer_nodes.sort_by_key(|p| p.node);
         r
     }
 }

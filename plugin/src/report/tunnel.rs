@@ -36,6 +36,15 @@ impl Part for Tunnel<'_> {
                     "  dropped: {} for no peer, {} from a non-member, {} with a forged source, {} malformed; {} errors",
                     r.drop_no_peer, r.drop_not_member, r.drop_forged_source, r.drop_malformed, r.errors
                 ));
+                for p in r.peer_nodes.iter().take(SHOWN) {
+                    t.line(format!(
+                        "  node {}: out {} packets, {} bytes; in {} packets, {} bytes; {} forged sources dropped",
+                        p.node, p.encap_packets, p.encap_bytes, p.decap_packets, p.decap_bytes, p.drop_forged_source
+                    ));
+                }
+                if r.peer_nodes.len() > SHOWN {
+                    t.line(format!("  ({} more nodes)", r.peer_nodes.len() - SHOWN));
+                }
             }
             _ => t.line("tunnel: none on this node"),
         }
@@ -81,6 +90,54 @@ impl Part for Tunnel<'_> {
             ("error", r.errors),
         ] {
             e.sample(name, &[("reason", reason)], v);
+        }
+        let name = "ebpf_cni_tunnel_peer_packets_total";
+        e.family(
+            name,
+            "counter",
+            "Packets through the tunnel device per member node (peer: its address), by direction.",
+        );
+        for p in &r.peer_nodes {
+            let peer = p.node.to_string();
+            e.sample(
+                name,
+                &[("peer", &peer), ("direction", "out")],
+                p.encap_packets,
+            );
+            e.sample(
+                name,
+                &[("peer", &peer), ("direction", "in")],
+                p.decap_packets,
+            );
+        }
+        let name = "ebpf_cni_tunnel_peer_bytes_total";
+        e.family(
+            name,
+            "counter",
+            "Bytes (of the inner frames) through the tunnel device per member node, by direction.",
+        );
+        for p in &r.peer_nodes {
+            let peer = p.node.to_string();
+            e.sample(
+                name,
+                &[("peer", &peer), ("direction", "out")],
+                p.encap_bytes,
+            );
+            e.sample(name, &[("peer", &peer), ("direction", "in")], p.decap_bytes);
+        }
+        let name = "ebpf_cni_tunnel_peer_drops_total";
+        e.family(
+            name,
+            "counter",
+            "Packets from a member node the tunnel's programs dropped, by reason: forged_source (from outside its pod subnets and address).",
+        );
+        for p in &r.peer_nodes {
+            let peer = p.node.to_string();
+            e.sample(
+                name,
+                &[("peer", &peer), ("reason", "forged_source")],
+                p.drop_forged_source,
+            );
         }
     }
 }
