@@ -51,6 +51,10 @@ pub const GATEWAYS6_DIR: &str = "gateways6";
 /// links, host-port addresses and masquerade sources were last brought in line with
 /// its devices and addresses, and by what (`add`, `status`, `agent`).
 pub const CONVERGED_DIR: &str = "converged";
+/// Directory of the node holding one empty directory per peer subnet the cluster network's
+/// agent gives no route, named `<subnet>|<node>|<why>` with `%`, `.`, `/` and `|` written
+/// `%25`, `%2e`, `%2f` and `%7c`.
+pub const UNROUTED_PEERS_DIR: &str = "unrouted_peers";
 /// Directory of the node holding one empty directory named after the source of its
 /// Service ranges (`kube-proxy-iptables-nft`, `config`, `none`, joined by `+`).
 pub const SERVICES_DIR: &str = "services";

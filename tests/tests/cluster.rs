@@ -711,6 +711,93 @@ fn a_remote_pod_serves_a_cluster_ip_and_a_node_port() {
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
 
+/// Mode `direct` with a peer behind a router: the peer gets no route (no tunnel either),
+/// the agent goes on, and the node reports the subnet and why in `inspect` and the metrics;
+/// once the mode allows the tunnel, the report goes.
+#[test]
+fn a_peer_behind_a_gateway_in_mode_direct_gets_no_route_and_is_reported() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(1).unwrap();
+    let config = |mode: &str| {
+        etcd.put(
+            &format!("{PREFIX}/config"),
+            &format!(r#"{{"network": "10.244.0.0/16", "mode": "{mode}"}}"#),
+        )
+        .unwrap();
+    };
+    config("direct");
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    EtcdCluster::route_to_routed(a.node.netns()).unwrap();
+    let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3, Stack::V4);
+    let agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_c = c.agent(&p, &etcd, 60, &[]).unwrap();
+    let sc = c.subnets()[0];
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let unrouted =
+        || ebpf_cni_tests::dataplane::inspect(&p.bin, &a.node).unwrap()["unrouted_peers"].clone();
+    eventually(
+        "node a reports node c's subnet without a route",
+        Duration::from_secs(15),
+        || unrouted().as_array().is_some_and(|a| !a.is_empty()),
+    );
+    let list = unrouted();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["subnet"], sc.to_string(), "{list}");
+    assert_eq!(list[0]["node"], "node-c", "{list}");
+    let why = list[0]["why"].as_str().unwrap();
+    assert!(
+        why.contains(&c.addr.to_string()) && why.contains("gateway"),
+        "{why}"
+    );
+    assert_eq!(a.peer_routes().trim(), "", "a route in mode direct");
+    assert!(
+        a.node
+            .netns()
+            .ip_ok(&["link", "show", "ecni-vxlan"])
+            .is_err(),
+        "a tunnel device in mode direct"
+    );
+    let out = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .args(["inspect", "--netns"])
+        .arg(a.node.netns().path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("  {sc} of node node-c: {why}")),
+        "{text}"
+    );
+    let out = std::process::Command::new(&p.bin)
+        .env_remove("CNI_COMMAND")
+        .args(["metrics", "--netns"])
+        .arg(a.node.netns().path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l == "ebpf_cni_cluster_unrouted_peer_subnets 1"),
+        "{text}"
+    );
+
+    // Mode auto (the agent restarted with it): the peer goes through the tunnel, and the
+    // node no longer reports it.
+    drop(agent_a);
+    config("auto");
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    eventually(
+        "node a's tunnel route to node c",
+        Duration::from_secs(15),
+        || a.tunnels_to(sc, c.addr),
+    );
+    eventually("the report gone", Duration::from_secs(15), || {
+        unrouted().as_array().is_some_and(Vec::is_empty)
+    });
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+}
+
 /// In mode `overlay` every peer goes through the tunnel, even one on the node's link, on
 /// the configured port and with outer UDP checksums when asked; a packet over the
 /// tunnel's MTU with DF is refused with "fragmentation needed".

@@ -216,6 +216,8 @@ pub struct NodeReport {
     /// The cluster network's tunnel: its device, peers and what its programs counted
     /// (`None` on a node whose maps predate it).
     pub tunnel: Option<super::tunnel::TunnelReport>,
+    /// The peer subnets the cluster network's agent last gave no route, and why.
+    pub unrouted_peers: Vec<super::tunnel::UnroutedPeer>,
     /// The last time ADD, STATUS or the agent changed the node to follow its devices and
     /// addresses (`None`: never recorded, e.g. a node of an older release).
     pub converged: Option<super::ConvergeRecord>,
@@ -367,6 +369,7 @@ pub fn inspect(node: &NodeId, links: Links) -> Result<NodeReport, BpfError> {
         services: super::ServicesMaps::open(&root, node)?
             .map(|m| m.report(super::services_source(&root, node))),
         tunnel: super::tunnel::TunnelMaps::open(&root, node)?.map(|m| m.report()),
+        unrouted_peers: super::tunnel::unrouted(&root, node),
         converged: super::converge::last(&root, node),
     })
 }

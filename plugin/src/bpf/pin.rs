@@ -42,6 +42,8 @@
 //!                                     addresses, and by what (add, status, agent)
 //!     services/<source>/              where the node's Service addresses came from
 //!                                     (kube-proxy-iptables-nft, config, none, … joined by +)
+//!     unrouted_peers/<subnet>|<node>|<why>/  the peer subnets the cluster network's agent
+//!                                     gives no route (`tunnel::record_unrouted`)
 //!     forward_firewall_checked/       the node's first ADD looked for a forward-hook
 //!                                     firewall the programs skip (and warned of it)
 //!     attachments/<network>/<container id>/<ifname>/
@@ -287,6 +289,12 @@ impl PinRoot {
     /// `converged/<unix ms>-<by>`: the node's last convergence (see `converge.rs`).
     pub fn converged_dir(&self, node: &NodeId) -> PathBuf {
         self.node_dir(node).join(names::CONVERGED_DIR)
+    }
+
+    /// `unrouted_peers/<record>`: the peer subnets the cluster network's agent gives no
+    /// route (see `tunnel::record_unrouted`).
+    pub fn unrouted_peers_dir(&self, node: &NodeId) -> PathBuf {
+        self.node_dir(node).join(names::UNROUTED_PEERS_DIR)
     }
 
     /// The record of where the node's Service ranges came from (`services/<source>`).

@@ -161,6 +161,114 @@ pub struct TunnelPeerReport {
     pub drop_forged_source: u64,
 }
 
+/// A peer subnet the cluster network's agent gives no route: in mode `direct` its node is
+/// reached only through a gateway (or has no address of its family), or the tunnel it
+/// would take cannot be had. Reported, not fatal: the agent goes on with the others.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct UnroutedPeer {
+    pub subnet: IpNetwork,
+    pub node: String,
+    pub why: String,
+}
+
+/// The characters a record's name escapes (`%` first): bpffs refuses `.`, a path `/`, and
+/// `|` separates the fields.
+const RECORD_ESCAPES: [(char, &str); 4] = [('%', "%25"), ('.', "%2e"), ('/', "%2f"), ('|', "%7c")];
+/// The longest name bpffs takes.
+const NAME_MAX: usize = 255;
+
+fn escape(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    for c in field.chars() {
+        match RECORD_ESCAPES.iter().find(|(e, _)| *e == c) {
+            Some((_, s)) => out.push_str(s),
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+fn unescape(field: &str) -> Option<String> {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let (c, _) = RECORD_ESCAPES.iter().find(|(_, s)| tail.starts_with(s))?;
+        out.push(*c);
+        rest = &tail[3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+impl UnroutedPeer {
+    /// Its record's name; the reason is cut to fit bpffs's name length.
+    fn record_name(&self) -> String {
+        let mut name = format!(
+            "{}|{}|",
+            escape(&self.subnet.to_string()),
+            escape(&self.node)
+        );
+        for c in self.why.chars() {
+            let e = escape(c.encode_utf8(&mut [0; 4]));
+            if name.len() + e.len() > NAME_MAX {
+                break;
+            }
+            name.push_str(&e);
+        }
+        name
+    }
+
+    fn from_record_name(name: &str) -> Option<Self> {
+        let mut fields = name.splitn(3, '|');
+        let subnet = unescape(fields.next()?)?.parse().ok()?;
+        let node = unescape(fields.next()?)?;
+        let why = unescape(fields.next()?)?;
+        Some(Self { subnet, node, why })
+    }
+}
+
+/// Makes `unrouted_peers/` hold exactly `peers` (the agent's each pass).
+pub fn record_unrouted(
+    root: &PinRoot,
+    node: &NodeId,
+    peers: &[UnroutedPeer],
+) -> Result<(), BpfError> {
+    let dir = root.unrouted_peers_dir(node);
+    let want: BTreeSet<String> = peers.iter().map(UnroutedPeer::record_name).collect();
+    let have: BTreeSet<String> = std::fs::read_dir(&dir)
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if want == have {
+        return Ok(());
+    }
+    for name in want.difference(&have) {
+        super::pin::create_dir_all_racy(&dir.join(name))?;
+    }
+    for name in have.difference(&want) {
+        let _ = std::fs::remove_dir(dir.join(name));
+    }
+    Ok(())
+}
+
+/// The peer subnets the agent last recorded without a route.
+pub fn unrouted(root: &PinRoot, node: &NodeId) -> Vec<UnroutedPeer> {
+    let mut out: Vec<UnroutedPeer> = std::fs::read_dir(root.unrouted_peers_dir(node))
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| UnroutedPeer::from_record_name(e.file_name().to_str()?))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
 /// What `inspect` and `metrics` show of the tunnel.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TunnelReport {
@@ -375,6 +483,43 @@ impl TunnelMaps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unrouted_peers_record_reads_back_and_fits_bpffs() {
+        for (subnet, node, why) in [
+            (
+                "10.244.3.0/24",
+                "node-c",
+                "its address 10.15.3.2 is reached through the gateway 10.250.0.1",
+            ),
+            (
+                "fd00:10:244:7::/64",
+                "c.example.org|%2e",
+                "node c has no IPv6 address",
+            ),
+        ] {
+            let p = UnroutedPeer {
+                subnet: subnet.parse().unwrap(),
+                node: node.into(),
+                why: why.into(),
+            };
+            let name = p.record_name();
+            assert!(!name.contains(['.', '/']), "{name}");
+            assert_eq!(UnroutedPeer::from_record_name(&name), Some(p));
+        }
+        let long = UnroutedPeer {
+            subnet: "10.244.3.0/24".parse().unwrap(),
+            node: "n".into(),
+            why: ".".repeat(300),
+        };
+        let name = long.record_name();
+        assert!(name.len() <= NAME_MAX, "{}", name.len());
+        assert!(UnroutedPeer::from_record_name(&name)
+            .unwrap()
+            .why
+            .starts_with(".."));
+        assert_eq!(UnroutedPeer::from_record_name("10%2x0|n|w"), None);
+    }
 
     #[test]
     fn a_subnets_trie_key_reads_back_as_the_subnet() {

@@ -312,6 +312,7 @@ async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
     };
     let mut last = routes::Outcome::default();
     let mut tunnel_err = None;
+    let mut record_err = None;
     let mut apply = |members: &routes::Members| {
         // The tunnel device made again where it went (deleted by hand, a restart).
         let tunnel =
@@ -354,6 +355,15 @@ async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
                         log::warn!("no route to {dst} of node {node}: {why}");
                     }
                 }
+                // Each pass, so a record the node's teardown took with it comes back.
+                let line = record_unrouted(&out.unreachable).err();
+                if line.is_some() && line != record_err {
+                    log::warn!(
+                        "recording the peers without a route: {}",
+                        line.as_deref().unwrap_or("")
+                    );
+                }
+                record_err = line;
                 // The programs' tunnel maps follow the routes (`bpf::tunnel`).
                 if tunnel.is_some() && (!out.added.is_empty() || !out.removed.is_empty()) {
                     (held.after_routes)(held.conf);
@@ -389,6 +399,21 @@ async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
         back_off(&mut backoff, "following the members (the routes stay)", &e).await;
         reconnect(etcd, client).await;
     }
+}
+
+/// Records the peer subnets without a route where `inspect` and the metrics read them.
+fn record_unrouted(unreachable: &[(IpNetwork, String, String)]) -> Result<(), String> {
+    let peers: Vec<crate::bpf::tunnel::UnroutedPeer> = unreachable
+        .iter()
+        .map(|(subnet, node, why)| crate::bpf::tunnel::UnroutedPeer {
+            subnet: *subnet,
+            node: node.clone(),
+            why: why.clone(),
+        })
+        .collect();
+    let node = crate::bpf::pin::NodeId::current().map_err(|e| crate::cni::error::chain(&e))?;
+    crate::bpf::tunnel::record_unrouted(&crate::bpf::pin::PinRoot::from_env(), &node, &peers)
+        .map_err(|e| crate::cni::error::chain(&e))
 }
 
 /// The membership's life after the join: renewed until killed, and its record rewritten

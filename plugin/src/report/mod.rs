@@ -43,6 +43,7 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 9] {
         masquerade,
         services,
         tunnel,
+        unrouted_peers,
         converged,
     } = r;
     [
@@ -65,7 +66,10 @@ fn parts(r: &NodeReport) -> [Box<dyn Part + '_>; 9] {
         }),
         Box::new(masquerade::Masquerade { masquerade }),
         Box::new(services::Services { services }),
-        Box::new(tunnel::Tunnel { tunnel }),
+        Box::new(tunnel::Tunnel {
+            tunnel,
+            unrouted_peers,
+        }),
         Box::new(gateways::Gateways {
             gateways,
             gateways6,
@@ -130,6 +134,7 @@ mod tests {
             masquerade: None,
             services: None,
             tunnel: None,
+            unrouted_peers: Vec::new(),
             converged: None,
         }
     }

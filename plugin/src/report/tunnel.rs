@@ -2,12 +2,14 @@
 //! programs carried and dropped.
 
 use super::part::{Exposition, Part, Text};
-use crate::bpf::tunnel::TunnelReport;
+use crate::bpf::tunnel::{TunnelReport, UnroutedPeer};
 
 pub struct Tunnel<'a> {
     /// `None` on a node without the tunnel maps (none pinned yet, or pinned by a release
     /// before them).
     pub tunnel: &'a Option<TunnelReport>,
+    /// The peer subnets the agent gives no route (with or without a tunnel).
+    pub unrouted_peers: &'a [UnroutedPeer],
 }
 
 impl Part for Tunnel<'_> {
@@ -48,11 +50,27 @@ impl Part for Tunnel<'_> {
             }
             _ => t.line("tunnel: none on this node"),
         }
+        if !self.unrouted_peers.is_empty() {
+            t.line(format!(
+                "cluster network: {} peer subnets without a route",
+                self.unrouted_peers.len()
+            ));
+            for p in self.unrouted_peers {
+                t.line(format!("  {} of node {}: {}", p.subnet, p.node, p.why));
+            }
+        }
     }
 
     fn metrics(&self, e: &mut Exposition) {
         let default = TunnelReport::default();
         let r = self.tunnel.as_ref().unwrap_or(&default);
+        let name = "ebpf_cni_cluster_unrouted_peer_subnets";
+        e.family(
+            name,
+            "gauge",
+            "Peer pod subnets the cluster network's agent gives no route (mode direct and only a gateway reaches the peer, no address of the family, no tunnel).",
+        );
+        e.sample(name, &[], self.unrouted_peers.len());
         let name = "ebpf_cni_tunnel_peers";
         e.family(
             name,
