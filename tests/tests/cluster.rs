@@ -93,6 +93,18 @@ impl ClusterNode {
             .contains(&format!("{subnet} via {gw} dev ecni-vxlan"))
     }
 
+    /// What the operator CLI's `command` (`inspect`, `metrics`) prints for the node.
+    fn operator(&self, p: &PluginUnderTest, command: &str) -> String {
+        let out = std::process::Command::new(&p.bin)
+            .env_remove("CNI_COMMAND")
+            .args([command, "--netns"])
+            .arg(self.node.netns().path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     /// `inspect --json`'s tunnel part.
     fn tunnel_report(&self, p: &PluginUnderTest) -> Value {
         ebpf_cni_tests::dataplane::inspect(&p.bin, &self.node).unwrap()["tunnel"].clone()
@@ -758,24 +770,12 @@ fn a_peer_behind_a_gateway_in_mode_direct_gets_no_route_and_is_reported() {
             .is_err(),
         "a tunnel device in mode direct"
     );
-    let out = std::process::Command::new(&p.bin)
-        .env_remove("CNI_COMMAND")
-        .args(["inspect", "--netns"])
-        .arg(a.node.netns().path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = a.operator(&p, "inspect");
     assert!(
         text.contains(&format!("  {sc} of node node-c: {why}")),
         "{text}"
     );
-    let out = std::process::Command::new(&p.bin)
-        .env_remove("CNI_COMMAND")
-        .args(["metrics", "--netns"])
-        .arg(a.node.netns().path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = a.operator(&p, "metrics");
     assert!(
         text.lines()
             .any(|l| l == "ebpf_cni_cluster_unrouted_peer_subnets 1"),
@@ -1158,13 +1158,7 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     assert!(after[3] > before[3], "member c's accepted packets");
     assert_eq!([after[0], after[2]], [before[0] + 1, before[2] + 1]);
     // The same per member in the Prometheus exposition.
-    let out = std::process::Command::new(&p.bin)
-        .env_remove("CNI_COMMAND")
-        .args(["metrics", "--netns"])
-        .arg(a.node.netns().path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = a.operator(&p, "metrics");
     let sample = format!(
         "ebpf_cni_tunnel_peer_drops_total{{peer=\"{}\",reason=\"forged_source\"}} {}",
         c.addr, after[2]

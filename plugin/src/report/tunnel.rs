@@ -2,7 +2,7 @@
 //! programs carried and dropped.
 
 use super::part::{Exposition, Part, Text};
-use crate::bpf::tunnel::{TunnelReport, UnroutedPeer};
+use crate::bpf::tunnel::{TunnelPeerReport, TunnelReport, UnroutedPeer};
 
 pub struct Tunnel<'a> {
     /// `None` on a node without the tunnel maps (none pinned yet, or pinned by a release
@@ -109,39 +109,25 @@ impl Part for Tunnel<'_> {
         ] {
             e.sample(name, &[("reason", reason)], v);
         }
-        let name = "ebpf_cni_tunnel_peer_packets_total";
-        e.family(
-            name,
-            "counter",
-            "Packets through the tunnel device per member node (peer: its address), by direction.",
-        );
-        for p in &r.peer_nodes {
-            let peer = p.node.to_string();
-            e.sample(
-                name,
-                &[("peer", &peer), ("direction", "out")],
-                p.encap_packets,
-            );
-            e.sample(
-                name,
-                &[("peer", &peer), ("direction", "in")],
-                p.decap_packets,
-            );
-        }
-        let name = "ebpf_cni_tunnel_peer_bytes_total";
-        e.family(
-            name,
-            "counter",
-            "Bytes (of the inner frames) through the tunnel device per member node, by direction.",
-        );
-        for p in &r.peer_nodes {
-            let peer = p.node.to_string();
-            e.sample(
-                name,
-                &[("peer", &peer), ("direction", "out")],
-                p.encap_bytes,
-            );
-            e.sample(name, &[("peer", &peer), ("direction", "in")], p.decap_bytes);
+        for (name, help, of) in [
+            (
+                "ebpf_cni_tunnel_peer_packets_total",
+                "Packets through the tunnel device per member node (peer: its address), by direction.",
+                (|p| (p.encap_packets, p.decap_packets)) as fn(&TunnelPeerReport) -> (u64, u64),
+            ),
+            (
+                "ebpf_cni_tunnel_peer_bytes_total",
+                "Bytes (of the inner frames) through the tunnel device per member node, by direction.",
+                |p| (p.encap_bytes, p.decap_bytes),
+            ),
+        ] {
+            e.family(name, "counter", help);
+            for p in &r.peer_nodes {
+                let peer = p.node.to_string();
+                let (out, inward) = of(p);
+                e.sample(name, &[("peer", &peer), ("direction", "out")], out);
+                e.sample(name, &[("peer", &peer), ("direction", "in")], inward);
+            }
         }
         let name = "ebpf_cni_tunnel_peer_drops_total";
         e.family(
