@@ -396,6 +396,59 @@ fn pods_on_two_nodes_reach_each_other_over_direct_routes() {
     pod_b.del_direct(&p, &b.node, &b.conf_value());
 }
 
+/// A node that already has pods joins: its agent takes the subnet the conflist gives them
+/// (free in etcd), so they keep their addresses, and they reach the peer's pods at once;
+/// the node's next pods come from the same subnet.
+#[test]
+fn a_node_with_pods_joins_and_its_pods_keep_their_addresses() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let (etcd, a, b) = two_nodes(&p, &[]);
+    let own: IpNetwork = "10.244.77.0/24".parse().unwrap();
+    a.set_conf("ipam", {
+        let mut ipam = a.conf_value()["ipam"].clone();
+        ipam["ranges"] = json!([[{ "subnet": own.to_string() }]]);
+        ipam
+    });
+    let before = Pod::add_direct(&p, &a.node, &a.conf_value());
+    assert!(own.contains(before.v4()), "{}", before.v4());
+
+    let _agent_a = a.agent(&p, &etcd, 60, &[]).unwrap();
+    let _agent_b = b.agent(&p, &etcd, 60, &[]).unwrap();
+    assert_eq!(a.subnets(), vec![own], "the subnet its pods use");
+    let keys = subnet_keys(&etcd);
+    let (_, record) = keys
+        .iter()
+        .find(|(k, _)| *k == key_of(own))
+        .unwrap_or_else(|| panic!("no key for {own}: {keys:?}"));
+    assert_eq!(record["node"], "node-a", "{keys:?}");
+    let sb = b.subnets()[0];
+    assert_ne!(sb, own);
+
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    eventually(
+        "node b's route to the pods' subnet",
+        Duration::from_secs(5),
+        || b.routes_to(own, a.addr),
+    );
+    eventually(
+        "node a's route to b's subnet",
+        Duration::from_secs(5),
+        || a.routes_to(sb, b.addr),
+    );
+    tcp_echo(&before.netns, &pod_b.netns, pod_b.v4(), 0).expect("the earlier pod -> pod b");
+    tcp_echo(&pod_b.netns, &before.netns, before.v4(), 0).expect("pod b -> the earlier pod");
+    let after = Pod::add_direct(&p, &a.node, &a.conf_value());
+    assert!(own.contains(after.v4()), "{}", after.v4());
+    assert_ne!(after.v4(), before.v4());
+    tcp_echo(&pod_b.netns, &after.netns, after.v4(), 0).expect("pod b -> the later pod");
+
+    for pod in [before, after] {
+        pod.del_direct(&p, &a.node, &a.conf_value());
+    }
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
 #[test]
 fn masquerading_pods_keep_their_address_towards_the_cluster_network() {
     require_root();
