@@ -8,7 +8,9 @@
 //! which every kernel from 5.10 takes; the `local_ipv4` field after it came in 6.0.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, bpf_tunnel_key, BPF_F_NO_PREALLOC, BPF_F_ZERO_CSUM_TX},
+    bindings::{
+        __sk_buff, bpf_tunnel_key, BPF_F_NO_PREALLOC, BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX,
+    },
     helpers::generated::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     macros::map,
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
@@ -95,6 +97,38 @@ fn v4_host(a: &[u8; 16]) -> u32 {
     u32::from_be_bytes([a[12], a[13], a[14], a[15]])
 }
 
+/// Whether a 16-byte address is an IPv4 one mapped into IPv6 (`::ffff:a.b.c.d`).
+#[inline(always)]
+fn is_mapped_v4(a: &[u8; 16]) -> bool {
+    a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff
+}
+
+/// The tunnel key's IPv6 address words from 16 bytes in network order (the key holds
+/// them as the packet does).
+#[inline(always)]
+fn v6_words(a: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+    ]
+}
+
+/// [`v6_words`] undone.
+#[inline(always)]
+fn v6_bytes(w: &[u32; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    for (i, word) in w.iter().enumerate() {
+        let b = word.to_ne_bytes();
+        a[i * 4] = b[0];
+        a[i * 4 + 1] = b[1];
+        a[i * 4 + 2] = b[2];
+        a[i * 4 + 3] = b[3];
+    }
+    a
+}
+
 /// Egress of the tunnel device: the tunnel key towards the peer holding the destination
 /// (`TC_ACT_OK`), or a drop when no peer does. The mark goes: nothing on the node may
 /// take the outer packet for the inner one's (kube-proxy's masquerade mark, k8s#92035).
@@ -122,12 +156,19 @@ pub fn to_tunnel(ctx: &TcContext) -> i32 {
     // SAFETY: all-zero is a valid `bpf_tunnel_key` (integers only).
     let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
     key.tunnel_id = cfg.vni;
-    key.__bindgen_anon_1.remote_ipv4 = v4_host(&peer.node);
     key.tunnel_ttl = OUTER_TTL;
-    let flags = if cfg.flags & TUNNEL_FLAG_UDP_CSUM != 0 {
-        0
+    // An IPv4 underlay leaves the outer UDP checksum out unless asked; an IPv6 one must
+    // carry it (RFC 8200 §8.1), which the device's socket computes.
+    let flags = if !is_mapped_v4(&peer.node) {
+        key.__bindgen_anon_1.remote_ipv6 = v6_words(&peer.node);
+        u64::from(BPF_F_TUNINFO_IPV6)
     } else {
-        u64::from(BPF_F_ZERO_CSUM_TX)
+        key.__bindgen_anon_1.remote_ipv4 = v4_host(&peer.node);
+        if cfg.flags & TUNNEL_FLAG_UDP_CSUM != 0 {
+            0
+        } else {
+            u64::from(BPF_F_ZERO_CSUM_TX)
+        }
     };
     // SAFETY: the program's own `__sk_buff` and a key of at least `KEY_SIZE` bytes.
     let rc = unsafe { bpf_skb_set_tunnel_key(ctx.skb.skb, &mut key, KEY_SIZE, flags) };
@@ -179,8 +220,23 @@ pub extern "C" fn ecni_tun_from_dev(skb: *mut __sk_buff) -> u32 {
 fn check_from_tunnel(ctx: &TcContext) -> bool {
     // SAFETY: all-zero is a valid `bpf_tunnel_key` (integers only).
     let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    // The key's family must be asked for: an IPv4 underlay's first, the kernel refuses the
+    // other (`EPROTO`).
     // SAFETY: the program's own `__sk_buff` and a key of at least `KEY_SIZE` bytes.
-    let rc = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, KEY_SIZE, 0) };
+    let mut rc = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, KEY_SIZE, 0) };
+    let mut v6 = false;
+    if rc != 0 {
+        v6 = true;
+        // SAFETY: as above.
+        rc = unsafe {
+            bpf_skb_get_tunnel_key(
+                ctx.skb.skb,
+                &mut key,
+                KEY_SIZE,
+                u64::from(BPF_F_TUNINFO_IPV6),
+            )
+        };
+    }
     let mut src = Key::new(128, [0u8; 16]);
     let mut dst = [0u8; 16];
     if rc != 0 || parse_ip(ctx, &mut src.data, &mut dst).is_none() {
@@ -189,9 +245,13 @@ fn check_from_tunnel(ctx: &TcContext) -> bool {
         }
         return false;
     }
-    // SAFETY: the union's IPv4 member, which an IPv4 underlay's key fills.
-    let remote = unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes();
-    let node = EndpointKey::v4(remote);
+    let node = if v6 {
+        // SAFETY: the union's IPv6 member, which an IPv6 underlay's key fills.
+        EndpointKey::v6(v6_bytes(unsafe { &key.__bindgen_anon_1.remote_ipv6 }))
+    } else {
+        // SAFETY: the union's IPv4 member, which an IPv4 underlay's key fills.
+        EndpointKey::v4(unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes())
+    };
     // SAFETY: the value is not read, only its presence.
     if unsafe { ECNI_TUN_NODES.get(&node) }.is_none() {
         if let Some(s) = stats() {

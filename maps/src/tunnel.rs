@@ -45,7 +45,7 @@ const _: () = assert!(core::mem::size_of::<TunnelConfig>() == 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TunnelPeer {
-    /// Its node address, IPv4 mapped into IPv6, network order.
+    /// Its node address, network order: an IPv4 underlay's mapped into IPv6, or an IPv6 one.
     pub node: [u8; 16],
     pub _pad: u64,
 }

@@ -1230,6 +1230,184 @@ fn pods_reach_a_node_behind_a_router_through_the_tunnel() {
     pod_c.del_direct(&p, &c.node, &c.conf_value());
 }
 
+/// Two nodes whose only common underlay is IPv6 (their agents given IPv6 addresses alone,
+/// node c behind the LAN namespace routing IPv6): each tunnels both pod families over
+/// IPv6, the IPv4 subnet's route via the peer's IPv6 address (RFC 5549); the device
+/// leaves room for IPv6's 70 bytes; the pods reach each other both ways in both families,
+/// the router forwards the outer packets as IPv6, and each node counts the other under its
+/// IPv6 address.
+#[test]
+fn pods_reach_a_node_over_an_ipv6_underlay_through_the_tunnel() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let etcd = EtcdCluster::start(1).unwrap();
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"network": "10.244.0.0/16", "ipv6Network": "fd00:10:244::/56"}"#,
+    )
+    .unwrap();
+    let a = ClusterNode::attached(&p, "node-a", Stack::Dual, |ns| etcd.attach(ns, "lan0", 1));
+    let c = ClusterNode::behind_router(&p, &etcd, "node-c", 3, Stack::Dual);
+    for n in [&a, &c] {
+        n.set_conf("mtu", 1500.into());
+    }
+    // The IPv6 underlay: the LAN namespace routes between fd00:250::/64 and fd00:251:3::/64.
+    let (a6, c6) = ("fd00:250::1", "fd00:251:3::2");
+    let lan = etcd.lan();
+    for (ns, args) in [
+        (
+            lan,
+            vec!["addr", "add", "fd00:250::fe/64", "dev", "br0", "nodad"],
+        ),
+        (
+            lan,
+            vec!["addr", "add", "fd00:251:3::1/64", "dev", "r3", "nodad"],
+        ),
+        (
+            a.node.netns(),
+            vec!["addr", "add", "fd00:250::1/64", "dev", "lan0", "nodad"],
+        ),
+        (
+            a.node.netns(),
+            vec!["route", "add", "fd00:251::/32", "via", "fd00:250::fe"],
+        ),
+        (
+            c.node.netns(),
+            vec!["addr", "add", "fd00:251:3::2/64", "dev", "wan0", "nodad"],
+        ),
+        (
+            c.node.netns(),
+            vec!["route", "add", "default", "via", "fd00:251:3::1"],
+        ),
+    ] {
+        let mut argv = vec!["-6"];
+        argv.extend(args);
+        ns.ip_ok(&argv).unwrap();
+    }
+    let out = lan
+        .exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ping = a
+        .node
+        .netns()
+        .exec(&["ping", "-6", "-c", "1", "-W", "5", c6])
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "node a -> node c over IPv6: {ping:?}"
+    );
+
+    let _agent_a = a.agent(&p, &etcd, 60, &["--node-ip", a6]).unwrap();
+    let _agent_c = c.agent(&p, &etcd, 60, &["--node-ip", c6]).unwrap();
+    let keys = subnet_keys(&etcd);
+    for (name, addr) in [("node-a", a6), ("node-c", c6)] {
+        assert!(
+            keys.iter()
+                .any(|(_, r)| *r == json!({"node": name, "publicIPv6": addr})),
+            "{keys:?}"
+        );
+    }
+    let family = |n: &ClusterNode, v6: bool| {
+        n.subnets()
+            .into_iter()
+            .find(|s| s.is_ipv6() == v6)
+            .unwrap_or_else(|| panic!("{}: no subnet of the family", n.name))
+    };
+    // While a route other than the default covers node c's address, the kernel refuses
+    // node a an onlink IPv6 gateway there: c's subnets are reported, not routed, and the
+    // agent goes on.
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let unrouted = || {
+        let r =
+            ebpf_cni_tests::dataplane::inspect(&p.bin, &a.node).unwrap()["unrouted_peers"].clone();
+        let mut subnets: Vec<String> = r
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["subnet"].as_str().unwrap().to_owned())
+            .collect();
+        subnets.sort();
+        (subnets, r)
+    };
+    let mut want = vec![family(&c, false).to_string(), family(&c, true).to_string()];
+    want.sort();
+    eventually(
+        "node a reports node c's subnets",
+        Duration::from_secs(5),
+        || unrouted().0 == want,
+    );
+    let (_, r) = unrouted();
+    assert!(
+        r[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("a route other than the default"),
+        "{r}"
+    );
+    // Through the default route, as a node behind a gateway usually is, it is routed (at
+    // the agent's next pass).
+    a.node
+        .netns()
+        .ip_ok(&["-6", "route", "del", "fd00:251::/32"])
+        .unwrap();
+    a.node
+        .netns()
+        .ip_ok(&["-6", "route", "add", "default", "via", "fd00:250::fe"])
+        .unwrap();
+    for (from, to, via) in [(&a, &c, c6), (&c, &a, a6)] {
+        let (v4, v6) = (family(to, false), family(to, true));
+        eventually(
+            &format!("{}'s tunnel routes to {v4} and {v6} via {via}", from.name),
+            Duration::from_secs(15),
+            || {
+                let ns = from.node.netns();
+                let r4 = ns.ip_ok(&["-4", "route", "show", "proto", "236"]).unwrap();
+                let r6 = ns.ip_ok(&["-6", "route", "show", "proto", "236"]).unwrap();
+                r4.contains(&format!("{v4} via inet6 {via} dev ecni-vxlan"))
+                    && r6.contains(&format!("{v6} via {via} dev ecni-vxlan"))
+            },
+        );
+        let link = from
+            .node
+            .netns()
+            .ip_ok(&["-d", "link", "show", "ecni-vxlan"])
+            .unwrap();
+        assert!(link.contains("mtu 1430"), "{link}");
+    }
+    assert_eq!(unrouted().0, Vec::<String>::new());
+    let pod_c = Pod::add_direct(&p, &c.node, &c.conf_value());
+    let forwarded = || snmp(lan, "Ip6OutForwDatagrams");
+    let before = forwarded();
+    for (from, to) in [(&pod_a, &pod_c), (&pod_c, &pod_a)] {
+        for addr in [to.v4(), to.v6()] {
+            tcp_echo(&from.netns, &to.netns, addr, 0)
+                .unwrap_or_else(|e| panic!("{} -> {addr}: {e:#}", from.v4()));
+        }
+    }
+    tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v4(), 1 << 20).expect("pod a => pod c");
+    assert!(
+        forwarded() >= before + 20,
+        "the outer packets crossed the router as IPv6: {before} -> {}",
+        forwarded()
+    );
+    for (n, what, via) in [(&a, "a", c6), (&c, "c", a6)] {
+        let t = n.tunnel_report(&p);
+        assert_eq!(t["drop_no_peer"], 0, "node {what}: {t}");
+        let members = t["peer_nodes"].as_array().unwrap();
+        assert_eq!(members.len(), 1, "node {what}: {t}");
+        assert_eq!(members[0]["node"], via, "node {what}: {t}");
+        for field in ["encap_packets", "decap_packets"] {
+            assert!(
+                members[0][field].as_u64().unwrap() > 0,
+                "node {what}: {field}: {t}"
+            );
+        }
+    }
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_c.del_direct(&p, &c.node, &c.conf_value());
+}
+
 /// One VXLAN datagram (VNI 1) from `node`'s address to `to`'s port 8472, carrying an ICMP
 /// echo request from `src` to `dst`.
 fn vxlan_from(node: &ClusterNode, to: Ipv4Addr, src: IpAddr, dst: IpAddr) {

@@ -53,17 +53,22 @@ pub fn v6_gateway(node: Ipv4Addr) -> Ipv6Addr {
     )
 }
 
-/// The peer node a tunnel route's gateway names: an IPv4 one, or [`v6_gateway`]'s form.
-pub fn node_of(gw: IpAddr) -> Option<Ipv4Addr> {
+/// The peer node a tunnel route's gateway names: an IPv4 one, [`v6_gateway`]'s form of
+/// one, or an IPv6 underlay's address (any other IPv6 address but a link-local one).
+pub fn node_of(gw: IpAddr) -> Option<IpAddr> {
     match gw {
-        IpAddr::V4(a) => Some(a),
+        IpAddr::V4(a) => Some(IpAddr::V4(a)),
         IpAddr::V6(a) => {
             let s = a.segments();
-            (s[..6] == [0xfe80, 0, 0, 0, 0, 0]).then(|| {
+            if s[..6] == [0xfe80, 0, 0, 0, 0, 0] {
                 let [a, b] = s[6].to_be_bytes();
                 let [c, d] = s[7].to_be_bytes();
-                Ipv4Addr::new(a, b, c, d)
-            })
+                Some(IpAddr::V4(Ipv4Addr::new(a, b, c, d)))
+            } else if s[0] & 0xffc0 == 0xfe80 {
+                None
+            } else {
+                Some(IpAddr::V6(a))
+            }
         }
     }
 }
@@ -78,7 +83,7 @@ pub struct TunnelView {
     pub name: String,
     pub udp_csum: bool,
     /// Each peer pod subnet behind the tunnel with its node's address.
-    pub peers: Vec<(IpNetwork, Ipv4Addr)>,
+    pub peers: Vec<(IpNetwork, IpAddr)>,
 }
 
 impl TunnelView {
@@ -98,14 +103,14 @@ impl TunnelView {
     fn entries(&self) -> BTreeMap<(u32, [u8; 16]), [u8; 16]> {
         self.peers
             .iter()
-            .map(|(net, node)| (net_key(net), EndpointKey::v4(node.octets()).addr))
+            .map(|(net, node)| (net_key(net), endpoint_key(*node).addr))
             .collect()
     }
 
     fn nodes(&self) -> BTreeSet<[u8; 16]> {
         self.peers
             .iter()
-            .map(|(_, node)| EndpointKey::v4(node.octets()).addr)
+            .map(|(_, node)| endpoint_key(*node).addr)
             .collect()
     }
 }
@@ -534,8 +539,10 @@ mod tests {
         }
         let v4 = Ipv4Addr::new(10, 15, 3, 2);
         assert_eq!(v6_gateway(v4), "fe80::a0f:302".parse::<Ipv6Addr>().unwrap());
-        assert_eq!(node_of(IpAddr::V6(v6_gateway(v4))), Some(v4));
-        assert_eq!(node_of(IpAddr::V4(v4)), Some(v4));
+        assert_eq!(node_of(IpAddr::V6(v6_gateway(v4))), Some(IpAddr::V4(v4)));
+        assert_eq!(node_of(IpAddr::V4(v4)), Some(IpAddr::V4(v4)));
+        let v6: IpAddr = "fd00:250::1".parse().unwrap();
+        assert_eq!(node_of(v6), Some(v6));
         assert_eq!(node_of("fe80::1:0:a0f:302".parse().unwrap()), None);
         let node = EndpointKey::v4([10, 251, 3, 2]).addr;
         assert_eq!(unmapped(node), IpAddr::V4(Ipv4Addr::new(10, 251, 3, 2)));

@@ -190,8 +190,12 @@ pub fn start(
                 udp_csum: config.vxlan_udp_checksum,
                 underlay_mtu: crate::block_on(tunnel::mtu_of(
                     &nl,
-                    record.public_ip.map(IpAddr::V4),
+                    record
+                        .public_ip
+                        .map(IpAddr::V4)
+                        .or(record.public_ipv6.map(IpAddr::V6)),
                 )),
+                ipv6_underlay: record.public_ipv6.is_some(),
                 addresses: tunnel::addresses_of(&membership.subnets),
             };
             crate::block_on(tunnel::ensure(&nl, &spec))?;

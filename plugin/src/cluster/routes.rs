@@ -54,19 +54,28 @@ pub struct Reach {
 /// What each peer subnet gets, given the node's own name and its main table's routes
 /// (those of [`ROUTE_PROTOCOL`] left out: a route to a peer never makes another direct).
 pub fn plan(members: &Members, own: &str, routes: &[RouteEntry], reach: Reach) -> Vec<Plan> {
+    let own_record = members.values().find(|r| r.node == own);
+    let own_v4 = own_record.is_some_and(|r| r.public_ip.is_some());
+    let own_v6 = own_record.is_some_and(|r| r.public_ipv6.is_some());
     members
         .iter()
         .filter(|(_, r)| r.node != own)
         .map(|(dst, r)| {
-            // The tunnel's underlay is IPv4; an IPv6 subnet's route names the peer's node
-            // address in `v6_gateway`'s form.
-            let tunnel = |why: String| match (reach.mode, reach.tunnel, r.public_ip) {
-                (Mode::Auto | Mode::Overlay, Some(oif), Some(v4)) => Plan::Tunnel {
+            // The tunnel's underlay: IPv4 unless only IPv6 is common to both nodes. Over
+            // IPv4, an IPv6 subnet's route names the peer's node address in `v6_gateway`'s
+            // form; over IPv6, an IPv4 subnet's route goes via the IPv6 address (RFC 5549).
+            let underlay = match (r.public_ip, r.public_ipv6) {
+                (Some(v4), _) if own_v4 || !own_v6 => Some(IpAddr::V4(v4)),
+                (_, Some(v6)) if own_v6 => Some(IpAddr::V6(v6)),
+                (Some(v4), _) => Some(IpAddr::V4(v4)),
+                (None, v6) => v6.map(IpAddr::V6),
+            };
+            let tunnel = |why: String| match (reach.mode, reach.tunnel, underlay) {
+                (Mode::Auto | Mode::Overlay, Some(oif), Some(node)) => Plan::Tunnel {
                     dst: *dst,
-                    via: if dst.is_ipv4() {
-                        IpAddr::V4(v4)
-                    } else {
-                        IpAddr::V6(v6_gateway(v4))
+                    via: match node {
+                        IpAddr::V4(v4) if !dst.is_ipv4() => IpAddr::V6(v6_gateway(v4)),
+                        node => node,
                     },
                     oif,
                 },
@@ -83,7 +92,7 @@ pub fn plan(members: &Members, own: &str, routes: &[RouteEntry], reach: Reach) -
                 (_, _, None) => Plan::Unreachable {
                     dst: *dst,
                     node: r.node.clone(),
-                    why: format!("{why}, and the node has no IPv4 address for the tunnel"),
+                    why: format!("{why}, and the node has no address for the tunnel"),
                 },
             };
             if reach.mode == Mode::Overlay {
@@ -149,6 +158,7 @@ pub async fn reconcile(
     let mut routes = nl.routes(false).await?;
     routes.extend(nl.routes(true).await?);
     let mut out = Outcome::default();
+    let mut failed = Vec::new();
     let plans = plan(members, own, &routes, reach);
     for p in &plans {
         match p {
@@ -161,11 +171,29 @@ pub async fn reconcile(
                 });
                 if !have {
                     let tunneled = matches!(p, Plan::Tunnel { .. });
-                    nl.replace_owned_route(*dst, *via, *oif, ROUTE_PROTOCOL, tunneled)
-                        .await?;
-                    out.added.push(*dst);
-                    if tunneled {
-                        out.tunneled.push(*dst);
+                    match nl
+                        .replace_owned_route(*dst, *via, *oif, ROUTE_PROTOCOL, tunneled)
+                        .await
+                    {
+                        Ok(()) => {
+                            out.added.push(*dst);
+                            if tunneled {
+                                out.tunneled.push(*dst);
+                            }
+                        }
+                        // The kernel refuses this one route (an IPv6 gateway `onlink` that
+                        // a route other than the default covers): reported, the others
+                        // written.
+                        Err(e) if e.errno() == Some(libc::EINVAL) => {
+                            let node = members.get(dst).map(|m| m.node.clone());
+                            out.unreachable.push((
+                                *dst,
+                                node.unwrap_or_default(),
+                                refused_why(*via, tunneled),
+                            ));
+                            failed.push(*dst);
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -180,6 +208,7 @@ pub async fn reconcile(
             Plan::Direct { dst, .. } | Plan::Tunnel { dst, .. } => Some(*dst),
             Plan::Unreachable { .. } => None,
         })
+        .filter(|dst| !failed.contains(dst))
         .collect();
     for r in routes.iter().filter(|r| r.protocol == ROUTE_PROTOCOL) {
         if !wanted.contains(&r.dst) && nl.delete_owned_route(r.dst, ROUTE_PROTOCOL).await? {
@@ -187,6 +216,19 @@ pub async fn reconcile(
         }
     }
     Ok(out)
+}
+
+/// Why the kernel refused a peer route via `via`.
+fn refused_why(via: IpAddr, tunneled: bool) -> String {
+    if tunneled && via.is_ipv6() {
+        format!(
+            "the kernel refuses a route through the tunnel via {via}: a route other than the \
+             default covers that address (IPv6 allows an onlink gateway only where no other \
+             route does)"
+        )
+    } else {
+        format!("the kernel refuses a route via {via}")
+    }
 }
 
 #[cfg(test)]
@@ -209,6 +251,47 @@ mod tests {
             public_ip: v4.map(|a| a.parse().unwrap()),
             public_ipv6: None,
         }
+    }
+
+    #[test]
+    fn the_tunnel_goes_over_ipv6_only_where_both_nodes_lack_ipv4() {
+        let routes = vec![route("::/0", Some("fd00:250::fe"), 2, 3)];
+        let v6 = |node: &str, v4: Option<&str>, v6: &str| MemberRecord {
+            node: node.into(),
+            public_ip: v4.map(|a| a.parse().unwrap()),
+            public_ipv6: Some(v6.parse().unwrap()),
+        };
+        let members: Members = [
+            ("10.244.1.0/24", v6("self", None, "fd00:250::1")),
+            ("10.244.2.0/24", v6("c", None, "fd00:251:3::2")),
+            ("fd00:10:244:2::/64", v6("c", None, "fd00:251:3::2")),
+            ("10.244.3.0/24", v6("d", Some("10.9.0.7"), "fd00:251:4::2")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.parse().unwrap(), v))
+        .collect();
+        let auto = Reach {
+            mode: Mode::Auto,
+            tunnel: Some(9),
+        };
+        let plans = plan(&members, "self", &routes, auto);
+        // Both families of c via its IPv6 address (the IPv4 subnet's route RFC 5549's).
+        for dst in ["10.244.2.0/24", "fd00:10:244:2::/64"] {
+            assert!(
+                plans.contains(&Plan::Tunnel {
+                    dst: dst.parse().unwrap(),
+                    via: "fd00:251:3::2".parse().unwrap(),
+                    oif: 9
+                }),
+                "{dst}: {plans:?}"
+            );
+        }
+        // A node without IPv4 of its own reaches a dual-stack peer over IPv6 too.
+        assert!(plans.contains(&Plan::Tunnel {
+            dst: "10.244.3.0/24".parse().unwrap(),
+            via: "fd00:251:4::2".parse().unwrap(),
+            oif: 9
+        }));
     }
 
     #[test]

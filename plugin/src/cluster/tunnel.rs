@@ -16,6 +16,8 @@ use crate::netlink::{Netlink, NetlinkError};
 /// VXLAN's overhead on an IPv4 underlay: outer IPv4 (20), UDP (8), VXLAN (8), the inner
 /// Ethernet header (14).
 pub const OVERHEAD: u32 = 50;
+/// The same on an IPv6 underlay (an outer IPv6 header is 40 bytes).
+pub const OVERHEAD_V6: u32 = 70;
 
 /// The tunnel's settings, from the network config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub struct TunnelSpec {
     pub udp_csum: bool,
     /// The MTU of the device the node's address is on.
     pub underlay_mtu: u32,
+    /// The node has an IPv6 address in the cluster: it may tunnel over IPv6, whose
+    /// overhead the MTU allows for.
+    pub ipv6_underlay: bool,
     /// The device's addresses: the network address of the node's subnet of each family,
     /// alone (`/32`, `/128`).
     pub addresses: [Option<IpNetwork>; 2],
@@ -42,7 +47,12 @@ pub enum TunnelError {
 impl TunnelSpec {
     /// The device's MTU, and the most a pod may have: the underlay's less the overhead.
     pub fn mtu(&self) -> u32 {
-        self.underlay_mtu.saturating_sub(OVERHEAD).max(576)
+        let overhead = if self.ipv6_underlay {
+            OVERHEAD_V6
+        } else {
+            OVERHEAD
+        };
+        self.underlay_mtu.saturating_sub(overhead).max(576)
     }
 }
 

@@ -29,7 +29,7 @@ use rtnetlink::{
         },
         route::{
             RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
-            RouteScope,
+            RouteScope, RouteVia,
         },
         tc::TcMessage,
         AddressFamily, RouteNetlinkMessage,
@@ -764,6 +764,8 @@ impl Netlink {
                         RouteAttribute::Table(t) => table = *t,
                         RouteAttribute::Destination(d) => dst = route_addr(d),
                         RouteAttribute::Gateway(g) => gw = route_addr(g),
+                        // An IPv4 route via an IPv6 gateway (RFC 5549).
+                        RouteAttribute::Via(RouteVia::Inet6(g)) => gw = Some(IpAddr::V6(*g)),
                         RouteAttribute::Oif(i) => oif = Some(*i),
                         _ => {}
                     }
