@@ -17,6 +17,10 @@
 //! election timeout 1 s): a 3-member cluster is healthy about 3 s after it starts, a new
 //! leader is elected about 1 s after the old one dies.
 //!
+//! [`EtcdCluster::start_tls`] serves clients over TLS with certificates made for the test
+//! (the CA, the members' and a client's, in the cluster's directory), and
+//! [`EtcdCluster::enable_auth`] turns etcd's password authentication on.
+//!
 //! Dropping the cluster kills its members (SIGKILL, waited for) and removes its namespaces
 //! (with them the veths, attached nodes' too) and its directory. The members of a test process
 //! that was itself killed are reaped, with their directories, when a harness process next
@@ -71,9 +75,22 @@ const LOG_TAIL_LINES: usize = 25;
 
 static REAP: Once = Once::new();
 
+/// A client's TLS files (PEM) for a cluster started with [`EtcdCluster::start_tls`].
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// The CA that signed the members' certificate and the client's.
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A running etcd cluster on a LAN of its own (see the module docs); torn down on drop.
 #[derive(Debug)]
 pub struct EtcdCluster {
+    /// The client side's TLS (clients then use `https://` and must show a certificate).
+    tls: Option<ClientTls>,
+    /// `user:password` etcdctl logs in with once [`EtcdCluster::enable_auth`] ran.
+    user: Option<String>,
     members: Vec<Member>,
     lan: Netns,
     /// `--initial-cluster`: `m0=http://10.250.0.10:2380,...`.
@@ -97,6 +114,18 @@ impl EtcdCluster {
     /// and returns once every one is healthy (`etcdctl endpoint health`, within
     /// [`HEALTHY_WITHIN`]); otherwise fails with the members' log tails. Requires root.
     pub fn start(members: usize) -> Result<Self> {
+        Self::start_with(members, false)
+    }
+
+    /// [`EtcdCluster::start`] with TLS on the client port: the members' certificate (for
+    /// their addresses) and a client certificate, signed by a CA the cluster makes; the
+    /// members take only clients showing a certificate of that CA (`--client-cert-auth`).
+    /// The peers keep plain HTTP.
+    pub fn start_tls(members: usize) -> Result<Self> {
+        Self::start_with(members, true)
+    }
+
+    fn start_with(members: usize, tls: bool) -> Result<Self> {
         crate::require_root();
         ensure!(
             (1..=100).contains(&members),
@@ -119,6 +148,8 @@ impl EtcdCluster {
         ])?;
         lan.ip_ok(&["link", "set", LAN_BRIDGE, "up"])?;
         let mut cluster = Self {
+            tls: None,
+            user: None,
             members: Vec::with_capacity(members),
             lan,
             initial_cluster: String::new(),
@@ -137,6 +168,10 @@ impl EtcdCluster {
                 ip,
                 child: None,
             });
+        }
+        if tls {
+            let ips: Vec<Ipv4Addr> = cluster.members.iter().map(|m| m.ip).collect();
+            cluster.tls = Some(make_tls(cluster.dir.path(), &ips)?);
         }
         cluster.initial_cluster = cluster
             .members
@@ -173,12 +208,49 @@ impl EtcdCluster {
     }
 
     /// Every member's client URL, by index (killed ones included):
-    /// `http://10.250.0.10:2379`, ...
+    /// `http://10.250.0.10:2379`, ... (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://{}:{CLIENT_PORT}", m.ip))
+            .map(|m| format!("{}://{}:{CLIENT_PORT}", self.scheme(), m.ip))
             .collect()
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The client's TLS files, for a cluster started with [`EtcdCluster::start_tls`].
+    pub fn client_tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref()
+    }
+
+    /// Turns etcd's authentication on with the user `root` and `password` (etcdctl logs in
+    /// as it from then on). With TLS, etcd takes the client certificate's name as the user
+    /// instead: use a cluster without.
+    pub fn enable_auth(&mut self, password: &str) -> Result<()> {
+        self.etcdctl(&["user", "add", &format!("root:{password}")])?;
+        self.etcdctl(&["auth", "enable"])?;
+        self.user = Some(format!("root:{password}"));
+        Ok(())
+    }
+
+    /// etcdctl's flags for this cluster's TLS and user.
+    fn client_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        if let Some(t) = &self.tls {
+            for (flag, path) in [("--cacert", &t.ca), ("--cert", &t.cert), ("--key", &t.key)] {
+                flags.push(format!("{flag}={}", path.display()));
+            }
+        }
+        if let Some(u) = &self.user {
+            flags.push(format!("--user={u}"));
+        }
+        flags
     }
 
     /// [`EtcdCluster::endpoints`] comma-joined, as `--endpoints` and most clients take them.
@@ -309,7 +381,13 @@ impl EtcdCluster {
     /// [`EtcdCluster::etcdctl`] run in `ns` instead (a node [`EtcdCluster::attach`]ed to the
     /// LAN, say): what a client there sees.
     pub fn etcdctl_in(&self, ns: &Netns, args: &[&str]) -> Result<String> {
-        etcdctl(ns, &self.endpoints_arg(), COMMAND_TIMEOUT, args)
+        etcdctl(
+            ns,
+            &self.endpoints_arg(),
+            COMMAND_TIMEOUT,
+            &self.client_flags(),
+            args,
+        )
     }
 
     /// [`EtcdCluster::etcdctl`] against member `i` alone (`--endpoints` its URL only).
@@ -319,7 +397,7 @@ impl EtcdCluster {
             .into_iter()
             .nth(i)
             .with_context(|| format!("no member {i}"))?;
-        etcdctl(&self.lan, &ep, COMMAND_TIMEOUT, args)
+        etcdctl(&self.lan, &ep, COMMAND_TIMEOUT, &self.client_flags(), args)
     }
 
     /// Every key starting with `prefix` and its value, in key order (`get --prefix -w json`;
@@ -461,14 +539,23 @@ impl EtcdCluster {
         .with_context(|| format!("writing {}", log_path.display()))?;
         let stderr = log.try_clone().context("the log's second handle")?;
         let data_dir = self.dir.path().join(format!("{name}.data"));
+        let scheme = self.scheme();
+        let tls = self.tls.is_some();
+        let dir = self.dir.path().to_owned();
         let m = &mut self.members[i];
-        let client = format!("http://{}:{CLIENT_PORT}", m.ip);
+        let client = format!("{scheme}://{}:{CLIENT_PORT}", m.ip);
         let peer = format!("http://{}:{PEER_PORT}", m.ip);
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", m.netns.path().display()))
             .arg("--")
-            .arg(ETCD_BIN)
-            .args(["--name", &name])
+            .arg(ETCD_BIN);
+        if tls {
+            cmd.arg(format!("--cert-file={}", dir.join(SERVER_CERT).display()))
+                .arg(format!("--key-file={}", dir.join(SERVER_KEY).display()))
+                .arg(format!("--trusted-ca-file={}", dir.join(CA_CERT).display()))
+                .arg("--client-cert-auth");
+        }
+        cmd.args(["--name", &name])
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["--listen-client-urls", &client])
@@ -517,6 +604,7 @@ impl EtcdCluster {
                 &self.lan,
                 &which_eps,
                 "2s",
+                &self.client_flags(),
                 &["endpoint", "health", "--dial-timeout", "1s"],
             );
             let err = match health {
@@ -541,6 +629,7 @@ impl EtcdCluster {
             &self.lan,
             &which_eps.join(","),
             COMMAND_TIMEOUT,
+            &self.client_flags(),
             &["endpoint", "status", "-w", "json"],
         )?;
         serde_json::from_str(&out).with_context(|| format!("etcdctl endpoint status said {out:?}"))
@@ -607,7 +696,13 @@ fn plug(lan: &Netns, ns: &Netns, ifname: &str, port: &str, ip: Ipv4Addr) -> Resu
 
 /// `etcdctl --endpoints <endpoints> <args>` with the v3 API in `ns` (only the network
 /// namespace switched); stdout, or an error with stderr.
-fn etcdctl(ns: &Netns, endpoints: &str, command_timeout: &str, args: &[&str]) -> Result<String> {
+fn etcdctl(
+    ns: &Netns,
+    endpoints: &str,
+    command_timeout: &str,
+    flags: &[String],
+    args: &[&str],
+) -> Result<String> {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net={}", ns.path().display()))
         .arg("--")
@@ -615,6 +710,7 @@ fn etcdctl(ns: &Netns, endpoints: &str, command_timeout: &str, args: &[&str]) ->
         .args(["--endpoints", endpoints])
         .args(["--dial-timeout", DIAL_TIMEOUT])
         .args(["--command-timeout", command_timeout])
+        .args(flags)
         .args(args)
         .stdin(Stdio::null());
     scrub_env(&mut cmd, "ETCDCTL_");
@@ -632,6 +728,52 @@ fn etcdctl(ns: &Netns, endpoints: &str, command_timeout: &str, args: &[&str]) ->
         );
     }
     String::from_utf8(out.stdout).context("etcdctl's output is not UTF-8")
+}
+
+/// The TLS files in the cluster's directory.
+const CA_CERT: &str = "ca.pem";
+const SERVER_CERT: &str = "server.pem";
+const SERVER_KEY: &str = "server-key.pem";
+const CLIENT_CERT: &str = "client.pem";
+const CLIENT_KEY: &str = "client-key.pem";
+
+/// Writes a CA, the members' certificate (for `ips`) and a client certificate into `dir`.
+fn make_tls(dir: &Path, ips: &[Ipv4Addr]) -> Result<ClientTls> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "test etcd CA");
+    let ca = ca.self_signed(&ca_key)?;
+    let names: Vec<String> = ips.iter().map(ToString::to_string).collect();
+    let server_key = KeyPair::generate()?;
+    let mut server = CertificateParams::new(names)?;
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "etcd member");
+    let server = server.signed_by(&server_key, &ca, &ca_key)?;
+    let client_key = KeyPair::generate()?;
+    let mut client = CertificateParams::new(Vec::<String>::new())?;
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "ebpf-cni");
+    let client = client.signed_by(&client_key, &ca, &ca_key)?;
+    for (name, pem) in [
+        (CA_CERT, ca.pem()),
+        (SERVER_CERT, server.pem()),
+        (SERVER_KEY, server_key.serialize_pem()),
+        (CLIENT_CERT, client.pem()),
+        (CLIENT_KEY, client_key.serialize_pem()),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ClientTls {
+        ca: dir.join(CA_CERT),
+        cert: dir.join(CLIENT_CERT),
+        key: dir.join(CLIENT_KEY),
+    })
 }
 
 /// Removes the caller's environment variables starting with `prefix` (etcd and etcdctl

@@ -174,7 +174,21 @@ impl ClusterNode {
             .collect()
     }
 
-    /// Sets `key` of its conflist (before its agent starts: the agent keeps it).
+    /// The subnets etcd's records give the node.
+    fn subnets_in_etcd(&self, etcd: &EtcdCluster) -> Vec<IpNetwork> {
+        let mut out: Vec<IpNetwork> = subnet_keys(etcd)
+            .into_iter()
+            .filter(|(_, r)| r["node"] == self.name)
+            .filter_map(|(k, _)| {
+                let (net, len) = k.rsplit('/').next()?.rsplit_once('-')?;
+                format!("{net}/{len}").parse().ok()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Sets `key` of its conflist    /// Sets `key` of its conflist (before its agent starts: the agent keeps it).
     fn set_conf(&self, key: &str, value: Value) {
         let mut conf = self.conf_value();
         conf[key] = value;
@@ -333,6 +347,94 @@ fn nodes_take_subnets_from_etcd_keep_them_and_give_them_back() {
         || !subnet_keys(&etcd).iter().any(|(k, _)| *k == key_of(sd[0])),
     );
     drop(agent_b);
+}
+
+/// etcd behind TLS with client certificates, and etcd with a password: the agent joins
+/// each with the flags that name its credentials, and without them (the CA alone; a wrong
+/// password) it joins neither and says why, trying again.
+#[test]
+fn the_agent_joins_an_etcd_over_tls_and_one_with_a_password() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let config = r#"{"network": "10.244.0.0/16"}"#;
+    // Up to the agent's connect (5 s) and request (10 s) timeouts pass before it says why:
+    // a member that refuses the certificate after TLS 1.3's handshake may leave the first
+    // request unanswered.
+    let said_within = |agent: &mut AgentProcess, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let said = agent.said();
+            if said.contains(what) {
+                return said;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not say {what:?}:\n{said}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    let etcd = EtcdCluster::start_tls(1).unwrap();
+    etcd.put(&format!("{PREFIX}/config"), config).unwrap();
+    let tls = etcd.client_tls().unwrap().clone();
+    assert!(etcd.endpoints_arg().starts_with("https://"));
+    let a = ClusterNode::new(&p, &etcd, "node-a", 1);
+    let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let (ca, cert, key) = (path(&tls.ca), path(&tls.cert), path(&tls.key));
+    // The CA alone: the member asks for a certificate the agent does not have.
+    let mut args = a.agent_args(&etcd, 60);
+    args.extend(["--etcd-ca-file".to_owned(), ca.clone()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent =
+        AgentProcess::spawn_with(&p.bin, a.node.netns().path(), Some(&a.conf), &argv).unwrap();
+    // (What the member's refusal looks like depends on when TLS 1.3 delivers its alert:
+    // "BadCertificate", or a connection cut short.)
+    let said = said_within(
+        &mut agent,
+        "joining the cluster network: connecting to etcd",
+    );
+    assert!(a.subnets_in_etcd(&etcd).is_empty(), "{said}");
+    agent.kill().unwrap();
+    let _agent = a
+        .agent(
+            &p,
+            &etcd,
+            60,
+            &[
+                "--etcd-ca-file",
+                &ca,
+                "--etcd-cert-file",
+                &cert,
+                "--etcd-key-file",
+                &key,
+            ],
+        )
+        .unwrap();
+    assert_eq!(a.subnets_in_etcd(&etcd), a.subnets(), "over TLS");
+    drop(etcd);
+
+    let mut etcd = EtcdCluster::start(1).unwrap();
+    etcd.put(&format!("{PREFIX}/config"), config).unwrap();
+    etcd.enable_auth("s3cret").unwrap();
+    let b = ClusterNode::new(&p, &etcd, "node-b", 2);
+    let mut args = b.agent_args(&etcd, 60);
+    args.extend(["--etcd-username", "root", "--etcd-password", "wrong"].map(str::to_owned));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent =
+        AgentProcess::spawn_with(&p.bin, b.node.netns().path(), Some(&b.conf), &argv).unwrap();
+    let said = said_within(&mut agent, "authentication failed");
+    assert!(b.subnets_in_etcd(&etcd).is_empty(), "{said}");
+    agent.kill().unwrap();
+    let _agent = b
+        .agent(
+            &p,
+            &etcd,
+            60,
+            &["--etcd-username", "root", "--etcd-password", "s3cret"],
+        )
+        .unwrap();
+    assert_eq!(b.subnets_in_etcd(&etcd), b.subnets(), "with the password");
 }
 
 #[test]
