@@ -876,6 +876,21 @@ fn kube_proxys_masquerade_keeps_off_the_masquerade_ports() {
             shown["masquerade"]["kube_proxy_ports"], "1024-60999",
             "inspect: {shown}"
         );
+        // Another pod's ADD keeps the table (its handle), never removes and makes it again.
+        let handle = |c: &Cluster| {
+            let out = c
+                .node
+                .netns()
+                .exec(&["nft", "-a", "list", "table", "inet", "ebpf-cni"])
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines().next().unwrap_or_default().to_owned()
+        };
+        let before = handle(&c);
+        assert!(before.contains("# handle"), "{before}");
+        let extra = ebpf_cni_tests::Pod::add_direct(&c.p, &c.node, &c.conf);
+        assert_eq!(handle(&c), before, "an ADD made the table again");
+        extra.del_direct(&c.p, &c.node, &c.conf);
         for v4 in [true, false] {
             let fam = if v4 { "IPv4" } else { "IPv6" };
             let (_, _, out, _) = Cluster::vips(v4);

@@ -68,8 +68,14 @@ pub fn find(root: &PinRoot, node: &NodeId) -> Vec<UnpinnedFilter> {
     out
 }
 
-/// [`sweep`] with the node lock held.
+/// [`sweep`] with the node lock held: nothing when `node` has a pin tree. (Every ADD calls
+/// it: the nf_tables request alone, a transaction the kernel aborts, cost each ADD 15 ms of
+/// waiting, and it took a masquerading node's table away until the ADD's convergence put it
+/// back.)
 pub(super) fn sweep_locked(root: &PinRoot, node: &NodeId) -> Vec<String> {
+    if walk(&root.node_dir(node)).exists() {
+        return Vec::new();
+    }
     let mut lines = Vec::new();
     // Nothing masquerades without pins: kube-proxy's masquerade gets its whole range back.
     match crate::netfilter::masq_ports::remove() {
