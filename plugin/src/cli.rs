@@ -113,14 +113,26 @@ enum Cmd {
 }
 
 pub fn main() -> i32 {
-    // An operator's pipe closing early (`ebpf-cni inspect | head`) ends the process quietly,
-    // as for other command-line tools, instead of a panic in println!. (CNI commands keep
-    // Rust's default: their stdout is the runtime's.)
-    // SAFETY: setting a signal's disposition to the default at start-up, before threads.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    // An operator's pipe closing early (`ebpf-cni inspect | head`) ends a command that
+    // prints quietly, as for other command-line tools, instead of a panic in println!.
+    // Commands that talk over sockets keep Rust's default (SIGPIPE ignored): with the
+    // default disposition, an etcd member or API server that hangs up mid-write would kill
+    // the agent or `install` without a word. (CNI commands keep Rust's default too: their
+    // stdout is the runtime's.)
+    if matches!(
+        cli.command,
+        Cmd::Version
+            | Cmd::Trace { .. }
+            | Cmd::Inspect { .. }
+            | Cmd::Metrics { .. }
+            | Cmd::Layout { .. }
+    ) {
+        // SAFETY: setting a signal's disposition at start-up, before threads.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Cmd::Version => {
             println!(
@@ -261,7 +273,7 @@ fn serve_metrics(
     addr: std::net::SocketAddr,
 ) -> Result<(), crate::metrics::http::ServeError> {
     // A scraper that goes away mid-answer must cost one failed write, not the server
-    // (main() set SIGPIPE to its default, which ends the process).
+    // (`metrics` runs with SIGPIPE's default disposition, which ends the process).
     // SAFETY: changing a signal's disposition before any connection thread exists.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);

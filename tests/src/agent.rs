@@ -133,6 +133,18 @@ impl AgentProcess {
         Ok(())
     }
 
+    /// Whether it ignores SIGPIPE (`SigIgn` in /proc/<pid>/status), as a process that
+    /// writes to sockets whose peers may hang up must.
+    pub fn ignores_sigpipe(&self) -> Result<bool> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .context("no SigIgn in /proc/<pid>/status")?;
+        let mask = u64::from_str_radix(mask.trim(), 16).context("SigIgn")?;
+        Ok(mask & (1 << (libc::SIGPIPE - 1)) != 0)
+    }
+
     /// Its resident memory (VmRSS), MiB.
     pub fn rss_mib(&self) -> Result<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
