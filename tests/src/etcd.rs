@@ -137,16 +137,7 @@ impl EtcdCluster {
             .prefix(&format!("{DIR_PREFIX}{pid}-"))
             .tempdir()
             .context("creating the etcd cluster's directory")?;
-        let lan = Netns::create("n")?;
-        lan.ip_ok(&["link", "add", LAN_BRIDGE, "type", "bridge"])?;
-        lan.ip_ok(&[
-            "addr",
-            "add",
-            &format!("{LAN_BRIDGE_IP}/24"),
-            "dev",
-            LAN_BRIDGE,
-        ])?;
-        lan.ip_ok(&["link", "set", LAN_BRIDGE, "up"])?;
+        let lan = make_lan()?;
         let mut cluster = Self {
             tls: None,
             user: None,
@@ -302,15 +293,7 @@ impl EtcdCluster {
             !members.contains(&host),
             "LAN host number {host} is a member's ({members:?})"
         );
-        let ip = Ipv4Addr::new(10, 250, 0, host);
-        plug(&self.lan, ns, ifname, &format!("h{host}"), ip)?;
-        let bridge = LAN_BRIDGE_IP.to_string();
-        reaches(
-            ns,
-            &bridge,
-            &format!("the LAN bridge {bridge} over {ifname}"),
-        )?;
-        Ok(ip)
+        attach_host(&self.lan, ns, ifname, host)
     }
 
     /// Attaches `ns` behind the LAN namespace, which routes between the two: a veth named
@@ -674,6 +657,35 @@ fn member_name(i: usize) -> String {
 
 /// A veth from `ns` (`ifname` there, addressed `ip/24` and up) to the LAN's bridge (as
 /// `port`, up).
+/// Attaches `ns` to the LAN whose bridge is in `lan` as host `host` (see
+/// [`EtcdCluster::attach`]).
+pub(crate) fn attach_host(lan: &Netns, ns: &Netns, ifname: &str, host: u8) -> Result<Ipv4Addr> {
+    let ip = Ipv4Addr::new(10, 250, 0, host);
+    plug(lan, ns, ifname, &format!("h{host}"), ip)?;
+    let bridge = LAN_BRIDGE_IP.to_string();
+    reaches(
+        ns,
+        &bridge,
+        &format!("the LAN bridge {bridge} over {ifname}"),
+    )?;
+    Ok(ip)
+}
+
+/// A LAN namespace with its bridge (`br0`, [`LAN_BRIDGE_IP`]/24) up.
+pub(crate) fn make_lan() -> Result<Netns> {
+    let lan = Netns::create("n")?;
+    lan.ip_ok(&["link", "add", LAN_BRIDGE, "type", "bridge"])?;
+    lan.ip_ok(&[
+        "addr",
+        "add",
+        &format!("{LAN_BRIDGE_IP}/24"),
+        "dev",
+        LAN_BRIDGE,
+    ])?;
+    lan.ip_ok(&["link", "set", LAN_BRIDGE, "up"])?;
+    Ok(lan)
+}
+
 fn plug(lan: &Netns, ns: &Netns, ifname: &str, port: &str, ip: Ipv4Addr) -> Result<()> {
     ns.ip_ok(&[
         "link",

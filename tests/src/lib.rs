@@ -18,6 +18,9 @@
 //! check). [`progtest`] runs the TC programs themselves on frames [`packet`] builds,
 //! through `BPF_PROG_TEST_RUN`; [`pod`] is the tests' pod.
 //!
+//! [`kube_api`] stands in for the Kubernetes API server (Node objects: list, watch, get, status
+//! patch, over HTTPS) for the node agent's tests.
+//!
 //! The same library drives `cargo xtask demo` and `cargo xtask bench`.
 
 pub mod agent;
@@ -29,7 +32,9 @@ pub mod external;
 pub mod fsutil;
 pub mod host_ports;
 pub mod kernel;
+pub mod kube_api;
 pub mod kube_proxy;
+pub mod lan;
 mod machine;
 pub mod net;
 pub mod netfilter;

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use ebpf_cni_tests::agent::AgentProcess;
 use ebpf_cni_tests::config::Stack;
-use ebpf_cni_tests::etcd::EtcdCluster;
+use ebpf_cni_tests::etcd::{EtcdCluster, LAN_BRIDGE_IP};
+use ebpf_cni_tests::kube_api::{self, KubeApi};
+use ebpf_cni_tests::lan::Lan;
 use ebpf_cni_tests::net::{tcp_echo, tcp_transfer};
 use ebpf_cni_tests::{require_root, Node, PluginUnderTest, Pod};
 use ipnetwork::IpNetwork;
@@ -33,6 +35,39 @@ struct ClusterNode {
 impl ClusterNode {
     fn new(p: &PluginUnderTest, etcd: &EtcdCluster, name: &str, host: u8) -> Self {
         Self::attached(p, name, Stack::V4, |ns| etcd.attach(ns, "lan0", host))
+    }
+
+    /// A node on a LAN without etcd (the Kubernetes source's tests).
+    fn on_lan(p: &PluginUnderTest, lan: &Lan, name: &str, host: u8) -> Self {
+        Self::attached(p, name, Stack::V4, |ns| lan.attach(ns, "lan0", host))
+    }
+
+    /// Its agent with the Kubernetes source: the stand-in API server `api` (its CA and a
+    /// token in `creds`), the network config `net_conf`.
+    fn kube_agent(&self, p: &PluginUnderTest, api: &KubeApi, creds: &KubeCreds) -> AgentProcess {
+        let port = api.addr().port().to_string();
+        let (ca, token, net_conf) = (
+            creds.ca.to_string_lossy(),
+            creds.token.to_string_lossy(),
+            creds.net_conf.to_string_lossy(),
+        );
+        let args = [
+            "--cluster",
+            "kubernetes",
+            "--node-name",
+            &self.name,
+            "--kube-host",
+            &api.addr().ip().to_string(),
+            "--kube-port",
+            &port,
+            "--kube-ca-file",
+            &ca,
+            "--kube-token-file",
+            &token,
+            "--network-config",
+            &net_conf,
+        ];
+        AgentProcess::start_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args).unwrap()
     }
 
     /// A node behind the LAN namespace, which routes to it (`10.251.<host>.2`): the nodes on
@@ -1546,4 +1581,192 @@ fn snmp(ns: &ebpf_cni_tests::Netns, name: &str) -> u64 {
         .find_map(|l| l.strip_prefix(name))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("{name} in {}: {out}", ns.name()))
+}
+
+/// What an agent with the Kubernetes source reads: the API server's CA, its token, the
+/// network config.
+struct KubeCreds {
+    ca: PathBuf,
+    token: PathBuf,
+    net_conf: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl KubeCreds {
+    fn new(api: &KubeApi, net_conf: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, token) = api.write_credentials(dir.path()).unwrap();
+        let path = dir.path().join("net-conf.json");
+        std::fs::write(&path, net_conf).unwrap();
+        Self {
+            ca,
+            token,
+            net_conf: path,
+            _dir: dir,
+        }
+    }
+}
+
+/// The members from the Kubernetes API (a stand-in server on the LAN, serving LIST, WATCH
+/// with bookmarks, 410 Gone and the status PATCH): each agent takes its Node's pod CIDR,
+/// routes to the others' by their InternalIP, and follows the Nodes: a node whose pod CIDR
+/// comes late, an address that changes, a node deleted and added again, the watch dropped,
+/// and its history expired (a re-list that removes no route). The node's
+/// NetworkUnavailable condition is cleared once its routes are in place; a refused patch is
+/// logged and tried again, not fatal.
+#[test]
+fn nodes_and_their_routes_follow_the_kubernetes_node_objects() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let lan = Lan::new().unwrap();
+    let api = KubeApi::start(Some(lan.netns()), (LAN_BRIDGE_IP, 0).into(), "token-1").unwrap();
+    let creds = KubeCreds::new(&api, r#"{"network": "10.244.0.0/16", "mode": "auto"}"#);
+    let a = ClusterNode::on_lan(&p, &lan, "node-a", 1);
+    let b = ClusterNode::on_lan(&p, &lan, "node-b", 2);
+    let (sa, sb): (IpNetwork, IpNetwork) = (
+        "10.244.1.0/24".parse().unwrap(),
+        "10.244.2.0/24".parse().unwrap(),
+    );
+    api.set_node(kube_api::node(
+        "node-a",
+        &["10.244.1.0/24"],
+        &["10.250.0.1"],
+        &[],
+    ));
+    api.set_node(kube_api::node(
+        "node-b",
+        &["10.244.2.0/24"],
+        &["10.250.0.2"],
+        &[],
+    ));
+
+    // A refused status patch is said and tried again; the agent goes on.
+    api.refuse_status_patch(true);
+    let mut agent_a = a.kube_agent(&p, &api, &creds);
+    let _agent_b = b.kube_agent(&p, &api, &creds);
+    assert_eq!(a.subnets(), vec![sa], "the Node's pod CIDR in the conflist");
+    assert_eq!(b.subnets(), vec![sb]);
+    agent_a
+        .wait_for("NetworkUnavailable condition", Duration::from_secs(15))
+        .unwrap();
+    agent_a.still_running().unwrap();
+    eventually("a's route to b", Duration::from_secs(10), || {
+        a.routes_to(sb, b.addr)
+    });
+    eventually("b's route to a", Duration::from_secs(10), || {
+        b.routes_to(sa, a.addr)
+    });
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_b = Pod::add_direct(&p, &b.node, &b.conf_value());
+    assert!(sa.contains(pod_a.v4()) && sb.contains(pod_b.v4()));
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b");
+    tcp_echo(&pod_b.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod b -> pod a");
+
+    // Taken at the next pass (every 10 s) once the API server allows it.
+    api.refuse_status_patch(false);
+    let unavailable = |name: &str| {
+        api.node(name).and_then(|n| {
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "NetworkUnavailable")
+                .map(|c| c["status"].as_str().unwrap_or("").to_owned())
+        })
+    };
+    eventually(
+        "a's NetworkUnavailable cleared",
+        Duration::from_secs(25),
+        || unavailable("node-a").as_deref() == Some("False"),
+    );
+    let patch = api
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "PATCH" && r.status == 200)
+        .unwrap();
+    assert!(
+        patch.target.starts_with("/api/v1/nodes/node-a/status")
+            && patch.content_type == "application/strategic-merge-patch+json"
+            && patch.token == "token-1",
+        "{patch:?}"
+    );
+
+    // A node without a pod CIDR is skipped, saying so; its CIDR set late gives a route.
+    api.set_node(kube_api::node("node-c", &[], &["10.250.0.3"], &[]));
+    agent_a
+        .wait_for(
+            "node node-c skipped: no spec.podCIDRs",
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    let sc: IpNetwork = "10.244.3.0/24".parse().unwrap();
+    let c_at = |ip: &str, cidrs: &[&str]| kube_api::node("node-c", cidrs, &[ip], &[]);
+    api.set_node(c_at("10.250.0.3", &["10.244.3.0/24"]));
+    eventually("a's route to c", Duration::from_secs(10), || {
+        a.routes_to(sc, "10.250.0.3".parse().unwrap())
+    });
+    // Its address changes: the route follows; the annotation wins over the InternalIP.
+    api.set_node(c_at("10.250.0.33", &["10.244.3.0/24"]));
+    eventually(
+        "a's route to c's new address",
+        Duration::from_secs(10),
+        || a.routes_to(sc, "10.250.0.33".parse().unwrap()),
+    );
+    api.set_node(kube_api::node(
+        "node-c",
+        &["10.244.3.0/24"],
+        &["10.250.0.33"],
+        &[("ebpf-cni.io/node-ip", "10.250.0.34")],
+    ));
+    eventually(
+        "a's route to c's annotated address",
+        Duration::from_secs(10),
+        || a.routes_to(sc, "10.250.0.34".parse().unwrap()),
+    );
+
+    // The watch dropped: resumed, the next change still arrives.
+    api.drop_watches();
+    api.delete_node("node-c");
+    eventually("a's route to c removed", Duration::from_secs(15), || {
+        !a.peer_routes().contains(&sc.to_string())
+    });
+    api.set_node(c_at("10.250.0.3", &["10.244.3.0/24"]));
+    eventually("a's route to c back", Duration::from_secs(15), || {
+        a.routes_to(sc, "10.250.0.3".parse().unwrap())
+    });
+
+    // 410 Gone: the agent lists again; nothing is flushed meanwhile, and a node deleted
+    // while the history was lost goes with the new listing.
+    let lists = |api: &KubeApi| {
+        api.requests()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.target.starts_with("/api/v1/nodes?")
+                    && !r.target.contains("watch=")
+            })
+            .count()
+    };
+    let before = lists(&api);
+    // The watch goes, and with it the history past the agent's last resource version.
+    api.drop_watches();
+    api.delete_node("node-c");
+    api.expire_history();
+    eventually(
+        "a's route to c removed after the re-list",
+        Duration::from_secs(20),
+        || !a.peer_routes().contains(&sc.to_string()),
+    );
+    assert!(lists(&api) > before, "no LIST after 410 Gone");
+    assert!(
+        a.routes_to(sb, b.addr),
+        "b's route stays through the re-list"
+    );
+    let said = agent_a.said();
+    assert!(
+        !said.contains(&format!("route to {sb} removed")),
+        "b's route went during a re-list:\n{said}"
+    );
+    tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b at the end");
+    pod_a.del_direct(&p, &a.node, &a.conf_value());
+    pod_b.del_direct(&p, &b.node, &b.conf_value());
 }

@@ -506,3 +506,371 @@ fn etcd_cluster_elects_a_leader_and_survives_one_member_killed() {
     });
     assert!(gone, "lan0 outlived the LAN by 5 s");
 }
+
+/// The stand-in for the Kubernetes API server (tests/src/kube_api.rs), driven with curl over
+/// HTTPS with its CA and token: the list and its resourceVersion, connections kept alive, a
+/// watch that replays the history, follows changes made meanwhile, sends bookmarks and ends
+/// cleanly at `timeoutSeconds`, a watch dropped mid-stream, the 410 event once the history
+/// expired, status patches (strategic merge by condition type, JSON merge, refused with 403),
+/// the 401 of a wrong or missing token, 404 and 405; and dropping it stops it.
+#[test]
+fn kube_api_stand_in_lists_watches_expires_and_patches() {
+    use ebpf_cni_tests::kube_api::{self, KubeApi};
+    use serde_json::Value;
+    use std::process::{Command, Output, Stdio};
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+    let api = KubeApi::start(None, "127.0.0.1:0".parse().unwrap(), "t0ken").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, token_file) = api.write_credentials(dir.path()).unwrap();
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap(), "t0ken");
+    assert_eq!(std::fs::read_to_string(&ca).unwrap(), api.ca_pem());
+    let base = format!("https://{}", api.addr());
+    // curl with the CA, and the token when not "".
+    let curl = |token: &str, args: &[&str]| -> Command {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--cacert"]).arg(&ca).stdin(Stdio::null());
+        if !token.is_empty() {
+            cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        cmd.args(args);
+        cmd
+    };
+    // One request: its status and JSON body.
+    let call = |token: &str, args: &[&str], path: &str| -> (u16, Value) {
+        let url = format!("{base}{path}");
+        let out = curl(token, args)
+            .args(["--max-time", "10", "-w", "\n%{http_code}", &url])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "curl {args:?} {url}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (body, code) = stdout.rsplit_once('\n').unwrap();
+        (code.parse().unwrap(), serde_json::from_str(body).unwrap())
+    };
+    let patch = |token: &str, content_type: &str, name: &str, body: &str| {
+        let content_type = format!("Content-Type: {content_type}");
+        let args = ["-X", "PATCH", "-H", &content_type, "--data-binary", body];
+        call(token, &args, &format!("/api/v1/nodes/{name}/status"))
+    };
+    // A watch streamed with `curl -N`: curl's output and the events.
+    let watch = |query: &str, max_time: &str| -> (Output, Vec<Value>) {
+        let url = format!("{base}/api/v1/nodes?{query}");
+        let out = curl("t0ken", &["-N", "--max-time", max_time, &url])
+            .output()
+            .unwrap();
+        let events = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect();
+        (out, events)
+    };
+    let rv = |v: &Value| {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let kinds = |events: &[Value]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // The list: both nodes, at the resourceVersion of the last change (100 before any).
+    let n1 = kube_api::node(
+        "n1",
+        &["10.1.0.0/24", "fd00:1::/64"],
+        &["192.168.50.1"],
+        &[("ebpf-cni.io/example", "one")],
+    );
+    assert_eq!(api.set_node(n1.clone()), 101);
+    assert_eq!(api.set_node(kube_api::node("n2", &[], &[], &[])), 102);
+    let (status, list) = call("t0ken", &[], "/api/v1/nodes?limit=500");
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["kind"], "NodeList");
+    assert_eq!(rv(&list), "102");
+    let items = list["items"].as_array().unwrap();
+    let names: Vec<&str> = items
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["n1", "n2"]);
+    let first = &items[0];
+    assert_eq!(rv(first), "101");
+    assert_eq!(first["spec"]["podCIDR"], "10.1.0.0/24");
+    assert_eq!(first["spec"]["podCIDRs"][1], "fd00:1::/64");
+    assert_eq!(first["status"]["addresses"][0]["address"], "192.168.50.1");
+    assert_eq!(first["status"]["addresses"][1]["type"], "Hostname");
+    assert_eq!(
+        first["metadata"]["annotations"]["ebpf-cni.io/example"],
+        "one"
+    );
+    assert_eq!(first["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(items[1]["spec"], serde_json::json!({}));
+    let uid = first["metadata"]["uid"].as_str().unwrap().to_owned();
+    assert_ne!(uid, items[1]["metadata"]["uid"].as_str().unwrap());
+    // creationTimestamp is RFC 3339 UTC, and now.
+    let created = first["metadata"]["creationTimestamp"].as_str().unwrap();
+    let date = Command::new("date")
+        .args(["-u", "-d", created, "+%s"])
+        .output()
+        .unwrap();
+    let created_secs: u64 = String::from_utf8_lossy(&date.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{created}: {e}"));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(created_secs) < 120, "{created} vs {now}");
+
+    // Two requests in one curl: the second reuses the first's connection.
+    let node_url = format!("{base}/api/v1/nodes/n1");
+    let out = curl("t0ken", &["-o", "/dev/null", "-o", "/dev/null"])
+        .args(["-w", "%{http_code}:%{num_connects} ", &node_url, &node_url])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200:1 200:0 ");
+
+    // A watch from the list's resourceVersion: a change made meanwhile, bookmarks, and a
+    // clean end (the terminating chunk: curl succeeds) at timeoutSeconds.
+    api.set_bookmark_every(Duration::from_millis(300));
+    let mut modified = n1.clone();
+    modified["metadata"]["annotations"]["ebpf-cni.io/example"] = "two".into();
+    let started = Instant::now();
+    let (out, events) = std::thread::scope(|s| {
+        // Half a second into the watch: after its first bookmark.
+        let changer = s.spawn(|| {
+            let opened = (0..100).any(|_| {
+                api.open_watches() == 1 || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    false
+                }
+            });
+            std::thread::sleep(Duration::from_millis(500));
+            (opened, api.set_node(modified))
+        });
+        let watched = watch(
+            "watch=true&timeoutSeconds=2&allowWatchBookmarks=true&resourceVersion=102",
+            "5",
+        );
+        assert_eq!(changer.join().unwrap(), (true, 103));
+        watched
+    });
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let changes: Vec<&Value> = events.iter().filter(|e| e["type"] != "BOOKMARK").collect();
+    assert_eq!(changes.len(), 1, "{events:?}");
+    assert_eq!(changes[0]["type"], "MODIFIED");
+    assert_eq!(rv(&changes[0]["object"]), "103");
+    assert_eq!(changes[0]["object"]["metadata"]["uid"], uid.as_str());
+    assert_eq!(
+        changes[0]["object"]["metadata"]["annotations"]["ebpf-cni.io/example"],
+        "two"
+    );
+    let bookmarks: Vec<String> = events
+        .iter()
+        .filter(|e| e["type"] == "BOOKMARK")
+        .map(|e| rv(&e["object"]))
+        .collect();
+    assert!(bookmarks.len() >= 3, "{events:?}");
+    assert_eq!(bookmarks.last().unwrap(), "103", "{events:?}");
+    assert_eq!(events[0]["type"], "BOOKMARK", "{events:?}");
+    assert_eq!(rv(&events[0]["object"]), "102");
+    assert_eq!(api.open_watches(), 0);
+
+    // From an older resourceVersion the history is replayed; without allowWatchBookmarks no
+    // bookmark comes.
+    let (out, events) = watch("watch=1&resourceVersion=101&timeoutSeconds=1", "3");
+    assert!(out.status.success());
+    assert_eq!(kinds(&events), ["ADDED", "MODIFIED"], "{events:?}");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "n2");
+    assert_eq!(rv(&events[1]["object"]), "103");
+
+    // drop_watches closes an open watch's connection mid-body: curl fails.
+    let url = format!("{base}/api/v1/nodes?watch=true&resourceVersion=103");
+    let child = curl("t0ken", &["-N", "--max-time", "10", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let opened = (0..100).any(|_| {
+        api.open_watches() == 1 || {
+            std::thread::sleep(Duration::from_millis(50));
+            false
+        }
+    });
+    assert!(opened, "the watch did not open");
+    let dropped_at = Instant::now();
+    api.drop_watches();
+    let out = child.wait_with_output().unwrap();
+    assert!(dropped_at.elapsed() < Duration::from_secs(2));
+    assert!(
+        !out.status.success(),
+        "curl took a dropped watch for a complete response"
+    );
+    assert_eq!(api.open_watches(), 0);
+
+    // After expire_history, a watch from an older resourceVersion gets the 410 event alone;
+    // one from the current resourceVersion goes on.
+    assert_eq!(api.expire_history(), 104);
+    let (out, events) = watch(
+        "watch=true&resourceVersion=103&allowWatchBookmarks=true",
+        "3",
+    );
+    assert!(out.status.success());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "ERROR");
+    let status = &events[0]["object"];
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["code"], 410);
+    assert_eq!(status["reason"], "Expired");
+    assert_eq!(status["message"], "too old resource version: 103 (104)");
+    let (out, events) = watch("watch=true&resourceVersion=104&timeoutSeconds=1", "3");
+    assert!(out.status.success());
+    assert!(events.is_empty(), "{events:?}");
+    // Without a resourceVersion, a watch starts with every node ADDED.
+    let (out, events) = watch("watch=true&timeoutSeconds=1", "3");
+    assert!(out.status.success());
+    assert_eq!(kinds(&events), ["ADDED", "ADDED"], "{events:?}");
+    assert_eq!(events[1]["object"]["metadata"]["name"], "n2");
+
+    // Single nodes.
+    let (status, got) = call("t0ken", &[], "/api/v1/nodes/n1");
+    assert_eq!((status, rv(&got)), (200, "103".to_owned()));
+    let (status, missing) = call("t0ken", &[], "/api/v1/nodes/nope");
+    assert_eq!(status, 404);
+    assert_eq!(missing["reason"], "NotFound");
+    assert_eq!(missing["message"], "nodes \"nope\" not found");
+    assert_eq!(missing["details"]["name"], "nope");
+
+    // A strategic merge patch of the status merges the condition by type: added, then
+    // changed (the fields not given kept); a patch changing nothing makes no new version.
+    let unavailable = r#"{"status":{"conditions":[{"type":"NetworkUnavailable","status":"False","reason":"EbpfCniReady","message":"ebpf-cni is up"}]}}"#;
+    let smp = "application/strategic-merge-patch+json";
+    let (status, patched) = patch("t0ken", smp, "n1", unavailable);
+    assert_eq!(status, 200, "{patched}");
+    assert_eq!(rv(&patched), "105");
+    let condition_types = |node: &Value| -> Vec<String> {
+        node["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(condition_types(&patched), ["Ready", "NetworkUnavailable"]);
+    assert_eq!(api.node("n1").unwrap(), patched);
+    let down = r#"{"status":{"conditions":[{"type":"NetworkUnavailable","status":"True","reason":"EbpfCniDown"}]}}"#;
+    let (status, patched) = patch("t0ken", smp, "n1", down);
+    assert_eq!((status, rv(&patched)), (200, "106".to_owned()));
+    assert_eq!(condition_types(&patched), ["Ready", "NetworkUnavailable"]);
+    let network = &patched["status"]["conditions"][1];
+    assert_eq!(network["status"], "True");
+    assert_eq!(network["reason"], "EbpfCniDown");
+    assert_eq!(network["message"], "ebpf-cni is up");
+    let (status, again) = patch("t0ken", smp, "n1", down);
+    assert_eq!((status, rv(&again)), (200, "106".to_owned()));
+    // A JSON merge patch replaces the list whole.
+    let (status, merged) = patch("t0ken", "application/merge-patch+json", "n2", unavailable);
+    assert_eq!((status, rv(&merged)), (200, "107".to_owned()));
+    assert_eq!(condition_types(&merged), ["NetworkUnavailable"]);
+    let recorded: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(recorded.len(), 4);
+    assert_eq!(recorded[0].target, "/api/v1/nodes/n1/status");
+    assert_eq!(recorded[0].content_type, smp);
+    assert_eq!(recorded[0].body, unavailable);
+    assert_eq!(recorded[0].token, "t0ken");
+    assert_eq!(recorded[0].status, 200);
+    let (status, refused) = patch("t0ken", "application/json-patch+json", "n1", "[]");
+    assert_eq!(
+        (status, refused["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+
+    // Refused: 403, and the node stays as it was.
+    api.refuse_status_patch(true);
+    let (status, forbidden) = patch("t0ken", smp, "n1", unavailable);
+    assert_eq!(status, 403);
+    assert_eq!(forbidden["reason"], "Forbidden");
+    assert_eq!(forbidden["code"], 403);
+    let message = forbidden["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "nodes \"n1\" is forbidden: User \"system:serviceaccount:kube-system:ebpf-cni\" cannot patch resource \"nodes/status\""
+        ),
+        "{message}"
+    );
+    assert_eq!(rv(&api.node("n1").unwrap()), "106");
+    api.refuse_status_patch(false);
+
+    // Tokens: a wrong one, none, a refused one are 401; another accepted one works.
+    for token in ["wrong", ""] {
+        let (status, unauthorized) = call(token, &[], "/api/v1/nodes");
+        assert_eq!(status, 401, "{token:?}");
+        assert_eq!(unauthorized["reason"], "Unauthorized");
+        assert_eq!(unauthorized["code"], 401);
+    }
+    api.accept_token("other");
+    api.refuse_token("t0ken");
+    assert_eq!(call("t0ken", &[], "/api/v1/nodes").0, 401);
+    assert_eq!(call("other", &[], "/api/v1/nodes").0, 200);
+    api.accept_token("t0ken");
+    let last = api.requests();
+    let last: Vec<(&str, u16)> = last[last.len() - 4..]
+        .iter()
+        .map(|r| (r.token.as_str(), r.status))
+        .collect();
+    assert_eq!(
+        last,
+        [("wrong", 401), ("", 401), ("t0ken", 401), ("other", 200)]
+    );
+
+    // Other methods and paths.
+    let (status, denied) = call("t0ken", &["-X", "DELETE"], "/api/v1/nodes/n1");
+    assert_eq!(
+        (status, denied["reason"].as_str()),
+        (405, Some("MethodNotAllowed"))
+    );
+    let (status, unknown) = call("t0ken", &[], "/api/v1/pods");
+    assert_eq!(
+        (status, unknown["reason"].as_str()),
+        (404, Some("NotFound"))
+    );
+
+    // Deleted, and added again with a new uid.
+    assert_eq!(api.delete_node("n1"), 108);
+    assert_eq!(api.delete_node("n1"), 108);
+    assert!(api.node("n1").is_none());
+    assert_eq!(call("t0ken", &[], "/api/v1/nodes/n1").0, 404);
+    assert_eq!(api.set_node(n1), 109);
+    let readded = api.node("n1").unwrap();
+    assert_ne!(readded["metadata"]["uid"], uid.as_str());
+
+    // Dropped, it stops at once and listens no more.
+    let addr = api.addr();
+    let dropping = Instant::now();
+    drop(api);
+    assert!(dropping.elapsed() < Duration::from_secs(2));
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}

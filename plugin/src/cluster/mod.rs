@@ -1,11 +1,14 @@
 //! The cluster network: which pod subnets this node holds, taken from a source the nodes
-//! share (etcd today) and written into the node's conflist so its pods get addresses from
-//! them, and a route to each peer's subnets (`routes`). `ebpf-cni agent --cluster etcd`
-//! joins before its first convergence, then keeps the membership alive and follows the
-//! members in a thread of its own; `--leave` gives the subnets back. See docs/cluster.md.
+//! share (etcd, or the Kubernetes Node objects) and written into the node's conflist so its
+//! pods get addresses from them, and a route to each peer's subnets (`routes`), brought in
+//! line by one [`Reconciler`] whichever the source. `ebpf-cni agent --cluster etcd` joins
+//! before its first convergence, then keeps the membership alive and follows the members in
+//! a thread of its own; `--leave` gives the subnets back. `--cluster kubernetes` waits for
+//! its Node's pod CIDRs, then watches the Nodes (`kubernetes`). See docs/cluster.md.
 
 pub mod conflist;
 pub mod etcd;
+pub mod kubernetes;
 pub mod network;
 pub mod routes;
 pub mod tunnel;
@@ -20,24 +23,42 @@ use self::etcd::{EtcdArgs, EtcdError, Membership};
 use self::network::{MemberRecord, NetworkConfig};
 
 /// Where the node's subnets come from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Source {
     /// The conflist's own ranges; no peers.
-    #[default]
     None,
     /// etcd (flannel's layout, see docs/cluster.md).
     Etcd,
+    /// The Node objects of the Kubernetes API (their spec.podCIDRs and InternalIPs).
+    Kubernetes,
+}
+
+impl Source {
+    /// The source when none is given: Kubernetes in a pod with a service account (the API
+    /// server's address in the environment kubelet gives every pod), else none.
+    fn default_here() -> Self {
+        match std::env::var_os(crate::install::settings::KUBE_HOST.env) {
+            Some(h) if !h.is_empty() => Self::Kubernetes,
+            _ => Self::None,
+        }
+    }
 }
 
 /// The agent's cluster settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClusterArgs {
-    /// Where the node's pod subnets and the cluster's members come from.
-    #[arg(long = "cluster", env = "EBPF_CNI_CLUSTER", value_enum, default_value_t = Source::None)]
-    pub source: Source,
-    /// The node's name in the cluster (default: its host name).
-    #[arg(long = "node-name", env = "NODE_NAME")]
-    pub node_name: Option<String>,
+    /// Where the node's pod subnets and the cluster's members come from [default:
+    /// kubernetes where KUBERNETES_SERVICE_HOST is set (a pod's environment), else none].
+    #[arg(long = "cluster", env = "EBPF_CNI_CLUSTER", value_enum)]
+    pub source: Option<Source>,
+    /// With --cluster kubernetes: the network config (the JSON document etcd's
+    /// `<prefix>/config` holds: the cluster's pod networks, the mode, the VXLAN port).
+    #[arg(
+        long = "network-config",
+        env = "EBPF_CNI_NETWORK_CONFIG",
+        value_name = "FILE"
+    )]
+    pub network_config: Option<PathBuf>,
     /// The node's addresses on the network between the nodes, at most one per family,
     /// comma-separated (default: its address towards the first etcd endpoint).
     #[arg(long = "node-ip", env = "EBPF_CNI_NODE_IP", value_delimiter = ',')]
@@ -47,6 +68,9 @@ pub struct ClusterArgs {
     pub leave: bool,
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// The node's name (the Kubernetes source: its Node) and the API server.
+    #[command(flatten)]
+    pub kube: crate::install::settings::KubeArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,8 +83,22 @@ pub enum ClusterError {
         first: IpAddr,
         second: IpAddr,
     },
-    #[error("--cluster etcd needs --conf: the conflist the node's subnets are written into")]
-    NoConflist,
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::KubernetesError),
+    #[error("--cluster {0} needs --conf: the conflist the node's subnets are written into")]
+    NoConflist(&'static str),
+    #[error("--cluster kubernetes needs --network-config (EBPF_CNI_NETWORK_CONFIG): the cluster's pod networks, the mode and the VXLAN port, as JSON")]
+    NoNetworkConfig,
+    #[error("reading the network config {path}")]
+    ReadNetworkConfig {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the network config {path}")]
+    NetworkConfig {
+        path: PathBuf,
+        source: network::NetworkConfigError,
+    },
     #[error("the node's name: its host name cannot be read")]
     Hostname(#[source] nix::Error),
     #[error("starting the etcd client's runtime")]
@@ -75,8 +113,27 @@ pub enum ClusterError {
 }
 
 impl ClusterArgs {
+    fn source(&self) -> Source {
+        self.source.unwrap_or_else(Source::default_here)
+    }
+
+    fn network_config(&self) -> Result<NetworkConfig, ClusterError> {
+        let path = self
+            .network_config
+            .as_ref()
+            .ok_or(ClusterError::NoNetworkConfig)?;
+        let text = std::fs::read(path).map_err(|source| ClusterError::ReadNetworkConfig {
+            path: path.clone(),
+            source,
+        })?;
+        NetworkConfig::parse(&text).map_err(|source| ClusterError::NetworkConfig {
+            path: path.clone(),
+            source,
+        })
+    }
+
     fn node_name(&self) -> Result<String, ClusterError> {
-        match &self.node_name {
+        match &self.kube.node_name {
             Some(n) if !n.is_empty() => Ok(n.clone()),
             _ => Ok(nix::unistd::gethostname()
                 .map_err(ClusterError::Hostname)?
@@ -86,37 +143,42 @@ impl ClusterArgs {
     }
 
     fn record(&self, node: String) -> Result<MemberRecord, ClusterError> {
-        let mut record = MemberRecord {
-            node,
-            public_ip: None,
-            public_ipv6: None,
-        };
         let addrs = if self.node_ip.is_empty() {
             vec![self.etcd.node_address()?]
         } else {
             self.node_ip.clone()
         };
-        for a in addrs {
-            let (family, first) = match (a, record.public_ip, record.public_ipv6) {
-                (IpAddr::V4(v4), None, _) => {
-                    record.public_ip = Some(v4);
-                    continue;
-                }
-                (IpAddr::V6(v6), _, None) => {
-                    record.public_ipv6 = Some(v6);
-                    continue;
-                }
-                (IpAddr::V4(_), Some(f), _) => ("IPv4", IpAddr::V4(f)),
-                (IpAddr::V6(_), _, Some(f)) => ("IPv6", IpAddr::V6(f)),
-            };
-            return Err(ClusterError::TwoAddresses {
-                family,
-                first,
-                second: a,
-            });
-        }
-        Ok(record)
+        record_of(node, &addrs)
     }
+}
+
+/// `node`'s record with `addrs`, at most one per family.
+fn record_of(node: String, addrs: &[IpAddr]) -> Result<MemberRecord, ClusterError> {
+    let mut record = MemberRecord {
+        node,
+        public_ip: None,
+        public_ipv6: None,
+    };
+    for &a in addrs {
+        let (family, first) = match (a, record.public_ip, record.public_ipv6) {
+            (IpAddr::V4(v4), None, _) => {
+                record.public_ip = Some(v4);
+                continue;
+            }
+            (IpAddr::V6(v6), _, None) => {
+                record.public_ipv6 = Some(v6);
+                continue;
+            }
+            (IpAddr::V4(_), Some(f), _) => ("IPv4", IpAddr::V4(f)),
+            (IpAddr::V6(_), _, Some(f)) => ("IPv6", IpAddr::V6(f)),
+        };
+        return Err(ClusterError::TwoAddresses {
+            family,
+            first,
+            second: a,
+        });
+    }
+    Ok(record)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ClusterError> {
@@ -149,10 +211,27 @@ pub fn start(
     conf: Option<&Path>,
     after_routes: AfterRoutes,
 ) -> Result<(), ClusterError> {
-    if args.source == Source::None {
-        return Ok(());
+    match args.source() {
+        Source::None => Ok(()),
+        Source::Etcd => start_etcd(
+            args,
+            conf.ok_or(ClusterError::NoConflist("etcd"))?,
+            after_routes,
+        ),
+        Source::Kubernetes => start_kubernetes(
+            args,
+            conf.ok_or(ClusterError::NoConflist("kubernetes"))?,
+            after_routes,
+        ),
     }
-    let conf = conf.ok_or(ClusterError::NoConflist)?.to_owned();
+}
+
+fn start_etcd(
+    args: &ClusterArgs,
+    conf: &Path,
+    after_routes: AfterRoutes,
+) -> Result<(), ClusterError> {
+    let conf = conf.to_owned();
     args.etcd.validate()?;
     let node = args.node_name()?;
     let record = args.record(node.clone())?;
@@ -179,37 +258,7 @@ pub fn start(
             }
         }
     })?;
-    // The tunnel device before the conflist (whose MTU is the tunnel's) and the first
-    // peer route: a port another device holds ends the agent here, naming it.
-    let tunnel = match config.mode {
-        network::Mode::Direct => None,
-        network::Mode::Auto | network::Mode::Overlay => {
-            let nl = crate::netlink::Netlink::connect().map_err(tunnel::TunnelError::from)?;
-            let spec = tunnel::TunnelSpec {
-                port: config.vxlan_port,
-                udp_csum: config.vxlan_udp_checksum,
-                underlay_mtu: crate::block_on(tunnel::mtu_of(
-                    &nl,
-                    record
-                        .public_ip
-                        .map(IpAddr::V4)
-                        .or(record.public_ipv6.map(IpAddr::V6)),
-                )),
-                ipv6_underlay: record.public_ipv6.is_some(),
-                addresses: tunnel::addresses_of(&membership.subnets),
-            };
-            crate::block_on(tunnel::ensure(&nl, &spec))?;
-            log::info!(
-                "tunnel {} up: VXLAN on UDP {}, MTU {}",
-                crate::bpf::tunnel::TUNNEL_DEVICE,
-                spec.port,
-                spec.mtu()
-            );
-            Some(spec)
-        }
-    };
-    let max_mtu = tunnel.map(|t| t.mtu());
-    write_conflist(&conf, &membership.subnets, &config.networks(), max_mtu)?;
+    let tunnel = bring_up(&config, &record, &membership.subnets, &conf)?;
     log::info!(
         "node {node} holds {} in the cluster network (etcd, lease {:x})",
         list(&membership.subnets),
@@ -230,6 +279,142 @@ pub fn start(
                 after_routes,
             };
             rt.block_on(hold(&held, &mut client, membership))
+        })
+        .map_err(ClusterError::Runtime)?;
+    Ok(())
+}
+
+/// The tunnel device (where the mode has one) and the node's subnets in the conflist.
+/// The device comes first, since the conflist's MTU is the tunnel's: a port another
+/// device holds ends the agent here, naming it.
+fn bring_up(
+    config: &NetworkConfig,
+    record: &MemberRecord,
+    subnets: &[IpNetwork],
+    conf: &Path,
+) -> Result<Option<tunnel::TunnelSpec>, ClusterError> {
+    let tunnel = match config.mode {
+        network::Mode::Direct => None,
+        network::Mode::Auto | network::Mode::Overlay => {
+            let nl = crate::netlink::Netlink::connect().map_err(tunnel::TunnelError::from)?;
+            let spec = tunnel::TunnelSpec {
+                port: config.vxlan_port,
+                udp_csum: config.vxlan_udp_checksum,
+                underlay_mtu: crate::block_on(tunnel::mtu_of(
+                    &nl,
+                    record
+                        .public_ip
+                        .map(IpAddr::V4)
+                        .or(record.public_ipv6.map(IpAddr::V6)),
+                )),
+                ipv6_underlay: record.public_ipv6.is_some(),
+                addresses: tunnel::addresses_of(subnets),
+            };
+            crate::block_on(tunnel::ensure(&nl, &spec))?;
+            log::info!(
+                "tunnel {} up: VXLAN on UDP {}, MTU {}",
+                crate::bpf::tunnel::TUNNEL_DEVICE,
+                spec.port,
+                spec.mtu()
+            );
+            Some(spec)
+        }
+    };
+    write_conflist(conf, subnets, &config.networks(), tunnel.map(|t| t.mtu()))?;
+    Ok(tunnel)
+}
+
+/// How often a node whose Node object has no pod CIDRs yet is read again.
+const OWN_NODE_POLL: Duration = Duration::from_secs(2);
+
+fn start_kubernetes(
+    args: &ClusterArgs,
+    conf: &Path,
+    after_routes: AfterRoutes,
+) -> Result<(), ClusterError> {
+    let conf = conf.to_owned();
+    let kube = args
+        .kube
+        .validate_for("needed by --cluster kubernetes (EBPF_CNI_CLUSTER)")
+        .map_err(kubernetes::KubernetesError::from)?;
+    let config = args.network_config()?;
+    let rt = runtime()?;
+    // kube's client starts its tasks on the runtime it is made in.
+    let client = {
+        let _in = rt.enter();
+        kubernetes::client(&kube)?
+    };
+    let node = kube.node_name.clone();
+    // The API server unreachable, or the Node without pod CIDRs yet (the controller
+    // manager allocates them): waited for, saying why.
+    let (subnets, record) = rt.block_on(async {
+        let mut backoff = Duration::from_secs(1);
+        let mut said = None;
+        loop {
+            match kubernetes::own_view(&client, &node).await {
+                Ok(kubernetes::View::Member { subnets, record }) => {
+                    return Ok::<_, ClusterError>((subnets, record))
+                }
+                Ok(kubernetes::View::Skipped(why)) => {
+                    if said.as_ref() != Some(&why) {
+                        log::warn!("node {node} has no pod subnet to take: {why}; waiting");
+                    }
+                    said = Some(why);
+                    tokio::time::sleep(OWN_NODE_POLL).await;
+                }
+                Err(e) if e.is_transient() => {
+                    back_off(&mut backoff, "reading the node's pod CIDRs", &e).await
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })?;
+    let record = if args.node_ip.is_empty() {
+        record
+    } else {
+        record_of(node.clone(), &args.node_ip)?
+    };
+    let tunnel = bring_up(&config, &record, &subnets, &conf)?;
+    log::info!(
+        "node {node} holds {} in the cluster network (Kubernetes)",
+        list(&subnets)
+    );
+    std::thread::Builder::new()
+        .name("kubernetes".into())
+        .spawn(move || {
+            let mut reconciler =
+                match Reconciler::new(&node, config.mode, tunnel.as_ref(), &conf, after_routes) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        log::error!("the peer routes: {}", crate::cni::error::chain(&e));
+                        return;
+                    }
+                };
+            let networks = config.networks();
+            let max_mtu = tunnel.map(|t| t.mtu());
+            let mut held = subnets;
+            let own_changed = |v: &kubernetes::View| {
+                if let kubernetes::View::Member { subnets, .. } = v {
+                    if *subnets != held {
+                        log::warn!(
+                            "node {node}'s pod CIDRs are {} now (were {}): new pods get addresses from them",
+                            list(subnets),
+                            list(&held)
+                        );
+                        if let Err(e) = write_conflist(&conf, subnets, &networks, max_mtu) {
+                            log::error!("{}", crate::cni::error::chain(&e));
+                        }
+                        held.clone_from(subnets);
+                    }
+                }
+            };
+            rt.block_on(kubernetes::follow(
+                client,
+                &node,
+                &mut reconciler,
+                ROUTE_RESYNC,
+                own_changed,
+            ));
         })
         .map_err(ClusterError::Runtime)?;
     Ok(())
@@ -302,80 +487,133 @@ async fn reconnect(etcd: &EtcdArgs, client: &mut etcd_client::Client) {
     }
 }
 
+/// The peer routes, the tunnel device and the programs' tunnel maps brought in line with
+/// a source's members: one code path for a first listing, an event, a re-list and a
+/// periodic check, whichever source (etcd, Kubernetes) the members come from.
+pub(crate) struct Reconciler<'a> {
+    nl: crate::netlink::Netlink,
+    /// The node's own name: its subnets get no peer route.
+    own: &'a str,
+    mode: network::Mode,
+    /// The tunnel's settings (mode `direct`: none).
+    tunnel: Option<&'a tunnel::TunnelSpec>,
+    /// The conflist the node's subnets are written into.
+    conf: &'a Path,
+    /// Called with `conf` after the peer routes changed.
+    after_routes: AfterRoutes,
+    last: routes::Outcome,
+    tunnel_err: Option<String>,
+    record_err: Option<String>,
+}
+
+impl<'a> Reconciler<'a> {
+    pub(crate) fn new(
+        own: &'a str,
+        mode: network::Mode,
+        tunnel: Option<&'a tunnel::TunnelSpec>,
+        conf: &'a Path,
+        after_routes: AfterRoutes,
+    ) -> Result<Self, crate::netlink::NetlinkError> {
+        Ok(Self {
+            nl: crate::netlink::Netlink::connect()?,
+            own,
+            mode,
+            tunnel,
+            conf,
+            after_routes,
+            last: routes::Outcome::default(),
+            tunnel_err: None,
+            record_err: None,
+        })
+    }
+
+    /// One pass; whether the routes are in line with `members` (a failure is logged).
+    pub(crate) fn apply(&mut self, members: &routes::Members) -> bool {
+        // The tunnel device made again where it went (deleted by hand, a restart).
+        let tunnel =
+            self.tunnel.and_then(
+                |spec| match crate::block_on(tunnel::ensure(&self.nl, spec)) {
+                    Ok(index) => {
+                        self.tunnel_err = None;
+                        Some(index)
+                    }
+                    Err(e) => {
+                        let line = crate::cni::error::chain(&e);
+                        if self.tunnel_err.as_ref() != Some(&line) {
+                            log::error!("the tunnel: {line}");
+                        }
+                        self.tunnel_err = Some(line);
+                        None
+                    }
+                },
+            );
+        let reach = routes::Reach {
+            mode: self.mode,
+            tunnel,
+        };
+        let out = match crate::block_on(routes::reconcile(&self.nl, members, self.own, reach)) {
+            Ok(out) => out,
+            Err(e) => {
+                log::error!("the peer routes: {}", crate::cni::error::chain(&e));
+                return false;
+            }
+        };
+        for dst in &out.added {
+            if let Some(m) = members.get(dst) {
+                let how = if out.tunneled.contains(dst) {
+                    "through the tunnel"
+                } else {
+                    "direct"
+                };
+                log::info!("route to {dst} of node {} added ({how})", m.node);
+            }
+        }
+        for dst in &out.removed {
+            log::info!("route to {dst} removed: no member holds it now");
+        }
+        if out.unreachable != self.last.unreachable {
+            for (dst, node, why) in &out.unreachable {
+                log::warn!("no route to {dst} of node {node}: {why}");
+            }
+        }
+        // Each pass, so a record the node's teardown took with it comes back.
+        let line = record_unrouted(&out.unreachable).err();
+        if line.is_some() && line != self.record_err {
+            log::warn!(
+                "recording the peers without a route: {}",
+                line.as_deref().unwrap_or("")
+            );
+        }
+        self.record_err = line;
+        // The programs' tunnel maps follow the routes (`bpf::tunnel`).
+        if tunnel.is_some() && (!out.added.is_empty() || !out.removed.is_empty()) {
+            (self.after_routes)(self.conf);
+        }
+        self.last = out;
+        tunnel.is_some() || self.tunnel.is_none()
+    }
+}
+
 /// The members listed, then followed; each change brought into the peer routes. When etcd
 /// cannot be reached the routes stay as they are; after a compaction, the members are
 /// listed again.
 async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
     let (etcd, prefix, own) = (&held.args.etcd, held.prefix, held.record.node.as_str());
-    let nl = match crate::netlink::Netlink::connect() {
-        Ok(nl) => nl,
+    let mut reconciler = match Reconciler::new(
+        own,
+        held.config.mode,
+        held.tunnel,
+        held.conf,
+        held.after_routes,
+    ) {
+        Ok(r) => r,
         Err(e) => {
             log::error!("the peer routes: {}", crate::cni::error::chain(&e));
             return;
         }
     };
-    let mut last = routes::Outcome::default();
-    let mut tunnel_err = None;
-    let mut record_err = None;
     let mut apply = |members: &routes::Members| {
-        // The tunnel device made again where it went (deleted by hand, a restart).
-        let tunnel =
-            held.tunnel
-                .and_then(|spec| match crate::block_on(tunnel::ensure(&nl, spec)) {
-                    Ok(index) => {
-                        tunnel_err = None;
-                        Some(index)
-                    }
-                    Err(e) => {
-                        let line = crate::cni::error::chain(&e);
-                        if tunnel_err.as_ref() != Some(&line) {
-                            log::error!("the tunnel: {line}");
-                        }
-                        tunnel_err = Some(line);
-                        None
-                    }
-                });
-        let reach = routes::Reach {
-            mode: held.config.mode,
-            tunnel,
-        };
-        match crate::block_on(routes::reconcile(&nl, members, own, reach)) {
-            Ok(out) => {
-                for dst in &out.added {
-                    if let Some(m) = members.get(dst) {
-                        let how = if out.tunneled.contains(dst) {
-                            "through the tunnel"
-                        } else {
-                            "direct"
-                        };
-                        log::info!("route to {dst} of node {} added ({how})", m.node);
-                    }
-                }
-                for dst in &out.removed {
-                    log::info!("route to {dst} removed: no member holds it now");
-                }
-                if out.unreachable != last.unreachable {
-                    for (dst, node, why) in &out.unreachable {
-                        log::warn!("no route to {dst} of node {node}: {why}");
-                    }
-                }
-                // Each pass, so a record the node's teardown took with it comes back.
-                let line = record_unrouted(&out.unreachable).err();
-                if line.is_some() && line != record_err {
-                    log::warn!(
-                        "recording the peers without a route: {}",
-                        line.as_deref().unwrap_or("")
-                    );
-                }
-                record_err = line;
-                // The programs' tunnel maps follow the routes (`bpf::tunnel`).
-                if tunnel.is_some() && (!out.added.is_empty() || !out.removed.is_empty()) {
-                    (held.after_routes)(held.conf);
-                }
-                last = out;
-            }
-            Err(e) => log::error!("the peer routes: {}", crate::cni::error::chain(&e)),
-        }
+        reconciler.apply(members);
     };
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -517,7 +755,7 @@ async fn moved(args: &ClusterArgs, record: &MemberRecord) -> MemberRecord {
 }
 
 /// Says `e` about `what` and waits `backoff`, which doubles up to 30 s.
-async fn back_off(backoff: &mut Duration, what: &str, e: &EtcdError) {
+async fn back_off(backoff: &mut Duration, what: &str, e: &(dyn std::error::Error + 'static)) {
     log::warn!(
         "{what}: {}: trying again in {} s",
         crate::cni::error::chain(e),

@@ -168,19 +168,19 @@ pub struct KubeArgs {
     #[arg(long = NODE_NAME.long, env = NODE_NAME.env, value_name = "NAME")]
     pub node_name: Option<String>,
     /// The API server's address.
-    #[arg(long = KUBE_HOST.long, env = KUBE_HOST.env, value_name = "HOST")]
+    #[arg(id = "kube_host", long = KUBE_HOST.long, env = KUBE_HOST.env, value_name = "HOST")]
     pub host: Option<String>,
     /// The API server's port.
-    #[arg(long = KUBE_PORT.long, env = KUBE_PORT.env, value_name = "PORT")]
+    #[arg(id = "kube_port", long = KUBE_PORT.long, env = KUBE_PORT.env, value_name = "PORT")]
     pub port: Option<String>,
     /// The service-account token.
-    #[arg(long = KUBE_TOKEN_FILE.long, env = KUBE_TOKEN_FILE.env, value_name = "FILE", default_value = DEFAULT_TOKEN_FILE)]
+    #[arg(id = "kube_token_file", long = KUBE_TOKEN_FILE.long, env = KUBE_TOKEN_FILE.env, value_name = "FILE", default_value = DEFAULT_TOKEN_FILE)]
     pub token_file: String,
     /// The CA bundle the API server's certificate must chain to.
-    #[arg(long = KUBE_CA_FILE.long, env = KUBE_CA_FILE.env, value_name = "FILE", default_value = DEFAULT_CA_FILE)]
+    #[arg(id = "kube_ca_file", long = KUBE_CA_FILE.long, env = KUBE_CA_FILE.env, value_name = "FILE", default_value = DEFAULT_CA_FILE)]
     pub ca_file: String,
     /// The longest the request may take, connection included ("10s", "500ms").
-    #[arg(long = KUBE_TIMEOUT.long, env = KUBE_TIMEOUT.env, value_name = "DURATION", default_value = DEFAULT_KUBE_TIMEOUT)]
+    #[arg(id = "kube_timeout", long = KUBE_TIMEOUT.long, env = KUBE_TIMEOUT.env, value_name = "DURATION", default_value = DEFAULT_KUBE_TIMEOUT)]
     pub timeout: String,
 }
 
@@ -464,11 +464,17 @@ fn parse_capabilities(value: &str) -> Result<Capabilities, SettingsError> {
 
 impl KubeArgs {
     pub fn validate(&self) -> Result<Kube, SettingsError> {
-        const WHY: &str = "needed to read the node's spec.podCIDRs when no --pod-subnet (EBPF_CNI_POD_SUBNETS) is given";
+        self.validate_for(
+            "needed to read the node's spec.podCIDRs when no --pod-subnet (EBPF_CNI_POD_SUBNETS) is given",
+        )
+    }
+
+    /// [`Self::validate`], a missing setting said to be needed `why`.
+    pub fn validate_for(&self, why: &'static str) -> Result<Kube, SettingsError> {
         let required = |setting: Setting, v: &Option<String>| -> Result<String, SettingsError> {
             match v.as_deref().map(str::trim) {
                 Some(v) if !v.is_empty() => Ok(v.to_owned()),
-                _ => Err(SettingsError::Missing { setting, why: WHY }),
+                _ => Err(SettingsError::Missing { setting, why }),
             }
         };
         let node_name = required(NODE_NAME, &self.node_name)?;
