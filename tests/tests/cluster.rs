@@ -43,8 +43,22 @@ impl ClusterNode {
     }
 
     /// Its agent with the Kubernetes source: the stand-in API server `api` (its CA and a
-    /// token in `creds`), the network config `net_conf`.
+    /// token in `creds`), the network config `net_conf`; once it runs.
     fn kube_agent(&self, p: &PluginUnderTest, api: &KubeApi, creds: &KubeCreds) -> AgentProcess {
+        let mut agent = self.spawn_kube_agent(p, api, creds);
+        agent
+            .wait_for(ebpf_cni_tests::agent::STARTED, Duration::from_secs(20))
+            .unwrap();
+        agent
+    }
+
+    /// [`Self::kube_agent`] without waiting for it to run.
+    fn spawn_kube_agent(
+        &self,
+        p: &PluginUnderTest,
+        api: &KubeApi,
+        creds: &KubeCreds,
+    ) -> AgentProcess {
         let port = api.addr().port().to_string();
         let (ca, token, net_conf) = (
             creds.ca.to_string_lossy(),
@@ -67,7 +81,7 @@ impl ClusterNode {
             "--network-config",
             &net_conf,
         ];
-        AgentProcess::start_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args).unwrap()
+        AgentProcess::spawn_with(&p.bin, self.node.netns().path(), Some(&self.conf), &args).unwrap()
     }
 
     /// A node behind the LAN namespace, which routes to it (`10.251.<host>.2`): the nodes on
@@ -1769,4 +1783,81 @@ fn nodes_and_their_routes_follow_the_kubernetes_node_objects() {
     tcp_echo(&pod_a.netns, &pod_b.netns, pod_b.v4(), 0).expect("pod a -> pod b at the end");
     pod_a.del_direct(&p, &a.node, &a.conf_value());
     pod_b.del_direct(&p, &b.node, &b.conf_value());
+}
+
+/// The service-account token rotated under a running agent (the old one refused at once)
+/// is read again and used, and changes reach the routes again; an API server whose
+/// certificate the CA file does not accept is named with why, and tried again.
+#[test]
+fn the_kubernetes_source_follows_a_rotated_token_and_names_a_wrong_ca() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let lan = Lan::new().unwrap();
+    let api = KubeApi::start(Some(lan.netns()), (LAN_BRIDGE_IP, 0).into(), "token-1").unwrap();
+    let creds = KubeCreds::new(&api, r#"{"network": "10.244.0.0/16", "mode": "direct"}"#);
+    let a = ClusterNode::on_lan(&p, &lan, "node-a", 1);
+    api.set_node(kube_api::node(
+        "node-a",
+        &["10.244.1.0/24"],
+        &["10.250.0.1"],
+        &[],
+    ));
+
+    // A CA that did not sign the server's certificate.
+    let other = KubeApi::start(None, (std::net::Ipv4Addr::LOCALHOST, 0).into(), "x").unwrap();
+    let wrong = KubeCreds::new(&other, r#"{"network": "10.244.0.0/16"}"#);
+    let wrong = KubeCreds {
+        ca: wrong.ca.clone(),
+        token: creds.token.clone(),
+        net_conf: creds.net_conf.clone(),
+        _dir: wrong._dir,
+    };
+    let before = a.subnets();
+    let mut agent = a.spawn_kube_agent(&p, &api, &wrong);
+    agent
+        .wait_for("reading node node-a", Duration::from_secs(20))
+        .unwrap();
+    let said = agent.said();
+    assert!(said.to_lowercase().contains("certificate"), "{said}");
+    agent.still_running().unwrap();
+    assert_eq!(a.subnets(), before, "nothing taken without the API");
+    agent.kill().unwrap();
+
+    let mut agent = a.kube_agent(&p, &api, &creds);
+    assert_eq!(
+        a.subnets(),
+        vec!["10.244.1.0/24".parse::<IpNetwork>().unwrap()]
+    );
+    // kubelet writes the new token; the API server takes only it from now on.
+    api.accept_token("token-2");
+    std::fs::write(&creds.token, "token-2").unwrap();
+    api.refuse_token("token-1");
+    api.set_node(kube_api::node(
+        "node-b",
+        &["10.244.2.0/24"],
+        &["10.250.0.2"],
+        &[],
+    ));
+    // kube's client reads the file again at most a minute after it last did (client-go
+    // does the same), and the watcher's back-off after the 401s (up to 30 s) comes on top.
+    eventually(
+        "a's route to b, with the new token",
+        Duration::from_secs(150),
+        || {
+            a.routes_to(
+                "10.244.2.0/24".parse().unwrap(),
+                "10.250.0.2".parse().unwrap(),
+            )
+        },
+    );
+    let requests = api.requests();
+    let last = requests.last().unwrap();
+    assert_eq!(last.token, "token-2", "{last:?}");
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.token == "token-1" && r.status == 401),
+        "the old token was refused at least once"
+    );
+    agent.still_running().unwrap();
 }
