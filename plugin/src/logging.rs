@@ -24,7 +24,15 @@ static FILE: Mutex<Option<File>> = Mutex::new(None);
 
 impl Log for Logger {
     fn enabled(&self, m: &Metadata<'_>) -> bool {
-        m.level() <= log::max_level()
+        // What the crates below us log (kube's client: "failed with error client error")
+        // reaches the operator through our own errors, with their context: their lines
+        // show from `debug` on, whatever their level.
+        let level = if m.target().starts_with("ebpf_cni") {
+            m.level()
+        } else {
+            m.level().max(log::Level::Debug)
+        };
+        level <= log::max_level()
     }
 
     fn log(&self, r: &Record<'_>) {

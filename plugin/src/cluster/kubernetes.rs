@@ -27,7 +27,7 @@ use rustls::pki_types::pem::PemObject;
 
 use super::network::MemberRecord;
 use super::routes::Members;
-use crate::install::settings::{Kube, SettingsError};
+use crate::install::settings::{Kube, SettingsError, KUBE_CA_FILE};
 
 /// The annotation that gives a node's address on the network between the nodes, one per
 /// family, comma-separated, in place of its InternalIP (a node with several interfaces).
@@ -40,12 +40,12 @@ const NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
 pub enum KubernetesError {
     #[error("the Kubernetes API settings")]
     Settings(#[from] SettingsError),
-    #[error("reading the API server's CA {path}")]
+    #[error("failed to read the API server's CA {path} ({setting})", setting = KUBE_CA_FILE)]
     ReadCa {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("the API server's CA {path} holds no PEM certificate")]
+    #[error("the API server's CA {path} ({setting}) holds no usable PEM certificate", setting = KUBE_CA_FILE)]
     NoCaCertificate { path: PathBuf },
     #[error("the API server's URL {url}")]
     Url {
@@ -166,9 +166,17 @@ pub fn members(views: &BTreeMap<String, View>) -> Members {
     members
 }
 
+/// The bearer token a client sends.
+pub enum Token {
+    /// Read from the file, and again as it rotates (at most a minute late).
+    File(PathBuf),
+    /// As given, for one request (`ebpf-cni install`).
+    Given(String),
+}
+
 /// A client of the API server in `kube`'s settings: its CA (read now, and again as it
-/// rotates) and its token file (read again as it rotates).
-pub fn client(kube: &Kube) -> Result<kube::Client, KubernetesError> {
+/// rotates) and `token`. Made in a tokio runtime: it starts its tasks there.
+pub fn client(kube: &Kube, token: Token) -> Result<kube::Client, KubernetesError> {
     let pem = std::fs::read(&kube.ca_file).map_err(|source| KubernetesError::ReadCa {
         path: kube.ca_file.clone(),
         source,
@@ -198,7 +206,12 @@ pub fn client(kube: &Kube) -> Result<kube::Client, KubernetesError> {
     let mut config = kube::Config::new(url);
     config.root_cert = Some(certs);
     config.root_cert_file = Some(kube.ca_file.clone());
-    config.auth_info.token_file = Some(kube.token_file.to_string_lossy().into_owned());
+    match token {
+        Token::File(path) => {
+            config.auth_info.token_file = Some(path.to_string_lossy().into_owned());
+        }
+        Token::Given(t) => config.auth_info.token = Some(t.into()),
+    }
     config.connect_timeout = Some(kube.timeout);
     config.write_timeout = Some(kube.timeout);
     kube::Client::try_from(config).map_err(err)

@@ -342,7 +342,7 @@ fn start_kubernetes(
     // kube's client starts its tasks on the runtime it is made in.
     let client = {
         let _in = rt.enter();
-        kubernetes::client(&kube)?
+        kubernetes::client(&kube, kubernetes::Token::File(kube.token_file.clone()))?
     };
     let node = kube.node_name.clone();
     // The API server unreachable, or the Node without pod CIDRs yet (the controller

@@ -1,37 +1,22 @@
 //! The node's pod subnets from its Kubernetes Node object: one `GET /api/v1/nodes/<name>`
-//! to the API server with the pod's service-account token, the server verified against the
-//! service account's CA, everything (connection, handshake, request, response) within one
-//! deadline. `spec.podCIDRs` (dual-stack clusters list one per family), else the older
-//! single `spec.podCIDR`.
+//! through kube's client, the one the agent's Kubernetes source watches the Nodes with
+//! ([`crate::cluster::kubernetes::client`]): the pod's service-account token as the bearer,
+//! the server verified against the service account's CA, everything within one deadline.
+//! `spec.podCIDRs` (dual-stack clusters list one per family), else the older single
+//! `spec.podCIDR`.
 //!
-//! Not a Kubernetes client: rustls over a std `TcpStream` and [`super::http`]'s one GET.
 //! What can go wrong is told in the terms an operator acts on: the ClusterRole for a 403,
 //! the node name for a 404, the controller-manager's CIDR allocation for a node without
 //! podCIDRs, the address and the limit for a timeout, the CA file for an untrusted server.
 
-use std::{
-    fmt,
-    io::{self, Read, Write},
-    net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs},
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{fmt, io, net::IpAddr, path::PathBuf, time::Duration};
 
 use ipnetwork::IpNetwork;
-use rustls::{
-    pki_types::{pem::PemObject, CertificateDer, ServerName},
-    ClientConfig, ClientConnection, RootCertStore, StreamOwned,
-};
+use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use super::{
-    http::{self, HttpError},
-    settings::{parse_subnet, Kube, KUBE_CA_FILE, KUBE_TOKEN_FILE, NODE_NAME, POD_SUBNET},
-};
-
-/// A Node object is a few KiB; a response this large is not one.
-const RESPONSE_LIMIT: usize = 4 << 20;
+use super::settings::{parse_subnet, Kube, KUBE_CA_FILE, KUBE_TOKEN_FILE, NODE_NAME, POD_SUBNET};
+use crate::cluster::kubernetes::{self, KubernetesError, Token};
 
 /// The node's pod subnets and the field they came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,23 +37,13 @@ pub enum KubeError {
     },
     #[error("the service-account token {path} ({setting}) is empty", setting = KUBE_TOKEN_FILE)]
     EmptyToken { path: PathBuf },
-    #[error("failed to read the API server's CA {path} ({setting})", setting = KUBE_CA_FILE)]
-    ReadCa {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("the API server's CA {path} ({setting}) holds no usable PEM certificate", setting = KUBE_CA_FILE)]
-    NoCaCertificate { path: PathBuf },
-    #[error("failed to resolve the API server's address {authority}")]
-    Resolve {
-        authority: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Client(#[from] KubernetesError),
+    #[error("starting the Kubernetes client's runtime")]
+    Runtime(#[source] io::Error),
     #[error("failed to connect to the API server at {addr}")]
     Connect {
-        addr: SocketAddr,
+        addr: String,
         #[source]
         source: io::Error,
     },
@@ -81,17 +56,11 @@ pub enum KubeError {
         #[source]
         source: rustls::Error,
     },
-    #[error("the TLS connection to {url} failed")]
-    Tls {
-        url: String,
-        #[source]
-        source: rustls::Error,
-    },
     #[error("GET {url} failed")]
-    Http {
+    Request {
         url: String,
         #[source]
-        source: HttpError,
+        source: kube::Error,
     },
     #[error("GET {url}: 401 Unauthorized: the API server rejects the token in {token} ({setting})", setting = KUBE_TOKEN_FILE)]
     Unauthorized {
@@ -131,18 +100,13 @@ pub enum KubeError {
     },
 }
 
-/// The `message` of the API server's Status object, as ": <message>", or nothing.
+/// The `message` of the API server's Status object, as " (<message>)", or nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reason(Option<String>);
 
 impl Reason {
-    fn of(body: &[u8]) -> Self {
-        Self(
-            serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|v| v.get("message")?.as_str().map(str::to_owned))
-                .filter(|m| !m.is_empty()),
-        )
+    fn of(message: &str) -> Self {
+        Self(Some(message.to_owned()).filter(|m| !m.is_empty()))
     }
 }
 
@@ -156,7 +120,7 @@ impl fmt::Display for Reason {
 }
 
 /// `host:port`, an IPv6 address in brackets.
-fn authority(host: &str, port: u16) -> String {
+pub(crate) fn authority(host: &str, port: u16) -> String {
     match host.parse::<IpAddr>() {
         Ok(IpAddr::V6(_)) => format!("[{host}]:{port}"),
         _ => format!("{host}:{port}"),
@@ -165,7 +129,6 @@ fn authority(host: &str, port: u16) -> String {
 
 /// Reads the node's pod subnets from its Node object (see the module head).
 pub fn node_pod_subnets(k: &Kube) -> Result<NodeSubnets, KubeError> {
-    let deadline = Instant::now() + k.timeout;
     let token = std::fs::read_to_string(&k.token_file).map_err(|source| KubeError::ReadToken {
         path: k.token_file.clone(),
         source,
@@ -176,223 +139,103 @@ pub fn node_pod_subnets(k: &Kube) -> Result<NodeSubnets, KubeError> {
             path: k.token_file.clone(),
         });
     }
-    let roots = ca_roots(k)?;
     let authority = authority(&k.host, k.port);
-    let path = format!("/api/v1/nodes/{}", k.node_name);
-    let url = format!("https://{authority}{path}");
-    let request = http::get_request(&authority, &path, token);
-    let response = get(k, &authority, &url, roots, &request, deadline)?;
-    match response.status {
-        200 => pod_subnets(&k.node_name, &url, &response.body),
-        401 => Err(KubeError::Unauthorized {
-            url,
-            token: k.token_file.clone(),
-            message: Reason::of(&response.body),
-        }),
-        403 => Err(KubeError::Forbidden {
-            url,
-            node: k.node_name.clone(),
-            message: Reason::of(&response.body),
-        }),
-        404 => Err(KubeError::NodeNotFound {
-            url,
-            node: k.node_name.clone(),
-        }),
-        status => Err(KubeError::Status {
-            url,
-            status,
-            reason: response.reason,
-            message: Reason::of(&response.body),
-        }),
-    }
-}
-
-fn ca_roots(k: &Kube) -> Result<RootCertStore, KubeError> {
-    let pem = std::fs::read(&k.ca_file).map_err(|source| KubeError::ReadCa {
-        path: k.ca_file.clone(),
-        source,
+    let url = format!("https://{authority}/api/v1/nodes/{}", k.node_name);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(KubeError::Runtime)?;
+    let got = rt.block_on(async {
+        let client = kubernetes::client(k, Token::Given(token.to_owned()))?;
+        let api: kube::Api<Node> = kube::Api::all(client);
+        Ok::<_, KubeError>(tokio::time::timeout(k.timeout, api.get(&k.node_name)).await)
     })?;
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
-        // A bundle may hold certificates webpki cannot use; the others still count.
-        let _ = roots.add(cert);
-    }
-    if roots.is_empty() {
-        return Err(KubeError::NoCaCertificate {
-            path: k.ca_file.clone(),
-        });
-    }
-    Ok(roots)
-}
-
-/// One GET over TLS, all of it before `deadline`.
-fn get(
-    k: &Kube,
-    authority: &str,
-    url: &str,
-    roots: RootCertStore,
-    request: &[u8],
-    deadline: Instant,
-) -> Result<http::Response, KubeError> {
-    let timeout = || KubeError::Timeout {
-        url: url.to_owned(),
-        timeout: k.timeout,
-    };
-    let tcp = connect(k, authority, deadline).map_err(|e| match e {
-        ConnectError::Timeout => timeout(),
-        ConnectError::Other(e) => e,
-    })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|source| KubeError::Tls {
-            url: url.to_owned(),
-            source,
-        })?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    // A literal address is checked against the certificate's IP SANs (the API server's
-    // certificate carries the `kubernetes` Service's ClusterIP), a name against its DNS
-    // SANs. The host was validated as one or the other.
-    let name = ServerName::try_from(k.host.clone()).map_err(|_| KubeError::Tls {
-        url: url.to_owned(),
-        source: rustls::Error::General(
-            "the API server's host is not a valid TLS server name".into(),
-        ),
-    })?;
-    let conn = ClientConnection::new(Arc::new(config), name).map_err(|source| KubeError::Tls {
-        url: url.to_owned(),
-        source,
-    })?;
-    let mut tls = StreamOwned::new(conn, Deadline { tcp, deadline });
-    let classify = |e: io::Error| -> KubeError {
-        if e.kind() == io::ErrorKind::TimedOut || Instant::now() >= deadline {
-            return timeout();
+    let node = match got {
+        Err(_) => {
+            return Err(KubeError::Timeout {
+                url,
+                timeout: k.timeout,
+            })
         }
-        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-            Some(rustls::Error::InvalidCertificate(_)) => KubeError::UntrustedServer {
-                url: url.to_owned(),
+        Ok(Err(e)) => return Err(classify(k, &authority, url, e)),
+        Ok(Ok(node)) => node,
+    };
+    let body = serde_json::to_vec(&node).map_err(|source| KubeError::Decode {
+        url: url.clone(),
+        source,
+    })?;
+    pod_subnets(&k.node_name, &url, &body)
+}
+
+/// A failed GET in the operator's terms: the API server's refusals by status, an
+/// untrusted certificate, a refused connection.
+fn classify(k: &Kube, authority: &str, url: String, e: kube::Error) -> KubeError {
+    if let kube::Error::Api(status) = &e {
+        let message = Reason::of(&status.message);
+        return match status.code {
+            401 => KubeError::Unauthorized {
+                url,
+                token: k.token_file.clone(),
+                message,
+            },
+            403 => KubeError::Forbidden {
+                url,
+                node: k.node_name.clone(),
+                message,
+            },
+            404 => KubeError::NodeNotFound {
+                url,
+                node: k.node_name.clone(),
+            },
+            code => KubeError::Status {
+                url,
+                status: code,
+                reason: http::StatusCode::from_u16(code)
+                    .ok()
+                    .and_then(|c| c.canonical_reason())
+                    .unwrap_or(&status.reason)
+                    .to_owned(),
+                message,
+            },
+        };
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        // hyper wraps the connector's I/O error in another, and an I/O error's `source`
+        // skips the error it wraps: the innermost is looked for here.
+        let mut io = c.downcast_ref::<io::Error>();
+        while let Some(inner) = io.and_then(|i| i.get_ref()?.downcast_ref::<io::Error>()) {
+            io = Some(inner);
+        }
+        let tls = io
+            .and_then(|i| i.get_ref()?.downcast_ref::<rustls::Error>())
+            .or_else(|| c.downcast_ref::<rustls::Error>());
+        if let Some(tls @ rustls::Error::InvalidCertificate(_)) = tls {
+            return KubeError::UntrustedServer {
+                url,
                 ca: k.ca_file.clone(),
-                source: rustls_error(e),
-            },
-            Some(_) => KubeError::Tls {
-                url: url.to_owned(),
-                source: rustls_error(e),
-            },
-            None => KubeError::Http {
-                url: url.to_owned(),
-                source: HttpError::Io(e),
-            },
+                source: tls.clone(),
+            };
         }
-    };
-    tls.write_all(request)
-        .and_then(|()| tls.flush())
-        .map_err(classify)?;
-    http::read_response(&mut tls, RESPONSE_LIMIT).map_err(|e| match e {
-        HttpError::Io(e) => classify(e),
-        other => KubeError::Http {
-            url: url.to_owned(),
-            source: other,
-        },
-    })
-}
-
-/// The rustls error inside an I/O error (the caller checked that there is one).
-fn rustls_error(e: io::Error) -> rustls::Error {
-    match e.into_inner().map(|i| i.downcast::<rustls::Error>()) {
-        Some(Ok(e)) => *e,
-        _ => rustls::Error::General("unknown TLS error".into()),
-    }
-}
-
-enum ConnectError {
-    Timeout,
-    Other(KubeError),
-}
-
-/// A TCP connection to the first address that answers, before `deadline`.
-fn connect(k: &Kube, authority: &str, deadline: Instant) -> Result<TcpStream, ConnectError> {
-    let addrs: Vec<SocketAddr> = match k.host.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, k.port)],
-        // A name is resolved by the system resolver, outside the deadline (std has no
-        // timeout for it); KUBERNETES_SERVICE_HOST is an address in every cluster.
-        Err(_) => (k.host.as_str(), k.port)
-            .to_socket_addrs()
-            .map_err(|source| {
-                ConnectError::Other(KubeError::Resolve {
-                    authority: authority.to_owned(),
-                    source,
-                })
-            })?
-            .collect(),
-    };
-    let mut last = None;
-    for addr in addrs {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ConnectError::Timeout);
+        if let Some(io) = io.filter(|i| {
+            matches!(
+                i.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::HostUnreachable
+                    | io::ErrorKind::NetworkUnreachable
+            )
+        }) {
+            return KubeError::Connect {
+                addr: authority.to_owned(),
+                source: io::Error::new(io.kind(), io.to_string()),
+            };
         }
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(ConnectError::Timeout),
-            Err(source) => last = Some(KubeError::Connect { addr, source }),
-        }
+        cause = c.source();
     }
-    Err(ConnectError::Other(last.unwrap_or_else(|| {
-        KubeError::Resolve {
-            authority: authority.to_owned(),
-            source: io::Error::new(io::ErrorKind::NotFound, "no address"),
-        }
-    })))
+    KubeError::Request { url, source: e }
 }
 
-/// A TCP stream whose every read and write ends by the deadline (`TimedOut` past it).
-struct Deadline {
-    tcp: TcpStream,
-    deadline: Instant,
-}
-
-impl Deadline {
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(io::Error::from(io::ErrorKind::TimedOut))
-        } else {
-            Ok(left)
-        }
-    }
-
-    /// A socket timeout shows as `WouldBlock`; past the deadline it is `TimedOut`.
-    fn timed_out(e: io::Error) -> io::Error {
-        if e.kind() == io::ErrorKind::WouldBlock {
-            io::Error::from(io::ErrorKind::TimedOut)
-        } else {
-            e
-        }
-    }
-}
-
-impl Read for Deadline {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.tcp.set_read_timeout(Some(left))?;
-        self.tcp.read(buf).map_err(Self::timed_out)
-    }
-}
-
-impl Write for Deadline {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.tcp.set_write_timeout(Some(left))?;
-        self.tcp.write(buf).map_err(Self::timed_out)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.tcp.flush()
-    }
-}
-
-/// The pod subnets of a Node object's JSON.
+/// What the Node object's `spec` gives as the node's pod subnets.
 fn pod_subnets(node: &str, url: &str, body: &[u8]) -> Result<NodeSubnets, KubeError> {
     let v: Value = serde_json::from_slice(body).map_err(|source| KubeError::Decode {
         url: url.to_owned(),
@@ -498,9 +341,9 @@ mod tests {
     #[test]
     fn the_status_message_is_quoted_when_there_is_one() {
         assert_eq!(
-            Reason::of(br#"{"kind":"Status","message":"nodes \"n1\" is forbidden"}"#).to_string(),
+            Reason::of("nodes \"n1\" is forbidden").to_string(),
             " (nodes \"n1\" is forbidden)"
         );
-        assert_eq!(Reason::of(b"nope").to_string(), "");
+        assert_eq!(Reason::of("").to_string(), "");
     }
 }

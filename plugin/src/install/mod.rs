@@ -16,7 +16,6 @@
 
 pub mod conflist;
 pub mod files;
-mod http;
 pub mod kube;
 pub mod settings;
 

@@ -538,8 +538,11 @@ fn pod_subnets_come_from_the_node_object() {
         "{}",
         requests[0]
     );
+    // Header names in any case (HTTP/1.1's are case-insensitive; hyper writes them lower).
     assert!(
-        requests[0].contains("\r\nAuthorization: Bearer s3cr3t-token\r\n"),
+        requests[0]
+            .to_ascii_lowercase()
+            .contains("\r\nauthorization: bearer s3cr3t-token\r\n"),
         "{}",
         requests[0]
     );
