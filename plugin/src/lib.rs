@@ -26,6 +26,7 @@ mod gc;
 mod host_ports;
 mod install;
 mod ipam;
+mod kube_client;
 mod logging;
 mod metrics;
 mod netfilter;

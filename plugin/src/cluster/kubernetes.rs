@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -23,11 +22,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::ResourceExt;
-use rustls::pki_types::pem::PemObject;
 
 use super::network::MemberRecord;
 use super::routes::Members;
-use crate::install::settings::{Kube, SettingsError, KUBE_CA_FILE};
+use crate::install::settings::SettingsError;
 
 /// The annotation that gives a node's address on the network between the nodes, one per
 /// family, comma-separated, in place of its InternalIP (a node with several interfaces).
@@ -40,23 +38,8 @@ const NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
 pub enum KubernetesError {
     #[error("the Kubernetes API settings")]
     Settings(#[from] SettingsError),
-    #[error("failed to read the API server's CA {path} ({setting})", setting = KUBE_CA_FILE)]
-    ReadCa {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the API server's CA {path} ({setting}) holds no usable PEM certificate", setting = KUBE_CA_FILE)]
-    NoCaCertificate { path: PathBuf },
-    #[error("the API server's URL {url}")]
-    Url {
-        url: String,
-        source: http::uri::InvalidUri,
-    },
-    #[error("the Kubernetes client for https://{authority}")]
-    Client {
-        authority: String,
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Client(#[from] crate::kube_client::ClientError),
     #[error("reading node {node}")]
     Get { node: String, source: kube::Error },
 }
@@ -166,57 +149,6 @@ pub fn members(views: &BTreeMap<String, View>) -> Members {
     members
 }
 
-/// The bearer token a client sends.
-pub enum Token {
-    /// Read from the file, and again as it rotates (at most a minute late).
-    File(PathBuf),
-    /// As given, for one request (`ebpf-cni install`).
-    Given(String),
-}
-
-/// A client of the API server in `kube`'s settings: its CA (read now, and again as it
-/// rotates) and `token`. Made in a tokio runtime: it starts its tasks there.
-pub fn client(kube: &Kube, token: Token) -> Result<kube::Client, KubernetesError> {
-    let pem = std::fs::read(&kube.ca_file).map_err(|source| KubernetesError::ReadCa {
-        path: kube.ca_file.clone(),
-        source,
-    })?;
-    let certs: Vec<Vec<u8>> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
-        .filter_map(Result::ok)
-        .map(|c| c.to_vec())
-        .collect();
-    if certs.is_empty() {
-        return Err(KubernetesError::NoCaCertificate {
-            path: kube.ca_file.clone(),
-        });
-    }
-    let authority = if kube.host.contains(':') {
-        format!("[{}]:{}", kube.host, kube.port)
-    } else {
-        format!("{}:{}", kube.host, kube.port)
-    };
-    let err = |source| KubernetesError::Client {
-        authority: authority.clone(),
-        source,
-    };
-    let url = format!("https://{authority}");
-    let url: http::Uri = url
-        .parse()
-        .map_err(|source| KubernetesError::Url { url, source })?;
-    let mut config = kube::Config::new(url);
-    config.root_cert = Some(certs);
-    config.root_cert_file = Some(kube.ca_file.clone());
-    match token {
-        Token::File(path) => {
-            config.auth_info.token_file = Some(path.to_string_lossy().into_owned());
-        }
-        Token::Given(t) => config.auth_info.token = Some(t.into()),
-    }
-    config.connect_timeout = Some(kube.timeout);
-    config.write_timeout = Some(kube.timeout);
-    kube::Client::try_from(config).map_err(err)
-}
-
 /// The node's own view, read once (a Node without pod CIDRs is waited for, saying so).
 pub async fn own_view(client: &kube::Client, node: &str) -> Result<View, KubernetesError> {
     let api: Api<Node> = Api::all(client.clone());
@@ -307,7 +239,7 @@ fn say_skipped(views: &BTreeMap<String, View>, said: &mut BTreeMap<String, Strin
 pub async fn follow(
     client: kube::Client,
     own: &str,
-    reconciler: &mut super::Reconciler<'_>,
+    reconciler: &mut super::reconciler::Reconciler<'_>,
     resync: Duration,
     mut own_changed: impl FnMut(&View),
 ) {

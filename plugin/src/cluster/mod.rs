@@ -1,7 +1,7 @@
 //! The cluster network: which pod subnets this node holds, taken from a source the nodes
 //! share (etcd, or the Kubernetes Node objects) and written into the node's conflist so its
 //! pods get addresses from them, and a route to each peer's subnets (`routes`), brought in
-//! line by one [`Reconciler`] whichever the source. `ebpf-cni agent --cluster etcd` joins
+//! line by one reconciler (`reconciler`) whichever the source. `ebpf-cni agent --cluster etcd` joins
 //! before its first convergence, then keeps the membership alive and follows the members in
 //! a thread of its own; `--leave` gives the subnets back. `--cluster kubernetes` waits for
 //! its Node's pod CIDRs, then watches the Nodes (`kubernetes`). See docs/cluster.md.
@@ -10,6 +10,7 @@ pub mod conflist;
 pub mod etcd;
 pub mod kubernetes;
 pub mod network;
+mod reconciler;
 pub mod routes;
 pub mod tunnel;
 
@@ -197,9 +198,8 @@ pub fn leave(args: &ClusterArgs) -> Result<Vec<IpNetwork>, ClusterError> {
     })
 }
 
-/// What the agent does with the node's conflist once the peer routes changed: converge
-/// the node for it, so the programs' tunnel maps follow the routes at once.
-pub type AfterRoutes = fn(&Path);
+pub use self::reconciler::AfterRoutes;
+use self::reconciler::Reconciler;
 
 /// Joins the cluster (nothing without a source), writes the node's subnets into the
 /// conflist at `conf`, and keeps the membership alive in a thread of its own, which, in
@@ -342,7 +342,11 @@ fn start_kubernetes(
     // kube's client starts its tasks on the runtime it is made in.
     let client = {
         let _in = rt.enter();
-        kubernetes::client(&kube, kubernetes::Token::File(kube.token_file.clone()))?
+        crate::kube_client::client(
+            &crate::install::kube::api_server(&kube),
+            crate::kube_client::Token::File(kube.token_file.clone()),
+        )
+        .map_err(kubernetes::KubernetesError::from)?
     };
     let node = kube.node_name.clone();
     // The API server unreachable, or the Node without pod CIDRs yet (the controller
@@ -487,113 +491,6 @@ async fn reconnect(etcd: &EtcdArgs, client: &mut etcd_client::Client) {
     }
 }
 
-/// The peer routes, the tunnel device and the programs' tunnel maps brought in line with
-/// a source's members: one code path for a first listing, an event, a re-list and a
-/// periodic check, whichever source (etcd, Kubernetes) the members come from.
-pub(crate) struct Reconciler<'a> {
-    nl: crate::netlink::Netlink,
-    /// The node's own name: its subnets get no peer route.
-    own: &'a str,
-    mode: network::Mode,
-    /// The tunnel's settings (mode `direct`: none).
-    tunnel: Option<&'a tunnel::TunnelSpec>,
-    /// The conflist the node's subnets are written into.
-    conf: &'a Path,
-    /// Called with `conf` after the peer routes changed.
-    after_routes: AfterRoutes,
-    last: routes::Outcome,
-    tunnel_err: Option<String>,
-    record_err: Option<String>,
-}
-
-impl<'a> Reconciler<'a> {
-    pub(crate) fn new(
-        own: &'a str,
-        mode: network::Mode,
-        tunnel: Option<&'a tunnel::TunnelSpec>,
-        conf: &'a Path,
-        after_routes: AfterRoutes,
-    ) -> Result<Self, crate::netlink::NetlinkError> {
-        Ok(Self {
-            nl: crate::netlink::Netlink::connect()?,
-            own,
-            mode,
-            tunnel,
-            conf,
-            after_routes,
-            last: routes::Outcome::default(),
-            tunnel_err: None,
-            record_err: None,
-        })
-    }
-
-    /// One pass; whether the routes are in line with `members` (a failure is logged).
-    pub(crate) fn apply(&mut self, members: &routes::Members) -> bool {
-        // The tunnel device made again where it went (deleted by hand, a restart).
-        let tunnel =
-            self.tunnel.and_then(
-                |spec| match crate::block_on(tunnel::ensure(&self.nl, spec)) {
-                    Ok(index) => {
-                        self.tunnel_err = None;
-                        Some(index)
-                    }
-                    Err(e) => {
-                        let line = crate::cni::error::chain(&e);
-                        if self.tunnel_err.as_ref() != Some(&line) {
-                            log::error!("the tunnel: {line}");
-                        }
-                        self.tunnel_err = Some(line);
-                        None
-                    }
-                },
-            );
-        let reach = routes::Reach {
-            mode: self.mode,
-            tunnel,
-        };
-        let out = match crate::block_on(routes::reconcile(&self.nl, members, self.own, reach)) {
-            Ok(out) => out,
-            Err(e) => {
-                log::error!("the peer routes: {}", crate::cni::error::chain(&e));
-                return false;
-            }
-        };
-        for dst in &out.added {
-            if let Some(m) = members.get(dst) {
-                let how = if out.tunneled.contains(dst) {
-                    "through the tunnel"
-                } else {
-                    "direct"
-                };
-                log::info!("route to {dst} of node {} added ({how})", m.node);
-            }
-        }
-        for dst in &out.removed {
-            log::info!("route to {dst} removed: no member holds it now");
-        }
-        if out.unreachable != self.last.unreachable {
-            for (dst, node, why) in &out.unreachable {
-                log::warn!("no route to {dst} of node {node}: {why}");
-            }
-        }
-        // Each pass, so a record the node's teardown took with it comes back.
-        let line = record_unrouted(&out.unreachable).err();
-        if line.is_some() && line != self.record_err {
-            log::warn!(
-                "recording the peers without a route: {}",
-                line.as_deref().unwrap_or("")
-            );
-        }
-        self.record_err = line;
-        // The programs' tunnel maps follow the routes (`bpf::tunnel`).
-        if tunnel.is_some() && (!out.added.is_empty() || !out.removed.is_empty()) {
-            (self.after_routes)(self.conf);
-        }
-        self.last = out;
-        tunnel.is_some() || self.tunnel.is_none()
-    }
-}
-
 /// The members listed, then followed; each change brought into the peer routes. When etcd
 /// cannot be reached the routes stay as they are; after a compaction, the members are
 /// listed again.
@@ -641,21 +538,6 @@ async fn follow_members(held: &Held<'_>, client: &mut etcd_client::Client) {
         back_off(&mut backoff, "following the members (the routes stay)", &e).await;
         reconnect(etcd, client).await;
     }
-}
-
-/// Records the peer subnets without a route where `inspect` and the metrics read them.
-fn record_unrouted(unreachable: &[(IpNetwork, String, String)]) -> Result<(), String> {
-    let peers: Vec<crate::bpf::tunnel::UnroutedPeer> = unreachable
-        .iter()
-        .map(|(subnet, node, why)| crate::bpf::tunnel::UnroutedPeer {
-            subnet: *subnet,
-            node: node.clone(),
-            why: why.clone(),
-        })
-        .collect();
-    let node = crate::bpf::pin::NodeId::current().map_err(|e| crate::cni::error::chain(&e))?;
-    crate::bpf::tunnel::record_unrouted(&crate::bpf::pin::PinRoot::from_env(), &node, &peers)
-        .map_err(|e| crate::cni::error::chain(&e))
 }
 
 /// The membership's life after the join: renewed until killed, and its record rewritten

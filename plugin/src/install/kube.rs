@@ -1,6 +1,6 @@
 //! The node's pod subnets from its Kubernetes Node object: one `GET /api/v1/nodes/<name>`
 //! through kube's client, the one the agent's Kubernetes source watches the Nodes with
-//! ([`crate::cluster::kubernetes::client`]): the pod's service-account token as the bearer,
+//! ([`crate::kube_client`]): the pod's service-account token as the bearer,
 //! the server verified against the service account's CA, everything within one deadline.
 //! `spec.podCIDRs` (dual-stack clusters list one per family), else the older single
 //! `spec.podCIDR`.
@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
 use super::settings::{parse_subnet, Kube, KUBE_CA_FILE, KUBE_TOKEN_FILE, NODE_NAME, POD_SUBNET};
-use crate::cluster::kubernetes::{self, KubernetesError, Token};
+use crate::kube_client::{self, ApiServer, ClientError, Token};
 
 /// The node's pod subnets and the field they came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +37,8 @@ pub enum KubeError {
     },
     #[error("the service-account token {path} ({setting}) is empty", setting = KUBE_TOKEN_FILE)]
     EmptyToken { path: PathBuf },
-    #[error(transparent)]
-    Client(#[from] KubernetesError),
+    #[error("the Kubernetes client ({setting})", setting = KUBE_CA_FILE)]
+    Client(#[from] ClientError),
     #[error("starting the Kubernetes client's runtime")]
     Runtime(#[source] io::Error),
     #[error("failed to connect to the API server at {addr}")]
@@ -146,7 +146,7 @@ pub fn node_pod_subnets(k: &Kube) -> Result<NodeSubnets, KubeError> {
         .build()
         .map_err(KubeError::Runtime)?;
     let got = rt.block_on(async {
-        let client = kubernetes::client(k, Token::Given(token.to_owned()))?;
+        let client = kube_client::client(&api_server(k), Token::Given(token.to_owned()))?;
         let api: kube::Api<Node> = kube::Api::all(client);
         Ok::<_, KubeError>(tokio::time::timeout(k.timeout, api.get(&k.node_name)).await)
     })?;
@@ -165,6 +165,16 @@ pub fn node_pod_subnets(k: &Kube) -> Result<NodeSubnets, KubeError> {
         source,
     })?;
     pod_subnets(&k.node_name, &url, &body)
+}
+
+/// The API server of `k`'s settings.
+pub(crate) fn api_server(k: &Kube) -> ApiServer<'_> {
+    ApiServer {
+        host: &k.host,
+        port: k.port,
+        ca_file: &k.ca_file,
+        timeout: k.timeout,
+    }
 }
 
 /// A failed GET in the operator's terms: the API server's refusals by status, an
