@@ -812,11 +812,7 @@ fn patch_status(shared: &Shared, name: &str, request: &HttpRequest) -> (u16, Val
     let mut patched = node.clone();
     if let Some(status_patch) = patch.get("status") {
         let status = &mut patched["status"];
-        if strategic {
-            strategic_merge(status, status_patch);
-        } else {
-            merge_patch(status, status_patch);
-        }
+        merge(status, status_patch, strategic);
     }
     if &patched == node {
         return (200, patched);
@@ -828,8 +824,11 @@ fn patch_status(shared: &Shared, name: &str, request: &HttpRequest) -> (u16, Val
     (200, patched)
 }
 
-/// RFC 7386: objects merged key by key (`null` removes a key), anything else replaced.
-fn merge_patch(target: &mut Value, patch: &Value) {
+/// `patch` applied to `target` as the API server applies one to a Node's status. A JSON
+/// merge patch (RFC 7386, `strategic` false): objects merged key by key (`null` removes a
+/// key), anything else replaced. A strategic merge patch (`strategic`): the same, except
+/// that `conditions` lists merge by `type` and directives (`$...` keys) are not stored.
+fn merge(target: &mut Value, patch: &Value, strategic: bool) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;
@@ -841,37 +840,14 @@ fn merge_patch(target: &mut Value, patch: &Value) {
         return;
     };
     for (key, value) in patch {
-        if value.is_null() {
-            target.remove(key);
-        } else {
-            merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-        }
-    }
-}
-
-/// A strategic merge patch as the API server applies one to a Node's status: like
-/// [`merge_patch`], except that `conditions` lists merge by `type` and directives (`$...`
-/// keys) are not stored.
-fn strategic_merge(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let Value::Object(target) = target else {
-        return;
-    };
-    for (key, value) in patch {
-        if key.starts_with('$') {
+        if strategic && key.starts_with('$') {
             continue;
         }
         if value.is_null() {
             target.remove(key);
             continue;
         }
-        if let (Value::Array(items), "conditions") = (value, key.as_str()) {
+        if let (true, Value::Array(items), "conditions") = (strategic, value, key.as_str()) {
             let Value::Array(list) = target
                 .entry(key.clone())
                 .or_insert_with(|| Value::Array(Vec::new()))
@@ -889,17 +865,21 @@ fn strategic_merge(target: &mut Value, patch: &Value) {
                     continue;
                 }
                 match at {
-                    Some(at) => strategic_merge(&mut list[at], item),
+                    Some(at) => merge(&mut list[at], item, true),
                     None => {
                         let mut fresh = Value::Null;
-                        strategic_merge(&mut fresh, item);
+                        merge(&mut fresh, item, true);
                         list.push(fresh);
                     }
                 }
             }
             continue;
         }
-        strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value);
+        merge(
+            target.entry(key.clone()).or_insert(Value::Null),
+            value,
+            strategic,
+        );
     }
 }
 
