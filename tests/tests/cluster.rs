@@ -1695,8 +1695,10 @@ fn nodes_and_their_routes_follow_the_kubernetes_node_objects() {
     let patch = api
         .requests()
         .into_iter()
-        .find(|r| r.method == "PATCH" && r.status == 200)
-        .unwrap();
+        .find(|r| {
+            r.method == "PATCH" && r.status == 200 && r.target.starts_with("/api/v1/nodes/node-a/")
+        })
+        .expect("node-a's status patch among the requests");
     assert!(
         patch.target.starts_with("/api/v1/nodes/node-a/status")
             && patch.content_type == "application/strategic-merge-patch+json"
