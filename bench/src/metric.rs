@@ -643,6 +643,17 @@ pub enum Metric {
         pods: usize,
     },
     AgentRss,
+    // The cluster network from the Kubernetes API.
+    /// From the agent's start to its routes to every other Node of `nodes`.
+    ClusterAllRouted {
+        nodes: usize,
+    },
+    /// The agent's VmRSS watching `nodes` Nodes.
+    ClusterAgentRss {
+        nodes: usize,
+    },
+    /// From a peer's Node object created to the first reply between pods on the two nodes.
+    ClusterFirstReply,
     /// A figure as the headline table names it.
     Headline(Box<Metric>),
 }
@@ -842,6 +853,18 @@ impl Metric {
                 thousands(*pods)
             ),
             AgentRss => "agent: resident memory (VmRSS)".into(),
+            ClusterAllRouted { nodes } => format!(
+                "agent start → every other Node routed, {} Nodes",
+                thousands(*nodes)
+            ),
+            ClusterAgentRss { nodes } => format!(
+                "agent: resident memory (VmRSS) watching {} Nodes",
+                thousands(*nodes)
+            ),
+            ClusterFirstReply => {
+                "a peer's Node created → first reply between pods on the two nodes; target p50 ≤ 1 s"
+                    .into()
+            }
             Headline(m) => m.headline_name(),
         }
     }
@@ -894,8 +917,10 @@ impl Metric {
             | MetricsProcessCpu { .. }
             | StatusInLine { .. }
             | StatusConverging { .. }
-            | AgentFollows { .. } => "ms",
-            AddPeakRss | AgentRss => "MiB",
+            | AgentFollows { .. }
+            | ClusterAllRouted { .. }
+            | ClusterFirstReply => "ms",
+            AddPeakRss | AgentRss | ClusterAgentRss { .. } => "MiB",
             AddOverFloor | DelOverFloor => "×",
             DistinctAddresses | FailedOperations => "",
             Throughput(_) | MasqThroughput => "Gbit/s",

@@ -21,10 +21,11 @@ pub enum Section {
     Xdp,
     Netkit,
     Services,
+    Cluster,
 }
 
 impl Section {
-    pub const ALL: [Section; 13] = [
+    pub const ALL: [Section; 14] = [
         Section::Lifecycle,
         Section::Traffic,
         Section::Scale,
@@ -38,6 +39,7 @@ impl Section {
         Section::Xdp,
         Section::Netkit,
         Section::Services,
+        Section::Cluster,
     ];
 }
 
@@ -88,6 +90,10 @@ pub struct Params {
     pub node_pods: usize,
     pub node_runs: usize,
     pub node_agent_changes: usize,
+    /// Node objects of the cluster section's cluster (its two real nodes among them), and
+    /// the Node events whose first reply it times.
+    pub cluster_nodes: usize,
+    pub cluster_events: usize,
 }
 
 impl Params {
@@ -120,6 +126,8 @@ impl Params {
             node_pods: 100,
             node_runs: 30,
             node_agent_changes: 10,
+            cluster_nodes: 1_000,
+            cluster_events: 20,
         }
     }
 
@@ -152,6 +160,8 @@ impl Params {
             node_pods: 100,
             node_runs: 10,
             node_agent_changes: 3,
+            cluster_nodes: 100,
+            cluster_events: 3,
         }
     }
 }

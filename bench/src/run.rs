@@ -12,8 +12,8 @@ use crate::params::{Params, Section};
 use crate::rig::machine::Machine;
 use crate::rig::topo::Binaries;
 use crate::sections::{
-    bandwidth, cleanup, guest, lifecycle, masquerade, metrics, netkit, node, pod_path, scale,
-    services, source_check, traffic, xdp,
+    bandwidth, cleanup, cluster, guest, lifecycle, masquerade, metrics, netkit, node, pod_path,
+    scale, services, source_check, traffic, xdp,
 };
 
 /// Everything a run produced; the report, the charts and results.json read it.
@@ -34,6 +34,7 @@ pub struct Run {
     pub xdp: Option<xdp::Output>,
     pub netkit: Option<netkit::Output>,
     pub services: Option<services::Output>,
+    pub cluster: Option<cluster::Output>,
     /// Sections that were not selected, or that panicked (with the message).
     pub skipped: Vec<(Section, String)>,
     pub section_secs: Vec<(Section, f64)>,
@@ -81,6 +82,7 @@ impl Run {
             xdp: None,
             netkit: None,
             services: None,
+            cluster: None,
             skipped: Vec::new(),
             section_secs: Vec::new(),
             total: Duration::ZERO,
@@ -116,6 +118,7 @@ impl Run {
                 Section::PodPath => run.pod_path = Some(pod_path::run(params, &bins)),
                 Section::Xdp => run.xdp = Some(xdp::run(params, &bins)),
                 Section::Services => run.services = Some(services::run(params, &bins)),
+                Section::Cluster => run.cluster = Some(cluster::run(params, &bins)),
                 Section::Netkit => {
                     run.netkit = Some(if crate::rig::netkit::available() {
                         netkit::measure(params, &bins)
@@ -185,6 +188,9 @@ impl Run {
         }
         if let Some(s) = &run.services {
             v.push(&s.table);
+        }
+        if let Some(c) = &run.cluster {
+            v.push(&c.table);
         }
         v
     }

@@ -219,6 +219,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
             2 * p.node_runs,
             p.node_agent_changes
         ),
+        format!(
+            "Cluster: {} Node objects from a stand-in API server, the agent's start timed \
+             once; {} Node event(s) timed to the first reply between pods.",
+            thousands(p.cluster_nodes),
+            p.cluster_events
+        ),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -323,6 +329,12 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
         s.push_str(&md_table(&sv.table, "###"));
     }
     s.extend(skipped(Section::Services));
+
+    let _ = writeln!(s, "## 14. The cluster network\n");
+    if let Some(c) = &run.cluster {
+        s.push_str(&md_table(&c.table, "###"));
+    }
+    s.extend(skipped(Section::Cluster));
 
     let _ = writeln!(s, "## Not measurable yet\n");
     let mut missing: Vec<String> = Vec::new();

@@ -461,6 +461,50 @@ pub fn targets(run: &Run) -> Vec<Target> {
         },
     });
 
+    let cluster = |metric: fn(usize) -> Metric| {
+        run.cluster.as_ref().map(|c| {
+            c.table
+                .row(&metric(c.nodes))
+                .map(|r| r.cell(Subject::EbpfCni))
+                .unwrap_or(Cell::NotApplicable)
+        })
+    };
+    let first_reply = cluster(|_| Metric::ClusterFirstReply);
+    out.push(Target {
+        goal: "a peer's Node created → first reply between pods on the two nodes: p50 ≤ 1 s",
+        ebpf: match &first_reply {
+            Some(Cell::Value(v)) => format!("{} ms (median)", short_num(v.median)),
+            Some(c) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
+            None => "section not run".into(),
+        },
+        reference: "— (no membership)".into(),
+        status: match &first_reply {
+            Some(Cell::Value(v)) => status(v.median <= 1_000.0),
+            _ => not_yet(),
+        },
+    });
+    let rss = cluster(|nodes| Metric::ClusterAgentRss { nodes });
+    let nodes = run.cluster.as_ref().map_or(0, |c| c.nodes);
+    out.push(Target {
+        goal: "the agent watching 1,000 Nodes within the DaemonSet's memory limit (128 MiB)",
+        ebpf: match &rss {
+            Some(Cell::Value(v)) => {
+                format!("{} MiB, {} Nodes", short_num(v.median), thousands(nodes))
+            }
+            Some(c) => brief(&cell_reason(c).unwrap_or_else(|| "no figure".into())),
+            None => "section not run".into(),
+        },
+        reference: "— (no membership)".into(),
+        status: match &rss {
+            Some(Cell::Value(v)) if nodes >= 1_000 => status(v.median < 128.0),
+            Some(Cell::Value(_)) => format!(
+                "not measurable in this run ({} Nodes only)",
+                thousands(nodes)
+            ),
+            _ => not_yet(),
+        },
+    });
+
     if let Some(c) = &run.cleanup {
         let row = cleanup_row(c);
         let v = |s| match row.cell(s) {
