@@ -1,6 +1,6 @@
-//! `ebpf-cni agent` as a test or the benchmark runs it: in a node's namespace
-//! (`--netns`), its stderr lines read by a thread so a caller can wait for what it says
-//! (it says each change it makes to the node). Dropping it kills it.
+//! `ebpf-cni agent` as a test or the benchmark runs it: in a node's namespace (`--netns`,
+//! or started in it as a container is), its stderr lines read by a thread so a caller can
+//! wait for what it says (it says each change it makes to the node). Dropping it kills it.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -9,6 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::netns::Netns;
 
 /// What the agent says once it runs (`cli.rs`).
 pub const STARTED: &str = "follows its devices and addresses";
@@ -69,7 +71,35 @@ impl AgentProcess {
             cmd.arg("--conf").arg(c);
         }
         cmd.args(args);
-        let mut child = cmd.spawn().context("starting ebpf-cni agent")?;
+        let child = cmd.spawn().context("starting ebpf-cni agent")?;
+        Self::read(child)
+    }
+
+    /// `bin` with exactly `args` (the agent's whole command line, as a container runs it: no
+    /// `--netns` or `--conf` added) and only `env` (nothing of the test's own environment),
+    /// started in `netns`, as a container runtime starts a `hostNetwork` container's process
+    /// in the node's namespace. Does not wait for its start line.
+    pub fn spawn_in(
+        netns: &Netns,
+        bin: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<Self> {
+        let child = netns.run_in(|| {
+            Command::new(bin)
+                .env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+        })?;
+        Self::read(child.with_context(|| format!("starting {} {}", bin.display(), args.join(" ")))?)
+    }
+
+    /// The agent `child`, its stderr read line by line by a thread of its own.
+    fn read(mut child: Child) -> Result<Self> {
         let stderr = child.stderr.take().context("the agent's stderr")?;
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
