@@ -46,6 +46,8 @@ pub const ETCD_BIN: &str = "/usr/bin/etcd";
 pub const ETCDCTL_BIN: &str = "/usr/bin/etcdctl";
 /// The bridge's address in the LAN namespace; the LAN is its /24.
 pub const LAN_BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 254);
+/// The bridge's MAC address (see [`make_lan`]).
+const LAN_BRIDGE_MAC: &str = "02:00:0a:fa:00:fe";
 /// The network behind the LAN namespace acting as a router ([`EtcdCluster::attach_routed`]).
 pub const ROUTED_NET: &str = "10.251.0.0/16";
 /// The bridge's name in the LAN namespace.
@@ -671,10 +673,22 @@ pub(crate) fn attach_host(lan: &Netns, ns: &Netns, ifname: &str, host: u8) -> Re
     Ok(ip)
 }
 
-/// A LAN namespace with its bridge (`br0`, [`LAN_BRIDGE_IP`]/24) up.
+/// A LAN namespace with its bridge (`br0`, [`LAN_BRIDGE_IP`]/24) up. The bridge's MAC
+/// address is set: a bridge without one takes its lowest port's, and changes it as hosts
+/// join, which left a host that had already resolved the bridge's address sending to the
+/// old one until its neighbour entry went stale (its connections to a server on the
+/// bridge's address timed out for half a minute).
 pub(crate) fn make_lan() -> Result<Netns> {
     let lan = Netns::create("n")?;
-    lan.ip_ok(&["link", "add", LAN_BRIDGE, "type", "bridge"])?;
+    lan.ip_ok(&[
+        "link",
+        "add",
+        LAN_BRIDGE,
+        "address",
+        LAN_BRIDGE_MAC,
+        "type",
+        "bridge",
+    ])?;
     lan.ip_ok(&[
         "addr",
         "add",
