@@ -147,6 +147,51 @@ impl SourceFigure {
     }
 }
 
+/// A figure of pod → pod between two nodes (the cluster section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CrossFigure {
+    Throughput { streams: u32 },
+    RrP50,
+    Crr,
+}
+
+impl CrossFigure {
+    pub fn label(self) -> String {
+        match self {
+            CrossFigure::Throughput { streams: 1 } => "TCP throughput, 1 stream".into(),
+            CrossFigure::Throughput { streams } => format!("TCP throughput, {streams} streams"),
+            CrossFigure::RrP50 => "TCP_RR p50".into(),
+            CrossFigure::Crr => "TCP_CRR".into(),
+        }
+    }
+}
+
+/// How pod → pod crosses between two nodes: ebpf-cni's mode, against the reference chain
+/// with what its users set up for the same (host-gw routes; flannel's VXLAN device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CrossPath {
+    Direct,
+    Overlay,
+    /// The overlay with `nodes` Node objects in the cluster (ebpf-cni only).
+    OverlayNodes {
+        nodes: usize,
+    },
+}
+
+impl CrossPath {
+    pub fn label(self) -> String {
+        match self {
+            CrossPath::Direct => "direct (the reference: host-gw routes)".into(),
+            CrossPath::Overlay => "overlay (the reference: flannel's VXLAN device)".into(),
+            CrossPath::OverlayNodes { nodes } => {
+                format!("overlay, {} Nodes in the cluster", thousands(nodes))
+            }
+        }
+    }
+}
+
 /// A figure of the Services section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -643,6 +688,11 @@ pub enum Metric {
         pods: usize,
     },
     AgentRss,
+    // Pod → pod between two nodes.
+    CrossNode {
+        figure: CrossFigure,
+        path: CrossPath,
+    },
     // The cluster network from the Kubernetes API.
     /// From the agent's start to its routes to every other Node of `nodes`.
     ClusterAllRouted {
@@ -853,6 +903,9 @@ impl Metric {
                 thousands(*pods)
             ),
             AgentRss => "agent: resident memory (VmRSS)".into(),
+            CrossNode { figure, path } => {
+                format!("{}, pod → pod across nodes, {}", figure.label(), path.label())
+            }
             ClusterAllRouted { nodes } => format!(
                 "agent start → every other Node routed, {} Nodes",
                 thousands(*nodes)
@@ -933,6 +986,11 @@ impl Metric {
                 ScaleFigure::Install => "s",
             },
             Accuracy { .. } | WorstDeviation => "% of limit",
+            CrossNode { figure, .. } => match figure {
+                CrossFigure::Throughput { .. } => "Gbit/s",
+                CrossFigure::RrP50 => "µs",
+                CrossFigure::Crr => "conn/s",
+            },
             Services { figure, .. } => match figure {
                 ServicesFigure::Throughput => "Gbit/s",
                 ServicesFigure::RrP50 => "µs",
@@ -1001,6 +1059,10 @@ impl Metric {
             }
             | Services {
                 figure: ServicesFigure::Throughput | ServicesFigure::Crr,
+                ..
+            }
+            | CrossNode {
+                figure: CrossFigure::Throughput { .. } | CrossFigure::Crr,
                 ..
             }
             | PodPath {

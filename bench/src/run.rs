@@ -190,7 +190,7 @@ impl Run {
             v.push(&s.table);
         }
         if let Some(c) = &run.cluster {
-            v.push(&c.table);
+            v.extend([&c.table, &c.traffic]);
         }
         v
     }

@@ -3,7 +3,8 @@
 
 use crate::format::{short_num, thousands};
 use crate::metric::{
-    Metric, PathFigure, PathKind, PathPart, PodLink, METRICS_TARGET_MS, METRICS_TARGET_PODS,
+    Better, CrossPath, Metric, PathFigure, PathKind, PathPart, PodLink, METRICS_TARGET_MS,
+    METRICS_TARGET_PODS,
 };
 use crate::model::{Cell, Row, Subject, Table};
 use crate::run::Run;
@@ -504,6 +505,48 @@ pub fn targets(run: &Run) -> Vec<Target> {
             _ => not_yet(),
         },
     });
+
+    if let Some(c) = &run.cluster {
+        // Each figure as a factor where above 1 is better: ebpf-cni's over the reference's.
+        let mut worst: Option<(f64, String)> = None;
+        let mut missing = Vec::new();
+        for row in &c.traffic.rows {
+            let Metric::CrossNode { figure, path } = &row.metric else {
+                continue;
+            };
+            if matches!(path, CrossPath::OverlayNodes { .. }) {
+                continue;
+            }
+            let (Ok(e), Ok(r)) = (
+                median_of(Some(&c.traffic), &row.metric, Subject::EbpfCni),
+                median_of(Some(&c.traffic), &row.metric, Subject::Reference),
+            ) else {
+                missing.push(row.metric.name());
+                continue;
+            };
+            let factor = if row.metric.better() == Better::Higher {
+                e / r
+            } else {
+                r / e
+            };
+            let what = format!("{}, {}", figure.label(), path.label());
+            if worst.as_ref().is_none_or(|(w, _)| factor < *w) {
+                worst = Some((factor, what));
+            }
+        }
+        out.push(Target {
+            goal: "pod → pod across nodes: ebpf-cni direct ≥ 1.0× host-gw routes, overlay ≥ 1.0× flannel's VXLAN device, on every figure",
+            ebpf: match (&worst, missing.is_empty()) {
+                (Some((w, what)), true) => format!("worst {w:.2}× ({what})"),
+                (_, _) => format!("no figure: {}", missing.join("; ")),
+            },
+            reference: "host-gw routes, flannel's VXLAN device (by hand)".into(),
+            status: match (&worst, missing.is_empty()) {
+                (Some((w, _)), true) => status(*w >= 1.0),
+                _ => not_yet(),
+            },
+        });
+    }
 
     if let Some(c) = &run.cleanup {
         let row = cleanup_row(c);

@@ -99,6 +99,19 @@ pub fn iperf3(
     reverse: bool,
     proto: Proto,
 ) -> Result<Iperf3Result> {
+    iperf3_streams(ns, target, secs, omit, reverse, proto, 1)
+}
+
+/// [`iperf3`] with `streams` parallel streams (`-P`): the figures are their sum.
+pub fn iperf3_streams(
+    ns: &Netns,
+    target: SocketAddr,
+    secs: u32,
+    omit: u32,
+    reverse: bool,
+    proto: Proto,
+    streams: u32,
+) -> Result<Iperf3Result> {
     let mut last = None;
     for attempt in 0..4 {
         if attempt > 0 {
@@ -115,6 +128,9 @@ pub fn iperf3(
         .args(["--connect-timeout", "3000"]);
         if reverse {
             c.arg("-R");
+        }
+        if streams > 1 {
+            c.args(["-P", &streams.to_string()]);
         }
         if let Proto::Udp(rate) = proto {
             // 8 MiB socket buffers: with the default ones the iperf3 receiver itself drops

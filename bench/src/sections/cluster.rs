@@ -4,10 +4,12 @@
 //! WATCH). Measured: how long after its start the agent routes to every other node, its
 //! resident memory once it watches them all, and, between two real nodes whose agents both
 //! run, how long after a Node object appears (the peer's Node deleted, then created again)
-//! a pod on one node gets its first reply from a pod on the other.
+//! a pod on one node gets its first reply from a pod on the other. Then pod → pod across
+//! nodes ([`cross_node`]): ebpf-cni direct and overlay against the reference chain with
+//! host-gw routes and with flannel's VXLAN device, node → node as the ceiling.
 //!
-//! Only ebpf-cni has this: the reference chain has no membership, its users route between
-//! nodes by hand or with another component.
+//! The reference chain has no membership (its users route between nodes by hand or with
+//! another component): it has a column only across nodes, set up by hand.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -19,15 +21,16 @@ use ebpf_cni_tests::config::Stack;
 use ebpf_cni_tests::etcd::LAN_BRIDGE_IP;
 use ebpf_cni_tests::kube_api::{self, KubeApi};
 use ebpf_cni_tests::lan::Lan;
-use ebpf_cni_tests::{Node, PluginUnderTest, Pod};
+use ebpf_cni_tests::{Netns, Node, PluginUnderTest, Pod};
 use serde_json::Value;
 
 use crate::log::progress;
-use crate::metric::Metric;
+use crate::metric::{CrossFigure, CrossPath, Metric};
 use crate::model::{Cell, Repeats, Subject, Table};
 use crate::params::Params;
-use crate::rig::load::{self, EchoServer};
+use crate::rig::load::{self, EchoServer, Iperf3Server};
 use crate::rig::topo::Binaries;
+use crate::stats::percentile;
 
 /// The cluster's pod network; the two real nodes hold its `172.16.1.0/24` and
 /// `172.16.2.0/24`, the other Nodes /24s from `172.17.0.0` up.
@@ -39,6 +42,8 @@ const ATTEMPT: Duration = Duration::from_millis(5);
 pub struct Output {
     pub table: Table,
     pub nodes: usize,
+    /// Pod → pod across nodes, by way.
+    pub traffic: Table,
 }
 
 #[derive(Default)]
@@ -97,7 +102,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
          nodes by hand or with another component."
             .to_owned(),
     ];
-    Output { table, nodes: n }
+    Output {
+        table,
+        nodes: n,
+        traffic: cross_node(p, bins),
+    }
 }
 
 /// A node on the LAN (`lan0`, 10.250.0.`host`) with the plugin's config where its agent's
@@ -305,5 +314,473 @@ fn measure(p: &Params, bins: &Binaries, f: &mut Figures) -> Result<()> {
     }
     agent_a.still_running()?;
     agent_b.still_running()?;
+    Ok(())
+}
+
+// Pod → pod between two nodes.
+
+const IPERF_PORT: u16 = 5201;
+/// The Nodes of the overlay's cluster while the paths are compared, and after.
+const FEW_NODES: usize = 10;
+const MANY_NODES: usize = 1_000;
+/// The VXLAN overhead over IPv4 (outer IPv4, UDP, VXLAN and inner Ethernet headers).
+const VXLAN_OVERHEAD: u32 = 50;
+
+/// The ways pod → pod crosses between two nodes, in the order they alternate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// Node → node over the LAN, no pod, no program: the ceiling.
+    NodeToNode,
+    EbpfDirect,
+    HostGw,
+    EbpfOverlay,
+    FlannelVxlan,
+}
+
+const WAYS: [Way; 5] = [
+    Way::NodeToNode,
+    Way::EbpfDirect,
+    Way::HostGw,
+    Way::EbpfOverlay,
+    Way::FlannelVxlan,
+];
+
+impl Way {
+    /// Its column and row: the ceiling is the plain veth column of both paths.
+    fn placed(self) -> (Subject, &'static [CrossPath]) {
+        match self {
+            Way::NodeToNode => (Subject::Veth, &[CrossPath::Direct, CrossPath::Overlay]),
+            Way::EbpfDirect => (Subject::EbpfCni, &[CrossPath::Direct]),
+            Way::HostGw => (Subject::Reference, &[CrossPath::Direct]),
+            Way::EbpfOverlay => (Subject::EbpfCni, &[CrossPath::Overlay]),
+            Way::FlannelVxlan => (Subject::Reference, &[CrossPath::Overlay]),
+        }
+    }
+}
+
+/// One way's client and the servers it reaches: the servers first, so they stop before
+/// their namespaces go.
+struct Ends {
+    _iperf: Iperf3Server,
+    _echo: EchoServer,
+    client: Client,
+    server: Ipv4Addr,
+    /// What keeps the other namespaces and pods alive.
+    _keep: Vec<Box<dyn std::any::Any>>,
+}
+
+/// Where the client runs: a pod, or a node's own namespace.
+enum Client {
+    Pod(Pod),
+    Node(Node),
+}
+
+impl Client {
+    fn ns(&self) -> &Netns {
+        match self {
+            Client::Pod(p) => &p.netns,
+            Client::Node(n) => n.netns(),
+        }
+    }
+}
+
+fn v4(ip: std::net::IpAddr) -> Result<Ipv4Addr> {
+    match ip {
+        std::net::IpAddr::V4(a) => Ok(a),
+        std::net::IpAddr::V6(a) => bail!("{a} is no IPv4 address"),
+    }
+}
+
+/// Servers in `server_ns` on `server`, the client in `client`.
+fn ends(
+    server_ns: &Netns,
+    server: Ipv4Addr,
+    client: Client,
+    keep: Vec<Box<dyn std::any::Any>>,
+) -> Result<Ends> {
+    Ok(Ends {
+        _iperf: Iperf3Server::start(server_ns, server, IPERF_PORT)?,
+        _echo: EchoServer::start(server_ns, ECHO_PORT)?,
+        client,
+        server,
+        _keep: keep,
+    })
+}
+
+/// Two ebpf-cni nodes (LAN hosts `hosts`) with their agents, on a stand-in API server of
+/// their own in `mode` (with `extra` Node objects more), a pod on each.
+struct EbpfPair {
+    api: KubeApi,
+    a: ClusterNode,
+    _agents: (AgentProcess, AgentProcess),
+}
+
+fn ebpf_pair(
+    plugin: &PluginUnderTest,
+    lan: &Lan,
+    hosts: (u8, u8),
+    mode: &str,
+) -> Result<(EbpfPair, Ends)> {
+    let api = KubeApi::start(Some(lan.netns()), (LAN_BRIDGE_IP, 0).into(), "bench-token")?;
+    let a = ClusterNode::new(plugin, lan, &format!("node-{}", hosts.0), hosts.0)?;
+    let b = ClusterNode::new(plugin, lan, &format!("node-{}", hosts.1), hosts.1)?;
+    let dir = a.node.scratch_dir().join("kube");
+    std::fs::create_dir_all(&dir)?;
+    let (ca, token) = api.write_credentials(&dir)?;
+    let net = dir.join("net-conf.json");
+    std::fs::write(
+        &net,
+        format!(r#"{{"network": "172.16.0.0/12", "mode": "{mode}"}}"#),
+    )?;
+    let creds = Creds { ca, token, net };
+    for (n, host) in [(&a, hosts.0), (&b, hosts.1)] {
+        api.set_node(kube_api::node(
+            &n.name,
+            &[&format!("172.16.{host}.0/24")],
+            &[&n.addr.to_string()],
+            &[],
+        ));
+    }
+    let mut agent_a = a.spawn_agent(plugin, &api, &creds)?;
+    let mut agent_b = b.spawn_agent(plugin, &api, &creds)?;
+    agent_a.wait_for(STARTED, Duration::from_secs(30))?;
+    agent_b.wait_for(STARTED, Duration::from_secs(30))?;
+    let client = Pod::add_direct(plugin, &a.node, &a.conf_value()?);
+    let server = Pod::add_direct(plugin, &b.node, &b.conf_value()?);
+    let addr = v4(server.v4())?;
+    let e = ends(&server.netns, addr, Client::Pod(client), vec![])?;
+    let e = Ends {
+        _keep: vec![Box::new(server), Box::new(b)],
+        ..e
+    };
+    Ok((
+        EbpfPair {
+            api,
+            a,
+            _agents: (agent_a, agent_b),
+        },
+        e,
+    ))
+}
+
+/// Two reference-chain nodes (ptp + host-local, LAN hosts `hosts`, each the subnet
+/// 172.16.<host>.0/24) routed to each other as their users do it: host-gw routes, or with
+/// `vxlan` flannel's VXLAN device (`flannel.1`: a route, a permanent neighbour and an FDB
+/// entry per peer, the pods' MTU 50 bytes less).
+fn reference_pair(lan: &Lan, hosts: (u8, u8), vxlan: bool) -> Result<Ends> {
+    let plugin = PluginUnderTest::reference_ptp();
+    let mut nodes = Vec::new();
+    for host in [hosts.0, hosts.1] {
+        let node = Node::new()?;
+        let addr = lan.attach(node.netns(), "lan0", host)?;
+        nodes.push((node, addr, host));
+    }
+    let mac = |host: u8| format!("0e:00:00:00:00:{host:02x}");
+    for (i, (node, addr, host)) in nodes.iter().enumerate() {
+        let (_, peer_addr, peer) = &nodes[1 - i];
+        let ns = node.netns();
+        let subnet = format!("172.16.{peer}.0/24");
+        if !vxlan {
+            ns.ip_ok(&[
+                "route",
+                "add",
+                &subnet,
+                "via",
+                &peer_addr.to_string(),
+                "dev",
+                "lan0",
+            ])?;
+            continue;
+        }
+        ns.ip_ok(&[
+            "link",
+            "add",
+            "flannel.1",
+            "address",
+            &mac(*host),
+            "type",
+            "vxlan",
+            "id",
+            "1",
+            "local",
+            &addr.to_string(),
+            "dev",
+            "lan0",
+            "dstport",
+            "8472",
+            "nolearning",
+        ])?;
+        ns.ip_ok(&[
+            "link",
+            "set",
+            "flannel.1",
+            "mtu",
+            &(1500 - VXLAN_OVERHEAD).to_string(),
+            "up",
+        ])?;
+        ns.ip_ok(&[
+            "addr",
+            "add",
+            &format!("172.16.{host}.0/32"),
+            "dev",
+            "flannel.1",
+        ])?;
+        let vtep = format!("172.16.{peer}.0");
+        ns.ip_ok(&[
+            "route",
+            "add",
+            &subnet,
+            "via",
+            &vtep,
+            "dev",
+            "flannel.1",
+            "onlink",
+        ])?;
+        ns.ip_ok(&[
+            "neigh",
+            "add",
+            &vtep,
+            "lladdr",
+            &mac(*peer),
+            "dev",
+            "flannel.1",
+            "nud",
+            "permanent",
+        ])?;
+        let out = ns.exec(&[
+            "bridge",
+            "fdb",
+            "append",
+            &mac(*peer),
+            "dev",
+            "flannel.1",
+            "dst",
+            &peer_addr.to_string(),
+        ])?;
+        if !out.status.success() {
+            bail!(
+                "bridge fdb append: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let mut pods = Vec::new();
+    for (node, _, host) in &nodes {
+        let mut conf = ebpf_cni_tests::config::with_v4_subnet(
+            plugin.conf("1.0.0", node, Stack::V4),
+            &format!("172.16.{host}.0/24"),
+        );
+        if vxlan {
+            conf["mtu"] = Value::from(1500 - VXLAN_OVERHEAD);
+        }
+        pods.push(Pod::add_direct(&plugin, node, &conf));
+    }
+    let server = pods.pop().context("two pods")?;
+    let client = pods.pop().context("two pods")?;
+    let addr = v4(server.v4())?;
+    let e = ends(&server.netns, addr, Client::Pod(client), vec![])?;
+    Ok(Ends {
+        _keep: vec![Box::new(server), Box::new(nodes)],
+        ..e
+    })
+}
+
+/// Two plain namespaces on the LAN (hosts `hosts`): node → node, the ceiling.
+fn node_pair(lan: &Lan, hosts: (u8, u8)) -> Result<Ends> {
+    let a = Node::new()?;
+    let b = Node::new()?;
+    lan.attach(a.netns(), "lan0", hosts.0)?;
+    let server = lan.attach(b.netns(), "lan0", hosts.1)?;
+    let e = ends(b.netns(), server, Client::Node(a), vec![])?;
+    Ok(Ends {
+        _keep: vec![Box::new(b)],
+        ..e
+    })
+}
+
+#[derive(Default)]
+struct Cross {
+    figures: std::collections::BTreeMap<(CrossFigure, CrossPath), Repeats>,
+}
+
+impl Cross {
+    fn push(&mut self, figure: CrossFigure, path: CrossPath, subject: Subject, v: f64) {
+        self.figures
+            .entry((figure, path))
+            .or_default()
+            .push(subject, v);
+    }
+}
+
+const FIGURES: [CrossFigure; 4] = [
+    CrossFigure::Throughput { streams: 1 },
+    CrossFigure::Throughput { streams: 4 },
+    CrossFigure::RrP50,
+    CrossFigure::Crr,
+];
+
+/// `figure` of one way's ends.
+fn figure(p: &Params, e: &Ends, figure: CrossFigure) -> Result<f64> {
+    let target = |port| SocketAddr::new(e.server.into(), port);
+    let rr = Duration::from_secs_f64(p.rr_secs);
+    Ok(match figure {
+        CrossFigure::Throughput { streams } => {
+            load::iperf3_streams(
+                e.client.ns(),
+                target(IPERF_PORT),
+                p.iperf_secs,
+                p.iperf_omit,
+                false,
+                load::Proto::Tcp,
+                streams,
+            )?
+            .receiver_bps
+                / 1e9
+        }
+        CrossFigure::RrP50 => {
+            percentile(&load::tcp_rr(e.client.ns(), target(ECHO_PORT), rr)?, 50.0)
+        }
+        CrossFigure::Crr => {
+            let r = load::tcp_crr(e.client.ns(), target(ECHO_PORT), rr, usize::MAX)?;
+            r.connect_us.len() as f64 / r.secs
+        }
+    })
+}
+
+/// The cross-node table (see [`run`]).
+fn cross_node(p: &Params, bins: &Binaries) -> Table {
+    let mut cross = Cross::default();
+    if let Err(e) = measure_cross(p, bins, &mut cross) {
+        progress(&format!("cluster: pod → pod across nodes failed: {e:#}"));
+        for f in FIGURES {
+            for path in [CrossPath::Direct, CrossPath::Overlay] {
+                cross
+                    .figures
+                    .entry((f, path))
+                    .or_default()
+                    .set_instead(Subject::EbpfCni, Cell::failed(&e));
+            }
+        }
+    }
+    let mut table = Table::new(
+        "Pod → pod across nodes",
+        format!("median [min–max] over {} repeat(s)", p.repeats),
+    );
+    let mut keys: Vec<_> = cross.figures.keys().copied().collect();
+    keys.sort_by_key(|(f, path)| (*path, *f));
+    table.rows = keys
+        .into_iter()
+        .map(|(figure, path)| {
+            cross.figures[&(figure, path)].row(Metric::CrossNode { figure, path })
+        })
+        .collect();
+    table.notes = vec![
+        format!(
+            "Pairs of nodes on one bridge (network namespaces joined by veths), a client pod \
+             on one and a server pod on the other, one pair per way, all on the LAN at once: \
+             ebpf-cni in mode direct (routes to the peer's pod subnet via its address, the \
+             programs' FIB path) and in mode overlay (its VXLAN device, tunnel keys set by \
+             its programs, pods' MTU {} from ADD), each pair with its agents on a stand-in \
+             API server of its own with {FEW_NODES} Nodes; the reference chain (ptp + \
+             host-local) with host-gw routes made by hand, and with flannel's VXLAN device \
+             made by hand as flannel makes it (`flannel.1`, port 8472, a route, a permanent \
+             neighbour and an FDB entry for the peer; pods' MTU {}). The plain veth column \
+             is node → node over the same LAN, no pod and no program: the ceiling of both \
+             paths.",
+            1500 - VXLAN_OVERHEAD,
+            1500 - VXLAN_OVERHEAD
+        ),
+        format!(
+            "iperf3 -t {} -O {} with 1 and 4 streams; TCP_RR and TCP_CRR {} s per figure; \
+             the ways alternate within every figure of every repeat. Then {MANY_NODES} Nodes \
+             more in the overlay pair's cluster (their /24s routed through the tunnel): \
+             TCP_RR and TCP_CRR again, the per-packet cost against {FEW_NODES} Nodes.",
+            p.iperf_secs, p.iperf_omit, p.rr_secs
+        ),
+        "Goals: ebpf-cni direct ≥ 1.0× host-gw and overlay ≥ 1.0× flannel's VXLAN on each \
+         figure; the overlay with 1,000 Nodes within the run's spread of 10."
+            .to_owned(),
+    ];
+    table
+}
+
+fn measure_cross(p: &Params, bins: &Binaries, cross: &mut Cross) -> Result<()> {
+    let plugin = PluginUnderTest::at(bins.ebpf_cni.clone());
+    let lan = Lan::new()?;
+    progress("cluster: setting up the pairs of nodes");
+    let ceiling = node_pair(&lan, (9, 10))?;
+    let (direct, direct_ends) = ebpf_pair(&plugin, &lan, (1, 2), "direct")?;
+    let host_gw = reference_pair(&lan, (3, 4), false)?;
+    let (overlay, overlay_ends) = ebpf_pair(&plugin, &lan, (5, 6), "overlay")?;
+    let flannel = reference_pair(&lan, (7, 8), true)?;
+    // The overlay's cluster: FEW_NODES Nodes, the others' addresses behind the LAN's gateway.
+    for i in 0..FEW_NODES - 2 {
+        overlay.api.set_node(peer(i));
+    }
+    let tunnelled = |a: &ClusterNode| -> Result<usize> {
+        Ok(a.peer_routes()?
+            .lines()
+            .filter(|l| l.contains("dev ecni-vxlan"))
+            .count())
+    };
+    wait("the overlay's routes", Duration::from_secs(30), || {
+        Ok(tunnelled(&overlay.a)? >= FEW_NODES - 1)
+    })?;
+    if direct.a.peer_routes()?.contains("ecni-vxlan") {
+        bail!("mode direct routes through the tunnel");
+    }
+    let ends_of = |w: Way| match w {
+        Way::NodeToNode => &ceiling,
+        Way::EbpfDirect => &direct_ends,
+        Way::HostGw => &host_gw,
+        Way::EbpfOverlay => &overlay_ends,
+        Way::FlannelVxlan => &flannel,
+    };
+    for w in WAYS {
+        load::probe_echo(
+            ends_of(w).client.ns(),
+            SocketAddr::new(ends_of(w).server.into(), ECHO_PORT),
+        )
+        .with_context(|| format!("{w:?}: the server pod does not answer"))?;
+    }
+    crate::rig::machine::settle(Duration::from_secs(5));
+    for r in 0..p.repeats {
+        progress(&format!(
+            "cluster: pod → pod across nodes, repeat {}/{}",
+            r + 1,
+            p.repeats
+        ));
+        for f in FIGURES {
+            for w in WAYS {
+                let v =
+                    figure(p, ends_of(w), f).with_context(|| format!("{w:?}: {}", f.label()))?;
+                let (subject, paths) = w.placed();
+                for path in paths {
+                    cross.push(f, *path, subject, v);
+                }
+            }
+        }
+    }
+    // The per-packet cost with MANY_NODES Nodes.
+    for i in FEW_NODES - 2..MANY_NODES - 2 {
+        overlay.api.set_node(peer(i));
+    }
+    wait(
+        "the overlay's routes to every Node",
+        Duration::from_secs(60),
+        || Ok(tunnelled(&overlay.a)? >= MANY_NODES - 1),
+    )?;
+    let many = CrossPath::OverlayNodes { nodes: MANY_NODES };
+    for r in 0..p.repeats {
+        progress(&format!(
+            "cluster: the overlay with {MANY_NODES} Nodes, repeat {}/{}",
+            r + 1,
+            p.repeats
+        ));
+        for f in [CrossFigure::RrP50, CrossFigure::Crr] {
+            let v = figure(p, &overlay_ends, f)?;
+            cross.push(f, many, Subject::EbpfCni, v);
+        }
+    }
     Ok(())
 }
