@@ -704,6 +704,14 @@ pub enum Metric {
     },
     /// From a peer's Node object created to the first reply between pods on the two nodes.
     ClusterFirstReply,
+    // The cluster network from etcd: the same figures.
+    EtcdAllRouted {
+        nodes: usize,
+    },
+    EtcdAgentRss {
+        nodes: usize,
+    },
+    EtcdFirstReply,
     /// A figure as the headline table names it.
     Headline(Box<Metric>),
 }
@@ -914,6 +922,18 @@ impl Metric {
                 "agent: resident memory (VmRSS) watching {} Nodes",
                 thousands(*nodes)
             ),
+            EtcdAllRouted { nodes } => format!(
+                "agent start → every other node routed, {} nodes",
+                thousands(*nodes)
+            ),
+            EtcdAgentRss { nodes } => format!(
+                "agent: resident memory (VmRSS) with {} nodes",
+                thousands(*nodes)
+            ),
+            EtcdFirstReply => {
+                "a node's subnet record written → first reply between pods on the two nodes; target p50 ≤ 1 s"
+                    .into()
+            }
             ClusterFirstReply => {
                 "a peer's Node created → first reply between pods on the two nodes; target p50 ≤ 1 s"
                     .into()
@@ -972,8 +992,10 @@ impl Metric {
             | StatusConverging { .. }
             | AgentFollows { .. }
             | ClusterAllRouted { .. }
-            | ClusterFirstReply => "ms",
-            AddPeakRss | AgentRss | ClusterAgentRss { .. } => "MiB",
+            | ClusterFirstReply
+            | EtcdAllRouted { .. }
+            | EtcdFirstReply => "ms",
+            AddPeakRss | AgentRss | ClusterAgentRss { .. } | EtcdAgentRss { .. } => "MiB",
             AddOverFloor | DelOverFloor => "×",
             DistinctAddresses | FailedOperations => "",
             Throughput(_) | MasqThroughput => "Gbit/s",

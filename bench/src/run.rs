@@ -190,7 +190,7 @@ impl Run {
             v.push(&s.table);
         }
         if let Some(c) = &run.cluster {
-            v.extend([&c.table, &c.traffic]);
+            v.extend([&c.table, &c.etcd, &c.traffic]);
         }
         v
     }

@@ -333,6 +333,7 @@ pub fn markdown(run: &Run, charts: &Charts) -> String {
     let _ = writeln!(s, "## 14. The cluster network\n");
     if let Some(c) = &run.cluster {
         s.push_str(&md_table(&c.table, "###"));
+        s.push_str(&md_table(&c.etcd, "###"));
         s.push_str(&md_table(&c.traffic, "###"));
     }
     s.extend(skipped(Section::Cluster));

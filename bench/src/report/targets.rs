@@ -507,6 +507,50 @@ pub fn targets(run: &Run) -> Vec<Target> {
     });
 
     if let Some(c) = &run.cluster {
+        let ms = |t: &Table, m: Metric| match t.row(&m).map(|r| r.cell(Subject::EbpfCni)) {
+            Some(Cell::Value(v)) => Ok(v.median),
+            Some(c) => Err(brief(
+                &cell_reason(&c).unwrap_or_else(|| "no figure".into()),
+            )),
+            None => Err("no figure".to_owned()),
+        };
+        for (goal, got, bound, needs_all) in [
+            (
+                "etcd: a node's subnet record written → first reply between pods on the two nodes: p50 ≤ 1 s",
+                ms(&c.etcd, Metric::EtcdFirstReply),
+                1_000.0,
+                false,
+            ),
+            (
+                "etcd: 1,000 nodes' subnets routed ≤ 1 s after the agent's start",
+                ms(&c.etcd, Metric::EtcdAllRouted { nodes: c.nodes }),
+                1_000.0,
+                true,
+            ),
+            (
+                "Kubernetes: 1,000 Nodes' subnets routed ≤ 1 s after the agent's start",
+                ms(&c.table, Metric::ClusterAllRouted { nodes: c.nodes }),
+                1_000.0,
+                true,
+            ),
+        ] {
+            out.push(Target {
+                goal,
+                ebpf: match &got {
+                    Ok(v) => format!("{} ms (median), {} nodes", short_num(*v), thousands(c.nodes)),
+                    Err(why) => why.clone(),
+                },
+                reference: "— (no membership)".into(),
+                status: match got {
+                    Ok(_) if needs_all && c.nodes < 1_000 => format!(
+                        "not measurable in this run ({} nodes only)",
+                        thousands(c.nodes)
+                    ),
+                    Ok(v) => status(v <= bound),
+                    Err(_) => not_yet(),
+                },
+            });
+        }
         // Each figure as a factor where above 1 is better: ebpf-cni's over the reference's.
         let mut worst: Option<(f64, String)> = None;
         let mut missing = Vec::new();
