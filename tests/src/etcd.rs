@@ -305,33 +305,7 @@ impl EtcdCluster {
     /// it only through that gateway once it has the same route ([`Self::route_to_routed`]).
     /// Returns the address once `ns` reaches a member (ping, within 5 s).
     pub fn attach_routed(&self, ns: &Netns, ifname: &str, host: u8) -> Result<Ipv4Addr> {
-        let ip = Ipv4Addr::new(10, 251, host, 2);
-        let gw = Ipv4Addr::new(10, 251, host, 1);
-        let port = format!("r{host}");
-        ns.ip_ok(&[
-            "link",
-            "add",
-            ifname,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &port,
-            "netns",
-            self.lan.name(),
-        ])?;
-        self.lan
-            .ip_ok(&["addr", "add", &format!("{gw}/24"), "dev", &port])?;
-        self.lan.ip_ok(&["link", "set", &port, "up"])?;
-        let out = self.lan.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-        ensure!(
-            out.status.success(),
-            "forwarding on in the LAN namespace: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
-        ns.ip_ok(&["link", "set", ifname, "up"])?;
-        ns.ip_ok(&["route", "add", "default", "via", &gw.to_string()])?;
+        let ip = plug_routed(&self.lan, ns, ifname, host)?;
         for m in &self.members {
             Self::route_to_routed(&m.netns)?;
         }
@@ -673,6 +647,39 @@ pub(crate) fn attach_host(lan: &Netns, ns: &Netns, ifname: &str, host: u8) -> Re
     Ok(ip)
 }
 
+/// Plugs `ns` in behind `lan`, which routes between the two: a veth named `ifname` in `ns`
+/// addressed `10.251.<host>.2/24` with its default route via `10.251.<host>.1` (the LAN
+/// namespace's end), forwarding on there. Returns the address.
+pub(crate) fn plug_routed(lan: &Netns, ns: &Netns, ifname: &str, host: u8) -> Result<Ipv4Addr> {
+    let ip = Ipv4Addr::new(10, 251, host, 2);
+    let gw = Ipv4Addr::new(10, 251, host, 1);
+    let port = format!("r{host}");
+    ns.ip_ok(&[
+        "link",
+        "add",
+        ifname,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &port,
+        "netns",
+        lan.name(),
+    ])?;
+    lan.ip_ok(&["addr", "add", &format!("{gw}/24"), "dev", &port])?;
+    lan.ip_ok(&["link", "set", &port, "up"])?;
+    let out = lan.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    ensure!(
+        out.status.success(),
+        "forwarding on in the LAN namespace: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
+    ns.ip_ok(&["link", "set", ifname, "up"])?;
+    ns.ip_ok(&["route", "add", "default", "via", &gw.to_string()])?;
+    Ok(ip)
+}
+
 /// A LAN namespace with its bridge (`br0`, [`LAN_BRIDGE_IP`]/24) up. The bridge's MAC
 /// address is set: a bridge without one takes its lowest port's, and changes it as hosts
 /// join, which left a host that had already resolved the bridge's address sending to the
@@ -939,7 +946,7 @@ fn base64_decode(s: &str) -> Result<Vec<u8>> {
 }
 
 /// Ok once `ns` pings `addr` (within 5 s); the error names `what` and ping's last words.
-fn reaches(ns: &Netns, addr: &str, what: &str) -> Result<()> {
+pub(crate) fn reaches(ns: &Netns, addr: &str, what: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let out = ns.exec(&["ping", "-c", "1", "-W", "1", addr])?;

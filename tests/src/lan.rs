@@ -37,4 +37,20 @@ impl Lan {
         );
         crate::etcd::attach_host(&self.ns, ns, ifname, host)
     }
+
+    /// Attaches `ns` behind the LAN namespace, which routes to it (`10.251.<host>.2`, as
+    /// [`crate::etcd::EtcdCluster::attach_routed`] does): the nodes on the LAN reach it
+    /// only through the bridge's address once they have the route
+    /// ([`crate::etcd::EtcdCluster::route_to_routed`]). Returns the address once `ns`
+    /// reaches the bridge.
+    pub fn attach_routed(&self, ns: &Netns, ifname: &str, host: u8) -> Result<Ipv4Addr> {
+        let ip = crate::etcd::plug_routed(&self.ns, ns, ifname, host)?;
+        let bridge = crate::etcd::LAN_BRIDGE_IP.to_string();
+        crate::etcd::reaches(
+            ns,
+            &bridge,
+            &format!("the LAN bridge {bridge} through its router"),
+        )?;
+        Ok(ip)
+    }
 }

@@ -1871,3 +1871,73 @@ fn the_kubernetes_source_follows_a_rotated_token_and_names_a_wrong_ca() {
     );
     agent.still_running().unwrap();
 }
+
+/// The Kubernetes source through the tunnel: a dual-stack Node behind a router (its pod
+/// CIDRs of both families, its InternalIP reachable only through a gateway) is tunnelled
+/// to in mode auto, in both families over the IPv4 underlay, the pods given the tunnel's
+/// MTU; and back.
+#[test]
+fn the_kubernetes_source_tunnels_to_a_dual_stack_node_behind_a_router() {
+    require_root();
+    let p = PluginUnderTest::ebpf_cni();
+    let lan = Lan::new().unwrap();
+    let api = KubeApi::start(Some(lan.netns()), (LAN_BRIDGE_IP, 0).into(), "token-1").unwrap();
+    let creds = KubeCreds::new(
+        &api,
+        r#"{"network": "10.244.0.0/16", "ipv6Network": "fd00:10:244::/56", "mode": "auto"}"#,
+    );
+    let a = ClusterNode::attached(&p, "node-a", Stack::Dual, |ns| lan.attach(ns, "lan0", 1));
+    EtcdCluster::route_to_routed(a.node.netns()).unwrap();
+    let c = ClusterNode::attached(&p, "node-c", Stack::Dual, |ns| {
+        lan.attach_routed(ns, "wan0", 3)
+    });
+    for n in [&a, &c] {
+        n.set_conf("mtu", 1500.into());
+    }
+    let subnets = |host: u8| -> [IpNetwork; 2] {
+        [
+            format!("10.244.{host}.0/24").parse().unwrap(),
+            format!("fd00:10:244:{host}::/64").parse().unwrap(),
+        ]
+    };
+    for (n, host) in [(&a, 1), (&c, 3)] {
+        let [v4, v6] = subnets(host);
+        api.set_node(kube_api::node(
+            &n.name,
+            &[&v4.to_string(), &v6.to_string()],
+            &[&n.addr.to_string()],
+            &[],
+        ));
+    }
+    let _agent_a = a.kube_agent(&p, &api, &creds);
+    let _agent_c = c.kube_agent(&p, &api, &creds);
+    let ([sa, sa6], [sc, sc6]) = (subnets(1), subnets(3));
+    let mut own = a.subnets();
+    own.sort();
+    assert_eq!(
+        own,
+        vec![sa, sa6],
+        "both of the Node's pod CIDRs in the conflist"
+    );
+    for (subnet, from, to) in [(sc, &a, &c), (sa, &c, &a), (sc6, &a, &c), (sa6, &c, &a)] {
+        eventually(
+            &format!("{}'s tunnel route to {subnet}", from.name),
+            Duration::from_secs(10),
+            || from.tunnels_to(subnet, to.addr),
+        );
+    }
+    let pod_a = Pod::add_direct(&p, &a.node, &a.conf_value());
+    let pod_c = Pod::add_direct(&p, &c.node, &c.conf_value());
+    for (pod, what) in [(&pod_a, "a"), (&pod_c, "c")] {
+        let eth0 = pod.netns.ip_ok(&["link", "show", "eth0"]).unwrap();
+        assert!(eth0.contains("mtu 1450"), "pod {what}: {eth0}");
+    }
+    tcp_echo(&pod_a.netns, &pod_c.netns, pod_c.v4(), 0).expect("pod a -> pod c");
+    tcp_echo(&pod_c.netns, &pod_a.netns, pod_a.v4(), 0).expect("pod c -> pod a");
+    tcp_echo(&pod_a.netns, &pod_c.netns, pod_c.v6(), 0).expect("pod a -> pod c, IPv6");
+    tcp_echo(&pod_c.netns, &pod_a.netns, pod_a.v6(), 0).expect("pod c -> pod a, IPv6");
+    tcp_echo(a.node.netns(), &pod_c.netns, pod_c.v4(), 0).expect("node a -> pod c");
+    // A full-sized segment each way, in both families.
+    tcp_transfer(&pod_a.netns, &pod_c.netns, pod_c.v4(), 256 * 1024).expect("bulk a -> c");
+    tcp_transfer(&pod_c.netns, &pod_a.netns, pod_a.v6(), 256 * 1024).expect("bulk c -> a, IPv6");
+}
