@@ -78,8 +78,6 @@ struct Suite {
 ///
 /// * every kernel: the program tests (each TC program through this kernel's verifier and on
 ///   crafted frames) and one end-to-end pass of a pod's life, host ports and masquerade;
-///   the cluster network's tunnel (whose programs no crafted frame runs: a tunnel key needs
-///   the VXLAN device) and direct routes;
 /// * 6.12 has the branches of the host's kernel (TCX, the FIB's source address, the node's
 ///   cookie by `SO_NETNS_COOKIE`, TCP pacing by `ecni_sockops`) under Debian's config: the
 ///   TCX-specific tests, and the tests needing what only the guests' kernels have (bonding,
@@ -88,15 +86,13 @@ struct Suite {
 ///   the recorded source address), with the host's cookie and pacing: the tests of those;
 /// * 5.10, the floor and the slowest guest (twice 6.1's time per test), runs what only it
 ///   has: the node's cookie learned by a probe, no TCP pacing (the policer alone), the
-///   oldest verifier, and the oldest MTU checks and VXLAN driver; and the source check end
-///   to end.
+///   oldest verifier; and the source check end to end.
 ///
 /// Each test of this plan runs on at least one kernel (a unit test holds it). Left out, and
 /// run on the host kernel only: the runtime end-to-end tests (podman, containerd: daemons
 /// and images, minutes each), the harness's self-checks against the reference plugins, and
 /// the remaining tests of each suite, whose code paths do not depend on the kernel (config
-/// and error handling, IPAM, CNI versions, the cluster network's membership from etcd or
-/// the Kubernetes API). docs/kernels.md's matrix mirrors this table.
+/// and error handling, IPAM, CNI versions). docs/kernels.md's matrix mirrors this table.
 const PLAN: &[Suite] = &[
     // The programs on crafted frames (BPF_PROG_TEST_RUN): each kernel's verifier and
     // helpers, so all of them everywhere.
@@ -398,42 +394,6 @@ const PLAN: &[Suite] = &[
             "dotted_network_container_and_interface_names_get_their_pins",
             "the_plugin_run_by_hand_under_ip_netns_exec_pins_in_the_hosts_bpffs",
         ],
-    },
-    // The cluster network (agents on nodes of a LAN, a real etcd): the overlay behind a
-    // router on every kernel (`ecni_to_tunnel`'s tunnel key and `ecni_from_dev`'s checks of
-    // what the `external` VXLAN device brings, forged VXLAN dropped, on each verifier and
-    // each VXLAN driver, their programs on the device by netlink filters or TCX links), and
-    // the direct routes to a peer through the FIB and the LAN device's programs.
-    Suite {
-        test: "cluster",
-        on: ALL,
-        only: &[
-            "pods_reach_a_node_behind_a_router_through_the_tunnel",
-            "pods_on_two_nodes_reach_each_other_over_direct_routes",
-        ],
-    },
-    // Where 5.10 differs: the MTU (the FIB's answer at the tunnel's limit, "fragmentation
-    // needed" from the stack, its `bpf_redirect_peer`'s own MTU check on delivery) and the
-    // outer UDP checksum the tunnel key asks of the oldest VXLAN driver; the IPv6 underlay
-    // on that driver and FIB (IPv4 routes via an IPv6 gateway, the kernel's refusal of an
-    // onlink IPv6 gateway). The slowest guest, but not the longest: 6.12's plan is.
-    Suite {
-        test: "cluster",
-        on: K5_10,
-        only: &[
-            "mode_overlay_tunnels_to_every_peer_on_its_port_with_checksums",
-            "pods_reach_a_node_over_an_ipv6_underlay_through_the_tunnel",
-        ],
-    },
-    // A ClusterIP and a NodePort whose endpoint is a pod on the other node: its replies come
-    // in on the LAN device from a peer pod's address and must go to netfilter's NAT, not
-    // straight to the pod. On 6.1, past the netlink filters (the services suite's replies
-    // from an endpoint outside the node take that path on every kernel); not on 6.12, the
-    // longest guest.
-    Suite {
-        test: "cluster",
-        on: K6_1,
-        only: &["a_remote_pod_serves_a_cluster_ip_and_a_node_port"],
     },
 ];
 
