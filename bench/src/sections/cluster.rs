@@ -48,6 +48,8 @@ pub struct Output {
     pub etcd: Table,
 }
 
+/// What either source's table measures: the agent's start to every peer routed, its
+/// memory then, and a peer's appearance to the first reply between pods.
 #[derive(Default)]
 struct Figures {
     all_routed: Repeats,
@@ -55,13 +57,30 @@ struct Figures {
     first_reply: Repeats,
 }
 
+impl Figures {
+    /// Each figure failed with `e`, said as `what` failed.
+    fn fail(&mut self, what: &str, e: &anyhow::Error) {
+        progress(&format!("cluster: {what} failed: {e:#}"));
+        for r in [&mut self.all_routed, &mut self.rss, &mut self.first_reply] {
+            r.set_instead(Subject::EbpfCni, Cell::failed(e));
+        }
+    }
+
+    /// Their rows, as `metrics` (routed, memory, first reply) name them.
+    fn rows(&self, metrics: [Metric; 3]) -> Vec<crate::model::Row> {
+        let [routed, rss, reply] = metrics;
+        vec![
+            self.all_routed.row(routed),
+            self.rss.row(rss),
+            self.first_reply.row(reply),
+        ]
+    }
+}
+
 pub fn run(p: &Params, bins: &Binaries) -> Output {
     let mut f = Figures::default();
     if let Err(e) = measure(p, bins, &mut f) {
-        progress(&format!("cluster: failed: {e:#}"));
-        for r in [&mut f.all_routed, &mut f.rss, &mut f.first_reply] {
-            r.set_instead(Subject::EbpfCni, Cell::failed(&e));
-        }
+        f.fail("the Kubernetes source", &e);
     }
     let n = p.cluster_nodes;
     let mut table = Table::new(
@@ -71,11 +90,11 @@ pub fn run(p: &Params, bins: &Binaries) -> Output {
             p.cluster_events
         ),
     );
-    table.rows = vec![
-        f.all_routed.row(Metric::ClusterAllRouted { nodes: n }),
-        f.rss.row(Metric::ClusterAgentRss { nodes: n }),
-        f.first_reply.row(Metric::ClusterFirstReply),
-    ];
+    table.rows = f.rows([
+        Metric::ClusterAllRouted { nodes: n },
+        Metric::ClusterAgentRss { nodes: n },
+        Metric::ClusterFirstReply,
+    ]);
     let half = (n - 2) / 2;
     table.notes = vec![
         format!(
@@ -214,6 +233,43 @@ fn wait(what: &str, bound: Duration, mut ok: impl FnMut() -> Result<bool>) -> Re
     Ok(t.elapsed())
 }
 
+/// Times `events` appearances of pod b's node to node a: each time `remove` takes it away
+/// (until `gone` says node a's route to it went, and pod a no longer reaches pod b), then
+/// `restore` brings it back; from the instant `restore` returns (when the event began) to
+/// pod a's first echo from pod b, ms, into `out`.
+fn first_replies(
+    events: usize,
+    (pod_a, pod_b): (&Pod, &Pod),
+    mut remove: impl FnMut() -> Result<()>,
+    mut gone: impl FnMut() -> Result<bool>,
+    mut restore: impl FnMut() -> Result<Instant>,
+    out: &mut Repeats,
+) -> Result<()> {
+    let _echo = EchoServer::start(&pod_b.netns, ECHO_PORT)?;
+    let target = SocketAddr::new(pod_b.v4(), ECHO_PORT);
+    wait("pod a → pod b", Duration::from_secs(30), || {
+        echo_once(&pod_a.netns, target)
+    })?;
+    for _ in 0..events {
+        remove()?;
+        wait(
+            "node a's route to b gone",
+            Duration::from_secs(30),
+            &mut gone,
+        )?;
+        if echo_once(&pod_a.netns, target)? {
+            bail!("pod a still reaches pod b without a route to it");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let began = restore()?;
+        wait("pod a → pod b again", Duration::from_secs(30), || {
+            echo_once(&pod_a.netns, target)
+        })?;
+        out.push(Subject::EbpfCni, began.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(())
+}
+
 /// One echo exchange with `target` from `ns`, within [`ATTEMPT`].
 fn echo_once(ns: &ebpf_cni_tests::Netns, target: SocketAddr) -> Result<bool> {
     use std::io::{Read as _, Write as _};
@@ -293,28 +349,22 @@ fn measure(p: &Params, bins: &Binaries, f: &mut Figures) -> Result<()> {
     agent_b.wait_for(STARTED, Duration::from_secs(60))?;
     let pod_a = Pod::add_direct(&plugin, &a.node, &a.conf_value()?);
     let pod_b = Pod::add_direct(&plugin, &b.node, &b.conf_value()?);
-    let _echo = EchoServer::start(&pod_b.netns, ECHO_PORT)?;
-    let target = SocketAddr::new(pod_b.v4(), ECHO_PORT);
-    wait("pod a → pod b", Duration::from_secs(30), || {
-        echo_once(&pod_a.netns, target)
-    })?;
     let route_to_b = format!("172.16.2.0/24 via {} dev lan0", b.addr);
-    for _ in 0..p.cluster_events {
-        api.delete_node("node-b");
-        wait("node a's route to b gone", Duration::from_secs(30), || {
-            Ok(!a.peer_routes()?.contains(&route_to_b))
-        })?;
-        if echo_once(&pod_a.netns, target)? {
-            bail!("pod a still reaches pod b without a route to it");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        api.set_node(node_b());
-        let took = wait("pod a → pod b again", Duration::from_secs(30), || {
-            echo_once(&pod_a.netns, target)
-        })?;
-        f.first_reply
-            .push(Subject::EbpfCni, took.as_secs_f64() * 1e3);
-    }
+    first_replies(
+        p.cluster_events,
+        (&pod_a, &pod_b),
+        || {
+            api.delete_node("node-b");
+            Ok(())
+        },
+        || Ok(!a.peer_routes()?.contains(&route_to_b)),
+        || {
+            let t = Instant::now();
+            api.set_node(node_b());
+            Ok(t)
+        },
+        &mut f.first_reply,
+    )?;
     agent_a.still_running()?;
     agent_b.still_running()?;
     Ok(())
@@ -794,9 +844,7 @@ const ETCD_PREFIX: &str = "/ebpf-cni/network";
 
 #[derive(Default)]
 struct EtcdFigures {
-    all_routed: Repeats,
-    rss: Repeats,
-    first_reply: Repeats,
+    figures: Figures,
     /// One `etcdctl put` alone, ms.
     put_ms: Vec<f64>,
 }
@@ -805,10 +853,7 @@ struct EtcdFigures {
 fn from_etcd(p: &Params, bins: &Binaries) -> Table {
     let mut f = EtcdFigures::default();
     if let Err(e) = measure_etcd(p, bins, &mut f) {
-        progress(&format!("cluster: the etcd source failed: {e:#}"));
-        for r in [&mut f.all_routed, &mut f.rss, &mut f.first_reply] {
-            r.set_instead(Subject::EbpfCni, Cell::failed(&e));
-        }
+        f.figures.fail("the etcd source", &e);
     }
     let n = p.cluster_nodes;
     let mut table = Table::new(
@@ -818,11 +863,11 @@ fn from_etcd(p: &Params, bins: &Binaries) -> Table {
             p.cluster_events
         ),
     );
-    table.rows = vec![
-        f.all_routed.row(Metric::EtcdAllRouted { nodes: n }),
-        f.rss.row(Metric::EtcdAgentRss { nodes: n }),
-        f.first_reply.row(Metric::EtcdFirstReply),
-    ];
+    table.rows = f.figures.rows([
+        Metric::EtcdAllRouted { nodes: n },
+        Metric::EtcdAgentRss { nodes: n },
+        Metric::EtcdFirstReply,
+    ]);
     table.notes = vec![
         format!(
             "A real etcd (three members of Debian's etcd-server in namespaces on the nodes' \
@@ -929,11 +974,12 @@ fn measure_etcd(p: &Params, bins: &Binaries, f: &mut EtcdFigures) -> Result<()> 
         || Ok(peer_routes()?.lines().count() >= routes),
     )
     .with_context(|| format!("the agent said: {}", agent.said()))?;
-    f.all_routed
+    f.figures
+        .all_routed
         .push(Subject::EbpfCni, started.elapsed().as_secs_f64() * 1e3);
     agent.wait_for(STARTED, Duration::from_secs(20))?;
     std::thread::sleep(Duration::from_secs(2));
-    f.rss.push(Subject::EbpfCni, agent.rss_mib()?);
+    f.figures.rss.push(Subject::EbpfCni, agent.rss_mib()?);
 
     // a's subnet, as its agent wrote it into the conflist.
     let a_conf: Value = serde_json::from_slice(&std::fs::read(&conf)?)?;
@@ -954,35 +1000,26 @@ fn measure_etcd(p: &Params, bins: &Binaries, f: &mut EtcdFigures) -> Result<()> 
         ebpf_cni_tests::config::with_v4_subnet(plugin.conf("1.0.0", &b_node, Stack::V4), b_subnet);
     let pod_a = Pod::add_direct(&plugin, &a_node, &a_conf);
     let pod_b = Pod::add_direct(&plugin, &b_node, &b_conf);
-    let _echo = EchoServer::start(&pod_b.netns, ECHO_PORT)?;
-    let target = SocketAddr::new(pod_b.v4(), ECHO_PORT);
-    wait("pod a → pod b", Duration::from_secs(30), || {
-        echo_once(&pod_a.netns, target)
-    })?;
     let route_to_b = format!("{b_subnet} via {b_addr} dev lan0");
-    for _ in 0..p.cluster_events {
-        etcd.del(&b_key)?;
-        wait("node a's route to b gone", Duration::from_secs(30), || {
-            Ok(!peer_routes()?.contains(&route_to_b))
-        })?;
-        if echo_once(&pod_a.netns, target)? {
-            bail!("pod a still reaches pod b without a route to it");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        // Timed from etcdctl's start: by its return the agent has already routed (the
-        // watch event leaves etcd with the write's reply). A put of another key alone,
-        // right before, says what etcdctl's own start and exit add.
-        let t = Instant::now();
-        etcd.put(&format!("{ETCD_PREFIX}-bench/probe"), "x")?;
-        f.put_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        etcd.put(&b_key, &b_record)?;
-        wait("pod a → pod b again", Duration::from_secs(30), || {
-            echo_once(&pod_a.netns, target)
-        })?;
-        f.first_reply
-            .push(Subject::EbpfCni, t.elapsed().as_secs_f64() * 1e3);
-    }
+    let EtcdFigures { figures, put_ms } = f;
+    first_replies(
+        p.cluster_events,
+        (&pod_a, &pod_b),
+        || etcd.del(&b_key).map(drop),
+        || Ok(!peer_routes()?.contains(&route_to_b)),
+        || {
+            // Timed from etcdctl's start: by its return the agent has already routed
+            // (the watch event leaves etcd with the write's reply). A put of another key
+            // alone, right before, says what etcdctl's own start and exit add.
+            let t = Instant::now();
+            etcd.put(&format!("{ETCD_PREFIX}-bench/probe"), "x")?;
+            put_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            etcd.put(&b_key, &b_record)?;
+            Ok(t)
+        },
+        &mut figures.first_reply,
+    )?;
     agent.still_running()?;
     Ok(())
 }
