@@ -654,18 +654,7 @@ pub(crate) fn plug_routed(lan: &Netns, ns: &Netns, ifname: &str, host: u8) -> Re
     let ip = Ipv4Addr::new(10, 251, host, 2);
     let gw = Ipv4Addr::new(10, 251, host, 1);
     let port = format!("r{host}");
-    ns.ip_ok(&[
-        "link",
-        "add",
-        ifname,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &port,
-        "netns",
-        lan.name(),
-    ])?;
+    veth_to(lan, ns, ifname, &port)?;
     lan.ip_ok(&["addr", "add", &format!("{gw}/24"), "dev", &port])?;
     lan.ip_ok(&["link", "set", &port, "up"])?;
     let out = lan.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
@@ -707,7 +696,8 @@ pub(crate) fn make_lan() -> Result<Netns> {
     Ok(lan)
 }
 
-fn plug(lan: &Netns, ns: &Netns, ifname: &str, port: &str, ip: Ipv4Addr) -> Result<()> {
+/// A veth pair: `ifname` in `ns`, its peer `port` in `lan`.
+fn veth_to(lan: &Netns, ns: &Netns, ifname: &str, port: &str) -> Result<()> {
     ns.ip_ok(&[
         "link",
         "add",
@@ -720,6 +710,11 @@ fn plug(lan: &Netns, ns: &Netns, ifname: &str, port: &str, ip: Ipv4Addr) -> Resu
         "netns",
         lan.name(),
     ])?;
+    Ok(())
+}
+
+fn plug(lan: &Netns, ns: &Netns, ifname: &str, port: &str, ip: Ipv4Addr) -> Result<()> {
+    veth_to(lan, ns, ifname, port)?;
     lan.ip_ok(&["link", "set", port, "master", LAN_BRIDGE])?;
     lan.ip_ok(&["link", "set", port, "up"])?;
     ns.ip_ok(&["addr", "add", &format!("{ip}/24"), "dev", ifname])?;
